@@ -1,0 +1,147 @@
+/*
+ * ops.h — the backend op table. One `struct ops` of function pointers with the
+ * same C signatures for the CPU reference (ops_cpu.c) and CUDA (ops_cuda.cu).
+ *
+ * Conventions
+ * - Activations are f32, row-major: a (n_rows, n_cols) matrix is n_rows rows of
+ *   n_cols contiguous floats. Every activation pointer is *backend memory*
+ *   (host memory for CPU, device memory for CUDA), obtained from ops->alloc.
+ * - Weights keep their GGUF type: `struct tpi_weight` holds ne1 rows of ne0
+ *   elements (ne0 = input features, contiguous), row r at data + r*row_bytes.
+ * - Compute ops are stream-ordered and return nothing; a backend records the
+ *   first failure and reports it through ops->check (CUDA launch errors).
+ * - A row's result never depends on how many rows are computed together, so
+ *   batching never changes CPU output.
+ */
+#ifndef OPS_H
+#define OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../tpi.h"
+
+/* A weight matrix in backend memory, in its GGUF type. */
+struct tpi_weight {
+    int type;         /* ggml type id (quant.h) */
+    int64_t ne0;      /* input features: elements per row */
+    int64_t ne1;      /* output features: rows */
+    size_t row_bytes; /* quant_row_size(type, ne0) */
+    void *data;       /* backend memory, ne1 * row_bytes bytes */
+    void *aux;        /* backend-private form (e.g. a repacked copy); NULL if none */
+};
+
+/* The tokens of one forward step. Several sequences may be mixed: token t is
+ * at position pos[t] of KV slot seq[t]. Device arrays are backend memory; the
+ * host copies are the same values, for backends that plan on the host. */
+struct ops_batch {
+    int n_tokens;
+    const int32_t *pos;      /* backend memory, n_tokens */
+    const int32_t *seq;      /* backend memory, n_tokens */
+    const int32_t *pos_host; /* host memory, n_tokens */
+    const int32_t *seq_host; /* host memory, n_tokens */
+    int max_pos;             /* 1 + the largest pos in the batch */
+};
+
+/* The KV cache of this rank: its layers, its KV heads, n_slot sequences of up
+ * to n_ctx positions. Layout of k and v: (n_layer, n_slot, n_ctx, n_kv_head, head_dim)
+ * of elements of `type` (F32 on the CPU reference, F16 on CUDA). */
+struct ops_kv {
+    int n_layer, n_slot, n_ctx, n_kv_head, head_dim;
+    int type;
+    void *k, *v; /* backend memory */
+    size_t n_bytes; /* of k and v together */
+};
+
+/* Options for a backend context. */
+struct ops_config {
+    int n_threads; /* CPU: threads to use (0: all cores available) */
+    int device;    /* CUDA: device index */
+};
+
+struct ops_ctx; /* backend state: thread count, stream, cuBLAS handle, scratch */
+
+struct ops {
+    const char *name; /* "cpu" or "cuda" */
+
+    /* Create a context (*ctx owned by the caller, free with ops->free). */
+    int (*init)(struct ops_ctx **ctx, const struct ops_config *cfg, struct tpi_error *err);
+    void (*free)(struct ops_ctx **ctx);
+    /* First deferred error since the last call (TPI_OK if none); fills err. */
+    int (*check)(struct ops_ctx *ctx, struct tpi_error *err);
+    /* Short description of the device ("CPU, 2 threads", "NVIDIA H200"). */
+    const char *(*device_name)(struct ops_ctx *ctx);
+    /* The stream compute is ordered on (cudaStream_t for CUDA, NULL on CPU). */
+    void *(*stream)(struct ops_ctx *ctx);
+
+    /* ---- memory ---- */
+    /* Backend memory of n_bytes (zeroed), NULL on failure. */
+    void *(*alloc)(struct ops_ctx *ctx, size_t n_bytes);
+    void (*dealloc)(struct ops_ctx *ctx, void *p);
+    /* Host -> backend copy; `src` must stay valid until ops->sync. */
+    void (*to_dev)(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes);
+    /* Backend -> host copy; returns when the data is on the host. */
+    void (*to_host)(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes);
+    /* Backend -> backend copy, stream-ordered. */
+    void (*copy)(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes);
+    /* Wait until every queued op is done. */
+    void (*sync)(struct ops_ctx *ctx);
+
+    /* ---- weights and cache ---- */
+    /* Put a (ne1 x ne0) weight of `type` held at host_data into backend memory
+     * as *w. host_data need not outlive the call. Errors: unsupported type, OOM. */
+    int (*weight_upload)(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
+                         int64_t ne1, const void *host_data, struct tpi_error *err);
+    void (*weight_free)(struct ops_ctx *ctx, struct tpi_weight *w);
+    /* Allocate a zeroed KV cache with the given shape (kv->type chosen by the backend). */
+    int (*kv_init)(struct ops_ctx *ctx, struct ops_kv *kv, int n_layer, int n_slot, int n_ctx,
+                   int n_kv_head, int head_dim, struct tpi_error *err);
+    void (*kv_free)(struct ops_ctx *ctx, struct ops_kv *kv);
+
+    /* ---- compute ---- */
+    /* out(n_tokens, w->ne0) = rows ids[] of w, dequantized. ids: backend memory. */
+    void (*embed)(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids,
+                  int n_tokens, float *out);
+    /* y(n_rows, n_cols) = x / sqrt(mean(x^2) + eps) * w; w has n_cols f32. y may be x. */
+    void (*rmsnorm)(struct ops_ctx *ctx, const float *x, const float *w, float *y,
+                    int64_t n_rows, int64_t n_cols, float eps);
+    /* y(n_rows, w->ne1) = x(n_rows, w->ne0) * W^T. */
+    void (*matmul)(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                   int64_t n_rows);
+    /* y(n_rows, n_cols) += b(n_cols), in place. */
+    void (*add_bias)(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows,
+                     int64_t n_cols);
+    /* In place NEOX rotary embedding of x(n_tokens, n_head, head_dim): for each head the
+     * first n_rot dims rotate in pairs (i, i + n_rot/2) by angle pos * base^(-2i/n_rot). */
+    void (*rope_neox)(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
+                      int head_dim, int n_rot, float freq_base);
+    /* Store k, v (n_tokens, kv->n_kv_head, head_dim) into layer `layer` of the cache at
+     * (seq[t], pos[t]), then out(n_tokens, n_head, head_dim) = causal softmax(q k^T * scale) v
+     * where token t sees positions 0..pos[t] of its slot, and query head h uses KV
+     * head h / (n_head / n_kv_head) (GQA). */
+    void (*attention)(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
+                      const float *k, const float *v, float *out, const struct ops_batch *b,
+                      int n_head, float scale);
+    /* y(n) = silu(g) * u, elementwise. y may be g or u. */
+    void (*silu_mul)(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
+    /* x(n) += y(n). */
+    void (*add)(struct ops_ctx *ctx, float *x, const float *y, int64_t n);
+    /* dst(n_idx, n_cols) = rows idx[] of src(*, n_cols); idx is host memory. */
+    void (*get_rows)(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
+                     int64_t n_cols, float *dst);
+};
+
+/* The CPU reference backend (always built). */
+extern const struct ops ops_cpu;
+
+/* The CUDA backend when built with CUDA (NULL otherwise), and whether a GPU is
+ * usable right now (false without a driver or device; never aborts). */
+const struct ops *ops_cuda_get(void);
+bool ops_cuda_available(int *n_devices);
+
+/* Backend by name: "cpu", "cuda", or "auto" (cuda when built with it and a GPU is
+ * visible, else cpu). NULL with err set when the name is unknown or unavailable. */
+const struct ops *ops_by_name(const char *name, struct tpi_error *err);
+
+#endif /* OPS_H */

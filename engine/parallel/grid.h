@@ -1,0 +1,68 @@
+/*
+ * grid.h — MPI bootstrap and the rank grid: world = tp * pp, tp_rank = rank % tp,
+ * pp_stage = rank / tp (TP groups are consecutive ranks, so mpirun's by-slot
+ * fill keeps a TP group on one node). The local rank on a node picks the GPU.
+ *
+ * Also the agreement helpers that keep ranks from hanging: every fallible step
+ * that other ranks wait on ends in grid_agree(), so one rank's failure becomes
+ * every rank's clear error instead of a hang.
+ */
+#ifndef GRID_H
+#define GRID_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "../tpi.h"
+#include "comm.h"
+
+struct tpi_grid {
+    int world_size, world_rank;
+    int tp, pp;
+    int tp_rank, pp_stage;
+    int local_rank, local_size; /* on this node (MPI_COMM_TYPE_SHARED) */
+    char host[256];
+    MPI_Comm world;   /* dup of MPI_COMM_WORLD, MPI_ERRORS_RETURN */
+    MPI_Comm tp_comm; /* ranks of this stage: size tp, rank tp_rank */
+    MPI_Comm pp_comm; /* ranks with this tp_rank across stages: size pp, rank pp_stage */
+    MPI_Comm node;    /* ranks on this node */
+};
+
+/* MPI_Init_thread (FUNNELED) unless already initialised; sets MPI_ERRORS_RETURN on
+ * MPI_COMM_WORLD. Safe to call more than once. */
+int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err);
+/* MPI_Finalize if grid_mpi_init initialised MPI. */
+void grid_mpi_finalize(void);
+
+/* Build the grid for tp x pp over MPI_COMM_WORLD (collective). Errors when
+ * tp*pp != world size ("--tp 2 --pp 1 needs 2 ranks, launched with 1: run under
+ * mpirun -np 2"), tp or pp < 1. */
+int grid_init(struct tpi_grid *g, int tp, int pp, struct tpi_error *err);
+void grid_free(struct tpi_grid *g);
+
+/* World rank of (tp_rank, pp_stage). */
+int grid_rank_of(const struct tpi_grid *g, int tp_rank, int pp_stage);
+
+/* Collective over g->world: every rank passes its local status and err. Returns
+ * TPI_OK when all ranks were OK; otherwise every rank returns the first failing
+ * rank's status, with err = "rank R (host H): <its message>". */
+int grid_agree(const struct tpi_grid *g, int status, struct tpi_error *err);
+
+/* The run identity ranks must share before loading a model. */
+struct run_identity {
+    uint64_t model_size;     /* total bytes of all parts */
+    uint64_t metadata_hash;  /* gguf_metadata_hash */
+    int32_t tp, pp;
+    int32_t backend;         /* 0 cpu, 1 cuda */
+    int32_t comm;            /* enum comm_kind */
+    int32_t n_ctx;
+    uint64_t seed;
+};
+
+/* Allgather every rank's identity and compare with rank 0's: on a mismatch every
+ * rank returns TPI_ERR_INVALID naming the field and the ranks ("model file
+ * differs: rank 1 has size X, rank 0 has Y"). */
+int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
+                        struct tpi_error *err);
+
+#endif /* GRID_H */

@@ -1,0 +1,167 @@
+/*
+ * tpi.c — implementation of the project-wide basics in tpi.h: error records,
+ * stderr logging with a rank prefix, clocks, core count, hashing, f16/bf16.
+ */
+#define _GNU_SOURCE
+#include "tpi.h"
+
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int tpi_err(struct tpi_error *err, int status, const char *fmt, ...) {
+    if (err) {
+        err->status = status;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+int tpi_err_wrap(struct tpi_error *err, const char *fmt, ...) {
+    if (!err) return TPI_ERR_INVALID;
+    char prefix[512], old[sizeof err->msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    return err->status;
+}
+
+void tpi_err_clear(struct tpi_error *err) {
+    if (err) {
+        err->status = TPI_OK;
+        err->msg[0] = '\0';
+    }
+}
+
+const char *tpi_status_name(int status) {
+    static const char *names[] = {"ok",   "io",   "format", "invalid", "nomem", "unsupported",
+                                  "comm", "cuda", "timeout", "interrupted"};
+    if (status >= 0 && status < (int)(sizeof names / sizeof names[0])) return names[status];
+    return "error";
+}
+
+/* Process-wide logging settings: set once at start-up by the CLI. */
+static int g_log_level = TPI_LOG_INFO;
+static int g_log_rank = -1;
+
+void tpi_log_set(int level, int rank) {
+    g_log_level = level;
+    g_log_rank = rank;
+}
+
+void tpi_log(int level, const char *fmt, ...) {
+    if (level > g_log_level) return;
+    static const char *tags[] = {"error: ", "warning: ", "", ""};
+    char line[2048];
+    int off = 0;
+    if (g_log_rank >= 0) off = snprintf(line, sizeof line, "[rank %d] ", g_log_rank);
+    off += snprintf(line + off, sizeof line - (size_t)off, "%s", tags[level & 3]);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line + off, sizeof line - (size_t)off, fmt, ap);
+    va_end(ap);
+    /* One fputs per line so ranks sharing a terminal do not interleave mid-line. */
+    size_t n = strlen(line);
+    if (n + 1 < sizeof line && (n == 0 || line[n - 1] != '\n')) {
+        line[n] = '\n';
+        line[n + 1] = '\0';
+    }
+    fputs(line, stderr);
+    fflush(stderr);
+}
+
+double tpi_time_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int tpi_cpu_count(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+float tpi_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            bits = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t tpi_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00 | (absx > 0x7f800000u ? 0x200 : 0));
+    if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* overflow to inf */
+    if (absx < 0x38800000u) { /* result is subnormal or zero */
+        float a;
+        memcpy(&a, &absx, 4);
+        /* 2^-24 is the smallest f16 subnormal; rint gives round-to-nearest-even. */
+        uint32_t m = (uint32_t)rintf(a * 16777216.0f);
+        return (uint16_t)(sign | m);
+    }
+    uint32_t mant = absx & 0x7fffff;
+    uint32_t e = (absx >> 23) - 127 + 15;
+    uint32_t h = (e << 10) | (mant >> 13);
+    uint32_t rest = mant & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++; /* carries into exponent correctly */
+    return (uint16_t)(sign | h);
+}
+
+float tpi_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t tpi_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet nan */
+    x += 0x7fff + ((x >> 16) & 1);
+    return (uint16_t)(x >> 16);
+}

@@ -1,0 +1,82 @@
+/*
+ * tpi.h — project-wide basics: status codes, the error record every library
+ * call fills, logging to stderr, and small helpers (time, cores).
+ *
+ * Library code never exits: it returns an `int` status (TPI_OK == 0, or one of
+ * enum tpi_status) and writes a one-line message into a `struct tpi_error`.
+ * Only the CLI layer turns a status into an exit code.
+ */
+#ifndef TPI_H
+#define TPI_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum tpi_status {
+    TPI_OK = 0,
+    TPI_ERR_IO = 1,          /* open/read/write/mmap failed */
+    TPI_ERR_FORMAT = 2,      /* malformed file or input */
+    TPI_ERR_INVALID = 3,     /* bad argument or configuration */
+    TPI_ERR_NOMEM = 4,       /* allocation failed (host or device) */
+    TPI_ERR_UNSUPPORTED = 5, /* valid but not supported (type, arch) */
+    TPI_ERR_COMM = 6,        /* MPI/NCCL failure */
+    TPI_ERR_CUDA = 7,        /* CUDA/cuBLAS failure */
+    TPI_ERR_TIMEOUT = 8,     /* a peer did not answer in time */
+    TPI_ERR_INTERRUPTED = 9, /* stopped by a signal */
+};
+
+/* One error: the status and a one-line message that says what and where. */
+struct tpi_error {
+    int status;
+    char msg[1024];
+};
+
+/* Fill `err` (may be NULL) with status and a printf-style message; returns status. */
+int tpi_err(struct tpi_error *err, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Prefix the message already in `err` with "context: "; returns err->status. */
+int tpi_err_wrap(struct tpi_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Reset `err` to TPI_OK with an empty message. */
+void tpi_err_clear(struct tpi_error *err);
+
+/* Short name of a status ("io", "format", ...); never NULL. */
+const char *tpi_status_name(int status);
+
+/* Log levels; messages go to stderr only. */
+enum tpi_log_level { TPI_LOG_ERROR = 0, TPI_LOG_WARN = 1, TPI_LOG_INFO = 2, TPI_LOG_DEBUG = 3 };
+
+/* Set the level at or below which messages print (default INFO) and the rank
+ * that prefixes each line ("[rank N] "), -1 for no prefix. */
+void tpi_log_set(int level, int rank);
+
+/* Print one log line to stderr when `level` is enabled. */
+void tpi_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define TPI_LOGE(...) tpi_log(TPI_LOG_ERROR, __VA_ARGS__)
+#define TPI_LOGW(...) tpi_log(TPI_LOG_WARN, __VA_ARGS__)
+#define TPI_LOGI(...) tpi_log(TPI_LOG_INFO, __VA_ARGS__)
+#define TPI_LOGD(...) tpi_log(TPI_LOG_DEBUG, __VA_ARGS__)
+
+/* Monotonic wall-clock time in seconds. */
+double tpi_time_s(void);
+
+/* Number of CPU cores this process may run on (sched_getaffinity), at least 1. */
+int tpi_cpu_count(void);
+
+/* FNV-1a 64-bit hash of `n` bytes, continuing from `h` (start with TPI_FNV_INIT). */
+#define TPI_FNV_INIT 0xcbf29ce484222325ULL
+uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n);
+
+/* Half/bfloat16 conversions (round to nearest even), shared by every module. */
+float tpi_f16_to_f32(uint16_t h);
+uint16_t tpi_f32_to_f16(float f);
+float tpi_bf16_to_f32(uint16_t h);
+uint16_t tpi_f32_to_bf16(float f);
+
+#define TPI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TPI_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif /* TPI_H */

@@ -1,0 +1,55 @@
+/*
+ * testutil.h — shared helpers for the Check tests: where test data lives,
+ * skipping cleanly, reading JSON references, seeded random data, and array
+ * comparison that prints the first mismatches (index, got, want).
+ */
+#ifndef TESTUTIL_H
+#define TESTUTIL_H
+
+#include <check.h>
+#include <cjson/cJSON.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Exit code ctest reads as "skipped" (SKIP_RETURN_CODE). */
+#define TU_SKIP 77
+
+/* Path of test data file `name`: ../shared/data/NAME when present, else
+ * tests/data/NAME; NULL when in neither (static buffer, one per call). */
+const char *tu_data_path(const char *name);
+
+/* Like tu_data_path but prints "SKIP: <name> not found in ../shared/data or
+ * tests/data" to stderr when missing. */
+const char *tu_data_or_skip(const char *name);
+
+/* The tpinfer binary and the source dir, as built. */
+const char *tu_binary(void);
+const char *tu_source_dir(void);
+
+/* Read a whole file (NUL-terminated, *n_out bytes); NULL on error. Caller frees. */
+char *tu_read_file(const char *path, size_t *n_out);
+/* Parse a JSON file; NULL on error. Caller frees with cJSON_Delete. */
+cJSON *tu_read_json(const char *path);
+
+/* Deterministic random numbers (xorshift64*): uniform in [lo, hi), and normal. */
+struct tu_rng {
+    uint64_t s;
+};
+void tu_rng_seed(struct tu_rng *r, uint64_t seed);
+float tu_uniform(struct tu_rng *r, float lo, float hi);
+float tu_normal(struct tu_rng *r);
+void tu_fill_uniform(struct tu_rng *r, float *x, size_t n, float lo, float hi);
+
+/* Compare got with want elementwise with |got-want| <= atol + rtol*|want|; prints
+ * up to 8 mismatches and the max abs/rel error under `label`; returns the number
+ * of mismatches. */
+size_t tu_compare(const char *label, const float *got, const float *want, size_t n, double atol,
+                  double rtol);
+/* Normalized mean squared error sum((got-want)^2) / sum(want^2). */
+double tu_nmse(const float *got, const float *want, size_t n);
+
+/* Run a Check suite (CK_NORMAL output); returns the process exit code. */
+int tu_run_suite(Suite *s);
+
+#endif /* TESTUTIL_H */
