@@ -1,13 +1,380 @@
 /*
- * cmd_info.c — `tpinfer info` (not built yet).
+ * cmd_info.c — `tpinfer info FILE [--json]`: what a GGUF file holds, in the
+ * spirit of gguf-tools' `show`: format facts, architecture, the `<arch>.*`
+ * hyperparameters, a tokenizer summary, the remaining metadata and a tensor
+ * table. `--json` prints the same as one JSON object for scripts.
+ *
+ * Opening goes through gguf_open, so a broken file is one line on stderr and
+ * exit 1, never a crash. Results go to stdout only.
  */
+#define _GNU_SOURCE /* strndup */
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
 
 #include "cli.h"
+#include "gguf.h"
+#include "kernels/quant.h"
+
+static void usage(FILE *out) {
+    fprintf(
+        out,
+        "usage: tpinfer info FILE.gguf [--json]\n"
+        "\n"
+        "Show a GGUF file: format version, architecture, hyperparameters (<arch>.*),\n"
+        "tokenizer summary, other metadata, and the tensor table (name, type, shape\n"
+        "with ne0 first, bytes, absolute offset in its file). For a split model give\n"
+        "the first part (NAME-00001-of-0000N.gguf); every part is opened.\n"
+        "\n"
+        "  --json   print one JSON object instead:\n"
+        "           {\"metadata\": {KEY: VALUE, ...},\n"
+        "            \"tensors\": [{\"name\", \"type\", \"shape\", \"offset\", \"n_bytes\"}, "
+        "...]}\n"
+        "           Scalars are JSON numbers/booleans/strings; every array is shortened to\n"
+        "           {\"type\": \"array\", \"item_type\": \"string\", \"n\": 151936}. \"type\" is\n"
+        "           ggml's name (Q4_K, BF16), \"shape\" ne0 first, \"offset\" absolute in the\n"
+        "           file holding the tensor; split models add \"part\" (0-based).\n"
+        "  -h, --help  this text\n"
+        "\n"
+        "Exit status: 0 ok, 1 the file cannot be read (one line on stderr), 2 usage.\n");
+}
+
+/* Options. A shard plan for a given tensor/pipeline split (--tp N --pp N) is the
+ * next addition: parse it here and print it after the tensor table. */
+struct info_opts {
+    const char *path;
+    bool json;
+};
+
+/* ---- text output ------------------------------------------------------------- */
+
+/* An F32 as the shortest decimal that reads back as the same float (1e-06,
+ * not 9.99999997e-07). */
+static double f32_as_short_double(float v) {
+    char buf[32];
+    for (int prec = 6; prec <= 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if ((float)strtod(buf, NULL) == v) break;
+    }
+    return strtod(buf, NULL);
+}
+
+/* Print a string view quoted, escaping non-printables, cut at max_n bytes. */
+static void print_str(const char *s, uint64_t len, uint64_t max_n) {
+    putchar('"');
+    for (uint64_t i = 0; i < len && i < max_n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+    if (len > max_n) printf("... (%" PRIu64 " bytes)", len);
+}
+
+static void print_scalar(enum gguf_vtype t, const uint8_t *p) {
+    float f32;
+    double f64;
+    int64_t i64;
+    uint64_t u64;
+    switch (t) {
+    case GGUF_VT_F32:
+        memcpy(&f32, p, 4);
+        printf("%.9g", f32_as_short_double(f32));
+        break;
+    case GGUF_VT_F64:
+        memcpy(&f64, p, 8);
+        printf("%.17g", f64);
+        break;
+    case GGUF_VT_BOOL:
+        fputs(p[0] ? "true" : "false", stdout);
+        break;
+    case GGUF_VT_U64:
+        memcpy(&u64, p, 8);
+        printf("%" PRIu64, u64);
+        break;
+    default: {
+        /* gguf_arr_int's scalar path: build a one-item view to reuse it. */
+        struct gguf_kv one = {.type = GGUF_VT_ARRAY, .arr_type = t, .arr_n = 1, .data = p};
+        if (gguf_arr_int(&one, 0, &i64))
+            printf("%" PRId64, i64);
+        else
+            fputs("?", stdout);
+    }
+    }
+}
+
+/* One metadata value: scalars in full, strings cut at 120 bytes, arrays as their
+ * type and length plus the first few numeric items. */
+static void print_value(const struct gguf_kv *kv) {
+    if (kv->type == GGUF_VT_STRING) {
+        print_str((const char *)kv->data, kv->str_len, 120);
+    } else if (kv->type == GGUF_VT_ARRAY) {
+        printf("[%s x %" PRIu64 "]", gguf_vtype_name(kv->arr_type), kv->arr_n);
+        if (kv->arr_type != GGUF_VT_STRING && kv->arr_type != GGUF_VT_ARRAY && kv->arr_n > 0) {
+            double v;
+            fputs(" {", stdout);
+            for (uint64_t i = 0; i < kv->arr_n && i < 8; i++)
+                if (gguf_arr_f64(kv, i, &v)) printf("%s%.9g", i ? ", " : "", v);
+            fputs(kv->arr_n > 8 ? ", ...}" : "}", stdout);
+        }
+    } else {
+        print_scalar(kv->type, kv->data);
+    }
+}
+
+static bool has_prefix(const struct gguf_kv *kv, const char *prefix) {
+    size_t n = strlen(prefix);
+    return kv->key.len >= n && !memcmp(kv->key.data, prefix, n);
+}
+
+static void print_kv_line(const struct gguf_kv *kv) {
+    printf("  %-44.*s = ", (int)TPI_MIN(kv->key.len, 200), kv->key.data);
+    print_value(kv);
+    putchar('\n');
+}
+
+/* Tokenizer: model, pre, vocabulary and merges counts, special token ids with
+ * their text. */
+static void print_tokenizer(const struct gguf_file *f) {
+    struct gguf_str s;
+    const struct gguf_kv *tokens = gguf_find_kv(f, "tokenizer.ggml.tokens");
+    const struct gguf_kv *merges = gguf_find_kv(f, "tokenizer.ggml.merges");
+    if (!gguf_find_kv(f, "tokenizer.ggml.model") && !tokens) return;
+    printf("tokenizer:\n");
+    if (gguf_get_str(f, "tokenizer.ggml.model", &s))
+        printf("  model %.*s", (int)TPI_MIN(s.len, 200), s.data);
+    if (gguf_get_str(f, "tokenizer.ggml.pre", &s))
+        printf(", pre %.*s", (int)TPI_MIN(s.len, 200), s.data);
+    if (tokens && tokens->type == GGUF_VT_ARRAY) printf(", %" PRIu64 " tokens", tokens->arr_n);
+    if (merges && merges->type == GGUF_VT_ARRAY) printf(", %" PRIu64 " merges", merges->arr_n);
+    putchar('\n');
+    struct gguf_str *strs = NULL;
+    uint64_t n_strs = 0;
+    if (tokens && gguf_arr_strings(tokens, &strs, &n_strs, NULL) != TPI_OK) strs = NULL;
+    static const char suffix[] = "_token_id";
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        size_t n = kv->key.len, sn = sizeof suffix - 1;
+        int64_t id;
+        if (!has_prefix(kv, "tokenizer.ggml.") || n < sn + 15 ||
+            memcmp(kv->key.data + n - sn, suffix, sn) != 0)
+            continue;
+        printf("  %-12.*s ", (int)(n - sn - 15), kv->key.data + 15);
+        if (!gguf_arr_int(
+                &(struct gguf_kv){
+                    .type = GGUF_VT_ARRAY, .arr_type = kv->type, .arr_n = 1, .data = kv->data},
+                0, &id)) {
+            print_value(kv);
+        } else {
+            printf("%" PRId64, id);
+            if (strs && id >= 0 && (uint64_t)id < n_strs) {
+                putchar(' ');
+                print_str(strs[id].data, strs[id].len, 60);
+            }
+        }
+        putchar('\n');
+    }
+    bool add;
+    if (gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &add))
+        printf("  add_bos      %s\n", add ? "true" : "false");
+    if (gguf_get_str(f, "tokenizer.chat_template", &s))
+        printf("  chat_template (%" PRIu64 " bytes)\n", s.len);
+    free(strs);
+}
+
+static void format_shape(const struct gguf_tensor *t, char *buf, size_t n) {
+    size_t off = (size_t)snprintf(buf, n, "[");
+    for (int d = 0; d < t->n_dims && off < n; d++)
+        off += (size_t)snprintf(buf + off, n - off, "%s%" PRId64, d ? ", " : "", t->ne[d]);
+    if (off < n) snprintf(buf + off, n - off, "]");
+}
+
+static void print_text(const struct gguf_file *f) {
+    struct gguf_str arch = {0, ""};
+    bool has_arch = gguf_get_str(f, "general.architecture", &arch);
+    printf("%s: GGUF v%u, %d part%s, %" PRIu64 " bytes, alignment %" PRIu64 ", %" PRId64
+           " metadata keys, %" PRId64 " tensors\n",
+           gguf_path(f), gguf_version(f), gguf_n_parts(f), gguf_n_parts(f) == 1 ? "" : "s",
+           gguf_total_size(f), gguf_alignment(f), gguf_n_kv(f), gguf_n_tensors(f));
+    printf("architecture: %.*s\n", has_arch ? (int)TPI_MIN(arch.len, 200) : 1,
+           has_arch ? arch.data : "?");
+
+    /* "<arch>." prefix, the hyperparameters. */
+    char prefix[256] = "";
+    if (has_arch && arch.len < 200)
+        snprintf(prefix, sizeof prefix, "%.*s.", (int)arch.len, arch.data);
+    if (prefix[0]) {
+        printf("hyperparameters:\n");
+        for (int64_t i = 0; i < gguf_n_kv(f); i++)
+            if (has_prefix(gguf_kv_at(f, i), prefix)) print_kv_line(gguf_kv_at(f, i));
+    }
+    print_tokenizer(f);
+    printf("metadata:\n");
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        if ((prefix[0] && has_prefix(kv, prefix))) continue;
+        print_kv_line(kv);
+    }
+
+    uint64_t total = 0;
+    int name_w = 4;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        total += t->n_bytes;
+        name_w = TPI_MAX(name_w, (int)TPI_MIN(strlen(t->name), 64));
+    }
+    printf("tensors: %" PRId64 ", %" PRIu64 " bytes", gguf_n_tensors(f), total);
+    bool any_unsupported = false;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct quant_traits *tr = quant_traits(gguf_tensor_at(f, i)->type);
+        if (tr && !tr->supported) any_unsupported = true;
+    }
+    printf("%s\n", any_unsupported ? " (types marked * cannot be computed by tpinfer)" : "");
+    bool split = gguf_n_parts(f) > 1;
+    printf("  %5s  %-*s  %-8s  %-22s  %12s  %12s%s\n", "#", name_w, "name", "type", "shape",
+           "bytes", "offset", split ? "  part" : "");
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        const struct quant_traits *tr = quant_traits(t->type);
+        char shape[128], type[32];
+        format_shape(t, shape, sizeof shape);
+        snprintf(type, sizeof type, "%s%s", quant_type_name(t->type),
+                 tr && !tr->supported ? "*" : "");
+        printf("  %5" PRId64 "  %-*s  %-8s  %-22s  %12" PRIu64 "  %12" PRIu64, i, name_w, t->name,
+               type, shape, t->n_bytes, t->offset);
+        if (split) printf("  %4d", t->part + 1);
+        putchar('\n');
+    }
+}
+
+/* ---- JSON output ------------------------------------------------------------------ */
+
+static cJSON *json_value(const struct gguf_kv *kv) {
+    if (kv->type == GGUF_VT_STRING) {
+        char *s = strndup((const char *)kv->data, (size_t)kv->str_len);
+        cJSON *j = s ? cJSON_CreateString(s) : NULL;
+        free(s);
+        return j;
+    }
+    if (kv->type == GGUF_VT_ARRAY) {
+        cJSON *j = cJSON_CreateObject();
+        if (!j) return NULL;
+        cJSON_AddStringToObject(j, "type", "array");
+        cJSON_AddStringToObject(j, "item_type", gguf_vtype_name(kv->arr_type));
+        cJSON_AddNumberToObject(j, "n", (double)kv->arr_n);
+        return j;
+    }
+    if (kv->type == GGUF_VT_BOOL) return cJSON_CreateBool(kv->data[0] != 0);
+    if (kv->type == GGUF_VT_F32) {
+        float v;
+        memcpy(&v, kv->data, 4);
+        return cJSON_CreateNumber(f32_as_short_double(v));
+    }
+    struct gguf_kv one = {
+        .type = GGUF_VT_ARRAY, .arr_type = kv->type, .arr_n = 1, .data = kv->data};
+    double v = 0;
+    gguf_arr_f64(&one, 0, &v);
+    return cJSON_CreateNumber(v);
+}
+
+static int print_json(const struct gguf_file *f) {
+    cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(),
+          *tensors = cJSON_CreateArray();
+    if (!root || !meta || !tensors) goto oom;
+    cJSON_AddItemToObject(root, "metadata", meta);
+    cJSON_AddItemToObject(root, "tensors", tensors);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        char *key = strndup(kv->key.data, (size_t)kv->key.len);
+        cJSON *v = json_value(kv);
+        if (!key || !v) {
+            free(key);
+            cJSON_Delete(v);
+            goto oom;
+        }
+        cJSON_AddItemToObject(meta, key, v);
+        free(key);
+    }
+    bool split = gguf_n_parts(f) > 1;
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        cJSON *jt = cJSON_CreateObject(), *shape = cJSON_CreateArray();
+        if (!jt || !shape) {
+            cJSON_Delete(jt);
+            cJSON_Delete(shape);
+            goto oom;
+        }
+        cJSON_AddItemToArray(tensors, jt);
+        cJSON_AddStringToObject(jt, "name", t->name);
+        cJSON_AddStringToObject(jt, "type", quant_type_name(t->type));
+        for (int d = 0; d < t->n_dims; d++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->ne[d]));
+        cJSON_AddItemToObject(jt, "shape", shape);
+        cJSON_AddNumberToObject(jt, "offset", (double)t->offset);
+        cJSON_AddNumberToObject(jt, "n_bytes", (double)t->n_bytes);
+        if (split) cJSON_AddNumberToObject(jt, "part", t->part);
+    }
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!text) goto oom_printed;
+    puts(text);
+    free(text);
+    return 0;
+oom:
+    cJSON_Delete(root);
+oom_printed:
+    fprintf(stderr, "tpinfer info: %s: out of memory building JSON\n", gguf_path(f));
+    return 1;
+}
+
+/* ---- entry -------------------------------------------------------------------------- */
 
 int cmd_info(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "tpinfer info: not available in this build yet\n");
-    return 1;
+    struct info_opts o = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            o.json = true;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            fprintf(stderr, "tpinfer info: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!o.path) {
+            o.path = a;
+        } else {
+            fprintf(stderr, "tpinfer info: more than one file given ('%s', '%s')\n", o.path, a);
+            return 2;
+        }
+    }
+    if (!o.path) {
+        usage(stderr);
+        return 2;
+    }
+    struct gguf_file *f = NULL;
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    if (gguf_open(o.path, &f, &err) != TPI_OK) {
+        fprintf(stderr, "tpinfer info: %s\n", err.msg);
+        return 1;
+    }
+    int rc = 0;
+    if (o.json)
+        rc = print_json(f);
+    else
+        print_text(f);
+    if (fflush(stdout) != 0) rc = 1;
+    gguf_close(&f);
+    return rc;
 }

@@ -1,0 +1,49 @@
+/*
+ * ops_registry.c — picks a backend of the op table by name ("cpu", "cuda",
+ * "auto"), and, in builds without CUDA, the stubs that say CUDA is absent
+ * (with CUDA the .cu files define ops_cuda_get / ops_cuda_available).
+ */
+#include <string.h>
+
+#include "ops.h"
+
+#ifndef TPI_HAVE_CUDA
+const struct ops *ops_cuda_get(void) {
+    return NULL;
+}
+
+bool ops_cuda_available(int *n_devices) {
+    if (n_devices) *n_devices = 0;
+    return false;
+}
+#endif
+
+const struct ops *ops_by_name(const char *name, struct tpi_error *err) {
+    if (!name || strcmp(name, "auto") == 0) {
+        /* auto never fails: the CPU backend is always there */
+        const struct ops *cuda = ops_cuda_get();
+        int n_devices = 0;
+        if (cuda && ops_cuda_available(&n_devices) && n_devices > 0) return cuda;
+        return &ops_cpu;
+    }
+    if (strcmp(name, "cpu") == 0) return &ops_cpu;
+    if (strcmp(name, "cuda") == 0) {
+        const struct ops *cuda = ops_cuda_get();
+        if (!cuda) {
+            tpi_err(err, TPI_ERR_UNSUPPORTED,
+                    "backend 'cuda' is not available: tpinfer was built without CUDA "
+                    "(use --backend cpu, or rebuild with nvcc and -DTPI_CUDA=ON)");
+            return NULL;
+        }
+        int n_devices = 0;
+        if (!ops_cuda_available(&n_devices) || n_devices <= 0) {
+            tpi_err(err, TPI_ERR_CUDA,
+                    "backend 'cuda': no usable GPU (no CUDA driver or device visible; "
+                    "check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --backend cpu)");
+            return NULL;
+        }
+        return cuda;
+    }
+    tpi_err(err, TPI_ERR_INVALID, "unknown backend '%s' (expected cpu, cuda or auto)", name);
+    return NULL;
+}

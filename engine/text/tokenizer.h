@@ -1,0 +1,155 @@
+/*
+ * tokenizer.h — byte-level BPE tokenizer (GPT-2 style, as Qwen2/Qwen3 use it),
+ * read from a GGUF's `tokenizer.ggml.*` keys, plus ChatML chat rendering.
+ *
+ * Encoding matches Hugging Face `tokenizers` with add_special_tokens=false:
+ *   1. added tokens (GGUF token types CONTROL and USER_DEFINED) are split out of
+ *      the raw text first, leftmost match, longest first;
+ *   2. every other segment is NFC-normalized (utf8proc), split with the `qwen2`
+ *      pre-tokenizer regex (PCRE2, UTF + UCP, run as written), mapped byte-wise
+ *      through the GPT-2 byte-to-unicode table, and merged by BPE rank;
+ *   3. BOS is prepended only when tokenizer.ggml.add_bos_token says so.
+ * A tokenizer is immutable after loading: one may be shared by threads.
+ */
+#ifndef TOKENIZER_H
+#define TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tpi.h"
+
+struct gguf_file;
+struct tokenizer; /* opaque */
+
+/* Token types as GGUF's tokenizer.ggml.token_type numbers them (llama.cpp). */
+enum tok_type {
+    TOK_TYPE_UNDEFINED = 0,
+    TOK_TYPE_NORMAL = 1,
+    TOK_TYPE_UNKNOWN = 2,
+    TOK_TYPE_CONTROL = 3,
+    TOK_TYPE_USER_DEFINED = 4,
+    TOK_TYPE_UNUSED = 5,
+    TOK_TYPE_BYTE = 6,
+};
+
+/* A byte string view (not NUL-terminated). */
+struct tok_str {
+    const char *data;
+    size_t len;
+};
+
+/* Everything a tokenizer is built from, as plain arrays (the GGUF loader fills
+ * one of these; tests may fill one from tokenizer.json). Nothing is retained:
+ * tok_init_from_arrays copies what it needs. */
+struct tok_vocab_spec {
+    const struct tok_str *tokens; /* n_tokens stored token strings (byte-level form) */
+    int32_t n_tokens;
+    const int32_t *types;         /* n_tokens enum tok_type values, or NULL: all NORMAL */
+    const struct tok_str *merges; /* n_merges "left right" strings, rank = index */
+    int32_t n_merges;
+    const char *pre;                /* pre-tokenizer name; only "qwen2" (NULL means qwen2) */
+    int32_t bos_id, eos_id, pad_id; /* -1 when absent */
+    bool add_bos;
+    const char *chat_template; /* may be NULL */
+    size_t chat_template_len;
+    const char *source; /* name used in error messages (file path), may be NULL */
+};
+
+/* Build a tokenizer from arrays. On success *out owns everything (free with
+ * tok_free); on error returns a status and err names the source and the entry. */
+int tok_init_from_arrays(const struct tok_vocab_spec *spec, struct tokenizer **out,
+                         struct tpi_error *err);
+
+/* Build a tokenizer from an open GGUF's tokenizer.ggml.* keys (model must be
+ * "gpt2", pre "qwen2"; vocab-only files are fine). The tokenizer does not keep
+ * references into `f`. Errors name the file and the key. */
+int tok_load(const struct gguf_file *f, struct tokenizer **out, struct tpi_error *err);
+
+/* Free a tokenizer; sets *t to NULL. Accepts NULL. */
+void tok_free(struct tokenizer **t);
+
+/* Vocabulary size; BOS / EOS / padding ids (-1 when the file has none); whether
+ * encode prepends BOS. */
+int32_t tok_n_vocab(const struct tokenizer *t);
+int32_t tok_bos(const struct tokenizer *t);
+int32_t tok_eos(const struct tokenizer *t);
+int32_t tok_pad(const struct tokenizer *t);
+bool tok_add_bos(const struct tokenizer *t);
+
+/* True for ids that end generation: EOS, `<|im_end|>`, `<|endoftext|>`. */
+bool tok_is_eog(const struct tokenizer *t, int32_t id);
+
+/* Type of token `id` (enum tok_type); -1 when out of range. */
+int tok_type_of(const struct tokenizer *t, int32_t id);
+
+/* Id of the token whose stored string is exactly `text` (NUL-terminated), e.g.
+ * "<|im_start|>" or "Ġthe"; -1 when there is none. */
+int32_t tok_id_of(const struct tokenizer *t, const char *text);
+
+/* Stored string of token `id` (byte-level form, e.g. "Ġthe"), a view valid for
+ * the tokenizer's lifetime and NUL-terminated; {NULL, 0} when out of range. */
+struct tok_str tok_piece(const struct tokenizer *t, int32_t id);
+
+/* The bytes token `id` decodes to (byte-level decoded; added tokens as their
+ * text), a view valid for the tokenizer's lifetime; {NULL, 0} when out of range. */
+struct tok_str tok_token_bytes(const struct tokenizer *t, int32_t id);
+
+/* The GGUF's tokenizer.chat_template (NUL-terminated), or NULL when absent. */
+const char *tok_chat_template(const struct tokenizer *t);
+
+/* Encode `len` bytes of UTF-8 `text` (need not be NUL-terminated). With
+ * parse_special, CONTROL tokens written in the text (e.g. "<|im_start|>") become
+ * their ids; USER_DEFINED added tokens (e.g. "<think>") always do, as in HF and
+ * llama.cpp. *ids is malloc'd (caller frees; non-NULL even when *n_ids == 0).
+ * Invalid UTF-8 is TPI_ERR_INVALID naming the byte offset. */
+int tok_encode(const struct tokenizer *t, const char *text, size_t len, bool parse_special,
+               int32_t **ids, int *n_ids, struct tpi_error *err);
+
+/* Decode ids to bytes, every token rendered (added tokens as their text). *out is
+ * malloc'd and NUL-terminated (caller frees), *n_bytes its length. An id out of
+ * range is TPI_ERR_INVALID naming its index. */
+int tok_decode(const struct tokenizer *t, const int32_t *ids, int n_ids, char **out,
+               size_t *n_bytes, struct tpi_error *err);
+
+/* ---- streaming decode ------------------------------------------------------
+ * Feed generated ids one at a time and get back only complete UTF-8: a token
+ * that ends inside a multi-byte character has those bytes held back until the
+ * character completes. Output is always valid UTF-8: bytes that cannot start or
+ * continue a character become U+FFFD. */
+struct tok_stream; /* opaque */
+
+/* New stream over `t`; with render_control false, CONTROL tokens (e.g.
+ * <|im_end|>) produce no text. NULL on OOM. Free with tok_stream_free. */
+struct tok_stream *tok_stream_new(const struct tokenizer *t, bool render_control);
+void tok_stream_free(struct tok_stream **s);
+
+/* Push one id; *bytes / *n_bytes receive the text that is now complete (a view
+ * into the stream, valid until the next call; may be empty). */
+int tok_stream_push(struct tok_stream *s, int32_t id, const char **bytes, size_t *n_bytes,
+                    struct tpi_error *err);
+
+/* End of stream: whatever is still held back (an incomplete character) comes out
+ * as U+FFFD. Same view rules as tok_stream_push; the stream is reset after. */
+void tok_stream_flush(struct tok_stream *s, const char **bytes, size_t *n_bytes);
+
+/* ---- chat ----------------------------------------------------------------- */
+
+/* One chat message; both strings NUL-terminated. */
+struct tok_message {
+    const char *role; /* "system", "user", "assistant", ... */
+    const char *content;
+};
+
+/* Render messages with the model's chat format: ChatML
+ * (`<|im_start|>ROLE\nCONTENT<|im_end|>\n` per message, then
+ * `<|im_start|>assistant\n` when add_generation_prompt). ChatML is chosen when
+ * tokenizer.chat_template contains "<|im_start|>", or when there is no template
+ * and the vocabulary has <|im_start|>; any other template is
+ * TPI_ERR_UNSUPPORTED. *out is malloc'd, NUL-terminated (caller frees). Encode
+ * the result with parse_special = true. */
+int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, int n_msgs,
+                   bool add_generation_prompt, char **out, size_t *n_bytes, struct tpi_error *err);
+
+#endif /* TOKENIZER_H */
