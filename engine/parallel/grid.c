@@ -1,0 +1,214 @@
+/*
+ * grid.c — MPI bootstrap, the tp x pp rank grid and the agreement helpers.
+ *
+ * Layout: world rank = pp_stage * tp + tp_rank, so a TP group is a run of
+ * consecutive ranks (one node under by-slot placement) and a PP chain links
+ * ranks tp apart. Every communicator we make returns errors instead of
+ * aborting, so library code can turn an MPI failure into a message.
+ */
+#define _GNU_SOURCE
+#include "grid.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm_impl.h"
+
+/* Whether grid_mpi_init called MPI_Init_thread (and so owns MPI_Finalize).
+ * Process-wide by nature: MPI itself is initialised once per process. */
+static int g_we_initialised = 0;
+
+int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err) {
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (finalized) return tpi_err(err, TPI_ERR_COMM, "MPI was already finalized");
+    if (!inited) {
+        /* FUNNELED: OpenMP threads compute, only the main thread calls MPI. */
+        int provided = 0;
+        int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        if (rc != MPI_SUCCESS) return tpi_err(err, TPI_ERR_COMM, "MPI_Init_thread failed (%d)", rc);
+        g_we_initialised = 1;
+        if (provided < MPI_THREAD_FUNNELED)
+            TPI_LOGW("MPI provides thread level %d, below FUNNELED; continuing", provided);
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    return TPI_OK;
+}
+
+void grid_mpi_finalize(void) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (g_we_initialised && !finalized) MPI_Finalize();
+    g_we_initialised = 0;
+}
+
+static int mpi_err(struct tpi_error *err, int rc, const char *call, int rank) {
+    char es[MPI_MAX_ERROR_STRING];
+    return tpi_err(err, TPI_ERR_COMM, "%s failed on world rank %d: %s", call, rank,
+                   comm_mpi_errstr(rc, es, sizeof es));
+}
+
+int grid_init(struct tpi_grid *g, int tp, int pp, struct tpi_error *err) {
+    if (!g) return tpi_err(err, TPI_ERR_INVALID, "grid_init: grid is NULL");
+    memset(g, 0, sizeof *g);
+    g->world = g->tp_comm = g->pp_comm = g->node = MPI_COMM_NULL;
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "grid_init: MPI is not initialised "
+                       "(call grid_mpi_init first)");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
+    comm_host_name(g->host, sizeof g->host);
+    /* These checks see the same numbers on every rank, so every rank fails
+     * alike and nobody waits in a collective. */
+    if (tp < 1 || pp < 1)
+        return tpi_err(err, TPI_ERR_INVALID, "--tp %d --pp %d: both must be at least 1", tp, pp);
+    if ((int64_t)tp * pp != g->world_size) {
+        if (g->world_size == 1)
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "--tp %d --pp %d needs %d ranks, launched with 1: "
+                           "run under mpirun -np %d",
+                           tp, pp, tp * pp, tp * pp);
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "--tp %d --pp %d needs %d ranks (tp * pp), launched "
+                       "with %d: run under mpirun -np %d, or change --tp/--pp so tp * pp = %d",
+                       tp, pp, tp * pp, g->world_size, tp * pp, g->world_size);
+    }
+    g->tp = tp;
+    g->pp = pp;
+    g->tp_rank = g->world_rank % tp;
+    g->pp_stage = g->world_rank / tp;
+
+    int rc = MPI_Comm_dup(MPI_COMM_WORLD, &g->world);
+    if (rc != MPI_SUCCESS) return mpi_err(err, rc, "MPI_Comm_dup", g->world_rank);
+    MPI_Comm_set_errhandler(g->world, MPI_ERRORS_RETURN);
+    /* TP group: same stage, ordered by tp_rank. PP chain: same tp_rank, by stage. */
+    rc = MPI_Comm_split(g->world, g->pp_stage, g->tp_rank, &g->tp_comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_split(g->world, g->tp_rank, g->pp_stage, &g->pp_comm);
+    if (rc == MPI_SUCCESS)
+        rc = MPI_Comm_split_type(g->world, MPI_COMM_TYPE_SHARED, g->world_rank, MPI_INFO_NULL,
+                                 &g->node);
+    if (rc != MPI_SUCCESS) {
+        mpi_err(err, rc, "MPI_Comm_split", g->world_rank);
+        grid_free(g);
+        return TPI_ERR_COMM;
+    }
+    MPI_Comm_set_errhandler(g->tp_comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(g->pp_comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(g->node, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(g->node, &g->local_rank);
+    MPI_Comm_size(g->node, &g->local_size);
+    return TPI_OK;
+}
+
+void grid_free(struct tpi_grid *g) {
+    if (!g) return;
+    MPI_Comm *cs[] = {&g->node, &g->pp_comm, &g->tp_comm, &g->world};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        if (*cs[i] != MPI_COMM_NULL) MPI_Comm_free(cs[i]);
+}
+
+int grid_rank_of(const struct tpi_grid *g, int tp_rank, int pp_stage) {
+    return pp_stage * g->tp + tp_rank;
+}
+
+int grid_agree(const struct tpi_grid *g, int status, struct tpi_error *err) {
+    /* No timeout: every rank calls this at the same step. */
+    MPI_Comm w = g->world != MPI_COMM_NULL ? g->world : MPI_COMM_WORLD;
+    return comm_agree(w, status, 0.0, err);
+}
+
+/* One field of run_identity: name, how to describe it, and where it is. */
+struct id_field {
+    const char *field, *what;
+    size_t offset;
+    int is64;
+};
+
+#define F64(f, w)                                                                                  \
+    { #f, w, offsetof(struct run_identity, f), 1 }
+#define F32(f, w)                                                                                  \
+    { #f, w, offsetof(struct run_identity, f), 0 }
+static const struct id_field id_fields[] = {
+    F64(model_size, "model file differs (model_size, total bytes)"),
+    F64(metadata_hash, "model metadata differs (metadata_hash)"),
+    F32(tp, "--tp differs (tp)"),
+    F32(pp, "--pp differs (pp)"),
+    F32(backend, "--backend differs (backend, 0 cpu 1 cuda)"),
+    F32(comm, "--comm differs (comm, 0 mpi 1 nccl)"),
+    F32(n_ctx, "context size differs (n_ctx)"),
+    F64(seed, "--seed differs (seed)"),
+};
+
+static uint64_t id_get(const struct run_identity *id, const struct id_field *f) {
+    const unsigned char *p = (const unsigned char *)id + f->offset;
+    if (f->is64) {
+        uint64_t v;
+        memcpy(&v, p, sizeof v);
+        return v;
+    }
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return (uint64_t)(int64_t)v;
+}
+
+static void id_fmt(const struct id_field *f, uint64_t v, char *buf, size_t n) {
+    if (!f->is64 || !strcmp(f->field, "seed"))
+        snprintf(buf, n, "%" PRId64, (int64_t)v);
+    else if (!strcmp(f->field, "metadata_hash"))
+        snprintf(buf, n, "%016" PRIx64, v);
+    else
+        snprintf(buf, n, "%" PRIu64, v);
+}
+
+int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
+                        struct tpi_error *err) {
+    int n = g->world_size;
+    /* n * 56 bytes: if even that fails the process is lost anyway. */
+    struct run_identity *all = calloc((size_t)n, sizeof *all);
+    if (!all)
+        return tpi_err(err, TPI_ERR_NOMEM, "grid_check_identity: out of memory on world rank %d",
+                       g->world_rank);
+    struct run_identity mine = *id;
+    int rc =
+        MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, g->world);
+    int st = TPI_OK;
+    if (rc != MPI_SUCCESS) {
+        st = mpi_err(err, rc, "MPI_Allgather (run identity)", g->world_rank);
+    } else {
+        /* Every rank compares the same gathered table, so all reach the same verdict. */
+        for (size_t f = 0; f < sizeof id_fields / sizeof id_fields[0] && st == TPI_OK; f++) {
+            const struct id_field *fd = &id_fields[f];
+            uint64_t ref = id_get(&all[0], fd);
+            char list[256] = "", vbuf[64], rbuf[64];
+            size_t off = 0;
+            int first = -1, n_diff = 0;
+            for (int r = 1; r < n; r++) {
+                if (id_get(&all[r], fd) == ref) continue;
+                if (first < 0) first = r;
+                n_diff++;
+                if (off + 16 < sizeof list)
+                    off +=
+                        (size_t)snprintf(list + off, sizeof list - off, "%s%d", off ? "," : "", r);
+            }
+            if (first < 0) continue;
+            id_fmt(fd, id_get(&all[first], fd), vbuf, sizeof vbuf);
+            id_fmt(fd, ref, rbuf, sizeof rbuf);
+            st = tpi_err(err, TPI_ERR_INVALID, "%s: rank %d has %s, rank 0 has %s%s%s%s", fd->what,
+                         first, vbuf, rbuf, n_diff > 1 ? " (ranks differing: " : "",
+                         n_diff > 1 ? list : "", n_diff > 1 ? ")" : "");
+        }
+    }
+    free(all);
+    /* Memory or MPI failure is local; make it everyone's. A mismatch is already
+     * seen by all, but agreeing is cheap and keeps one code path. */
+    if (st != TPI_OK && st != TPI_ERR_INVALID) return grid_agree(g, st, err);
+    return st;
+}
