@@ -1,0 +1,319 @@
+/*
+ * kern_attn.cu — causal attention over the f16 KV cache, for prefill and decode.
+ *
+ * 1. store: k, v of the batch's tokens go into the cache at (seq[t], pos[t]).
+ * 2. flash-style kernel: one block per (token, KV head[, head chunk], split). The
+ *    query heads that share a KV head (GQA) sit in the same block and share each
+ *    tile of TK keys/values loaded into shared memory; every warp owns up to
+ *    HEADS_PER_WARP of those heads and keeps an online softmax (running max m,
+ *    running sum l, unnormalized accumulator acc) in registers.
+ * 3. split-K: when (tokens x KV heads) blocks cannot fill the GPU and the context is
+ *    long (decode), the key range of each token is split over n_split blocks that
+ *    write partial (m, l, acc); a combine kernel merges them:
+ *    M = max m_s, out = sum acc_s e^(m_s-M) / sum l_s e^(m_s-M).
+ * Correct for any depth and batch mix; speed tuning (tensor cores for prefill, one
+ * block per several query tokens) is later work.
+ */
+#include <math.h>
+
+#include "kern_common.cuh"
+
+#define ATTN_WARPS 4
+#define HEADS_PER_WARP 4
+#define ATTN_MAX_HEADS (ATTN_WARPS * HEADS_PER_WARP) /* query heads per block */
+#define ATTN_MAX_HEAD_DIM 256
+#define ATTN_DIM_SLOTS (ATTN_MAX_HEAD_DIM / 32) /* head_dim values per lane */
+#define ATTN_MAX_SPLIT 64
+#define ATTN_SMEM_OPTIN (100 * 1024)
+
+/* ---------------------------------------------------------------- kernels */
+
+/* grid (n_tokens); copy token t's k and v rows (n_kv * hd floats) into the cache as f16. */
+__global__ void attn_store_kernel(__half *kc, __half *vc, const float *k, const float *v,
+                                  const int32_t *seq, const int32_t *pos, int n_slot, int n_ctx,
+                                  int row) {
+    const int t = blockIdx.x;
+    const int s = seq[t], p = pos[t];
+    if (s < 0 || s >= n_slot || p < 0 || p >= n_ctx) return;
+    const size_t dst = ((size_t)s * n_ctx + p) * row;
+    for (int i = threadIdx.x; i < row; i += blockDim.x) {
+        kc[dst + i] = __float2half_rn(k[(size_t)t * row + i]);
+        vc[dst + i] = __float2half_rn(v[(size_t)t * row + i]);
+    }
+}
+
+struct attn_args {
+    const float *q;        /* (n_tokens, n_head, hd) */
+    const __half *kc, *vc; /* this layer's cache: (n_slot, n_ctx, n_kv, hd) */
+    const int32_t *seq, *pos;
+    float *out;  /* (n_tokens, n_head, hd), when n_split == 1 */
+    float *part; /* (n_tokens, n_head, n_split, hd + 2): m, l, acc */
+    int n_slot, n_ctx, n_kv, n_head, hd;
+    int group; /* query heads per KV head */
+    int heads_per_block, head_chunks, n_split, tile;
+    float scale;
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum_a(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* grid (n_tokens, n_kv * head_chunks, n_split), ATTN_WARPS warps. Dynamic shared memory:
+ * q (heads_per_block x hd f32, pre-scaled), K tile (tile x (hd+2) f16: the +2 pad puts
+ * consecutive keys in different banks), V tile (tile x hd f16), p (per warp, tile f32). */
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(const attn_args a) {
+    extern __shared__ float4 smem4[];
+    float *q_s = (float *)smem4;
+    const int hd = a.hd, ks = hd + 2, tile = a.tile;
+    __half *k_s = (__half *)(q_s + a.heads_per_block * hd);
+    __half *v_s = k_s + tile * ks;
+    float *p_s = (float *)(v_s + tile * hd);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *p_w = p_s + warp * tile;
+
+    const int t = blockIdx.x, kvh = blockIdx.y / a.head_chunks;
+    const int h0 = kvh * a.group + (blockIdx.y % a.head_chunks) * a.heads_per_block;
+    const int split = blockIdx.z;
+    const int s = a.seq[t], p = a.pos[t];
+    const bool valid = s >= 0 && s < a.n_slot && p >= 0 && p < a.n_ctx;
+
+    /* this split's key range [k_begin, k_end), tile-aligned so splits never overlap */
+    const int n_keys = valid ? p + 1 : 0;
+    int chunk = (n_keys + a.n_split - 1) / a.n_split;
+    chunk = (chunk + tile - 1) / tile * tile;
+    const int k_begin = split * chunk;
+    const int k_end = min(n_keys, k_begin + chunk);
+
+    for (int i = threadIdx.x; i < a.heads_per_block * hd; i += blockDim.x)
+        q_s[i] = a.q[((size_t)t * a.n_head + h0) * hd + i] * a.scale;
+
+    float m[HEADS_PER_WARP], l[HEADS_PER_WARP], acc[HEADS_PER_WARP][ATTN_DIM_SLOTS];
+#pragma unroll
+    for (int i = 0; i < HEADS_PER_WARP; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int dd = 0; dd < ATTN_DIM_SLOTS; dd++)
+            acc[i][dd] = 0.0f;
+    }
+
+    const size_t row = (size_t)a.n_kv * hd; /* halves per (slot, position) */
+    const __half *kbase = a.kc + (size_t)(valid ? s : 0) * a.n_ctx * row + (size_t)kvh * hd;
+    const __half *vbase = a.vc + (size_t)(valid ? s : 0) * a.n_ctx * row + (size_t)kvh * hd;
+    const int half_hd = hd / 2;
+
+    for (int kt = k_begin; kt < k_end; kt += tile) {
+        const int nk = min(tile, k_end - kt);
+        __syncthreads(); /* the previous tile is no longer read (and q_s is written) */
+        for (int i = threadIdx.x; i < nk * half_hd; i += blockDim.x) {
+            const int j = i / half_hd, d2 = i % half_hd;
+            const size_t src = (size_t)(kt + j) * row;
+            ((__half2 *)(k_s + j * ks))[d2] = ((const __half2 *)(kbase + src))[d2];
+            ((__half2 *)(v_s + j * hd))[d2] = ((const __half2 *)(vbase + src))[d2];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < HEADS_PER_WARP; i++) {
+            const int hh = warp + ATTN_WARPS * i;
+            if (hh >= a.heads_per_block) break; /* uniform per warp */
+            const float *qh = q_s + hh * hd;
+            /* scores of keys lane, lane+32, ... of the tile (tile <= 64: two per lane) */
+            float sc[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = lane + 32 * c;
+                sc[c] = -INFINITY;
+                if (j < nk) {
+                    const __half2 *kj = (const __half2 *)(k_s + j * ks);
+                    float dot = 0.0f;
+                    for (int d2 = 0; d2 < half_hd; d2++) {
+                        const float2 kf = __half22float2(kj[d2]);
+                        dot += qh[2 * d2] * kf.x + qh[2 * d2 + 1] * kf.y;
+                    }
+                    sc[c] = dot;
+                }
+            }
+            const float m_new = fmaxf(m[i], warp_max(fmaxf(sc[0], sc[1])));
+            const float corr = expf(m[i] - m_new); /* 0 on the first tile (m = -inf) */
+            float psum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int j = lane + 32 * c;
+                const float pj = j < nk ? expf(sc[c] - m_new) : 0.0f;
+                if (j < tile) p_w[j] = pj;
+                psum += pj;
+            }
+            l[i] = l[i] * corr + warp_sum_a(psum);
+            m[i] = m_new;
+            __syncwarp();
+#pragma unroll
+            for (int dd = 0; dd < ATTN_DIM_SLOTS; dd++) {
+                const int d = lane + 32 * dd;
+                if (d < hd) {
+                    float o = acc[i][dd] * corr;
+                    for (int j = 0; j < nk; j++)
+                        o += p_w[j] * __half2float(v_s[j * hd + d]);
+                    acc[i][dd] = o;
+                }
+            }
+            __syncwarp(); /* p_w is rewritten by the next head */
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < HEADS_PER_WARP; i++) {
+        const int hh = warp + ATTN_WARPS * i;
+        if (hh >= a.heads_per_block) break;
+        const size_t th = (size_t)t * a.n_head + h0 + hh;
+        if (a.n_split == 1) {
+            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+            for (int dd = 0; dd < ATTN_DIM_SLOTS; dd++) {
+                const int d = lane + 32 * dd;
+                if (d < hd) a.out[th * hd + d] = acc[i][dd] * inv;
+            }
+        } else {
+            float *pp = a.part + (th * a.n_split + split) * (size_t)(hd + 2);
+            if (lane == 0) {
+                pp[0] = m[i];
+                pp[1] = l[i];
+            }
+#pragma unroll
+            for (int dd = 0; dd < ATTN_DIM_SLOTS; dd++) {
+                const int d = lane + 32 * dd;
+                if (d < hd) pp[2 + d] = acc[i][dd];
+            }
+        }
+    }
+}
+
+/* grid (n_tokens * n_head); merge the n_split partial results of one (token, head). */
+__global__ void attn_combine_kernel(const float *part, float *out, int n_split, int hd) {
+    const size_t th = blockIdx.x;
+    const float *pp = part + th * n_split * (size_t)(hd + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < n_split; s++)
+        mx = fmaxf(mx, pp[s * (hd + 2)]);
+    float l = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        const float ms = pp[s * (hd + 2)];
+        if (ms > -INFINITY) l += pp[s * (hd + 2) + 1] * expf(ms - mx);
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < n_split; s++) {
+            const float ms = pp[s * (hd + 2)];
+            if (ms > -INFINITY) o += pp[s * (hd + 2) + 2 + d] * expf(ms - mx);
+        }
+        out[th * hd + d] = o * inv;
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+static size_t attn_smem_bytes(int heads_per_block, int hd, int tile) {
+    return (size_t)heads_per_block * hd * sizeof(float) + (size_t)tile * (hd + 2) * sizeof(__half) +
+           (size_t)tile * hd * sizeof(__half) + (size_t)ATTN_WARPS * tile * sizeof(float);
+}
+
+bool kern_attention_init(struct ops_ctx *ctx) {
+    size_t want = ATTN_SMEM_OPTIN;
+    if (want > ctx->smem_optin) want = ctx->smem_optin;
+    return CUDA_OK(
+        ctx, "cuda init (attention)",
+        cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)want));
+}
+
+void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
+                    const float *k, const float *v, float *out, const struct ops_batch *b,
+                    int n_head, float scale) {
+    const char *op = "cuda attention";
+    const int n_tokens = b->n_tokens, n_kv = kv->n_kv_head, hd = kv->head_dim;
+    if (n_tokens <= 0) return;
+    if (kv->type != TPI_TYPE_F16 || layer < 0 || layer >= kv->n_layer || n_head <= 0 ||
+        n_head % n_kv != 0 || hd % 2 != 0 || hd > ATTN_MAX_HEAD_DIM) {
+        kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
+                  "layer %d of %d, n_head %d, n_kv_head %d, head_dim %d (even, <= %d), cache "
+                  "type %s (F16 expected)",
+                  layer, kv->n_layer, n_head, n_kv, hd, ATTN_MAX_HEAD_DIM,
+                  quant_type_name(kv->type));
+        return;
+    }
+    /* bad tokens are reported here (the kernels skip them and write zeros) */
+    int max_pos = 0;
+    for (int t = 0; t < n_tokens; t++) {
+        const int s = b->seq_host[t], p = b->pos_host[t];
+        if (s < 0 || s >= kv->n_slot || p < 0 || p >= kv->n_ctx)
+            kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
+                      "token %d at slot %d position %d is outside the cache (%d slots x %d "
+                      "positions)",
+                      t, s, p, kv->n_slot, kv->n_ctx);
+        else if (p + 1 > max_pos)
+            max_pos = p + 1;
+    }
+
+    const int row = n_kv * hd;
+    const size_t layer_elems = (size_t)kv->n_slot * kv->n_ctx * row;
+    __half *kc = (__half *)kv->k + (size_t)layer * layer_elems;
+    __half *vc = (__half *)kv->v + (size_t)layer * layer_elems;
+    attn_store_kernel<<<n_tokens, 128, 0, ctx->stream>>>(kc, vc, k, v, b->seq, b->pos, kv->n_slot,
+                                                         kv->n_ctx, row);
+    if (!LAUNCH_OK(ctx, op)) return;
+
+    attn_args a;
+    a.q = q;
+    a.kc = kc;
+    a.vc = vc;
+    a.seq = b->seq;
+    a.pos = b->pos;
+    a.out = out;
+    a.part = NULL;
+    a.n_slot = kv->n_slot;
+    a.n_ctx = kv->n_ctx;
+    a.n_kv = n_kv;
+    a.n_head = n_head;
+    a.hd = hd;
+    a.group = n_head / n_kv;
+    a.heads_per_block = a.group;
+    while (a.heads_per_block > ATTN_MAX_HEADS || a.group % a.heads_per_block != 0)
+        a.heads_per_block--; /* largest divisor of the group that fits a block */
+    a.head_chunks = a.group / a.heads_per_block;
+    a.tile = hd <= 128 ? 64 : 32;
+    a.scale = scale;
+
+    /* split the keys when the plain grid would leave most multiprocessors idle */
+    const long base_blocks = (long)n_tokens * n_kv * a.head_chunks;
+    int n_split = 1;
+    if (base_blocks < 2L * ctx->n_sm && max_pos > 4 * a.tile) {
+        const long by_grid = (2L * ctx->n_sm + base_blocks - 1) / base_blocks;
+        const long by_keys = (max_pos + 255) / 256; /* at least 256 keys per split */
+        n_split = (int)TPI_MIN(TPI_MIN(by_grid, by_keys), (long)ATTN_MAX_SPLIT);
+        if (n_split < 1) n_split = 1;
+    }
+    a.n_split = n_split;
+    if (n_split > 1) {
+        a.part = (float *)kern_scratch_get(
+            ctx, &ctx->attn, (size_t)n_tokens * n_head * n_split * (hd + 2) * sizeof(float), op);
+        if (!a.part) return;
+    }
+    const size_t smem = attn_smem_bytes(a.heads_per_block, hd, a.tile);
+    dim3 grid((unsigned)n_tokens, (unsigned)(n_kv * a.head_chunks), (unsigned)n_split);
+    attn_kernel<<<grid, ATTN_WARPS * 32, smem, ctx->stream>>>(a);
+    if (!LAUNCH_OK(ctx, op)) return;
+    if (n_split > 1) {
+        const int threads = hd >= 128 ? 128 : 64;
+        attn_combine_kernel<<<(unsigned)(n_tokens * n_head), threads, 0, ctx->stream>>>(
+            a.part, out, n_split, hd);
+        LAUNCH_OK(ctx, op);
+    }
+}

@@ -1,0 +1,100 @@
+/*
+ * kern_common.cuh — what the CUDA backend's files share: the context (device,
+ * stream, cuBLAS handle, scratch buffers, first deferred error), the check
+ * macros that record a failure into the context instead of exiting, and the
+ * host launchers (kern_*) each .cu file provides.
+ *
+ * Only the CUDA runtime API and cuBLAS are used, never the driver API, so the
+ * binaries load and report "no GPU" on machines without libcuda.
+ */
+#ifndef KERN_COMMON_CUH
+#define KERN_COMMON_CUH
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+}
+
+/* A device buffer that only grows; reused by ops that need temporary space. */
+struct kern_scratch {
+    void *p;
+    size_t n_bytes;
+};
+
+struct ops_ctx {
+    int device;
+    int n_sm;                 /* multiprocessors, to size split-K grids */
+    size_t smem_optin;        /* largest dynamic shared memory a block may opt into */
+    cudaStream_t stream;      /* every op is ordered on this one stream */
+    cublasHandle_t cublas;    /* bound to `stream` */
+    char name[256];           /* "NVIDIA H200" */
+    struct tpi_error err;     /* first deferred error since the last check (status 0: none) */
+    struct kern_scratch w16;  /* bf16 dequantized weight slab for the GEMM path */
+    struct kern_scratch x16;  /* bf16 activations for the GEMM path */
+    struct kern_scratch attn; /* split-K partial results of attention */
+    struct kern_scratch idx;  /* get_rows indices copied to the device */
+    void *pinned;             /* host staging for weight uploads (pinned) */
+    size_t pinned_bytes;
+    cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
+};
+
+/* Record the first failure of an op ("op: what (file:line)"); later ones are dropped
+ * because they are usually consequences of the first. */
+void kern_fail(struct ops_ctx *ctx, int status, const char *op, const char *file, int line,
+               const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* true when e is cudaSuccess; otherwise records it (CHECK_GEN shape) and returns false. */
+bool kern_cuda_ok(struct ops_ctx *ctx, cudaError_t e, const char *op, const char *expr,
+                  const char *file, int line);
+bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const char *expr,
+                    const char *file, int line);
+
+#define CUDA_OK(ctx, op, expr) kern_cuda_ok((ctx), (expr), (op), #expr, __FILE__, __LINE__)
+#define CUBLAS_OK(ctx, op, expr) kern_cublas_ok((ctx), (expr), (op), #expr, __FILE__, __LINE__)
+/* After a launch: a bad configuration shows up here, a fault only at the next sync. */
+#define LAUNCH_OK(ctx, op)                                                                         \
+    kern_cuda_ok((ctx), cudaGetLastError(), (op), "launch", __FILE__, __LINE__)
+
+/* A device buffer of at least n_bytes from `s` (grown, never shrunk); NULL on OOM
+ * with the failure recorded under `op`. Growing frees the old buffer, which waits for
+ * the device, so callers size it once early where they can. */
+void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes, const char *op);
+
+/* Whether the CUDA kernels handle weight type `type`. */
+bool kern_type_supported(int type);
+
+/* ---- launchers (kern_elem.cu) ---- */
+void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
+                float *out);
+/* rows [row0, row0+n_rows) of w dequantized to bf16, n_rows * ne0 values at dst */
+void kern_dequant_bf16(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t row0,
+                       int64_t n_rows, __nv_bfloat16 *dst);
+void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n);
+void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,
+                  int64_t n_cols, float eps);
+void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols);
+void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
+                    int head_dim, int n_rot, float freq_base);
+void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
+void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n);
+void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
+                   int64_t n_cols, float *dst);
+
+/* ---- launchers (kern_matmul.cu) ---- */
+void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                 int64_t n_rows);
+
+/* ---- launchers (kern_attn.cu) ---- */
+void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
+                    const float *k, const float *v, float *out, const struct ops_batch *b,
+                    int n_head, float scale);
+/* One-time setup of the attention kernels (shared-memory opt-in); false on error. */
+bool kern_attention_init(struct ops_ctx *ctx);
+
+#endif /* KERN_COMMON_CUH */

@@ -1,0 +1,282 @@
+/*
+ * kern_elem.cu — the CUDA backend's small ops: embed and dequantize (any weight
+ * type), rmsnorm, bias, NEOX rope, silu*mul, add, get_rows, f32 -> bf16.
+ * Kernels first, then their launchers; every launcher runs on ctx->stream and
+ * ends with a launch check.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kern_common.cuh"
+#include "kern_quant.cuh"
+
+/* Grid size for a grid-stride loop over n items: enough blocks to fill the GPU,
+ * never more than the items need. */
+static unsigned grid_for(const struct ops_ctx *ctx, int64_t n, int threads) {
+    int64_t blocks = (n + threads - 1) / threads;
+    const int64_t cap = (int64_t)ctx->n_sm * 32;
+    if (blocks > cap) blocks = cap;
+    return (unsigned)(blocks < 1 ? 1 : blocks);
+}
+
+__device__ __forceinline__ void kstore(float *p, float v) {
+    *p = v;
+}
+__device__ __forceinline__ void kstore(__nv_bfloat16 *p, float v) {
+    *p = __float2bfloat16_rn(v);
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* dst row r (ne0 values) = source row (ids ? ids[r] : row0 + r) of a block-type weight;
+ * one thread per unit. A row id outside [0, ne1) gives a zero row. */
+template <int TYPE, typename OUT>
+__global__ void dequant_block_kernel(const uint8_t *data, size_t row_bytes, int64_t ne0,
+                                     int64_t ne1, const int32_t *ids, int64_t row0, int64_t n_rows,
+                                     OUT *dst) {
+    using Q = kq<TYPE>;
+    const int64_t units_per_row = ne0 / Q::BLK * Q::UPB;
+    const int64_t n_units = n_rows * units_per_row;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_units;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / units_per_row, u = i % units_per_row;
+        const int64_t src_row = ids ? (int64_t)ids[r] : row0 + r;
+        const int64_t blk = u / Q::UPB;
+        OUT *out = dst + r * ne0 + blk * Q::BLK;
+        float v[Q::G * 4];
+        int off[Q::G];
+        /* a bad id still decodes a real block (row 0) for the offsets, then writes zeros */
+        const bool ok = src_row >= 0 && src_row < ne1;
+        Q::unit(data + (ok ? src_row : 0) * row_bytes + blk * Q::BYTES, (int)(u % Q::UPB), v, off);
+        if (!ok) {
+#pragma unroll
+            for (int g = 0; g < Q::G * 4; g++)
+                v[g] = 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < Q::G; g++)
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                kstore(out + off[g] + k, v[g * 4 + k]);
+    }
+}
+
+/* The same for element types: one thread per value. */
+template <int TYPE, typename OUT>
+__global__ void dequant_elem_kernel(const uint8_t *data, size_t row_bytes, int64_t ne0, int64_t ne1,
+                                    const int32_t *ids, int64_t row0, int64_t n_rows, OUT *dst) {
+    const int64_t n = n_rows * ne0;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / ne0, j = i % ne0;
+        const int64_t src_row = ids ? (int64_t)ids[r] : row0 + r;
+        const float v =
+            (src_row < 0 || src_row >= ne1) ? 0.0f : kf<TYPE>::load(data + src_row * row_bytes, j);
+        kstore(dst + i, v);
+    }
+}
+
+__global__ void f32_to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? part[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One block per row. Each thread rereads its own x values after the reduction, so
+ * y == x is safe. */
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
+                               float eps) {
+    const float *xr = x + blockIdx.x * n_cols;
+    float *yr = y + blockIdx.x * n_cols;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x)
+        ss += xr[c] * xr[c];
+    ss = block_sum(ss);
+    const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
+    for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x)
+        yr[c] = __fmul_rn(__fmul_rn(xr[c], scale), w[c]);
+}
+
+__global__ void add_bias_kernel(float *y, const float *b, int64_t n_rows, int64_t n_cols) {
+    const int64_t n = n_rows * n_cols;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += b[i % n_cols];
+}
+
+/* grid (n_tokens, n_head); thread i rotates pair (i, i + n_rot/2). The angle is taken
+ * in double, like the CPU reference, because pos * theta reaches thousands of radians
+ * where a float angle is off by ~1e-4. Products are not fused (as on the CPU). */
+__global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int head_dim, int n_rot,
+                                 float freq_base) {
+    const int t = blockIdx.x, h = blockIdx.y, half = n_rot / 2;
+    float *xh = x + ((int64_t)t * n_head + h) * head_dim;
+    const double p = (double)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta = p * pow((double)freq_base, -2.0 * i / (double)n_rot);
+        double sd, cd;
+        sincos(theta, &sd, &cd);
+        const float c = (float)cd, s = (float)sd;
+        const float x0 = xh[i], x1 = xh[i + half];
+        xh[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+        xh[i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    }
+}
+
+__global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float gi = g[i];
+        y[i] = __fmul_rn(gi / (1.0f + expf(-gi)), u[i]);
+    }
+}
+
+__global__ void add_kernel(float *x, const float *y, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+/* Row indices travel as a kernel argument (copied at launch), so the host array may
+ * be reused as soon as the launcher returns. */
+#define GET_ROWS_PER_LAUNCH 960
+struct get_rows_idx {
+    int32_t v[GET_ROWS_PER_LAUNCH];
+};
+
+/* grid (n_idx); a negative index gives a zero row. */
+__global__ void get_rows_kernel(const float *src, const get_rows_idx idx, int64_t n_cols,
+                                float *dst) {
+    const int r = blockIdx.x;
+    const int32_t s = idx.v[r];
+    for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x)
+        dst[r * n_cols + c] = s < 0 ? 0.0f : src[(int64_t)s * n_cols + c];
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+template <typename OUT>
+static void dequant_launch(struct ops_ctx *ctx, const char *op, const struct tpi_weight *w,
+                           const int32_t *ids, int64_t row0, int64_t n_rows, OUT *dst) {
+    if (n_rows <= 0) return;
+    const int threads = 256;
+    const uint8_t *data = (const uint8_t *)w->data;
+    bool known = kq_dispatch(w->type, [&](auto type_c, auto block_c) {
+        constexpr int T = decltype(type_c)::value;
+        if constexpr (decltype(block_c)::value) {
+            const int64_t n_units = n_rows * (w->ne0 / kq<T>::BLK * kq<T>::UPB);
+            dequant_block_kernel<T, OUT>
+                <<<grid_for(ctx, n_units, threads), threads, 0, ctx->stream>>>(
+                    data, w->row_bytes, w->ne0, w->ne1, ids, row0, n_rows, dst);
+        } else {
+            dequant_elem_kernel<T, OUT>
+                <<<grid_for(ctx, n_rows * w->ne0, threads), threads, 0, ctx->stream>>>(
+                    data, w->row_bytes, w->ne0, w->ne1, ids, row0, n_rows, dst);
+        }
+    });
+    if (!known) {
+        kern_fail(ctx, TPI_ERR_UNSUPPORTED, op, __FILE__, __LINE__,
+                  "weight type %s has no CUDA kernel", quant_type_name(w->type));
+        return;
+    }
+    LAUNCH_OK(ctx, op);
+}
+
+void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
+                float *out) {
+    dequant_launch<float>(ctx, "cuda embed", w, ids, 0, n_tokens, out);
+}
+
+void kern_dequant_bf16(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t row0,
+                       int64_t n_rows, __nv_bfloat16 *dst) {
+    dequant_launch<__nv_bfloat16>(ctx, "cuda matmul (dequantize)", w, NULL, row0, n_rows, dst);
+}
+
+void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n) {
+    if (n <= 0) return;
+    f32_to_bf16_kernel<<<grid_for(ctx, n, 256), 256, 0, ctx->stream>>>(x, y, n);
+    LAUNCH_OK(ctx, "cuda matmul (x to bf16)");
+}
+
+void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,
+                  int64_t n_cols, float eps) {
+    if (n_rows <= 0 || n_cols <= 0) return;
+    if (n_rows > INT32_MAX) {
+        kern_fail(ctx, TPI_ERR_INVALID, "cuda rmsnorm", __FILE__, __LINE__, "%lld rows",
+                  (long long)n_rows);
+        return;
+    }
+    const int threads = n_cols >= 1024 ? 256 : n_cols >= 256 ? 128 : 64;
+    rmsnorm_kernel<<<(unsigned)n_rows, threads, 0, ctx->stream>>>(x, w, y, n_cols, eps);
+    LAUNCH_OK(ctx, "cuda rmsnorm");
+}
+
+void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols) {
+    if (n_rows <= 0 || n_cols <= 0) return;
+    add_bias_kernel<<<grid_for(ctx, n_rows * n_cols, 256), 256, 0, ctx->stream>>>(y, b, n_rows,
+                                                                                  n_cols);
+    LAUNCH_OK(ctx, "cuda add_bias");
+}
+
+void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
+                    int head_dim, int n_rot, float freq_base) {
+    if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0) {
+        kern_fail(ctx, TPI_ERR_INVALID, "cuda rope_neox", __FILE__, __LINE__,
+                  "n_rot %d must be even and in (0, head_dim %d]", n_rot, head_dim);
+        return;
+    }
+    if (b->n_tokens <= 0 || n_head <= 0) return;
+    const int half = n_rot / 2;
+    const int threads = half >= 128 ? 128 : ((half + 31) / 32) * 32;
+    dim3 grid((unsigned)b->n_tokens, (unsigned)n_head);
+    rope_neox_kernel<<<grid, threads, 0, ctx->stream>>>(x, b->pos, n_head, head_dim, n_rot,
+                                                        freq_base);
+    LAUNCH_OK(ctx, "cuda rope_neox");
+}
+
+void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n) {
+    if (n <= 0) return;
+    silu_mul_kernel<<<grid_for(ctx, n, 256), 256, 0, ctx->stream>>>(g, u, y, n);
+    LAUNCH_OK(ctx, "cuda silu_mul");
+}
+
+void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n) {
+    if (n <= 0) return;
+    add_kernel<<<grid_for(ctx, n, 256), 256, 0, ctx->stream>>>(x, y, n);
+    LAUNCH_OK(ctx, "cuda add");
+}
+
+void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
+                   int64_t n_cols, float *dst) {
+    for (int r0 = 0; r0 < n_idx; r0 += GET_ROWS_PER_LAUNCH) {
+        const int n = TPI_MIN(GET_ROWS_PER_LAUNCH, n_idx - r0);
+        get_rows_idx idx;
+        for (int r = 0; r < n; r++) {
+            idx.v[r] = idx_host[r0 + r];
+            if (idx.v[r] < 0)
+                kern_fail(ctx, TPI_ERR_INVALID, "cuda get_rows", __FILE__, __LINE__,
+                          "index %d is %d (< 0)", r0 + r, idx.v[r]);
+        }
+        const int threads = n_cols >= 256 ? 256 : 64;
+        get_rows_kernel<<<(unsigned)n, threads, 0, ctx->stream>>>(src, idx, n_cols,
+                                                                  dst + (int64_t)r0 * n_cols);
+        if (!LAUNCH_OK(ctx, "cuda get_rows")) return;
+    }
+}

@@ -1,0 +1,271 @@
+/*
+ * kern_quant.cuh — device-side decoding of the GGUF weight types (block
+ * layouts as ggml's, see quant.h), shared by the embed, dequantize and
+ * matrix-vector kernels.
+ *
+ * Block types are read in *units*: a unit is the few bytes one thread decodes
+ * at once (4 bytes of quants plus the block's scales), yielding G groups of 4
+ * consecutive values at offsets off[g] inside the block. Units of one block sit
+ * side by side, so the 32 lanes of a warp reading units u..u+31 read one
+ * contiguous stretch of the row: each weight byte is read from memory once.
+ *
+ * Alignment: a block starts at an even byte (rows are whole blocks, blocks are an
+ * even number of bytes), but 18-, 22-, 34- and 210-byte blocks leave 4-byte fields
+ * only 2-byte aligned; those are read as two 16-bit halves.
+ */
+#ifndef KERN_QUANT_CUH
+#define KERN_QUANT_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "kern_common.cuh"
+
+__device__ __forceinline__ float kq_f16(const uint8_t *p) {
+    return __half2float(__ushort_as_half(*(const uint16_t *)p));
+}
+__device__ __forceinline__ uint32_t kq_u32_a2(const uint8_t *p) {
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
+}
+__device__ __forceinline__ uint32_t kq_u32_a4(const uint8_t *p) {
+    return *(const uint32_t *)p;
+}
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 bytes. */
+__device__ __forceinline__ void kq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+template <int TYPE> struct kq;
+
+/* Q4_0: f16 d, 16 bytes; byte j holds elements j (low nibble) and j+16 (high), q-8. */
+template <> struct kq<TPI_TYPE_Q4_0> {
+    static constexpr int BLK = 32, BYTES = 18, UPB = 4, G = 2;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const float d = kq_f16(b);
+        const uint32_t q = kq_u32_a2(b + 2 + 4 * u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int x = (q >> (8 * i)) & 0xFF;
+            v[i] = (float)((x & 0xF) - 8) * d;
+            v[4 + i] = (float)((x >> 4) - 8) * d;
+        }
+        off[0] = 4 * u;
+        off[1] = 16 + 4 * u;
+    }
+};
+
+/* Q4_1: f16 d, f16 m, 16 bytes; value q*d + m. 20-byte blocks: 4-byte aligned. */
+template <> struct kq<TPI_TYPE_Q4_1> {
+    static constexpr int BLK = 32, BYTES = 20, UPB = 4, G = 2;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const float d = kq_f16(b), m = kq_f16(b + 2);
+        const uint32_t q = kq_u32_a4(b + 4 + 4 * u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int x = (q >> (8 * i)) & 0xFF;
+            v[i] = (float)(x & 0xF) * d + m;
+            v[4 + i] = (float)(x >> 4) * d + m;
+        }
+        off[0] = 4 * u;
+        off[1] = 16 + 4 * u;
+    }
+};
+
+/* Q5_0: f16 d, 32 high bits qh, 16 bytes; element j's fifth bit is qh bit j, q-16. */
+template <> struct kq<TPI_TYPE_Q5_0> {
+    static constexpr int BLK = 32, BYTES = 22, UPB = 4, G = 2;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const float d = kq_f16(b);
+        const uint32_t qh = kq_u32_a2(b + 2);
+        const uint32_t q = kq_u32_a2(b + 6 + 4 * u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = 4 * u + i;
+            const int x = (q >> (8 * i)) & 0xFF;
+            const int h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
+            v[i] = (float)(((x & 0xF) | h0) - 16) * d;
+            v[4 + i] = (float)(((x >> 4) | h1) - 16) * d;
+        }
+        off[0] = 4 * u;
+        off[1] = 16 + 4 * u;
+    }
+};
+
+/* Q5_1: f16 d, f16 m, qh, 16 bytes; value q*d + m. 24-byte blocks: 4-byte aligned. */
+template <> struct kq<TPI_TYPE_Q5_1> {
+    static constexpr int BLK = 32, BYTES = 24, UPB = 4, G = 2;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const float d = kq_f16(b), m = kq_f16(b + 2);
+        const uint32_t qh = kq_u32_a4(b + 4);
+        const uint32_t q = kq_u32_a4(b + 8 + 4 * u);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = 4 * u + i;
+            const int x = (q >> (8 * i)) & 0xFF;
+            const int h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
+            v[i] = (float)((x & 0xF) | h0) * d + m;
+            v[4 + i] = (float)((x >> 4) | h1) * d + m;
+        }
+        off[0] = 4 * u;
+        off[1] = 16 + 4 * u;
+    }
+};
+
+/* Q8_0: f16 d, 32 int8. */
+template <> struct kq<TPI_TYPE_Q8_0> {
+    static constexpr int BLK = 32, BYTES = 34, UPB = 8, G = 1;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[4],
+                                                int (&off)[1]) {
+        const float d = kq_f16(b);
+        const uint32_t q = kq_u32_a2(b + 2 + 4 * u);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            v[i] = (float)(int8_t)((q >> (8 * i)) & 0xFF) * d;
+        off[0] = 4 * u;
+    }
+};
+
+/* Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes. Each 64-value chunk c
+ * uses 32 bytes: low nibbles are values 64c+l (sub-block 2c), high nibbles 64c+32+l
+ * (sub-block 2c+1); value = d*sc*q - dmin*m. 144-byte blocks: 16-byte aligned. */
+template <> struct kq<TPI_TYPE_Q4_K> {
+    static constexpr int BLK = 256, BYTES = 144, UPB = 32, G = 2;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const float d = kq_f16(b), dmin = kq_f16(b + 2);
+        const int c = u >> 3, l0 = (u & 7) * 4;
+        int sc0, m0, sc1, m1;
+        kq_scale_min_k4(2 * c, b + 4, &sc0, &m0);
+        kq_scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
+        const float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
+        const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        const uint32_t q = kq_u32_a4(b + 16 + 32 * c + l0);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int x = (q >> (8 * i)) & 0xFF;
+            v[i] = d0 * (float)(x & 0xF) - mm0;
+            v[4 + i] = d1 * (float)(x >> 4) - mm1;
+        }
+        off[0] = 64 * c + l0;
+        off[1] = 64 * c + 32 + l0;
+    }
+};
+
+/* Q5_K: as Q4_K plus 32 bytes qh: qh[l] bit 2c is the fifth bit of value 64c+l, bit
+ * 2c+1 that of 64c+32+l. 176-byte blocks: 16-byte aligned. */
+template <> struct kq<TPI_TYPE_Q5_K> {
+    static constexpr int BLK = 256, BYTES = 176, UPB = 32, G = 2;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const float d = kq_f16(b), dmin = kq_f16(b + 2);
+        const int c = u >> 3, l0 = (u & 7) * 4;
+        int sc0, m0, sc1, m1;
+        kq_scale_min_k4(2 * c, b + 4, &sc0, &m0);
+        kq_scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
+        const float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
+        const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        const uint32_t h = kq_u32_a4(b + 16 + l0);
+        const uint32_t q = kq_u32_a4(b + 48 + 32 * c + l0);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int x = (q >> (8 * i)) & 0xFF;
+            const int hb = (h >> (8 * i)) & 0xFF;
+            v[i] = d0 * (float)((x & 0xF) + (((hb >> (2 * c)) & 1) << 4)) - mm0;
+            v[4 + i] = d1 * (float)((x >> 4) + (((hb >> (2 * c + 1)) & 1) << 4)) - mm1;
+        }
+        off[0] = 64 * c + l0;
+        off[1] = 64 * c + 32 + l0;
+    }
+};
+
+/* Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, f16 d. Each 128-value half n uses
+ * ql[64n..], qh[32n..], scales[8n..]: byte l gives values l, l+32, l+64, l+96 of the half
+ * (low/high nibbles of ql[l], ql[l+32], 2-bit pairs of qh[l]), q-32, times d*scale[l/16 + 2i]. */
+template <> struct kq<TPI_TYPE_Q6_K> {
+    static constexpr int BLK = 256, BYTES = 210, UPB = 16, G = 4;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
+                                                int (&off)[4]) {
+        const float d = kq_f16(b + 208);
+        const int n = u >> 3, l0 = (u & 7) * 4;
+        const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * n);
+        const int is = l0 / 16;
+        const uint32_t a = kq_u32_a2(ql + l0), c = kq_u32_a2(ql + 32 + l0), h = kq_u32_a2(qh + l0);
+        const float s0 = d * (float)sc[is], s1 = d * (float)sc[is + 2];
+        const float s2 = d * (float)sc[is + 4], s3 = d * (float)sc[is + 6];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int xa = (a >> (8 * i)) & 0xFF, xc = (c >> (8 * i)) & 0xFF;
+            const int hh = (h >> (8 * i)) & 0xFF;
+            v[i] = s0 * (float)(((xa & 0xF) | ((hh & 3) << 4)) - 32);
+            v[4 + i] = s1 * (float)(((xc & 0xF) | (((hh >> 2) & 3) << 4)) - 32);
+            v[8 + i] = s2 * (float)(((xa >> 4) | (((hh >> 4) & 3) << 4)) - 32);
+            v[12 + i] = s3 * (float)(((xc >> 4) | (((hh >> 6) & 3) << 4)) - 32);
+        }
+        off[0] = 128 * n + l0;
+        off[1] = 128 * n + 32 + l0;
+        off[2] = 128 * n + 64 + l0;
+        off[3] = 128 * n + 96 + l0;
+    }
+};
+
+/* Element types: value j of a row. */
+template <int TYPE> struct kf;
+template <> struct kf<TPI_TYPE_F32> {
+    static __device__ __forceinline__ float load(const uint8_t *row, int64_t j) {
+        return ((const float *)row)[j];
+    }
+};
+template <> struct kf<TPI_TYPE_F16> {
+    static __device__ __forceinline__ float load(const uint8_t *row, int64_t j) {
+        return __half2float(((const __half *)row)[j]);
+    }
+};
+template <> struct kf<TPI_TYPE_BF16> {
+    static __device__ __forceinline__ float load(const uint8_t *row, int64_t j) {
+        return __bfloat162float(((const __nv_bfloat16 *)row)[j]);
+    }
+};
+
+/* Call f(std::integral_constant<int, TYPE>, std::bool_constant<IS_BLOCK>) for a run-time
+ * type id: the one place the CUDA side switches on the weight type (the callee picks kq<>
+ * or kf<> with if constexpr). Returns false for types without kernels. */
+template <typename F> bool kq_dispatch(int type, F &&f) {
+#define KQ_CASE(T, B)                                                                              \
+    case T:                                                                                        \
+        f(std::integral_constant<int, T>{}, std::bool_constant<B>{});                              \
+        return true;
+    switch (type) {
+        KQ_CASE(TPI_TYPE_F32, false)
+        KQ_CASE(TPI_TYPE_F16, false)
+        KQ_CASE(TPI_TYPE_BF16, false)
+        KQ_CASE(TPI_TYPE_Q4_0, true)
+        KQ_CASE(TPI_TYPE_Q4_1, true)
+        KQ_CASE(TPI_TYPE_Q5_0, true)
+        KQ_CASE(TPI_TYPE_Q5_1, true)
+        KQ_CASE(TPI_TYPE_Q8_0, true)
+        KQ_CASE(TPI_TYPE_Q4_K, true)
+        KQ_CASE(TPI_TYPE_Q5_K, true)
+        KQ_CASE(TPI_TYPE_Q6_K, true)
+    default:
+        return false;
+    }
+#undef KQ_CASE
+}
+
+#endif /* KERN_QUANT_CUH */

@@ -1,0 +1,388 @@
+/*
+ * ops_cuda.cu — the CUDA backend of the op table (ops.h): the context (device,
+ * one compute stream, cuBLAS handle, scratch), device memory, weight upload in
+ * the GGUF type through pinned staging, the f16 KV cache, and the table that
+ * routes compute ops to the kern_* launchers.
+ *
+ * Errors: compute ops are stream-ordered and return nothing, so the first CUDA or
+ * cuBLAS failure is recorded in the context (op, call, file:line) and handed out
+ * by ops->check. Only the CUDA runtime API is called (no driver API), so a
+ * binary linked with this file starts on machines without a GPU or driver and
+ * ops_cuda_available() simply says false.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_common.cuh"
+
+/* Pinned staging for weight uploads: two halves, one filled while the other copies. */
+#define STAGING_BYTES ((size_t)64 << 20)
+
+/* ---- errors ---- */
+
+void kern_fail(struct ops_ctx *ctx, int status, const char *op, const char *file, int line,
+               const char *fmt, ...) {
+    if (ctx->err.status != TPI_OK) return;
+    char what[768];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    const char *base = strrchr(file, '/');
+    tpi_err(&ctx->err, status, "%s: %s (%s:%d)", op, what, base ? base + 1 : file, line);
+}
+
+bool kern_cuda_ok(struct ops_ctx *ctx, cudaError_t e, const char *op, const char *expr,
+                  const char *file, int line) {
+    if (e == cudaSuccess) return true;
+    kern_fail(ctx, e == cudaErrorMemoryAllocation ? TPI_ERR_NOMEM : TPI_ERR_CUDA, op, file, line,
+              "%s failed: %s (%s)", expr, cudaGetErrorString(e), cudaGetErrorName(e));
+    return false;
+}
+
+bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const char *expr,
+                    const char *file, int line) {
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    kern_fail(ctx, s == CUBLAS_STATUS_ALLOC_FAILED ? TPI_ERR_NOMEM : TPI_ERR_CUDA, op, file, line,
+              "%s failed: %s", expr, cublasGetStatusString(s));
+    return false;
+}
+
+void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes,
+                       const char *op) {
+    if (n_bytes <= s->n_bytes) return s->p;
+    /* the old buffer may still be in use by queued work: let it finish first */
+    if (s->p) {
+        CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream));
+        CUDA_OK(ctx, op, cudaFree(s->p));
+    }
+    s->p = NULL;
+    s->n_bytes = 0;
+    const size_t want = n_bytes + n_bytes / 4; /* headroom, so growth is rare */
+    if (!CUDA_OK(ctx, op, cudaMalloc(&s->p, want))) {
+        s->p = NULL;
+        return NULL;
+    }
+    s->n_bytes = want;
+    return s->p;
+}
+
+bool kern_type_supported(int type) {
+    switch (type) {
+    case TPI_TYPE_F32:
+    case TPI_TYPE_F16:
+    case TPI_TYPE_BF16:
+    case TPI_TYPE_Q4_0:
+    case TPI_TYPE_Q4_1:
+    case TPI_TYPE_Q5_0:
+    case TPI_TYPE_Q5_1:
+    case TPI_TYPE_Q8_0:
+    case TPI_TYPE_Q4_K:
+    case TPI_TYPE_Q5_K:
+    case TPI_TYPE_Q6_K:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ---- context ---- */
+
+static void cuda_free(struct ops_ctx **pctx) {
+    if (!pctx || !*pctx) return;
+    struct ops_ctx *ctx = *pctx;
+    cudaSetDevice(ctx->device);
+    if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]->p) cudaFree(bufs[i]->p);
+    if (ctx->pinned) cudaFreeHost(ctx->pinned);
+    for (int i = 0; i < 2; i++)
+        if (ctx->staged[i]) cudaEventDestroy(ctx->staged[i]);
+    if (ctx->cublas) cublasDestroy(ctx->cublas);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    free(ctx);
+    *pctx = NULL;
+}
+
+static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct tpi_error *err) {
+    *out = NULL;
+    const int device = cfg ? cfg->device : 0;
+    int n_devices = 0;
+    cudaError_t e = cudaGetDeviceCount(&n_devices);
+    if (e != cudaSuccess || n_devices <= 0) {
+        cudaGetLastError(); /* clear it: the runtime keeps the last error per thread */
+        return tpi_err(err, TPI_ERR_CUDA, "cuda init: no usable GPU (%s)",
+                       e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    }
+    if (device < 0 || device >= n_devices)
+        return tpi_err(err, TPI_ERR_INVALID, "cuda init: device %d requested, %d visible", device,
+                       n_devices);
+    struct ops_ctx *ctx = (struct ops_ctx *)calloc(1, sizeof *ctx);
+    if (!ctx) return tpi_err(err, TPI_ERR_NOMEM, "cuda init: out of memory for the context");
+    ctx->device = device;
+    cudaDeviceProp prop;
+    cublasStatus_t cs = CUBLAS_STATUS_SUCCESS;
+    if (!CUDA_OK(ctx, "cuda init", cudaSetDevice(device)) ||
+        !CUDA_OK(ctx, "cuda init", cudaGetDeviceProperties(&prop, device)) ||
+        !CUDA_OK(ctx, "cuda init",
+                 cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) ||
+        !CUBLAS_OK(ctx, "cuda init", cs = cublasCreate(&ctx->cublas)) ||
+        !CUBLAS_OK(ctx, "cuda init", cublasSetStream(ctx->cublas, ctx->stream)) ||
+        !CUDA_OK(ctx, "cuda init",
+                 cudaEventCreateWithFlags(&ctx->staged[0], cudaEventDisableTiming)) ||
+        !CUDA_OK(ctx, "cuda init",
+                 cudaEventCreateWithFlags(&ctx->staged[1], cudaEventDisableTiming))) {
+        if (cs != CUBLAS_STATUS_SUCCESS) ctx->cublas = NULL;
+        *err = ctx->err;
+        cuda_free(&ctx);
+        return err->status;
+    }
+    ctx->n_sm = prop.multiProcessorCount;
+    ctx->smem_optin = prop.sharedMemPerBlockOptin;
+    snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
+    if (!kern_attention_init(ctx)) {
+        *err = ctx->err;
+        cuda_free(&ctx);
+        return err->status;
+    }
+    *out = ctx;
+    return TPI_OK;
+}
+
+static int cuda_check(struct ops_ctx *ctx, struct tpi_error *err) {
+    /* a launch error not yet seen by any launcher (and cleared here) */
+    CUDA_OK(ctx, "cuda (pending)", cudaGetLastError());
+    const int status = ctx->err.status;
+    if (status != TPI_OK && err) *err = ctx->err;
+    tpi_err_clear(&ctx->err);
+    return status;
+}
+
+static const char *cuda_device_name(struct ops_ctx *ctx) {
+    return ctx->name;
+}
+
+static void *cuda_stream(struct ops_ctx *ctx) {
+    return (void *)ctx->stream;
+}
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(struct ops_ctx *ctx, size_t n_bytes) {
+    void *p = NULL;
+    if (n_bytes == 0) n_bytes = 1;
+    if (!CUDA_OK(ctx, "cuda alloc", cudaMalloc(&p, n_bytes))) return NULL;
+    /* zeroed, as the contract says; on the stream so later ops see it done */
+    if (!CUDA_OK(ctx, "cuda alloc", cudaMemsetAsync(p, 0, n_bytes, ctx->stream)) ||
+        !CUDA_OK(ctx, "cuda alloc", cudaStreamSynchronize(ctx->stream))) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_dealloc(struct ops_ctx *ctx, void *p) {
+    if (p) CUDA_OK(ctx, "cuda dealloc", cudaFree(p));
+}
+
+/* From pageable memory, cudaMemcpyAsync returns once the bytes are staged, so src may
+ * be reused at once; from pinned memory the caller keeps src valid until sync (ops.h). */
+static void cuda_to_dev(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
+    if (n_bytes)
+        CUDA_OK(ctx, "cuda to_dev",
+                cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, ctx->stream));
+}
+
+static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
+    if (!n_bytes) return;
+    if (CUDA_OK(ctx, "cuda to_host",
+                cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, ctx->stream)))
+        CUDA_OK(ctx, "cuda to_host", cudaStreamSynchronize(ctx->stream));
+}
+
+static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
+    if (n_bytes)
+        CUDA_OK(ctx, "cuda copy",
+                cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, ctx->stream));
+}
+
+static void cuda_sync(struct ops_ctx *ctx) {
+    CUDA_OK(ctx, "cuda sync", cudaStreamSynchronize(ctx->stream));
+}
+
+/* ---- weights and cache ---- */
+
+/* Copy n_bytes from host to device through the pinned staging halves: the CPU fills one
+ * half while the DMA engine drains the other. Returns false with ctx->err set. */
+static bool upload_staged(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
+    const char *op = "cuda weight_upload";
+    if (!ctx->pinned) {
+        if (!CUDA_OK(ctx, op, cudaHostAlloc(&ctx->pinned, STAGING_BYTES, cudaHostAllocDefault))) {
+            ctx->pinned = NULL;
+            return false;
+        }
+        ctx->pinned_bytes = STAGING_BYTES;
+    }
+    const size_t half = ctx->pinned_bytes / 2;
+    int which = 0;
+    for (size_t off = 0; off < n_bytes; off += half, which ^= 1) {
+        const size_t n = TPI_MIN(half, n_bytes - off);
+        uint8_t *stage = (uint8_t *)ctx->pinned + (size_t)which * half;
+        /* wait until this half's previous copy has left it */
+        if (!CUDA_OK(ctx, op, cudaEventSynchronize(ctx->staged[which]))) return false;
+        memcpy(stage, (const uint8_t *)src + off, n);
+        if (!CUDA_OK(ctx, op,
+                     cudaMemcpyAsync((uint8_t *)dst + off, stage, n, cudaMemcpyHostToDevice,
+                                     ctx->stream)) ||
+            !CUDA_OK(ctx, op, cudaEventRecord(ctx->staged[which], ctx->stream)))
+            return false;
+    }
+    /* host_data need not outlive the call, and the halves are reused next time */
+    return CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream));
+}
+
+static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
+                              int64_t ne1, const void *host_data, struct tpi_error *err) {
+    memset(w, 0, sizeof *w);
+    const struct quant_traits *tr = quant_traits(type);
+    if (!tr || !tr->supported || !kern_type_supported(type))
+        return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                       "cuda weight_upload: tensor type %s (id %d) is not supported "
+                       "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
+                       quant_type_name(type), type);
+    if (ne0 <= 0 || ne1 <= 0 || ne0 % tr->blck_size != 0)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "cuda weight_upload: shape %lld x %lld of type %s: ne0 must be a positive "
+                       "multiple of the block size %d",
+                       (long long)ne0, (long long)ne1, tr->name, tr->blck_size);
+    const size_t row_bytes = quant_row_size(type, ne0);
+    if (row_bytes == 0 || (size_t)ne1 > SIZE_MAX / row_bytes)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "cuda weight_upload: %s tensor %lld x %lld is too large", tr->name,
+                       (long long)ne0, (long long)ne1);
+    const size_t n_bytes = row_bytes * (size_t)ne1;
+    struct tpi_error saved = ctx->err; /* report this call's failure through err, not check */
+    tpi_err_clear(&ctx->err);
+    void *data = NULL;
+    int status = TPI_OK;
+    if (!CUDA_OK(ctx, "cuda weight_upload", cudaMalloc(&data, n_bytes))) {
+        data = NULL;
+    } else if (!upload_staged(ctx, data, host_data, n_bytes)) {
+        cudaFree(data);
+        data = NULL;
+    }
+    if (!data) {
+        status = tpi_err(err, ctx->err.status, "%s (%s %lld x %lld, %zu bytes)", ctx->err.msg,
+                         tr->name, (long long)ne0, (long long)ne1, n_bytes);
+    }
+    ctx->err = saved;
+    if (status != TPI_OK) return status;
+    w->type = type;
+    w->ne0 = ne0;
+    w->ne1 = ne1;
+    w->row_bytes = row_bytes;
+    w->data = data;
+    w->aux = NULL;
+    return TPI_OK;
+}
+
+static void cuda_weight_free(struct ops_ctx *ctx, struct tpi_weight *w) {
+    if (!w) return;
+    if (w->data) CUDA_OK(ctx, "cuda weight_free", cudaFree(w->data));
+    if (w->aux) CUDA_OK(ctx, "cuda weight_free", cudaFree(w->aux));
+    memset(w, 0, sizeof *w);
+}
+
+static int cuda_kv_init(struct ops_ctx *ctx, struct ops_kv *kv, int n_layer, int n_slot, int n_ctx,
+                        int n_kv_head, int head_dim, struct tpi_error *err) {
+    memset(kv, 0, sizeof *kv);
+    if (n_layer <= 0 || n_slot <= 0 || n_ctx <= 0 || n_kv_head <= 0 || head_dim <= 0)
+        return tpi_err(
+            err, TPI_ERR_INVALID,
+            "cuda kv_init: bad shape n_layer %d n_slot %d n_ctx %d n_kv_head %d head_dim %d",
+            n_layer, n_slot, n_ctx, n_kv_head, head_dim);
+    const size_t n_elems =
+        (size_t)n_layer * (size_t)n_slot * (size_t)n_ctx * (size_t)n_kv_head * (size_t)head_dim;
+    const size_t n_bytes = n_elems * sizeof(__half);
+    /* one allocation for k and v: the cache is usually the largest buffer after weights */
+    void *base = NULL;
+    cudaError_t e = cudaMalloc(&base, 2 * n_bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return tpi_err(err, e == cudaErrorMemoryAllocation ? TPI_ERR_NOMEM : TPI_ERR_CUDA,
+                       "cuda kv_init: cudaMalloc of 2 x %zu bytes of KV cache failed: %s", n_bytes,
+                       cudaGetErrorString(e));
+    }
+    e = cudaMemsetAsync(base, 0, 2 * n_bytes, ctx->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+    if (e != cudaSuccess) {
+        cudaFree(base);
+        return tpi_err(err, TPI_ERR_CUDA, "cuda kv_init: zeroing the cache failed: %s",
+                       cudaGetErrorString(e));
+    }
+    kv->n_layer = n_layer;
+    kv->n_slot = n_slot;
+    kv->n_ctx = n_ctx;
+    kv->n_kv_head = n_kv_head;
+    kv->head_dim = head_dim;
+    kv->type = TPI_TYPE_F16;
+    kv->k = base;
+    kv->v = (uint8_t *)base + n_bytes;
+    kv->n_bytes = 2 * n_bytes;
+    return TPI_OK;
+}
+
+static void cuda_kv_free(struct ops_ctx *ctx, struct ops_kv *kv) {
+    if (!kv) return;
+    if (kv->k) CUDA_OK(ctx, "cuda kv_free", cudaFree(kv->k)); /* v shares the allocation */
+    memset(kv, 0, sizeof *kv);
+}
+
+/* ---- the table: compute ops go straight to the kern_* launchers ---- */
+
+static const struct ops ops_cuda_table = {
+    /* .name = */ "cuda",
+    /* .init = */ cuda_init,
+    /* .free = */ cuda_free,
+    /* .check = */ cuda_check,
+    /* .device_name = */ cuda_device_name,
+    /* .stream = */ cuda_stream,
+    /* .alloc = */ cuda_alloc,
+    /* .dealloc = */ cuda_dealloc,
+    /* .to_dev = */ cuda_to_dev,
+    /* .to_host = */ cuda_to_host,
+    /* .copy = */ cuda_copy,
+    /* .sync = */ cuda_sync,
+    /* .weight_upload = */ cuda_weight_upload,
+    /* .weight_free = */ cuda_weight_free,
+    /* .kv_init = */ cuda_kv_init,
+    /* .kv_free = */ cuda_kv_free,
+    /* .embed = */ kern_embed,
+    /* .rmsnorm = */ kern_rmsnorm,
+    /* .matmul = */ kern_matmul,
+    /* .add_bias = */ kern_add_bias,
+    /* .rope_neox = */ kern_rope_neox,
+    /* .attention = */ kern_attention,
+    /* .silu_mul = */ kern_silu_mul,
+    /* .add = */ kern_add,
+    /* .get_rows = */ kern_get_rows,
+};
+
+extern "C" const struct ops *ops_cuda_get(void) {
+    return &ops_cuda_table;
+}
+
+extern "C" bool ops_cuda_available(int *n_devices) {
+    int n = 0;
+    /* without a driver this returns an error (cudaErrorInsufficientDriver / NoDevice) */
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        n = 0;
+    }
+    if (n_devices) *n_devices = n;
+    return n > 0;
+}

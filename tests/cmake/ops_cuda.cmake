@@ -1,0 +1,16 @@
+# GPU tests of the CUDA op table against the CPU reference (label gpu). One
+# executable; each group is its own ctest test (the first argument picks it).
+# Without a GPU every test exits 77 and ctest reports it skipped.
+if(TARGET tpi_cuda)
+  tpi_check_test(test_ops_cuda_elem SOURCES ${CMAKE_SOURCE_DIR}/tests/test_ops_cuda.c
+                 LIBS tpi_core tpi_kernels tpi_cuda LABELS gpu ARGS elem TIMEOUT 600)
+  set(tpi_ops_cuda_groups embed attn_prefill attn_decode)
+  foreach(t F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)
+    list(APPEND tpi_ops_cuda_groups matmul_${t})
+  endforeach()
+  foreach(g ${tpi_ops_cuda_groups})
+    add_test(NAME test_ops_cuda_${g} COMMAND test_ops_cuda_elem ${g})
+    set_tests_properties(test_ops_cuda_${g} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu
+                         ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600")
+  endforeach()
+endif()

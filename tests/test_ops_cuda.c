@@ -1,0 +1,616 @@
+/*
+ * test_ops_cuda.c — every CUDA op against the CPU reference op (ops_cpu) on
+ * random data of awkward sizes, through the two op tables only.
+ *
+ * One executable, one group per run: `test_ops_cuda GROUP` with GROUP one of
+ * elem, embed, matmul_<TYPE> (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K),
+ * attn_prefill, attn_decode; no argument runs them all; `bench` (not a ctest test)
+ * prints rough kernel speeds. Without a usable GPU it
+ * prints SKIP and exits 77.
+ *
+ * Error bounds (normalized MSE = sum (got-want)^2 / sum want^2), by path:
+ * - elementwise, norm, rope, embed, get_rows: same f32 arithmetic, elementwise
+ *   atol/rtol ~1e-5 (rope's angle is taken in double on both sides).
+ * - matmul n_rows <= 8 (matrix-vector kernels, exact dequantized weights, f32
+ *   sums in another order): NMSE < 1e-9.
+ * - matmul n_rows > 8, F32 weights (f32 SGEMM): NMSE < 1e-9; other types (x and W
+ *   rounded to bf16, f32 accumulation): NMSE < 5e-5 (about 2 x (2^-9)^2 / 3 expected).
+ * - attention (f16 K/V cache on CUDA, f32 on the CPU; history pre-rounded to f16 on
+ *   both, the batch's own k/v rounded by the CUDA store only): NMSE < 1e-5.
+ * CUDA runs in this process (no fork: a CUDA context does not survive fork).
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "testutil.h"
+#include "tpi.h"
+
+static const struct ops *G; /* the CUDA backend */
+static const struct ops *C = &ops_cpu;
+static struct ops_ctx *gctx, *cctx;
+
+/* ---- helpers: copies between the host and each backend ---- */
+
+static void *bdup(const struct ops *o, struct ops_ctx *ctx, const void *h, size_t n_bytes) {
+    void *p = o->alloc(ctx, n_bytes);
+    ck_assert_ptr_nonnull(p);
+    o->to_dev(ctx, p, h, n_bytes);
+    o->sync(ctx);
+    return p;
+}
+
+static void bget(const struct ops *o, struct ops_ctx *ctx, void *h, const void *d, size_t n_bytes) {
+    o->sync(ctx);
+    o->to_host(ctx, h, d, n_bytes);
+}
+
+static void assert_ok(const struct ops *o, struct ops_ctx *ctx, const char *what) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    o->sync(ctx);
+    int st = o->check(ctx, &err);
+    if (st != TPI_OK) fprintf(stderr, "%s (%s): %s\n", what, o->name, err.msg);
+    ck_assert_int_eq(st, TPI_OK);
+}
+
+static float *rand_vec(struct tu_rng *r, size_t n, float lo, float hi) {
+    float *x = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(x);
+    tu_fill_uniform(r, x, n, lo, hi);
+    return x;
+}
+
+static double rms(const float *x, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return n ? sqrt(s / (double)n) : 0.0;
+}
+
+/* Compare and assert: elementwise atol/rtol, and optionally an NMSE bound (< 0: none). */
+static void expect_close(const char *label, const float *got, const float *want, size_t n,
+                         double atol, double rtol, double nmse_max) {
+    size_t bad = tu_compare(label, got, want, n, atol, rtol);
+    if (nmse_max >= 0) {
+        double e = tu_nmse(got, want, n);
+        fprintf(stderr, "%s: nmse=%.3g (bound %.1g)\n", label, e, nmse_max);
+        ck_assert_msg(e < nmse_max, "%s: nmse %.3g >= %.3g", label, e, nmse_max);
+    }
+    ck_assert_msg(bad == 0, "%s: %zu mismatches", label, bad);
+}
+
+/* ---- elementwise, norm, rope, get_rows ---- */
+
+START_TEST(test_rmsnorm) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 1);
+    const int64_t rows[] = {1, 3, 37}, cols[] = {1, 33, 896, 4097};
+    for (size_t a = 0; a < 3; a++)
+        for (size_t b = 0; b < 4; b++) {
+            const int64_t nr = rows[a], nc = cols[b];
+            const size_t n = (size_t)(nr * nc);
+            float *x = rand_vec(&r, n, -3, 3), *w = rand_vec(&r, (size_t)nc, 0.5f, 1.5f);
+            float *want = malloc(n * 4), *got = malloc(n * 4);
+            float *cx = bdup(C, cctx, x, n * 4), *cw = bdup(C, cctx, w, (size_t)nc * 4);
+            float *gx = bdup(G, gctx, x, n * 4), *gw = bdup(G, gctx, w, (size_t)nc * 4);
+            float *gy = G->alloc(gctx, n * 4), *cy = C->alloc(cctx, n * 4);
+            C->rmsnorm(cctx, cx, cw, cy, nr, nc, 1e-6f);
+            G->rmsnorm(gctx, gx, gw, gy, nr, nc, 1e-6f);
+            bget(C, cctx, want, cy, n * 4);
+            bget(G, gctx, got, gy, n * 4);
+            char label[64];
+            snprintf(label, sizeof label, "rmsnorm %lldx%lld", (long long)nr, (long long)nc);
+            expect_close(label, got, want, n, 1e-5, 1e-5, -1);
+            /* in place (y == x) */
+            G->rmsnorm(gctx, gx, gw, gx, nr, nc, 1e-6f);
+            bget(G, gctx, got, gx, n * 4);
+            expect_close("rmsnorm in place", got, want, n, 1e-5, 1e-5, -1);
+            assert_ok(G, gctx, "rmsnorm");
+            C->dealloc(cctx, cx), C->dealloc(cctx, cw), C->dealloc(cctx, cy);
+            G->dealloc(gctx, gx), G->dealloc(gctx, gw), G->dealloc(gctx, gy);
+            free(x), free(w), free(want), free(got);
+        }
+}
+END_TEST
+
+START_TEST(test_bias_add_silu) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 2);
+    const int64_t nr = 37, nc = 1001, n = nr * nc;
+    float *y = rand_vec(&r, (size_t)n, -2, 2), *b = rand_vec(&r, (size_t)nc, -1, 1);
+    float *g = rand_vec(&r, (size_t)n, -20, 20), *want = malloc((size_t)n * 4),
+          *got = malloc((size_t)n * 4);
+    float *cy = bdup(C, cctx, y, (size_t)n * 4), *cb = bdup(C, cctx, b, (size_t)nc * 4);
+    float *gy = bdup(G, gctx, y, (size_t)n * 4), *gb = bdup(G, gctx, b, (size_t)nc * 4);
+    float *cg = bdup(C, cctx, g, (size_t)n * 4), *gg = bdup(G, gctx, g, (size_t)n * 4);
+
+    C->add_bias(cctx, cy, cb, nr, nc);
+    G->add_bias(gctx, gy, gb, nr, nc);
+    bget(C, cctx, want, cy, (size_t)n * 4);
+    bget(G, gctx, got, gy, (size_t)n * 4);
+    expect_close("add_bias 37x1001", got, want, (size_t)n, 0, 0, -1);
+
+    C->add(cctx, cy, cg, n);
+    G->add(gctx, gy, gg, n);
+    bget(C, cctx, want, cy, (size_t)n * 4);
+    bget(G, gctx, got, gy, (size_t)n * 4);
+    expect_close("add 37037", got, want, (size_t)n, 0, 0, -1);
+
+    /* silu_mul with y aliasing g */
+    C->silu_mul(cctx, cg, cy, cg, n);
+    G->silu_mul(gctx, gg, gy, gg, n);
+    bget(C, cctx, want, cg, (size_t)n * 4);
+    bget(G, gctx, got, gg, (size_t)n * 4);
+    expect_close("silu_mul 37037", got, want, (size_t)n, 1e-6, 1e-5, -1);
+    assert_ok(G, gctx, "bias/add/silu");
+    C->dealloc(cctx, cy), C->dealloc(cctx, cb), C->dealloc(cctx, cg);
+    G->dealloc(gctx, gy), G->dealloc(gctx, gb), G->dealloc(gctx, gg);
+    free(y), free(b), free(g), free(want), free(got);
+}
+END_TEST
+
+START_TEST(test_rope) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 3);
+    const int n_tokens = 37, n_head = 3;
+    const int dims[][2] = {{128, 128}, {128, 64}, {64, 64}, {80, 80}}; /* head_dim, n_rot */
+    for (size_t c = 0; c < 4; c++) {
+        const int hd = dims[c][0], n_rot = dims[c][1];
+        const size_t n = (size_t)n_tokens * n_head * hd;
+        int32_t pos[37], seq[37];
+        for (int t = 0; t < n_tokens; t++) {
+            pos[t] = t < 5 ? t : (int32_t)tu_uniform(&r, 0, 8000);
+            seq[t] = 0;
+        }
+        float *x = rand_vec(&r, n, -2, 2), *want = malloc(n * 4), *got = malloc(n * 4);
+        float *cx = bdup(C, cctx, x, n * 4), *gx = bdup(G, gctx, x, n * 4);
+        int32_t *gpos = bdup(G, gctx, pos, sizeof pos), *gseq = bdup(G, gctx, seq, sizeof seq);
+        struct ops_batch cb = {n_tokens, pos, seq, pos, seq, 8001};
+        struct ops_batch gb = {n_tokens, gpos, gseq, pos, seq, 8001};
+        C->rope_neox(cctx, cx, &cb, n_head, hd, n_rot, 1000000.0f);
+        G->rope_neox(gctx, gx, &gb, n_head, hd, n_rot, 1000000.0f);
+        bget(C, cctx, want, cx, n * 4);
+        bget(G, gctx, got, gx, n * 4);
+        char label[64];
+        snprintf(label, sizeof label, "rope hd %d n_rot %d", hd, n_rot);
+        expect_close(label, got, want, n, 1e-5, 1e-5, -1);
+        assert_ok(G, gctx, "rope");
+        C->dealloc(cctx, cx), G->dealloc(gctx, gx), G->dealloc(gctx, gpos), G->dealloc(gctx, gseq);
+        free(x), free(want), free(got);
+    }
+}
+END_TEST
+
+START_TEST(test_get_rows) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 4);
+    const int64_t n_src = 50, nc = 333;
+    const int32_t idx[] = {49, 0, 7, 7, 13};
+    const int n_idx = 5;
+    float *src = rand_vec(&r, (size_t)(n_src * nc), -1, 1);
+    float *want = malloc((size_t)(n_idx * nc) * 4), *got = malloc((size_t)(n_idx * nc) * 4);
+    float *cs = bdup(C, cctx, src, (size_t)(n_src * nc) * 4),
+          *gs = bdup(G, gctx, src, (size_t)(n_src * nc) * 4);
+    float *cd = C->alloc(cctx, (size_t)(n_idx * nc) * 4),
+          *gd = G->alloc(gctx, (size_t)(n_idx * nc) * 4);
+    C->get_rows(cctx, cs, idx, n_idx, nc, cd);
+    G->get_rows(gctx, gs, idx, n_idx, nc, gd);
+    bget(C, cctx, want, cd, (size_t)(n_idx * nc) * 4);
+    bget(G, gctx, got, gd, (size_t)(n_idx * nc) * 4);
+    expect_close("get_rows", got, want, (size_t)(n_idx * nc), 0, 0, -1);
+    assert_ok(G, gctx, "get_rows");
+    C->dealloc(cctx, cs), C->dealloc(cctx, cd), G->dealloc(gctx, gs), G->dealloc(gctx, gd);
+    free(src), free(want), free(got);
+}
+END_TEST
+
+/* ---- weights: embed and matmul per type ---- */
+
+static const int TYPES[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYPE_Q8_0,
+                            TPI_TYPE_Q4_0, TPI_TYPE_Q4_1, TPI_TYPE_Q5_0, TPI_TYPE_Q5_1,
+                            TPI_TYPE_Q4_K, TPI_TYPE_Q5_K, TPI_TYPE_Q6_K};
+#define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
+
+/* Random (ne1 x ne0) weight of `type` (normal values, a few rows scaled up so block
+ * scales differ), uploaded to both backends. Returns the host bytes (caller frees). */
+static void *make_weight(struct tu_rng *r, int type, int64_t ne0, int64_t ne1,
+                         struct tpi_weight *cw, struct tpi_weight *gw) {
+    const struct quant_traits *tr = quant_traits(type);
+    ck_assert_ptr_nonnull(tr);
+    const size_t n = (size_t)(ne0 * ne1);
+    float *f = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = tu_normal(r) * (i % 7 == 0 ? 2.0f : 0.5f);
+    size_t row_bytes = quant_row_size(type, ne0);
+    ck_assert_uint_gt(row_bytes, 0);
+    void *q = malloc(row_bytes * (size_t)ne1);
+    tr->from_f32(f, q, (int64_t)n);
+    free(f);
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    int st = C->weight_upload(cctx, cw, type, ne0, ne1, q, &err);
+    ck_assert_msg(st == TPI_OK, "cpu weight_upload: %s", err.msg);
+    st = G->weight_upload(gctx, gw, type, ne0, ne1, q, &err);
+    ck_assert_msg(st == TPI_OK, "cuda weight_upload: %s", err.msg);
+    return q;
+}
+
+START_TEST(test_embed) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 5);
+    const int32_t ids[] = {0, 49, 3, 3, 17, 48};
+    const int n_tok = 6;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const int type = TYPES[ti];
+        const int blk = quant_traits(type)->blck_size;
+        const int64_t ne0 = blk == 1 ? 97 : blk * 3, ne1 = 50;
+        struct tpi_weight cw, gw;
+        void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
+        int32_t *gids = bdup(G, gctx, ids, sizeof ids);
+        const size_t n = (size_t)(n_tok * ne0);
+        float *cy = C->alloc(cctx, n * 4), *gy = G->alloc(gctx, n * 4);
+        float *want = malloc(n * 4), *got = malloc(n * 4);
+        C->embed(cctx, &cw, ids, n_tok, cy);
+        G->embed(gctx, &gw, gids, n_tok, gy);
+        bget(C, cctx, want, cy, n * 4);
+        bget(G, gctx, got, gy, n * 4);
+        char label[64];
+        snprintf(label, sizeof label, "embed %s ne0 %lld", quant_type_name(type), (long long)ne0);
+        expect_close(label, got, want, n, 1e-6, 1e-6, -1);
+        assert_ok(G, gctx, label);
+        C->weight_free(cctx, &cw), G->weight_free(gctx, &gw);
+        C->dealloc(cctx, cy), G->dealloc(gctx, gy), G->dealloc(gctx, gids);
+        free(q), free(want), free(got);
+    }
+}
+END_TEST
+
+START_TEST(test_matmul) { /* _i: index into TYPES */
+    const int type = TYPES[_i];
+    struct tu_rng r;
+    tu_rng_seed(&r, 100 + (uint64_t)_i);
+    const int blk = quant_traits(type)->blck_size;
+    int64_t ne0s[3];
+    if (blk == 1)
+        ne0s[0] = 1, ne0s[1] = 97, ne0s[2] = 1000;
+    else
+        ne0s[0] = blk, ne0s[1] = 3 * blk, ne0s[2] = blk == 32 ? 1056 : 2304;
+    const int64_t ne1s[] = {1, 37, 301};
+    const int64_t nrows[] = {1, 2, 3, 5, 8, 9, 37};
+    double worst_mv = 0, worst_gemm = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            const int64_t ne0 = ne0s[a], ne1 = ne1s[b];
+            struct tpi_weight cw, gw;
+            void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
+            for (int c = 0; c < 7; c++) {
+                const int64_t nr = nrows[c];
+                const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * ne1);
+                float *x = rand_vec(&r, nx, -1, 1);
+                float *cx = bdup(C, cctx, x, nx * 4), *gx = bdup(G, gctx, x, nx * 4);
+                float *cy = C->alloc(cctx, ny * 4), *gy = G->alloc(gctx, ny * 4);
+                float *want = malloc(ny * 4), *got = malloc(ny * 4);
+                C->matmul(cctx, &cw, cx, cy, nr);
+                G->matmul(gctx, &gw, gx, gy, nr);
+                bget(C, cctx, want, cy, ny * 4);
+                bget(G, gctx, got, gy, ny * 4);
+                char label[96];
+                snprintf(label, sizeof label, "matmul %s ne0 %lld ne1 %lld rows %lld",
+                         quant_type_name(type), (long long)ne0, (long long)ne1, (long long)nr);
+                const bool gemm = nr > 8, exact = !gemm || type == TPI_TYPE_F32;
+                const double scale = rms(want, ny) + 1e-30;
+                const double e = tu_nmse(got, want, ny);
+                if (gemm)
+                    worst_gemm = e > worst_gemm ? e : worst_gemm;
+                else
+                    worst_mv = e > worst_mv ? e : worst_mv;
+                expect_close(label, got, want, ny, (exact ? 1e-4 : 3e-2) * scale, 0,
+                             exact ? 1e-9 : 5e-5);
+                assert_ok(G, gctx, label);
+                C->dealloc(cctx, cx), C->dealloc(cctx, cy), G->dealloc(gctx, gx),
+                    G->dealloc(gctx, gy);
+                free(x), free(want), free(got);
+            }
+            C->weight_free(cctx, &cw), G->weight_free(gctx, &gw);
+            free(q);
+        }
+    fprintf(stderr, "matmul %s: worst nmse matvec %.3g, gemm %.3g\n", quant_type_name(type),
+            worst_mv, worst_gemm);
+}
+END_TEST
+
+/* ---- attention ---- */
+
+struct attn_case {
+    const char *name;
+    int n_head, n_kv, hd;
+    int n_slot, n_ctx;
+    int depth[3]; /* history already in each slot (positions 0..depth-1) */
+    int n_new[3]; /* new tokens per slot, at positions depth.. */
+};
+
+static void run_attn(const struct attn_case *ac, struct tu_rng *r) {
+    const int n_layer = 2, layer = 1; /* the second layer, so the layer offset is used */
+    struct ops_kv ckv, gkv;
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    ck_assert_int_eq(C->kv_init(cctx, &ckv, n_layer, ac->n_slot, ac->n_ctx, ac->n_kv, ac->hd, &err),
+                     TPI_OK);
+    ck_assert_msg(G->kv_init(gctx, &gkv, n_layer, ac->n_slot, ac->n_ctx, ac->n_kv, ac->hd, &err) ==
+                      TPI_OK,
+                  "cuda kv_init: %s", err.msg);
+    ck_assert_int_eq(gkv.type, TPI_TYPE_F16);
+    const size_t row = (size_t)ac->n_kv * ac->hd;
+    const size_t n_cache = (size_t)n_layer * ac->n_slot * ac->n_ctx * row;
+
+    /* history: identical f16-representable values in both caches */
+    float *hk = calloc(n_cache, 4), *hv = calloc(n_cache, 4);
+    uint16_t *hk16 = calloc(n_cache, 2), *hv16 = calloc(n_cache, 2);
+    for (int s = 0; s < ac->n_slot; s++)
+        for (int p = 0; p < ac->depth[s]; p++)
+            for (size_t i = 0; i < row; i++) {
+                const size_t at = (((size_t)layer * ac->n_slot + s) * ac->n_ctx + p) * row + i;
+                hk16[at] = tpi_f32_to_f16(tu_normal(r));
+                hv16[at] = tpi_f32_to_f16(tu_normal(r));
+                hk[at] = tpi_f16_to_f32(hk16[at]);
+                hv[at] = tpi_f16_to_f32(hv16[at]);
+            }
+    C->to_dev(cctx, ckv.k, hk, n_cache * 4);
+    C->to_dev(cctx, ckv.v, hv, n_cache * 4);
+    G->to_dev(gctx, gkv.k, hk16, n_cache * 2);
+    G->to_dev(gctx, gkv.v, hv16, n_cache * 2);
+    G->sync(gctx);
+
+    /* the batch: slots' new tokens interleaved round-robin */
+    int n_tokens = 0;
+    for (int s = 0; s < ac->n_slot; s++)
+        n_tokens += ac->n_new[s];
+    int32_t *pos = malloc((size_t)n_tokens * 4), *seq = malloc((size_t)n_tokens * 4);
+    int next[3] = {0, 0, 0}, t = 0, max_pos = 0;
+    while (t < n_tokens)
+        for (int s = 0; s < ac->n_slot && t < n_tokens; s++)
+            if (next[s] < ac->n_new[s]) {
+                seq[t] = s;
+                pos[t] = ac->depth[s] + next[s]++;
+                if (pos[t] + 1 > max_pos) max_pos = pos[t] + 1;
+                t++;
+            }
+    const size_t nq = (size_t)n_tokens * ac->n_head * ac->hd, nkv = (size_t)n_tokens * row;
+    float *q = malloc(nq * 4), *k = malloc(nkv * 4), *v = malloc(nkv * 4);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = tu_normal(r);
+    for (size_t i = 0; i < nkv; i++)
+        k[i] = tu_normal(r), v[i] = tu_normal(r);
+
+    float *cq = bdup(C, cctx, q, nq * 4), *ck = bdup(C, cctx, k, nkv * 4),
+          *cv = bdup(C, cctx, v, nkv * 4);
+    float *gq = bdup(G, gctx, q, nq * 4), *gk = bdup(G, gctx, k, nkv * 4),
+          *gv = bdup(G, gctx, v, nkv * 4);
+    int32_t *gpos = bdup(G, gctx, pos, (size_t)n_tokens * 4),
+            *gseq = bdup(G, gctx, seq, (size_t)n_tokens * 4);
+    float *co = C->alloc(cctx, nq * 4), *go = G->alloc(gctx, nq * 4);
+    struct ops_batch cb = {n_tokens, pos, seq, pos, seq, max_pos};
+    struct ops_batch gb = {n_tokens, gpos, gseq, pos, seq, max_pos};
+    const float scale = 1.0f / sqrtf((float)ac->hd);
+    C->attention(cctx, &ckv, layer, cq, ck, cv, co, &cb, ac->n_head, scale);
+    G->attention(gctx, &gkv, layer, gq, gk, gv, go, &gb, ac->n_head, scale);
+    float *want = malloc(nq * 4), *got = malloc(nq * 4);
+    bget(C, cctx, want, co, nq * 4);
+    bget(G, gctx, got, go, nq * 4);
+    assert_ok(C, cctx, ac->name);
+    assert_ok(G, gctx, ac->name);
+    char label[160];
+    snprintf(label, sizeof label, "attention %s (heads %d/%d, hd %d, %d tokens, max_pos %d)",
+             ac->name, ac->n_head, ac->n_kv, ac->hd, n_tokens, max_pos);
+    expect_close(label, got, want, nq, 5e-3, 2e-2, 1e-5);
+
+    C->kv_free(cctx, &ckv), G->kv_free(gctx, &gkv);
+    C->dealloc(cctx, cq), C->dealloc(cctx, ck), C->dealloc(cctx, cv), C->dealloc(cctx, co);
+    G->dealloc(gctx, gq), G->dealloc(gctx, gk), G->dealloc(gctx, gv), G->dealloc(gctx, go);
+    G->dealloc(gctx, gpos), G->dealloc(gctx, gseq);
+    free(hk), free(hv), free(hk16), free(hv16), free(pos), free(seq), free(q), free(k), free(v);
+    free(want), free(got);
+    assert_ok(G, gctx, "attention cleanup");
+}
+
+START_TEST(test_attn_prefill) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 7);
+    const struct attn_case cases[] = {
+        {"prefill 37", 8, 4, 128, 1, 64, {0}, {37}},
+        {"prefill 300", 8, 1, 64, 1, 320, {0}, {300}},
+        {"prefill mha hd80", 4, 4, 80, 1, 64, {0}, {41}},
+        {"prefill gqa12", 24, 2, 64, 1, 64, {0}, {19}},
+        {"prefill gqa32 chunks", 32, 1, 128, 1, 64, {0}, {23}},
+        {"prefill hd256", 8, 2, 256, 1, 128, {0}, {70}},
+        {"chunked prefill, mixed slots", 8, 4, 128, 2, 1100, {1000, 0}, {37, 20}},
+        {"chunked prefill 8/1", 8, 1, 128, 3, 2100, {2000, 5, 0}, {9, 33, 1}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_attn(&cases[i], &r);
+}
+END_TEST
+
+START_TEST(test_attn_decode) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 8);
+    const int depths[] = {1, 100, 1000, 4095};
+    for (int g = 0; g < 2; g++) {
+        const int n_kv = g == 0 ? 4 : 1;
+        for (int d = 0; d < 4; d++) {
+            struct attn_case ac = {"decode 1 token", 8, n_kv, 128, 1, 4100, {depths[d]}, {1}};
+            run_attn(&ac, &r);
+        }
+        /* a decode batch: three slots at different depths, one token each */
+        struct attn_case batch = {"decode batch of 3", 8,        n_kv, 128, 3, 4100,
+                                  {4000, 1, 777},      {1, 1, 1}};
+        run_attn(&batch, &r);
+    }
+    struct attn_case small_hd = {"decode hd64 gqa7", 14, 2, 64, 1, 3000, {2999}, {1}};
+    run_attn(&small_hd, &r);
+}
+END_TEST
+
+/* ---- bench (not a ctest test): rough speeds of the main kernels ---- */
+
+static double time_op(int reps, void (*fn)(void *), void *arg) {
+    fn(arg); /* warm-up (also grows scratch buffers) */
+    G->sync(gctx);
+    const double t0 = tpi_time_s();
+    for (int i = 0; i < reps; i++)
+        fn(arg);
+    G->sync(gctx);
+    return (tpi_time_s() - t0) / reps;
+}
+
+struct mm_arg {
+    struct tpi_weight *w;
+    float *x, *y;
+    int64_t n_rows;
+};
+static void mm_fn(void *p) {
+    struct mm_arg *a = p;
+    G->matmul(gctx, a->w, a->x, a->y, a->n_rows);
+}
+
+struct at_arg {
+    struct ops_kv *kv;
+    float *q, *k, *v, *o;
+    struct ops_batch *b;
+    int n_head;
+};
+static void at_fn(void *p) {
+    struct at_arg *a = p;
+    G->attention(gctx, a->kv, 0, a->q, a->k, a->v, a->o, a->b, a->n_head, 0.088f);
+}
+
+START_TEST(test_bench) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 9);
+    const int64_t ne0 = 4096, ne1 = 14336;
+    const int types[] = {TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
+                         TPI_TYPE_Q4_K, TPI_TYPE_Q5_K, TPI_TYPE_Q6_K};
+    float *x = rand_vec(&r, (size_t)(512 * ne0), -1, 1);
+    float *gx = bdup(G, gctx, x, (size_t)(512 * ne0) * 4),
+          *gy = G->alloc(gctx, (size_t)(512 * ne1) * 4);
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        const struct quant_traits *tr = quant_traits(types[i]);
+        const size_t row_bytes = quant_row_size(types[i], ne0);
+        uint8_t *q = malloc(row_bytes * (size_t)ne1);
+        float *f = rand_vec(&r, (size_t)ne0, -1, 1);
+        tr->from_f32(f, q, ne0); /* one row quantized, repeated: speed does not depend on values */
+        for (int64_t j = 1; j < ne1; j++)
+            memcpy(q + j * row_bytes, q, row_bytes);
+        struct tpi_weight gw;
+        struct tpi_error err;
+        ck_assert_int_eq(G->weight_upload(gctx, &gw, types[i], ne0, ne1, q, &err), TPI_OK);
+        const double bytes = (double)row_bytes * (double)ne1;
+        const int64_t rows[] = {1, 4, 8, 512};
+        for (int k = 0; k < 4; k++) {
+            struct mm_arg a = {&gw, gx, gy, rows[k]};
+            const double t = time_op(20, mm_fn, &a);
+            fprintf(stderr,
+                    "bench matmul %-5s %lldx%lld rows %3lld: %8.1f us  %7.1f GB/s  %7.1f TFLOP/s\n",
+                    tr->name, (long long)ne1, (long long)ne0, (long long)rows[k], t * 1e6,
+                    bytes / t / 1e9, 2.0 * ne0 * ne1 * rows[k] / t / 1e12);
+        }
+        G->weight_free(gctx, &gw);
+        free(q), free(f);
+    }
+    G->dealloc(gctx, gx), G->dealloc(gctx, gy);
+    free(x);
+    /* attention: 32 query heads / 8 KV heads, head_dim 128 */
+    struct ops_kv kv;
+    struct tpi_error err;
+    ck_assert_int_eq(G->kv_init(gctx, &kv, 1, 1, 8192, 8, 128, &err), TPI_OK);
+    const int n_max = 512;
+    float *h = rand_vec(&r, (size_t)n_max * 32 * 128, -1, 1);
+    float *gq = bdup(G, gctx, h, (size_t)n_max * 32 * 128 * 4),
+          *go = G->alloc(gctx, (size_t)n_max * 32 * 128 * 4);
+    int32_t pos[512], seq[512];
+    const int depths[] = {512, 4096, 8000};
+    for (int d = 0; d < 3; d++)
+        for (int pf = 0; pf < 2; pf++) {
+            const int n_tok = pf ? 512 : 1, p0 = pf ? depths[d] - 512 : depths[d] - 1;
+            for (int t = 0; t < n_tok; t++)
+                pos[t] = p0 + t, seq[t] = 0;
+            int32_t *gpos = bdup(G, gctx, pos, (size_t)n_tok * 4),
+                    *gseq = bdup(G, gctx, seq, (size_t)n_tok * 4);
+            struct ops_batch b = {n_tok, gpos, gseq, pos, seq, p0 + n_tok};
+            struct at_arg a = {&kv, gq, gq, gq, go, &b, 32};
+            const double t = time_op(10, at_fn, &a);
+            fprintf(stderr,
+                    "bench attention 32/8 hd128 %s %3d tokens at depth %4d: %8.1f us  (KV read "
+                    "%.1f GB/s)\n",
+                    pf ? "prefill" : "decode ", n_tok, depths[d], t * 1e6,
+                    (double)(p0 + n_tok) * 8 * 128 * 2 * 2 / t / 1e9);
+            G->dealloc(gctx, gpos), G->dealloc(gctx, gseq);
+        }
+    G->kv_free(gctx, &kv);
+    G->dealloc(gctx, gq), G->dealloc(gctx, go);
+    free(h);
+    assert_ok(G, gctx, "bench");
+}
+END_TEST
+
+/* ---- main: pick the group ---- */
+
+int main(int argc, char **argv) {
+    int n_devices = 0;
+    G = ops_cuda_get();
+    if (!G || !ops_cuda_available(&n_devices)) {
+        fprintf(stderr, "SKIP: no usable GPU (CUDA backend %s)\n", G ? "built" : "not built");
+        return TU_SKIP;
+    }
+    /* CUDA state does not survive Check's fork: run the tests in this process */
+    setenv("CK_FORK", "no", 1);
+    struct ops_config cfg = {0, 0};
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    if (G->init(&gctx, &cfg, &err) != TPI_OK) {
+        fprintf(stderr, "cuda init failed: %s\n", err.msg);
+        return 1;
+    }
+    if (C->init(&cctx, &cfg, &err) != TPI_OK) {
+        fprintf(stderr, "cpu init failed: %s\n", err.msg);
+        return 1;
+    }
+    fprintf(stderr, "devices: %s | %s\n", G->device_name(gctx), C->device_name(cctx));
+    const char *group = argc > 1 ? argv[1] : "all";
+    const bool all = strcmp(group, "all") == 0;
+    Suite *s = suite_create("ops_cuda");
+    TCase *tc = tcase_create(group);
+    tcase_set_timeout(tc, 600);
+    int n_added = 0;
+    if (all || strcmp(group, "elem") == 0) {
+        tcase_add_test(tc, test_rmsnorm);
+        tcase_add_test(tc, test_bias_add_silu);
+        tcase_add_test(tc, test_rope);
+        tcase_add_test(tc, test_get_rows);
+        n_added++;
+    }
+    if (all || strcmp(group, "embed") == 0) tcase_add_test(tc, test_embed), n_added++;
+    for (int i = 0; i < N_TYPES; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "matmul_%s", quant_type_name(TYPES[i]));
+        if (all || strcmp(group, name) == 0)
+            tcase_add_loop_test(tc, test_matmul, i, i + 1), n_added++;
+    }
+    if (all || strcmp(group, "attn_prefill") == 0) tcase_add_test(tc, test_attn_prefill), n_added++;
+    if (all || strcmp(group, "attn_decode") == 0) tcase_add_test(tc, test_attn_decode), n_added++;
+    if (strcmp(group, "bench") == 0) tcase_add_test(tc, test_bench), n_added++; /* not in "all" */
+    if (!n_added) {
+        fprintf(stderr, "unknown group '%s'\n", group);
+        return 2;
+    }
+    suite_add_tcase(s, tc);
+    int rc = tu_run_suite(s);
+    C->free(&cctx);
+    G->free(&gctx);
+    return rc;
+}
