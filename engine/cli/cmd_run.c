@@ -1,13 +1,267 @@
 /*
- * cmd_run.c — `tpinfer run` (not built yet).
+ * cmd_run.c — `tpinfer run`: generate a completion of one prompt (-p TEXT or
+ * --prompt-ids) on every rank of the grid; world rank 0 streams the text to
+ * stdout, or prints one JSON line with --json. The batch prompt-file mode (-f)
+ * plugs in beside run_single(): the options, model and tokenizer are shared.
  */
+#include <cjson/cJSON.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cli.h"
+#include "cli_common.h"
+#include "model/generate.h"
+#include "text/tokenizer.h"
+
+#define MAX_STOP 16
+
+struct run_opts {
+    struct cli_common c;
+    const char *prompt;     /* -p */
+    const char *prompt_ids; /* --prompt-ids */
+    const char *prompt_file;/* -f (batch mode) */
+    const char *system;     /* --system */
+    bool chat, json;
+    struct gen_params gp;
+    const char *stop[MAX_STOP];
+};
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tpinfer run -m FILE (-p TEXT | --prompt-ids 1,2,3) [options]\n"
+            "  -p, --prompt TEXT      prompt (special tokens such as <|im_start|> are parsed)\n"
+            "  --prompt-ids LIST      prompt as comma-separated token ids\n"
+            "  --chat                 wrap the prompt as a user message in the chat template\n"
+            "  --system TEXT          system message for --chat\n"
+            "  -n, --n-predict N      most tokens to generate (128)\n"
+            "  --temp T               temperature, 0 = greedy (0.8)\n"
+            "  --top-k K              (40, 0 = off)   --top-p P (0.95)   --min-p P (0.05)\n"
+            "  --repeat-penalty R     (1.0 = off)     --repeat-last-n N (64)\n"
+            "  --stop TEXT            stop before this text (repeatable)\n"
+            "  --logprobs K           top-K logprobs of each generated token\n"
+            "  --prompt-logprobs K    top-K logprobs after each prompt token\n"
+            "  --json                 one JSON line on stdout instead of streamed text\n");
+    cli_common_usage(f);
+}
+
+static int parse_float(const char *opt, const char *s, float *out) {
+    char *end;
+    *out = strtof(s, &end);
+    if (*end || end == s) {
+        fprintf(stderr, "tpinfer run: %s expects a number, got '%s'\n", opt, s);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_count(const char *opt, const char *s, int *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || end == s || v < 0 || v > (1 << 24)) {
+        fprintf(stderr, "tpinfer run: %s expects a count >= 0, got '%s'\n", opt, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+/* 0 on success, 2 on a usage error (printed), -1 for --help. */
+static int parse_args(struct run_opts *o, int argc, char **argv) {
+    cli_common_init(&o->c);
+    sampler_params_default(&o->gp.sp);
+    o->gp.n_predict = 128;
+    o->gp.stop = o->stop;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_parse(&o->c, argc, argv, &i, "run");
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return -1;
+        if (!strcmp(a, "--chat")) {
+            o->chat = true;
+            continue;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = true;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "tpinfer run: unknown option or missing value: %s\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        int bad = 0;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
+        else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->prompt_file = v;
+        else if (!strcmp(a, "--system")) o->system = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_count(a, v, &o->gp.n_predict);
+        else if (!strcmp(a, "--temp")) bad = parse_float(a, v, &o->gp.sp.temp);
+        else if (!strcmp(a, "--top-k")) bad = parse_count(a, v, &o->gp.sp.top_k);
+        else if (!strcmp(a, "--top-p")) bad = parse_float(a, v, &o->gp.sp.top_p);
+        else if (!strcmp(a, "--min-p")) bad = parse_float(a, v, &o->gp.sp.min_p);
+        else if (!strcmp(a, "--repeat-penalty")) bad = parse_float(a, v, &o->gp.sp.repeat_penalty);
+        else if (!strcmp(a, "--repeat-last-n")) bad = parse_count(a, v, &o->gp.sp.repeat_last_n);
+        else if (!strcmp(a, "--logprobs")) bad = parse_count(a, v, &o->gp.n_logprobs);
+        else if (!strcmp(a, "--prompt-logprobs")) bad = parse_count(a, v, &o->gp.n_prompt_logprobs);
+        else if (!strcmp(a, "--stop")) {
+            if (o->gp.n_stop == MAX_STOP) {
+                fprintf(stderr, "tpinfer run: at most %d --stop strings\n", MAX_STOP);
+                return 2;
+            }
+            o->stop[o->gp.n_stop++] = v;
+        } else {
+            fprintf(stderr, "tpinfer run: unknown option %s (tpinfer run --help)\n", a);
+            return 2;
+        }
+        if (bad) return 2;
+    }
+    if (o->prompt_file) {
+        fprintf(stderr, "tpinfer run: -f (batch prompt file) is not available in this build yet\n");
+        return 2;
+    }
+    if (!!o->prompt + !!o->prompt_ids != 1) {
+        fprintf(stderr, "tpinfer run: give exactly one of -p TEXT or --prompt-ids LIST\n");
+        return 2;
+    }
+    if (o->chat && !o->prompt) {
+        fprintf(stderr, "tpinfer run: --chat needs a text prompt (-p)\n");
+        return 2;
+    }
+    if (!o->c.model) {
+        fprintf(stderr, "tpinfer run: no model given (-m FILE)\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* The prompt's token ids: --prompt-ids as given; text tokenized as llama.cpp does
+ * (special tokens parsed, BOS only when the vocabulary adds it), after the chat
+ * template with --chat. */
+static int prompt_tokens(const struct run_opts *o, const struct tokenizer *tok, int32_t **ids,
+                         int *n, struct tpi_error *err) {
+    if (o->prompt_ids) {
+        if (cli_parse_ids(o->prompt_ids, ids, n))
+            return tpi_err(err, TPI_ERR_INVALID, "--prompt-ids: expected ids like 1,2,3, got '%s'",
+                           o->prompt_ids);
+        for (int i = 0; i < *n; i++)
+            if ((*ids)[i] >= tok_n_vocab(tok))
+                return tpi_err(err, TPI_ERR_INVALID, "--prompt-ids: id %d is outside the vocabulary of %d",
+                               (*ids)[i], tok_n_vocab(tok));
+        return TPI_OK;
+    }
+    if (!o->chat) return tok_encode(tok, o->prompt, strlen(o->prompt), true, ids, n, err);
+    struct tok_message msgs[2];
+    int n_msgs = 0;
+    if (o->system) msgs[n_msgs++] = (struct tok_message){"system", o->system};
+    msgs[n_msgs++] = (struct tok_message){"user", o->prompt};
+    char *text;
+    size_t n_text;
+    int rc = tok_apply_chat(tok, msgs, n_msgs, true, &text, &n_text, err);
+    if (rc) return rc;
+    rc = tok_encode(tok, text, n_text, true, ids, n, err);
+    free(text);
+    return rc;
+}
+
+static void stream_text(const char *bytes, size_t n, void *user) {
+    (void)user;
+    fwrite(bytes, 1, n, stdout);
+    fflush(stdout);
+}
+
+static cJSON *ids_json(const int32_t *ids, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+/* [[[id, logprob], ...K], ...rows] */
+static cJSON *logprobs_json(const int32_t *ids, const float *vals, int n_rows, int k) {
+    cJSON *a = cJSON_CreateArray();
+    for (int r = 0; r < n_rows; r++) {
+        cJSON *row = cJSON_CreateArray();
+        for (int j = 0; j < k; j++) {
+            cJSON *pair = cJSON_CreateArray();
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(ids[(size_t)r * k + j]));
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(vals[(size_t)r * k + j]));
+            cJSON_AddItemToArray(row, pair);
+        }
+        cJSON_AddItemToArray(a, row);
+    }
+    return a;
+}
+
+static void print_json(const struct gen_result *g, const int32_t *prompt, int n_prompt) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "text", g->text);
+    cJSON_AddItemToObject(o, "tokens", ids_json(g->tokens, g->n_tokens));
+    cJSON_AddItemToObject(o, "prompt_tokens", ids_json(prompt, n_prompt));
+    cJSON_AddStringToObject(o, "finish_reason", g->finish_reason);
+    if (g->lp_k > 0)
+        cJSON_AddItemToObject(o, "logprobs", logprobs_json(g->lp_ids, g->lp_vals, g->n_tokens, g->lp_k));
+    if (g->plp_k > 0)
+        cJSON_AddItemToObject(o, "prompt_logprobs",
+                              logprobs_json(g->plp_ids, g->plp_vals, g->n_prompt, g->plp_k));
+    char *s = cJSON_PrintUnformatted(o);
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    cJSON_Delete(o);
+}
+
+/* One prompt: tokenize, check it fits, generate, print on rank 0. */
+static int run_single(struct cli_run *r, struct run_opts *o) {
+    struct tpi_error err = {0};
+    int32_t *ids = NULL;
+    int n_ids = 0;
+    // Tokenization is deterministic, so every rank fails (or not) alike.
+    int rc = prompt_tokens(o, r->tok, &ids, &n_ids, &err);
+    if (!rc && n_ids + o->gp.n_predict > r->model->n_ctx)
+        rc = tpi_err(&err, TPI_ERR_INVALID,
+                     "prompt of %d tokens + %d to generate exceeds the context of %d positions "
+                     "(raise -c/--ctx-size or lower -n)",
+                     n_ids, o->gp.n_predict, r->model->n_ctx);
+    if ((rc = grid_agree(&r->grid, rc, &err))) {
+        free(ids);
+        return cli_fail_all(r, "run", &err);
+    }
+    struct gen_result g;
+    rc = generate_one(r->model, r->tok, ids, n_ids, &o->gp, o->json ? NULL : stream_text, NULL, &g,
+                      &err);
+    if (rc) {
+        free(ids);
+        return cli_fail_rank(r, "run", &err);
+    }
+    if (cli_rank(r) == 0) {
+        if (o->json) print_json(&g, ids, n_ids);
+        else {
+            printf("\n");
+            fflush(stdout);
+        }
+        TPI_LOGI("prompt %d tokens in %.3f s (%.1f t/s), generated %d tokens in %.3f s (%.1f t/s), "
+                 "finish: %s, seed %llu",
+                 n_ids, g.t_prompt_s, g.t_prompt_s > 0 ? n_ids / g.t_prompt_s : 0.0, g.n_tokens,
+                 g.t_gen_s, g.t_gen_s > 0 ? g.n_tokens / g.t_gen_s : 0.0, g.finish_reason,
+                 (unsigned long long)o->c.seed);
+    }
+    gen_result_free(&g);
+    free(ids);
+    return cli_finish(r, 0);
+}
 
 int cmd_run(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "tpinfer run: not available in this build yet\n");
-    return 1;
+    struct run_opts o;
+    memset(&o, 0, sizeof o);
+    int rc = parse_args(&o, argc, argv);
+    if (rc < 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc) return 2;
+    struct cli_run r;
+    if (cli_start(&r, &o.c, &argc, &argv, "run")) return 1;
+    o.gp.sp.seed = o.c.seed;
+    return run_single(&r, &o);
 }

@@ -1,0 +1,238 @@
+/*
+ * cli_common.c — see cli_common.h.
+ */
+#include "cli_common.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gguf.h"
+#include "kernels/ops.h"
+#include "text/tokenizer.h"
+
+void cli_common_init(struct cli_common *c) {
+    memset(c, 0, sizeof *c);
+    c->tp = c->pp = 1;
+    c->backend = "auto";
+    c->n_ubatch = 512;
+    c->comm_timeout_s = 60.0;
+}
+
+void cli_common_usage(FILE *f) {
+    fprintf(f,
+            "  -m, --model FILE       GGUF model (first part of a split model)\n"
+            "  --tp N                 tensor-parallel ranks (1)\n"
+            "  --pp N                 pipeline stages (1); run tp*pp ranks under mpirun\n"
+            "  --pp-layers a,b,...    layers per stage (default: balanced)\n"
+            "  --backend NAME         cpu | cuda | auto (auto)\n"
+            "  --comm NAME            mpi | nccl (nccl with cuda, else mpi)\n"
+            "  -c, --ctx-size N       KV cache positions (min(4096, model context))\n"
+            "  -t, --threads N        CPU threads (all cores)\n"
+            "  --ubatch N             tokens per micro-batch (512)\n"
+            "  --seed N               sampling seed (random)\n"
+            "  --comm-timeout S       seconds before a silent peer is an error (60)\n"
+            "  -v, --verbose          debug logs\n");
+}
+
+static int parse_int(const char *cmd, const char *opt, const char *s, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || end == s || v < lo || v > hi) {
+        fprintf(stderr, "tpinfer %s: %s expects an integer in [%ld, %ld], got '%s'\n", cmd, opt, lo,
+                hi, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const char *cmd) {
+    const char *a = argv[*i];
+    const char *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+#define NEED_VAL                                                                   \
+    do {                                                                           \
+        if (!val) {                                                                \
+            fprintf(stderr, "tpinfer %s: option %s needs a value\n", cmd, a);      \
+            return -1;                                                             \
+        }                                                                          \
+        (*i)++;                                                                    \
+    } while (0)
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        NEED_VAL;
+        c->model = val;
+    } else if (!strcmp(a, "--tp")) {
+        NEED_VAL;
+        return parse_int(cmd, a, val, 1, 4096, &c->tp) ? -1 : 1;
+    } else if (!strcmp(a, "--pp")) {
+        NEED_VAL;
+        return parse_int(cmd, a, val, 1, MODEL_MAX_STAGES, &c->pp) ? -1 : 1;
+    } else if (!strcmp(a, "--pp-layers")) {
+        NEED_VAL;
+        c->n_pp_layers = 0;
+        char buf[4096];
+        snprintf(buf, sizeof buf, "%s", val);
+        for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+            if (c->n_pp_layers == MODEL_MAX_STAGES ||
+                parse_int(cmd, a, tok, 1, 100000, &c->pp_layers[c->n_pp_layers]))
+                return -1;
+            c->n_pp_layers++;
+        }
+    } else if (!strcmp(a, "--backend")) {
+        NEED_VAL;
+        c->backend = val;
+    } else if (!strcmp(a, "--comm")) {
+        NEED_VAL;
+        if (comm_kind_from_name(val) < 0) {
+            fprintf(stderr, "tpinfer %s: --comm expects mpi or nccl, got '%s'\n", cmd, val);
+            return -1;
+        }
+        c->comm = val;
+    } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+        NEED_VAL;
+        return parse_int(cmd, a, val, 0, 1 << 24, &c->n_ctx) ? -1 : 1;
+    } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        NEED_VAL;
+        return parse_int(cmd, a, val, 0, 4096, &c->n_threads) ? -1 : 1;
+    } else if (!strcmp(a, "--ubatch") || !strcmp(a, "-ub")) {
+        NEED_VAL;
+        return parse_int(cmd, a, val, 1, 1 << 20, &c->n_ubatch) ? -1 : 1;
+    } else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
+        NEED_VAL;
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(val, &end, 10);
+        if (errno || *end || end == val) {
+            fprintf(stderr, "tpinfer %s: --seed expects a non-negative integer, got '%s'\n", cmd,
+                    val);
+            return -1;
+        }
+        c->seed = v;
+        c->seed_set = true;
+    } else if (!strcmp(a, "--comm-timeout")) {
+        NEED_VAL;
+        char *end;
+        c->comm_timeout_s = strtod(val, &end);
+        if (*end || c->comm_timeout_s <= 0) {
+            fprintf(stderr, "tpinfer %s: --comm-timeout expects seconds > 0, got '%s'\n", cmd, val);
+            return -1;
+        }
+    } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+        c->verbose = true;
+    } else {
+        return 0;
+    }
+#undef NEED_VAL
+    return 1;
+}
+
+int cli_rank(const struct cli_run *r) { return r->grid_ok ? r->grid.world_rank : 0; }
+
+int cli_parse_ids(const char *s, int32_t **ids, int *n) {
+    size_t cap = 16;
+    *n = 0;
+    *ids = malloc(sizeof(int32_t) * cap);
+    if (!*ids) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX) goto bad;
+        if ((size_t)*n == cap) {
+            int32_t *q = realloc(*ids, sizeof(int32_t) * (cap *= 2));
+            if (!q) goto bad;
+            *ids = q;
+        }
+        (*ids)[(*n)++] = (int32_t)v;
+        p = end;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        else if (*p) goto bad;
+    }
+    if (*n > 0) return 0;
+bad:
+    free(*ids);
+    *ids = NULL;
+    return -1;
+}
+
+int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, const char *cmd) {
+    memset(r, 0, sizeof *r);
+    struct tpi_error err = {0};
+    if (grid_mpi_init(argc, argv, &err)) {
+        fprintf(stderr, "tpinfer %s: %s\n", cmd, err.msg);
+        return 1;
+    }
+    // The grid's own errors (tp*pp != ranks) are the same on every rank: print once.
+    if (grid_init(&r->grid, c->tp, c->pp, &err)) {
+        int rank = 0;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        if (rank == 0) fprintf(stderr, "tpinfer %s: %s\n", cmd, err.msg);
+        grid_free(&r->grid);
+        grid_mpi_finalize();
+        return 1;
+    }
+    r->grid_ok = true;
+    tpi_log_set(c->verbose ? TPI_LOG_DEBUG : TPI_LOG_INFO,
+                r->grid.world_size > 1 ? r->grid.world_rank : -1);
+
+    // One seed for the run: rank 0's choice, so the identity check agrees and a run
+    // can be repeated from the seed it reports.
+    if (!c->seed_set) {
+        uint64_t s = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+        MPI_Bcast(&s, 1, MPI_UINT64_T, 0, r->grid.world);
+        c->seed = s;
+    }
+    if (!c->model) {
+        err = (struct tpi_error){TPI_ERR_INVALID, ""};
+        snprintf(err.msg, sizeof err.msg, "no model given (-m FILE)");
+        return cli_fail_all(r, cmd, &err);
+    }
+    // Backend and communicator: nccl goes with cuda, mpi with the CPU.
+    const char *backend = c->backend;
+    int n_dev = 0;
+    if (!strcmp(backend, "auto"))
+        backend = ops_cuda_get() && ops_cuda_available(&n_dev) && n_dev > 0 ? "cuda" : "cpu";
+    const char *comm = c->comm ? c->comm : (!strcmp(backend, "cuda") ? "nccl" : "mpi");
+    struct model_params p = {
+        .path = c->model,
+        .backend = backend,
+        .n_threads = c->n_threads,
+        .comm = (enum comm_kind)comm_kind_from_name(comm),
+        .comm_timeout_s = c->comm_timeout_s,
+        .n_ctx = c->n_ctx,
+        .n_ubatch = c->n_ubatch,
+        .pp_layers = c->n_pp_layers ? c->pp_layers : NULL,
+        .n_pp_layers = c->n_pp_layers,
+        .seed = c->seed,
+    };
+    int rc = model_load(&r->model, &p, &r->grid, &err);
+    if (rc) return cli_fail_all(r, cmd, &err);
+    rc = tok_load(r->model->gguf, &r->tok, &err);
+    if ((rc = grid_agree(&r->grid, rc, &err))) return cli_fail_all(r, cmd, &err);
+    return 0;
+}
+
+int cli_finish(struct cli_run *r, int code) {
+    tok_free(&r->tok);
+    model_free(&r->model);
+    if (r->grid_ok) grid_free(&r->grid);
+    r->grid_ok = false;
+    grid_mpi_finalize();
+    return code;
+}
+
+int cli_fail_all(struct cli_run *r, const char *cmd, const struct tpi_error *err) {
+    if (cli_rank(r) == 0) fprintf(stderr, "tpinfer %s: error: %s\n", cmd, err->msg);
+    return cli_finish(r, 1);
+}
+
+int cli_fail_rank(struct cli_run *r, const char *cmd, const struct tpi_error *err) {
+    fprintf(stderr, "tpinfer %s: error on rank %d: %s\n", cmd, cli_rank(r), err->msg);
+    fflush(stderr);
+    if (r->grid_ok && r->grid.world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    return cli_finish(r, 1);
+}

@@ -1,0 +1,219 @@
+/*
+ * config.c — Qwen2/Qwen3 hyperparameters from GGUF metadata, and a check of
+ * every tensor the forward pass reads (presence, shape, type) before any
+ * weight is touched, so a bad file fails with the name of the first tensor
+ * that is off instead of computing garbage.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "kernels/quant.h"
+#include "model.h"
+
+/* Required integer key "<arch>.<name>". */
+static int get_int_key(const struct gguf_file *f, const char *arch, const char *name, int *out,
+                       bool required, int def, struct tpi_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    int64_t v;
+    if (!gguf_get_int(f, key, &v)) {
+        if (gguf_find_kv(f, key))
+            return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is not an integer",
+                           gguf_path(f), key);
+        if (required)
+            return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is missing", gguf_path(f),
+                           key);
+        *out = def;
+        return TPI_OK;
+    }
+    if (v <= 0 || v > (1 << 30))
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' = %lld is out of range",
+                       gguf_path(f), key, (long long)v);
+    *out = (int)v;
+    return TPI_OK;
+}
+
+static int get_f32_key(const struct gguf_file *f, const char *arch, const char *name, float *out,
+                       bool required, float def, struct tpi_error *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    if (gguf_get_f32(f, key, out)) return TPI_OK;
+    if (gguf_find_kv(f, key))
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is not a number",
+                       gguf_path(f), key);
+    if (required)
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is missing", gguf_path(f),
+                       key);
+    *out = def;
+    return TPI_OK;
+}
+
+/* Check tensor `name`: present (unless optional), ne0 x ne1, a computable type.
+ * *found says whether it exists. 1-D tensors pass ne1 = 1. */
+static int check_tensor(const struct gguf_file *f, const char *name, int64_t ne0, int64_t ne1,
+                        bool optional, bool *found, struct tpi_error *err) {
+    const struct gguf_tensor *t = gguf_find_tensor(f, name);
+    if (found) *found = t != NULL;
+    if (!t) {
+        if (optional) return TPI_OK;
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: tensor '%s' is missing", gguf_path(f), name);
+    }
+    if (t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return tpi_err(err, TPI_ERR_FORMAT,
+                       "%s: tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                       gguf_path(f), name, (long long)t->ne[0], (long long)t->ne[1],
+                       (long long)t->ne[2], (long long)t->ne[3], (long long)ne0, (long long)ne1);
+    const struct quant_traits *tr = quant_traits(t->type);
+    if (!tr || !tr->supported)
+        return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                       "%s: tensor '%s' has type %s, which tpinfer cannot compute with",
+                       gguf_path(f), name, quant_type_name(t->type));
+    if (ne0 % tr->blck_size != 0)
+        return tpi_err(err, TPI_ERR_FORMAT,
+                       "%s: tensor '%s' of type %s: row of %lld elements is not a whole number of "
+                       "%d-element blocks",
+                       gguf_path(f), name, tr->name, (long long)ne0, tr->blck_size);
+    return TPI_OK;
+}
+
+static int check_tensors(const struct model_config *c, const struct gguf_file *f,
+                         struct tpi_error *err) {
+    const int64_t q_dim = (int64_t)c->n_head * c->head_dim;
+    const int64_t k_dim = (int64_t)c->n_head_kv * c->head_dim;
+    const int64_t v_dim = (int64_t)c->n_head_kv * c->head_dim_v;
+    const int64_t o_in = (int64_t)c->n_head * c->head_dim_v;
+    int rc;
+    if ((rc = check_tensor(f, "token_embd.weight", c->n_embd, c->n_vocab, false, NULL, err)) ||
+        (rc = check_tensor(f, "output_norm.weight", c->n_embd, 1, false, NULL, err)))
+        return rc;
+    if (!c->tied_output &&
+        (rc = check_tensor(f, "output.weight", c->n_embd, c->n_vocab, false, NULL, err)))
+        return rc;
+    for (int l = 0; l < c->n_layer; l++) {
+        struct {
+            const char *suffix;
+            int64_t ne0, ne1;
+            bool want;
+        } list[] = {
+            {"attn_norm.weight", c->n_embd, 1, true},
+            {"attn_q.weight", c->n_embd, q_dim, true},
+            {"attn_k.weight", c->n_embd, k_dim, true},
+            {"attn_v.weight", c->n_embd, v_dim, true},
+            {"attn_q.bias", q_dim, 1, c->has_qkv_bias},
+            {"attn_k.bias", k_dim, 1, c->has_qkv_bias},
+            {"attn_v.bias", v_dim, 1, c->has_qkv_bias},
+            {"attn_q_norm.weight", c->head_dim, 1, c->has_qk_norm},
+            {"attn_k_norm.weight", c->head_dim, 1, c->has_qk_norm},
+            {"attn_output.weight", o_in, c->n_embd, true},
+            {"ffn_norm.weight", c->n_embd, 1, true},
+            {"ffn_gate.weight", c->n_embd, c->n_ff, true},
+            {"ffn_up.weight", c->n_embd, c->n_ff, true},
+            {"ffn_down.weight", c->n_ff, c->n_embd, true},
+        };
+        for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {
+            if (!list[i].want) continue;
+            char name[96];
+            snprintf(name, sizeof name, "blk.%d.%s", l, list[i].suffix);
+            if ((rc = check_tensor(f, name, list[i].ne0, list[i].ne1, false, NULL, err))) return rc;
+        }
+    }
+    return TPI_OK;
+}
+
+int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
+                           struct tpi_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    struct gguf_str arch;
+    if (!gguf_get_str(f, "general.architecture", &arch))
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key 'general.architecture' is missing",
+                       gguf_path(f));
+    if (arch.len == 5 && !memcmp(arch.data, "qwen2", 5)) {
+        cfg->arch = MODEL_ARCH_QWEN2;
+        cfg->has_qkv_bias = true;
+    } else if (arch.len == 5 && !memcmp(arch.data, "qwen3", 5)) {
+        cfg->arch = MODEL_ARCH_QWEN3;
+        cfg->has_qk_norm = true;
+    } else {
+        return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                       "%s: architecture '%.*s' is not supported (tpinfer runs dense qwen2 and "
+                       "qwen3 models)",
+                       gguf_path(f), (int)TPI_MIN(arch.len, 64), arch.data);
+    }
+    memcpy(cfg->arch_name, arch.data, arch.len);
+    const char *a = cfg->arch_name;
+
+    int rc;
+    if ((rc = get_int_key(f, a, "block_count", &cfg->n_layer, true, 0, err)) ||
+        (rc = get_int_key(f, a, "embedding_length", &cfg->n_embd, true, 0, err)) ||
+        (rc = get_int_key(f, a, "feed_forward_length", &cfg->n_ff, true, 0, err)) ||
+        (rc = get_int_key(f, a, "attention.head_count", &cfg->n_head, true, 0, err)) ||
+        (rc = get_int_key(f, a, "attention.head_count_kv", &cfg->n_head_kv, false, cfg->n_head,
+                          err)) ||
+        (rc = get_int_key(f, a, "context_length", &cfg->n_ctx_train, false, 4096, err)))
+        return rc;
+    // key_length is the real head size: Qwen3 has head_dim 128 with n_embd / n_head = 64
+    // for some sizes, so n_embd / n_head is only a fall-back for files without the key.
+    if ((rc = get_int_key(f, a, "attention.key_length", &cfg->head_dim, false,
+                          cfg->n_embd / cfg->n_head, err)) ||
+        (rc = get_int_key(f, a, "attention.value_length", &cfg->head_dim_v, false, cfg->head_dim,
+                          err)) ||
+        (rc = get_int_key(f, a, "rope.dimension_count", &cfg->n_rot, false, cfg->head_dim, err)))
+        return rc;
+    if ((rc = get_f32_key(f, a, "rope.freq_base", &cfg->rope_base, false, 10000.0f, err)) ||
+        (rc = get_f32_key(f, a, "attention.layer_norm_rms_epsilon", &cfg->rms_eps, false, 1e-6f,
+                          err)))
+        return rc;
+
+    // Rope scaling (YaRN, linear) changes every position's angle: running without it
+    // would give silently wrong logits past the trained context, so refuse instead.
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    struct gguf_str st;
+    if (gguf_get_str(f, key, &st) && !(st.len == 4 && !memcmp(st.data, "none", 4)))
+        return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                       "%s: rope scaling '%.*s' (%s) is not supported; use a GGUF without rope "
+                       "scaling",
+                       gguf_path(f), (int)TPI_MIN(st.len, 32), st.data, key);
+    // A factor without a type key is linear scaling to llama.cpp: refuse it too.
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+    float factor;
+    if (gguf_get_f32(f, key, &factor) && factor != 1.0f && factor != 0.0f) {
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        if (!gguf_find_kv(f, key))
+            return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                           "%s: rope scaling factor %g is not supported", gguf_path(f),
+                           (double)factor);
+    }
+
+    if (cfg->n_head % cfg->n_head_kv != 0)
+        return tpi_err(err, TPI_ERR_FORMAT,
+                       "%s: head_count %d is not a multiple of head_count_kv %d", gguf_path(f),
+                       cfg->n_head, cfg->n_head_kv);
+    if (cfg->head_dim_v != cfg->head_dim)
+        return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                       "%s: key_length %d != value_length %d is not supported", gguf_path(f),
+                       cfg->head_dim, cfg->head_dim_v);
+    if (cfg->n_rot > cfg->head_dim || cfg->n_rot % 2 != 0)
+        return tpi_err(err, TPI_ERR_FORMAT,
+                       "%s: rope.dimension_count %d must be even and at most the head size %d",
+                       gguf_path(f), cfg->n_rot, cfg->head_dim);
+
+    const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (!emb)
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: tensor 'token_embd.weight' is missing",
+                       gguf_path(f));
+    if (emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX)
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: token_embd.weight has %lld rows", gguf_path(f),
+                       (long long)emb->ne[1]);
+    cfg->n_vocab = (int)emb->ne[1];
+    cfg->tied_output = gguf_find_tensor(f, "output.weight") == NULL;
+    return check_tensors(cfg, f, err);
+}
+
+void model_config_describe(const struct model_config *c, char *buf, size_t n) {
+    snprintf(buf, n,
+             "%s: %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d, rope base %g%s",
+             c->arch_name, c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
+             c->n_vocab, (double)c->rope_base, c->tied_output ? ", tied output" : "");
+}

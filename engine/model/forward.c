@@ -1,0 +1,185 @@
+/*
+ * forward.c — the forward pass of one rank, written to show the parallelism:
+ * the layer loop runs over this stage's layers only, the activations arrive
+ * from the previous stage at the top (recv) and leave for the next at the
+ * bottom (send), and the two tensor-parallel all-reduces of each layer sit in
+ * the layer body where Megatron puts them — after the row-parallel attention
+ * output projection and after the row-parallel FFN down projection.
+ *
+ * Pipeline micro-batches: a batch is cut into micro-batches that every stage
+ * processes in the same order with blocking send/recv, so stage s computes
+ * micro-batch i while stage s+1 computes micro-batch i-1 (GPipe-style
+ * fill-drain for one forward). A row's result does not depend on how rows
+ * are grouped (ops.h), so the cut never changes the logits.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+/* Logits of the wanted rows of one micro-batch: output norm on those rows only,
+ * this rank's vocab slice of lm_head, then an all-gather over the TP group and the
+ * full vocabulary reassembled on the host. */
+static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_error *err) {
+    const struct ops *ops = m->ops;
+    struct ops_ctx *octx = m->octx;
+    const struct model_config *c = &m->cfg;
+    const struct model_plan *p = &m->plan;
+    struct model_state *s = &m->s;
+    const int n_embd = c->n_embd, n_vocab = c->n_vocab;
+
+    ops->get_rows(octx, s->x, s->rows_host, n_sel, n_embd, s->xo);
+    ops->rmsnorm(octx, s->xo, m->w.output_norm, s->xo, n_sel, n_embd, c->rms_eps);
+    ops->matmul(octx, &m->w.output, s->xo, s->logits_local, n_sel); // (n_sel, n_vocab_local)
+    if (!m->tp_comm) {
+        ops->to_host(octx, logits, s->logits_local, sizeof(float) * (size_t)n_sel * n_vocab);
+        return TPI_OK;
+    }
+    // Vocab ranges may be uneven: every rank sends n_vocab_pad floats per row (its real
+    // rows first, padding after) so the all-gather has one count; the host copy then
+    // picks each rank's real columns.
+    const size_t n_send = (size_t)n_sel * p->n_vocab_pad;
+    int rc = comm_allgather(m->tp_comm, s->logits_local, s->logits_gather, n_send, COMM_F32, err);
+    if (rc) return rc;
+    ops->to_host(octx, s->logits_host, s->logits_gather, sizeof(float) * n_send * p->tp);
+    for (int r = 0; r < p->tp; r++) {
+        int v0, nv;
+        model_vocab_range(n_vocab, p->tp, r, &v0, &nv);
+        const float *block = s->logits_host + (size_t)r * n_send;
+        for (int i = 0; i < n_sel; i++)
+            memcpy(logits + (size_t)i * n_vocab + v0, block + (size_t)i * nv,
+                   sizeof(float) * (size_t)nv);
+    }
+    return TPI_OK;
+}
+
+/* One micro-batch of n tokens through this stage. */
+static int forward_ubatch(struct model *m, const int32_t *tokens, const int32_t *pos,
+                          const int32_t *seq, int n, int n_sel, float *logits,
+                          struct tpi_error *err) {
+    const struct ops *ops = m->ops;
+    struct ops_ctx *octx = m->octx;
+    const struct model_config *c = &m->cfg;
+    const struct model_plan *p = &m->plan;
+    struct model_state *s = &m->s;
+    struct comm *tp_comm = m->tp_comm, *pp_comm = m->pp_comm;
+    const int n_embd = c->n_embd, hd = c->head_dim;
+    const int n_head = p->n_head_local, n_kv = p->n_kv_local;
+    const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
+    const int64_t n_ff = p->n_ff_local;
+    const float eps = c->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    int rc;
+
+    int max_pos = 0;
+    for (int t = 0; t < n; t++) max_pos = TPI_MAX(max_pos, pos[t] + 1);
+    ops->to_dev(octx, s->pos, pos, sizeof(int32_t) * (size_t)n);
+    ops->to_dev(octx, s->seq, seq, sizeof(int32_t) * (size_t)n);
+    const struct ops_batch b = {.n_tokens = n, .pos = s->pos, .seq = s->seq,
+                                .pos_host = pos, .seq_host = seq, .max_pos = max_pos};
+
+    // x: embeddings on stage 0, the previous stage's output elsewhere.
+    if (p->is_first) {
+        ops->to_dev(octx, s->tok, tokens, sizeof(int32_t) * (size_t)n);
+        ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
+    } else if ((rc = comm_recv(pp_comm, s->x, (size_t)n * n_embd, COMM_F32, p->pp_stage - 1, err))) {
+        return rc;
+    }
+
+    for (int il = 0; il < p->n_layer_stage; il++) {
+        const struct model_layer *L = &m->w.layers[il];
+
+        // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
+        ops->rmsnorm(octx, s->x, L->attn_norm, s->h, n, n_embd, eps);
+        ops->matmul(octx, &L->wq, s->h, s->q, n);
+        ops->matmul(octx, &L->wk, s->h, s->k, n);
+        ops->matmul(octx, &L->wv, s->h, s->v, n);
+        if (L->bq) { // qwen2
+            ops->add_bias(octx, s->q, L->bq, n, q_dim);
+            ops->add_bias(octx, s->k, L->bk, n, kv_dim);
+            ops->add_bias(octx, s->v, L->bv, n, kv_dim);
+        }
+        if (L->q_norm) { // qwen3: rmsnorm over each head's head_dim values
+            ops->rmsnorm(octx, s->q, L->q_norm, s->q, (int64_t)n * n_head, hd, eps);
+            ops->rmsnorm(octx, s->k, L->k_norm, s->k, (int64_t)n * n_kv, hd, eps);
+        }
+        ops->rope_neox(octx, s->q, &b, n_head, hd, c->n_rot, c->rope_base);
+        ops->rope_neox(octx, s->k, &b, n_kv, hd, c->n_rot, c->rope_base);
+        ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
+        ops->matmul(octx, &L->wo, s->att, s->o, n); // partial sum over this rank's heads
+        if (tp_comm && (rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
+            return rc;
+        ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
+
+        // ---- FFN: column-parallel gate/up, row-parallel down ----
+        ops->rmsnorm(octx, s->x, L->ffn_norm, s->h, n, n_embd, eps);
+        ops->matmul(octx, &L->w_gate, s->h, s->g, n);
+        ops->matmul(octx, &L->w_up, s->h, s->u, n);
+        ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
+        ops->matmul(octx, &L->w_down, s->g, s->o, n); // partial sum over this rank's columns
+        if (tp_comm && (rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
+            return rc;
+        ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
+    }
+
+    if (!p->is_last) {
+        if ((rc = comm_send(pp_comm, s->x, (size_t)n * n_embd, COMM_F32, p->pp_stage + 1, err)))
+            return rc;
+    } else if (n_sel > 0 && (rc = forward_logits(m, n_sel, logits, err))) {
+        return rc;
+    }
+    return ops->check(octx, err);
+}
+
+int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
+                  const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
+                  float *logits, struct tpi_error *err) {
+    const struct model_plan *p = &m->plan;
+    const int n_vocab = m->cfg.n_vocab;
+    double t0 = tpi_time_s();
+    // Arguments are the same on every rank, so these checks fail on all ranks alike.
+    if (n_tokens <= 0 || n_out < 0 || n_out > n_tokens)
+        return tpi_err(err, TPI_ERR_INVALID, "model_forward: %d tokens, %d outputs", n_tokens,
+                       n_out);
+    for (int t = 0; t < n_tokens; t++) {
+        if (pos[t] < 0 || pos[t] >= m->n_ctx)
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "token %d is at position %d, outside the context of %d positions "
+                           "(raise -c/--ctx-size)",
+                           t, pos[t], m->n_ctx);
+        if (seq[t] < 0 || seq[t] >= m->n_slot)
+            return tpi_err(err, TPI_ERR_INVALID, "token %d is in sequence %d of %d", t, seq[t],
+                           m->n_slot);
+        if (p->is_first && (tokens[t] < 0 || tokens[t] >= n_vocab))
+            return tpi_err(err, TPI_ERR_INVALID, "token %d has id %d, outside the vocabulary of %d",
+                           t, tokens[t], n_vocab);
+    }
+    for (int i = 0; i < n_out; i++)
+        if (out_idx[i] < 0 || out_idx[i] >= n_tokens || (i > 0 && out_idx[i] <= out_idx[i - 1]))
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "model_forward: output row %d (= %d) not ascending in [0, %d)", i,
+                           out_idx[i], n_tokens);
+    if (p->is_last && n_out > 0 && !logits)
+        return tpi_err(err, TPI_ERR_INVALID, "model_forward: no logits buffer");
+
+    // Micro-batch size: at most n_ubatch; with pp stages, about n_tokens / pp so every
+    // stage has work while the pipeline is full.
+    int ub = m->s.n_ubatch;
+    if (p->pp > 1) ub = TPI_MIN(ub, (n_tokens + p->pp - 1) / p->pp);
+    int i_out = 0;
+    for (int t0b = 0; t0b < n_tokens; t0b += ub) {
+        const int n = TPI_MIN(ub, n_tokens - t0b);
+        int n_sel = 0;
+        while (i_out + n_sel < n_out && out_idx[i_out + n_sel] < t0b + n) {
+            if (p->is_last) m->s.rows_host[n_sel] = out_idx[i_out + n_sel] - t0b;
+            n_sel++;
+        }
+        float *dst = p->is_last && n_sel > 0 ? logits + (size_t)i_out * n_vocab : NULL;
+        int rc = forward_ubatch(m, tokens ? tokens + t0b : NULL, pos + t0b, seq + t0b, n, n_sel,
+                                dst, err);
+        if (rc) return rc;
+        i_out += n_sel;
+    }
+    m->t_forward_s += tpi_time_s() - t0;
+    return TPI_OK;
+}

@@ -1,0 +1,230 @@
+/*
+ * model.c — build and free a rank's model: open the file, agree on the run
+ * identity, read the config, make the shard plan, upload the weights, allocate
+ * the KV cache and the activation buffers (sizes first, then one allocation
+ * each), and create the TP and PP communicators.
+ *
+ * Every fallible step ends in model_agree (grid_agree over the world), so a
+ * failure on one rank — a missing file, a bad tp — becomes the same one-line
+ * error on every rank, never a hang in a later collective.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "model.h"
+
+int model_agree(const struct model *m, int status, struct tpi_error *err) {
+    if (!m->grid) return status;
+    return grid_agree(m->grid, status, err);
+}
+
+int model_decider_rank(const struct model *m) {
+    if (!m->grid) return 0;
+    return grid_rank_of(m->grid, 0, m->grid->pp - 1);
+}
+
+bool model_has_logits(const struct model *m) { return m->plan.is_last; }
+
+static int bcast(const struct model *m, void *buf, int n, MPI_Datatype dt, int root,
+                 struct tpi_error *err) {
+    if (!m->grid || m->grid->world_size == 1 || n == 0) return TPI_OK;
+    int rc = MPI_Bcast(buf, n, dt, root, m->grid->world);
+    if (rc != MPI_SUCCESS)
+        return tpi_err(err, TPI_ERR_COMM, "rank %d: MPI_Bcast of %d items from rank %d failed",
+                       m->grid->world_rank, n, root);
+    return TPI_OK;
+}
+
+int model_bcast_i32(const struct model *m, int32_t *buf, int n, int root, struct tpi_error *err) {
+    return bcast(m, buf, n, MPI_INT32_T, root, err);
+}
+
+int model_bcast_f32(const struct model *m, float *buf, int n, int root, struct tpi_error *err) {
+    return bcast(m, buf, n, MPI_FLOAT, root, err);
+}
+
+int model_bcast_bytes(const struct model *m, void *buf, int n_bytes, int root,
+                      struct tpi_error *err) {
+    return bcast(m, buf, n_bytes, MPI_BYTE, root, err);
+}
+
+/* Allocate the activation buffers of one micro-batch. */
+static int state_alloc(struct model *m, int n_ubatch, struct tpi_error *err) {
+    const struct model_config *c = &m->cfg;
+    const struct model_plan *p = &m->plan;
+    struct model_state *s = &m->s;
+    const size_t nu = (size_t)n_ubatch;
+    const size_t q_dim = (size_t)p->n_head_local * c->head_dim;
+    const size_t kv_dim = (size_t)p->n_kv_local * c->head_dim;
+    s->n_ubatch = n_ubatch;
+    struct {
+        void **ptr;
+        size_t n_bytes;
+    } bufs[] = {
+        {(void **)&s->x, nu * c->n_embd * sizeof(float)},
+        {(void **)&s->h, nu * c->n_embd * sizeof(float)},
+        {(void **)&s->q, nu * q_dim * sizeof(float)},
+        {(void **)&s->k, nu * kv_dim * sizeof(float)},
+        {(void **)&s->v, nu * kv_dim * sizeof(float)},
+        {(void **)&s->att, nu * q_dim * sizeof(float)},
+        {(void **)&s->o, nu * c->n_embd * sizeof(float)},
+        {(void **)&s->g, nu * p->n_ff_local * sizeof(float)},
+        {(void **)&s->u, nu * p->n_ff_local * sizeof(float)},
+        {(void **)&s->tok, nu * sizeof(int32_t)},
+        {(void **)&s->pos, nu * sizeof(int32_t)},
+        {(void **)&s->seq, nu * sizeof(int32_t)},
+        {(void **)&s->xo, p->is_last ? nu * c->n_embd * sizeof(float) : 0},
+        {(void **)&s->logits_local, p->is_last ? nu * p->n_vocab_pad * sizeof(float) : 0},
+        {(void **)&s->logits_gather,
+         p->is_last && p->tp > 1 ? (size_t)p->tp * nu * p->n_vocab_pad * sizeof(float) : 0},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        if (!bufs[i].n_bytes) continue;
+        *bufs[i].ptr = m->ops->alloc(m->octx, bufs[i].n_bytes);
+        if (!*bufs[i].ptr)
+            return tpi_err(err, TPI_ERR_NOMEM,
+                           "out of backend memory for %zu bytes of activations (--ubatch %d)",
+                           bufs[i].n_bytes, n_ubatch);
+    }
+    if (p->is_last) {
+        size_t n = (size_t)p->tp * nu * p->n_vocab_pad;
+        s->logits_host = malloc(n * sizeof(float));
+        s->rows_host = malloc(nu * sizeof(int32_t));
+        if (!s->logits_host || !s->rows_host)
+            return tpi_err(err, TPI_ERR_NOMEM, "out of memory for %zu logits", n);
+    }
+    return TPI_OK;
+}
+
+static void state_free(struct model *m) {
+    struct model_state *s = &m->s;
+    void **ptrs[] = {(void **)&s->x,   (void **)&s->h,   (void **)&s->q,   (void **)&s->k,
+                     (void **)&s->v,   (void **)&s->att, (void **)&s->o,   (void **)&s->g,
+                     (void **)&s->u,   (void **)&s->tok, (void **)&s->pos, (void **)&s->seq,
+                     (void **)&s->xo,  (void **)&s->logits_local, (void **)&s->logits_gather};
+    for (size_t i = 0; i < sizeof ptrs / sizeof ptrs[0]; i++) {
+        if (*ptrs[i] && m->octx) m->ops->dealloc(m->octx, *ptrs[i]);
+        *ptrs[i] = NULL;
+    }
+    free(s->logits_host);
+    s->logits_host = NULL;
+    free(s->rows_host);
+    s->rows_host = NULL;
+}
+
+/* Open the model and check the identity of the run across ranks. */
+static int open_and_check(struct model *m, const struct model_params *p, struct tpi_error *err) {
+    int rc = gguf_open(p->path, &m->gguf, err);
+    if ((rc = model_agree(m, rc, err))) return rc;
+    if (!m->grid) return TPI_OK;
+    struct run_identity id = {
+        .model_size = gguf_total_size(m->gguf),
+        .metadata_hash = gguf_metadata_hash(m->gguf),
+        .tp = m->grid->tp,
+        .pp = m->grid->pp,
+        .backend = strcmp(m->ops->name, "cuda") == 0 ? 1 : 0,
+        .comm = (int32_t)p->comm,
+        .n_ctx = p->n_ctx,
+        .seed = p->seed,
+    };
+    return grid_check_identity(m->grid, &id, err);
+}
+
+int model_load(struct model **out, const struct model_params *p, const struct tpi_grid *grid,
+               struct tpi_error *err) {
+    *out = NULL;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) return tpi_err(err, TPI_ERR_NOMEM, "out of memory for the model");
+    m->grid = grid;
+    const int tp = grid ? grid->tp : 1, pp = grid ? grid->pp : 1;
+    const int tp_rank = grid ? grid->tp_rank : 0, pp_stage = grid ? grid->pp_stage : 0;
+    const int world_rank = grid ? grid->world_rank : 0;
+    double t0 = tpi_time_s();
+    int rc = TPI_OK;
+
+    // Backend first: the identity includes it, and a rank without a GPU must fail
+    // together with the others.
+    m->ops = ops_by_name(p->backend ? p->backend : "cpu", err);
+    if (!m->ops) rc = err->status;
+    if ((rc = model_agree(m, rc, err))) goto fail;
+    if ((rc = open_and_check(m, p, err))) goto fail;
+
+    rc = model_config_from_gguf(&m->cfg, m->gguf, err);
+    if ((rc = model_agree(m, rc, err))) goto fail;
+    rc = model_plan_make(&m->plan, &m->cfg, tp, pp, tp_rank, pp_stage, p->pp_layers,
+                         p->n_pp_layers, err);
+    if ((rc = model_agree(m, rc, err))) goto fail;
+
+    m->n_ctx = p->n_ctx > 0 ? p->n_ctx : TPI_MIN(4096, m->cfg.n_ctx_train);
+    m->n_slot = p->n_slot > 0 ? p->n_slot : 1;
+    int n_ubatch = p->n_ubatch > 0 ? p->n_ubatch : 512;
+
+    struct ops_config oc = {.n_threads = p->n_threads, .device = 0};
+    if (grid && strcmp(m->ops->name, "cuda") == 0) {
+        int n_dev = 0;
+        ops_cuda_available(&n_dev);
+        oc.device = n_dev > 0 ? grid->local_rank % n_dev : 0;
+    }
+    rc = m->ops->init(&m->octx, &oc, err);
+    if ((rc = model_agree(m, rc, err))) goto fail;
+
+    rc = model_weights_load(m, err);
+    if (!rc) rc = m->ops->check(m->octx, err);
+    if ((rc = model_agree(m, rc, err))) goto fail;
+
+    rc = m->ops->kv_init(m->octx, &m->kv, m->plan.n_layer_stage, m->n_slot, m->n_ctx,
+                         m->plan.n_kv_local, m->cfg.head_dim, err);
+    if (!rc) rc = state_alloc(m, n_ubatch, err);
+    if ((rc = model_agree(m, rc, err))) goto fail;
+
+    // Communicators: creation is collective over each group; every rank calls it
+    // whatever happened locally so no group waits forever on a missing member.
+    double timeout = p->comm_timeout_s > 0 ? p->comm_timeout_s : 60.0;
+    if (tp > 1) {
+        rc = comm_create(&m->tp_comm, p->comm, grid->tp_comm, m->ops, m->octx, timeout, err);
+        if ((rc = model_agree(m, rc, err))) goto fail;
+    }
+    if (pp > 1) {
+        rc = comm_create(&m->pp_comm, p->comm, grid->pp_comm, m->ops, m->octx, timeout, err);
+        if ((rc = model_agree(m, rc, err))) goto fail;
+    }
+
+    if (!p->quiet) {
+        char desc[256];
+        model_config_describe(&m->cfg, desc, sizeof desc);
+        if (world_rank == 0) TPI_LOGI("model %s: %s", p->path, desc);
+        const struct model_plan *pl = &m->plan;
+        TPI_LOGI("rank %d (tp %d/%d, stage %d/%d): layers [%d, %d), heads [%d, %d), kv heads "
+                 "[%d, %d)%s, vocab [%d, %d): weights %.2f MiB (%.2f MiB replicated), KV cache "
+                 "%.2f MiB for %d x %d positions, %s, loaded in %.2f s",
+                 world_rank, tp_rank, tp, pp_stage, pp, pl->layer0,
+                 pl->layer0 + pl->n_layer_stage, pl->head0, pl->head0 + pl->n_head_local,
+                 pl->kv_head0, pl->kv_head0 + pl->n_kv_local, pl->kv_replicated ? " replicated" : "",
+                 pl->vocab0, pl->vocab0 + pl->n_vocab_local, m->w.n_bytes / 1048576.0,
+                 m->w.n_bytes_replicated / 1048576.0, m->kv.n_bytes / 1048576.0, m->n_slot,
+                 m->n_ctx, m->ops->device_name(m->octx), tpi_time_s() - t0);
+    }
+    *out = m;
+    return TPI_OK;
+fail:
+    model_free(&m);
+    return rc;
+}
+
+void model_free(struct model **pm) {
+    struct model *m = pm ? *pm : NULL;
+    if (!m) return;
+    comm_free(&m->tp_comm);
+    comm_free(&m->pp_comm);
+    if (m->octx) {
+        state_free(m);
+        if (m->kv.k || m->kv.v) m->ops->kv_free(m->octx, &m->kv);
+        model_weights_free(m);
+        m->ops->free(&m->octx);
+    }
+    gguf_close(&m->gguf);
+    free(m);
+    *pm = NULL;
+}

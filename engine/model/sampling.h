@@ -1,0 +1,65 @@
+/*
+ * sampling.h — choosing the next token from a row of logits, with llama.cpp's
+ * semantics and order: repetition penalty over the last n tokens, then top-k,
+ * top-p, min-p, temperature, and a draw from the softmax; temperature <= 0 is
+ * greedy (argmax of the penalized logits). The random draw uses the sampler's
+ * own PRNG (splitmix64), so a seed makes a run repeatable on any platform.
+ * Also the log-softmax top-K of raw logits, for --logprobs.
+ */
+#ifndef SAMPLING_H
+#define SAMPLING_H
+
+#include <stdint.h>
+
+#include "tpi.h"
+
+struct sampler_params {
+    float temp;           /* <= 0: greedy */
+    int top_k;            /* <= 0: off */
+    float top_p;          /* >= 1: off */
+    float min_p;          /* <= 0: off */
+    float repeat_penalty; /* 1: off; > 1 discourages repeats (llama.cpp's formula) */
+    int repeat_last_n;    /* tokens the penalty looks back over (0: off) */
+    uint64_t seed;
+};
+
+/* llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, penalty 1.0 over 64. */
+void sampler_params_default(struct sampler_params *p);
+
+struct sampler_cand {
+    int32_t id;
+    float logit;
+};
+
+struct sampler {
+    struct sampler_params p;
+    int n_vocab;
+    uint64_t rng;              /* splitmix64 state */
+    int32_t *hist;             /* ring of the last repeat_last_n accepted tokens */
+    int n_hist, hist_next;
+    struct sampler_cand *cand; /* (n_vocab) scratch */
+    uint8_t *seen;             /* (n_vocab) scratch for the penalty */
+};
+
+/* Set up a sampler over n_vocab logits; free with sampler_free. Errors: OOM, bad params. */
+int sampler_init(struct sampler *s, const struct sampler_params *p, int n_vocab,
+                 struct tpi_error *err);
+void sampler_free(struct sampler *s);
+
+/* Record a token in the penalty history (prompt tokens too, as llama.cpp does). */
+void sampler_accept(struct sampler *s, int32_t id);
+
+/* Choose a token from logits (n_vocab floats, not modified). Does not accept it. */
+int32_t sampler_sample(struct sampler *s, const float *logits);
+
+/* Uniform double in [0, 1) from the sampler's PRNG. */
+double sampler_uniform(struct sampler *s);
+
+/* The k most likely tokens of log_softmax(logits), best first (ties: lower id first):
+ * ids[0..k) and logprobs[0..k). Returns min(k, n_vocab). */
+int sampler_top_logprobs(const float *logits, int n_vocab, int k, int32_t *ids, float *logprobs);
+
+/* log_softmax(logits)[id]. */
+float sampler_logprob_of(const float *logits, int n_vocab, int32_t id);
+
+#endif /* SAMPLING_H */

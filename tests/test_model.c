@@ -1,0 +1,451 @@
+/*
+ * test_model.c — the Qwen2/Qwen3 forward pass against llama.cpp's own CPU run of
+ * the tiny models (../shared/data/NAME.ref.json) and against llama-perplexity.
+ *
+ * Usage (one ctest test per model and mode, so ctest -j spreads them):
+ *   test_model logits NAME          top-1 / top-10 / last_logits / greedy vs NAME.ref.json
+ *   test_model ppl NAME PPL_REF     perplexity of ppl-text.txt with -c 128 vs llama.cpp
+ *   test_model unit                 config, plan and sampling checks (no reference data)
+ *
+ * Tolerances. llama.cpp's reference quantizes activations to 8 bits (Q8_0/Q8_K)
+ * before dot products with quantized weights, rounds them to f16/bf16 for F16/BF16
+ * weights, and keeps K/V in f16; we keep f32 activations and an f32 cache. Those
+ * roundings are relative errors of ~2^-8 (8-bit) or ~2^-9..2^-11 (bf16/f16) per
+ * product input that average out over the dot products but accumulate over layers;
+ * the logits here are O(10), so the measured gap (printed per model) is a few
+ * hundredths to a few tenths. The bounds below are ~2-3x the measured maxima:
+ * tight enough that a wrong rope, norm, bias or head split (which moves logits by
+ * whole units) fails, loose enough for rounding. Top-1 ids are compared only where
+ * the reference's top-1/top-2 gap exceeds 0.1, top-10 sets apart from ids within
+ * TIE_TOL of the 10th logit, greedy tokens up to the first step whose reference
+ * margin is under 0.1 (README of the data).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "model/model.h"
+#include "model/perplexity.h"
+#include "model/sampling.h"
+#include "testutil.h"
+#include "text/tokenizer.h"
+
+static const char *g_name;   /* model name, e.g. "qwen3-tiny-bf16" */
+static double g_ppl_ref;     /* llama.cpp's perplexity */
+
+/* Per model: the max |ours - llama.cpp| over last_logits allowed (atol), and the
+ * smallest reference margin (top-1 minus top-2 logit) at which top-1 ids and greedy
+ * steps must agree (margin). Measured max abs errors (all 5 prompts' last_logits):
+ *   qwen2-tiny-f16 0.044, qwen3-tiny-bf16 0.038      (f16/bf16 activation rounding)
+ *   qwen3-tiny-q8_0 0.16, qwen2-tiny-q4_0 0.56        (Q8_0: 8-bit, 32-element blocks)
+ *   qwen3-tiny-q4_k_m 0.25, qwen3-tiny-q6_k 0.22,
+ *   qwen2-tiny-q5_k_m 0.89                            (Q8_K: 8-bit, 256-element blocks)
+ * The ordering is the signature of llama.cpp's activation quantization, not of the
+ * weight format: Q5_K weights are finer than Q4_0, yet q5_k_m is further off,
+ * because K-quant dot products round activations in 256-element blocks (coarser
+ * scales) where Q4_0/Q8_0 use 32. The qwen2 models' logits are ~2x larger (tied,
+ * large output projection), hence their larger absolute errors. atol is ~2x the
+ * measured maximum. For the quantized models the data README's 0.1 margin is below
+ * llama.cpp's own rounding error, so the margin is set to about the measured max
+ * error: a top-1 flip needs the two logits to move by that much in opposite
+ * directions. */
+struct model_tol {
+    const char *name;
+    double atol, margin;
+};
+static const struct model_tol tols[] = {
+    {"qwen2-tiny-f16", 0.10, 0.1},    {"qwen3-tiny-bf16", 0.10, 0.1},
+    {"qwen3-tiny-q8_0", 0.35, 0.2},   {"qwen2-tiny-q4_0", 1.2, 0.6},
+    {"qwen3-tiny-q4_k_m", 0.5, 0.3},  {"qwen3-tiny-q6_k", 0.5, 0.3},
+    {"qwen2-tiny-q5_k_m", 1.8, 0.9},
+};
+static const struct model_tol *tol_of(const char *name) {
+    for (size_t i = 0; i < sizeof tols / sizeof tols[0]; i++)
+        if (!strcmp(tols[i].name, name)) return &tols[i];
+    return &tols[sizeof tols / sizeof tols[0] - 1]; // unknown model: the loosest
+}
+static double logit_atol(const char *name) {
+    if (getenv("TEST_MODEL_ATOL")) return atof(getenv("TEST_MODEL_ATOL")); // for measuring
+    return tol_of(name)->atol;
+}
+static double margin_min(const char *name) {
+    if (getenv("TEST_MODEL_MARGIN")) return atof(getenv("TEST_MODEL_MARGIN")); // for measuring
+    return tol_of(name)->margin;
+}
+/* ids this close to the 10th logit (or within the margin) may swap in/out of the top 10 */
+#define TIE_TOL 0.25
+
+static struct model *load(const char *path, int n_ctx) {
+    // One thread: ctest -j2 runs two tests at once on the 2-core CI machine.
+    struct model_params p = {.path = path, .backend = "cpu", .n_threads = 1, .n_ctx = n_ctx,
+                             .quiet = true};
+    struct model *m = NULL;
+    struct tpi_error err = {0};
+    int rc = model_load(&m, &p, NULL, &err);
+    ck_assert_msg(rc == TPI_OK, "model_load(%s): %s", path, err.msg);
+    return m;
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Our top-10 ids (best first). */
+static void top10(const float *x, int n, int32_t *ids) {
+    float lp[10];
+    sampler_top_logprobs(x, n, 10, ids, lp);
+}
+
+START_TEST(test_logits_vs_llamacpp) {
+    char file[256];
+    snprintf(file, sizeof file, "%s.gguf", g_name);
+    const char *gguf = tu_data_or_skip(file);
+    snprintf(file, sizeof file, "%s.ref.json", g_name);
+    const char *refp = tu_data_or_skip(file);
+    ck_assert(gguf && refp);
+    cJSON *ref = tu_read_json(refp);
+    ck_assert_ptr_nonnull(ref);
+    struct model *m = load(gguf, 256);
+    const int n_vocab = m->cfg.n_vocab;
+    ck_assert_int_eq(n_vocab, cJSON_GetObjectItem(ref, "n_vocab")->valueint);
+    struct tpi_error err = {0};
+
+    double max_abs = 0, max_rel = 0, sum_sq = 0, sum_ref_sq = 0;
+    int n_top1 = 0, n_top1_checked = 0, n_greedy_checked = 0, n_top10_bad = 0;
+    const cJSON *prompts = cJSON_GetObjectItem(ref, "prompts");
+    const cJSON *pr;
+    cJSON_ArrayForEach(pr, prompts) {
+        const cJSON *jt = cJSON_GetObjectItem(pr, "tokens");
+        const int n = cJSON_GetArraySize(jt);
+        int32_t *tok = malloc(sizeof(int32_t) * n), *pos = malloc(sizeof(int32_t) * n);
+        int32_t *seq = calloc(n, sizeof(int32_t)), *rows = malloc(sizeof(int32_t) * n);
+        float *logits = malloc(sizeof(float) * (size_t)n * n_vocab);
+        for (int i = 0; i < n; i++) {
+            tok[i] = cJSON_GetArrayItem(jt, i)->valueint;
+            pos[i] = rows[i] = i;
+        }
+        int rc = model_forward(m, tok, pos, seq, n, rows, n, logits, &err);
+        ck_assert_msg(rc == TPI_OK, "forward: %s", err.msg);
+
+        // Top-1 where the reference is decisive; top-10 sets apart from near-ties.
+        const cJSON *jtop = cJSON_GetObjectItem(pr, "top10");
+        for (int i = 0; i < n; i++) {
+            const cJSON *row = cJSON_GetArrayItem(jtop, i);
+            int ref1 = cJSON_GetArrayItem(cJSON_GetArrayItem(row, 0), 0)->valueint;
+            double g = cJSON_GetArrayItem(cJSON_GetArrayItem(row, 0), 1)->valuedouble -
+                       cJSON_GetArrayItem(cJSON_GetArrayItem(row, 1), 1)->valuedouble;
+            const float *x = logits + (size_t)i * n_vocab;
+            if (g > margin_min(g_name)) {
+                n_top1_checked++;
+                int got = argmax(x, n_vocab);
+                if (got == ref1) n_top1++;
+                else
+                    fprintf(stderr, "%s: prompt pos %d: top-1 %d, llama.cpp %d (gap %.3f)\n",
+                            g_name, i, got, ref1, g);
+            }
+            int32_t ours[10];
+            top10(x, n_vocab, ours);
+            float tenth = x[ours[9]];
+            for (int a = 0; a < 10; a++) {
+                int id = cJSON_GetArrayItem(cJSON_GetArrayItem(row, a), 0)->valueint;
+                bool in = false;
+                for (int b = 0; b < 10; b++) in |= ours[b] == id;
+                if (!in && fabsf(x[id] - tenth) > fmax(TIE_TOL, margin_min(g_name))) {
+                    n_top10_bad++;
+                    fprintf(stderr, "%s: pos %d: llama.cpp top-10 id %d (ours %.3f) not in our "
+                            "top-10 (10th %.3f)\n", g_name, i, id, x[id], tenth);
+                }
+            }
+        }
+
+        // last_logits: all logits at the last position.
+        const cJSON *jl = cJSON_GetObjectItem(pr, "last_logits");
+        const float *x = logits + (size_t)(n - 1) * n_vocab;
+        float *want = malloc(sizeof(float) * n_vocab);
+        for (int v = 0; v < n_vocab; v++) want[v] = (float)cJSON_GetArrayItem(jl, v)->valuedouble;
+        for (int v = 0; v < n_vocab; v++) {
+            double d = fabs((double)x[v] - want[v]);
+            max_abs = fmax(max_abs, d);
+            max_rel = fmax(max_rel, d / fmax(fabs(want[v]), 1.0));
+            sum_sq += d * d;
+            sum_ref_sq += (double)want[v] * want[v];
+        }
+        ck_assert_uint_eq(tu_compare(g_name, x, want, n_vocab, logit_atol(g_name), 0.0), 0);
+
+        // Greedy continuation up to the first low-margin step.
+        const cJSON *jg = cJSON_GetObjectItem(pr, "greedy");
+        const cJSON *jm = cJSON_GetObjectItem(pr, "greedy_margins");
+        int next = argmax(x, n_vocab);
+        for (int j = 0; j < cJSON_GetArraySize(jg); j++) {
+            if (cJSON_GetArrayItem(jm, j)->valuedouble < margin_min(g_name)) break;
+            int want_id = cJSON_GetArrayItem(jg, j)->valueint;
+            ck_assert_msg(next == want_id, "%s: greedy step %d: got %d, llama.cpp %d (margin %.3f)",
+                          g_name, j, next, want_id, cJSON_GetArrayItem(jm, j)->valuedouble);
+            n_greedy_checked++;
+            int32_t p1 = n + j, s1 = 0, r1 = 0, t1 = next;
+            rc = model_forward(m, &t1, &p1, &s1, 1, &r1, 1, logits, &err);
+            ck_assert_msg(rc == TPI_OK, "forward: %s", err.msg);
+            next = argmax(logits, n_vocab);
+        }
+        free(want);
+        free(tok);
+        free(pos);
+        free(seq);
+        free(rows);
+        free(logits);
+    }
+    fprintf(stderr,
+            "%s: last_logits max abs err %.4f, max rel err %.4f (|ref| >= 1), nmse %.2e; top-1 "
+            "%d/%d; greedy steps checked %d\n",
+            g_name, max_abs, max_rel, sum_sq / sum_ref_sq, n_top1, n_top1_checked,
+            n_greedy_checked);
+    ck_assert_int_eq(n_top1, n_top1_checked);
+    ck_assert_int_eq(n_top10_bad, 0);
+    model_free(&m);
+    cJSON_Delete(ref);
+}
+END_TEST
+
+START_TEST(test_perplexity_vs_llamacpp) {
+    char file[256];
+    snprintf(file, sizeof file, "%s.gguf", g_name);
+    const char *gguf = tu_data_or_skip(file);
+    const char *textp = tu_data_or_skip("ppl-text.txt");
+    ck_assert(gguf && textp);
+    struct model *m = load(gguf, 128);
+    struct tokenizer *tok = NULL;
+    struct tpi_error err = {0};
+    ck_assert_msg(tok_load(m->gguf, &tok, &err) == TPI_OK, "tok_load: %s", err.msg);
+    size_t n_text;
+    char *text = tu_read_file(textp, &n_text);
+    int32_t *ids;
+    int n_ids;
+    ck_assert_msg(tok_encode(tok, text, n_text, true, &ids, &n_ids, &err) == TPI_OK, "%s", err.msg);
+    struct ppl_result r;
+    double t0 = tpi_time_s();
+    int rc = model_perplexity(m, ids, n_ids, 128, tok_add_bos(tok) ? tok_bos(tok) : -1, NULL, NULL,
+                              &r, &err);
+    ck_assert_msg(rc == TPI_OK, "perplexity: %s", err.msg);
+    double d = fabs(log(r.ppl) - log(g_ppl_ref));
+    fprintf(stderr, "%s: %d tokens, %d windows, PPL = %.4f +/- %.4f, llama.cpp %.2f, |d ln PPL| = "
+            "%.5f (%.1f s)\n", g_name, n_ids, r.n_windows, r.ppl, r.ppl_err, g_ppl_ref, d,
+            tpi_time_s() - t0);
+    ck_assert_int_eq(r.n_windows, 95);
+    ck_assert_msg(d < 0.01, "|ln PPL - ln PPL_ref| = %.5f", d);
+    free(ids);
+    free(text);
+    tok_free(&tok);
+    model_free(&m);
+}
+END_TEST
+
+/* ---- unit checks without reference data ---- */
+
+static struct model_config tiny_cfg(int n_head, int n_kv, int n_layer) {
+    struct model_config c = {.n_layer = n_layer, .n_embd = 512, .n_ff = 1024, .n_head = n_head,
+                             .n_head_kv = n_kv, .head_dim = 64, .head_dim_v = 64, .n_rot = 64,
+                             .n_vocab = 2049};
+    return c;
+}
+
+START_TEST(test_plan) {
+    struct model_plan p;
+    struct tpi_error err = {0};
+    struct model_config c = tiny_cfg(8, 4, 4);
+    // tp = 2: heads and KV heads split.
+    ck_assert_int_eq(model_plan_make(&p, &c, 2, 1, 1, 0, NULL, 0, &err), TPI_OK);
+    ck_assert_int_eq(p.head0, 4);
+    ck_assert_int_eq(p.n_head_local, 4);
+    ck_assert_int_eq(p.kv_head0, 2);
+    ck_assert_int_eq(p.n_kv_local, 2);
+    ck_assert(!p.kv_replicated);
+    // tp = 8 > 4 KV heads: ranks 2k, 2k+1 share KV head k.
+    for (int r = 0; r < 8; r++) {
+        ck_assert_int_eq(model_plan_make(&p, &c, 8, 1, r, 0, NULL, 0, &err), TPI_OK);
+        ck_assert_int_eq(p.n_kv_local, 1);
+        ck_assert_int_eq(p.kv_head0, r / 2);
+        ck_assert(p.kv_replicated);
+        // query head r reads KV head r / (8 / 4): the same one.
+        ck_assert_int_eq(p.head0 / (c.n_head / c.n_head_kv), p.kv_head0);
+    }
+    // tp = 3: clear error naming heads and suggesting pp.
+    ck_assert_int_eq(model_plan_make(&p, &c, 3, 1, 0, 0, NULL, 0, &err), TPI_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "8 attention heads"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "--pp"));
+    // 12 heads / 4 KV at tp = 6: heads split, KV neither split nor replicable.
+    struct model_config c2 = tiny_cfg(12, 4, 4);
+    ck_assert_int_eq(model_plan_make(&p, &c2, 6, 1, 0, 0, NULL, 0, &err), TPI_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "KV heads"));
+    // pp > layers.
+    ck_assert_int_eq(model_plan_make(&p, &c, 1, 5, 0, 0, NULL, 0, &err), TPI_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "4 layers"));
+    // Balanced layers 4 over 3 stages: 2, 1, 1.
+    int l0[3], n[3];
+    for (int s = 0; s < 3; s++) {
+        ck_assert_int_eq(model_plan_make(&p, &c, 1, 3, 0, s, NULL, 0, &err), TPI_OK);
+        l0[s] = p.layer0;
+        n[s] = p.n_layer_stage;
+    }
+    ck_assert_int_eq(l0[0], 0);
+    ck_assert_int_eq(n[0], 2);
+    ck_assert_int_eq(l0[1], 2);
+    ck_assert_int_eq(l0[2], 3);
+    ck_assert_int_eq(n[2], 1);
+    int layers[2] = {3, 1};
+    ck_assert_int_eq(model_plan_make(&p, &c, 1, 2, 0, 1, layers, 2, &err), TPI_OK);
+    ck_assert_int_eq(p.layer0, 3);
+    int bad[2] = {2, 1};
+    ck_assert_int_eq(model_plan_make(&p, &c, 1, 2, 0, 1, bad, 2, &err), TPI_ERR_INVALID);
+    // Uneven vocab (2049 over 4): ranges tile [0, 2049).
+    int next = 0;
+    for (int r = 0; r < 4; r++) {
+        int v0, nv;
+        model_vocab_range(2049, 4, r, &v0, &nv);
+        ck_assert_int_eq(v0, next);
+        ck_assert(nv == 512 || nv == 513);
+        next = v0 + nv;
+    }
+    ck_assert_int_eq(next, 2049);
+}
+END_TEST
+
+START_TEST(test_sampling) {
+    struct sampler s;
+    struct sampler_params p;
+    struct tpi_error err = {0};
+    float logits[6] = {1.0f, 3.0f, -2.0f, 2.5f, 0.0f, 2.9f};
+    sampler_params_default(&p);
+    p.temp = 0;
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_free(&s);
+    // Repetition penalty 2 on token 1 (3.0 -> 1.5): greedy picks 5 (2.9).
+    p.repeat_penalty = 2.0f;
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    sampler_accept(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 5);
+    // Negative logits are multiplied: token 2 (-2 -> -4) stays last.
+    sampler_free(&s);
+    // top-k 1 at any temperature is greedy.
+    sampler_params_default(&p);
+    p.top_k = 1;
+    p.temp = 5.0f;
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    for (int i = 0; i < 20; i++) ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_free(&s);
+    // Same seed, same draws; the draws follow the softmax (temp 1, no filters).
+    p = (struct sampler_params){.temp = 1.0f, .top_p = 1.0f, .repeat_penalty = 1.0f, .seed = 42};
+    struct sampler s2;
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    ck_assert_int_eq(sampler_init(&s2, &p, 6, &err), TPI_OK);
+    int counts[6] = {0};
+    const int N = 20000;
+    for (int i = 0; i < N; i++) {
+        int a = sampler_sample(&s, logits);
+        ck_assert_int_eq(a, sampler_sample(&s2, logits));
+        counts[a]++;
+    }
+    double z = 0;
+    for (int i = 0; i < 6; i++) z += exp(logits[i]);
+    for (int i = 0; i < 6; i++) {
+        double want = exp(logits[i]) / z * N;
+        ck_assert_msg(fabs(counts[i] - want) < 5 * sqrt(want) + 5, "token %d: %d draws, want %.0f",
+                      i, counts[i], want);
+    }
+    sampler_free(&s);
+    sampler_free(&s2);
+    // min-p 0.5: only tokens with p >= 0.5 p_max (logit >= 3 - ln 2): ids 1, 3, 5.
+    p = (struct sampler_params){.temp = 1.0f, .top_p = 1.0f, .min_p = 0.5f, .repeat_penalty = 1.0f,
+                                .seed = 7};
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    for (int i = 0; i < 500; i++) {
+        int a = sampler_sample(&s, logits);
+        ck_assert(a == 1 || a == 3 || a == 5);
+    }
+    sampler_free(&s);
+    // top-p 0.5: p(1) = 0.37, p(5) = 0.33: keeps {1, 5}.
+    p = (struct sampler_params){.temp = 1.0f, .top_p = 0.5f, .repeat_penalty = 1.0f, .seed = 9};
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    for (int i = 0; i < 500; i++) {
+        int a = sampler_sample(&s, logits);
+        ck_assert(a == 1 || a == 5);
+    }
+    sampler_free(&s);
+    // Logprobs: best first, normalised.
+    int32_t ids[3];
+    float lp[3];
+    ck_assert_int_eq(sampler_top_logprobs(logits, 6, 3, ids, lp), 3);
+    ck_assert_int_eq(ids[0], 1);
+    ck_assert_int_eq(ids[1], 5);
+    ck_assert_int_eq(ids[2], 3);
+    ck_assert_double_eq_tol(lp[0], 3.0 - log(z), 1e-5);
+    ck_assert_double_eq_tol(sampler_logprob_of(logits, 6, 2), -2.0 - log(z), 1e-5);
+}
+END_TEST
+
+START_TEST(test_config_errors) {
+    // qwen3-tiny: config read from metadata, every tensor checked.
+    const char *path = tu_data_path("qwen3-tiny-q4_k_m.gguf");
+    if (!path) return; // data missing: nothing to check here (main prints SKIP for data tests)
+    struct gguf_file *f = NULL;
+    struct tpi_error err = {0};
+    ck_assert_int_eq(gguf_open(path, &f, &err), TPI_OK);
+    struct model_config c;
+    ck_assert_msg(model_config_from_gguf(&c, f, &err) == TPI_OK, "%s", err.msg);
+    ck_assert_int_eq(c.arch, MODEL_ARCH_QWEN3);
+    ck_assert_int_eq(c.n_layer, 4);
+    ck_assert_int_eq(c.n_embd, 512);
+    ck_assert_int_eq(c.n_head, 8);
+    ck_assert_int_eq(c.n_head_kv, 4);
+    ck_assert_int_eq(c.head_dim, 64);
+    ck_assert_int_eq(c.n_ff, 1024);
+    ck_assert_int_eq(c.n_vocab, 2048);
+    ck_assert(!c.tied_output);
+    ck_assert(c.has_qk_norm);
+    ck_assert_double_eq_tol(c.rope_base, 1e6, 1);
+    gguf_close(&f);
+    // A vocabulary-only GGUF: no tensors, so the config names the missing one.
+    const char *vocab = tu_data_path("qwen3-vocab.gguf");
+    if (vocab) {
+        ck_assert_int_eq(gguf_open(vocab, &f, &err), TPI_OK);
+        int rc = model_config_from_gguf(&c, f, &err);
+        ck_assert_int_ne(rc, TPI_OK);
+        fprintf(stderr, "expected error: %s\n", err.msg);
+        gguf_close(&f);
+    }
+}
+END_TEST
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "unit";
+    Suite *s = suite_create("model");
+    TCase *tc = tcase_create("model");
+    tcase_set_timeout(tc, 300);
+    char file[256];
+    if ((!strcmp(mode, "logits") || !strcmp(mode, "ppl")) && argc > 2) {
+        snprintf(file, sizeof file, "%s.gguf", argv[2]);
+        if (!tu_data_or_skip(file)) return TU_SKIP;
+        snprintf(file, sizeof file, "%s.ref.json", argv[2]);
+        if (!strcmp(mode, "logits") && !tu_data_or_skip(file)) return TU_SKIP;
+        if (!strcmp(mode, "ppl") && !tu_data_or_skip("ppl-text.txt")) return TU_SKIP;
+    }
+    if (!strcmp(mode, "logits") && argc > 2) {
+        g_name = argv[2];
+        tcase_add_test(tc, test_logits_vs_llamacpp);
+    } else if (!strcmp(mode, "ppl") && argc > 3) {
+        g_name = argv[2];
+        g_ppl_ref = atof(argv[3]);
+        tcase_add_test(tc, test_perplexity_vs_llamacpp);
+    } else {
+        tcase_add_test(tc, test_plan);
+        tcase_add_test(tc, test_sampling);
+        tcase_add_test(tc, test_config_errors);
+    }
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}

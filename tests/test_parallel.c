@@ -1,0 +1,356 @@
+#define _POSIX_C_SOURCE 200809L
+/*
+ * test_parallel.c — tensor and pipeline parallelism against the single-rank model.
+ *
+ * Under mpirun -np N:  test_parallel TPxPP[,TPxPP...] [MODEL...]
+ *   For each (tp, pp) with tp*pp == N and each tiny model: load the sharded model on
+ *   the grid and, on every rank, the unsharded model in-process (no grid); run the
+ *   same tokens through both and compare the logits on the last-stage ranks; generate
+ *   greedily with both and compare the tokens on every rank; count the all-reduces of
+ *   a decode step (exactly 2 per layer of the stage when tp > 1); at tp = 2, pp = 1
+ *   check each rank's weight bytes against the tensor table. Configurations that must
+ *   fail (tp = 3 on 8 heads, pp > layers) are checked to fail on every rank with a
+ *   clear message.
+ * Without mpirun:      test_parallel cli MPIRUN
+ *   Runs the tpinfer binary under `timeout 60 mpirun` for the failure modes that
+ *   need separate processes: ranks given different model files, a missing file on
+ *   one rank, plus an end-to-end greedy run at tp = 2 and pp = 2 against np = 1.
+ *
+ * Logit tolerance: both sides compute in f32 with the same kernels; a row-parallel
+ * matmul sums partial products per rank and then all-reduces them, so only the order
+ * of additions differs: relative error ~1e-6 per layer, amplified through the layers
+ * and the large lm_head of the tied qwen2 models to ~1e-4 of the logit scale. The
+ * bound is atol 2e-3 + rtol 1e-3 on logits of magnitude 1..20 (measured max printed).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "parallel/grid.h"
+#include "testutil.h"
+
+#define ATOL 2e-3
+#define RTOL 1e-3
+
+static int g_argc;
+static char **g_argv;
+static int g_rank, g_size;
+static int g_bad; /* failures on this rank; agreed at the end so no rank hangs */
+
+#define CHECK(cond, ...)                                                              \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            g_bad++;                                                                  \
+            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);    \
+            fprintf(stderr, __VA_ARGS__);                                             \
+            fprintf(stderr, "\n");                                                    \
+        }                                                                             \
+    } while (0)
+
+static const char *all_models[] = {"qwen2-tiny-f16",    "qwen2-tiny-q4_0", "qwen2-tiny-q5_k_m",
+                                   "qwen3-tiny-bf16",   "qwen3-tiny-q4_k_m", "qwen3-tiny-q6_k",
+                                   "qwen3-tiny-q8_0"};
+
+static struct model *load(const char *path, const struct tpi_grid *g, struct tpi_error *err) {
+    struct model_params p = {.path = path, .backend = "cpu", .n_threads = 1, .n_ctx = 256,
+                             .n_ubatch = 16, .comm = COMM_MPI, .comm_timeout_s = 30, .quiet = true};
+    struct model *m = NULL;
+    if (model_load(&m, &p, g, err)) return NULL;
+    return m;
+}
+
+/* Expected weight bytes of rank (tp_rank of tp, one stage) from the tensor table. */
+static size_t expected_bytes(const struct model *m, size_t *replicated) {
+    const struct model_plan *p = &m->plan;
+    size_t n = 0, rep = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        const char *nm = t->name;
+        bool vec = t->ne[1] == 1;
+        if (!strcmp(nm, "token_embd.weight")) {
+            rep += t->n_bytes; // replicated on stage 0
+            if (m->cfg.tied_output) n += t->n_bytes / p->tp; // lm_head slice
+        } else if (strstr(nm, "_norm.weight")) {
+            rep += sizeof(float) * t->ne[0];
+        } else if (vec) { // biases: f32 slices
+            n += sizeof(float) * t->ne[0] / p->tp;
+        } else {
+            n += t->n_bytes / p->tp;
+        }
+    }
+    *replicated = rep;
+    return n + rep;
+}
+
+static void check_config(const char *name, int tp, int pp) {
+    char file[128];
+    snprintf(file, sizeof file, "%s.gguf", name);
+    const char *path = tu_data_path(file);
+    if (!path) return;
+    struct tpi_error err = {0};
+    struct tpi_grid g;
+    int rc = grid_init(&g, tp, pp, &err);
+    CHECK(rc == TPI_OK, "grid_init: %s", err.msg);
+    if (rc) return;
+    struct model *m = load(path, &g, &err);
+    struct model *ref = load(path, NULL, &err);
+    const int n_layer = ref ? ref->cfg.n_layer : 0;
+    const bool expect_fail = n_layer > 0 && (pp > n_layer || ref->cfg.n_head % tp != 0);
+    if (expect_fail) {
+        // Every rank must get the error, with the reason in it.
+        CHECK(m == NULL, "%s tp=%d pp=%d: expected a load error", name, tp, pp);
+        CHECK(strstr(err.msg, "--pp") != NULL, "%s: unclear error: %s", name, err.msg);
+        if (g_rank == 0) fprintf(stderr, "%s tp=%d pp=%d: expected error: %s\n", name, tp, pp, err.msg);
+        model_free(&m);
+        model_free(&ref);
+        grid_free(&g);
+        return;
+    }
+    CHECK(m && ref, "%s tp=%d pp=%d: load failed: %s", name, tp, pp, err.msg);
+    if (!m || !ref) {
+        model_free(&m);
+        model_free(&ref);
+        grid_free(&g);
+        return;
+    }
+    const int n_vocab = ref->cfg.n_vocab;
+
+    // ---- logits of a 37-token prompt (3 micro-batches of 16 at pp = 1) ----
+    enum { N = 37 };
+    int32_t tok[N], pos[N], seq[N], rows[N];
+    struct tu_rng rng;
+    tu_rng_seed(&rng, 1234);
+    for (int i = 0; i < N; i++) {
+        tok[i] = (int32_t)(tu_uniform(&rng, 0, 1) * (n_vocab - 3));
+        pos[i] = rows[i] = i;
+        seq[i] = 0;
+    }
+    float *got = malloc(sizeof(float) * N * n_vocab), *want = malloc(sizeof(float) * N * n_vocab);
+    rc = model_forward(ref, tok, pos, seq, N, rows, N, want, &err);
+    CHECK(rc == TPI_OK, "reference forward: %s", err.msg);
+    rc = model_forward(m, tok, pos, seq, N, rows, N, got, &err);
+    CHECK(rc == TPI_OK, "sharded forward: %s", err.msg);
+    if (model_has_logits(m)) {
+        char label[128];
+        snprintf(label, sizeof label, "[rank %d] %s tp=%d pp=%d logits", g_rank, name, tp, pp);
+        size_t bad = tu_compare(label, got, want, (size_t)N * n_vocab, ATOL, RTOL);
+        CHECK(bad == 0, "%s tp=%d pp=%d: %zu logits off", name, tp, pp, bad);
+    }
+
+    // ---- all-reduces of one decode step: exactly 2 per layer of this stage ----
+    if (m->tp_comm) {
+        uint64_t before = m->tp_comm->stats.calls[COMM_OP_ALLREDUCE];
+        int32_t t1 = 5, p1 = N, s1 = 0, r1 = 0;
+        rc = model_forward(m, &t1, &p1, &s1, 1, &r1, 1, got, &err);
+        CHECK(rc == TPI_OK, "decode: %s", err.msg);
+        uint64_t n_ar = m->tp_comm->stats.calls[COMM_OP_ALLREDUCE] - before;
+        CHECK(n_ar == 2u * (uint64_t)m->plan.n_layer_stage,
+              "%s tp=%d: %llu all-reduces for %d layers", name, tp, (unsigned long long)n_ar,
+              m->plan.n_layer_stage);
+    }
+
+    // ---- per-rank weight bytes ----
+    if (tp == 2 && pp == 1) {
+        size_t rep, want_bytes = expected_bytes(m, &rep);
+        size_t total = 0;
+        for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++)
+            total += gguf_tensor_at(m->gguf, i)->n_bytes;
+        if (g_rank == 0)
+            fprintf(stderr, "%s tp=2: rank weights %zu bytes, total %zu, total/tp %zu, replicated %zu\n",
+                    name, m->w.n_bytes, total, total / 2, rep);
+        CHECK(m->w.n_bytes == want_bytes, "%s: rank %d holds %zu weight bytes, expected %zu", name,
+              g_rank, m->w.n_bytes, want_bytes);
+        CHECK(m->w.n_bytes_replicated == rep, "%s: replicated %zu, expected %zu", name,
+              m->w.n_bytes_replicated, rep);
+    }
+
+    // ---- greedy generation: token-identical ----
+    struct gen_params gp = {.n_predict = 12};
+    sampler_params_default(&gp.sp);
+    gp.sp.temp = 0;
+    struct gen_result a, b;
+    int rc_a = generate_one(ref, NULL, tok, 9, &gp, NULL, NULL, &a, &err);
+    int rc_b = generate_one(m, NULL, tok, 9, &gp, NULL, NULL, &b, &err);
+    CHECK(rc_a == TPI_OK && rc_b == TPI_OK, "generate: %s", err.msg);
+    if (!rc_a && !rc_b) {
+        CHECK(a.n_tokens == b.n_tokens, "greedy lengths %d vs %d", a.n_tokens, b.n_tokens);
+        for (int i = 0; i < a.n_tokens && i < b.n_tokens; i++)
+            CHECK(a.tokens[i] == b.tokens[i], "%s tp=%d pp=%d: greedy token %d: got %d, want %d",
+                  name, tp, pp, i, b.tokens[i], a.tokens[i]);
+    }
+    if (!rc_a) gen_result_free(&a);
+    if (!rc_b) gen_result_free(&b);
+    free(got);
+    free(want);
+    model_free(&m);
+    model_free(&ref);
+    grid_free(&g);
+}
+
+START_TEST(test_configs) {
+    // argv[1] = "2x1,1x2"; argv[2..] = models (default: all).
+    char list[256];
+    snprintf(list, sizeof list, "%s", g_argv[1]);
+    const char **models = all_models;
+    int n_models = (int)(sizeof all_models / sizeof all_models[0]);
+    if (g_argc > 2) {
+        models = (const char **)(g_argv + 2);
+        n_models = g_argc - 2;
+    }
+    for (char *c = strtok(list, ","); c; c = strtok(NULL, ",")) {
+        int tp = 0, pp = 0;
+        if (sscanf(c, "%dx%d", &tp, &pp) != 2 || tp * pp != g_size) continue;
+        for (int i = 0; i < n_models; i++) {
+            double t0 = tpi_time_s();
+            check_config(models[i], tp, pp);
+            if (g_rank == 0)
+                fprintf(stderr, "%s tp=%d pp=%d: done in %.2f s\n", models[i], tp, pp,
+                        tpi_time_s() - t0);
+        }
+    }
+    int bad_all = 0;
+    MPI_Allreduce(&g_bad, &bad_all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    ck_assert_int_eq(bad_all, 0);
+}
+END_TEST
+
+/* ---- the binary under mpirun ---- */
+
+static const char *g_mpirun;
+
+/* Run a shell command with a 60 s timeout; return its exit status (124: timed out),
+ * stdout and stderr in the given buffers. */
+static int run_cmd(const char *cmd, char *out, size_t n_out, char *errb, size_t n_err) {
+    char full[4096];
+    snprintf(full, sizeof full, "timeout 60 %s >/tmp/tpi_tp_out.%d 2>/tmp/tpi_tp_err.%d", cmd,
+             (int)getpid(), (int)getpid());
+    int st = system(full);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/tpi_tp_out.%d", (int)getpid());
+    char *s = tu_read_file(path, NULL);
+    snprintf(out, n_out, "%s", s ? s : "");
+    free(s);
+    remove(path);
+    snprintf(path, sizeof path, "/tmp/tpi_tp_err.%d", (int)getpid());
+    s = tu_read_file(path, NULL);
+    snprintf(errb, n_err, "%s", s ? s : "");
+    free(s);
+    remove(path);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+START_TEST(test_cli_failures) {
+    const char *a = tu_data_path("qwen3-tiny-q8_0.gguf"), *b = tu_data_path("qwen3-tiny-q6_k.gguf");
+    ck_assert(a && b);
+    static char out[1 << 16], errb[1 << 16], cmd[4096];
+    const char *mr = "--oversubscribe --allow-run-as-root --bind-to none";
+    const char *bin = tu_binary();
+
+    // Ranks given different model files: identity check, every rank stops.
+    double t0 = tpi_time_s();
+    snprintf(cmd, sizeof cmd,
+             "%s %s -np 1 %s run -m %s --prompt-ids 1,2,3 -n 2 --tp 2 --seed 1 : -np 1 %s run -m %s "
+             "--prompt-ids 1,2,3 -n 2 --tp 2 --seed 1",
+             g_mpirun, mr, bin, a, bin, b);
+    int st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+    fprintf(stderr, "different files: exit %d in %.1f s, stderr:\n%s\n", st, tpi_time_s() - t0, errb);
+    ck_assert_int_ne(st, 0);
+    ck_assert_int_ne(st, 124);
+    ck_assert_ptr_nonnull(strstr(errb, "differ"));
+
+    // A missing file on rank 1.
+    t0 = tpi_time_s();
+    snprintf(cmd, sizeof cmd,
+             "%s %s -np 1 %s run -m %s --prompt-ids 1,2,3 -n 2 --tp 2 : -np 1 %s run -m "
+             "/nonexistent/model.gguf --prompt-ids 1,2,3 -n 2 --tp 2",
+             g_mpirun, mr, bin, a, bin);
+    st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+    fprintf(stderr, "missing file: exit %d in %.1f s, stderr:\n%s\n", st, tpi_time_s() - t0, errb);
+    ck_assert_int_ne(st, 0);
+    ck_assert_int_ne(st, 124);
+    ck_assert_ptr_nonnull(strstr(errb, "/nonexistent/model.gguf"));
+    ck_assert_ptr_nonnull(strstr(errb, "rank 1"));
+
+    // tp = 3 on 8 heads through the binary: one clear line.
+    snprintf(cmd, sizeof cmd, "%s %s -np 3 %s run -m %s --prompt-ids 1,2,3 -n 2 --tp 3", g_mpirun,
+             mr, bin, a);
+    st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+    fprintf(stderr, "tp=3: exit %d, stderr:\n%s\n", st, errb);
+    ck_assert_int_ne(st, 0);
+    ck_assert_int_ne(st, 124);
+    ck_assert_ptr_nonnull(strstr(errb, "attention heads"));
+}
+END_TEST
+
+START_TEST(test_cli_end_to_end) {
+    const char *a = tu_data_path("qwen3-tiny-q4_k_m.gguf");
+    ck_assert(a);
+    static char out1[1 << 16], out2[1 << 16], errb[1 << 16], cmd[4096];
+    const char *mr = "--oversubscribe --allow-run-as-root --bind-to none";
+    const char *args = "--prompt-ids 785,922,865,293,651,77,282 -n 10 --temp 0 --json -t 1";
+    snprintf(cmd, sizeof cmd, "%s %s -np 1 %s run -m %s %s", g_mpirun, mr, tu_binary(), a, args);
+    int st = run_cmd(cmd, out1, sizeof out1, errb, sizeof errb);
+    ck_assert_msg(st == 0, "np 1: exit %d: %s", st, errb);
+    const char *grids[] = {"--tp 2", "--pp 2"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s -np 2 %s run -m %s %s %s", g_mpirun, mr, tu_binary(), a,
+                 args, grids[i]);
+        st = run_cmd(cmd, out2, sizeof out2, errb, sizeof errb);
+        ck_assert_msg(st == 0, "%s: exit %d: %s", grids[i], st, errb);
+        cJSON *j1 = cJSON_Parse(out1), *j2 = cJSON_Parse(out2);
+        ck_assert_msg(j1 && j2, "bad JSON: '%s' / '%s'", out1, out2);
+        char *t1 = cJSON_PrintUnformatted(cJSON_GetObjectItem(j1, "tokens"));
+        char *t2 = cJSON_PrintUnformatted(cJSON_GetObjectItem(j2, "tokens"));
+        fprintf(stderr, "np 1: %s\n%s: %s\n", t1, grids[i], t2);
+        ck_assert_str_eq(t1, t2);
+        free(t1);
+        free(t2);
+        cJSON_Delete(j1);
+        cJSON_Delete(j2);
+    }
+}
+END_TEST
+
+int main(int argc, char **argv) {
+    g_argc = argc;
+    g_argv = argv;
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_parallel TPxPP[,...] [MODEL...] | test_parallel cli MPIRUN\n");
+        return 2;
+    }
+    if (!tu_data_or_skip("qwen3-tiny-q8_0.gguf")) return TU_SKIP;
+    Suite *s = suite_create("parallel");
+    TCase *tc = tcase_create("parallel");
+    tcase_set_timeout(tc, 600);
+    if (!strcmp(argv[1], "cli")) {
+        g_mpirun = argc > 2 ? argv[2] : "mpirun";
+        tcase_add_test(tc, test_cli_failures);
+        tcase_add_test(tc, test_cli_end_to_end);
+        suite_add_tcase(s, tc);
+        return tu_run_suite(s);
+    }
+    struct tpi_error err = {0};
+    if (grid_mpi_init(&argc, &argv, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+    tpi_log_set(TPI_LOG_WARN, g_rank);
+    tcase_add_test(tc, test_configs);
+    suite_add_tcase(s, tc);
+    // No fork: the test body makes MPI calls, which a forked child must not.
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, g_rank == 0 ? CK_NORMAL : CK_SILENT);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    grid_mpi_finalize();
+    return failed ? 1 : 0;
+}
