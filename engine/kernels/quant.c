@@ -1,0 +1,612 @@
+/*
+ * quant.c — the tensor-type traits table: ggml's block layouts, dequantization
+ * to f32 and reference quantization from f32 for every type tpinfer computes.
+ *
+ * Layouts follow ggml (ggml-common.h) byte for byte so that a GGUF's data is
+ * used as is. Dequantization is exact (the same arithmetic as ggml's reference
+ * dequantizers, in f32). Quantization is a simple, fast reference: one pass of
+ * min/max or abs-max scaling per (sub-)block rather than llama.cpp's iterative
+ * error search, which is what `tpinfer mkmodel` needs to write billions of
+ * random weights quickly; the blocks it produces are valid ggml blocks.
+ */
+#include "quant.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- block layouts (sizes checked below) ---------------------------------- */
+
+#define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
+#define K_SCALE_SIZE 12
+
+struct block_q4_0 {
+    uint16_t d;            /* f16 scale */
+    uint8_t qs[QK4_0 / 2]; /* element j: low nibble of qs[j] (j<16), high nibble of qs[j-16] */
+};
+struct block_q4_1 {
+    uint16_t d, m; /* f16 scale and minimum: x = q*d + m */
+    uint8_t qs[QK4_1 / 2];
+};
+struct block_q5_0 {
+    uint16_t d;
+    uint8_t qh[4]; /* bit j = 5th bit of element j (little-endian u32) */
+    uint8_t qs[QK5_0 / 2];
+};
+struct block_q5_1 {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[QK5_1 / 2];
+};
+struct block_q8_0 {
+    uint16_t d;
+    int8_t qs[QK8_0];
+};
+struct block_q4_k {
+    uint16_t d, dmin;             /* super-block scales of the 6-bit scales and mins */
+    uint8_t scales[K_SCALE_SIZE]; /* 8 x (6-bit scale, 6-bit min), packed */
+    uint8_t qs[QK_K / 2];
+};
+struct block_q5_k {
+    uint16_t d, dmin;
+    uint8_t scales[K_SCALE_SIZE];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+};
+struct block_q6_k {
+    uint8_t ql[QK_K / 2];     /* low 4 bits */
+    uint8_t qh[QK_K / 4];     /* high 2 bits */
+    int8_t scales[QK_K / 16]; /* 16 sub-blocks of 16 */
+    uint16_t d;               /* f16 super-block scale, last in ggml's layout */
+};
+
+_Static_assert(sizeof(struct block_q4_0) == 18, "block_q4_0 layout");
+_Static_assert(sizeof(struct block_q4_1) == 20, "block_q4_1 layout");
+_Static_assert(sizeof(struct block_q5_0) == 22, "block_q5_0 layout");
+_Static_assert(sizeof(struct block_q5_1) == 24, "block_q5_1 layout");
+_Static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 layout");
+_Static_assert(sizeof(struct block_q4_k) == 144, "block_q4_K layout");
+_Static_assert(sizeof(struct block_q5_k) == 176, "block_q5_K layout");
+_Static_assert(sizeof(struct block_q6_k) == 210, "block_q6_K layout");
+
+static inline float f16(uint16_t h) {
+    return tpi_f16_to_f32(h);
+}
+
+static inline int clampi(int v, int lo, int hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Round to nearest (ties to even under the default FP mode): one instruction. */
+static inline int rnd(float x) {
+    return (int)lrintf(x);
+}
+
+/* The value of largest magnitude, with its sign (ggml scales symmetric blocks so
+ * that this value lands on the fuller negative end of the integer range). */
+static inline float signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) {
+            amax = a;
+            max = x[i];
+        }
+    }
+    return max;
+}
+
+static inline void minmax(const float *x, int n, float *mn, float *mx) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) {
+        lo = x[i] < lo ? x[i] : lo;
+        hi = x[i] > hi ? x[i] : hi;
+    }
+    *mn = lo;
+    *mx = hi;
+}
+
+/* ---- F32 / F16 / BF16 ----------------------------------------------------- */
+
+static void f32_to_f32(const void *src, float *dst, int64_t n) {
+    memcpy(dst, src, (size_t)n * 4);
+}
+static void f32_from_f32(const float *src, void *dst, int64_t n) {
+    memcpy(dst, src, (size_t)n * 4);
+}
+
+static void f16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = tpi_f16_to_f32(s[i]);
+}
+static void f16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++)
+        d[i] = tpi_f32_to_f16(src[i]);
+}
+static void bf16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint16_t *s = src;
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = tpi_bf16_to_f32(s[i]);
+}
+static void bf16_from_f32(const float *src, void *dst, int64_t n) {
+    uint16_t *d = dst;
+    for (int64_t i = 0; i < n; i++)
+        d[i] = tpi_f32_to_bf16(src[i]);
+}
+
+/* ---- Q8_0: x = d * q ------------------------------------------------------ */
+
+static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q8_0 *b = src;
+    for (int64_t i = 0; i < n / QK8_0; i++, dst += QK8_0) {
+        float d = f16(b[i].d);
+        for (int j = 0; j < QK8_0; j++)
+            dst[j] = d * (float)b[i].qs[j];
+    }
+}
+static void q8_0_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q8_0 *b = dst;
+    for (int64_t i = 0; i < n / QK8_0; i++, src += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++)
+            amax = fmaxf(amax, fabsf(src[j]));
+        float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = tpi_f32_to_f16(d);
+        for (int j = 0; j < QK8_0; j++)
+            b[i].qs[j] = (int8_t)clampi(rnd(src[j] * id), -127, 127);
+    }
+}
+
+/* ---- Q4_0: x = d * (q - 8) ------------------------------------------------ */
+
+static void q4_0_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q4_0 *b = src;
+    for (int64_t i = 0; i < n / QK4_0; i++, dst += QK4_0) {
+        float d = f16(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            dst[j] = d * (float)((b[i].qs[j] & 0x0F) - 8);
+            dst[j + QK4_0 / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+static void q4_0_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q4_0 *b = dst;
+    for (int64_t i = 0; i < n / QK4_0; i++, src += QK4_0) {
+        float d = signed_absmax(src, QK4_0) / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = tpi_f32_to_f16(d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            int q0 = clampi(rnd(src[j] * id) + 8, 0, 15);
+            int q1 = clampi(rnd(src[j + QK4_0 / 2] * id) + 8, 0, 15);
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* ---- Q4_1: x = d * q + m -------------------------------------------------- */
+
+static void q4_1_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / QK4_1; i++, dst += QK4_1) {
+        float d = f16(b[i].d), m = f16(b[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            dst[j] = d * (float)(b[i].qs[j] & 0x0F) + m;
+            dst[j + QK4_1 / 2] = d * (float)(b[i].qs[j] >> 4) + m;
+        }
+    }
+}
+static void q4_1_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q4_1 *b = dst;
+    for (int64_t i = 0; i < n / QK4_1; i++, src += QK4_1) {
+        float mn, mx;
+        minmax(src, QK4_1, &mn, &mx);
+        float d = (mx - mn) / 15.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = tpi_f32_to_f16(d);
+        b[i].m = tpi_f32_to_f16(mn);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            int q0 = clampi(rnd((src[j] - mn) * id), 0, 15);
+            int q1 = clampi(rnd((src[j + QK4_1 / 2] - mn) * id), 0, 15);
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+/* ---- Q5_0: x = d * (q - 16), 5th bits in qh ------------------------------- */
+
+static inline uint32_t load_u32le(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static inline void store_u32le(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static void q5_0_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q5_0 *b = src;
+    for (int64_t i = 0; i < n / QK5_0; i++, dst += QK5_0) {
+        float d = f16(b[i].d);
+        uint32_t qh = load_u32le(b[i].qh);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            int h0 = (int)((qh >> j) & 1u) << 4, h1 = (int)((qh >> (j + 16)) & 1u) << 4;
+            dst[j] = d * (float)(((b[i].qs[j] & 0x0F) | h0) - 16);
+            dst[j + QK5_0 / 2] = d * (float)(((b[i].qs[j] >> 4) | h1) - 16);
+        }
+    }
+}
+static void q5_0_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q5_0 *b = dst;
+    for (int64_t i = 0; i < n / QK5_0; i++, src += QK5_0) {
+        float d = signed_absmax(src, QK5_0) / -16.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = tpi_f32_to_f16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            int q0 = clampi(rnd(src[j] * id) + 16, 0, 31);
+            int q1 = clampi(rnd(src[j + QK5_0 / 2] * id) + 16, 0, 31);
+            b[i].qs[j] = (uint8_t)((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+            qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        store_u32le(b[i].qh, qh);
+    }
+}
+
+/* ---- Q5_1: x = d * q + m -------------------------------------------------- */
+
+static void q5_1_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / QK5_1; i++, dst += QK5_1) {
+        float d = f16(b[i].d), m = f16(b[i].m);
+        uint32_t qh = load_u32le(b[i].qh);
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            int h0 = (int)((qh >> j) & 1u) << 4, h1 = (int)((qh >> (j + 16)) & 1u) << 4;
+            dst[j] = d * (float)((b[i].qs[j] & 0x0F) | h0) + m;
+            dst[j + QK5_1 / 2] = d * (float)((b[i].qs[j] >> 4) | h1) + m;
+        }
+    }
+}
+static void q5_1_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q5_1 *b = dst;
+    for (int64_t i = 0; i < n / QK5_1; i++, src += QK5_1) {
+        float mn, mx;
+        minmax(src, QK5_1, &mn, &mx);
+        float d = (mx - mn) / 31.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = tpi_f32_to_f16(d);
+        b[i].m = tpi_f32_to_f16(mn);
+        uint32_t qh = 0;
+        for (int j = 0; j < QK5_1 / 2; j++) {
+            int q0 = clampi(rnd((src[j] - mn) * id), 0, 31);
+            int q1 = clampi(rnd((src[j + QK5_1 / 2] - mn) * id), 0, 31);
+            b[i].qs[j] = (uint8_t)((q0 & 0x0F) | ((q1 & 0x0F) << 4));
+            qh |= (uint32_t)(q0 >> 4) << j | (uint32_t)(q1 >> 4) << (j + 16);
+        }
+        store_u32le(b[i].qh, qh);
+    }
+}
+
+/* ---- K-quant 6-bit scale/min packing (Q4_K, Q5_K) -------------------------
+ * 12 bytes hold 8 (scale, min) pairs of 6 bits: pairs 0-3 use the low 6 bits
+ * of bytes 0-3 (scales) and 4-7 (mins); pairs 4-7 keep their low 4 bits in the
+ * nibbles of bytes 8-11 and their top 2 bits in the spare top bits of bytes 0-7. */
+
+static inline void get_scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static void pack_scale_min_k4(const int *ls, const int *lm, uint8_t *q) {
+    memset(q, 0, K_SCALE_SIZE);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            q[j] = (uint8_t)ls[j];
+            q[j + 4] = (uint8_t)lm[j];
+        } else {
+            q[j + 4] = (uint8_t)((ls[j] & 0x0F) | ((lm[j] & 0x0F) << 4));
+            q[j - 4] |= (uint8_t)((ls[j] >> 4) << 6);
+            q[j] |= (uint8_t)((lm[j] >> 4) << 6);
+        }
+    }
+}
+
+/* Shared K-quant scale search for 8 sub-blocks of 32 with `nmax` levels:
+ * per sub-block x ≈ scale*q - min (min >= 0, so ranges that lie above zero are
+ * extended down to zero, as ggml does), then scales and mins quantized to 6 bits
+ * against the super-block d/dmin. Fills L[256] with levels in [0, nmax]. */
+static void quantize_k_subblocks(const float *x, int nmax, uint16_t *d_out, uint16_t *dmin_out,
+                                 uint8_t *scales, uint8_t *L) {
+    float sub_scale[8], sub_min[8], max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        float mn, mx;
+        minmax(x + 32 * j, 32, &mn, &mx);
+        if (mn > 0.0f) mn = 0.0f;
+        sub_scale[j] = (mx - mn) / (float)nmax;
+        sub_min[j] = -mn;
+        max_scale = fmaxf(max_scale, sub_scale[j]);
+        max_min = fmaxf(max_min, sub_min[j]);
+    }
+    float inv_scale = max_scale > 0.0f ? 63.0f / max_scale : 0.0f;
+    float inv_min = max_min > 0.0f ? 63.0f / max_min : 0.0f;
+    int ls[8], lm[8];
+    for (int j = 0; j < 8; j++) {
+        ls[j] = clampi(rnd(inv_scale * sub_scale[j]), 0, 63);
+        lm[j] = clampi(rnd(inv_min * sub_min[j]), 0, 63);
+    }
+    pack_scale_min_k4(ls, lm, scales);
+    *d_out = tpi_f32_to_f16(max_scale / 63.0f);
+    *dmin_out = tpi_f32_to_f16(max_min / 63.0f);
+    /* Quantize against the scales as stored (f16 d times 6-bit factors), so
+     * that the rounding of the scales does not bias the values. */
+    float d = f16(*d_out), dmin = f16(*dmin_out);
+    for (int j = 0; j < 8; j++) {
+        float dl = d * (float)ls[j], ml = dmin * (float)lm[j];
+        float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
+        for (int l = 0; l < 32; l++)
+            L[32 * j + l] = (uint8_t)clampi(rnd((x[32 * j + l] + ml) * idl), 0, nmax);
+    }
+}
+
+/* ---- Q4_K: x = d*sc*q - dmin*m per sub-block of 32 ------------------------ */
+
+static void q4_k_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q4_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        /* Each 64 elements share 32 bytes: low nibbles first, then high nibbles. */
+        for (int j = 0; j < QK_K / 64; j++, q += 32) {
+            int sc, m;
+            get_scale_min_k4(2 * j, b[i].scales, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            get_scale_min_k4(2 * j + 1, b[i].scales, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                *dst++ = d1 * (float)(q[l] & 0x0F) - m1;
+            for (int l = 0; l < 32; l++)
+                *dst++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+static void q4_k_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q4_k *b = dst;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+        quantize_k_subblocks(src, 15, &b[i].d, &b[i].dmin, b[i].scales, L);
+        for (int j = 0; j < QK_K / 64; j++)
+            for (int l = 0; l < 32; l++)
+                b[i].qs[32 * j + l] = (uint8_t)(L[64 * j + l] | (L[64 * j + 32 + l] << 4));
+    }
+}
+
+/* ---- Q5_K: as Q4_K with a 5th bit per element in qh ----------------------- */
+
+static void q5_k_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q5_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        const uint8_t *ql = b[i].qs, *qh = b[i].qh;
+        /* 64-element group j takes bits 2j (first 32) and 2j+1 (next 32) of qh[l]. */
+        for (int j = 0; j < QK_K / 64; j++, ql += 32) {
+            int sc, m;
+            get_scale_min_k4(2 * j, b[i].scales, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            get_scale_min_k4(2 * j + 1, b[i].scales, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
+            uint8_t u1 = (uint8_t)(1u << (2 * j)), u2 = (uint8_t)(2u << (2 * j));
+            for (int l = 0; l < 32; l++)
+                *dst++ = d1 * (float)((ql[l] & 0x0F) + (qh[l] & u1 ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; l++)
+                *dst++ = d2 * (float)((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
+        }
+    }
+}
+static void q5_k_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q5_k *b = dst;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+        quantize_k_subblocks(src, 31, &b[i].d, &b[i].dmin, b[i].scales, L);
+        memset(b[i].qh, 0, sizeof b[i].qh);
+        for (int j = 0; j < QK_K / 64; j++) {
+            for (int l = 0; l < 32; l++) {
+                int q1 = L[64 * j + l], q2 = L[64 * j + 32 + l];
+                b[i].qs[32 * j + l] = (uint8_t)((q1 & 0x0F) | ((q2 & 0x0F) << 4));
+                b[i].qh[l] |= (uint8_t)(((q1 >> 4) << (2 * j)) | ((q2 >> 4) << (2 * j + 1)));
+            }
+        }
+    }
+}
+
+/* ---- Q6_K: x = d * scale[s] * (q - 32), 16 sub-blocks of 16 ---------------
+ * Per 128 elements: 64 bytes of ql (low nibbles of elements l and l+64 in
+ * byte l, of l+32 and l+96 in byte l+32) and 32 bytes of qh (2 bits each of
+ * elements l, l+32, l+64, l+96 in byte l). */
+
+static void q6_k_to_f32(const void *src, float *dst, int64_t n) {
+    const struct block_q6_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = f16(b[i].d);
+        const uint8_t *ql = b[i].ql, *qh = b[i].qh;
+        const int8_t *sc = b[i].scales;
+        for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32, sc += 8, dst += 128) {
+            for (int l = 0; l < 32; l++) {
+                int s = l / 16;
+                int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                dst[l] = d * (float)sc[s] * (float)q1;
+                dst[l + 32] = d * (float)sc[s + 2] * (float)q2;
+                dst[l + 64] = d * (float)sc[s + 4] * (float)q3;
+                dst[l + 96] = d * (float)sc[s + 6] * (float)q4;
+            }
+        }
+    }
+}
+static void q6_k_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q6_k *b = dst;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+        /* Sub-block scales map each sub-block's extreme value to -32; then the
+         * (signed) scales are quantized to int8 with the extreme scale at -128. */
+        float sub_scale[16], max_scale = 0.0f;
+        for (int s = 0; s < 16; s++) {
+            sub_scale[s] = signed_absmax(src + 16 * s, 16) / -32.0f;
+            if (fabsf(sub_scale[s]) > fabsf(max_scale)) max_scale = sub_scale[s];
+        }
+        float iscale = max_scale != 0.0f ? -128.0f / max_scale : 0.0f;
+        b[i].d = tpi_f32_to_f16(iscale != 0.0f ? 1.0f / iscale : 0.0f);
+        float d = f16(b[i].d);
+        for (int s = 0; s < 16; s++) {
+            int sc = clampi(rnd(iscale * sub_scale[s]), -128, 127);
+            b[i].scales[s] = (int8_t)sc;
+            float dl = d * (float)sc, idl = dl != 0.0f ? 1.0f / dl : 0.0f;
+            for (int l = 0; l < 16; l++)
+                L[16 * s + l] = (uint8_t)(clampi(rnd(src[16 * s + l] * idl), -32, 31) + 32);
+        }
+        uint8_t *ql = b[i].ql, *qh = b[i].qh;
+        for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32) {
+            const uint8_t *Lh = L + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+                ql[l] = (uint8_t)((q1 & 0x0F) | ((q3 & 0x0F) << 4));
+                ql[l + 32] = (uint8_t)((q2 & 0x0F) | ((q4 & 0x0F) << 4));
+                qh[l] =
+                    (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
+            }
+        }
+    }
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+#define SUPPORTED(nm, blck, bytes, base)                                                           \
+    { nm, blck, bytes, true, base##_to_f32, base##_from_f32 }
+#define NAMED(nm, blck, bytes)                                                                     \
+    { nm, blck, bytes, false, NULL, NULL }
+
+/* Indexed by ggml type id. Ids ggml retired (4, 5, 31-33, 36-38) stay empty
+ * (name NULL) and read as unknown. Unsupported types keep their real block
+ * geometry so a reader can still size and skip their data. */
+static const struct quant_traits traits_table[TPI_TYPE_COUNT] = {
+    [TPI_TYPE_F32] = SUPPORTED("F32", 1, 4, f32),
+    [TPI_TYPE_F16] = SUPPORTED("F16", 1, 2, f16),
+    [TPI_TYPE_Q4_0] = SUPPORTED("Q4_0", QK4_0, sizeof(struct block_q4_0), q4_0),
+    [TPI_TYPE_Q4_1] = SUPPORTED("Q4_1", QK4_1, sizeof(struct block_q4_1), q4_1),
+    [TPI_TYPE_Q5_0] = SUPPORTED("Q5_0", QK5_0, sizeof(struct block_q5_0), q5_0),
+    [TPI_TYPE_Q5_1] = SUPPORTED("Q5_1", QK5_1, sizeof(struct block_q5_1), q5_1),
+    [TPI_TYPE_Q8_0] = SUPPORTED("Q8_0", QK8_0, sizeof(struct block_q8_0), q8_0),
+    [9] = NAMED("Q8_1", 32, 36),
+    [10] = NAMED("Q2_K", QK_K, 84),
+    [11] = NAMED("Q3_K", QK_K, 110),
+    [TPI_TYPE_Q4_K] = SUPPORTED("Q4_K", QK_K, sizeof(struct block_q4_k), q4_k),
+    [TPI_TYPE_Q5_K] = SUPPORTED("Q5_K", QK_K, sizeof(struct block_q5_k), q5_k),
+    [TPI_TYPE_Q6_K] = SUPPORTED("Q6_K", QK_K, sizeof(struct block_q6_k), q6_k),
+    [15] = NAMED("Q8_K", QK_K, 292),
+    [16] = NAMED("IQ2_XXS", QK_K, 66),
+    [17] = NAMED("IQ2_XS", QK_K, 74),
+    [18] = NAMED("IQ3_XXS", QK_K, 98),
+    [19] = NAMED("IQ1_S", QK_K, 50),
+    [20] = NAMED("IQ4_NL", 32, 18),
+    [21] = NAMED("IQ3_S", QK_K, 110),
+    [22] = NAMED("IQ2_S", QK_K, 82),
+    [23] = NAMED("IQ4_XS", QK_K, 136),
+    [24] = NAMED("I8", 1, 1),
+    [25] = NAMED("I16", 1, 2),
+    [26] = NAMED("I32", 1, 4),
+    [27] = NAMED("I64", 1, 8),
+    [28] = NAMED("F64", 1, 8),
+    [29] = NAMED("IQ1_M", QK_K, 56),
+    [TPI_TYPE_BF16] = SUPPORTED("BF16", 1, 2, bf16),
+    [34] = NAMED("TQ1_0", QK_K, 54),
+    [35] = NAMED("TQ2_0", QK_K, 66),
+    [39] = NAMED("MXFP4", 32, 17),
+};
+
+const struct quant_traits *quant_traits(int type) {
+    if (type < 0 || type >= TPI_TYPE_COUNT || traits_table[type].name == NULL) return NULL;
+    return &traits_table[type];
+}
+
+const char *quant_type_name(int type) {
+    const struct quant_traits *t = quant_traits(type);
+    if (t) return t->name;
+    /* A few rotating thread-local buffers, so that two unknown names can appear
+     * in one printf and threads do not overwrite each other. */
+    static _Thread_local char bufs[4][24];
+    static _Thread_local int next;
+    char *buf = bufs[next++ & 3];
+    snprintf(buf, sizeof bufs[0], "type%d", type);
+    return buf;
+}
+
+int quant_type_from_name(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < TPI_TYPE_COUNT; i++) {
+        const char *nm = traits_table[i].name;
+        if (!nm) continue;
+        size_t k = 0;
+        while (nm[k] && name[k] && toupper((unsigned char)name[k]) == (unsigned char)nm[k])
+            k++;
+        if (nm[k] == '\0' && name[k] == '\0') return i;
+    }
+    return -1;
+}
+
+size_t quant_row_size(int type, int64_t n_elems) {
+    const struct quant_traits *t = quant_traits(type);
+    if (!t || n_elems < 0 || n_elems % t->blck_size != 0) return 0;
+    return (size_t)(n_elems / t->blck_size) * t->type_size;
+}
+
+int quant_dequant_rows(int type, const void *data, int64_t ne0, int64_t row0, int64_t n_rows,
+                       float *dst, struct tpi_error *err) {
+    const struct quant_traits *t = quant_traits(type);
+    if (!t) return tpi_err(err, TPI_ERR_UNSUPPORTED, "dequantize: unknown tensor type id %d", type);
+    if (!t->supported || !t->to_f32)
+        return tpi_err(err, TPI_ERR_UNSUPPORTED, "dequantize: type %s is not supported", t->name);
+    if (ne0 <= 0 || ne0 % t->blck_size != 0 || row0 < 0 || n_rows < 0)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "dequantize %s: bad shape (ne0 %lld, block %d, rows [%lld, +%lld))", t->name,
+                       (long long)ne0, t->blck_size, (long long)row0, (long long)n_rows);
+    size_t row_bytes = quant_row_size(type, ne0);
+    const uint8_t *src = (const uint8_t *)data + (size_t)row0 * row_bytes;
+    for (int64_t r = 0; r < n_rows; r++)
+        t->to_f32(src + (size_t)r * row_bytes, dst + r * ne0, ne0);
+    return TPI_OK;
+}
+
+int quant_extract_cols(int type, const void *data, int64_t ne0, int64_t ne1, int64_t col0,
+                       int64_t n_cols, void *dst, struct tpi_error *err) {
+    const struct quant_traits *t = quant_traits(type);
+    if (!t)
+        return tpi_err(err, TPI_ERR_UNSUPPORTED, "extract columns: unknown tensor type id %d",
+                       type);
+    int64_t bs = t->blck_size;
+    if (ne0 <= 0 || ne1 < 0 || ne0 % bs != 0)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "extract columns %s: bad shape %lld x %lld (block %lld)", t->name,
+                       (long long)ne0, (long long)ne1, (long long)bs);
+    if (col0 < 0 || n_cols <= 0 || col0 + n_cols > ne0)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "extract columns %s: range [%lld, %lld) outside a row of %lld", t->name,
+                       (long long)col0, (long long)(col0 + n_cols), (long long)ne0);
+    if (col0 % bs != 0 || n_cols % bs != 0)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "extract columns %s: range [%lld, %lld) is not on %lld-element block edges",
+                       t->name, (long long)col0, (long long)(col0 + n_cols), (long long)bs);
+    size_t row_bytes = quant_row_size(type, ne0);
+    size_t off = (size_t)(col0 / bs) * t->type_size, n_bytes = (size_t)(n_cols / bs) * t->type_size;
+    const uint8_t *src = data;
+    uint8_t *out = dst;
+    for (int64_t r = 0; r < ne1; r++)
+        memcpy(out + (size_t)r * n_bytes, src + (size_t)r * row_bytes + off, n_bytes);
+    return TPI_OK;
+}
