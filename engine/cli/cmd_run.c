@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "cli_common.h"
+#include "cmd_batch.h"
 #include "model/generate.h"
 #include "text/tokenizer.h"
 
@@ -20,7 +21,6 @@ struct run_opts {
     struct cli_common c;
     const char *prompt;     /* -p */
     const char *prompt_ids; /* --prompt-ids */
-    const char *prompt_file;/* -f (batch mode) */
     const char *system;     /* --system */
     bool chat, json;
     struct gen_params gp;
@@ -94,7 +94,6 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) o->prompt_file = v;
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_count(a, v, &o->gp.n_predict);
         else if (!strcmp(a, "--temp")) bad = parse_float(a, v, &o->gp.sp.temp);
@@ -116,10 +115,6 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
             return 2;
         }
         if (bad) return 2;
-    }
-    if (o->prompt_file) {
-        fprintf(stderr, "tpinfer run: -f (batch prompt file) is not available in this build yet\n");
-        return 2;
     }
     if (!!o->prompt + !!o->prompt_ids != 1) {
         fprintf(stderr, "tpinfer run: give exactly one of -p TEXT or --prompt-ids LIST\n");
@@ -252,6 +247,10 @@ static int run_single(struct cli_run *r, struct run_opts *o) {
 }
 
 int cmd_run(int argc, char **argv) {
+    // A prompt file means the batch engine (continuous batching, result records):
+    // it owns its own options (--parallel, -o, --resume, ...).
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file")) return cmd_run_batch(argc, argv);
     struct run_opts o;
     memset(&o, 0, sizeof o);
     int rc = parse_args(&o, argc, argv);

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# batch-bench.sh — throughput of the batch prompt-file command: the same mixed-length
+# prompt file at --parallel 1 and --parallel 32, generated tokens/s for both.
+#
+#   bench/batch-bench.sh [MODEL.gguf] [N_PROMPTS] [MAX_TOKENS]
+#   env: DRIVER (default build/tests/batch_driver; `tpinfer run` once wired),
+#        EXTRA (more options, e.g. "--backend cuda" or "--tp 2" under LAUNCH),
+#        LAUNCH (e.g. "mpirun -np 2"), PARALLEL (default "1 32")
+# Defaults are CI-sized: the tiny test model, 64 prompts, 16 tokens each. The full
+# form is 256 prompts: bench/batch-bench.sh model.gguf 256 128
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+model=${1:-$here/tests/data/qwen3-tiny-q4_k_m.gguf}
+n=${2:-64}
+max_tokens=${3:-16}
+driver=${DRIVER:-$here/build/tests/batch_driver}
+parallel=${PARALLEL:-"1 32"}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# Mixed lengths: 4 to ~400 words, deterministic.
+words=(the quick brown fox jumps over a lazy dog while rain falls on green hills)
+for ((i = 0; i < n; i++)); do
+  len=$(( 4 + (i * 37) % 97 ))
+  (( i % 8 == 0 )) && len=$(( len * 4 ))
+  p=""
+  for ((w = 0; w < len; w++)); do p+="${words[$(( (i * 3 + w * 5) % 15 ))]} "; done
+  printf '{"id": "b%d", "prompt": "%s"}\n' "$i" "$p"
+done > "$tmp/prompts.jsonl"
+
+echo "model $(basename "$model"), $n prompts, -n $max_tokens, greedy ${EXTRA:-}"
+printf '%-10s %10s %12s %12s %10s\n' parallel wall_s gen_tok/s total_tok/s requests
+for p in $parallel; do
+  ${LAUNCH:-} "$driver" run -m "$model" -f "$tmp/prompts.jsonl" -o "$tmp/out-$p.jsonl" \
+    -n "$max_tokens" --temp 0 --parallel "$p" ${EXTRA:-} 2> "$tmp/err-$p.txt"
+  line=$(grep '^batch summary' "$tmp/err-$p.txt")
+  wall=$(sed -E 's/.*wall ([0-9.]+) s.*/\1/' <<< "$line")
+  gen=$(sed -E 's/.* ([0-9.]+) generated tok\/s.*/\1/' <<< "$line")
+  tot=$(sed -E 's/.* ([0-9.]+) total tok\/s.*/\1/' <<< "$line")
+  printf '%-10s %10s %12s %12s %10s\n' "$p" "$wall" "$gen" "$tot" "$(wc -l < "$tmp/out-$p.jsonl")"
+done

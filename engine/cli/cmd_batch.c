@@ -1,0 +1,345 @@
+/*
+ * cmd_batch.c — `tpinfer run -m M.gguf -f prompts.jsonl [-o results.jsonl]`:
+ * load the model on every rank, read and tokenize the prompt file on rank 0,
+ * run it through the continuous-batching scheduler (engine/sched), and write
+ * one record per request as it completes (rank 0). Progress and the summary go
+ * to stderr; records to -o or stdout.
+ *
+ * Signals: SIGINT/SIGTERM set a flag; rank 0 reads it once per step and the
+ * scheduler's per-step broadcast stops every rank after the same step. What is
+ * complete is on disk already (one write() per record), so --resume finishes
+ * the rest.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cli/cmd_batch.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/model.h"
+#include "model/sampling.h"
+#include "parallel/grid.h"
+#include "sched/output.h"
+#include "sched/requests.h"
+#include "sched/sched.h"
+#include "text/tokenizer.h"
+
+/* The one piece of process state: a signal handler can only set a flag. */
+static volatile sig_atomic_t g_stop_signal = 0;
+
+static void on_signal(int sig) { g_stop_signal = sig; }
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: tpinfer run -m MODEL.gguf -f PROMPTS [-o RESULTS] [options]\n"
+            "  -f, --file FILE       requests, one a line ('-' for stdin): JSONL of ours\n"
+            "                        ({\"id\",\"prompt\"|\"messages\",...}) or OpenAI batch lines\n"
+            "                        ({\"custom_id\",\"url\",\"body\"}), or plain text (a prompt a line)\n"
+            "  -o, --output FILE     result records (JSONL); stdout when absent\n"
+            "  --parallel N          sequences in flight (KV slots; default 8)\n"
+            "  --ubatch N            token budget of one step (default 512)\n"
+            "  --ordered             write records in input order (default: completion order)\n"
+            "  --resume              skip requests already in -o, drop a torn last line\n"
+            "  --fsync               fsync after every record\n"
+            "  --progress            progress on stderr even when it is not a terminal\n"
+            "  --chat                plain lines and \"prompt\" strings become user chat turns\n"
+            "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
+            "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R   sampling defaults\n"
+            "  --seed S              run seed; a request without \"seed\" uses S + its line\n"
+            "  --logprobs K          top-K logprobs per generated token for every request\n"
+            "  -c, --ctx-size N      positions per sequence (default min(4096, model's))\n"
+            "  -t, --threads N       CPU threads\n"
+            "  --tp N --pp N         tensor / pipeline parallel (run under mpirun -np tp*pp)\n"
+            "  --backend cpu|cuda|auto   --comm mpi|nccl\n"
+            "  -v, --verbose         model load details on stderr\n");
+}
+
+struct batch_opts {
+    const char *model, *file, *output;
+    int n_parallel, n_ubatch, n_ctx, n_threads, tp, pp, max_tokens, n_logprobs;
+    const char *backend, *comm;
+    struct sampler_params sp;
+    uint64_t seed;
+    bool ordered, resume, fsync, progress, chat, verbose;
+};
+
+static bool parse_int(const char *s, int *out) {
+    char *e;
+    long v = strtol(s, &e, 10);
+    if (!*s || *e || v < -1000000000L || v > 1000000000L) return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool parse_float(const char *s, float *out) {
+    char *e;
+    double v = strtod(s, &e);
+    if (!*s || *e) return false;
+    *out = (float)v;
+    return true;
+}
+
+/* Returns 0, or 2 after printing a usage error. */
+static int parse_args(int argc, char **argv, struct batch_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_parallel = 8;
+    o->n_ubatch = 512;
+    o->tp = o->pp = 1;
+    o->max_tokens = -1;
+    o->backend = "auto";
+    sampler_params_default(&o->sp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true, takes = true;
+#define IS(s) (strcmp(a, s) == 0)
+        if (IS("-h") || IS("--help")) {
+            usage(stdout);
+            return -1;
+        } else if (IS("-m") || IS("--model")) o->model = v, ok = v;
+        else if (IS("-f") || IS("--file")) o->file = v, ok = v;
+        else if (IS("-o") || IS("--output")) o->output = v, ok = v;
+        else if (IS("--parallel") || IS("-np")) ok = v && parse_int(v, &o->n_parallel) && o->n_parallel > 0;
+        else if (IS("--ubatch") || IS("-ub")) ok = v && parse_int(v, &o->n_ubatch) && o->n_ubatch > 0;
+        else if (IS("-c") || IS("--ctx-size")) ok = v && parse_int(v, &o->n_ctx) && o->n_ctx >= 0;
+        else if (IS("-t") || IS("--threads")) ok = v && parse_int(v, &o->n_threads) && o->n_threads >= 0;
+        else if (IS("--tp")) ok = v && parse_int(v, &o->tp) && o->tp > 0;
+        else if (IS("--pp")) ok = v && parse_int(v, &o->pp) && o->pp > 0;
+        else if (IS("-n") || IS("--max-tokens") || IS("--n-predict"))
+            ok = v && parse_int(v, &o->max_tokens) && o->max_tokens != 0 && o->max_tokens >= -1;
+        else if (IS("--logprobs")) ok = v && parse_int(v, &o->n_logprobs) && o->n_logprobs >= 0 && o->n_logprobs <= 20;
+        else if (IS("--temp")) ok = v && parse_float(v, &o->sp.temp);
+        else if (IS("--top-p")) ok = v && parse_float(v, &o->sp.top_p);
+        else if (IS("--min-p")) ok = v && parse_float(v, &o->sp.min_p);
+        else if (IS("--repeat-penalty")) ok = v && parse_float(v, &o->sp.repeat_penalty) && o->sp.repeat_penalty > 0;
+        else if (IS("--top-k")) ok = v && parse_int(v, &o->sp.top_k);
+        else if (IS("--seed")) {
+            char *e;
+            ok = v && *v;
+            if (ok) o->seed = strtoull(v, &e, 10), ok = !*e;
+        } else if (IS("--backend")) o->backend = v, ok = v;
+        else if (IS("--comm")) o->comm = v, ok = v;
+        else {
+            takes = false;
+            if (IS("--ordered")) o->ordered = true;
+            else if (IS("--resume")) o->resume = true;
+            else if (IS("--fsync")) o->fsync = true;
+            else if (IS("--progress")) o->progress = true;
+            else if (IS("--chat")) o->chat = true;
+            else if (IS("-v") || IS("--verbose")) o->verbose = true;
+            else {
+                fprintf(stderr, "tpinfer run: unknown option '%s' (tpinfer run --help)\n", a);
+                return 2;
+            }
+        }
+#undef IS
+        if (!ok) {
+            fprintf(stderr, "tpinfer run: option %s needs a valid value%s%s\n", a,
+                    v ? ", got " : "", v ? v : "");
+            return 2;
+        }
+        if (takes) i++;
+    }
+    if (!o->model || !o->file) {
+        fprintf(stderr, "tpinfer run: -m MODEL and -f FILE are required (tpinfer run --help)\n");
+        return 2;
+    }
+    if (o->resume && !o->output) {
+        fprintf(stderr, "tpinfer run: --resume needs -o FILE\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* Rank 0's view of the run, shared with the scheduler callbacks. */
+struct run_ctx {
+    struct batch_input in;
+    struct batch_out out;
+    int next;             /* next request index to offer */
+    int n_todo;           /* requests this run executes */
+    bool progress, tty;
+    double t_last_print;
+    int rc;               /* first output error */
+    struct tpi_error err;
+};
+
+static int cb_next(void *user, struct sched_request *rq) {
+    struct run_ctx *c = user;
+    while (c->next < c->in.n_reqs) {
+        struct batch_req *r = &c->in.reqs[c->next++];
+        if (r->done || r->error) continue;
+        rq->tag = c->next - 1;
+        rq->prompt = r->prompt;
+        rq->n_prompt = r->n_prompt;
+        rq->max_tokens = r->max_tokens;
+        rq->n_logprobs = r->n_logprobs;
+        rq->sp = r->sp;
+        rq->stop = (const char *const *)r->stop;
+        rq->n_stop = r->n_stop;
+        return 1;
+    }
+    return 0;
+}
+
+static bool cb_stop(void *user) {
+    struct run_ctx *c = user;
+    return g_stop_signal != 0 || c->rc != TPI_OK;
+}
+
+static void cb_done(void *user, int64_t tag, const struct sched_result *res) {
+    struct run_ctx *c = user;
+    if (c->rc) return;
+    c->rc = batch_out_result(&c->out, (int)tag, res, &c->err);
+}
+
+static void cb_step(void *user, const struct sched_stats *st) {
+    struct run_ctx *c = user;
+    if (!c->progress) return;
+    const double dt = st->t_now_s - st->t_start_s;
+    if (st->t_now_s - c->t_last_print < (c->tty ? 0.25 : 2.0)) return;
+    c->t_last_print = st->t_now_s;
+    double tps = dt > 0 ? st->n_gen_tokens / dt : 0.0;
+    double eta = st->n_done > 0 ? dt / st->n_done * (c->n_todo - st->n_done) : 0.0;
+    fprintf(stderr, "%s[batch] %lld/%d done, %d in flight, %.1f tok/s, ETA %d:%02d%s",
+            c->tty ? "\r" : "", (long long)st->n_done, c->n_todo, st->n_active, tps,
+            (int)eta / 60, (int)eta % 60, c->tty ? "   " : "\n");
+}
+
+int cmd_run_batch(int argc, char **argv) {
+    struct batch_opts o;
+    int prc = parse_args(argc, argv, &o);
+    if (prc) return prc < 0 ? 0 : prc;
+
+    struct tpi_error err = {0};
+    struct tpi_grid grid;
+    memset(&grid, 0, sizeof grid);
+    bool grid_ok = false;
+    struct model *m = NULL;
+    struct tokenizer *tok = NULL;
+    struct run_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    int exit_code = 1, rc;
+
+    if ((rc = grid_mpi_init(&argc, &argv, &err))) goto fail;
+    if ((rc = grid_init(&grid, o.tp, o.pp, &err))) goto fail;
+    grid_ok = true;
+    const bool root = grid.world_rank == 0;
+    if (grid.world_size > 1) tpi_log_set(TPI_LOG_INFO, grid.world_rank);
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    struct model_params mp = {
+        .path = o.model,
+        .backend = o.backend,
+        .n_threads = o.n_threads,
+        .comm = COMM_MPI,
+        .n_ctx = o.n_ctx,
+        .n_slot = o.n_parallel,
+        .n_ubatch = o.n_ubatch,
+        .seed = o.seed,
+        .quiet = !o.verbose,
+    };
+    if (o.comm) {
+        int k = comm_kind_from_name(o.comm);
+        if (k < 0) {
+            if (root) fprintf(stderr, "tpinfer run: unknown --comm '%s' (mpi or nccl)\n", o.comm);
+            exit_code = 2;
+            goto out;
+        }
+        mp.comm = (enum comm_kind)k;
+    } else if (strcmp(o.backend, "cpu") != 0 && ops_cuda_available(NULL)) {
+        mp.comm = COMM_NCCL;
+    }
+    if ((rc = model_load(&m, &mp, &grid, &err))) goto fail;
+    rc = tok_load(m->gguf, &tok, &err);
+    if ((rc = model_agree(m, rc, &err))) goto fail;
+
+    // ---- rank 0: the requests, --resume, the output file ----
+    const char *slash = strrchr(o.model, '/');
+    const char *model_name = slash ? slash + 1 : o.model;
+    int n_resumed = 0, n_err_lines = 0;
+    rc = TPI_OK;
+    if (root) {
+        struct req_defaults d = {.max_tokens = o.max_tokens,
+                                 .sp = o.sp,
+                                 .seed = o.seed,
+                                 .n_logprobs = o.n_logprobs,
+                                 .chat = o.chat,
+                                 .n_ctx = m->n_ctx,
+                                 .n_vocab = m->cfg.n_vocab};
+        rc = batch_input_load(o.file, tok, &d, &ctx.in, &err);
+        if (!rc && o.resume) rc = batch_resume_scan(o.output, &ctx.in, &n_resumed, &err);
+        if (!rc)
+            rc = batch_out_open(&ctx.out, o.output, o.resume, o.ordered, o.fsync, &ctx.in, tok,
+                                model_name, &err);
+        if (!rc) rc = batch_out_errors(&ctx.out, &err);
+        for (int i = 0; i < ctx.in.n_reqs; i++) {
+            if (ctx.in.reqs[i].error) n_err_lines++;
+            if (!ctx.in.reqs[i].done && !ctx.in.reqs[i].error) ctx.n_todo++;
+        }
+        ctx.tty = isatty(2);
+        ctx.progress = o.progress || ctx.tty;
+        if (!rc)
+            TPI_LOGI("batch: %d requests in %s (%d with errors, %d already done), %d to run, "
+                     "--parallel %d --ubatch %d",
+                     ctx.in.n_reqs, o.file, n_err_lines, n_resumed, ctx.n_todo, o.n_parallel,
+                     o.n_ubatch);
+    }
+    if ((rc = model_agree(m, rc, &err))) goto fail;
+
+    struct sched_params sp = {.n_parallel = o.n_parallel, .n_ubatch = o.n_ubatch};
+    struct sched_callbacks cb = {cb_next, cb_stop, cb_done, cb_step, &ctx};
+    struct sched_stats st;
+    rc = sched_run(m, tok, &sp, &cb, &st, &err);
+    if (root) {
+        if (ctx.progress && ctx.tty && ctx.t_last_print > 0) fputc('\n', stderr);
+        struct tpi_error cerr = {0};
+        int crc = batch_out_close(&ctx.out, &cerr);
+        if (!ctx.rc && crc) ctx.rc = crc, ctx.err = cerr;
+        if (ctx.rc) fprintf(stderr, "tpinfer run: %s\n", ctx.err.msg);
+        double wall = st.t_now_s - st.t_start_s;
+        fprintf(stderr,
+                "batch summary: %d requests (%lld completed now, %d resumed, %d errors), prompt "
+                "tokens %lld, generated %lld, wall %.2f s, %.1f generated tok/s, %.1f total tok/s\n",
+                ctx.in.n_reqs, (long long)st.n_done, n_resumed, n_err_lines,
+                (long long)st.n_prompt_tokens, (long long)st.n_gen_tokens, wall,
+                wall > 0 ? st.n_gen_tokens / wall : 0.0,
+                wall > 0 ? (st.n_gen_tokens + st.n_prompt_tokens) / wall : 0.0);
+    }
+    if (ctx.rc) goto out; // exit 1: the output failed, said above
+    if (rc == TPI_ERR_INTERRUPTED) {
+        const int sig = g_stop_signal ? (int)g_stop_signal : SIGTERM;
+        if (root)
+            fprintf(stderr,
+                    "tpinfer run: stopped by %s: %lld of %d requests remain (%d were in flight); "
+                    "run again with --resume to finish them\n",
+                    sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)(ctx.n_todo - st.n_done),
+                    ctx.n_todo, st.n_active);
+        exit_code = 128 + sig;
+        goto out;
+    }
+    if (rc) goto fail;
+    exit_code = 0;
+    goto out;
+
+fail:
+    if (!grid_ok || grid.world_rank == 0) fprintf(stderr, "tpinfer run: %s\n", err.msg);
+    exit_code = 1;
+out:
+    if (grid.world_rank == 0 && ctx.out.fd > 0 && ctx.out.own_fd) batch_out_close(&ctx.out, &err);
+    batch_input_free(&ctx.in);
+    tok_free(&tok);
+    model_free(&m);
+    if (grid_ok) grid_free(&grid);
+    grid_mpi_finalize();
+    return exit_code;
+}

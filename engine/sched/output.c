@@ -1,0 +1,433 @@
+/*
+ * output.c — see output.h. Records are built with cJSON (escaping, exact
+ * numbers) and written with a single write() each.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "sched/output.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "text/tokenizer.h"
+
+/* ---- resume ----------------------------------------------------------------- */
+
+/* Request with this line number (requests are in line order), or NULL. */
+static struct batch_req *by_line(struct batch_input *in, long line) {
+    int lo = 0, hi = in->n_reqs - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (in->reqs[mid].line == line) return &in->reqs[mid];
+        if (in->reqs[mid].line < line) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return NULL;
+}
+
+/* Mark the request a complete record belongs to. */
+static void mark_record(struct batch_input *in, const char *text, size_t len, int *n_done) {
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j) return;
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
+    const cJSON *line = cJSON_GetObjectItemCaseSensitive(j, "line");
+    const cJSON *cid = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
+    const cJSON *resp = cJSON_GetObjectItemCaseSensitive(j, "response");
+    long ln = -1;
+    const cJSON *key = id;
+    if (cJSON_IsNumber(line)) {
+        ln = (long)line->valuedouble;
+    } else if (cid || resp) { // OpenAI shape: the line is in request_id
+        const cJSON *rid = cJSON_GetObjectItemCaseSensitive(resp, "request_id");
+        if (cJSON_IsString(rid)) sscanf(rid->valuestring, "tpinfer-batch-%ld", &ln);
+        key = cid;
+    }
+    char *k = key ? cJSON_PrintUnformatted(key) : NULL;
+    struct batch_req *r = ln > 0 ? by_line(in, ln) : NULL;
+    if (!r && k && (cid || resp)) // no usable line: the first open request with this custom_id
+        for (int i = 0; i < in->n_reqs && !r; i++)
+            if (in->reqs[i].oai && !in->reqs[i].done && !strcmp(in->reqs[i].id_json, k))
+                r = &in->reqs[i];
+    if (r && k && !r->done && !strcmp(r->id_json, k)) {
+        r->done = true;
+        (*n_done)++;
+    }
+    free(k);
+    cJSON_Delete(j);
+}
+
+int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,
+                      struct tpi_error *err) {
+    *n_done = 0;
+    int fd = open(path, O_RDWR);
+    if (fd < 0) {
+        if (errno == ENOENT) return TPI_OK;
+        return tpi_err(err, TPI_ERR_IO, "--resume: cannot open %s: %s", path, strerror(errno));
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        close(fd);
+        return tpi_err(err, TPI_ERR_IO, "--resume: cannot stat %s", path);
+    }
+    size_t n = (size_t)sb.st_size, got = 0;
+    char *data = malloc(n + 1);
+    if (!data) {
+        close(fd);
+        return tpi_err(err, TPI_ERR_NOMEM, "--resume: out of memory for %s", path);
+    }
+    while (got < n) {
+        ssize_t k = pread(fd, data + got, n - got, (off_t)got);
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    n = got;
+    // A torn last line (killed mid-write): cut it so appended records start on a
+    // fresh line and the half record is not mistaken for a result.
+    size_t end = n;
+    while (end > 0 && data[end - 1] != '\n') end--;
+    if (end < n && ftruncate(fd, (off_t)end) != 0) {
+        free(data);
+        close(fd);
+        return tpi_err(err, TPI_ERR_IO, "--resume: cannot truncate the torn last line of %s", path);
+    }
+    if (end < n) TPI_LOGW("--resume: dropped a torn last line (%zu bytes) of %s", n - end, path);
+    close(fd);
+    for (size_t i = 0; i < end;) {
+        size_t e = i;
+        while (e < end && data[e] != '\n') e++;
+        if (e > i) mark_record(in, data + i, e - i, n_done);
+        i = e + 1;
+    }
+    free(data);
+    return TPI_OK;
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+static int write_line(struct batch_out *o, char *json, struct tpi_error *err) {
+    size_t n = strlen(json);
+    json[n] = '\n'; // the buffer has room: every record is printed with one spare byte
+    size_t off = 0;
+    while (off < n + 1) {
+        ssize_t k = write(o->fd, json + off, n + 1 - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) {
+            json[n] = '\0';
+            return tpi_err(err, TPI_ERR_IO, "cannot write a result record: %s", strerror(errno));
+        }
+        off += (size_t)k;
+    }
+    json[n] = '\0';
+    if (o->sync) fsync(o->fd);
+    o->n_written++;
+    return TPI_OK;
+}
+
+/* Print j compactly into a buffer with one spare byte for the newline. */
+static char *print_record(cJSON *j) {
+    char *s = cJSON_PrintUnformatted(j);
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    char *b = realloc(s, n + 2);
+    if (!b) {
+        free(s);
+        return NULL;
+    }
+    b[n + 1] = '\0';
+    return b;
+}
+
+/* Hand a finished record of request idx to the file (takes ownership of json). */
+static int emit(struct batch_out *o, int idx, char *json, struct tpi_error *err) {
+    if (!json) return tpi_err(err, TPI_ERR_NOMEM, "out of memory for a result record");
+    int rc = TPI_OK;
+    if (!o->ordered) {
+        rc = write_line(o, json, err);
+        o->in->reqs[idx].done = true;
+        free(json);
+        return rc;
+    }
+    o->pending[idx] = json;
+    while (!rc && o->next < o->in->n_reqs) {
+        struct batch_req *r = &o->in->reqs[o->next];
+        char **p = &o->pending[o->next];
+        if (*p) {
+            rc = write_line(o, *p, err);
+            free(*p);
+            *p = NULL;
+            r->done = true;
+        } else if (!r->done) {
+            break;
+        }
+        o->next++;
+    }
+    return rc;
+}
+
+int batch_out_open(struct batch_out *o, const char *path, bool append, bool ordered, bool sync,
+                   struct batch_input *in, const struct tokenizer *tok, const char *model_name,
+                   struct tpi_error *err) {
+    memset(o, 0, sizeof *o);
+    o->in = in;
+    o->ordered = ordered;
+    o->sync = sync;
+    o->tok = tok;
+    o->model_name = model_name;
+    o->fd = 1;
+    if (path) {
+        o->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
+        if (o->fd < 0)
+            return tpi_err(err, TPI_ERR_IO, "cannot open the output %s: %s", path, strerror(errno));
+        o->own_fd = true;
+    } else {
+        fflush(stdout);
+    }
+    if (ordered && !(o->pending = calloc((size_t)in->n_reqs + 1, sizeof *o->pending)))
+        return tpi_err(err, TPI_ERR_NOMEM, "out of memory for %d records", in->n_reqs);
+    return TPI_OK;
+}
+
+int batch_out_close(struct batch_out *o, struct tpi_error *err) {
+    int rc = TPI_OK;
+    for (int i = 0; o->pending && i < o->in->n_reqs; i++) {
+        if (o->pending[i] && !rc) {
+            rc = write_line(o, o->pending[i], err);
+            o->in->reqs[i].done = true;
+        }
+        free(o->pending[i]);
+    }
+    free(o->pending);
+    o->pending = NULL;
+    if (o->own_fd) {
+        if (o->sync) fsync(o->fd);
+        close(o->fd);
+    }
+    o->fd = -1;
+    return rc;
+}
+
+/* The request's id as a JSON value (parsed back from its compact text). */
+static cJSON *id_value(const struct batch_req *r) {
+    cJSON *v = cJSON_Parse(r->id_json);
+    return v ? v : cJSON_CreateNull();
+}
+
+/* Deterministic ids: a run and its resumed continuation name a request alike. */
+static void hex_id(char *buf, size_t n, const char *prefix, const struct batch_req *r) {
+    uint64_t h = tpi_fnv1a(TPI_FNV_INIT, r->id_json, strlen(r->id_json));
+    h = tpi_fnv1a(h, &r->line, sizeof r->line);
+    snprintf(buf, n, "%s%016llx", prefix, (unsigned long long)h);
+}
+
+static cJSON *oai_envelope(const struct batch_req *r, int status, cJSON *body, cJSON *error) {
+    char id[64], rid[64];
+    hex_id(id, sizeof id, "batch_req_", r);
+    snprintf(rid, sizeof rid, "tpinfer-batch-%ld", r->line);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", id);
+    cJSON_AddItemToObject(j, "custom_id", id_value(r));
+    cJSON *resp = cJSON_AddObjectToObject(j, "response");
+    cJSON_AddNumberToObject(resp, "status_code", status);
+    cJSON_AddStringToObject(resp, "request_id", rid);
+    cJSON_AddItemToObject(resp, "body", body ? body : cJSON_CreateNull());
+    cJSON_AddItemToObject(j, "error", error ? error : cJSON_CreateNull());
+    return j;
+}
+
+int batch_out_errors(struct batch_out *o, struct tpi_error *err) {
+    for (int i = 0; i < o->in->n_reqs; i++) {
+        const struct batch_req *r = &o->in->reqs[i];
+        if (!r->error || r->done) continue;
+        cJSON *j;
+        if (r->oai) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "code", "invalid_request");
+            cJSON_AddStringToObject(e, "message", r->error);
+            j = oai_envelope(r, 400, NULL, e);
+        } else {
+            j = cJSON_CreateObject();
+            cJSON_AddItemToObject(j, "id", id_value(r));
+            cJSON_AddNumberToObject(j, "line", (double)r->line);
+            cJSON_AddStringToObject(j, "finish_reason", "error");
+            cJSON *e = cJSON_AddObjectToObject(j, "error");
+            cJSON_AddStringToObject(e, "message", r->error);
+        }
+        char *s = print_record(j);
+        cJSON_Delete(j);
+        o->n_errors++;
+        int rc = emit(o, i, s, err);
+        if (rc) return rc;
+    }
+    return TPI_OK;
+}
+
+/* A token's bytes as a JSON-safe string: invalid UTF-8 (a token that ends inside a
+ * character) becomes U+FFFD, as OpenAI's "token" fields do; "bytes" keeps the truth. */
+static char *token_string(const struct tokenizer *tok, int32_t id, struct tok_str *raw) {
+    *raw = tok_token_bytes(tok, id);
+    const unsigned char *b = (const unsigned char *)raw->data;
+    char *s = malloc(raw->len * 3 + 1);
+    if (!s) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < raw->len;) {
+        unsigned c = b[i];
+        size_t k = c < 0x80 ? 1 : (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3
+                                : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
+        bool ok = k > 0 && i + k <= raw->len;
+        for (size_t j = 1; ok && j < k; j++) ok = (b[i + j] & 0xc0) == 0x80;
+        if (ok) {
+            memcpy(s + o, b + i, k);
+            o += k;
+            i += k;
+        } else {
+            memcpy(s + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            i++;
+        }
+    }
+    s[o] = '\0';
+    return s;
+}
+
+static cJSON *bytes_array(struct tok_str raw) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < raw.len; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)raw.data[i]));
+    return a;
+}
+
+/* OpenAI chat logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}. */
+static cJSON *chat_logprobs(const struct batch_out *o, const struct batch_req *r,
+                            const struct sched_result *res) {
+    cJSON *lp = cJSON_CreateObject();
+    cJSON *content = cJSON_AddArrayToObject(lp, "content");
+    for (int t = 0; t < res->n_tokens; t++) {
+        struct tok_str raw;
+        char *s = token_string(o->tok, res->tokens[t], &raw);
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "token", s ? s : "");
+        free(s);
+        cJSON_AddNumberToObject(e, "logprob", res->lp_chosen[t]);
+        cJSON_AddItemToObject(e, "bytes", bytes_array(raw));
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
+            int32_t id = res->lp_ids[(size_t)t * res->lp_k + k];
+            char *ts = token_string(o->tok, id, &raw);
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddStringToObject(a, "token", ts ? ts : "");
+            free(ts);
+            cJSON_AddNumberToObject(a, "logprob", res->lp_vals[(size_t)t * res->lp_k + k]);
+            cJSON_AddItemToObject(a, "bytes", bytes_array(raw));
+            cJSON_AddItemToArray(top, a);
+        }
+        cJSON_AddItemToArray(content, e);
+    }
+    return lp;
+}
+
+/* OpenAI completion logprobs: tokens, token_logprobs, top_logprobs, text_offset. */
+static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_req *r,
+                                  const struct sched_result *res) {
+    cJSON *lp = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(lp, "tokens");
+    cJSON *tlp = cJSON_AddArrayToObject(lp, "token_logprobs");
+    cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs");
+    cJSON *off = cJSON_AddArrayToObject(lp, "text_offset");
+    size_t at = 0;
+    for (int t = 0; t < res->n_tokens; t++) {
+        struct tok_str raw;
+        char *s = token_string(o->tok, res->tokens[t], &raw);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(s ? s : ""));
+        free(s);
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(res->lp_chosen[t]));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+        at += raw.len;
+        cJSON *m = cJSON_CreateObject();
+        for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
+            int32_t id = res->lp_ids[(size_t)t * res->lp_k + k];
+            char *ts = token_string(o->tok, id, &raw);
+            if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts))
+                cJSON_AddNumberToObject(m, ts, res->lp_vals[(size_t)t * res->lp_k + k]);
+            free(ts);
+        }
+        cJSON_AddItemToArray(top, m);
+    }
+    return lp;
+}
+
+int batch_out_result(struct batch_out *o, int idx, const struct sched_result *res,
+                     struct tpi_error *err) {
+    const struct batch_req *r = &o->in->reqs[idx];
+    cJSON *j;
+    if (!r->oai) {
+        j = cJSON_CreateObject();
+        cJSON_AddItemToObject(j, "id", id_value(r));
+        cJSON_AddNumberToObject(j, "line", (double)r->line);
+        cJSON_AddStringToObject(j, "text", res->text);
+        cJSON *toks = cJSON_AddArrayToObject(j, "tokens");
+        for (int t = 0; t < res->n_tokens; t++)
+            cJSON_AddItemToArray(toks, cJSON_CreateNumber(res->tokens[t]));
+        cJSON_AddStringToObject(j, "finish_reason", res->finish_reason);
+        cJSON_AddNumberToObject(j, "prompt_tokens", res->n_prompt);
+        cJSON_AddNumberToObject(j, "completion_tokens", res->n_tokens);
+        cJSON_AddNumberToObject(j, "ttft_ms", round(res->t_first_s * 1e6) / 1e3);
+        double tps = res->n_tokens > 1 && res->t_decode_s > 0
+                         ? (res->n_tokens - 1) / res->t_decode_s : 0.0;
+        cJSON_AddNumberToObject(j, "decode_tps", round(tps * 100) / 100);
+        if (r->want_logprobs) {
+            cJSON *lp = cJSON_AddArrayToObject(j, "logprobs");
+            for (int t = 0; t < res->n_tokens; t++) {
+                cJSON *row = cJSON_CreateArray();
+                for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
+                    cJSON *pair = cJSON_CreateArray();
+                    cJSON_AddItemToArray(pair,
+                                         cJSON_CreateNumber(res->lp_ids[(size_t)t * res->lp_k + k]));
+                    cJSON_AddItemToArray(pair,
+                                         cJSON_CreateNumber(res->lp_vals[(size_t)t * res->lp_k + k]));
+                    cJSON_AddItemToArray(row, pair);
+                }
+                cJSON_AddItemToArray(lp, row);
+            }
+        }
+    } else {
+        const bool chat = r->fmt == REQ_OAI_CHAT;
+        char id[64];
+        hex_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-", r);
+        cJSON *body = cJSON_CreateObject();
+        cJSON_AddStringToObject(body, "id", id);
+        cJSON_AddStringToObject(body, "object", chat ? "chat.completion" : "text_completion");
+        cJSON_AddNumberToObject(body, "created", (double)time(NULL));
+        cJSON_AddStringToObject(body, "model", r->model_name ? r->model_name : o->model_name);
+        cJSON *choices = cJSON_AddArrayToObject(body, "choices");
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddStringToObject(msg, "content", res->text);
+        } else {
+            cJSON_AddStringToObject(c, "text", res->text);
+        }
+        cJSON_AddItemToObject(c, "logprobs",
+                              !r->want_logprobs ? cJSON_CreateNull()
+                              : chat            ? chat_logprobs(o, r, res)
+                                                : completion_logprobs(o, r, res));
+        cJSON_AddStringToObject(c, "finish_reason", res->finish_reason);
+        cJSON_AddItemToArray(choices, c);
+        cJSON *u = cJSON_AddObjectToObject(body, "usage");
+        cJSON_AddNumberToObject(u, "prompt_tokens", res->n_prompt);
+        cJSON_AddNumberToObject(u, "completion_tokens", res->n_tokens);
+        cJSON_AddNumberToObject(u, "total_tokens", res->n_prompt + res->n_tokens);
+        j = oai_envelope(r, 200, body, NULL);
+    }
+    char *s = print_record(j);
+    cJSON_Delete(j);
+    return emit(o, idx, s, err);
+}

@@ -1,0 +1,65 @@
+/*
+ * output.h — the result records of a batch run (JSONL, rank 0 only) and
+ * --resume.
+ *
+ * Each record is written with ONE write() of the whole line, so a run killed at
+ * any moment (kill -9) leaves complete lines plus at most one torn last line;
+ * --resume truncates the torn line and skips every request whose record is
+ * there (matched by line number and id), so nothing is lost or duplicated.
+ *
+ * Record shapes:
+ *   ours:   {"id", "line", "text", "tokens", "finish_reason", "prompt_tokens",
+ *            "completion_tokens", "ttft_ms", "decode_tps"[, "logprobs"]}, and
+ *           {"id", "line", "finish_reason": "error", "error": {"message"}};
+ *   OpenAI: vLLM run-batch's {"id", "custom_id", "response": {"status_code",
+ *           "request_id", "body"}, "error"}; the body a chat.completion or
+ *           text_completion object; request_id "tpinfer-batch-<line>" carries
+ *           the line for --resume.
+ */
+#ifndef SCHED_OUTPUT_H
+#define SCHED_OUTPUT_H
+
+#include <stdbool.h>
+
+#include "sched/requests.h"
+#include "sched/sched.h"
+#include "tpi.h"
+
+struct tokenizer;
+
+struct batch_out {
+    int fd;                   /* output file, or 1 (stdout) */
+    bool own_fd, ordered, sync;
+    struct batch_input *in;   /* requests; `done` marks records already written */
+    char **pending;           /* ordered: finished records waiting for predecessors */
+    int next;                 /* ordered: first request not yet settled */
+    const struct tokenizer *tok;
+    const char *model_name;   /* for OpenAI bodies without "model" */
+    long n_written, n_errors;
+};
+
+/* --resume: read `path` (missing is fine: nothing done), truncate a torn last line,
+ * and mark the requests of `in` whose records are present as done. *n_done
+ * receives how many. Errors: unreadable file, truncate failure (naming path). */
+int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,
+                      struct tpi_error *err);
+
+/* Open the output: path NULL means stdout; append when resuming, else truncate.
+ * ordered: write in input order; sync: fsync after every record. */
+int batch_out_open(struct batch_out *o, const char *path, bool append, bool ordered, bool sync,
+                   struct batch_input *in, const struct tokenizer *tok, const char *model_name,
+                   struct tpi_error *err);
+
+/* Write (or, ordered, queue) the error record of every request with an error
+ * that is not done yet. */
+int batch_out_errors(struct batch_out *o, struct tpi_error *err);
+
+/* The record of request idx finishing with res. */
+int batch_out_result(struct batch_out *o, int idx, const struct sched_result *res,
+                     struct tpi_error *err);
+
+/* Write whatever is queued, even out of order (used when a run stops early), and
+ * close the file. */
+int batch_out_close(struct batch_out *o, struct tpi_error *err);
+
+#endif /* SCHED_OUTPUT_H */

@@ -1,0 +1,436 @@
+/*
+ * requests.c — see requests.h. Parsing is strict about types (a numeric
+ * "prompt" is an error, not a prompt "42") so a typo in a big file shows up as
+ * an error record for that line instead of a silently wrong completion.
+ */
+#include "sched/requests.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/tokenizer.h"
+
+#define REQ_MAX_STOP 16     /* stop strings per request */
+#define REQ_MAX_LOGPROBS 20 /* OpenAI's limit for top_logprobs */
+
+/* Record why line r cannot run: "line N: <msg>". Returns -1 for chaining. */
+static int req_fail(struct batch_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int req_fail(struct batch_req *r, const char *fmt, ...) {
+    if (r->error) return -1; // keep the first reason
+    char msg[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t n = strlen(msg) + 32;
+    r->error = malloc(n);
+    if (r->error) snprintf(r->error, n, "line %ld: %s", r->line, msg);
+    return -1;
+}
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* An integer-valued JSON number into *out within [lo, hi]; absent or null keeps *out. */
+static int get_int(struct batch_req *r, const cJSON *o, const char *key, long long lo,
+                   long long hi, long long *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble < (double)lo || v->valuedouble > (double)hi)
+        return req_fail(r, "\"%s\" must be an integer in [%lld, %lld]", key, lo, hi);
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+static int get_float(struct batch_req *r, const cJSON *o, const char *key, double lo, double hi,
+                     float *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return req_fail(r, "\"%s\" must be a number in [%g, %g]", key, lo, hi);
+    *out = (float)v->valuedouble;
+    return 0;
+}
+
+/* "stop": a string or a list of strings. */
+static int get_stop(struct batch_req *r, const cJSON *o) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    if (!v || cJSON_IsNull(v)) return 0;
+    const cJSON *one[1] = {v};
+    int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0 || n > REQ_MAX_STOP)
+        return req_fail(r, "\"stop\" must be a string or a list of at most %d strings",
+                        REQ_MAX_STOP);
+    r->stop = calloc((size_t)n + 1, sizeof *r->stop);
+    if (!r->stop) return req_fail(r, "out of memory");
+    const cJSON *it = cJSON_IsString(v) ? one[0] : v->child;
+    for (int i = 0; i < n; i++, it = it->next) {
+        if (!cJSON_IsString(it)) return req_fail(r, "\"stop\" entry %d is not a string", i);
+        if (!(r->stop[r->n_stop] = dup_str(it->valuestring))) return req_fail(r, "out of memory");
+        r->n_stop++;
+    }
+    return 0;
+}
+
+/* The sampling fields every format shares (OpenAI's names; top_k/min_p as vLLM). */
+static int get_sampling(struct batch_req *r, const cJSON *o) {
+    long long v;
+    v = r->max_tokens;
+    if (get_int(r, o, "max_tokens", 1, 1LL << 30, &v)) return -1;
+    if (get_int(r, o, "max_completion_tokens", 1, 1LL << 30, &v)) return -1;
+    r->max_tokens = (int)v;
+    if (get_float(r, o, "temperature", 0.0, 100.0, &r->sp.temp)) return -1;
+    if (get_float(r, o, "top_p", 0.0, 1.0, &r->sp.top_p)) return -1;
+    if (get_float(r, o, "min_p", 0.0, 1.0, &r->sp.min_p)) return -1;
+    if (get_float(r, o, "repetition_penalty", 1e-3, 100.0, &r->sp.repeat_penalty)) return -1;
+    v = r->sp.top_k;
+    if (get_int(r, o, "top_k", -1, 1LL << 30, &v)) return -1;
+    r->sp.top_k = (int)v;
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "seed");
+    if (s && !cJSON_IsNull(s)) {
+        // Seeds may exceed 2^53; the double is what JSON gave us, so use it as is.
+        if (!cJSON_IsNumber(s) || s->valuedouble != floor(s->valuedouble))
+            return req_fail(r, "\"seed\" must be an integer");
+        r->sp.seed = s->valuedouble < 0 ? (uint64_t)(int64_t)s->valuedouble
+                                        : (uint64_t)s->valuedouble;
+    }
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "n");
+    if (n && !cJSON_IsNull(n) && !(cJSON_IsNumber(n) && n->valuedouble == 1.0))
+        return req_fail(r, "\"n\" must be 1 (one completion per request)");
+    return get_stop(r, o);
+}
+
+/* Encode text; chat wraps it as one user message first. */
+static int encode_text(struct batch_req *r, const struct tokenizer *tok, const char *text,
+                       bool chat) {
+    struct tpi_error e = {0};
+    char *rendered = NULL;
+    if (chat) {
+        struct tok_message msg = {"user", text};
+        if (tok_apply_chat(tok, &msg, 1, true, &rendered, NULL, &e))
+            return req_fail(r, "%s", e.msg);
+        text = rendered;
+    }
+    int rc = tok_encode(tok, text, strlen(text), true, &r->prompt, &r->n_prompt, &e);
+    free(rendered);
+    if (rc) return req_fail(r, "%s", e.msg);
+    return 0;
+}
+
+/* "messages": [{"role", "content": string | [{"type": "text", "text"}...]}]. */
+static int encode_messages(struct batch_req *r, const struct tokenizer *tok, const cJSON *msgs) {
+    if (!cJSON_IsArray(msgs)) return req_fail(r, "\"messages\" must be a list");
+    int n = cJSON_GetArraySize(msgs);
+    struct tok_message *m = calloc((size_t)n + 1, sizeof *m);
+    char **owned = calloc((size_t)n + 1, sizeof *owned);
+    int rc = 0;
+    if (!m || !owned) rc = req_fail(r, "out of memory");
+    const cJSON *it = msgs->child;
+    for (int i = 0; !rc && i < n; i++, it = it->next) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(it, "role");
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(it, "content");
+        if (!cJSON_IsObject(it) || !cJSON_IsString(role)) {
+            rc = req_fail(r, "message %d has no \"role\" string", i);
+            break;
+        }
+        m[i].role = role->valuestring;
+        if (cJSON_IsString(content)) {
+            m[i].content = content->valuestring;
+        } else if (cJSON_IsArray(content)) { // content parts: the text ones, joined
+            size_t len = 1;
+            const cJSON *p;
+            cJSON_ArrayForEach(p, content) {
+                const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "text");
+                if (!cJSON_IsString(t)) {
+                    rc = req_fail(r, "message %d: only text content parts are supported", i);
+                    break;
+                }
+                len += strlen(t->valuestring);
+            }
+            if (rc) break;
+            if (!(owned[i] = malloc(len))) {
+                rc = req_fail(r, "out of memory");
+                break;
+            }
+            owned[i][0] = '\0';
+            cJSON_ArrayForEach(p, content)
+                strcat(owned[i], cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
+            m[i].content = owned[i];
+        } else if (content && !cJSON_IsNull(content)) {
+            rc = req_fail(r, "message %d: \"content\" must be a string or a list of parts", i);
+        } else {
+            m[i].content = "";
+        }
+    }
+    char *text = NULL;
+    struct tpi_error e = {0};
+    if (!rc && n == 0) rc = req_fail(r, "\"messages\" is empty");
+    if (!rc && tok_apply_chat(tok, m, n, true, &text, NULL, &e)) rc = req_fail(r, "%s", e.msg);
+    if (!rc && tok_encode(tok, text, strlen(text), true, &r->prompt, &r->n_prompt, &e))
+        rc = req_fail(r, "%s", e.msg);
+    free(text);
+    for (int i = 0; owned && i < n; i++) free(owned[i]);
+    free(owned);
+    free(m);
+    return rc;
+}
+
+/* "prompt": text, or a list of token ids. */
+static int encode_prompt(struct batch_req *r, const struct tokenizer *tok, const cJSON *p,
+                         const struct req_defaults *d, bool chat) {
+    if (cJSON_IsString(p)) return encode_text(r, tok, p->valuestring, chat);
+    if (!cJSON_IsArray(p))
+        return req_fail(r, "\"prompt\" must be a string or a list of token ids");
+    int n = cJSON_GetArraySize(p);
+    if (n > 0 && cJSON_IsString(p->child))
+        return req_fail(r, "\"prompt\" lists several prompts; give one per line");
+    r->prompt = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    if (!r->prompt) return req_fail(r, "out of memory");
+    const cJSON *it;
+    int i = 0;
+    cJSON_ArrayForEach(it, p) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
+            it->valuedouble < 0 || it->valuedouble >= d->n_vocab)
+            return req_fail(r, "\"prompt\" token %d is not an id in [0, %d)", i, d->n_vocab);
+        r->prompt[i++] = (int32_t)it->valuedouble;
+    }
+    r->n_prompt = n;
+    return 0;
+}
+
+static char *line_id(long line) {
+    char b[32];
+    snprintf(b, sizeof b, "%ld", line);
+    return dup_str(b);
+}
+
+/* Parse one JSON line into r (r->line, defaults already set). */
+static void parse_json_line(struct batch_req *r, const char *text, size_t len,
+                            const struct tokenizer *tok, const struct req_defaults *d) {
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j || !cJSON_IsObject(j)) {
+        req_fail(r, j ? "not a JSON object" : "not valid JSON");
+        cJSON_Delete(j);
+        return;
+    }
+    const cJSON *cid = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
+    const cJSON *body = cJSON_GetObjectItemCaseSensitive(j, "body");
+    r->oai = cid || body || cJSON_GetObjectItemCaseSensitive(j, "url");
+    const cJSON *id = r->oai ? cid : cJSON_GetObjectItemCaseSensitive(j, "id");
+    if (id && !cJSON_IsNull(id)) {
+        if (!(cJSON_IsString(id) || cJSON_IsNumber(id))) req_fail(r, "the id must be a string or a number");
+        else r->id_json = cJSON_PrintUnformatted(id);
+    }
+    if (!r->oai) {
+        r->fmt = REQ_OURS;
+        r->n_logprobs = d->n_logprobs;
+        long long k = r->n_logprobs;
+        if (!get_sampling(r, j) && !get_int(r, j, "logprobs", 0, REQ_MAX_LOGPROBS, &k)) {
+            r->n_logprobs = r->n_top_out = (int)k;
+            r->want_logprobs = k > 0;
+            const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+            const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "messages");
+            if (p && m) req_fail(r, "give \"prompt\" or \"messages\", not both");
+            else if (m) encode_messages(r, tok, m);
+            else if (p) encode_prompt(r, tok, p, d, d->chat);
+            else req_fail(r, "no \"prompt\" or \"messages\"");
+        }
+        cJSON_Delete(j);
+        return;
+    }
+    // OpenAI batch line.
+    const cJSON *url = cJSON_GetObjectItemCaseSensitive(j, "url");
+    const cJSON *method = cJSON_GetObjectItemCaseSensitive(j, "method");
+    r->fmt = REQ_OAI_CHAT;
+    if (cJSON_IsString(url) && !strcmp(url->valuestring, "/v1/completions"))
+        r->fmt = REQ_OAI_COMPLETION;
+    if (cid && !cJSON_IsString(cid)) req_fail(r, "\"custom_id\" must be a string");
+    else if (!cJSON_IsString(url) || (strcmp(url->valuestring, "/v1/chat/completions") &&
+                                      strcmp(url->valuestring, "/v1/completions")))
+        req_fail(r, "\"url\" must be \"/v1/chat/completions\" or \"/v1/completions\"");
+    else if (method && !(cJSON_IsString(method) && !strcmp(method->valuestring, "POST")))
+        req_fail(r, "\"method\" must be \"POST\"");
+    else if (!cJSON_IsObject(body))
+        req_fail(r, "\"body\" must be an object");
+    if (r->error) {
+        cJSON_Delete(j);
+        return;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
+    if (cJSON_IsString(model)) r->model_name = dup_str(model->valuestring);
+    if (get_sampling(r, body)) {
+        cJSON_Delete(j);
+        return;
+    }
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(body, "logprobs");
+    long long k = 0;
+    if (r->fmt == REQ_OAI_CHAT) { // logprobs: bool, top_logprobs: int
+        if (lp && !cJSON_IsNull(lp) && !cJSON_IsBool(lp))
+            req_fail(r, "\"logprobs\" must be true or false for chat completions");
+        else if (!get_int(r, body, "top_logprobs", 0, REQ_MAX_LOGPROBS, &k))
+            r->want_logprobs = cJSON_IsTrue(lp);
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
+        if (!r->error) {
+            if (!m) req_fail(r, "chat completion body has no \"messages\"");
+            else encode_messages(r, tok, m);
+        }
+    } else { // logprobs: int (top alternatives; 0 still gives the chosen token's)
+        if (!get_int(r, body, "logprobs", 0, REQ_MAX_LOGPROBS, &k))
+            r->want_logprobs = lp && cJSON_IsNumber(lp);
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+        if (!r->error) {
+            if (!p) req_fail(r, "completion body has no \"prompt\"");
+            else encode_prompt(r, tok, p, d, false);
+        }
+    }
+    r->n_top_out = (int)k;
+    // The engine computes the chosen token's logprob alongside the top-K, so ask for
+    // at least one alternative whenever logprobs are wanted.
+    r->n_logprobs = r->want_logprobs ? TPI_MAX(1, (int)k) : 0;
+    cJSON_Delete(j);
+}
+
+/* Whole input into memory: stdin cannot be rewound, and the file is small next to
+ * the model. */
+static char *read_all(const char *path, size_t *n_out, struct tpi_error *err) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        tpi_err(err, TPI_ERR_IO, "cannot open the prompt file %s", path);
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n + 1 >= cap) {
+            char *q = realloc(buf, cap * 2);
+            if (!q) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = q;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+        if (got == 0) break;
+    }
+    bool bad = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf) {
+        tpi_err(err, TPI_ERR_NOMEM, "out of memory reading %s", path);
+        return NULL;
+    }
+    if (bad) {
+        free(buf);
+        tpi_err(err, TPI_ERR_IO, "error reading the prompt file %s", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *n_out = n;
+    return buf;
+}
+
+static bool is_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r') return false;
+    return true;
+}
+
+int batch_input_load(const char *path, const struct tokenizer *tok, const struct req_defaults *d,
+                     struct batch_input *in, struct tpi_error *err) {
+    memset(in, 0, sizeof *in);
+    size_t n_bytes = 0;
+    char *data = read_all(path, &n_bytes, err);
+    if (!data) return err->status;
+
+    // Count lines to size the array once; decide plain text vs JSONL.
+    size_t n_lines = 0;
+    bool seen = false;
+    for (size_t i = 0; i < n_bytes;) {
+        size_t e = i;
+        while (e < n_bytes && data[e] != '\n') e++;
+        if (!is_blank(data + i, e - i)) {
+            n_lines++;
+            if (!seen) {
+                size_t k = i;
+                while (k < e && (data[k] == ' ' || data[k] == '\t')) k++;
+                in->plain = data[k] != '{';
+                seen = true;
+            }
+        }
+        i = e + 1;
+    }
+    in->reqs = calloc(n_lines + 1, sizeof *in->reqs);
+    if (!in->reqs) {
+        free(data);
+        return tpi_err(err, TPI_ERR_NOMEM, "out of memory for %zu requests", n_lines);
+    }
+
+    long line = 0;
+    for (size_t i = 0; i < n_bytes;) {
+        size_t e = i;
+        while (e < n_bytes && data[e] != '\n') e++;
+        line++;
+        size_t len = e - i;
+        if (len > 0 && data[i + len - 1] == '\r') len--;
+        if (!is_blank(data + i, len)) {
+            struct batch_req *r = &in->reqs[in->n_reqs++];
+            r->line = line;
+            r->fmt = in->plain ? REQ_PLAIN : REQ_OURS;
+            r->max_tokens = d->max_tokens > 0 ? d->max_tokens : d->n_ctx;
+            r->sp = d->sp;
+            r->sp.seed = d->seed + (uint64_t)line;
+            if (in->plain) {
+                char save = data[i + len];
+                data[i + len] = '\0';
+                encode_text(r, tok, data + i, d->chat);
+                data[i + len] = save;
+                r->n_logprobs = r->n_top_out = d->n_logprobs;
+                r->want_logprobs = d->n_logprobs > 0;
+            } else {
+                parse_json_line(r, data + i, len, tok, d);
+            }
+            if (!r->id_json) r->id_json = line_id(line);
+            if (!r->id_json) {
+                free(data);
+                return tpi_err(err, TPI_ERR_NOMEM, "out of memory at line %ld", line);
+            }
+            if (!r->error && r->n_prompt == 0) req_fail(r, "the prompt is empty");
+            if (!r->error && r->n_prompt >= d->n_ctx)
+                req_fail(r, "the prompt has %d tokens, more than the context of %d allows "
+                            "(raise -c/--ctx-size)", r->n_prompt, d->n_ctx);
+            if (r->error) { // the engine never sees it: drop what parsing built
+                free(r->prompt);
+                r->prompt = NULL;
+                r->n_prompt = 0;
+            }
+        }
+        i = e + 1;
+    }
+    free(data);
+    return TPI_OK;
+}
+
+void batch_input_free(struct batch_input *in) {
+    for (int i = 0; in->reqs && i < in->n_reqs; i++) {
+        struct batch_req *r = &in->reqs[i];
+        free(r->id_json);
+        free(r->model_name);
+        free(r->prompt);
+        for (int s = 0; s < r->n_stop; s++) free(r->stop[s]);
+        free(r->stop);
+        free(r->error);
+    }
+    free(in->reqs);
+    memset(in, 0, sizeof *in);
+}

@@ -1,0 +1,81 @@
+/*
+ * requests.h — the input of a batch run: a file (or stdin) of requests, one a
+ * line, parsed and tokenized on rank 0 before the run starts.
+ *
+ * Line formats, mixed freely in one JSONL file:
+ *   ours:    {"id", "prompt": "text" | [ids]} or {"id", "messages": [...]}, with
+ *            optional max_tokens, temperature, top_p, top_k, min_p, seed, stop
+ *            (string or list), logprobs (int K);
+ *   OpenAI:  {"custom_id", "method": "POST", "url": "/v1/chat/completions" |
+ *            "/v1/completions", "body": {...}} (the batch format vLLM's run-batch
+ *            reads);
+ * and plain text (one prompt per line) when the first non-blank line does not
+ * start with '{'. Blank lines are skipped but still counted: `line` numbers
+ * are 1-based lines of the file. A line that cannot run keeps its error
+ * message ("line N: ...") and the others go on.
+ */
+#ifndef SCHED_REQUESTS_H
+#define SCHED_REQUESTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/sampling.h"
+#include "tpi.h"
+
+struct tokenizer;
+
+enum req_format {
+    REQ_OURS = 0,           /* our JSON shape (also: malformed lines) */
+    REQ_PLAIN = 1,          /* a plain-text line; records are ours */
+    REQ_OAI_CHAT = 2,       /* OpenAI batch, /v1/chat/completions */
+    REQ_OAI_COMPLETION = 3, /* OpenAI batch, /v1/completions */
+};
+
+/* Run-wide defaults for what a line leaves out (the command-line options). */
+struct req_defaults {
+    int max_tokens;            /* -n; <= 0: until the context is full */
+    struct sampler_params sp;  /* --temp, --top-k, --top-p, --min-p, --repeat-penalty */
+    uint64_t seed;             /* --seed: a request without one uses seed + line */
+    int n_logprobs;            /* --logprobs K for every request of ours (0: none) */
+    bool chat;                 /* --chat: plain lines and "prompt" strings become user turns */
+    int n_ctx, n_vocab;        /* prompts must satisfy 1 <= n < n_ctx, ids < n_vocab */
+};
+
+struct batch_req {
+    long line;             /* 1-based line of the input */
+    enum req_format fmt;
+    bool oai;              /* an OpenAI-format line (records take vLLM's shape) */
+    char *id_json;         /* "id" (ours) or "custom_id" (OpenAI) as compact JSON text;
+                              the line number when absent */
+    char *model_name;      /* OpenAI body "model" (NULL: absent) */
+    int32_t *prompt;       /* (n_prompt) token ids */
+    int n_prompt;
+    int max_tokens;
+    struct sampler_params sp;
+    int n_logprobs;        /* K the engine computes (>= 1 whenever want_logprobs) */
+    bool want_logprobs;    /* the record carries logprobs */
+    int n_top_out;         /* top alternatives a record lists per token */
+    char **stop;           /* (n_stop) NUL-terminated */
+    int n_stop;
+    char *error;           /* NULL, or why this line cannot run ("line N: ...") */
+    bool done;             /* already in the output file (--resume) */
+};
+
+struct batch_input {
+    struct batch_req *reqs; /* (n_reqs) in input order */
+    int n_reqs;
+    bool plain;             /* the file was read as plain text */
+};
+
+/* Read every request of `path` ("-" for stdin), parse it with the defaults and
+ * tokenize it with `tok`. Per-line problems go into that request's `error`;
+ * the return status is for the file itself (cannot open / read: TPI_ERR_IO
+ * naming the path; OOM). Free with batch_input_free. */
+int batch_input_load(const char *path, const struct tokenizer *tok, const struct req_defaults *d,
+                     struct batch_input *in, struct tpi_error *err);
+
+/* Free what batch_input_load allocated; leaves *in zeroed. */
+void batch_input_free(struct batch_input *in);
+
+#endif /* SCHED_REQUESTS_H */

@@ -1,0 +1,507 @@
+/*
+ * sched.c — see sched.h. One step = admit (rank 0 decides, broadcasts), batch,
+ * one model_forward, sample on the decider (broadcast), apply on every rank.
+ *
+ * Why rank 0 serializes requests instead of every rank reading the file: only
+ * rank 0 parses and tokenizes the input (stdin works, ranks on other nodes need
+ * no copy of the file), and the admission message doubles as the per-step
+ * broadcast that carries the stop flag, so a signal seen on rank 0 stops every
+ * rank after the same step.
+ */
+#include "sched.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/tokenizer.h"
+
+/* One sequence in flight: its KV slot is its index in the slot array. */
+struct slot {
+    bool active;
+    int64_t tag;
+    uint64_t order;          /* admission number: older prompts prefill first */
+    int32_t *prompt;         /* (n_prompt) owned */
+    int n_prompt, n_fed;     /* prompt tokens, prompt tokens already in the KV cache */
+    int n_past;              /* positions of the slot filled */
+    bool has_next;           /* a sampled token waits to be fed (decode phase) */
+    int32_t next_tok;
+    int max_gen, K;
+    char **stop;             /* (n_stop) owned */
+    int n_stop;
+    size_t max_stop_len;
+    struct sampler smp;      /* decider only */
+    bool smp_init;
+    struct tok_stream *ts;
+    int32_t *tokens;         /* (max_gen) */
+    int n_tokens;
+    char *text;
+    size_t n_text, cap_text;
+    int32_t *lp_ids;         /* (max_gen, K) */
+    float *lp_vals;          /* (max_gen, K) */
+    float *lp_chosen;        /* (max_gen) */
+    double t_admit, t_first;
+};
+
+static void slot_clear(struct slot *s) {
+    free(s->prompt);
+    for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
+    free(s->stop);
+    if (s->smp_init) sampler_free(&s->smp);
+    tok_stream_free(&s->ts);
+    free(s->tokens);
+    free(s->text);
+    free(s->lp_ids);
+    free(s->lp_vals);
+    free(s->lp_chosen);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- the admission message: a flat byte buffer ------------------------------ */
+
+struct buf {
+    uint8_t *p;
+    size_t n, cap, off; /* off: read cursor */
+    bool bad;           /* write: OOM; read: ran past the end */
+};
+
+static void put(struct buf *b, const void *src, size_t n) {
+    if (b->bad) return;
+    if (b->n + n > b->cap) {
+        size_t nc = b->cap ? b->cap * 2 : 4096;
+        while (nc < b->n + n) nc *= 2;
+        uint8_t *q = realloc(b->p, nc);
+        if (!q) {
+            b->bad = true;
+            return;
+        }
+        b->p = q;
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static void get(struct buf *b, void *dst, size_t n) {
+    if (b->bad || b->off + n > b->n) {
+        b->bad = true;
+        memset(dst, 0, n);
+        return;
+    }
+    memcpy(dst, b->p + b->off, n);
+    b->off += n;
+}
+
+static void put_i32(struct buf *b, int32_t v) { put(b, &v, sizeof v); }
+static int32_t get_i32(struct buf *b) {
+    int32_t v;
+    get(b, &v, sizeof v);
+    return v;
+}
+
+/* Serialize a request for slot `slot_idx`. Floats and the seed travel as raw
+ * bytes: every rank is the same build on the same kind of machine. */
+static void put_request(struct buf *b, int slot_idx, const struct sched_request *rq) {
+    put_i32(b, slot_idx);
+    put(b, &rq->tag, sizeof rq->tag);
+    put_i32(b, rq->n_prompt);
+    put_i32(b, rq->max_tokens);
+    put_i32(b, rq->n_logprobs);
+    put(b, &rq->sp, sizeof rq->sp);
+    put_i32(b, rq->n_stop);
+    for (int i = 0; i < rq->n_stop; i++) {
+        int32_t len = (int32_t)strlen(rq->stop[i]);
+        put_i32(b, len);
+        put(b, rq->stop[i], (size_t)len);
+    }
+    put(b, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
+}
+
+/* Install the next serialized request into its slot (every rank). */
+static int get_request(struct buf *b, struct slot *slots, int n_parallel, struct model *m,
+                       const struct tokenizer *tok, bool is_decider, uint64_t order,
+                       struct tpi_error *err) {
+    int idx = get_i32(b);
+    if (b->bad || idx < 0 || idx >= n_parallel || slots[idx].active)
+        return tpi_err(err, TPI_ERR_COMM, "batch scheduler: bad admission message (slot %d)", idx);
+    struct slot *s = &slots[idx];
+    memset(s, 0, sizeof *s);
+    get(b, &s->tag, sizeof s->tag);
+    s->n_prompt = get_i32(b);
+    int max_tokens = get_i32(b);
+    s->K = get_i32(b);
+    struct sampler_params sp;
+    get(b, &sp, sizeof sp);
+    s->n_stop = get_i32(b);
+    if (b->bad || s->n_stop < 0 || s->n_stop > 1 << 16 || s->n_prompt < 1 || s->K < 0)
+        return tpi_err(err, TPI_ERR_COMM, "batch scheduler: bad admission message (request %lld)",
+                       (long long)s->tag);
+    s->active = true; // from here slot_clear frees whatever was allocated
+    s->order = order;
+    s->stop = calloc((size_t)s->n_stop + 1, sizeof *s->stop);
+    if (!s->stop) return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+    for (int i = 0; i < s->n_stop; i++) {
+        int32_t len = get_i32(b);
+        if (b->bad || len < 0 || (size_t)len > b->n - b->off)
+            return tpi_err(err, TPI_ERR_COMM, "batch scheduler: bad stop string in message");
+        if (!(s->stop[i] = malloc((size_t)len + 1)))
+            return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+        get(b, s->stop[i], (size_t)len);
+        s->stop[i][len] = '\0';
+        s->max_stop_len = TPI_MAX(s->max_stop_len, (size_t)len);
+    }
+    if ((size_t)s->n_prompt > (b->n - b->off) / sizeof(int32_t))
+        return tpi_err(err, TPI_ERR_COMM, "batch scheduler: truncated prompt in message");
+    if (s->n_prompt >= m->n_ctx)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "request %lld: prompt of %d tokens does not fit the context of %d",
+                       (long long)s->tag, s->n_prompt, m->n_ctx);
+    // Generated token j is fed back at position n_prompt + j and the last one never
+    // is, so n_ctx - n_prompt + 1 would fit; n_ctx - n_prompt is the simpler rule.
+    s->max_gen = TPI_MIN(max_tokens, m->n_ctx - s->n_prompt);
+    if (s->max_gen < 1) s->max_gen = 1;
+    const size_t ng = (size_t)s->max_gen, K = (size_t)s->K;
+    s->prompt = malloc(sizeof(int32_t) * (size_t)s->n_prompt);
+    s->tokens = malloc(sizeof(int32_t) * ng);
+    s->text = malloc(256);
+    s->cap_text = 256;
+    s->ts = tok_stream_new(tok, false);
+    if (K > 0) {
+        s->lp_ids = malloc(sizeof(int32_t) * ng * K);
+        s->lp_vals = malloc(sizeof(float) * ng * K);
+        s->lp_chosen = malloc(sizeof(float) * ng);
+    }
+    if (!s->prompt || !s->tokens || !s->text || !s->ts ||
+        (K > 0 && (!s->lp_ids || !s->lp_vals || !s->lp_chosen)))
+        return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for request %lld",
+                       (long long)s->tag);
+    s->text[0] = '\0';
+    get(b, s->prompt, sizeof(int32_t) * (size_t)s->n_prompt);
+    if (is_decider) {
+        int rc = sampler_init(&s->smp, &sp, m->cfg.n_vocab, err);
+        if (rc) return rc;
+        s->smp_init = true;
+        // The repetition penalty looks at the prompt too, as llama.cpp's does.
+        for (int i = 0; i < s->n_prompt; i++) sampler_accept(&s->smp, s->prompt[i]);
+    }
+    s->t_admit = tpi_time_s();
+    return TPI_OK;
+}
+
+/* ---- applying a sampled token ------------------------------------------------ */
+
+static int text_append(struct slot *s, const char *bytes, size_t n) {
+    if (s->n_text + n + 1 > s->cap_text) {
+        size_t nc = s->cap_text * 2;
+        while (nc < s->n_text + n + 1) nc *= 2;
+        char *q = realloc(s->text, nc);
+        if (!q) return TPI_ERR_NOMEM;
+        s->text = q;
+        s->cap_text = nc;
+    }
+    memcpy(s->text + s->n_text, bytes, n);
+    s->n_text += n;
+    s->text[s->n_text] = '\0';
+    return TPI_OK;
+}
+
+/* Earliest stop string starting at or after `from`; -1 when none. */
+static long find_stop(const struct slot *s, size_t from) {
+    long best = -1;
+    for (int i = 0; i < s->n_stop; i++) {
+        size_t len = strlen(s->stop[i]);
+        if (len == 0 || len > s->n_text) continue;
+        for (size_t at = from; at + len <= s->n_text; at++) {
+            if (best >= 0 && (long)at >= best) break;
+            if (!memcmp(s->text + at, s->stop[i], len)) {
+                best = (long)at;
+                break;
+            }
+        }
+    }
+    return best;
+}
+
+enum finish { FIN_NONE = 0, FIN_EOG, FIN_STOP_STRING, FIN_LENGTH, FIN_ERROR };
+
+/* Append token id (with its logprobs) to slot s; returns how the sequence ends, or
+ * FIN_NONE while it goes on. Deterministic, so every rank agrees. */
+static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int32_t id,
+                               const int32_t *lp_ids, const float *lp_vals, float lp_chosen,
+                               int *rc, struct tpi_error *err) {
+    if (tok_is_eog(tok, id)) return FIN_EOG;
+    const int j = s->n_tokens++;
+    s->tokens[j] = id;
+    if (s->K > 0) {
+        memcpy(s->lp_ids + (size_t)j * s->K, lp_ids, sizeof(int32_t) * (size_t)s->K);
+        memcpy(s->lp_vals + (size_t)j * s->K, lp_vals, sizeof(float) * (size_t)s->K);
+        s->lp_chosen[j] = lp_chosen;
+    }
+    const char *bytes;
+    size_t nb;
+    if ((*rc = tok_stream_push(s->ts, id, &bytes, &nb, err))) return FIN_ERROR;
+    const size_t before = s->n_text;
+    if (text_append(s, bytes, nb)) {
+        *rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for text");
+        return FIN_ERROR;
+    }
+    if (s->n_stop > 0 && nb > 0) {
+        // A stop string may straddle the old end of the text.
+        size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
+        long at = find_stop(s, from);
+        if (at >= 0) {
+            s->n_text = (size_t)at;
+            s->text[at] = '\0';
+            return FIN_STOP_STRING;
+        }
+    }
+    if (s->n_tokens >= s->max_gen) return FIN_LENGTH;
+    return FIN_NONE;
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_params *sp,
+              const struct sched_callbacks *cb, struct sched_stats *stats,
+              struct tpi_error *err) {
+    struct sched_stats st_local;
+    struct sched_stats *st = stats ? stats : &st_local;
+    memset(st, 0, sizeof *st);
+    st->t_start_s = tpi_time_s();
+    const int world_rank = m->grid ? m->grid->world_rank : 0;
+    const int decider = model_decider_rank(m);
+    const bool is_decider = world_rank == decider, is_root = world_rank == 0;
+    const bool has_logits = model_has_logits(m);
+    const int n_vocab = m->cfg.n_vocab;
+    const int NP = sp->n_parallel, UB = sp->n_ubatch;
+    if (NP < 1 || NP > m->n_slot || UB < 1)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "batch scheduler: --parallel %d (model has %d slots), --ubatch %d", NP,
+                       m->n_slot, UB);
+
+    const size_t cap = (size_t)NP + (size_t)UB; // decode tokens + a prefill budget
+    struct slot *slots = calloc((size_t)NP, sizeof *slots);
+    int32_t *b_tok = malloc(sizeof(int32_t) * cap), *b_pos = malloc(sizeof(int32_t) * cap);
+    int32_t *b_seq = malloc(sizeof(int32_t) * cap), *b_out = malloc(sizeof(int32_t) * cap);
+    int *out_slot = malloc(sizeof(int) * (size_t)NP);
+    int *order_idx = malloc(sizeof(int) * (size_t)NP);
+    float *logits = has_logits ? malloc(sizeof(float) * (size_t)NP * n_vocab) : NULL;
+    int32_t *msg_i = NULL;
+    float *msg_f = NULL;
+    size_t cap_msg = 0;
+    struct buf adm = {0};
+    int rc = TPI_OK;
+    if (!slots || !b_tok || !b_pos || !b_seq || !b_out || !out_slot || !order_idx ||
+        (has_logits && !logits))
+        rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for %d sequences", NP);
+    if ((rc = model_agree(m, rc, err))) goto done;
+
+    uint64_t n_admitted = 0;
+    bool source_empty = false;
+    for (;;) {
+        // ---- 1. admission + stop flag, decided on rank 0 ----
+        int32_t hdr[3] = {0, 0, 0}; // stop, n_admitted, n_bytes
+        adm.n = adm.off = 0;
+        adm.bad = false;
+        if (is_root) {
+            hdr[0] = cb->stop && cb->stop(cb->user) ? 1 : 0;
+            for (int i = 0; !hdr[0] && !source_empty && i < NP; i++) {
+                if (slots[i].active) continue;
+                struct sched_request rq;
+                memset(&rq, 0, sizeof rq);
+                if (!cb->next(cb->user, &rq)) {
+                    source_empty = true;
+                    break;
+                }
+                put_request(&adm, i, &rq);
+                hdr[1]++;
+            }
+            if (adm.bad) rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+            hdr[2] = (int32_t)adm.n;
+        }
+        if ((rc = model_agree(m, rc, err))) goto done;
+        if ((rc = model_bcast_i32(m, hdr, 3, 0, err))) goto done;
+        if (hdr[0]) {
+            rc = tpi_err(err, TPI_ERR_INTERRUPTED, "batch run stopped by a signal");
+            break;
+        }
+        if (hdr[2] > 0) {
+            if (!is_root) {
+                if (adm.cap < (size_t)hdr[2]) {
+                    uint8_t *q = realloc(adm.p, (size_t)hdr[2]);
+                    if (!q) rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+                    else adm.p = q, adm.cap = (size_t)hdr[2];
+                }
+                adm.n = (size_t)hdr[2];
+            }
+            if ((rc = model_agree(m, rc, err))) goto done;
+            if ((rc = model_bcast_bytes(m, adm.p, hdr[2], 0, err))) goto done;
+        }
+        for (int a = 0; !rc && a < hdr[1]; a++)
+            rc = get_request(&adm, slots, NP, m, tok, is_decider, n_admitted++, err);
+        if ((rc = model_agree(m, rc, err))) goto done;
+
+        // ---- 2. the batch: decode tokens first, then prefill chunks, oldest first ----
+        int n_active = 0;
+        for (int i = 0; i < NP; i++)
+            if (slots[i].active) order_idx[n_active++] = i;
+        st->n_active = n_active;
+        if (n_active == 0) break; // rank 0 admitted nothing into empty slots: all done
+        for (int a = 1; a < n_active; a++) { // insertion sort by admission order
+            int v = order_idx[a], b = a;
+            while (b > 0 && slots[order_idx[b - 1]].order > slots[v].order) {
+                order_idx[b] = order_idx[b - 1];
+                b--;
+            }
+            order_idx[b] = v;
+        }
+        int n = 0, n_out = 0;
+        for (int a = 0; a < n_active; a++) {
+            struct slot *s = &slots[order_idx[a]];
+            if (!s->has_next) continue;
+            b_tok[n] = s->next_tok;
+            b_pos[n] = s->n_past++;
+            b_seq[n] = order_idx[a];
+            out_slot[n_out] = order_idx[a];
+            b_out[n_out++] = n++;
+            s->has_next = false;
+        }
+        int budget = TPI_MAX(UB - n, 1); // a prefill never starves completely
+        for (int a = 0; a < n_active && budget > 0; a++) {
+            struct slot *s = &slots[order_idx[a]];
+            if (s->n_fed >= s->n_prompt) continue;
+            int chunk = TPI_MIN(budget, s->n_prompt - s->n_fed);
+            for (int t = 0; t < chunk; t++) {
+                b_tok[n] = s->prompt[s->n_fed + t];
+                b_pos[n] = s->n_past++;
+                b_seq[n++] = order_idx[a];
+            }
+            s->n_fed += chunk;
+            budget -= chunk;
+            st->n_prompt_tokens += chunk;
+            if (s->n_fed == s->n_prompt) { // the last prompt token's logits choose token 0
+                out_slot[n_out] = order_idx[a];
+                b_out[n_out++] = n - 1;
+            }
+        }
+
+        // ---- 3. one forward for everyone ----
+        if ((rc = model_forward(m, b_tok, b_pos, b_seq, n, b_out, n_out, logits, err))) goto done;
+        st->n_steps++;
+        if (n_out == 0) continue; // prefill chunks only: nothing to sample yet
+
+        // ---- 4. the decider samples; ids (and logprobs) go to every rank ----
+        size_t n_i = 0, n_f = 0;
+        for (int r = 0; r < n_out; r++) {
+            int K = slots[out_slot[r]].K;
+            n_i += 1 + (size_t)K;
+            n_f += K > 0 ? 1 + (size_t)K : 0;
+        }
+        if (n_i > cap_msg) {
+            int32_t *qi = realloc(msg_i, sizeof(int32_t) * n_i);
+            if (qi) msg_i = qi;
+            float *qf = realloc(msg_f, sizeof(float) * n_i);
+            if (qf) msg_f = qf;
+            if (!qi || !qf) rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+            else cap_msg = n_i;
+        }
+        if ((rc = model_agree(m, rc, err))) goto done;
+        if (is_decider) {
+            size_t oi = 0, of = 0;
+            for (int r = 0; r < n_out; r++) {
+                struct slot *s = &slots[out_slot[r]];
+                const float *row = logits + (size_t)r * n_vocab;
+                int32_t id = sampler_sample(&s->smp, row);
+                sampler_accept(&s->smp, id);
+                msg_i[oi++] = id;
+                if (s->K > 0) {
+                    msg_f[of++] = sampler_logprob_of(row, n_vocab, id);
+                    sampler_top_logprobs(row, n_vocab, s->K, msg_i + oi, msg_f + of);
+                    oi += (size_t)s->K;
+                    of += (size_t)s->K;
+                }
+            }
+        }
+        if ((rc = model_bcast_i32(m, msg_i, (int)n_i, decider, err))) goto done;
+        if (n_f > 0 && (rc = model_bcast_f32(m, msg_f, (int)n_f, decider, err))) goto done;
+
+        // ---- 5. every rank applies the same ids ----
+        const double now = tpi_time_s();
+        size_t oi = 0, of = 0;
+        for (int r = 0; r < n_out; r++) {
+            const int si = out_slot[r];
+            struct slot *s = &slots[si];
+            const int32_t id = msg_i[oi++];
+            const int32_t *lpi = s->K > 0 ? msg_i + oi : NULL;
+            const float *lpv = s->K > 0 ? msg_f + of + 1 : NULL;
+            const float lpc = s->K > 0 ? msg_f[of] : 0.0f;
+            oi += (size_t)s->K;
+            of += s->K > 0 ? 1 + (size_t)s->K : 0;
+            if (s->n_tokens == 0) s->t_first = now;
+            st->n_gen_tokens++;
+            int arc = TPI_OK;
+            const enum finish fin = apply_token(s, tok, id, lpi, lpv, lpc, &arc, err);
+            if (arc) {
+                rc = arc;
+                break;
+            }
+            if (fin == FIN_NONE) {
+                s->has_next = true;
+                s->next_tok = id;
+                continue;
+            }
+            if (fin != FIN_STOP_STRING) {
+                // Not cut at a stop string: release a held-back partial character.
+                const char *bytes;
+                size_t nb;
+                tok_stream_flush(s->ts, &bytes, &nb);
+                if (nb > 0 && text_append(s, bytes, nb)) {
+                    rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for text");
+                    break;
+                }
+            }
+            if (is_root && cb->done) {
+                struct sched_result res = {
+                    .tokens = s->tokens,
+                    .n_tokens = s->n_tokens,
+                    .text = s->text,
+                    .n_text = s->n_text,
+                    .finish_reason = fin == FIN_LENGTH ? "length" : "stop",
+                    .n_prompt = s->n_prompt,
+                    .lp_k = s->K,
+                    .lp_ids = s->lp_ids,
+                    .lp_vals = s->lp_vals,
+                    .lp_chosen = s->lp_chosen,
+                    .t_first_s = s->t_first - s->t_admit,
+                    .t_decode_s = now - s->t_first,
+                };
+                cb->done(cb->user, s->tag, &res);
+            }
+            st->n_done++;
+            slot_clear(s);
+        }
+        if ((rc = model_agree(m, rc, err))) goto done;
+        st->t_now_s = tpi_time_s();
+        if (is_root && cb->step) cb->step(cb->user, st);
+    }
+
+done:
+    st->n_active = 0;
+    for (int i = 0; slots && i < NP; i++)
+        if (slots[i].active) {
+            st->n_active++;
+            slot_clear(&slots[i]);
+        }
+    st->t_now_s = tpi_time_s();
+    free(slots);
+    free(b_tok);
+    free(b_pos);
+    free(b_seq);
+    free(b_out);
+    free(out_slot);
+    free(order_idx);
+    free(logits);
+    free(msg_i);
+    free(msg_f);
+    free(adm.p);
+    return rc;
+}

@@ -1,0 +1,460 @@
+/*
+ * test_batch.c — the batch prompt-file command end to end (through
+ * `tpinfer run -f`, which hands prompt files to cmd_run_batch), on the
+ * CPU backend with the tiny Qwen3 model. One mode per ctest test (argv[1]):
+ *   inputs    every line shape and every error record, plain-text files
+ *   parallel  --parallel 8 and --ubatch 4 give the records of --parallel 1
+ *   resume    SIGKILL mid-run, then --resume: every id once, same texts
+ *   sigterm   SIGTERM mid-run: exit 143, complete records, --resume finishes
+ *   mpi_tp    mpirun -np 2 --tp 2 equals one rank (greedy)
+ *   mpi_pp    mpirun -np 2 --pp 2 equals one rank (greedy)
+ * Records are compared after dropping the timing fields (ttft_ms, decode_tps,
+ * OpenAI "created"), keyed and sorted by line.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static const char *g_mode = "inputs";
+static const char *g_model;
+static char g_dir[256];
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* g_dir/name, malloc'd (a test's few paths are left to the process exit). */
+static char *path_in(const char *name) {
+    char *b = malloc(512);
+    ck_assert_ptr_nonnull(b);
+    snprintf(b, 512, "%s/%s", g_dir, name);
+    return b;
+}
+
+/* Start the driver (or mpirun -np np driver) with args; returns the pid. */
+static pid_t spawn(int np, const char *const *args) {
+    const char *argv[64];
+    int n = 0;
+    if (np > 1) {
+        argv[n++] = TPI_MPIEXEC;
+        argv[n++] = "--oversubscribe";
+        argv[n++] = "--allow-run-as-root";
+        argv[n++] = "--bind-to";
+        argv[n++] = "none";
+        argv[n++] = "-np";
+        argv[n++] = np == 2 ? "2" : "4";
+    }
+    argv[n++] = TPI_BATCH_DRIVER;
+    argv[n++] = "run";
+    argv[n++] = "-m";
+    argv[n++] = g_model;
+    argv[n++] = "--backend";
+    argv[n++] = "cpu";
+    argv[n++] = "-t";
+    argv[n++] = "1";
+    for (int i = 0; args[i]; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("OMP_WAIT_POLICY", "passive", 1);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    ck_assert_int_gt(pid, 0);
+    return pid;
+}
+
+static int wait_exit(pid_t pid) {
+    int st = 0;
+    waitpid(pid, &st, 0);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+static int run(int np, const char *const *args) { return wait_exit(spawn(np, args)); }
+
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+/* Records of a JSONL file, timing fields dropped, sorted by line; one string each
+ * line of the result. Also checks every line parses. *n_out: record count. */
+static char *normalized(const char *path, int *n_out) {
+    size_t n = 0;
+    char *data = tu_read_file(path, &n);
+    ck_assert_msg(data != NULL, "cannot read %s", path);
+    ck_assert_msg(n == 0 || data[n - 1] == '\n', "%s does not end in a newline", path);
+    char *lines[1024];
+    long keys[1024];
+    int k = 0;
+    for (char *s = data, *e; *s; s = e + 1) {
+        e = strchr(s, '\n');
+        *e = '\0';
+        cJSON *j = cJSON_Parse(s);
+        ck_assert_msg(j != NULL, "%s: record %d is not JSON: %s", path, k + 1, s);
+        cJSON_DeleteItemFromObject(j, "ttft_ms");
+        cJSON_DeleteItemFromObject(j, "decode_tps");
+        cJSON *resp = cJSON_GetObjectItem(j, "response");
+        cJSON *body = resp ? cJSON_GetObjectItem(resp, "body") : NULL;
+        if (body && cJSON_IsObject(body)) cJSON_DeleteItemFromObject(body, "created");
+        cJSON *line = cJSON_GetObjectItem(j, "line");
+        long key = line ? (long)line->valuedouble : 0;
+        if (!line && resp) sscanf(cJSON_GetObjectItem(resp, "request_id")->valuestring,
+                                  "tpinfer-batch-%ld", &key);
+        ck_assert_int_lt(k, 1024);
+        keys[k] = key;
+        lines[k++] = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+    }
+    for (int a = 1; a < k; a++) // insertion sort by line
+        for (int b = a; b > 0 && keys[b - 1] > keys[b]; b--) {
+            long t = keys[b]; keys[b] = keys[b - 1]; keys[b - 1] = t;
+            char *p = lines[b]; lines[b] = lines[b - 1]; lines[b - 1] = p;
+        }
+    size_t total = 1;
+    for (int i = 0; i < k; i++) total += strlen(lines[i]) + 1;
+    char *out = malloc(total);
+    out[0] = '\0';
+    for (int i = 0; i < k; i++) {
+        ck_assert_msg(i == 0 || keys[i] != keys[i - 1], "%s: line %ld has two records", path,
+                      keys[i]);
+        strcat(out, lines[i]);
+        strcat(out, "\n");
+        free(lines[i]);
+    }
+    free(data);
+    *n_out = k;
+    return out;
+}
+
+/* Equal record sets, or fail showing the first differing record. */
+static void assert_same(const char *label, const char *got, const char *want) {
+    if (!strcmp(got, want)) return;
+    const char *g = got, *w = want;
+    while (*g && *g == *w) g++, w++;
+    while (g > got && g[-1] != '\n') g--, w--;
+    const char *ge = strchr(g, '\n'), *we = strchr(w, '\n');
+    ck_abort_msg("%s: records differ\n  got:  %.*s\n  want: %.*s", label,
+                 ge ? (int)(ge - g) : (int)strlen(g), g, we ? (int)(we - w) : (int)strlen(w), w);
+}
+
+static cJSON *record_by_line(const char *norm, long line) {
+    for (const char *s = norm; *s;) {
+        const char *e = strchr(s, '\n');
+        cJSON *j = cJSON_ParseWithLength(s, (size_t)(e - s));
+        cJSON *l = cJSON_GetObjectItem(j, "line");
+        cJSON *resp = cJSON_GetObjectItem(j, "response");
+        long key = l ? (long)l->valuedouble : -1;
+        if (!l && resp)
+            sscanf(cJSON_GetObjectItem(resp, "request_id")->valuestring, "tpinfer-batch-%ld", &key);
+        if (key == line) return j;
+        cJSON_Delete(j);
+        s = e + 1;
+    }
+    ck_abort_msg("no record for line %ld", line);
+    return NULL;
+}
+
+/* A file of n prompts of mixed length (deterministic). */
+static void make_prompts(const char *path, int n, int max_tokens) {
+    static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy",
+                                  "dog", "while", "rain", "falls", "on", "green", "hills"};
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "{\"id\": \"p%d\", \"max_tokens\": %d, \"prompt\": \"", i, max_tokens);
+        int len = 1 + (i * 7) % 23;
+        for (int w = 0; w < len; w++) fprintf(f, "%s%s", w ? " " : "", words[(i * 3 + w * 5) % 15]);
+        fprintf(f, "\"}\n");
+    }
+    fclose(f);
+}
+
+START_TEST(test_inputs) {
+    char long_prompt[4096] = "{\"id\": \"long\", \"prompt\": \"";
+    for (int i = 0; i < 120; i++) strcat(long_prompt, "word ");
+    strcat(long_prompt, "\"}\n");
+    char text[8192];
+    snprintf(text, sizeof text,
+             "{\"id\": \"a\", \"prompt\": \"Hello world\"}\n"
+             "{\"id\": 7, \"prompt\": [100, 200, 300], \"stop\": [\"zzzz\"]}\n"
+             "{\"id\": \"num\", \"prompt\": 42}\n"
+             "{\"id\": \"broken\", \"prompt\": \"no closing brace\"\n"
+             "{\"id\": \"empty\", \"prompt\": \"\"}\n"
+             "%s"
+             "\n"
+             "{\"id\": \"chat\", \"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+             "{\"role\": \"user\", \"content\": \"Hi there\"}], \"logprobs\": 2}\n"
+             "{\"custom_id\": \"oc\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
+             "\"body\": {\"model\": \"tiny\", \"messages\": [{\"role\": \"user\", \"content\": "
+             "\"Hey\"}], \"max_tokens\": 6}}\n"
+             "{\"custom_id\": \"ot\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+             "\"body\": {\"prompt\": \"Once upon a time\", \"max_tokens\": 5, \"logprobs\": 1}}\n"
+             "{\"custom_id\": \"bad\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", "
+             "\"body\": {\"input\": \"x\"}}\n"
+             "{\"prompt\": \"no id here\", \"temperature\": \"hot\"}\n",
+             long_prompt);
+    write_file(path_in("in.jsonl"), text);
+    const char *args[] = {"-f", path_in("in.jsonl"), "-o", path_in("out.jsonl"), "-n", "8",
+                          "--temp", "0", "-c", "64", NULL};
+    ck_assert_int_eq(run(1, args), 0);
+    int n = 0;
+    char *norm = normalized(path_in("out.jsonl"), &n);
+    ck_assert_int_eq(n, 11); // every non-blank line has one record
+
+    struct { long line; const char *id; const char *err_part; } errs[] = {
+        {3, "\"num\"", "line 3: \"prompt\" must be a string"},
+        {4, "4", "line 4: not valid JSON"},
+        {5, "\"empty\"", "line 5: the prompt is empty"},
+        {6, "\"long\"", "line 6: the prompt has"},
+        {12, "12", "line 12: \"temperature\" must be a number"},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        cJSON *j = record_by_line(norm, errs[i].line);
+        char *id = cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "id"));
+        ck_assert_str_eq(id, errs[i].id);
+        ck_assert_str_eq(cJSON_GetObjectItem(j, "finish_reason")->valuestring, "error");
+        const char *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message")->valuestring;
+        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: message '%s' lacks '%s'",
+                      errs[i].line, msg, errs[i].err_part);
+        free(id);
+        cJSON_Delete(j);
+    }
+    // Good lines of ours: text, tokens, finish reason, counts.
+    long good[] = {1, 2, 8};
+    for (size_t i = 0; i < 3; i++) {
+        cJSON *j = record_by_line(norm, good[i]);
+        const char *fr = cJSON_GetObjectItem(j, "finish_reason")->valuestring;
+        ck_assert_msg(!strcmp(fr, "length") || !strcmp(fr, "stop"), "line %ld: %s", good[i], fr);
+        int nt = cJSON_GetArraySize(cJSON_GetObjectItem(j, "tokens"));
+        ck_assert_int_eq(nt, (int)cJSON_GetObjectItem(j, "completion_tokens")->valuedouble);
+        ck_assert_int_gt(nt, 0);
+        ck_assert_int_gt(strlen(cJSON_GetObjectItem(j, "text")->valuestring), 0);
+        ck_assert_int_gt((int)cJSON_GetObjectItem(j, "prompt_tokens")->valuedouble, 0);
+        if (good[i] == 2) ck_assert_int_eq((int)cJSON_GetObjectItem(j, "prompt_tokens")->valuedouble, 3);
+        if (good[i] == 8) { // logprobs: per token, 2 [id, logprob] pairs, best first
+            cJSON *lp = cJSON_GetObjectItem(j, "logprobs");
+            ck_assert_int_eq(cJSON_GetArraySize(lp), nt);
+            cJSON *row = cJSON_GetArrayItem(lp, 0);
+            ck_assert_int_eq(cJSON_GetArraySize(row), 2);
+            double l0 = cJSON_GetArrayItem(cJSON_GetArrayItem(row, 0), 1)->valuedouble;
+            double l1 = cJSON_GetArrayItem(cJSON_GetArrayItem(row, 1), 1)->valuedouble;
+            ck_assert(l0 <= 0 && l1 <= l0);
+            // greedy: the chosen token is the best one
+            ck_assert_int_eq((int)cJSON_GetArrayItem(cJSON_GetArrayItem(row, 0), 0)->valuedouble,
+                             (int)cJSON_GetArrayItem(cJSON_GetObjectItem(j, "tokens"), 0)->valuedouble);
+        }
+        cJSON_Delete(j);
+    }
+    // OpenAI lines: vLLM's shape.
+    cJSON *j = record_by_line(norm, 9);
+    ck_assert_str_eq(cJSON_GetObjectItem(j, "custom_id")->valuestring, "oc");
+    cJSON *resp = cJSON_GetObjectItem(j, "response");
+    ck_assert_int_eq((int)cJSON_GetObjectItem(resp, "status_code")->valuedouble, 200);
+    cJSON *body = cJSON_GetObjectItem(resp, "body");
+    ck_assert_str_eq(cJSON_GetObjectItem(body, "object")->valuestring, "chat.completion");
+    ck_assert_str_eq(cJSON_GetObjectItem(body, "model")->valuestring, "tiny");
+    cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 0);
+    ck_assert_int_gt(strlen(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "message"), "content")->valuestring), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(c0, "finish_reason")->valuestring, "length");
+    cJSON *u = cJSON_GetObjectItem(body, "usage");
+    ck_assert_int_eq((int)cJSON_GetObjectItem(u, "completion_tokens")->valuedouble, 6);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "error")));
+    cJSON_Delete(j);
+    j = record_by_line(norm, 10);
+    body = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "body");
+    ck_assert_str_eq(cJSON_GetObjectItem(body, "object")->valuestring, "text_completion");
+    c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 0);
+    ck_assert_int_gt(strlen(cJSON_GetObjectItem(c0, "text")->valuestring), 0);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(c0, "logprobs"),
+                                                            "token_logprobs")), 5);
+    cJSON_Delete(j);
+    j = record_by_line(norm, 11);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "status_code")->valuedouble, 400);
+    ck_assert(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message")->valuestring, "line 11"));
+    cJSON_Delete(j);
+    free(norm);
+
+    // Plain text: a prompt a line, ids are line numbers; stdin works too.
+    write_file(path_in("plain.txt"), "The cat sat\n\nOn the mat\n{not json but plain}\n");
+    const char *pargs[] = {"-f", path_in("plain.txt"), "-o", path_in("plain.out"), "-n", "4",
+                           "--temp", "0", "--ordered", NULL};
+    ck_assert_int_eq(run(1, pargs), 0);
+    norm = normalized(path_in("plain.out"), &n);
+    ck_assert_int_eq(n, 3);
+    long plines[] = {1, 3, 4};
+    for (int i = 0; i < 3; i++) {
+        j = record_by_line(norm, plines[i]);
+        ck_assert_int_eq((long)cJSON_GetObjectItem(j, "id")->valuedouble, plines[i]);
+        ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "tokens")), 4);
+        cJSON_Delete(j);
+    }
+    free(norm);
+}
+END_TEST
+
+START_TEST(test_parallel) {
+    make_prompts(path_in("p.jsonl"), 14, 12);
+    const char *a1[] = {"-f", path_in("p.jsonl"), "-o", path_in("p1.jsonl"), "--temp", "0",
+                        "--parallel", "1", NULL};
+    const char *a8[] = {"-f", path_in("p.jsonl"), "-o", path_in("p8.jsonl"), "--temp", "0",
+                        "--parallel", "8", NULL};
+    const char *au[] = {"-f", path_in("p.jsonl"), "-o", path_in("pu.jsonl"), "--temp", "0",
+                        "--parallel", "5", "--ubatch", "4", "--ordered", NULL};
+    // Sampling too: each request's own seed (run seed + line) makes it repeatable.
+    const char *s1[] = {"-f", path_in("p.jsonl"), "-o", path_in("s1.jsonl"), "--temp", "0.9",
+                        "--seed", "5", "--parallel", "1", NULL};
+    const char *s8[] = {"-f", path_in("p.jsonl"), "-o", path_in("s8.jsonl"), "--temp", "0.9",
+                        "--seed", "5", "--parallel", "8", "--ubatch", "16", NULL};
+    ck_assert_int_eq(run(1, a1), 0);
+    ck_assert_int_eq(run(1, a8), 0);
+    ck_assert_int_eq(run(1, au), 0);
+    ck_assert_int_eq(run(1, s1), 0);
+    ck_assert_int_eq(run(1, s8), 0);
+    int n1, n8, nu, ns1, ns8;
+    char *r1 = normalized(path_in("p1.jsonl"), &n1);
+    char *r8 = normalized(path_in("p8.jsonl"), &n8);
+    char *ru = normalized(path_in("pu.jsonl"), &nu);
+    char *q1 = normalized(path_in("s1.jsonl"), &ns1);
+    char *q8 = normalized(path_in("s8.jsonl"), &ns8);
+    ck_assert_int_eq(n1, 14);
+    ck_assert_int_eq(n8, 14);
+    ck_assert_int_eq(nu, 14);
+    assert_same("--parallel 8 vs 1", r8, r1);
+    assert_same("--ubatch 4 vs default", ru, r1);
+    assert_same("sampled, --parallel 8 vs 1", q8, q1);
+    ck_assert_msg(strcmp(q1, r1) != 0, "temperature 0.9 gave the greedy texts");
+    // --ordered: the file itself is in input order.
+    size_t nb;
+    char *raw = tu_read_file(path_in("pu.jsonl"), &nb);
+    long prev = 0;
+    for (char *s = raw; *s;) {
+        char *e = strchr(s, '\n');
+        cJSON *j = cJSON_ParseWithLength(s, (size_t)(e - s));
+        long l = (long)cJSON_GetObjectItem(j, "line")->valuedouble;
+        ck_assert_int_gt(l, prev);
+        prev = l;
+        cJSON_Delete(j);
+        s = e + 1;
+    }
+    free(raw);
+    free(r1), free(r8), free(ru), free(q1), free(q8);
+}
+END_TEST
+
+/* Run to a reference, then start again, stop it with `sig` once >= 3 records are
+ * written, --resume, and compare. */
+static void interrupted_run(int sig) {
+    make_prompts(path_in("k.jsonl"), 30, 24);
+    const char *ref[] = {"-f", path_in("k.jsonl"), "-o", path_in("ref.jsonl"), "--temp", "0",
+                         "--parallel", "2", NULL};
+    ck_assert_int_eq(run(1, ref), 0);
+    int n_ref;
+    char *want = normalized(path_in("ref.jsonl"), &n_ref);
+    ck_assert_int_eq(n_ref, 30);
+
+    const char *args[] = {"-f", path_in("k.jsonl"), "-o", path_in("k.out"), "--temp", "0",
+                          "--parallel", "2", NULL};
+    unlink(path_in("k.out"));
+    pid_t pid = spawn(1, args);
+    struct timespec ts = {0, 1000000};
+    for (int i = 0; i < 60000 && count_lines(path_in("k.out")) < 3; i++) nanosleep(&ts, NULL);
+    kill(pid, sig);
+    int code = wait_exit(pid);
+    int n_first = count_lines(path_in("k.out"));
+    fprintf(stderr, "%s after %d records: exit %d\n", sig == SIGKILL ? "SIGKILL" : "SIGTERM",
+            n_first, code);
+    if (sig == SIGKILL) ck_assert_int_eq(code, 128 + SIGKILL);
+    if (sig == SIGTERM) {
+        ck_assert_msg(code == 128 + SIGTERM || (code == 0 && n_first == 30),
+                      "SIGTERM: exit %d with %d records", code, n_first);
+        int n;
+        free(normalized(path_in("k.out"), &n)); // every record complete and parseable
+    }
+    if (sig == SIGKILL) { // simulate the worst case as well: a torn last line
+        FILE *f = fopen(path_in("k.out"), "a");
+        fputs("{\"id\": \"p9\", \"line\": 10, \"te", f);
+        fclose(f);
+    }
+    const char *res[] = {"-f", path_in("k.jsonl"), "-o", path_in("k.out"), "--temp", "0",
+                         "--parallel", "3", "--resume", NULL};
+    ck_assert_int_eq(run(1, res), 0);
+    int n_got;
+    char *got = normalized(path_in("k.out"), &n_got); // fails on a duplicate line
+    ck_assert_int_eq(n_got, 30);
+    assert_same("resumed vs uninterrupted", got, want);
+    free(got);
+    free(want);
+}
+
+START_TEST(test_resume) { interrupted_run(SIGKILL); }
+END_TEST
+
+START_TEST(test_sigterm) { interrupted_run(SIGTERM); }
+END_TEST
+
+static void mpi_run(const char *flag) {
+    make_prompts(path_in("m.jsonl"), 6, 10);
+    const char *one[] = {"-f", path_in("m.jsonl"), "-o", path_in("m1.jsonl"), "--temp", "0",
+                         "--parallel", "4", NULL};
+    const char *two[] = {"-f", path_in("m.jsonl"), "-o", path_in("m2.jsonl"), "--temp", "0",
+                         "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
+    ck_assert_int_eq(run(1, one), 0);
+    ck_assert_int_eq(run(2, two), 0);
+    int n1, n2;
+    char *r1 = normalized(path_in("m1.jsonl"), &n1);
+    char *r2 = normalized(path_in("m2.jsonl"), &n2);
+    ck_assert_int_eq(n1, 6);
+    ck_assert_int_eq(n2, 6);
+    assert_same(flag, r2, r1);
+    free(r1);
+    free(r2);
+}
+
+START_TEST(test_mpi_tp) { mpi_run("--tp"); }
+END_TEST
+
+START_TEST(test_mpi_pp) { mpi_run("--pp"); }
+END_TEST
+
+int main(int argc, char **argv) {
+    if (argc > 1) g_mode = argv[1];
+    g_model = tu_data_or_skip("qwen3-tiny-q4_k_m.gguf");
+    if (!g_model) return TU_SKIP;
+    snprintf(g_dir, sizeof g_dir, "/tmp/tpi-batch-%s-XXXXXX", g_mode);
+    if (!mkdtemp(g_dir)) return 1;
+    Suite *s = suite_create("batch");
+    TCase *tc = tcase_create(g_mode);
+    tcase_set_timeout(tc, 120);
+    if (!strcmp(g_mode, "inputs")) tcase_add_test(tc, test_inputs);
+    else if (!strcmp(g_mode, "parallel")) tcase_add_test(tc, test_parallel);
+    else if (!strcmp(g_mode, "resume")) tcase_add_test(tc, test_resume);
+    else if (!strcmp(g_mode, "sigterm")) tcase_add_test(tc, test_sigterm);
+    else if (!strcmp(g_mode, "mpi_tp")) tcase_add_test(tc, test_mpi_tp);
+    else if (!strcmp(g_mode, "mpi_pp")) tcase_add_test(tc, test_mpi_pp);
+    else return 2;
+    suite_add_tcase(s, tc);
+    int rc = tu_run_suite(s);
+    if (rc == 0) { // keep the files of a failing run for a look
+        char cmd[300];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);
+    }
+    return rc;
+}
