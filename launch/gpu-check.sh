@@ -29,6 +29,19 @@ step() { # step NAME CMD...: run CMD, log its output to $OUT/NAME.log, remember 
     >"$OUT/nvidia-smi.txt" 2>&1
 head -20 "$OUT/nvidia-smi.txt"
 [ -f .dev/device/setup.sh ] && step setup sh .dev/device/setup.sh
+# GPU_CHECK_PREBUILT=1: use $BUILD/tests/test_ops_cuda_elem as carried (built on the
+# CPU machine with the same CUDA 13): only the op tests (all groups) and the kernel
+# bench run, which saves the device time of a build there.
+if [ "${GPU_CHECK_PREBUILT:-0}" = 1 ]; then
+    ops_test="$BUILD/tests/test_ops_cuda_elem"
+    step ops-cuda-figures "$ops_test" all
+    gpu_rc=$?
+    grep -E "worst nmse|attention .*nmse" "$OUT/ops-cuda-figures.log" | head -60
+    step ops-cuda-bench timeout "${GPU_CHECK_BENCH_S:-240}" "$ops_test" bench
+    grep -E "^bench" "$OUT/ops-cuda-bench.log"
+    cat "$OUT/summary.txt"
+    exit $gpu_rc
+fi
 step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DCMAKE_BUILD_TYPE=Release || exit $status
 # -k 0: build whatever compiles, so one broken file does not hide every other test
@@ -41,7 +54,7 @@ ops_test="$BUILD/tests/test_ops_cuda_elem"
 if [ -x "$ops_test" ]; then
     step ops-cuda-figures "$ops_test" all
     grep -E "worst nmse|attention .*nmse|^bench" "$OUT/ops-cuda-figures.log" | head -60
-    step ops-cuda-bench timeout 120 "$ops_test" bench
+    step ops-cuda-bench timeout "${GPU_CHECK_BENCH_S:-240}" "$ops_test" bench
 fi
 [ "${GPU_CHECK_UNIT:-1}" = 1 ] && step unit-tests ctest --test-dir "$BUILD" -L unit -j 16 --output-on-failure --timeout 300
 if [ -x "$BUILD/tpinfer" ]; then
