@@ -1,7 +1,9 @@
 /*
  * main.c — `tpinfer` entry point: dispatch to a subcommand.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -33,6 +35,7 @@ static void usage(FILE *out) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].help);
     fprintf(out, "\nMulti-GPU: mpirun -np N tpinfer run --tp N ...  (see launch/)\n");
+    fprintf(out, "Any command: --debug-comm sets NCCL_DEBUG=INFO (INIT,NET) on every rank.\n");
 }
 
 int main(int argc, char **argv) {
@@ -47,6 +50,17 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "--version")) {
         printf("tpinfer %s\n", cli_build_commit());
         return 0;
+    }
+    // --debug-comm works with every subcommand: NCCL reads its variables at init, so
+    // they are set here, before any communicator exists (on every rank, since every
+    // rank runs this main). Variables the user set win.
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--debug-comm")) continue;
+        setenv("NCCL_DEBUG", "INFO", 0);
+        setenv("NCCL_DEBUG_SUBSYS", "INIT,NET", 0);
+        for (int j = i; j < argc; j++) argv[j] = argv[j + 1];
+        argc--;
+        i--;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);

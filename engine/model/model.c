@@ -162,6 +162,11 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     int n_ubatch = p->n_ubatch > 0 ? p->n_ubatch : 512;
 
     struct ops_config oc = {.n_threads = p->n_threads, .device = 0};
+    // Ranks on one node share its cores: by default each takes its share, so the CPU
+    // backend's threads never outnumber the cores (spinning OpenMP threads on an
+    // oversubscribed node slow a run by orders of magnitude).
+    if (oc.n_threads <= 0 && grid && grid->local_size > 1)
+        oc.n_threads = TPI_MAX(1, tpi_cpu_count() / grid->local_size);
     if (grid && strcmp(m->ops->name, "cuda") == 0) {
         int n_dev = 0;
         ops_cuda_available(&n_dev);
