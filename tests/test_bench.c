@@ -1,0 +1,482 @@
+/*
+ * test_bench.c — `tpinfer bench` end to end, through the binary under mpirun
+ * (CPU backend, MPI communicator, the tiny Q4_K_M model):
+ * - tp 2 in every output format: JSON and JSONL parsed with cJSON, CSV parsed
+ *   (bare header, quoted values), markdown's header and one row per test; the
+ *   fields, n_prompt/n_gen/n_depth, -r samples, avg_ts = mean(samples_ts),
+ *   stddev_ts = their sample stddev (n-1), t/s = tokens / seconds per sample, and
+ *   the all-reduce count of a 4-layer model (2 per layer per forward);
+ * - pp 2 (send/recv traffic, no all-reduce), a depth test, -pg;
+ * - errors: --tp 2 on one rank, a missing model: exit 1 with one clear line.
+ * Plus the formatting helpers on their own (size classes, file-type names).
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../engine/cli/bench_report.h"
+#include "testutil.h"
+
+#ifndef TPI_MPIEXEC
+#define TPI_MPIEXEC "mpirun"
+#endif
+
+#define MODEL "qwen3-tiny-q4_k_m.gguf"
+#define N_LAYER 4 /* ../shared/data/README.md */
+#define REPS 3
+
+static char g_stderr_path[256];
+
+/* Run `tpinfer bench ARGS` under mpirun -np np (np 0: without mpirun); returns stdout
+ * (caller frees) and the exit code in *code; stderr goes to g_stderr_path. */
+static char *run_bench(int np, const char *args, int *code) {
+    char cmd[4096];
+    snprintf(g_stderr_path, sizeof g_stderr_path, "/tmp/test_bench_%d.err", (int)getpid());
+    // yield_when_idle and passive OpenMP waits: ranks share 2 cores in CI.
+    const char *env = "OMPI_MCA_mpi_yield_when_idle=1 OMP_WAIT_POLICY=passive";
+    if (np > 0)
+        snprintf(cmd, sizeof cmd,
+                 "env %s timeout 120 %s --oversubscribe --allow-run-as-root --bind-to none -np %d "
+                 "%s bench %s 2>%s",
+                 env, TPI_MPIEXEC, np, tu_binary(), args, g_stderr_path);
+    else
+        snprintf(cmd, sizeof cmd, "env %s timeout 120 %s bench %s 2>%s", env, tu_binary(), args,
+                 g_stderr_path);
+    FILE *p = popen(cmd, "r");
+    ck_assert_msg(p != NULL, "popen(%s) failed", cmd);
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    ck_assert_ptr_nonnull(out);
+    size_t k;
+    while ((k = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (cap - n < 1024) {
+            out = realloc(out, cap *= 2);
+            ck_assert_ptr_nonnull(out);
+        }
+    }
+    out[n] = 0;
+    int st = pclose(p);
+    *code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static char *read_stderr(void) {
+    size_t n = 0;
+    char *s = tu_read_file(g_stderr_path, &n);
+    return s ? s : strdup("");
+}
+
+/* Skips the test (return) when the model is missing. */
+#define MODEL_OR_SKIP(path)                                                                    \
+    const char *path = tu_data_path(MODEL);                                                    \
+    if (!path) {                                                                               \
+        fprintf(stderr, "SKIP: %s not found in ../shared/data or tests/data\n", MODEL);        \
+        return;                                                                                \
+    }
+
+/* ---- checking one result, whatever the format it came in --------------------- */
+
+/* A result as name -> value strings and parsed arrays. */
+struct row {
+    cJSON *obj; /* JSON: the object; CSV: built from the fields */
+};
+
+static double num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    ck_assert_msg(cJSON_IsNumber(v), "field %s missing or not a number", key);
+    return v->valuedouble;
+}
+
+static const char *str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    ck_assert_msg(cJSON_IsString(v), "field %s missing or not a string", key);
+    return v->valuestring;
+}
+
+static int arr(const cJSON *o, const char *key, double *out, int cap) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    ck_assert_msg(cJSON_IsArray(a), "field %s missing or not an array", key);
+    int n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        ck_assert_msg(cJSON_IsNumber(e), "%s[%d] is not a number", key, n);
+        if (n < cap) out[n] = e->valuedouble;
+        n++;
+    }
+    return n;
+}
+
+static void expect_close(const char *what, double got, double want, double rtol) {
+    ck_assert_msg(fabs(got - want) <= 1e-9 + rtol * fabs(want), "%s: got %.9g, want %.9g", what,
+                  got, want);
+}
+
+/* What a result must say, given its test. */
+struct want {
+    int n_prompt, n_gen, n_depth, tp, pp;
+};
+
+static void check_result(const cJSON *o, const struct want *w, double ts_rtol) {
+    ck_assert_str_eq(str(o, "backend"), "cpu");
+    ck_assert_str_eq(str(o, "comm"), "mpi");
+    ck_assert_msg(strstr(str(o, "model_filename"), MODEL) != NULL, "model_filename %s",
+                  str(o, "model_filename"));
+    ck_assert_str_eq(str(o, "model_type"), "qwen3 ?B Q4_K - Medium");
+    ck_assert_msg(strlen(str(o, "build_commit")) > 0, "empty build_commit");
+    ck_assert_msg(strlen(str(o, "gpu_info")) > 0, "empty gpu_info");
+    const char *tt = str(o, "test_time");
+    ck_assert_msg(strlen(tt) == 20 && tt[4] == '-' && tt[10] == 'T' && tt[19] == 'Z',
+                  "test_time '%s' is not ISO 8601 UTC", tt);
+    ck_assert_msg(num(o, "model_size") > 1e6 && num(o, "model_n_params") > 1e6,
+                  "model size %g / params %g", num(o, "model_size"), num(o, "model_n_params"));
+    ck_assert_int_eq((int)num(o, "n_prompt"), w->n_prompt);
+    ck_assert_int_eq((int)num(o, "n_gen"), w->n_gen);
+    ck_assert_int_eq((int)num(o, "n_depth"), w->n_depth);
+    ck_assert_int_eq((int)num(o, "tp"), w->tp);
+    ck_assert_int_eq((int)num(o, "pp"), w->pp);
+    ck_assert_int_eq((int)num(o, "n_threads"), 1);
+    ck_assert_int_eq((int)num(o, "n_batch"), 2048);
+    ck_assert_msg(num(o, "n_ubatch") >= 1, "n_ubatch %g", num(o, "n_ubatch"));
+
+    double ns[16], ts[16], mean, sd;
+    ck_assert_int_eq(arr(o, "samples_ns", ns, 16), REPS);
+    ck_assert_int_eq(arr(o, "samples_ts", ts, 16), REPS);
+    for (int i = 0; i < REPS; i++) {
+        ck_assert_msg(ns[i] > 0, "samples_ns[%d] = %g", i, ns[i]);
+        expect_close("samples_ts = tokens / seconds", ts[i],
+                     1e9 * (w->n_prompt + w->n_gen) / ns[i], ts_rtol);
+    }
+    bench_mean_sd(ts, REPS, &mean, &sd);
+    expect_close("avg_ts = mean(samples_ts)", num(o, "avg_ts"), mean, ts_rtol);
+    expect_close("stddev_ts = sample stddev (n-1) of samples_ts", num(o, "stddev_ts"), sd,
+                 ts_rtol + 1e-6 * mean / (sd > 0 ? sd : 1));
+    bench_mean_sd(ns, REPS, &mean, &sd);
+    ck_assert_msg(fabs(num(o, "avg_ns") - mean) <= 1.0, "avg_ns %g, mean of samples %g",
+                  num(o, "avg_ns"), mean);
+    ck_assert_msg(fabs(num(o, "stddev_ns") - sd) <= 1.0, "stddev_ns %g, want %g",
+                  num(o, "stddev_ns"), sd);
+
+    // Communicator traffic per repetition: 2 all-reduces per layer per forward under tp.
+    const int n_forward = (w->n_prompt > 0 ? 1 : 0) + w->n_gen;
+    if (w->tp == 2) {
+        ck_assert_int_eq((long)num(o, "comm_allreduce_calls"), 2L * N_LAYER * n_forward);
+        ck_assert_msg(num(o, "comm_allreduce_bytes") > 0, "no all-reduce bytes");
+        ck_assert_int_eq((long)num(o, "comm_allgather_calls"), n_forward); // logits
+    } else {
+        ck_assert_int_eq((long)num(o, "comm_allreduce_calls"), 0);
+    }
+    if (w->pp == 2)
+        ck_assert_msg(num(o, "comm_sendrecv_calls") > 0 && num(o, "comm_sendrecv_bytes") > 0,
+                      "pp 2 without send/recv traffic");
+
+    // Weight-read bandwidth: generation tests only, per rank and summed.
+    double g[8];
+    const int n_g = arr(o, "tg_weight_gbps_rank", g, 8);
+    if (w->n_prompt == 0 && w->n_gen > 0) {
+        ck_assert_int_eq(n_g, w->tp * w->pp);
+        double s = 0;
+        for (int i = 0; i < n_g; i++) {
+            ck_assert_msg(g[i] > 0, "tg_weight_gbps_rank[%d] = %g", i, g[i]);
+            s += g[i];
+        }
+        expect_close("tg_weight_gbps = sum over ranks", num(o, "tg_weight_gbps"), s, 1e-5);
+        // One token reads about the whole model once (the embedding table only a row).
+        const double wb = num(o, "tg_weight_bytes"), size = num(o, "model_size");
+        ck_assert_msg(wb > 0.5 * size && wb < 1.2 * size, "tg_weight_bytes %g vs model %g", wb,
+                      size);
+    } else {
+        ck_assert_int_eq(n_g, 0);
+        ck_assert_msg(num(o, "tg_weight_gbps") == 0, "GB/s on a non-tg test");
+    }
+}
+
+/* ---- JSON / JSONL --------------------------------------------------------------- */
+
+static const char *BASE_ARGS = "-p 32 -n 8 -r 3 -t 1";
+
+START_TEST(test_json_tp2) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s %s --tp 2 -o json", path, BASE_ARGS);
+    int code;
+    char *out = run_bench(2, args, &code);
+    char *err = read_stderr();
+    ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
+    cJSON *doc = cJSON_Parse(out);
+    ck_assert_msg(cJSON_IsArray(doc), "stdout is not one JSON array:\n%s", out);
+    ck_assert_int_eq(cJSON_GetArraySize(doc), 2);
+    struct want w0 = {32, 0, 0, 2, 1}, w1 = {0, 8, 0, 2, 1};
+    check_result(cJSON_GetArrayItem(doc, 0), &w0, 1e-9);
+    check_result(cJSON_GetArrayItem(doc, 1), &w1, 1e-9);
+    cJSON_Delete(doc);
+    free(out);
+    free(err);
+}
+END_TEST
+
+START_TEST(test_jsonl_pp2) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s %s --pp 2 -o jsonl", path, BASE_ARGS);
+    int code;
+    char *out = run_bench(2, args, &code);
+    char *err = read_stderr();
+    ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
+    struct want w[2] = {{32, 0, 0, 1, 2}, {0, 8, 0, 1, 2}};
+    int n = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n"), n++) {
+        cJSON *o = cJSON_Parse(line);
+        ck_assert_msg(cJSON_IsObject(o), "line %d is not a JSON object: %s", n + 1, line);
+        ck_assert_int_lt(n, 2);
+        check_result(o, &w[n], 1e-9);
+        cJSON_Delete(o);
+    }
+    ck_assert_int_eq(n, 2);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- CSV ------------------------------------------------------------------------ */
+
+/* Split one CSV line (RFC 4180 quoting) into fields, in place. Returns the count. */
+static int csv_split(char *line, char **fields, int cap) {
+    int n = 0;
+    char *p = line;
+    for (;;) {
+        char *start = p, *w = p;
+        if (*p == '"') {
+            p++;
+            for (;;) {
+                ck_assert_msg(*p, "unterminated quoted field in '%s'", line);
+                if (*p == '"' && p[1] == '"') {
+                    *w++ = '"';
+                    p += 2;
+                } else if (*p == '"') {
+                    p++;
+                    break;
+                } else {
+                    *w++ = *p++;
+                }
+            }
+            ck_assert_msg(*p == ',' || *p == 0, "text after a closing quote in '%s'", line);
+        } else {
+            while (*p && *p != ',') *w++ = *p++;
+        }
+        const char sep = *p;
+        *w = 0;
+        if (n < cap) fields[n] = start;
+        n++;
+        if (!sep) break;
+        p++;
+    }
+    return n;
+}
+
+/* A CSV row as the JSON object the checks read: numbers where they parse, arrays
+ * from the ';'-separated sample fields. */
+static cJSON *csv_row_to_json(char **hdr, char **val, int n) {
+    cJSON *o = cJSON_CreateObject();
+    for (int i = 0; i < n; i++) {
+        const char *h = hdr[i], *v = val[i];
+        if (!strcmp(h, "samples_ns") || !strcmp(h, "samples_ts") ||
+            !strcmp(h, "tg_weight_gbps_rank")) {
+            cJSON *a = cJSON_AddArrayToObject(o, h);
+            char buf[1024];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *t = strtok(buf, ";"); t; t = strtok(NULL, ";"))
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(strtod(t, NULL)));
+            continue;
+        }
+        char *end;
+        double d = strtod(v, &end);
+        bool is_num = *v && !*end && strcmp(h, "build_commit") != 0;
+        if (is_num) cJSON_AddNumberToObject(o, h, d);
+        else cJSON_AddStringToObject(o, h, v);
+    }
+    return o;
+}
+
+START_TEST(test_csv_tp2) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s %s --tp 2 -o csv", path, BASE_ARGS);
+    int code;
+    char *out = run_bench(2, args, &code);
+    char *err = read_stderr();
+    ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
+    char *lines[8];
+    int n_lines = 0;
+    for (char *l = strtok(out, "\n"); l && n_lines < 8; l = strtok(NULL, "\n")) lines[n_lines++] = l;
+    ck_assert_msg(n_lines == 3, "want a header and 2 rows, got %d lines", n_lines);
+    ck_assert_msg(lines[0][0] != '"', "the header is bare, as llama-bench's");
+    char *hdr[64], *val[64];
+    const int n_hdr = csv_split(lines[0], hdr, 64);
+    ck_assert_int_le(n_hdr, 64);
+    const char *need[] = {"build_commit", "model_filename", "model_type", "model_size",
+                          "model_n_params", "n_batch", "n_ubatch", "n_threads", "n_prompt",
+                          "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts",
+                          "stddev_ts", "samples_ns", "samples_ts", "tp", "pp", "comm", "backend",
+                          "gpu_info", "comm_allreduce_calls", "comm_allreduce_bytes",
+                          "comm_sendrecv_bytes", "tg_weight_gbps"};
+    for (size_t k = 0; k < sizeof need / sizeof need[0]; k++) {
+        int found = 0;
+        for (int i = 0; i < n_hdr; i++) found |= !strcmp(hdr[i], need[k]);
+        ck_assert_msg(found, "CSV header lacks %s", need[k]);
+    }
+    struct want w[2] = {{32, 0, 0, 2, 1}, {0, 8, 0, 2, 1}};
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(lines[1 + r][0] == '"', "row %d: values are quoted", r);
+        const int n_val = csv_split(lines[1 + r], val, 64);
+        ck_assert_int_eq(n_val, n_hdr);
+        cJSON *o = csv_row_to_json(hdr, val, n_val);
+        // CSV prints t/s with 6 decimals (std::to_string, as llama-bench).
+        check_result(o, &w[r], 1e-5);
+        cJSON_Delete(o);
+    }
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- markdown ------------------------------------------------------------------- */
+
+START_TEST(test_md_tp2_depth) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -p 16 -n 4 -d 0,24 -pg 8,2 -r 2 -t 1 --tp 2", path);
+    int code;
+    char *out = run_bench(2, args, &code);
+    char *err = read_stderr();
+    ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
+    ck_assert_msg(strncmp(out, "| model ", 8) == 0, "markdown must open with the header:\n%s", out);
+    // The header's cells, trimmed, in order.
+    const char *cols[] = {"model", "size", "params", "backend", "tp", "pp", "comm", "test", "t/s",
+                          "GB/s"};
+    const size_t n_cols = sizeof cols / sizeof cols[0];
+    char hdr[1024];
+    snprintf(hdr, sizeof hdr, "%.*s", (int)strcspn(out, "\n"), out);
+    size_t n_cells = 0;
+    char *save_h = NULL;
+    for (char *c = strtok_r(hdr, "|", &save_h); c; c = strtok_r(NULL, "|", &save_h)) {
+        while (*c == ' ') c++;
+        size_t len = strlen(c);
+        while (len > 0 && c[len - 1] == ' ') c[--len] = 0;
+        ck_assert_msg(n_cells < n_cols && !strcmp(c, cols[n_cells]), "header cell %zu is '%s'",
+                      n_cells, c);
+        n_cells++;
+    }
+    ck_assert_int_eq(n_cells, n_cols);
+    // One row per test: 3 tests (pp16, tg4, pp8+tg2) at 2 depths.
+    const char *tests[] = {"pp16 |", "tg4 |", "pp8+tg2 |", "pp16 @ d24 |", "tg4 @ d24 |",
+                           "pp8+tg2 @ d24 |"};
+    int n_rows = 0;
+    char *save = NULL;
+    int line_no = 0;
+    for (char *l = strtok_r(out, "\n", &save); l; l = strtok_r(NULL, "\n", &save), line_no++) {
+        if (line_no < 2 || l[0] != '|') continue;
+        ck_assert_msg(strstr(l, "qwen3 ?B Q4_K - Medium") && strstr(l, " CPU ") &&
+                          strstr(l, " ± "),
+                      "malformed row: %s", l);
+        ck_assert_msg(strstr(l, tests[n_rows < 6 ? n_rows : 5]) != NULL, "row %d is not %s: %s",
+                      n_rows, tests[n_rows < 6 ? n_rows : 5], l);
+        n_rows++;
+    }
+    ck_assert_int_eq(n_rows, 6);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- errors --------------------------------------------------------------------- */
+
+START_TEST(test_error_tp_world) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -p 8 -n 2 -r 1 -t 1 --tp 2", path);
+    int code;
+    char *out = run_bench(0, args, &code);
+    char *err = read_stderr();
+    ck_assert_int_eq(code, 1);
+    ck_assert_msg(strstr(err, "needs 2 ranks") != NULL, "unclear message:\n%s", err);
+    ck_assert_msg(out[0] == 0, "stdout should be empty on an error:\n%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+START_TEST(test_error_missing_model) {
+    int code;
+    char *out = run_bench(2, "-m /nonexistent/model.gguf -p 8 -n 2 -r 1 -t 1 --tp 2", &code);
+    char *err = read_stderr();
+    // Every rank exits 1 (mpirun reports the first non-zero code), no hang (timeout: 124).
+    ck_assert_msg(code == 1, "exit %d, stderr:\n%s", code, err);
+    ck_assert_msg(strstr(err, "/nonexistent/model.gguf") != NULL, "message lacks the path:\n%s",
+                  err);
+    ck_assert_msg(out[0] == 0, "stdout should be empty on an error:\n%s", out);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* ---- the formatting helpers ----------------------------------------------------- */
+
+START_TEST(test_names) {
+    ck_assert_str_eq(bench_ftype_name(15), "Q4_K - Medium");
+    ck_assert_str_eq(bench_ftype_name(17), "Q5_K - Medium");
+    ck_assert_str_eq(bench_ftype_name(18), "Q6_K");
+    ck_assert_str_eq(bench_ftype_name(7), "Q8_0");
+    ck_assert_str_eq(bench_ftype_name(32), "BF16");
+    ck_assert_str_eq(bench_ftype_name(1), "F16");
+    ck_assert_str_eq(bench_ftype_name(2), "Q4_0");
+    ck_assert_str_eq(bench_ftype_name(0), "all F32");
+    ck_assert_str_eq(bench_ftype_name(-1), "?");
+    ck_assert_str_eq(bench_size_class("qwen3", 8190735360ull), "8B");
+    ck_assert_str_eq(bench_size_class("qwen3", 596049920ull), "0.6B");
+    ck_assert_str_eq(bench_size_class("qwen3", 32762123264ull), "32B");
+    ck_assert_str_eq(bench_size_class("qwen2", 494032768ull), "0.5B");
+    ck_assert_str_eq(bench_size_class("qwen3", 11539456ull), "?B");
+    char buf[128];
+    bench_model_type(buf, sizeof buf, "qwen3", 8190735360ull, 15);
+    ck_assert_str_eq(buf, "qwen3 8B Q4_K - Medium");
+    bench_model_type(buf, sizeof buf, "qwen3", 11539456ull, 32);
+    ck_assert_str_eq(buf, "qwen3 ?B BF16");
+    bench_test_name(buf, sizeof buf, 512, 0, 0);
+    ck_assert_str_eq(buf, "pp512");
+    bench_test_name(buf, sizeof buf, 0, 128, 0);
+    ck_assert_str_eq(buf, "tg128");
+    bench_test_name(buf, sizeof buf, 512, 0, 8192);
+    ck_assert_str_eq(buf, "pp512 @ d8192");
+    bench_test_name(buf, sizeof buf, 512, 128, 0);
+    ck_assert_str_eq(buf, "pp512+tg128");
+    const double x[4] = {1, 2, 3, 4};
+    double m, sd;
+    bench_mean_sd(x, 4, &m, &sd);
+    expect_close("mean", m, 2.5, 1e-12);
+    expect_close("sample sd", sd, sqrt(5.0 / 3.0), 1e-12);
+    bench_mean_sd(x, 1, &m, &sd);
+    ck_assert_msg(sd == 0, "sd of one sample is 0");
+}
+END_TEST
+
+int main(void) {
+    // Without the model only the helpers could run: report the whole test as skipped.
+    if (!tu_data_or_skip(MODEL)) return TU_SKIP;
+    Suite *s = suite_create("bench");
+    TCase *tc = tcase_create("bench");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_names);
+    tcase_add_test(tc, test_error_tp_world);
+    tcase_add_test(tc, test_error_missing_model);
+    tcase_add_test(tc, test_json_tp2);
+    tcase_add_test(tc, test_jsonl_pp2);
+    tcase_add_test(tc, test_csv_tp2);
+    tcase_add_test(tc, test_md_tp2_depth);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
