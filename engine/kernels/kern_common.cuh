@@ -66,6 +66,10 @@ bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const
  * the device, so callers size it once early where they can. */
 void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes, const char *op);
 
+/* Spare bytes after every weight's data (weight_upload): kernels may read whole
+ * 16-byte pieces that start inside the data. */
+#define KERN_WEIGHT_PAD 64
+
 /* Whether the CUDA kernels handle weight type `type`. */
 bool kern_type_supported(int type);
 

@@ -76,6 +76,71 @@ __global__ void dequant_elem_kernel(const uint8_t *data, size_t row_bytes, int64
     }
 }
 
+/* The prefill dequantize: rows [row0, row0+n_rows) of a block-type weight to bf16.
+ * The output of whole quant blocks is one contiguous stretch, so a thread block
+ * decodes DQ_TILE values (whole quant blocks, flattened over rows) into shared memory
+ * and writes them out with 16-byte stores; the quant bytes are read coalesced, once. */
+#define DQ_TILE 4096
+template <int TYPE>
+__global__ void __launch_bounds__(256)
+    dequant_bf16_tile_kernel(const uint8_t *data, size_t row_bytes, int64_t nb_row, int64_t row0,
+                             int64_t n_blocks, __nv_bfloat16 *dst) {
+    using Q = kq<TYPE>;
+    constexpr int TB = DQ_TILE / Q::BLK; /* quant blocks per tile */
+    __shared__ uint4 tile4[DQ_TILE / 8];
+    __nv_bfloat16 *tile = (__nv_bfloat16 *)tile4;
+    for (int64_t gb0 = (int64_t)blockIdx.x * TB; gb0 < n_blocks; gb0 += (int64_t)gridDim.x * TB) {
+        const int nbk = (int)min((int64_t)TB, n_blocks - gb0);
+        for (int i = threadIdx.x; i < nbk * Q::UPB; i += blockDim.x) {
+            const int lb = i / Q::UPB, u = i % Q::UPB;
+            const int64_t gb = gb0 + lb, r = gb / nb_row, blk = gb % nb_row;
+            float v[Q::G * 4];
+            int off[Q::G];
+            Q::unit(data + (row0 + r) * row_bytes + blk * Q::BYTES, u, v, off);
+#pragma unroll
+            for (int g = 0; g < Q::G; g++) {
+                __nv_bfloat162 *o = (__nv_bfloat162 *)(tile + lb * Q::BLK + off[g]);
+                o[0] = __floats2bfloat162_rn(v[4 * g], v[4 * g + 1]);
+                o[1] = __floats2bfloat162_rn(v[4 * g + 2], v[4 * g + 3]);
+            }
+        }
+        __syncthreads();
+        uint4 *out = (uint4 *)(dst + gb0 * Q::BLK);
+        for (int i = threadIdx.x; i < nbk * Q::BLK / 8; i += blockDim.x)
+            out[i] = tile4[i];
+        __syncthreads(); /* the tile is rewritten next */
+    }
+}
+
+/* F16 -> bf16, 8 values per thread with 16-byte loads and stores (n % 8 == 0). */
+__global__ void f16_to_bf16_vec_kernel(const uint4 *src, uint4 *dst, int64_t n8) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        uint4 a = src[i];
+        uint32_t *w = (uint32_t *)&a;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = __half22float2(*(const __half2 *)&w[k]);
+            const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+            w[k] = *(const uint32_t *)&b;
+        }
+        dst[i] = a;
+    }
+}
+
+/* f32 -> bf16, 4 values per thread (n % 4 == 0, 16-byte aligned input). */
+__global__ void f32_to_bf16_vec_kernel(const float4 *x, uint2 *y, int64_t n4) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float4 v = x[i];
+        const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+        uint2 o;
+        o.x = *(const uint32_t *)&a;
+        o.y = *(const uint32_t *)&b;
+        y[i] = o;
+    }
+}
+
 __global__ void f32_to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -206,11 +271,47 @@ void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *
 
 void kern_dequant_bf16(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t row0,
                        int64_t n_rows, __nv_bfloat16 *dst) {
-    dequant_launch<__nv_bfloat16>(ctx, "cuda matmul (dequantize)", w, NULL, row0, n_rows, dst);
+    const char *op = "cuda matmul (dequantize)";
+    if (n_rows <= 0) return;
+    const bool dst_ok = ((uintptr_t)dst & 15) == 0;
+    if (dst_ok && w->type == TPI_TYPE_F16 && (n_rows * w->ne0) % 8 == 0 &&
+        ((uintptr_t)w->data & 15) == 0 && (row0 * w->ne0) % 8 == 0) {
+        const int64_t n8 = n_rows * w->ne0 / 8;
+        f16_to_bf16_vec_kernel<<<grid_for(ctx, n8, 256), 256, 0, ctx->stream>>>(
+            (const uint4 *)((const uint8_t *)w->data + row0 * w->row_bytes), (uint4 *)dst, n8);
+        LAUNCH_OK(ctx, op);
+        return;
+    }
+    bool done = false;
+    if (dst_ok)
+        kq_dispatch(w->type, [&](auto type_c, auto block_c) {
+            constexpr int T = decltype(type_c)::value;
+            if constexpr (decltype(block_c)::value) {
+                const int64_t nb_row = w->ne0 / kq<T>::BLK, n_blocks = n_rows * nb_row;
+                const int64_t tiles = (n_blocks + DQ_TILE / kq<T>::BLK - 1) / (DQ_TILE / kq<T>::BLK);
+                const int64_t cap = (int64_t)ctx->n_sm * 8;
+                dequant_bf16_tile_kernel<T><<<(unsigned)(tiles < cap ? tiles : cap), 256, 0,
+                                              ctx->stream>>>((const uint8_t *)w->data,
+                                                             w->row_bytes, nb_row, row0, n_blocks,
+                                                             dst);
+                done = true;
+            }
+        });
+    if (done) {
+        LAUNCH_OK(ctx, op);
+        return;
+    }
+    dequant_launch<__nv_bfloat16>(ctx, op, w, NULL, row0, n_rows, dst);
 }
 
 void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n) {
     if (n <= 0) return;
+    if (n % 4 == 0 && ((uintptr_t)x & 15) == 0 && ((uintptr_t)y & 7) == 0) {
+        f32_to_bf16_vec_kernel<<<grid_for(ctx, n / 4, 256), 256, 0, ctx->stream>>>(
+            (const float4 *)x, (uint2 *)y, n / 4);
+        LAUNCH_OK(ctx, "cuda matmul (x to bf16)");
+        return;
+    }
     f32_to_bf16_kernel<<<grid_for(ctx, n, 256), 256, 0, ctx->stream>>>(x, y, n);
     LAUNCH_OK(ctx, "cuda matmul (x to bf16)");
 }

@@ -97,15 +97,429 @@ __global__ void __launch_bounds__(MATVEC_WARPS * 32)
     }
 }
 
+/* ------------------------------------------------ staged matrix-vector kernels
+ *
+ * The fast decode path. A warp owns 4 consecutive output features (weight rows) and
+ * walks their rows in *stages* of 32 units per feature (a unit: 16 to 64 values of one
+ * block). Each stage's raw bytes (one window per row, rounded out to 16 bytes, which
+ * weight_upload's padding keeps inside the allocation) are copied into shared memory
+ * with 16-byte cp.async, one stage ahead, so every weight byte is read once with wide
+ * loads and several kilobytes are in flight per warp. Lane (fi, ul) = (lane / 8,
+ * lane % 8) decodes units ul, ul+8, ul+16, ul+24 of feature fi: the four lanes with
+ * the same ul read the same x addresses in the same instruction, so x traffic is a
+ * quarter of the naive one. x is read as float4 (needs x 16-byte aligned, ne0 % 4 == 0).
+ * Small ne1 splits each row's stages over wpf warps (summed in shared memory).
+ *
+ * Integers become floats without I2F (a slow unit): a small unsigned q placed in the
+ * top mantissa bits of 2^E gives the float 2^E + q exactly, and fmaf(d, 2^E + q, -k)
+ * with k = (2^E + offset) * d gives d * (q - offset) with one rounding of k: relative
+ * errors ~2^-20, far inside the matvec bound. */
+
+#define MV_WARPS 4    /* warps per block */
+#define MV_FEATS 4    /* features per warp */
+#define MV_UNITS 32   /* units per feature per stage */
+
+__device__ __forceinline__ void mv_cp16(void *smem, const void *gmem) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void mv_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void mv_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* logical shift left by sh (negative: right); sh is a constant after unrolling */
+__device__ __forceinline__ uint32_t mv_sh(uint32_t w, int sh) {
+    return sh >= 0 ? w << sh : w >> -sh;
+}
+/* The float 2^E + q for the NB-bit field of w at bit pos (q < 2^E, NB <= E). */
+__device__ __forceinline__ float mv_mag(uint32_t w, int pos, int nb, int e) {
+    const uint32_t mask = ((1u << nb) - 1u) << (23 - e);
+    return __uint_as_float(((uint32_t)(127 + e) << 23) | (mv_sh(w, 23 - e - pos) & mask));
+}
+
+/* n 32-bit words from a 2-byte aligned shared-memory address (reads one word past). */
+template <int N> __device__ __forceinline__ void mv_ld_a2(const uint8_t *p, uint32_t (&w)[N]) {
+    const uintptr_t a = (uintptr_t)p;
+    const uint32_t *q = (const uint32_t *)(a & ~(uintptr_t)3);
+    const int sh = (int)(a & 3) * 8;
+    uint32_t t[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++)
+        t[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        w[i] = __funnelshift_r(t[i], t[i + 1], sh);
+}
+template <int N> __device__ __forceinline__ void mv_ld_a4(const uint8_t *p, uint32_t (&w)[N]) {
+    const uint32_t *q = (const uint32_t *)p;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        w[i] = q[i];
+}
+
+/* acc[r] += (a, b, c, d) . x_r[0..3] for the first nr rows; x rows are ne0 apart. */
+template <int NR>
+__device__ __forceinline__ void mv_fma4(float (&acc)[NR], const float *xp, int ne0, int nr,
+                                        float a, float b, float c, float d) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const float4 xv = __ldg((const float4 *)(xp + (size_t)r * ne0));
+            float s = acc[r];
+            s = fmaf(a, xv.x, s);
+            s = fmaf(b, xv.y, s);
+            s = fmaf(c, xv.z, s);
+            s = fmaf(d, xv.w, s);
+            acc[r] = s;
+        }
+}
+
+/* Sub-block j's 6-bit scale and min of a Q4_K/Q5_K block, without branches on j. */
+__device__ __forceinline__ void mv_scale_min_k4(int j, const uint8_t *s, float *sc, float *m) {
+    const int j4 = j & 3;
+    const int a = s[j4], b = s[j4 + 4], e = s[j4 + 8];
+    const bool lo = j < 4;
+    *sc = (float)(lo ? (a & 63) : ((e & 0xF) | ((a >> 6) << 4)));
+    *m = (float)(lo ? (b & 63) : ((e >> 4) | ((b >> 6) << 4)));
+}
+
+/* mvq<T>: BLK values and BYTES bytes per block, UPB units per block, and
+ * dot<NR>(block, unit, x at the block's first value, ne0, nr, acc). */
+template <int TYPE> struct mvq;
+
+/* Types without a hand-written unit: the shared decoder (4 quant bytes per unit). */
+template <int TYPE> struct mvq_generic {
+    using Q = kq<TYPE>;
+    static constexpr int BLK = Q::BLK, BYTES = Q::BYTES, UPB = Q::UPB;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        float v[Q::G * 4];
+        int off[Q::G];
+        Q::unit(b, u, v, off);
+#pragma unroll
+        for (int g = 0; g < Q::G; g++)
+            mv_fma4<NR>(acc, xb + off[g], ne0, nr, v[4 * g], v[4 * g + 1], v[4 * g + 2],
+                        v[4 * g + 3]);
+    }
+};
+template <> struct mvq<TPI_TYPE_Q4_1> : mvq_generic<TPI_TYPE_Q4_1> {};
+template <> struct mvq<TPI_TYPE_Q5_1> : mvq_generic<TPI_TYPE_Q5_1> {};
+template <> struct mvq<TPI_TYPE_Q5_K> : mvq_generic<TPI_TYPE_Q5_K> {};
+
+/* Q4_0: a unit is a whole block (16 quant bytes, 32 values). */
+template <> struct mvq<TPI_TYPE_Q4_0> {
+    static constexpr int BLK = 32, BYTES = 18, UPB = 1;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const float d = kq_f16(b), k = 24.0f * d; /* (16 + q) d - 24 d = (q - 8) d */
+        uint32_t w[4];
+        mv_ld_a2<4>(b + 2, w);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float lo[4], hi[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                lo[j] = fmaf(d, mv_mag(w[i], 8 * j, 4, 4), -k);
+                hi[j] = fmaf(d, mv_mag(w[i], 8 * j + 4, 4, 4), -k);
+            }
+            mv_fma4<NR>(acc, xb + 4 * i, ne0, nr, lo[0], lo[1], lo[2], lo[3]);
+            mv_fma4<NR>(acc, xb + 16 + 4 * i, ne0, nr, hi[0], hi[1], hi[2], hi[3]);
+        }
+    }
+};
+
+/* Q5_0: a unit is a whole block; the fifth bit of value j is qh bit j. */
+template <> struct mvq<TPI_TYPE_Q5_0> {
+    static constexpr int BLK = 32, BYTES = 22, UPB = 1;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const float d = kq_f16(b), k = 48.0f * d; /* (32 + q) d - 48 d = (q - 16) d */
+        uint32_t h[1], w[4];
+        mv_ld_a2<1>(b + 2, h);
+        mv_ld_a2<4>(b + 6, w);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float lo[4], hi[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int e = 4 * i + j; /* element index of the low nibble */
+                const uint32_t hl = mv_sh(h[0], 22 - e) & 0x00400000u;
+                const uint32_t hh = mv_sh(h[0], 22 - (e + 16)) & 0x00400000u;
+                lo[j] = fmaf(d, __uint_as_float(__float_as_uint(mv_mag(w[i], 8 * j, 4, 5)) | hl),
+                             -k);
+                hi[j] = fmaf(
+                    d, __uint_as_float(__float_as_uint(mv_mag(w[i], 8 * j + 4, 4, 5)) | hh), -k);
+            }
+            mv_fma4<NR>(acc, xb + 4 * i, ne0, nr, lo[0], lo[1], lo[2], lo[3]);
+            mv_fma4<NR>(acc, xb + 16 + 4 * i, ne0, nr, hi[0], hi[1], hi[2], hi[3]);
+        }
+    }
+};
+
+/* Q8_0: a unit is half a block (16 int8 values). q + 128 is taken as unsigned. */
+template <> struct mvq<TPI_TYPE_Q8_0> {
+    static constexpr int BLK = 32, BYTES = 34, UPB = 2;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const float d = kq_f16(b), k = 384.0f * d; /* (256 + q + 128) d - 384 d = q d */
+        uint32_t w[4];
+        mv_ld_a2<4>(b + 2 + 16 * u, w);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t ww = w[i] ^ 0x80808080u;
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = fmaf(d, mv_mag(ww, 8 * j, 8, 8), -k);
+            mv_fma4<NR>(acc, xb + 16 * u + 4 * i, ne0, nr, v[0], v[1], v[2], v[3]);
+        }
+    }
+};
+
+/* Q4_K: a unit is 16 quant bytes (16 low nibbles of sub-block 2c, 16 high of 2c+1). */
+template <> struct mvq<TPI_TYPE_Q4_K> {
+    static constexpr int BLK = 256, BYTES = 144, UPB = 8;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const float d = kq_f16(b), dmin = kq_f16(b + 2);
+        const int c = u >> 1, l0 = (u & 1) * 16;
+        float sc0, m0, sc1, m1;
+        mv_scale_min_k4(2 * c, b + 4, &sc0, &m0);
+        mv_scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
+        const float d0 = d * sc0, d1 = d * sc1;
+        const float k0 = fmaf(16.0f, d0, dmin * m0), k1 = fmaf(16.0f, d1, dmin * m1);
+        uint32_t w[4];
+        mv_ld_a4<4>(b + 16 + 32 * c + l0, w);
+        const float *xl = xb + 64 * c + l0, *xh = xl + 32;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float lo[4], hi[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                lo[j] = fmaf(d0, mv_mag(w[i], 8 * j, 4, 4), -k0);
+                hi[j] = fmaf(d1, mv_mag(w[i], 8 * j + 4, 4, 4), -k1);
+            }
+            mv_fma4<NR>(acc, xl + 4 * i, ne0, nr, lo[0], lo[1], lo[2], lo[3]);
+            mv_fma4<NR>(acc, xh + 4 * i, ne0, nr, hi[0], hi[1], hi[2], hi[3]);
+        }
+    }
+};
+
+/* Q6_K: a unit is 8 positions l of one 128-value half n: values l, l+32, l+64, l+96. */
+template <> struct mvq<TPI_TYPE_Q6_K> {
+    static constexpr int BLK = 256, BYTES = 210, UPB = 8;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const int n = u >> 2, l0 = (u & 3) * 8;
+        const uint8_t *ql = b + 64 * n, *qh = b + 128 + 32 * n;
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * n);
+        const float d = kq_f16(b + 208);
+        const int is = l0 / 16;
+        float s[4], k[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            s[g] = d * (float)sc[is + 2 * g];
+            k[g] = 96.0f * s[g]; /* (64 + q) s - 96 s = (q - 32) s */
+        }
+        uint32_t A[2], C[2], H[2];
+        mv_ld_a2<2>(ql + l0, A);
+        mv_ld_a2<2>(ql + 32 + l0, C);
+        mv_ld_a2<2>(qh + l0, H);
+        const float *xp = xb + 128 * n + l0;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint32_t q[4];
+            q[0] = (A[i] & 0x0F0F0F0Fu) | ((H[i] & 0x03030303u) << 4);
+            q[1] = (C[i] & 0x0F0F0F0Fu) | ((H[i] & 0x0C0C0C0Cu) << 2);
+            q[2] = ((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u);
+            q[3] = ((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2);
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                float v[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    v[j] = fmaf(s[g], mv_mag(q[g], 8 * j, 6, 6), -k[g]);
+                mv_fma4<NR>(acc, xp + 32 * g + 4 * i, ne0, nr, v[0], v[1], v[2], v[3]);
+            }
+        }
+    }
+};
+
+/* Element types: a "block" is one unit of 16 bytes (8 halves or 4 floats). */
+template <> struct mvq<TPI_TYPE_F16> {
+    static constexpr int BLK = 8, BYTES = 16, UPB = 1;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const uint4 w = *(const uint4 *)b;
+        const float2 a = __half22float2(*(const __half2 *)&w.x), c = __half22float2(*(const __half2 *)&w.y);
+        const float2 e = __half22float2(*(const __half2 *)&w.z), f = __half22float2(*(const __half2 *)&w.w);
+        mv_fma4<NR>(acc, xb, ne0, nr, a.x, a.y, c.x, c.y);
+        mv_fma4<NR>(acc, xb + 4, ne0, nr, e.x, e.y, f.x, f.y);
+    }
+};
+template <> struct mvq<TPI_TYPE_BF16> {
+    static constexpr int BLK = 8, BYTES = 16, UPB = 1;
+    static __device__ __forceinline__ float lo(uint32_t v) { return __uint_as_float(v << 16); }
+    static __device__ __forceinline__ float hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const uint4 w = *(const uint4 *)b;
+        mv_fma4<NR>(acc, xb, ne0, nr, lo(w.x), hi(w.x), lo(w.y), hi(w.y));
+        mv_fma4<NR>(acc, xb + 4, ne0, nr, lo(w.z), hi(w.z), lo(w.w), hi(w.w));
+    }
+};
+template <> struct mvq<TPI_TYPE_F32> {
+    static constexpr int BLK = 4, BYTES = 16, UPB = 1;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const float4 w = *(const float4 *)b;
+        mv_fma4<NR>(acc, xb, ne0, nr, w.x, w.y, w.z, w.w);
+    }
+};
+
+/* Shared-memory bytes of one feature's stage: the window may start up to 14 bytes
+ * before the stage and end 15 after it; mv_ld_a2 reads one word past the end. */
+template <int TYPE> struct mv_shape {
+    static constexpr int SB = MV_UNITS / mvq<TYPE>::UPB; /* blocks per feature per stage */
+    static constexpr int FB = (SB * mvq<TYPE>::BYTES + 30 + 4 + 15) / 16 * 16;
+    static constexpr size_t SMEM = (size_t)MV_WARPS * 2 * MV_FEATS * FB;
+};
+
+template <int TYPE, int NR>
+__global__ void __launch_bounds__(MV_WARPS * 32)
+    mv_staged_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
+                     const float *__restrict__ x, float *__restrict__ y, int nr, int wpf) {
+    using Q = mvq<TYPE>;
+    constexpr int SB = mv_shape<TYPE>::SB, FB = mv_shape<TYPE>::FB, PIECES = FB / 16;
+    extern __shared__ uint4 mv_smem[];
+    __shared__ float red[MV_WARPS][MV_FEATS][NR];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int grp = blockIdx.x * (MV_WARPS / wpf) + warp / wpf, wi = warp % wpf;
+    const int f0 = grp * MV_FEATS;
+    const int fi = lane >> 3, ul = lane & 7;
+    const int nb = ne0 / Q::BLK, n_stage = (nb + SB - 1) / SB;
+    uint8_t *buf = (uint8_t *)mv_smem + (size_t)warp * 2 * MV_FEATS * FB;
+    const bool active = f0 < ne1;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        acc[r] = 0.0f;
+
+    if (active) {
+        /* issue the copies of stage s into dst (one commit group) */
+        auto issue = [&](int s, uint8_t *dst) {
+            const int nbk = min(SB, nb - s * SB);
+            for (int i = lane; i < MV_FEATS * PIECES; i += 32) {
+                const int f = i / PIECES, p = i % PIECES;
+                const int64_t row = min(f0 + f, ne1 - 1);
+                const uintptr_t g0 = (uintptr_t)(w + row * row_bytes + (size_t)s * SB * Q::BYTES);
+                const uintptr_t a = (g0 & ~(uintptr_t)15) + 16 * (uintptr_t)p;
+                if (a < g0 + (uintptr_t)nbk * Q::BYTES) mv_cp16(dst + f * FB + 16 * p, (const void *)a);
+            }
+            mv_commit();
+        };
+        const int64_t my_row = min(f0 + fi, ne1 - 1);
+        int k = 0;
+        if (wi < n_stage) issue(wi, buf);
+        for (int s = wi; s < n_stage; s += wpf, k ^= 1) {
+            if (s + wpf < n_stage) {
+                issue(s + wpf, buf + (k ^ 1) * MV_FEATS * FB);
+                mv_wait<1>();
+            } else {
+                mv_wait<0>();
+            }
+            __syncwarp();
+            const uintptr_t g0 = (uintptr_t)(w + my_row * row_bytes + (size_t)s * SB * Q::BYTES);
+            const uint8_t *sb = buf + k * MV_FEATS * FB + fi * FB + (g0 & 15);
+            const int n_units = min(SB, nb - s * SB) * Q::UPB;
+            const float *xs = x + (size_t)s * SB * Q::BLK;
+#pragma unroll
+            for (int j = 0; j < MV_UNITS / 8; j++) {
+                const int u = ul + 8 * j;
+                if (u < n_units) {
+                    const int blk = u / Q::UPB;
+                    Q::template dot<NR>(sb + blk * Q::BYTES, u % Q::UPB, xs + blk * Q::BLK, ne0,
+                                        nr, acc);
+                }
+            }
+            __syncwarp(); /* the buffer is refilled two stages later */
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        float v = acc[r];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        acc[r] = v;
+    }
+    const int feat = f0 + fi;
+    if (wpf == 1) {
+        if (active && ul == 0 && feat < ne1)
+#pragma unroll
+            for (int r = 0; r < NR; r++)
+                if (r < nr) y[(size_t)r * ne1 + feat] = acc[r];
+        return;
+    }
+    if (ul == 0)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            red[warp][fi][r] = acc[r];
+    __syncthreads();
+    if (wi == 0 && ul == 0 && active && feat < ne1)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r < nr) {
+                float s = 0.0f;
+                for (int w2 = 0; w2 < wpf; w2++)
+                    s += red[warp + w2][fi][r];
+                y[(size_t)r * ne1 + feat] = s;
+            }
+}
+
 /* ---------------------------------------------------------------- launchers */
+
+/* Warps per feature group: split the rows' stages until the grid has enough warps. */
+static int mv_wpf(const struct ops_ctx *ctx, int64_t ne1, int n_stage) {
+    const int64_t groups = (ne1 + MV_FEATS - 1) / MV_FEATS;
+    int wpf = 1;
+    while (wpf < MV_WARPS && groups * wpf < (int64_t)ctx->n_sm * 8 && 2 * wpf <= n_stage)
+        wpf *= 2;
+    return wpf;
+}
 
 template <int NR>
 static void matvec_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                           int n_rows) {
     const unsigned blocks = (unsigned)((w->ne1 + MATVEC_WARPS - 1) / MATVEC_WARPS);
     const uint8_t *data = (const uint8_t *)w->data;
+    /* the staged kernels need float4 x rows and whole 16-byte element units */
+    const bool x_ok = ((uintptr_t)x & 15) == 0 && w->ne0 % 4 == 0;
     kq_dispatch(w->type, [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
+        if (x_ok && w->ne0 % mvq<T>::BLK == 0) {
+            using S = mv_shape<T>;
+            const int n_stage = (int)((w->ne0 / mvq<T>::BLK + S::SB - 1) / S::SB);
+            const int wpf = mv_wpf(ctx, w->ne1, n_stage);
+            const int64_t groups = (w->ne1 + MV_FEATS - 1) / MV_FEATS;
+            const int64_t gpb = MV_WARPS / wpf;
+            mv_staged_kernel<T, NR><<<(unsigned)((groups + gpb - 1) / gpb), MV_WARPS * 32,
+                                      S::SMEM, ctx->stream>>>(
+                data, w->row_bytes, (int)w->ne0, (int)w->ne1, x, y, n_rows, wpf);
+            return;
+        }
         if constexpr (decltype(block_c)::value)
             matvec_block_kernel<T, NR><<<blocks, MATVEC_WARPS * 32, 0, ctx->stream>>>(
                 data, w->row_bytes, w->ne0, w->ne1, x, y, n_rows);

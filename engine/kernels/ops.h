@@ -130,6 +130,26 @@ struct ops {
     /* dst(n_idx, n_cols) = rows idx[] of src(*, n_cols); idx is host memory. */
     void (*get_rows)(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
                      int64_t n_cols, float *dst);
+
+    /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
+     * A recorded sequence of compute ops replayed with one launch. Ops queued between
+     * graph_begin and graph_end are recorded, not run; replay reads whatever the
+     * recorded device buffers hold at launch time, so per-step values (token ids,
+     * positions, slots) must be copied into device memory before graph_launch, and the
+     * host arguments of the recorded ops (n_tokens, ops_batch host arrays, get_rows
+     * indices) are frozen at their recorded values. */
+    /* Wait for queued work, then start recording the stream's ops. Errors: capture failed. */
+    int (*graph_begin)(struct ops_ctx *ctx, struct tpi_error *err);
+    /* Stop recording; *graph receives the replayable graph (free with graph_free). When an
+     * op failed while recording, *graph is NULL, the failure is returned and the
+     * context's deferred error is cleared (nothing ran). */
+    int (*graph_end)(struct ops_ctx *ctx, void **graph, struct tpi_error *err);
+    /* Queue one replay of graph. *launched is false (status TPI_OK) when the graph is
+     * stale: a scratch buffer it uses was reallocated since recording; free it and
+     * record again. */
+    int (*graph_launch)(struct ops_ctx *ctx, void *graph, bool *launched, struct tpi_error *err);
+    /* Free a graph from graph_end (NULL is fine); waits for its replays to finish. */
+    void (*graph_free)(struct ops_ctx *ctx, void *graph);
 };
 
 /* The CPU reference backend (always built). */
@@ -139,6 +159,15 @@ extern const struct ops ops_cpu;
  * usable right now (false without a driver or device; never aborts). */
 const struct ops *ops_cuda_get(void);
 bool ops_cuda_available(int *n_devices);
+
+#ifdef __CUDACC__
+/* The CUDA backend's graph entries (kern_graph.cu), declared here so ops_cuda.cu's
+ * table can name them; callers use ops->graph_* instead. */
+int kern_graph_begin(struct ops_ctx *ctx, struct tpi_error *err);
+int kern_graph_end(struct ops_ctx *ctx, void **graph, struct tpi_error *err);
+int kern_graph_launch(struct ops_ctx *ctx, void *graph, bool *launched, struct tpi_error *err);
+void kern_graph_free(struct ops_ctx *ctx, void *graph);
+#endif
 
 /* Backend by name: "cpu", "cuda", or "auto" (cuda when built with it and a GPU is
  * visible, else cpu). NULL with err set when the name is unknown or unavailable. */

@@ -268,9 +268,14 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
     tpi_err_clear(&ctx->err);
     void *data = NULL;
     int status = TPI_OK;
-    if (!CUDA_OK(ctx, "cuda weight_upload", cudaMalloc(&data, n_bytes))) {
+    /* KERN_WEIGHT_PAD spare bytes (zeroed): the matrix-vector kernels copy rows in
+     * 16-byte pieces rounded out from the row's bytes, which may reach past the end */
+    if (!CUDA_OK(ctx, "cuda weight_upload", cudaMalloc(&data, n_bytes + KERN_WEIGHT_PAD))) {
         data = NULL;
-    } else if (!upload_staged(ctx, data, host_data, n_bytes)) {
+    } else if (!CUDA_OK(ctx, "cuda weight_upload",
+                        cudaMemsetAsync((uint8_t *)data + n_bytes, 0, KERN_WEIGHT_PAD,
+                                        ctx->stream)) ||
+               !upload_staged(ctx, data, host_data, n_bytes)) {
         cudaFree(data);
         data = NULL;
     }
@@ -369,6 +374,10 @@ static const struct ops ops_cuda_table = {
     /* .silu_mul = */ kern_silu_mul,
     /* .add = */ kern_add,
     /* .get_rows = */ kern_get_rows,
+    /* .graph_begin = */ kern_graph_begin, /* kern_graph.cu */
+    /* .graph_end = */ kern_graph_end,
+    /* .graph_launch = */ kern_graph_launch,
+    /* .graph_free = */ kern_graph_free,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

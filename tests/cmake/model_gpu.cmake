@@ -1,0 +1,20 @@
+# The whole model on the CUDA backend against the CPU backend, CUDA graphs of decode
+# steps against plain steps, and batched against single-sequence decoding (label
+# gpu): one ctest test per tiny model. Without a GPU (CI) each exits 77: skipped.
+if(TARGET tpi_cuda)
+  set(tpi_model_gpu_libs tpi_core tpi_loaders tpi_text tpi_kernels tpi_parallel tpi_model
+      tpi_cuda)
+  set(tpi_model_gpu_models qwen2-tiny-f16 qwen2-tiny-q4_0 qwen2-tiny-q5_k_m qwen3-tiny-bf16
+      qwen3-tiny-q4_k_m qwen3-tiny-q6_k qwen3-tiny-q8_0)
+  list(GET tpi_model_gpu_models 0 first)
+  tpi_check_test(test_model_gpu SOURCES ${CMAKE_SOURCE_DIR}/tests/test_model_gpu.c
+                 LIBS ${tpi_model_gpu_libs} LABELS gpu TIMEOUT 600 ARGS ${first})
+  set_tests_properties(test_model_gpu PROPERTIES ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600")
+  foreach(m ${tpi_model_gpu_models})
+    if(NOT m STREQUAL first)
+      add_test(NAME test_model_gpu_${m} COMMAND test_model_gpu ${m})
+      set_tests_properties(test_model_gpu_${m} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+                           LABELS gpu ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600")
+    endif()
+  endforeach()
+endif()
