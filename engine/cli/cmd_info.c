@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "gguf.h"
 #include "kernels/quant.h"
+#include "model/model.h"
 
 static void usage(FILE *out) {
     fprintf(
@@ -37,16 +38,19 @@ static void usage(FILE *out) {
         "           {\"type\": \"array\", \"item_type\": \"string\", \"n\": 151936}. \"type\" is\n"
         "           ggml's name (Q4_K, BF16), \"shape\" ne0 first, \"offset\" absolute in the\n"
         "           file holding the tensor; split models add \"part\" (0-based).\n"
+        "  --tp N --pp M  also show the shard plan of each of the N*M ranks: layers,\n"
+        "           heads, KV heads, FFN columns, vocab rows and weight bytes (JSON:\n"
+        "           \"shard_plan\": [{\"rank\", \"tp_rank\", \"pp_stage\", ...}])\n"
         "  -h, --help  this text\n"
         "\n"
         "Exit status: 0 ok, 1 the file cannot be read (one line on stderr), 2 usage.\n");
 }
 
-/* Options. A shard plan for a given tensor/pipeline split (--tp N --pp N) is the
- * next addition: parse it here and print it after the tensor table. */
+/* Options. With --tp/--pp the shard plan of every rank follows the tensor table. */
 struct info_opts {
     const char *path;
     bool json;
+    int tp, pp; /* 0: no shard plan */
 };
 
 /* ---- text output ------------------------------------------------------------- */
@@ -286,12 +290,14 @@ static cJSON *json_value(const struct gguf_kv *kv) {
     return cJSON_CreateNumber(v);
 }
 
-static int print_json(const struct gguf_file *f) {
+static int print_json(const struct gguf_file *f, cJSON *plan) {
     cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(),
           *tensors = cJSON_CreateArray();
     if (!root || !meta || !tensors) goto oom;
     cJSON_AddItemToObject(root, "metadata", meta);
     cJSON_AddItemToObject(root, "tensors", tensors);
+    if (plan) cJSON_AddItemToObject(root, "shard_plan", plan);
+    plan = NULL;
     for (int64_t i = 0; i < gguf_n_kv(f); i++) {
         const struct gguf_kv *kv = gguf_kv_at(f, i);
         char *key = strndup(kv->key.data, (size_t)kv->key.len);
@@ -331,9 +337,76 @@ static int print_json(const struct gguf_file *f) {
     return 0;
 oom:
     cJSON_Delete(root);
+    cJSON_Delete(plan);
 oom_printed:
     fprintf(stderr, "tpinfer info: %s: out of memory building JSON\n", gguf_path(f));
     return 1;
+}
+
+/* ---- shard plan --------------------------------------------------------------------- */
+
+/* Plan of every rank under tp x pp, in text or as a JSON array (returned, or NULL on
+ * error with err set). Bytes come from the loader's own counting pass. */
+static int shard_plan(const struct gguf_file *f, int tp, int pp, bool json, cJSON **arr_out,
+                      struct tpi_error *err) {
+    struct model_config cfg;
+    int rc = model_config_from_gguf(&cfg, f, err);
+    if (rc) return rc;
+    cJSON *arr = json ? cJSON_CreateArray() : NULL;
+    if (!json)
+        printf("\nshard plan: tp %d x pp %d (%d ranks)\n%5s %3s %5s %9s %9s %9s %13s %15s %12s %10s\n",
+               tp, pp, tp * pp, "rank", "tp", "stage", "layers", "heads", "kv heads",
+               "ffn cols", "vocab rows", "weights", "f32 slices");
+    for (int r = 0; r < tp * pp && !rc; r++) {
+        struct model_plan plan;
+        struct model_weights w;
+        rc = model_plan_make(&plan, &cfg, tp, pp, r % tp, r / tp, NULL, 0, err);
+        if (!rc) rc = model_weights_count(f, &cfg, &plan, &w, err);
+        if (rc) break;
+        int l1 = plan.layer0 + plan.n_layer_stage;
+        if (json) {
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddItemToArray(arr, o);
+            cJSON_AddNumberToObject(o, "rank", r);
+            cJSON_AddNumberToObject(o, "tp_rank", plan.tp_rank);
+            cJSON_AddNumberToObject(o, "pp_stage", plan.pp_stage);
+            cJSON_AddNumberToObject(o, "layer0", plan.layer0);
+            cJSON_AddNumberToObject(o, "n_layer", plan.n_layer_stage);
+            cJSON_AddNumberToObject(o, "head0", plan.head0);
+            cJSON_AddNumberToObject(o, "n_head", plan.n_head_local);
+            cJSON_AddNumberToObject(o, "kv_head0", plan.kv_head0);
+            cJSON_AddNumberToObject(o, "n_kv_head", plan.n_kv_local);
+            cJSON_AddBoolToObject(o, "kv_replicated", plan.kv_replicated);
+            cJSON_AddNumberToObject(o, "ff0", plan.ff0);
+            cJSON_AddNumberToObject(o, "n_ff", plan.n_ff_local);
+            cJSON_AddNumberToObject(o, "vocab0", plan.is_last ? plan.vocab0 : 0);
+            cJSON_AddNumberToObject(o, "n_vocab", plan.is_last ? plan.n_vocab_local : 0);
+            cJSON_AddNumberToObject(o, "weight_bytes", (double)w.n_bytes);
+            cJSON_AddNumberToObject(o, "replicated_bytes", (double)w.n_bytes_replicated);
+            cJSON_AddNumberToObject(o, "f32_slices", w.n_expanded_f32);
+        } else {
+            char layers[32], heads[32], kv[32], ff[32], vocab[32];
+            snprintf(layers, sizeof layers, "%d-%d", plan.layer0, l1 - 1);
+            snprintf(heads, sizeof heads, "%d-%d", plan.head0, plan.head0 + plan.n_head_local - 1);
+            snprintf(kv, sizeof kv, "%d-%d%s", plan.kv_head0, plan.kv_head0 + plan.n_kv_local - 1,
+                     plan.kv_replicated ? "*" : "");
+            snprintf(ff, sizeof ff, "%d-%d", plan.ff0, plan.ff0 + plan.n_ff_local - 1);
+            if (plan.is_last)
+                snprintf(vocab, sizeof vocab, "%d-%d", plan.vocab0,
+                         plan.vocab0 + plan.n_vocab_local - 1);
+            else
+                snprintf(vocab, sizeof vocab, "-");
+            printf("%5d %3d %5d %9s %9s %9s %13s %15s %8.1f MiB %10d\n", r, plan.tp_rank,
+                   plan.pp_stage, layers, heads, kv, ff, vocab, (double)w.n_bytes / 1048576.0,
+                   w.n_expanded_f32);
+        }
+    }
+    if (!json && !rc)
+        printf("(* KV head replicated on several ranks; f32 slices: row-parallel slices off the\n"
+               " type's block edge, expanded to F32 exactly)\n");
+    if (rc) cJSON_Delete(arr);
+    else if (arr_out) *arr_out = arr;
+    return rc;
 }
 
 /* ---- entry -------------------------------------------------------------------------- */
@@ -347,6 +420,15 @@ int cmd_info(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--json")) {
             o.json = true;
+        } else if (!strcmp(a, "--tp") || !strcmp(a, "--pp")) {
+            char *end = NULL;
+            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (!end || *end || v < 1 || v > 4096) {
+                fprintf(stderr, "tpinfer info: %s expects a positive integer\n", a);
+                return 2;
+            }
+            *(a[2] == 't' ? &o.tp : &o.pp) = (int)v;
+            i++;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "tpinfer info: unknown option '%s'\n", a);
             usage(stderr);
@@ -370,10 +452,34 @@ int cmd_info(int argc, char **argv) {
         return 1;
     }
     int rc = 0;
-    if (o.json)
-        rc = print_json(f);
-    else
+    cJSON *plan = NULL;
+    if (o.tp || o.pp) {
+        // The plan is checked before printing anything, so an impossible split is one
+        // clear error (e.g. heads not divisible by tp) and no half-written output.
+        if (!o.tp) o.tp = 1;
+        if (!o.pp) o.pp = 1;
+        if (!o.json) {
+            FILE *null = fopen("/dev/null", "w");
+            FILE *keep = stdout;
+            stdout = null ? null : stdout;
+            rc = shard_plan(f, o.tp, o.pp, false, NULL, &err);
+            stdout = keep;
+            if (null) fclose(null);
+        } else {
+            rc = shard_plan(f, o.tp, o.pp, true, &plan, &err);
+        }
+        if (rc) {
+            fprintf(stderr, "tpinfer info: %s: %s\n", o.path, err.msg);
+            gguf_close(&f);
+            return 1;
+        }
+    }
+    if (o.json) {
+        rc = print_json(f, plan);
+    } else {
         print_text(f);
+        if (o.tp) shard_plan(f, o.tp, o.pp, false, NULL, &err);
+    }
     if (fflush(stdout) != 0) rc = 1;
     gguf_close(&f);
     return rc;

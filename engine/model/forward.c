@@ -11,6 +11,21 @@
  * micro-batch i while stage s+1 computes micro-batch i-1 (GPipe-style
  * fill-drain for one forward). A row's result does not depend on how rows
  * are grouped (ops.h), so the cut never changes the logits.
+ *
+ * Decode steps as graphs: a step of a few tokens is dozens of short kernels per
+ * layer, whose launch cost dominates on a GPU. When the backend records graphs
+ * (ops->graph_*) and the step has no host-side work inside the layer loop (pp 1,
+ * no communicator or NCCL's stream-ordered all-reduces; MPI stages through the
+ * host and cannot be recorded), the embedding and the layer loop are recorded
+ * once per step shape and replayed with one launch. Per-step values travel in
+ * device buffers written before the launch (token ids, positions, slots); what
+ * the ops decide on the host is frozen at recording, so the shape key holds all
+ * of it: n_tokens, which neighbouring tokens share a slot (attention groups
+ * them), and the power of two below max_pos (attention splits long key ranges;
+ * the kernels compute each split's range from the device positions, so any
+ * split count is correct and the bucket only keeps it near the best one). A
+ * shape is recorded the second time it is seen, after one plain run has grown
+ * the scratch buffers it needs; a failed recording falls back to the plain run.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -54,37 +69,26 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     return TPI_OK;
 }
 
-/* One micro-batch of n tokens through this stage. */
-static int forward_ubatch(struct model *m, const int32_t *tokens, const int32_t *pos,
-                          const int32_t *seq, int n, int n_sel, float *logits,
+/* The embedding (stage 0: token ids already in s->tok) and this stage's layers for
+ * the n tokens of b; s->x holds the stage's input otherwise. Everything it queues is
+ * stream-ordered device work (plus NCCL all-reduces), so it may be recorded. */
+static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
                           struct tpi_error *err) {
     const struct ops *ops = m->ops;
     struct ops_ctx *octx = m->octx;
     const struct model_config *c = &m->cfg;
     const struct model_plan *p = &m->plan;
     struct model_state *s = &m->s;
-    struct comm *tp_comm = m->tp_comm, *pp_comm = m->pp_comm;
+    struct comm *tp_comm = m->tp_comm;
     const int n_embd = c->n_embd, hd = c->head_dim;
     const int n_head = p->n_head_local, n_kv = p->n_kv_local;
     const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
     const int64_t n_ff = p->n_ff_local;
     const float eps = c->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    const struct ops_batch b = *bp;
     int rc;
 
-    int max_pos = 0;
-    for (int t = 0; t < n; t++) max_pos = TPI_MAX(max_pos, pos[t] + 1);
-    ops->to_dev(octx, s->pos, pos, sizeof(int32_t) * (size_t)n);
-    ops->to_dev(octx, s->seq, seq, sizeof(int32_t) * (size_t)n);
-    const struct ops_batch b = {.n_tokens = n, .pos = s->pos, .seq = s->seq,
-                                .pos_host = pos, .seq_host = seq, .max_pos = max_pos};
-
-    // x: embeddings on stage 0, the previous stage's output elsewhere.
-    if (p->is_first) {
-        ops->to_dev(octx, s->tok, tokens, sizeof(int32_t) * (size_t)n);
-        ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
-    } else if ((rc = comm_recv(pp_comm, s->x, (size_t)n * n_embd, COMM_F32, p->pp_stage - 1, err))) {
-        return rc;
-    }
+    if (p->is_first) ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
 
     for (int il = 0; il < p->n_layer_stage; il++) {
         const struct model_layer *L = &m->w.layers[il];
@@ -121,6 +125,165 @@ static int forward_ubatch(struct model *m, const int32_t *tokens, const int32_t 
             return rc;
         ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
     }
+    return TPI_OK;
+}
+
+/* ---- decode-step graphs ---- */
+
+#define GRAPH_MAX_TOKENS 8  /* steps of at most this many tokens are recorded */
+#define GRAPH_MAX_SHAPES 64 /* recorded shapes kept (least recently used evicted) */
+#define GRAPH_MAX_FAILS 2   /* recordings tried per shape before it stays plain */
+
+struct graph_entry {
+    int n_tokens;
+    uint32_t seq_same; /* bit t-1: token t is in the slot of token t-1 */
+    int pos_log2;      /* floor(log2(max_pos)) */
+    int n_seen, n_fail;
+    uint64_t last_use;
+    void *graph; /* ops graph, or NULL: not recorded (yet) */
+};
+
+struct model_graphs {
+    int n;
+    uint64_t clock;
+    bool warned;
+    struct graph_entry e[GRAPH_MAX_SHAPES];
+};
+
+void model_graphs_free(struct model *m) {
+    if (!m || !m->graphs) return;
+    for (int i = 0; i < m->graphs->n; i++)
+        if (m->graphs->e[i].graph) m->ops->graph_free(m->octx, m->graphs->e[i].graph);
+    free(m->graphs);
+    m->graphs = NULL;
+}
+
+/* Whether this step may run as a graph: nothing host-synchronous inside the layers. */
+static bool graph_eligible(const struct model *m, int n) {
+    return m->use_graphs && m->ops->graph_begin && n <= GRAPH_MAX_TOKENS && m->plan.pp == 1 &&
+           !m->pp_comm && (!m->tp_comm || m->tp_comm->kind == COMM_NCCL);
+}
+
+/* The entry for this step's shape (created, evicting the least recently used one when
+ * full); NULL without host memory. */
+static struct graph_entry *graph_lookup(struct model *m, const struct ops_batch *b) {
+    if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) return NULL;
+    struct model_graphs *g = m->graphs;
+    uint32_t same = 0;
+    for (int t = 1; t < b->n_tokens; t++)
+        if (b->seq_host[t] == b->seq_host[t - 1]) same |= 1u << (t - 1);
+    int lg = 0;
+    while ((2 << lg) <= b->max_pos) lg++;
+    struct graph_entry *e = NULL;
+    for (int i = 0; i < g->n && !e; i++)
+        if (g->e[i].n_tokens == b->n_tokens && g->e[i].seq_same == same && g->e[i].pos_log2 == lg)
+            e = &g->e[i];
+    if (!e) {
+        if (g->n < GRAPH_MAX_SHAPES) {
+            e = &g->e[g->n++];
+        } else {
+            e = &g->e[0];
+            for (int i = 1; i < g->n; i++)
+                if (g->e[i].last_use < e->last_use) e = &g->e[i];
+            if (e->graph) m->ops->graph_free(m->octx, e->graph);
+        }
+        *e = (struct graph_entry){.n_tokens = b->n_tokens, .seq_same = same, .pos_log2 = lg};
+    }
+    e->last_use = ++g->clock;
+    return e;
+}
+
+/* Record the layers for b into e->graph. A recording that fails (an op that must wait
+ * for the device, a launch error) leaves e->graph NULL and returns TPI_OK: nothing ran,
+ * and the caller runs the step plainly; only failures from before it are returned. */
+static int graph_record(struct model *m, struct graph_entry *e, int n, const struct ops_batch *b,
+                        struct tpi_error *err) {
+    const struct ops *ops = m->ops;
+    int rc = ops->check(m->octx, err); // a failure of earlier work is real, not ours
+    if (rc) return rc;
+    struct tpi_error gerr = {0};
+    void *graph = NULL;
+    rc = ops->graph_begin(m->octx, &gerr);
+    if (!rc) {
+        const int rc_body = forward_layers(m, n, b, &gerr);
+        struct tpi_error eerr = {0};
+        const int rc_end = ops->graph_end(m->octx, &graph, &eerr);
+        if (!rc_body && rc_end) gerr = eerr;
+        rc = rc_body ? rc_body : rc_end;
+    }
+    if (rc || !graph) {
+        if (graph) ops->graph_free(m->octx, graph);
+        e->n_fail++;
+        if (!m->graphs->warned) {
+            TPI_LOGW("recording a %d-token decode step as a graph failed, running it without "
+                     "one: %s",
+                     n, gerr.msg);
+            m->graphs->warned = true;
+        }
+        return TPI_OK;
+    }
+    e->graph = graph;
+    m->n_graph_records++;
+    return TPI_OK;
+}
+
+/* The layers of a small step as one graph launch when its shape has a graph (recorded
+ * on its second sighting), else plainly. */
+static int forward_layers_graph(struct model *m, int n, const struct ops_batch *b,
+                                struct tpi_error *err) {
+    const struct ops *ops = m->ops;
+    struct graph_entry *e = graph_lookup(m, b);
+    if (!e) return forward_layers(m, n, b, err);
+    e->n_seen++;
+    // Two tries: a stale graph (scratch regrown by a plain step) is recorded again.
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!e->graph) {
+            if (e->n_seen < 2 || e->n_fail >= GRAPH_MAX_FAILS) break;
+            int rc = graph_record(m, e, n, b, err);
+            if (rc) return rc;
+            if (!e->graph) break;
+        }
+        bool launched = false;
+        int rc = ops->graph_launch(m->octx, e->graph, &launched, err);
+        if (rc) return rc;
+        if (launched) {
+            m->n_graph_launches++;
+            return TPI_OK;
+        }
+        ops->graph_free(m->octx, e->graph);
+        e->graph = NULL;
+    }
+    return forward_layers(m, n, b, err);
+}
+
+/* One micro-batch of n tokens through this stage. */
+static int forward_ubatch(struct model *m, const int32_t *tokens, const int32_t *pos,
+                          const int32_t *seq, int n, int n_sel, float *logits,
+                          struct tpi_error *err) {
+    const struct ops *ops = m->ops;
+    struct ops_ctx *octx = m->octx;
+    const struct model_plan *p = &m->plan;
+    struct model_state *s = &m->s;
+    struct comm *pp_comm = m->pp_comm;
+    const int n_embd = m->cfg.n_embd;
+    int rc;
+
+    int max_pos = 0;
+    for (int t = 0; t < n; t++) max_pos = TPI_MAX(max_pos, pos[t] + 1);
+    ops->to_dev(octx, s->pos, pos, sizeof(int32_t) * (size_t)n);
+    ops->to_dev(octx, s->seq, seq, sizeof(int32_t) * (size_t)n);
+    const struct ops_batch b = {.n_tokens = n, .pos = s->pos, .seq = s->seq,
+                                .pos_host = pos, .seq_host = seq, .max_pos = max_pos};
+
+    // x: embeddings on stage 0 (in forward_layers), the previous stage's output elsewhere.
+    if (p->is_first) {
+        ops->to_dev(octx, s->tok, tokens, sizeof(int32_t) * (size_t)n);
+    } else if ((rc = comm_recv(pp_comm, s->x, (size_t)n * n_embd, COMM_F32, p->pp_stage - 1, err))) {
+        return rc;
+    }
+
+    rc = graph_eligible(m, n) ? forward_layers_graph(m, n, &b, err) : forward_layers(m, n, &b, err);
+    if (rc) return rc;
 
     if (!p->is_last) {
         if ((rc = comm_send(pp_comm, s->x, (size_t)n * n_embd, COMM_F32, p->pp_stage + 1, err)))

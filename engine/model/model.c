@@ -174,6 +174,8 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     }
     rc = m->ops->init(&m->octx, &oc, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
+    const char *no_graph = getenv("TPI_NO_GRAPH");
+    m->use_graphs = m->ops->graph_begin && !(no_graph && *no_graph && strcmp(no_graph, "0"));
 
     rc = model_weights_load(m, err);
     if (!rc) rc = m->ops->check(m->octx, err);
@@ -221,6 +223,8 @@ fail:
 void model_free(struct model **pm) {
     struct model *m = pm ? *pm : NULL;
     if (!m) return;
+    // Graphs first: they hold pointers into the buffers below and the NCCL calls they recorded.
+    if (m->octx) model_graphs_free(m);
     comm_free(&m->tp_comm);
     comm_free(&m->pp_comm);
     if (m->octx) {

@@ -141,6 +141,12 @@ struct model {
     struct gguf_file *gguf;     /* owned; the weights were copied out of its mapping */
     int n_ctx, n_slot;
     double t_forward_s;         /* time spent in model_forward */
+    /* Decode steps as CUDA graphs (forward.c): on when the backend has graphs and
+     * TPI_NO_GRAPH is unset or 0; callers may turn it off (or on again) between calls. */
+    bool use_graphs;
+    struct model_graphs *graphs;  /* recorded steps (forward.c), owned */
+    int64_t n_graph_launches;     /* steps run as one graph launch */
+    int64_t n_graph_records;      /* graphs recorded (first use of a step shape, or stale) */
 };
 
 /* ---- config.c ---- */
@@ -183,6 +189,13 @@ void model_free(struct model **m);
 int model_weights_load(struct model *m, struct tpi_error *err);
 void model_weights_free(struct model *m);
 
+/* Count, without loading anything, the bytes rank `plan` would hold of file f:
+ * out->n_bytes, n_bytes_replicated and n_expanded_f32 are set (pointers left NULL).
+ * The same code path as loading, so `tpinfer info --tp/--pp` cannot disagree with it. */
+int model_weights_count(const struct gguf_file *f, const struct model_config *cfg,
+                        const struct model_plan *plan, struct model_weights *out,
+                        struct tpi_error *err);
+
 /* ---- forward.c ---- */
 
 /* Run n_tokens tokens (token t at position pos[t] of KV slot seq[t]; host arrays, the
@@ -194,6 +207,10 @@ void model_weights_free(struct model *m);
 int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
                   const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
                   float *logits, struct tpi_error *err);
+
+/* Free the recorded decode-step graphs (model_free calls it; safe to call any time:
+ * later steps record again). */
+void model_graphs_free(struct model *m);
 
 /* World rank that holds logits and decides sampling: (tp_rank 0, last stage); 0
  * without a grid. */

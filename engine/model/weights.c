@@ -24,6 +24,7 @@
 /* Load state shared by the helpers: where to count bytes, the first F32 expansion. */
 struct loader {
     struct model *m;
+    bool dry; /* count bytes only (tpinfer info's shard plan): no backend, no copies */
     char first_expanded[96];
     int first_expanded_type;
     int64_t first_col0, first_n_cols;
@@ -41,7 +42,7 @@ static int upload_rows(struct loader *L, struct tpi_weight *w, const struct gguf
     struct model *m = L->m;
     size_t row_bytes = quant_row_size(t->type, t->ne[0]);
     const uint8_t *src = t->data + (size_t)row0 * row_bytes;
-    int rc = m->ops->weight_upload(m->octx, w, t->type, t->ne[0], n_rows, src, err);
+    int rc = L->dry ? TPI_OK : m->ops->weight_upload(m->octx, w, t->type, t->ne[0], n_rows, src, err);
     if (rc) return tpi_err_wrap(err, "tensor '%s' rows [%lld, %lld)", t->name, (long long)row0,
                                 (long long)(row0 + n_rows));
     m->w.n_bytes += (size_t)n_rows * row_bytes;
@@ -59,6 +60,10 @@ static int upload_cols(struct loader *L, struct tpi_weight *w, const struct gguf
     int rc;
     if (col0 % tr->blck_size == 0 && n_cols % tr->blck_size == 0) {
         size_t n_bytes = quant_row_size(t->type, n_cols) * (size_t)ne1;
+        if (L->dry) {
+            m->w.n_bytes += n_bytes;
+            return TPI_OK;
+        }
         void *buf = malloc(n_bytes);
         if (!buf) return tpi_err(err, TPI_ERR_NOMEM, "tensor '%s': out of memory for %zu bytes",
                                  t->name, n_bytes);
@@ -72,6 +77,11 @@ static int upload_cols(struct loader *L, struct tpi_weight *w, const struct gguf
     }
     // Off the block edge: expand to F32 (exact), row by row to bound the scratch.
     size_t n_bytes = sizeof(float) * (size_t)n_cols * (size_t)ne1;
+    if (L->dry) {
+        m->w.n_expanded_f32++;
+        m->w.n_bytes += n_bytes;
+        return TPI_OK;
+    }
     float *buf = malloc(n_bytes);
     float *row = malloc(sizeof(float) * (size_t)ne0);
     if (!buf || !row) {
@@ -104,6 +114,11 @@ static int upload_cols(struct loader *L, struct tpi_weight *w, const struct gguf
 static int upload_vec(struct loader *L, float **dst, const struct gguf_tensor *t, int64_t off,
                       int64_t n, bool replicated, struct tpi_error *err) {
     struct model *m = L->m;
+    if (L->dry) {
+        m->w.n_bytes += sizeof(float) * (size_t)n;
+        if (replicated) m->w.n_bytes_replicated += sizeof(float) * (size_t)n;
+        return TPI_OK;
+    }
     float *tmp = malloc(sizeof(float) * (size_t)t->ne[0]);
     if (!tmp) return tpi_err(err, TPI_ERR_NOMEM, "tensor '%s': out of memory", t->name);
     int rc = quant_dequant_rows(t->type, t->data, t->ne[0], 0, 1, tmp, err);
@@ -165,9 +180,33 @@ static int load_layer(struct loader *L, int il, struct model_layer *ly, struct t
     return TPI_OK;
 }
 
+/* Every tensor slice this rank holds, uploaded (or only counted when L->dry). */
+static int load_all(struct loader *L, struct tpi_error *err);
+
 int model_weights_load(struct model *m, struct tpi_error *err) {
-    const struct model_plan *p = &m->plan;
     struct loader L = {.m = m};
+    return load_all(&L, err);
+}
+
+int model_weights_count(const struct gguf_file *f, const struct model_config *cfg,
+                        const struct model_plan *plan, struct model_weights *out,
+                        struct tpi_error *err) {
+    struct model m;
+    memset(&m, 0, sizeof m);
+    m.gguf = (struct gguf_file *)f; // read only: the dry loader never writes through it
+    m.cfg = *cfg;
+    m.plan = *plan;
+    struct loader L = {.m = &m, .dry = true};
+    int rc = load_all(&L, err);
+    free(m.w.layers);
+    m.w.layers = NULL;
+    *out = m.w;
+    return rc;
+}
+
+static int load_all(struct loader *L, struct tpi_error *err) {
+    struct model *m = L->m;
+    const struct model_plan *p = &m->plan;
     int rc;
     m->w.layers = calloc((size_t)p->n_layer_stage, sizeof *m->w.layers);
     if (!m->w.layers) return tpi_err(err, TPI_ERR_NOMEM, "out of memory for layer table");
@@ -178,30 +217,30 @@ int model_weights_load(struct model *m, struct tpi_error *err) {
     // is a gather, not a matmul, so splitting it would only add an all-reduce of the
     // full activations per micro-batch to save memory the lm_head split already saves.
     if (p->is_first &&
-        (rc = upload_rows(&L, &m->w.token_embd, emb, 0, emb->ne[1], true, err)))
+        (rc = upload_rows(L, &m->w.token_embd, emb, 0, emb->ne[1], true, err)))
         return rc;
     for (int il = 0; il < p->n_layer_stage; il++)
-        if ((rc = load_layer(&L, il, &m->w.layers[il], err))) return rc;
+        if ((rc = load_layer(L, il, &m->w.layers[il], err))) return rc;
     if (p->is_last) {
         const struct gguf_tensor *t = need(m, "output_norm.weight", err);
-        if (!t || (rc = upload_vec(&L, &m->w.output_norm, t, 0, m->cfg.n_embd, true, err)))
+        if (!t || (rc = upload_vec(L, &m->w.output_norm, t, 0, m->cfg.n_embd, true, err)))
             return err->status;
         const struct gguf_tensor *out = m->cfg.tied_output ? emb : need(m, "output.weight", err);
         if (!out) return err->status;
         if (m->cfg.tied_output && p->tp == 1 && p->is_first) {
             m->w.output = m->w.token_embd; // tied and unsplit: one copy serves both
             m->w.output_is_embd = true;
-        } else if ((rc = upload_rows(&L, &m->w.output, out, p->vocab0, p->n_vocab_local, false,
+        } else if ((rc = upload_rows(L, &m->w.output, out, p->vocab0, p->n_vocab_local, false,
                                      err))) {
             return rc;
         }
     }
-    if (m->w.n_expanded_f32 > 0 && p->tp_rank == 0) // one line per stage, not per rank
+    if (m->w.n_expanded_f32 > 0 && p->tp_rank == 0 && !L->dry) // one line per stage
         TPI_LOGW("%d row-parallel slice(s) expanded to F32 because tp=%d splits them off the "
                  "%s block edge (first: %s, columns [%lld, %lld)); exact, but more memory",
-                 m->w.n_expanded_f32, p->tp, quant_type_name(L.first_expanded_type),
-                 L.first_expanded, (long long)L.first_col0,
-                 (long long)(L.first_col0 + L.first_n_cols));
+                 m->w.n_expanded_f32, p->tp, quant_type_name(L->first_expanded_type),
+                 L->first_expanded, (long long)L->first_col0,
+                 (long long)(L->first_col0 + L->first_n_cols));
     return TPI_OK;
 }
 
