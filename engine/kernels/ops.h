@@ -169,6 +169,10 @@ int kern_graph_launch(struct ops_ctx *ctx, void *graph, bool *launched, struct t
 void kern_graph_free(struct ops_ctx *ctx, void *graph);
 #endif
 
+/* PCI bus id of `device` ("0000:1A:00.0") for the CUDA backend, "-" for the CPU
+ * backend, "?" when the runtime cannot say. */
+void ops_device_pci(const struct ops *ops, int device, char *buf, size_t n);
+
 /* Backend by name: "cpu", "cuda", or "auto" (cuda when built with it and a GPU is
  * visible, else cpu). NULL with err set when the name is unknown or unavailable. */
 const struct ops *ops_by_name(const char *name, struct tpi_error *err);

@@ -3,9 +3,26 @@
  * "auto"), and, in builds without CUDA, the stubs that say CUDA is absent
  * (with CUDA the .cu files define ops_cuda_get / ops_cuda_available).
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "ops.h"
+
+#ifdef TPI_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+void ops_device_pci(const struct ops *ops, int device, char *buf, size_t n) {
+    snprintf(buf, n, "-");
+#ifdef TPI_HAVE_CUDA
+    if (ops && strcmp(ops->name, "cuda") == 0 && n >= 16 &&
+        cudaDeviceGetPCIBusId(buf, (int)n, device) != cudaSuccess)
+        snprintf(buf, n, "?");
+#else
+    (void)ops;
+    (void)device;
+#endif
+}
 
 #ifndef TPI_HAVE_CUDA
 const struct ops *ops_cuda_get(void) {

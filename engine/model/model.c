@@ -132,6 +132,40 @@ static int open_and_check(struct model *m, const struct model_params *p, struct 
     return grid_check_identity(m->grid, &id, err);
 }
 
+/* The layout at start: world rank 0 collects one line from every rank (host,
+ * ranks, GPU and its PCI bus id, layers, heads, weight and KV bytes) and prints
+ * them in rank order, so a user sees where every shard landed. */
+static void rank_banner(const struct model *m, const struct tpi_grid *grid, int device,
+                        double load_s) {
+    const struct model_plan *pl = &m->plan;
+    char pci[32], line[256];
+    ops_device_pci(m->ops, device, pci, sizeof pci);
+    const bool gpu = strcmp(m->ops->name, "cuda") == 0;
+    char gpu_idx[16];
+    snprintf(gpu_idx, sizeof gpu_idx, gpu ? "%d" : "-", device);
+    snprintf(line, sizeof line,
+             "%4d %-14.14s %3d %5d  %-3s %-18.18s %-13s %5d-%-3d %3d-%-3d %9.1f %8.1f %6.1f",
+             grid ? grid->world_rank : 0, grid ? grid->host : "local", pl->tp_rank, pl->pp_stage,
+             gpu_idx, m->ops->device_name(m->octx), pci, pl->layer0,
+             pl->layer0 + pl->n_layer_stage - 1, pl->head0, pl->head0 + pl->n_head_local - 1,
+             m->w.n_bytes / 1048576.0, m->kv.n_bytes / 1048576.0, load_s);
+    const int n_ranks = grid ? grid->world_size : 1;
+    char *all = NULL;
+    if (!grid || grid->world_rank == 0) all = calloc((size_t)n_ranks, sizeof line);
+    if (grid && grid->world_size > 1)
+        MPI_Gather(line, (int)sizeof line, MPI_CHAR, all, (int)sizeof line, MPI_CHAR, 0,
+                   grid->world);
+    else if (all)
+        memcpy(all, line, sizeof line);
+    if (!all) return;
+    TPI_LOGI("rank host           tp stage gpu device             pci bus id    layers  heads "
+             "   weights MiB  KV MiB load s");
+    for (int r = 0; r < n_ranks; r++) TPI_LOGI("%s", all + (size_t)r * sizeof line);
+    if (m->w.n_expanded_f32 > 0 && (!grid || grid->world_size == 1))
+        TPI_LOGI("(%d row-parallel slices held as F32)", m->w.n_expanded_f32);
+    free(all);
+}
+
 int model_load(struct model **out, const struct model_params *p, const struct tpi_grid *grid,
                struct tpi_error *err) {
     *out = NULL;
@@ -202,16 +236,7 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
         char desc[256];
         model_config_describe(&m->cfg, desc, sizeof desc);
         if (world_rank == 0) TPI_LOGI("model %s: %s", p->path, desc);
-        const struct model_plan *pl = &m->plan;
-        TPI_LOGI("rank %d (tp %d/%d, stage %d/%d): layers [%d, %d), heads [%d, %d), kv heads "
-                 "[%d, %d)%s, vocab [%d, %d): weights %.2f MiB (%.2f MiB replicated), KV cache "
-                 "%.2f MiB for %d x %d positions, %s, loaded in %.2f s",
-                 world_rank, tp_rank, tp, pp_stage, pp, pl->layer0,
-                 pl->layer0 + pl->n_layer_stage, pl->head0, pl->head0 + pl->n_head_local,
-                 pl->kv_head0, pl->kv_head0 + pl->n_kv_local, pl->kv_replicated ? " replicated" : "",
-                 pl->vocab0, pl->vocab0 + pl->n_vocab_local, m->w.n_bytes / 1048576.0,
-                 m->w.n_bytes_replicated / 1048576.0, m->kv.n_bytes / 1048576.0, m->n_slot,
-                 m->n_ctx, m->ops->device_name(m->octx), tpi_time_s() - t0);
+        rank_banner(m, grid, oc.device, tpi_time_s() - t0);
     }
     *out = m;
     return TPI_OK;
