@@ -173,6 +173,10 @@ void kern_graph_free(struct ops_ctx *ctx, void *graph);
  * backend, "?" when the runtime cannot say. */
 void ops_device_pci(const struct ops *ops, int device, char *buf, size_t n);
 
+/* Free and total memory of the current device of a backend with its own memory
+ * (CUDA, after ops->init); -1 when the backend shares host memory (CPU). */
+int ops_device_mem(const struct ops *ops, size_t *free_bytes, size_t *total_bytes);
+
 /* Backend by name: "cpu", "cuda", or "auto" (cuda when built with it and a GPU is
  * visible, else cpu). NULL with err set when the name is unknown or unavailable. */
 const struct ops *ops_by_name(const char *name, struct tpi_error *err);

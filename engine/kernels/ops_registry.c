@@ -35,6 +35,22 @@ bool ops_cuda_available(int *n_devices) {
 }
 #endif
 
+int ops_device_mem(const struct ops *ops, size_t *free_bytes, size_t *total_bytes) {
+#ifdef TPI_HAVE_CUDA
+    if (ops && strcmp(ops->name, "cuda") == 0) {
+        size_t f = 0, t = 0;
+        if (cudaMemGetInfo(&f, &t) != cudaSuccess) return -1;
+        *free_bytes = f;
+        *total_bytes = t;
+        return 0;
+    }
+#endif
+    (void)ops;
+    (void)free_bytes;
+    (void)total_bytes;
+    return -1;
+}
+
 const struct ops *ops_by_name(const char *name, struct tpi_error *err) {
     if (!name || strcmp(name, "auto") == 0) {
         /* auto never fails: the CPU backend is always there */

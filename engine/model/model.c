@@ -132,6 +132,38 @@ static int open_and_check(struct model *m, const struct model_params *p, struct 
     return grid_check_identity(m->grid, &id, err);
 }
 
+/* Before anything big is allocated on a GPU: will this rank's weights, KV cache and
+ * activations fit in the device's free memory? A clear error naming the sizes and
+ * what to change beats an out-of-memory halfway through the upload. */
+static int check_fits(struct model *m, int n_ubatch, struct tpi_error *err) {
+    size_t free_b = 0, total_b = 0;
+    if (ops_device_mem(m->ops, &free_b, &total_b) != 0) return TPI_OK; // host memory
+    const struct model_config *c = &m->cfg;
+    const struct model_plan *p = &m->plan;
+    struct model_weights w;
+    int rc = model_weights_count(m->gguf, c, p, &w, err);
+    if (rc) return rc;
+    const size_t kv_bytes = 2 * sizeof(uint16_t) * (size_t)p->n_layer_stage * (size_t)m->n_slot *
+                            (size_t)m->n_ctx * (size_t)p->n_kv_local * (size_t)c->head_dim;
+    const size_t q_dim = (size_t)p->n_head_local * c->head_dim;
+    const size_t kv_dim = (size_t)p->n_kv_local * c->head_dim;
+    size_t per_token = 4 * c->n_embd + 2 * q_dim + 2 * kv_dim + 2 * (size_t)p->n_ff_local;
+    if (p->is_last) per_token += (size_t)p->n_vocab_pad * (1 + (p->tp > 1 ? p->tp : 0));
+    const size_t act_bytes = sizeof(float) * per_token * (size_t)n_ubatch;
+    // Dequantization slab, cuBLAS workspace, graphs and the CUDA context itself.
+    const size_t scratch = (size_t)768 << 20;
+    const size_t need = w.n_bytes + kv_bytes + act_bytes + scratch;
+    if (need <= free_b) return TPI_OK;
+    const double G = 1073741824.0;
+    return tpi_err(err, TPI_ERR_NOMEM,
+                   "this rank needs %.2f GiB on its GPU (weights %.2f, KV cache %.2f for %d "
+                   "x %d positions, activations %.2f for --ubatch %d, scratch %.2f) but only "
+                   "%.2f of %.2f GiB are free: lower -c/--ctx-size or --parallel, or spread "
+                   "the model over more GPUs with --tp/--pp",
+                   need / G, w.n_bytes / G, kv_bytes / G, m->n_slot, m->n_ctx, act_bytes / G,
+                   n_ubatch, scratch / G, free_b / G, total_b / G);
+}
+
 /* The layout at start: world rank 0 collects one line from every rank (host,
  * ranks, GPU and its PCI bus id, layers, heads, weight and KV bytes) and prints
  * them in rank order, so a user sees where every shard landed. */
@@ -207,6 +239,7 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
         oc.device = n_dev > 0 ? grid->local_rank % n_dev : 0;
     }
     rc = m->ops->init(&m->octx, &oc, err);
+    if (!rc) rc = check_fits(m, n_ubatch, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
     const char *no_graph = getenv("TPI_NO_GRAPH");
     m->use_graphs = m->ops->graph_begin && !(no_graph && *no_graph && strcmp(no_graph, "0"));
