@@ -5,13 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$(pwd)
 cmake -S . -B build-asan -G Ninja -DTPI_CUDA=OFF -DTPI_SANITIZE=ON -DTPI_WERROR=ON \
-    -DCMAKE_BUILD_TYPE=Debug >/dev/null
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-asan -j 2 >/dev/null
 # Multi-rank tests stay out: they repeat the same code under mpirun, many times slower.
+# Tests that start MPI run without the leak check: Open MPI's plugins leak at exit from
+# code LeakSanitizer cannot name (unloaded modules), so no suppression can match them.
+export UBSAN_OPTIONS=print_stacktrace=1
 ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$here/.ci/lsan.supp \
-UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j 2 -L unit \
-    -R '^(test_core|test_gguf|test_gguf_broken|test_quant|test_mkmodel|test_tokenizer|test_tokenizer_cli|test_ops_cpu|test_model|test_model_logits_.*|test_batch|test_grid)$'
+    -R '^(test_core|test_gguf|test_gguf_broken|test_quant|test_mkmodel|test_tokenizer|test_tokenizer_cli|test_ops_cpu|test_model|test_model_logits_qwen2-tiny-q4_0|test_model_logits_qwen3-tiny-q4_k_m)$'
+ASAN_OPTIONS=detect_leaks=0 \
+    ctest --test-dir build-asan --output-on-failure -j 2 -L unit -R '^(test_batch|test_grid)$'
 if command -v clang >/dev/null; then
     CC=clang cmake -S . -B build-fuzz -G Ninja -DTPI_CUDA=OFF -DTPI_FUZZ=ON -DTPI_TESTS=OFF \
         -DCMAKE_BUILD_TYPE=Debug >/dev/null
