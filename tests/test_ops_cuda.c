@@ -12,7 +12,10 @@
  * - elementwise, norm, rope, embed, get_rows: same f32 arithmetic, elementwise
  *   atol/rtol ~1e-5 (rope's angle is taken in double on both sides).
  * - matmul n_rows <= 8 (matrix-vector kernels, exact dequantized weights, f32
- *   sums in another order): NMSE < 1e-9.
+ *   sums in another order): NMSE < 1e-9. Both decode paths run (ops_cuda_set_gemv):
+ *   v2, and v3, which for Q8_0/Q4_0/Q5_0/Q4_K/Q6_K rounds x to int8 per 32-value
+ *   block: there each output within sum_j |w_ij| d_j / 2 (d_j: x's int8 step) of the
+ *   f32 reference, and NMSE < 1e-4 over >= 256 outputs (see check_v3).
  * - matmul n_rows > 8, F32 weights (f32 SGEMM): NMSE < 1e-9; other types (x and W
  *   rounded to bf16, f32 accumulation): NMSE < 5e-5 (about 2 x (2^-9)^2 / 3 expected).
  * - attention (f16 K/V cache on CUDA, f32 on the CPU; history pre-rounded to f16 on
@@ -270,6 +273,59 @@ START_TEST(test_embed) {
 }
 END_TEST
 
+/* Types the v3 matrix-vector path runs with x quantized to int8 (kern_gemv.cu). */
+static bool v3_quantizes_x(int type) {
+    return type == TPI_TYPE_Q8_0 || type == TPI_TYPE_Q4_0 || type == TPI_TYPE_Q5_0 ||
+           type == TPI_TYPE_Q4_K || type == TPI_TYPE_Q6_K;
+}
+
+/* The v3 path against the f32 reference: x rounded to int8 per 32-value block (step
+ * d = amax/127) moves each x value by at most d/2 (plus a float rounding), so output
+ * i may differ by at most sum_j |w_ij| d_j / 2 — a rigorous per-output bound that a
+ * wrong decode breaks — plus the exact path's atol. NMSE on large outputs: < 1e-4,
+ * llama.cpp's mmvq level (measured ~1e-5 on these random data). Returns the NMSE. */
+static double check_v3(const char *label, const float *got, const float *want, const float *wd,
+                       const float *x, int64_t ne0, int64_t ne1, int64_t nr, double atol) {
+    const size_t ny = (size_t)(nr * ne1);
+    const int64_t nb = ne0 / 32;
+    /* per x block: its step / 2; per weight row and block: sum |w| */
+    double *half_step = malloc((size_t)(nr * nb) * sizeof(double));
+    double *wsum = malloc((size_t)(ne1 * nb) * sizeof(double));
+    for (int64_t k = 0; k < nr * nb; k++) {
+        double amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmax(amax, fabs(x[k * 32 + j]));
+        half_step[k] = amax / 127.0 * (0.5 + 1e-3);
+    }
+    for (int64_t k = 0; k < ne1 * nb; k++) {
+        double sum = 0;
+        for (int j = 0; j < 32; j++)
+            sum += fabs(wd[k * 32 + j]);
+        wsum[k] = sum;
+    }
+    size_t bad = 0;
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t i = 0; i < ne1; i++) {
+            double bound = 0;
+            for (int64_t b = 0; b < nb; b++)
+                bound += wsum[i * nb + b] * half_step[r * nb + b];
+            const size_t k = (size_t)(r * ne1 + i);
+            const double err = fabs((double)got[k] - want[k]);
+            if (!(err <= bound + atol)) {
+                if (bad < 5)
+                    fprintf(stderr, "%s: [%zu] got %.9g want %.9g (|err| %.3g > bound %.3g)\n",
+                            label, k, got[k], want[k], err, bound + atol);
+                bad++;
+            }
+        }
+    free(half_step), free(wsum);
+    const double e = tu_nmse(got, want, ny);
+    fprintf(stderr, "%s: nmse=%.3g (v3, int8 x; bound 1e-4 from 256 outputs)\n", label, e);
+    ck_assert_msg(bad == 0, "%s: %zu outputs outside the int8-x bound", label, bad);
+    if (ny >= 256) ck_assert_msg(e < 1e-4, "%s: nmse %.3g >= 1e-4", label, e);
+    return e;
+}
+
 START_TEST(test_matmul) { /* _i: index into TYPES */
     const int type = TYPES[_i];
     struct tu_rng r;
@@ -285,13 +341,21 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
         ne0s[3] = blk == 32 ? 4096 : 8192;
     const int64_t ne1s[] = {1, 37, 301, 4500};
     const int64_t nrows[] = {1, 2, 3, 5, 8, 9, 37};
-    double worst_mv = 0, worst_gemm = 0;
+    double worst_mv = 0, worst_v3 = 0, worst_gemm = 0;
+    /* both decode paths on the same context: v2 (f32 x) and v3 (int8 x for the types in
+     * v3_quantizes_x, f32 x otherwise); the env default is restored at the end */
+    const int path0 = ops_cuda_set_gemv(gctx, 2);
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 4; b++) {
             const int64_t ne0 = ne0s[a], ne1 = ne1s[b];
             if (b == 3 && a < 2) continue; /* the wide case only with long rows */
             struct tpi_weight cw, gw;
             void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
+            float *wd = NULL; /* dequantized on the host, for the v3 bound */
+            if (v3_quantizes_x(type)) {
+                wd = malloc((size_t)(ne0 * ne1) * sizeof(float));
+                quant_traits(type)->to_f32(q, wd, ne0 * ne1);
+            }
             for (int c = 0; c < 7; c++) {
                 const int64_t nr = nrows[c];
                 const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * ne1);
@@ -300,31 +364,43 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                 float *cy = C->alloc(cctx, ny * 4), *gy = G->alloc(gctx, ny * 4);
                 float *want = malloc(ny * 4), *got = malloc(ny * 4);
                 C->matmul(cctx, &cw, cx, cy, nr);
-                G->matmul(gctx, &gw, gx, gy, nr);
                 bget(C, cctx, want, cy, ny * 4);
-                bget(G, gctx, got, gy, ny * 4);
-                char label[96];
-                snprintf(label, sizeof label, "matmul %s ne0 %lld ne1 %lld rows %lld",
-                         quant_type_name(type), (long long)ne0, (long long)ne1, (long long)nr);
                 const bool gemm = nr > 8, exact = !gemm || type == TPI_TYPE_F32;
                 const double scale = rms(want, ny) + 1e-30;
-                const double e = tu_nmse(got, want, ny);
-                if (gemm)
-                    worst_gemm = e > worst_gemm ? e : worst_gemm;
-                else
-                    worst_mv = e > worst_mv ? e : worst_mv;
-                expect_close(label, got, want, ny, (exact ? 1e-4 : 3e-2) * scale, 0,
-                             exact ? 1e-9 : 5e-5);
-                assert_ok(G, gctx, label);
+                for (int path = 2; path <= (gemm ? 2 : 3); path++) {
+                    ops_cuda_set_gemv(gctx, path);
+                    G->matmul(gctx, &gw, gx, gy, nr);
+                    bget(G, gctx, got, gy, ny * 4);
+                    char label[112];
+                    snprintf(label, sizeof label, "matmul %s ne0 %lld ne1 %lld rows %lld%s",
+                             quant_type_name(type), (long long)ne0, (long long)ne1, (long long)nr,
+                             gemm ? "" : path == 3 ? " v3" : " v2");
+                    if (path == 3 && v3_quantizes_x(type)) {
+                        const double e =
+                            check_v3(label, got, want, wd, x, ne0, ne1, nr, 1e-4 * scale);
+                        worst_v3 = e > worst_v3 ? e : worst_v3;
+                    } else {
+                        const double e = tu_nmse(got, want, ny);
+                        if (gemm)
+                            worst_gemm = e > worst_gemm ? e : worst_gemm;
+                        else
+                            worst_mv = e > worst_mv ? e : worst_mv;
+                        expect_close(label, got, want, ny, (exact ? 1e-4 : 3e-2) * scale, 0,
+                                     exact ? 1e-9 : 5e-5);
+                    }
+                    assert_ok(G, gctx, label);
+                }
                 C->dealloc(cctx, cx), C->dealloc(cctx, cy), G->dealloc(gctx, gx),
                     G->dealloc(gctx, gy);
                 free(x), free(want), free(got);
             }
             C->weight_free(cctx, &cw), G->weight_free(gctx, &gw);
-            free(q);
+            free(q), free(wd);
         }
-    fprintf(stderr, "matmul %s: worst nmse matvec %.3g, gemm %.3g\n", quant_type_name(type),
-            worst_mv, worst_gemm);
+    ops_cuda_set_gemv(gctx, path0);
+    fprintf(stderr, "matmul %s: worst nmse matvec %.3g (v2, and v3 with f32 x), v3 int8 x %.3g, "
+            "gemm %.3g\n",
+            quant_type_name(type), worst_mv, worst_v3, worst_gemm);
 }
 END_TEST
 
@@ -524,6 +600,9 @@ START_TEST(test_bench) {
     const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q5_0,
                          TPI_TYPE_Q4_0, TPI_TYPE_BF16, TPI_TYPE_F16};
     const char *only = getenv("TPI_BENCH_TYPES"); /* e.g. "Q4_K,BF16" */
+    const int path = ops_cuda_set_gemv(gctx, 2); /* the env's path (TPI_GEMV), kept */
+    ops_cuda_set_gemv(gctx, path);
+    fprintf(stderr, "bench: decode matrix-vector path v%d (TPI_GEMV)\n", path);
     const int64_t max_ne0 = 12288, max_ne1 = 151936, max_rows = 512;
     float *x = rand_vec(&r, (size_t)(max_rows * max_ne0), -1, 1);
     float *gx = bdup(G, gctx, x, (size_t)(max_rows * max_ne0) * 4),

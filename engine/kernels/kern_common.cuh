@@ -39,6 +39,8 @@ struct ops_ctx {
     struct kern_scratch x16;  /* bf16 activations for the GEMM path */
     struct kern_scratch attn; /* split-K partial results of attention */
     struct kern_scratch idx;  /* get_rows indices copied to the device */
+    struct kern_scratch q8;   /* int8 x blocks and their scales for the v3 matrix-vector path */
+    int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
@@ -93,6 +95,12 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
 /* ---- launchers (kern_matmul.cu) ---- */
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows);
+
+/* ---- launchers (kern_gemv.cu) ---- */
+/* The v3 matrix-vector path for n_rows (1..8) rows; false (nothing queued) when it
+ * does not cover w's type, shape or alignment: the caller uses the v2 kernels. */
+bool kern_gemv_v3(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                  int n_rows);
 
 /* ---- launchers (kern_attn.cu) ---- */
 void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,

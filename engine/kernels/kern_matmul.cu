@@ -5,6 +5,8 @@
  * feature; the warp's lanes decode consecutive units of the weight row (each
  * byte read once, in registers) and dot them with up to 8 x rows at once, then a
  * shuffle reduction. Memory-bound by design: the weight is read exactly once.
+ * These are path v2; with ctx->gemv == 3 (TPI_GEMV=v3) kern_gemv.cu's int8-x
+ * kernels take the types and shapes they cover first.
  *
  * Prefill (more rows): W is dequantized to bf16 in slabs of rows, x converted to
  * bf16, and cuBLAS multiplies with f32 accumulation (tensor cores). F32 weights
@@ -582,6 +584,10 @@ void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x
         kern_fail(ctx, TPI_ERR_INVALID, "cuda matmul", __FILE__, __LINE__,
                   "shape %lld x %lld with %lld rows exceeds 32-bit sizes", (long long)w->ne0,
                   (long long)w->ne1, (long long)n_rows);
+        return;
+    }
+    if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && kern_gemv_v3(ctx, w, x, y, (int)n_rows)) {
+        LAUNCH_OK(ctx, "cuda matmul (matvec v3)");
         return;
     }
     if (n_rows <= MATVEC_MAX_ROWS) {

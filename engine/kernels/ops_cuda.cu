@@ -95,7 +95,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     struct ops_ctx *ctx = *pctx;
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx};
+    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx, &ctx->q8};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -105,6 +105,24 @@ static void cuda_free(struct ops_ctx **pctx) {
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
     *pctx = NULL;
+}
+
+/* The decode matrix-vector path from TPI_GEMV ("v2"/"2", "v3"/"3"); v2 when unset or
+ * unknown (with a warning), so a typo never changes results silently. */
+static int gemv_from_env(void) {
+    const char *v = getenv("TPI_GEMV");
+    if (!v || !*v) return 2;
+    if (strcmp(v, "v3") == 0 || strcmp(v, "3") == 0) return 3;
+    if (strcmp(v, "v2") != 0 && strcmp(v, "2") != 0)
+        tpi_log(TPI_LOG_WARN, "TPI_GEMV=%s is neither v2 nor v3: using v2", v);
+    return 2;
+}
+
+int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
+    if (!ctx || (path != 2 && path != 3)) return -1;
+    const int old = ctx->gemv;
+    ctx->gemv = path;
+    return old;
 }
 
 static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct tpi_error *err) {
@@ -140,6 +158,7 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         cuda_free(&ctx);
         return err->status;
     }
+    ctx->gemv = gemv_from_env();
     ctx->n_sm = prop.multiProcessorCount;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
