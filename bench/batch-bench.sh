@@ -3,7 +3,7 @@
 # prompt file at --parallel 1 and --parallel 32, generated tokens/s for both.
 #
 #   bench/batch-bench.sh [MODEL.gguf] [N_PROMPTS] [MAX_TOKENS]
-#   env: DRIVER (default build/tests/batch_driver; `tpinfer run` once wired),
+#   env: DRIVER (default build/tpinfer),
 #        EXTRA (more options, e.g. "--backend cuda" or "--tp 2" under LAUNCH),
 #        LAUNCH (e.g. "mpirun -np 2"), PARALLEL (default "1 32")
 # Defaults are CI-sized: the tiny test model, 64 prompts, 16 tokens each. The full
@@ -13,7 +13,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 model=${1:-$here/tests/data/qwen3-tiny-q4_k_m.gguf}
 n=${2:-64}
 max_tokens=${3:-16}
-driver=${DRIVER:-$here/build/tests/batch_driver}
+driver=${DRIVER:-$here/build/tpinfer}
 parallel=${PARALLEL:-"1 32"}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -171,6 +171,15 @@ else
     note "depth runs: skipped (elapsed $(elapsed) s, cutoff $DEPTH_CUTOFF_S s)"
 fi
 
+# ---- 6b. batch prompt files on the GPU: --parallel 1 vs 32, if time allows ----
+q4=$(ls "$MODELS_DIR"/*q4_k_m*.gguf 2>/dev/null | head -1)
+if [ -n "$q4" ] && [ "$(left)" -gt 120 ]; then
+    TPI_GEMV=$best DRIVER="$TPINFER" EXTRA="--backend cuda" bounded "batch-bench-$best" 90 \
+        "$BENCH" bash bench/batch-bench.sh "$q4" 64 32
+else
+    note "batch bench: skipped (no q4_k_m model or no time)"
+fi
+
 # a model still being written when time ran out: stop it (this script's own child)
 if kill -0 $MK_PID 2>/dev/null; then
     pkill -P $MK_PID 2>/dev/null
@@ -208,6 +217,7 @@ fi
                 if (c[i] ~ /^ *(pp512|tg128) *$/) { printf "   %s %-26s %6s %s\n", p, c[2], c[i], c[i + 1]; break } }' "$BENCH"
     done
     grep -A40 "=== bench-depth" "$BENCH" | grep -E "^\|.*@ d" | sed "s/^/   depth: /"
+    grep -A6 "=== batch-bench" "$BENCH" | grep -E "^(parallel|1 |32 )" | sed "s/^/   batch: /"
     echo "   (sum of tg128 over the 3 models: v2 $sum2, v3 $sum3 -> better: $best)"
     echo
     echo "== microbench (TB/s of weight bytes, 1 row) per path"
