@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu-final.sh — the one device call that verifies and measures both decode
-# matrix-vector paths (TPI_GEMV=v2, the verified default, and v3, int8 x + dp4a) on
+# matrix-vector paths (TPI_GEMV=v2, f32 x, and v3, int8 x + dp4a, the default) on
 # the H200, run from the repo root there:
 #     sh .dev/device/setup.sh && bash bench/gpu-final.sh        (carry .dev)
 # Steps, each bounded by the time left (the whole run stays under BUDGET_S, 8 min):

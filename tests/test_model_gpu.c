@@ -53,6 +53,14 @@ static cJSON *g_ref;
 #define REL_TOL 0.02       /* max abs error / logit range, CUDA vs CPU */
 #define NMSE_TOL 1e-3      /* sum (gpu - cpu)^2 / sum cpu^2 */
 #define SAME_TOL 1e-4      /* graph vs plain, batched vs alone: / logit range */
+/* Graph vs plain with the int8-x decode path (TPI_GEMV=v3, the default): the two runs
+ * split long attention differently (graphs fix the split count per power-of-two
+ * depth), so x differs in its last bits (5e-7 of the range with f32 x, measured), and
+ * rounding x to int8 turns such a difference into a whole int8 step now and then:
+ * measured up to 5.2e-3 of the range on the tiny models (H200), the level of the
+ * int8 error itself. The bound keeps 3x margin and is still far below what a wrong
+ * op (norm, rope, cache slot) does to the logits. */
+#define SAME_TOL_INT8 1.5e-2
 #define MARGIN 0.1         /* top-1/top-2 gap above which top-1 must agree, at least... */
 #define MARGIN_REL 0.015   /* ...and this fraction of the row's logit range (see above) */
 #define N_GREEDY 24
@@ -265,6 +273,10 @@ START_TEST(test_graphs) {
         return;
     }
     const int n_vocab = mg->cfg.n_vocab;
+    // Which decode path: ops_cuda_set_gemv returns the path it replaces.
+    const int path = ops_cuda_set_gemv(mg->octx, 3);
+    ops_cuda_set_gemv(mg->octx, path);
+    const double same_tol = path == 3 ? SAME_TOL_INT8 : SAME_TOL;
     const int n_prompts = cJSON_GetArraySize(cJSON_GetObjectItem(g_ref, "prompts"));
     int n;
     int32_t *tok = prompt_tokens(n_prompts > 3 ? 3 : 0, &n);
@@ -290,7 +302,7 @@ START_TEST(test_graphs) {
         struct errstat r = {0};
         errstat_add(&r, a, b, n_vocab);
         errstat_add(&e, a, b, n_vocab);
-        if (r.max_rel > SAME_TOL && n_bad_rows++ < 8)
+        if (r.max_rel > same_tol && n_bad_rows++ < 8)
             fprintf(stderr, "%s: step %d (pos %d): graph vs plain max abs diff %.4g (/ range %.3g)\n",
                     g_name, j, n + j, r.max_abs, r.max_rel);
     }

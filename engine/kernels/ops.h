@@ -160,7 +160,7 @@ extern const struct ops ops_cpu;
 const struct ops *ops_cuda_get(void);
 bool ops_cuda_available(int *n_devices);
 /* CUDA builds only: the decode matrix-vector path of a CUDA context (2: f32 x, the
- * default; 3: x quantized to int8 blocks, dp4a), which TPI_GEMV sets at init; returns
+ * v2 path; 3: x quantized to int8 blocks, dp4a, the default), which TPI_GEMV sets at init; returns
  * the previous path, or -1 for a path other than 2 or 3 (nothing changed). */
 int ops_cuda_set_gemv(struct ops_ctx *ctx, int path);
 

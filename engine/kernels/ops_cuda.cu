@@ -109,13 +109,16 @@ static void cuda_free(struct ops_ctx **pctx) {
 
 /* The decode matrix-vector path from TPI_GEMV ("v2"/"2", "v3"/"3"); v2 when unset or
  * unknown (with a warning), so a typo never changes results silently. */
+/* Decode matrix-vector path: v3 (int8 x + dp4a for quantized weights, 16-byte rows for
+ * BF16/F16; 1.5-2x the tg speed of v2 on the H200, bench/RESULTS.md) unless TPI_GEMV=v2
+ * asks for f32 x everywhere. */
 static int gemv_from_env(void) {
     const char *v = getenv("TPI_GEMV");
-    if (!v || !*v) return 2;
-    if (strcmp(v, "v3") == 0 || strcmp(v, "3") == 0) return 3;
-    if (strcmp(v, "v2") != 0 && strcmp(v, "2") != 0)
-        tpi_log(TPI_LOG_WARN, "TPI_GEMV=%s is neither v2 nor v3: using v2", v);
-    return 2;
+    if (!v || !*v) return 3;
+    if (strcmp(v, "v2") == 0 || strcmp(v, "2") == 0) return 2;
+    if (strcmp(v, "v3") != 0 && strcmp(v, "3") != 0)
+        tpi_log(TPI_LOG_WARN, "TPI_GEMV=%s is neither v2 nor v3: using v3", v);
+    return 3;
 }
 
 int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {

@@ -11,6 +11,6 @@ if(TARGET tpi_cuda)
   foreach(g ${tpi_ops_cuda_groups})
     add_test(NAME test_ops_cuda_${g} COMMAND test_ops_cuda_elem ${g})
     set_tests_properties(test_ops_cuda_${g} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu
-                         ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600")
+                         ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive")
   endforeach()
 endif()
