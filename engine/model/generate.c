@@ -39,9 +39,8 @@ static int text_append(struct gen_result *r, size_t *cap, const char *b, size_t 
     return TPI_OK;
 }
 
-/* First occurrence of any stop string in text[from..n); -1 when none. */
-static long find_stop(const char *text, size_t n, size_t from, const char *const *stop,
-                      int n_stop) {
+long gen_find_stop(const char *text, size_t n, size_t from, const char *const *stop,
+                   int n_stop) {
     long best = -1;
     for (int s = 0; s < n_stop; s++) {
         size_t len = strlen(stop[s]);
@@ -181,7 +180,7 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
             size_t nb;
             if ((rc = tok_stream_push(ts, id, &b, &nb, err))) goto done;
             if (text_append(res, &cap, b, nb)) goto nomem;
-            long at = find_stop(res->text, res->n_text, n_emitted, gp->stop, gp->n_stop);
+            long at = gen_find_stop(res->text, res->n_text, n_emitted, gp->stop, gp->n_stop);
             if (at >= 0) {
                 res->n_text = (size_t)at;
                 res->text[at] = '\0';

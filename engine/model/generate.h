@@ -60,4 +60,9 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
 /* Free a result's arrays (the struct itself is the caller's). */
 void gen_result_free(struct gen_result *r);
 
+/* Offset of the earliest occurrence of any of the n_stop stop strings in
+ * text[from..n) (the match may not start before `from`); -1 when none. */
+long gen_find_stop(const char *text, size_t n, size_t from, const char *const *stop,
+                   int n_stop);
+
 #endif /* GENERATE_H */

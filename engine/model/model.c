@@ -176,11 +176,12 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
     char gpu_idx[16];
     snprintf(gpu_idx, sizeof gpu_idx, gpu ? "%d" : "-", device);
     snprintf(line, sizeof line,
-             "%4d %-14.14s %3d %5d  %-3s %-18.18s %-13s %5d-%-3d %3d-%-3d %9.1f %8.1f %6.1f",
+             "%4d %-14.14s %3d %5d  %-3s %-18.18s %-13s %5d-%-3d %3d-%-3d %9.1f %8.1f %6.1f %7.2f",
              grid ? grid->world_rank : 0, grid ? grid->host : "local", pl->tp_rank, pl->pp_stage,
              gpu_idx, m->ops->device_name(m->octx), pci, pl->layer0,
              pl->layer0 + pl->n_layer_stage - 1, pl->head0, pl->head0 + pl->n_head_local - 1,
-             m->w.n_bytes / 1048576.0, m->kv.n_bytes / 1048576.0, load_s);
+             m->w.n_bytes / 1048576.0, m->kv.n_bytes / 1048576.0, load_s,
+             load_s > 0 ? m->w.n_bytes / 1e9 / load_s : 0.0);
     const int n_ranks = grid ? grid->world_size : 1;
     char *all = NULL;
     if (!grid || grid->world_rank == 0) all = calloc((size_t)n_ranks, sizeof line);
@@ -191,7 +192,7 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
         memcpy(all, line, sizeof line);
     if (!all) return;
     TPI_LOGI("rank host           tp stage gpu device             pci bus id    layers  heads "
-             "   weights MiB  KV MiB load s");
+             "   weights MiB  KV MiB load s    GB/s");
     for (int r = 0; r < n_ranks; r++) TPI_LOGI("%s", all + (size_t)r * sizeof line);
     if (m->w.n_expanded_f32 > 0 && (!grid || grid->world_size == 1))
         TPI_LOGI("(%d row-parallel slices held as F32)", m->w.n_expanded_f32);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/generate.h"
 #include "text/tokenizer.h"
 
 /* One sequence in flight: its KV slot is its index in the slot array. */
@@ -204,23 +205,6 @@ static int text_append(struct slot *s, const char *bytes, size_t n) {
     return TPI_OK;
 }
 
-/* Earliest stop string starting at or after `from`; -1 when none. */
-static long find_stop(const struct slot *s, size_t from) {
-    long best = -1;
-    for (int i = 0; i < s->n_stop; i++) {
-        size_t len = strlen(s->stop[i]);
-        if (len == 0 || len > s->n_text) continue;
-        for (size_t at = from; at + len <= s->n_text; at++) {
-            if (best >= 0 && (long)at >= best) break;
-            if (!memcmp(s->text + at, s->stop[i], len)) {
-                best = (long)at;
-                break;
-            }
-        }
-    }
-    return best;
-}
-
 enum finish { FIN_NONE = 0, FIN_EOG, FIN_STOP_STRING, FIN_LENGTH, FIN_ERROR };
 
 /* Append token id (with its logprobs) to slot s; returns how the sequence ends, or
@@ -247,7 +231,7 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
     if (s->n_stop > 0 && nb > 0) {
         // A stop string may straddle the old end of the text.
         size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
-        long at = find_stop(s, from);
+        long at = gen_find_stop(s->text, s->n_text, from, (const char *const *)s->stop, s->n_stop);
         if (at >= 0) {
             s->n_text = (size_t)at;
             s->text[at] = '\0';
