@@ -378,6 +378,47 @@ START_TEST(test_create_timeout) {
 }
 END_TEST
 
+/* A collective that a peer joins too late: with TPI_COMM_OP_TIMEOUT=1 the ranks
+ * that arrived fail after ~1 s with a message that says they waited; the comm then
+ * refuses further calls; the late rank's call completes when it arrives (the others'
+ * requests are still posted) and every rank can free the comm. */
+START_TEST(test_op_timeout) {
+    MPI_Comm group;
+    MPI_Comm_dup(MPI_COMM_WORLD, &group);
+    setenv("TPI_COMM_OP_TIMEOUT", "1", 1);
+    struct comm *c = NULL;
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    int st = comm_create(&c, COMM_MPI, group, &ops_cpu, g_cpu, 10.0, &err);
+    unsetenv("TPI_COMM_OP_TIMEOUT");
+    ck_assert_msg(st == TPI_OK, "comm_create: %s", err.msg);
+    const int late = g_size - 1;
+    float v = 1.0f;
+    if (g_rank == late) sleep(3);
+    double t0 = MPI_Wtime();
+    st = comm_allreduce_sum(c, &v, 1, COMM_F32, &err);
+    double dt = MPI_Wtime() - t0;
+    fprintf(stderr, "rank %d: allreduce %s after %.2f s: %s\n", g_rank, tpi_status_name(st), dt,
+            err.msg);
+    if (g_rank != late) {
+        ck_assert_int_eq(st, TPI_ERR_TIMEOUT);
+        ck_assert_msg(dt > 0.9 && dt < 2.5, "timed out after %.2f s, want ~1 s", dt);
+        ck_assert_msg(strstr(err.msg, "allreduce") && strstr(err.msg, "did not complete"),
+                      "message: %s", err.msg);
+        float w = 1.0f;
+        ck_assert_int_eq(comm_allreduce_sum(c, &w, 1, COMM_F32, &err), TPI_ERR_COMM);
+        ck_assert_msg(strstr(err.msg, "unusable"), "second call: %s", err.msg);
+    } else {
+        /* the others' contributions were posted before they gave up */
+        ck_assert_msg(st == TPI_OK, "late rank: %s", err.msg);
+        ck_assert_msg(v == (float)g_size, "late rank's sum %g, want %d", v, g_size);
+    }
+    comm_free(&c);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Comm_free(&group);
+}
+END_TEST
+
 /* ---- `tpinfer comm` end to end (run without mpirun: it launches mpirun) ---- */
 
 #ifndef TPI_MPIEXEC
@@ -553,6 +594,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_stats);
     tcase_add_test(tc, test_nccl_refused);
     tcase_add_test(tc, test_create_timeout);
+    tcase_add_test(tc, test_op_timeout);
     suite_add_tcase(s, tc);
     int rc = tu_run_suite(s);
     /* A failure on any rank fails the run on every rank. */

@@ -8,11 +8,18 @@
  * MPI_UINT16_T that widens to f32, adds and rounds back (round to nearest even).
  * Every call works on a private duplicate of the group, so its messages can
  * never match the caller's own traffic on the same communicator.
+ *
+ * No call waits forever: each is posted nonblocking and polled against an operation
+ * timeout (TPI_COMM_OP_TIMEOUT seconds, default 600, 0 = none), so a peer that died or
+ * hangs becomes an error on the ranks that did arrive — each prints that it waited,
+ * which tells the user who is missing — instead of a silent hang.
  */
+#define _POSIX_C_SOURCE 200809L
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm.h"
 #include "comm_impl.h"
@@ -35,6 +42,9 @@ struct mpi_impl {
     unsigned char *stage;   /* host staging buffer, grown as needed */
     size_t stage_bytes;
     bool stage_pinned; /* registered with cudaHostRegister */
+    double op_timeout_s;  /* per call; <= 0 waits forever */
+    MPI_Request pending;  /* a call that timed out, still posted; the comm is unusable */
+    const char *pending_call;
 };
 
 /* ---- f16 / bf16 sums ------------------------------------------------------ */
@@ -83,6 +93,49 @@ static int mpi_fail(const struct comm *c, int rc, const char *call, struct tpi_e
                    c->world_rank, c->rank, c->size, comm_mpi_errstr(rc, es, sizeof es));
 }
 
+/* ---- waiting with a timeout -------------------------------------------------- */
+
+/* Wait for req: MPI_Test in a spin for the first 200 us (a collective of a decode step
+ * is usually that quick), then with sleeps of up to 200 us so an oversubscribed node's
+ * late rank gets the core. On timeout the request stays posted in m->pending. */
+static int wait_op(struct comm *c, struct mpi_impl *m, MPI_Request *req, MPI_Status *st,
+                   const char *call, struct tpi_error *err) {
+    const double t0 = tpi_time_s();
+    long sleep_ns = 0;
+    for (;;) {
+        int done = 0;
+        int rc = MPI_Test(req, &done, st ? st : MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, call, err);
+        if (done) return TPI_OK;
+        const double dt = tpi_time_s() - t0;
+        if (m->op_timeout_s > 0 && dt > m->op_timeout_s) {
+            m->pending = *req;
+            m->pending_call = call;
+            char host[256];
+            return tpi_err(err, TPI_ERR_TIMEOUT,
+                           "%s on world rank %d (group rank %d of %d, host %s) did not complete "
+                           "in %.1f s: a peer rank is stuck, dead or far behind. The ranks that "
+                           "report this arrived; the others did not. (TPI_COMM_OP_TIMEOUT=S "
+                           "changes the limit; launch/README.md: when a run hangs)",
+                           call, c->world_rank, c->rank, c->size,
+                           comm_host_name(host, sizeof host), dt);
+        }
+        if (dt > 200e-6) {
+            sleep_ns = sleep_ns ? TPI_MIN(sleep_ns * 2, 200000L) : 10000L;
+            struct timespec ts = {0, sleep_ns};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+/* A comm whose call timed out holds that call's request: refuse further calls. */
+static int check_pending(const struct comm *c, const struct mpi_impl *m, struct tpi_error *err) {
+    if (m->pending == MPI_REQUEST_NULL) return TPI_OK;
+    return tpi_err(err, TPI_ERR_COMM,
+                   "communicator of world rank %d is unusable: an earlier %s timed out",
+                   c->world_rank, m->pending_call);
+}
+
 /* ---- staging -------------------------------------------------------------- */
 
 /* Host staging buffer of at least n_bytes, or NULL. */
@@ -127,9 +180,11 @@ static int host_allreduce(struct comm *c, struct mpi_impl *m, void *buf, size_t 
     size_t isz = comm_dtype_size(dt);
     for (size_t off = 0; off < count; off += CHUNK_ITEMS) {
         int n = (int)TPI_MIN(CHUNK_ITEMS, count - off);
-        int rc = MPI_Allreduce(MPI_IN_PLACE, (unsigned char *)buf + off * isz, n, mpi_type(dt),
-                               sum_op(m, dt), m->comm);
-        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Allreduce", err);
+        MPI_Request req;
+        int rc = MPI_Iallreduce(MPI_IN_PLACE, (unsigned char *)buf + off * isz, n, mpi_type(dt),
+                                sum_op(m, dt), m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Iallreduce", err);
+        if ((rc = wait_op(c, m, &req, NULL, "allreduce", err))) return rc;
     }
     return TPI_OK;
 }
@@ -139,8 +194,10 @@ static int host_bcast(struct comm *c, struct mpi_impl *m, void *buf, size_t coun
     size_t isz = comm_dtype_size(dt);
     for (size_t off = 0; off < count; off += CHUNK_ITEMS) {
         int n = (int)TPI_MIN(CHUNK_ITEMS, count - off);
-        int rc = MPI_Bcast((unsigned char *)buf + off * isz, n, mpi_type(dt), root, m->comm);
-        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Bcast", err);
+        MPI_Request req;
+        int rc = MPI_Ibcast((unsigned char *)buf + off * isz, n, mpi_type(dt), root, m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Ibcast", err);
+        if ((rc = wait_op(c, m, &req, NULL, "bcast", err))) return rc;
     }
     return TPI_OK;
 }
@@ -150,9 +207,11 @@ static int host_send(struct comm *c, struct mpi_impl *m, const void *buf, size_t
     size_t isz = comm_dtype_size(dt);
     for (size_t off = 0; off < count; off += CHUNK_ITEMS) {
         int n = (int)TPI_MIN(CHUNK_ITEMS, count - off);
-        int rc = MPI_Send((const unsigned char *)buf + off * isz, n, mpi_type(dt), peer, TAG_P2P,
-                          m->comm);
-        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Send", err);
+        MPI_Request req;
+        int rc = MPI_Isend((const unsigned char *)buf + off * isz, n, mpi_type(dt), peer, TAG_P2P,
+                           m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Isend", err);
+        if ((rc = wait_op(c, m, &req, NULL, "send", err))) return rc;
     }
     return TPI_OK;
 }
@@ -163,9 +222,11 @@ static int host_recv(struct comm *c, struct mpi_impl *m, void *buf, size_t count
     for (size_t off = 0; off < count; off += CHUNK_ITEMS) {
         int n = (int)TPI_MIN(CHUNK_ITEMS, count - off);
         MPI_Status stt;
-        int rc = MPI_Recv((unsigned char *)buf + off * isz, n, mpi_type(dt), peer, TAG_P2P, m->comm,
-                          &stt);
-        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Recv", err);
+        MPI_Request req;
+        int rc = MPI_Irecv((unsigned char *)buf + off * isz, n, mpi_type(dt), peer, TAG_P2P,
+                           m->comm, &req);
+        if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Irecv", err);
+        if ((rc = wait_op(c, m, &req, &stt, "recv", err))) return rc;
         int got = 0;
         MPI_Get_count(&stt, mpi_type(dt), &got);
         if (got != n)
@@ -177,11 +238,21 @@ static int host_recv(struct comm *c, struct mpi_impl *m, void *buf, size_t count
     return TPI_OK;
 }
 
+static int host_allgather(struct comm *c, struct mpi_impl *m, const void *send, void *recv,
+                          size_t count, enum comm_dtype dt, struct tpi_error *err) {
+    MPI_Request req;
+    int rc = MPI_Iallgather(send, (int)count, mpi_type(dt), recv, (int)count, mpi_type(dt),
+                            m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Iallgather", err);
+    return wait_op(c, m, &req, NULL, "allgather", err);
+}
+
 /* ---- the vtable ----------------------------------------------------------- */
 
 static int mpi_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt,
                          struct tpi_error *err) {
     struct mpi_impl *m = c->impl;
+    if (m->pending != MPI_REQUEST_NULL) return check_pending(c, m, err);
     size_t n_bytes = count * comm_dtype_size(dt);
     wait_stream(c);
     if (!m->device) return host_allreduce(c, m, buf, count, dt, err);
@@ -198,6 +269,7 @@ static int mpi_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtyp
 static int mpi_allgather(struct comm *c, const void *send, void *recv, size_t count,
                          enum comm_dtype dt, struct tpi_error *err) {
     struct mpi_impl *m = c->impl;
+    if (m->pending != MPI_REQUEST_NULL) return check_pending(c, m, err);
     size_t n_bytes = count * comm_dtype_size(dt);
     if (count > (size_t)INT_MAX)
         return tpi_err(err, TPI_ERR_UNSUPPORTED,
@@ -205,19 +277,14 @@ static int mpi_allgather(struct comm *c, const void *send, void *recv, size_t co
                        "%d: the MPI communicator handles at most %d",
                        count, c->world_rank, INT_MAX);
     wait_stream(c);
-    if (!m->device) {
-        int rc =
-            MPI_Allgather(send, (int)count, mpi_type(dt), recv, (int)count, mpi_type(dt), m->comm);
-        return rc == MPI_SUCCESS ? TPI_OK : mpi_fail(c, rc, "MPI_Allgather", err);
-    }
+    if (!m->device) return host_allgather(c, m, send, recv, count, dt, err);
     /* Layout of the staging buffer: [size * n_bytes of result][n_bytes of ours]. */
     size_t n_total = (size_t)c->size * n_bytes;
     unsigned char *h = stage_get(m, n_total + n_bytes);
     if (!h) return stage_fail(c, n_total + n_bytes, err);
     c->ops->to_host(c->octx, h + n_total, send, n_bytes);
-    int rc =
-        MPI_Allgather(h + n_total, (int)count, mpi_type(dt), h, (int)count, mpi_type(dt), m->comm);
-    if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Allgather", err);
+    int rc = host_allgather(c, m, h + n_total, h, count, dt, err);
+    if (rc) return rc;
     c->ops->to_dev(c->octx, recv, h, n_total);
     wait_stream(c);
     return TPI_OK;
@@ -226,6 +293,7 @@ static int mpi_allgather(struct comm *c, const void *send, void *recv, size_t co
 static int mpi_send(struct comm *c, const void *buf, size_t count, enum comm_dtype dt, int peer,
                     struct tpi_error *err) {
     struct mpi_impl *m = c->impl;
+    if (m->pending != MPI_REQUEST_NULL) return check_pending(c, m, err);
     size_t n_bytes = count * comm_dtype_size(dt);
     wait_stream(c);
     if (!m->device) return host_send(c, m, buf, count, dt, peer, err);
@@ -238,6 +306,7 @@ static int mpi_send(struct comm *c, const void *buf, size_t count, enum comm_dty
 static int mpi_recv(struct comm *c, void *buf, size_t count, enum comm_dtype dt, int peer,
                     struct tpi_error *err) {
     struct mpi_impl *m = c->impl;
+    if (m->pending != MPI_REQUEST_NULL) return check_pending(c, m, err);
     size_t n_bytes = count * comm_dtype_size(dt);
     /* The stream may still read buf (the previous step): wait before overwriting. */
     wait_stream(c);
@@ -254,6 +323,7 @@ static int mpi_recv(struct comm *c, void *buf, size_t count, enum comm_dtype dt,
 static int mpi_bcast(struct comm *c, void *buf, size_t count, enum comm_dtype dt, int root,
                      struct tpi_error *err) {
     struct mpi_impl *m = c->impl;
+    if (m->pending != MPI_REQUEST_NULL) return check_pending(c, m, err);
     size_t n_bytes = count * comm_dtype_size(dt);
     wait_stream(c);
     if (!m->device) return host_bcast(c, m, buf, count, dt, root, err);
@@ -271,14 +341,23 @@ static int mpi_bcast(struct comm *c, void *buf, size_t count, enum comm_dtype dt
 
 static int mpi_barrier(struct comm *c, struct tpi_error *err) {
     struct mpi_impl *m = c->impl;
+    int rc = check_pending(c, m, err);
+    if (rc) return rc;
     wait_stream(c);
-    int rc = MPI_Barrier(m->comm);
-    return rc == MPI_SUCCESS ? TPI_OK : mpi_fail(c, rc, "MPI_Barrier", err);
+    MPI_Request req;
+    rc = MPI_Ibarrier(m->comm, &req);
+    if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Ibarrier", err);
+    return wait_op(c, m, &req, NULL, "barrier", err);
 }
 
 static void mpi_destroy(struct comm *c) {
     struct mpi_impl *m = c->impl;
     if (!m) return;
+    // A call that timed out may still complete if the late peer arrives: wait for it
+    // once more, bounded. If it never does, its buffers and communicator are leaked:
+    // freeing them under a posted request is erroneous, and the process is going down.
+    if (m->pending != MPI_REQUEST_NULL && comm_poll_request(&m->pending, m->op_timeout_s) != TPI_OK)
+        return;
     if (m->op_f16 != MPI_OP_NULL) MPI_Op_free(&m->op_f16);
     if (m->op_bf16 != MPI_OP_NULL) MPI_Op_free(&m->op_bf16);
     if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
@@ -307,6 +386,9 @@ int comm_mpi_init(struct comm *c, struct tpi_error *err) {
                        c->world_rank);
     m->comm = MPI_COMM_NULL;
     m->op_f16 = m->op_bf16 = MPI_OP_NULL;
+    m->pending = MPI_REQUEST_NULL;
+    const char *ot = getenv("TPI_COMM_OP_TIMEOUT");
+    m->op_timeout_s = ot && *ot ? atof(ot) : 600.0;
     m->device = comm_on_device(c);
     if (m->device && (!c->octx || !c->ops->to_host || !c->ops->to_dev || !c->ops->sync)) {
         free(m);
