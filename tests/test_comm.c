@@ -70,40 +70,6 @@ static double val(int rank, size_t i) {
     return (double)((rank + 1) * (int)(i % 5 + 1)) - 3.0;
 }
 
-static void put(void *h, enum comm_dtype dt, size_t i, double v) {
-    switch (dt) {
-    case COMM_F32:
-        ((float *)h)[i] = (float)v;
-        break;
-    case COMM_F16:
-        ((uint16_t *)h)[i] = tpi_f32_to_f16((float)v);
-        break;
-    case COMM_BF16:
-        ((uint16_t *)h)[i] = tpi_f32_to_bf16((float)v);
-        break;
-    case COMM_I32:
-        ((int32_t *)h)[i] = (int32_t)v;
-        break;
-    default:
-        ((uint8_t *)h)[i] = (uint8_t)v;
-        break;
-    }
-}
-
-static double get(const void *h, enum comm_dtype dt, size_t i) {
-    switch (dt) {
-    case COMM_F32:
-        return ((const float *)h)[i];
-    case COMM_F16:
-        return tpi_f16_to_f32(((const uint16_t *)h)[i]);
-    case COMM_BF16:
-        return tpi_bf16_to_f32(((const uint16_t *)h)[i]);
-    case COMM_I32:
-        return ((const int32_t *)h)[i];
-    default:
-        return ((const uint8_t *)h)[i];
-    }
-}
 
 static const size_t sizes[] = {0, 1, 2, 7, 33, 1000, 4097};
 #define N_SIZES (sizeof sizes / sizeof sizes[0])
@@ -117,7 +83,7 @@ static void check_allreduce(struct comm *c) {
             size_t n = sizes[s];
             void *buf = calloc(n + 1, 4);
             for (size_t i = 0; i < n; i++)
-                put(buf, dt, i, val(g_rank, i));
+                comm_item_set(buf, dt, i, val(g_rank, i));
             struct tpi_error err;
             tpi_err_clear(&err);
             int st = comm_allreduce_sum(c, buf, n, dt, &err);
@@ -127,7 +93,7 @@ static void check_allreduce(struct comm *c) {
                 double want = 0;
                 for (int r = 0; r < g_size; r++)
                     want += val(r, i);
-                double got = get(buf, dt, i);
+                double got = comm_item_get(buf, dt, i);
                 if (got != want && bad++ < 8)
                     fprintf(stderr, "rank %d allreduce dtype %d n %zu: [%zu] got %g want %g\n",
                             g_rank, (int)dt, n, i, got, want);

@@ -193,40 +193,6 @@ static double gather_val(int rank, size_t i) {
     return (double)((rank * 7 + i) % 61) - 30.0;
 }
 
-static void put(void *h, enum comm_dtype dt, size_t i, double v) {
-    switch (dt) {
-    case COMM_F32:
-        ((float *)h)[i] = (float)v;
-        break;
-    case COMM_F16:
-        ((uint16_t *)h)[i] = tpi_f32_to_f16((float)v);
-        break;
-    case COMM_BF16:
-        ((uint16_t *)h)[i] = tpi_f32_to_bf16((float)v);
-        break;
-    case COMM_I32:
-        ((int32_t *)h)[i] = (int32_t)v;
-        break;
-    default:
-        ((uint8_t *)h)[i] = (uint8_t)v;
-        break;
-    }
-}
-
-static double get(const void *h, enum comm_dtype dt, size_t i) {
-    switch (dt) {
-    case COMM_F32:
-        return ((const float *)h)[i];
-    case COMM_F16:
-        return tpi_f16_to_f32(((const uint16_t *)h)[i]);
-    case COMM_BF16:
-        return tpi_bf16_to_f32(((const uint16_t *)h)[i]);
-    case COMM_I32:
-        return ((const int32_t *)h)[i];
-    default:
-        return ((const uint8_t *)h)[i];
-    }
-}
 
 /* Everything one rank needs to run a measurement. */
 struct bench {
@@ -281,7 +247,7 @@ static int verify(struct bench *b, enum sweep_op op, size_t count, long long *wr
     size_t isz = comm_dtype_size(dt);
     int n = b->c->size, r = b->c->rank;
     for (size_t i = 0; i < count; i++)
-        put(b->h, dt, i, op == SW_ALLREDUCE ? reduce_val(r, i) : gather_val(r, i));
+        comm_item_set(b->h, dt, i, op == SW_ALLREDUCE ? reduce_val(r, i) : gather_val(r, i));
     upload(b, b->d_a, count * isz);
     int st = run_once(b, op, count, err);
     if (st) return st;
@@ -292,18 +258,18 @@ static int verify(struct bench *b, enum sweep_op op, size_t count, long long *wr
             double want = 0;
             for (int k = 0; k < n; k++)
                 want += reduce_val(k, i);
-            bad += get(b->h, dt, i) != want;
+            bad += comm_item_get(b->h, dt, i) != want;
         }
     } else if (op == SW_ALLGATHER) {
         b->ops->to_host(b->octx, b->h, b->d_b, (size_t)n * count * isz);
         for (int k = 0; k < n; k++)
             for (size_t i = 0; i < count; i++)
-                bad += get(b->h, dt, (size_t)k * count + i) != gather_val(k, i);
+                bad += comm_item_get(b->h, dt, (size_t)k * count + i) != gather_val(k, i);
     } else {
         b->ops->to_host(b->octx, b->h, b->d_b, count * isz);
         int prev = (r + n - 1) % n;
         for (size_t i = 0; i < count; i++)
-            bad += get(b->h, dt, i) != gather_val(prev, i);
+            bad += comm_item_get(b->h, dt, i) != gather_val(prev, i);
     }
     *wrong = bad;
     return TPI_OK;

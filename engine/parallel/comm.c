@@ -420,3 +420,23 @@ int comm_barrier(struct comm *c, struct tpi_error *err) {
     count(c, COMM_OP_BARRIER, 0);
     return c->vt->barrier(c, err);
 }
+
+void comm_item_set(void *buf, enum comm_dtype dt, size_t i, double v) {
+    switch (dt) {
+    case COMM_F32: ((float *)buf)[i] = (float)v; break;
+    case COMM_F16: ((uint16_t *)buf)[i] = tpi_f32_to_f16((float)v); break;
+    case COMM_BF16: ((uint16_t *)buf)[i] = tpi_f32_to_bf16((float)v); break;
+    case COMM_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+    default: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+    }
+}
+
+double comm_item_get(const void *buf, enum comm_dtype dt, size_t i) {
+    switch (dt) {
+    case COMM_F32: return ((const float *)buf)[i];
+    case COMM_F16: return tpi_f16_to_f32(((const uint16_t *)buf)[i]);
+    case COMM_BF16: return tpi_bf16_to_f32(((const uint16_t *)buf)[i]);
+    case COMM_I32: return ((const int32_t *)buf)[i];
+    default: return ((const uint8_t *)buf)[i];
+    }
+}

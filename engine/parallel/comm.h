@@ -96,6 +96,11 @@ size_t comm_dtype_size(enum comm_dtype dt);
 /* "mpi" / "nccl"; and parse, -1 when unknown. */
 const char *comm_kind_name(enum comm_kind k);
 int comm_kind_from_name(const char *name);
+/* Item i of a host buffer of dt as a double, and set it from one (f16/bf16 rounded
+ * to nearest even): what correctness checks of collectives compare. */
+double comm_item_get(const void *buf, enum comm_dtype dt, size_t i);
+void comm_item_set(void *buf, enum comm_dtype dt, size_t i, double v);
+
 /* Name of a collective ("allreduce", ...). */
 const char *comm_op_name(enum comm_op op);
 
