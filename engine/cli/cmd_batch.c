@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cli/cli_common.h"
 #include "model/model.h"
 #include "model/sampling.h"
 #include "parallel/grid.h"
@@ -49,22 +50,19 @@ static void usage(FILE *out) {
             "  --chat                plain lines and \"prompt\" strings become user chat turns\n"
             "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
             "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R   sampling defaults\n"
-            "  --seed S              run seed; a request without \"seed\" uses S + its line\n"
+            "  --seed S              run seed (default 0); a request without \"seed\" uses S +\n"
+            "                        its line\n"
             "  --logprobs K          top-K logprobs per generated token for every request\n"
-            "  -c, --ctx-size N      positions per sequence (default min(4096, model's))\n"
-            "  -t, --threads N       CPU threads\n"
-            "  --tp N --pp N         tensor / pipeline parallel (run under mpirun -np tp*pp)\n"
-            "  --backend cpu|cuda|auto   --comm mpi|nccl\n"
-            "  -v, --verbose         model load details on stderr\n");
+            "Model and parallel options (as tpinfer run -p):\n");
+    cli_common_usage(out);
 }
 
 struct batch_opts {
-    const char *model, *file, *output;
-    int n_parallel, n_ubatch, n_ctx, n_threads, tp, pp, max_tokens, n_logprobs;
-    const char *backend, *comm;
+    struct cli_common c; /* -m, --tp/--pp/--pp-layers, --backend, --comm, -c, -t, --ubatch, ... */
+    const char *file, *output;
+    int n_parallel, max_tokens, n_logprobs;
     struct sampler_params sp;
-    uint64_t seed;
-    bool ordered, resume, fsync, progress, chat, verbose;
+    bool ordered, resume, fsync, progress, chat;
 };
 
 static bool parse_int(const char *s, int *out) {
@@ -86,29 +84,24 @@ static bool parse_float(const char *s, float *out) {
 /* Returns 0, or 2 after printing a usage error. */
 static int parse_args(int argc, char **argv, struct batch_opts *o) {
     memset(o, 0, sizeof *o);
+    cli_common_init(&o->c);
     o->n_parallel = 8;
-    o->n_ubatch = 512;
-    o->tp = o->pp = 1;
     o->max_tokens = -1;
-    o->backend = "auto";
     sampler_params_default(&o->sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true, takes = true;
+        int common = cli_common_parse(&o->c, argc, argv, &i, "run");
+        if (common < 0) return 2;
+        if (common > 0) continue;
 #define IS(s) (strcmp(a, s) == 0)
         if (IS("-h") || IS("--help")) {
             usage(stdout);
             return -1;
-        } else if (IS("-m") || IS("--model")) o->model = v, ok = v;
-        else if (IS("-f") || IS("--file")) o->file = v, ok = v;
+        } else if (IS("-f") || IS("--file")) o->file = v, ok = v;
         else if (IS("-o") || IS("--output")) o->output = v, ok = v;
         else if (IS("--parallel") || IS("-np")) ok = v && parse_int(v, &o->n_parallel) && o->n_parallel > 0;
-        else if (IS("--ubatch") || IS("-ub")) ok = v && parse_int(v, &o->n_ubatch) && o->n_ubatch > 0;
-        else if (IS("-c") || IS("--ctx-size")) ok = v && parse_int(v, &o->n_ctx) && o->n_ctx >= 0;
-        else if (IS("-t") || IS("--threads")) ok = v && parse_int(v, &o->n_threads) && o->n_threads >= 0;
-        else if (IS("--tp")) ok = v && parse_int(v, &o->tp) && o->tp > 0;
-        else if (IS("--pp")) ok = v && parse_int(v, &o->pp) && o->pp > 0;
         else if (IS("-n") || IS("--max-tokens") || IS("--n-predict"))
             ok = v && parse_int(v, &o->max_tokens) && o->max_tokens != 0 && o->max_tokens >= -1;
         else if (IS("--logprobs")) ok = v && parse_int(v, &o->n_logprobs) && o->n_logprobs >= 0 && o->n_logprobs <= 20;
@@ -117,12 +110,6 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         else if (IS("--min-p")) ok = v && parse_float(v, &o->sp.min_p);
         else if (IS("--repeat-penalty")) ok = v && parse_float(v, &o->sp.repeat_penalty) && o->sp.repeat_penalty > 0;
         else if (IS("--top-k")) ok = v && parse_int(v, &o->sp.top_k);
-        else if (IS("--seed")) {
-            char *e;
-            ok = v && *v;
-            if (ok) o->seed = strtoull(v, &e, 10), ok = !*e;
-        } else if (IS("--backend")) o->backend = v, ok = v;
-        else if (IS("--comm")) o->comm = v, ok = v;
         else {
             takes = false;
             if (IS("--ordered")) o->ordered = true;
@@ -130,7 +117,6 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
             else if (IS("--fsync")) o->fsync = true;
             else if (IS("--progress")) o->progress = true;
             else if (IS("--chat")) o->chat = true;
-            else if (IS("-v") || IS("--verbose")) o->verbose = true;
             else {
                 fprintf(stderr, "tpinfer run: unknown option '%s' (tpinfer run --help)\n", a);
                 return 2;
@@ -144,7 +130,9 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         }
         if (takes) i++;
     }
-    if (!o->model || !o->file) {
+    // Unlike a single prompt, a batch run repeats by default: seed 0 unless given.
+    if (!o->c.seed_set) o->c.seed = 0;
+    if (!o->c.model || !o->file) {
         fprintf(stderr, "tpinfer run: -m MODEL and -f FILE are required (tpinfer run --help)\n");
         return 2;
     }
@@ -225,7 +213,7 @@ int cmd_run_batch(int argc, char **argv) {
     int exit_code = 1, rc;
 
     if ((rc = grid_mpi_init(&argc, &argv, &err))) goto fail;
-    if ((rc = grid_init(&grid, o.tp, o.pp, &err))) goto fail;
+    if ((rc = grid_init(&grid, o.c.tp, o.c.pp, &err))) goto fail;
     grid_ok = true;
     const bool root = grid.world_rank == 0;
     if (grid.world_size > 1) tpi_log_set(TPI_LOG_INFO, grid.world_rank);
@@ -238,25 +226,22 @@ int cmd_run_batch(int argc, char **argv) {
     sigaction(SIGTERM, &sa, NULL);
 
     struct model_params mp = {
-        .path = o.model,
-        .backend = o.backend,
-        .n_threads = o.n_threads,
+        .path = o.c.model,
+        .backend = o.c.backend,
+        .n_threads = o.c.n_threads,
         .comm = COMM_MPI,
-        .n_ctx = o.n_ctx,
+        .comm_timeout_s = o.c.comm_timeout_s,
+        .n_ctx = o.c.n_ctx,
         .n_slot = o.n_parallel,
-        .n_ubatch = o.n_ubatch,
-        .seed = o.seed,
-        .quiet = !o.verbose,
+        .n_ubatch = o.c.n_ubatch,
+        .pp_layers = o.c.n_pp_layers ? o.c.pp_layers : NULL,
+        .n_pp_layers = o.c.n_pp_layers,
+        .seed = o.c.seed,
+        .quiet = !o.c.verbose,
     };
-    if (o.comm) {
-        int k = comm_kind_from_name(o.comm);
-        if (k < 0) {
-            if (root) fprintf(stderr, "tpinfer run: unknown --comm '%s' (mpi or nccl)\n", o.comm);
-            exit_code = 2;
-            goto out;
-        }
-        mp.comm = (enum comm_kind)k;
-    } else if (strcmp(o.backend, "cpu") != 0 && ops_cuda_available(NULL)) {
+    if (o.c.comm) { // cli_common_parse accepted only mpi or nccl
+        mp.comm = (enum comm_kind)comm_kind_from_name(o.c.comm);
+    } else if (strcmp(o.c.backend, "cpu") != 0 && ops_cuda_available(NULL)) {
         mp.comm = COMM_NCCL;
     }
     if ((rc = model_load(&m, &mp, &grid, &err))) goto fail;
@@ -264,14 +249,14 @@ int cmd_run_batch(int argc, char **argv) {
     if ((rc = model_agree(m, rc, &err))) goto fail;
 
     // ---- rank 0: the requests, --resume, the output file ----
-    const char *slash = strrchr(o.model, '/');
-    const char *model_name = slash ? slash + 1 : o.model;
+    const char *slash = strrchr(o.c.model, '/');
+    const char *model_name = slash ? slash + 1 : o.c.model;
     int n_resumed = 0, n_err_lines = 0;
     rc = TPI_OK;
     if (root) {
         struct req_defaults d = {.max_tokens = o.max_tokens,
                                  .sp = o.sp,
-                                 .seed = o.seed,
+                                 .seed = o.c.seed,
                                  .n_logprobs = o.n_logprobs,
                                  .chat = o.chat,
                                  .n_ctx = m->n_ctx,
@@ -292,11 +277,11 @@ int cmd_run_batch(int argc, char **argv) {
             TPI_LOGI("batch: %d requests in %s (%d with errors, %d already done), %d to run, "
                      "--parallel %d --ubatch %d",
                      ctx.in.n_reqs, o.file, n_err_lines, n_resumed, ctx.n_todo, o.n_parallel,
-                     o.n_ubatch);
+                     o.c.n_ubatch);
     }
     if ((rc = model_agree(m, rc, &err))) goto fail;
 
-    struct sched_params sp = {.n_parallel = o.n_parallel, .n_ubatch = o.n_ubatch};
+    struct sched_params sp = {.n_parallel = o.n_parallel, .n_ubatch = o.c.n_ubatch};
     struct sched_callbacks cb = {cb_next, cb_stop, cb_done, cb_step, &ctx};
     struct sched_stats st;
     rc = sched_run(m, tok, &sp, &cb, &st, &err);
