@@ -19,26 +19,6 @@
 
 /* ---- helpers ------------------------------------------------------------------- */
 
-static char g_tmpdir[256];
-
-static void make_tmpdir(void) {
-    snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/test_gguf_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_tmpdir));
-}
-
-static void remove_tmpdir(void) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmpdir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *tmp_path(const char *name) {
-    static char buf[4][512];
-    static int next;
-    char *p = buf[next++ & 3];
-    snprintf(p, 512, "%s/%s", g_tmpdir, name);
-    return p;
-}
 
 static struct gguf_file *open_ok(const char *path) {
     struct gguf_file *f = NULL;
@@ -459,7 +439,7 @@ static void check_rt_tensors(const struct gguf_file *f, uint64_t alignment, uint
 }
 
 START_TEST(test_round_trip) {
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf");
     const uint32_t alignment = 64; /* not the default: general.alignment is written */
     struct gguf_writer *w = gguf_writer_new(alignment);
     ck_assert_ptr_nonnull(w);
@@ -480,7 +460,7 @@ START_TEST(test_round_trip) {
     ck_assert_int_eq(gguf_writer_add_tensor(w, "bad", TPI_TYPE_F32, 5, ne32, data[0]), -1);
     struct tpi_error err;
     tpi_err_clear(&err);
-    const char *p1 = tmp_path("rt1.gguf");
+    const char *p1 = tu_tmp_path("rt1.gguf");
     ck_assert_int_eq(gguf_writer_write(w, p1, &err), TPI_OK);
     for (int k = 0; k < N_RT; k++)
         ck_assert_uint_eq(gguf_writer_tensor_offset(w, k) % alignment, 0);
@@ -507,7 +487,7 @@ START_TEST(test_round_trip) {
         ck_assert_int_ge(gguf_writer_add_tensor(w2, t->name, t->type, t->n_dims, t->ne, t->data),
                          0);
     }
-    const char *p2 = tmp_path("rt2.gguf");
+    const char *p2 = tu_tmp_path("rt2.gguf");
     ck_assert_int_eq(gguf_writer_write(w2, p2, &err), TPI_OK);
     struct gguf_file *g = open_ok(p2);
     ck_assert_int_eq(gguf_n_kv(g), gguf_n_kv(f));
@@ -525,7 +505,7 @@ START_TEST(test_round_trip) {
     /* A different value changes the metadata hash. */
     struct gguf_writer *w3 = gguf_writer_new(0);
     ck_assert_int_eq(gguf_writer_set_str(w3, "general.architecture", "qwen2"), TPI_OK);
-    const char *p3 = tmp_path("rt3.gguf");
+    const char *p3 = tu_tmp_path("rt3.gguf");
     ck_assert_int_eq(gguf_writer_write(w3, p3, &err), TPI_OK);
     g = open_ok(p3);
     ck_assert_uint_ne(gguf_metadata_hash(g), gguf_metadata_hash(f));
@@ -539,7 +519,7 @@ START_TEST(test_round_trip) {
     ck_assert_ptr_null(w);
     for (int k = 0; k < N_RT; k++)
         free(data[k]);
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 
@@ -562,7 +542,7 @@ static void *stream_worker(void *arg) {
 }
 
 START_TEST(test_streaming_writer) {
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf");
     struct gguf_writer *w = gguf_writer_new(0);
     ck_assert_int_eq(gguf_writer_set_str(w, "general.architecture", "qwen3"), TPI_OK);
     for (int k = 0; k < N_RT; k++) {
@@ -573,8 +553,8 @@ START_TEST(test_streaming_writer) {
     struct tpi_error err;
     tpi_err_clear(&err);
     /* gguf_writer_write needs every tensor's data. */
-    ck_assert_int_eq(gguf_writer_write(w, tmp_path("x.gguf"), &err), TPI_ERR_INVALID);
-    const char *path = tmp_path("stream.gguf");
+    ck_assert_int_eq(gguf_writer_write(w, tu_tmp_path("x.gguf"), &err), TPI_ERR_INVALID);
+    const char *path = tu_tmp_path("stream.gguf");
     int fd = -1;
     ck_assert_int_eq(gguf_writer_write_header(w, path, &fd, &err), TPI_OK);
     ck_assert_int_ge(fd, 0);
@@ -594,7 +574,7 @@ START_TEST(test_streaming_writer) {
     check_rt_tensors(f, 32, 500);
     gguf_close(&f);
     gguf_writer_free(&w);
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 
@@ -637,13 +617,13 @@ static void write_split_set(const char *prefix, int n_parts, int per_part, uint8
 }
 
 START_TEST(test_split_set) {
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf");
     const int n_parts = 3, per_part = 4;
     uint8_t **data;
     char prefix[512];
-    snprintf(prefix, sizeof prefix, "%s/model", g_tmpdir);
+    snprintf(prefix, sizeof prefix, "%s/model", tu_tmpdir());
     write_split_set(prefix, n_parts, per_part, &data);
-    struct gguf_file *f = open_ok(tmp_path("model-00001-of-00003.gguf"));
+    struct gguf_file *f = open_ok(tu_tmp_path("model-00001-of-00003.gguf"));
     ck_assert_int_eq(gguf_n_parts(f), n_parts);
     ck_assert_int_eq(gguf_n_tensors(f), n_parts * per_part);
     ck_assert_int_eq(get_int(f, "qwen3.block_count"), 4);
@@ -653,7 +633,7 @@ START_TEST(test_split_set) {
         char name[64];
         snprintf(name, sizeof name, "model-%05d-of-%05d.gguf", p + 1, n_parts);
         size_t n;
-        char *b = tu_read_file(tmp_path(name), &n);
+        char *b = tu_read_file(tu_tmp_path(name), &n);
         total += n;
         free(b);
     }
@@ -670,13 +650,13 @@ START_TEST(test_split_set) {
     gguf_close(&f);
     /* Opening a later part is an error that points at the first. */
     struct tpi_error err;
-    ck_assert_int_ne(gguf_open(tmp_path("model-00002-of-00003.gguf"), &f, &err), TPI_OK);
+    ck_assert_int_ne(gguf_open(tu_tmp_path("model-00002-of-00003.gguf"), &f, &err), TPI_OK);
     ck_assert_ptr_null(f);
     ck_assert_ptr_nonnull(strstr(err.msg, "open the first part"));
     for (int i = 0; i < n_parts * per_part; i++)
         free(data[i]);
     free(data);
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 

@@ -19,26 +19,6 @@
 #include "kernels/quant.h"
 #include "testutil.h"
 
-static char g_tmpdir[256];
-
-static void make_tmpdir(void) {
-    snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/test_gguf_broken_XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(g_tmpdir));
-}
-
-static void remove_tmpdir(void) {
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmpdir);
-    ck_assert_int_eq(system(cmd), 0);
-}
-
-static const char *tmp_path(const char *name) {
-    static char buf[4][512];
-    static int next;
-    char *p = buf[next++ & 3];
-    snprintf(p, 512, "%s/%s", g_tmpdir, name);
-    return p;
-}
 
 static void write_bytes(const char *path, const void *data, size_t n) {
     FILE *fp = fopen(path, "wb");
@@ -116,13 +96,13 @@ static void expect_fail_path(const char *label, const char *path, const char *wa
 }
 
 static void expect_fail(const char *label, const struct bb *b, const char *want) {
-    const char *path = tmp_path("bad.gguf");
+    const char *path = tu_tmp_path("bad.gguf");
     write_bytes(path, b->p, b->n);
     expect_fail_path(label, path, want);
 }
 
 static void expect_ok(const char *label, const struct bb *b) {
-    const char *path = tmp_path("good.gguf");
+    const char *path = tu_tmp_path("good.gguf");
     write_bytes(path, b->p, b->n);
     struct gguf_file *f = NULL;
     struct tpi_error err;
@@ -156,7 +136,7 @@ static char *small_valid_file(size_t *n_out) {
     ck_assert_int_eq(gguf_writer_add_tensor(w, "b.weight", TPI_TYPE_Q8_0, 2, ne_b, data[1]), 1);
     int64_t ne_c[1] = {32}; /* F32 128 bytes: the file ends at this tensor's end */
     ck_assert_int_eq(gguf_writer_add_tensor(w, "c.weight", TPI_TYPE_F32, 1, ne_c, data[0]), 2);
-    const char *path = tmp_path("valid.gguf");
+    const char *path = tu_tmp_path("valid.gguf");
     struct tpi_error err;
     ck_assert_int_eq(gguf_writer_write(w, path, &err), TPI_OK);
     gguf_writer_free(&w);
@@ -166,7 +146,7 @@ static char *small_valid_file(size_t *n_out) {
 }
 
 START_TEST(test_truncated_everywhere) {
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf_broken");
     size_t n;
     char *bytes = small_valid_file(&n);
     struct bb b;
@@ -180,14 +160,14 @@ START_TEST(test_truncated_everywhere) {
         expect_fail(label, &b, NULL);
     }
     free(bytes);
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 
 /* ---- header and metadata ------------------------------------------------------------------ */
 
 START_TEST(test_bad_headers) {
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf_broken");
     struct bb b;
     b.n = 0;
     expect_fail("empty file", &b, "not a GGUF file");
@@ -213,12 +193,12 @@ START_TEST(test_bad_headers) {
     expect_fail("2^63 kvs", &b, "metadata count");
     bb_header(&b, UINT64_MAX, UINT64_MAX);
     expect_fail("2^64-1 of both", &b, "count");
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 
 START_TEST(test_bad_metadata) {
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf_broken");
     struct bb b;
     /* Key lengths. */
     bb_header(&b, 0, 1);
@@ -299,7 +279,7 @@ START_TEST(test_bad_metadata) {
     bb_header(&b, 0, 1);
     bb_str(&b, "general.alignment"), bb_u32(&b, GGUF_VT_U64), bb_u64(&b, 64);
     expect_ok("alignment 64 as u64", &b);
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 
@@ -314,7 +294,7 @@ static void one_tensor(struct bb *b, const char *name, int n_dims, const uint64_
 }
 
 START_TEST(test_bad_tensors) {
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf_broken");
     struct bb b;
     uint64_t ne8[8] = {8, 1, 1, 1, 1, 1, 1, 1}, ne32[1] = {32}, ne256[1] = {256};
     one_tensor(&b, "t", 1, ne8, TPI_TYPE_F32, 0, 32);
@@ -371,7 +351,7 @@ START_TEST(test_bad_tensors) {
     bb_tensor(&b, "t", 1, ne8, TPI_TYPE_F32, 32);
     bb_data(&b, 128);
     expect_fail("offset 32 with alignment 64", &b, "alignment 64");
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 
@@ -398,10 +378,10 @@ static void write_part(const char *path, int no, int count, int n_tensors_total,
 }
 
 START_TEST(test_bad_split_sets) {
-    make_tmpdir();
-    const char *p1 = tmp_path("m-00001-of-00003.gguf");
-    const char *p2 = tmp_path("m-00002-of-00003.gguf");
-    const char *p3 = tmp_path("m-00003-of-00003.gguf");
+    tu_tmpdir_make("test_gguf_broken");
+    const char *p1 = tu_tmp_path("m-00001-of-00003.gguf");
+    const char *p2 = tu_tmp_path("m-00002-of-00003.gguf");
+    const char *p3 = tu_tmp_path("m-00003-of-00003.gguf");
     write_part(p1, 0, 3, 3, "t0");
     write_part(p2, 1, 3, 3, "t1");
     write_part(p3, 2, 3, 3, "t2");
@@ -427,13 +407,13 @@ START_TEST(test_bad_split_sets) {
     write_part(p3, 2, 3, 3, "t2");
     expect_fail_path("split.tensors.count 5", p1, "split.tensors.count");
     /* A split.count > 1 in a file not named like a split set. */
-    const char *odd = tmp_path("single.gguf");
+    const char *odd = tu_tmp_path("single.gguf");
     write_part(odd, 0, 3, 3, "t0");
     expect_fail_path("split.count 3, plain name", odd, "-00001-of-00003.gguf");
     /* split.no out of range. */
     write_part(p1, 5, 3, 3, "t0");
     expect_fail_path("split.no 5 of 3", p1, "split.no");
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 
@@ -444,8 +424,8 @@ END_TEST
 static int run_info(const char *path, bool json, char *out_buf, size_t out_n, char *err_buf,
                     size_t err_n) {
     char out_path[512], err_path[512];
-    snprintf(out_path, sizeof out_path, "%s/stdout.txt", g_tmpdir);
-    snprintf(err_path, sizeof err_path, "%s/stderr.txt", g_tmpdir);
+    snprintf(out_path, sizeof out_path, "%s/stdout.txt", tu_tmpdir());
+    snprintf(err_path, sizeof err_path, "%s/stderr.txt", tu_tmpdir());
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {
@@ -492,14 +472,14 @@ static void expect_cli_fail(const char *label, const char *path) {
 START_TEST(test_cli_info) {
     if (access(tu_binary(), X_OK) != 0)
         ck_abort_msg("%s not built (the gguf tests depend on it)", tu_binary());
-    make_tmpdir();
+    tu_tmpdir_make("test_gguf_broken");
     static char out[1 << 20], errs[1 << 16];
     size_t n;
     char *bytes = small_valid_file(&n);
     char good[512], bad[512], missing[512];
-    snprintf(good, sizeof good, "%s", tmp_path("valid.gguf"));
-    snprintf(bad, sizeof bad, "%s", tmp_path("broken.gguf"));
-    snprintf(missing, sizeof missing, "%s", tmp_path("does-not-exist.gguf"));
+    snprintf(good, sizeof good, "%s", tu_tmp_path("valid.gguf"));
+    snprintf(bad, sizeof bad, "%s", tu_tmp_path("broken.gguf"));
+    snprintf(missing, sizeof missing, "%s", tu_tmp_path("does-not-exist.gguf"));
     /* --json on the valid file: exactly one object with the tensor table. */
     int status = run_info(good, true, out, sizeof out, errs, sizeof errs);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --json: status %d, %s",
@@ -548,7 +528,7 @@ START_TEST(test_cli_info) {
     expect_cli_fail("key length 2^62", bad);
     expect_cli_fail("missing file", missing);
     free(bytes);
-    remove_tmpdir();
+    tu_tmpdir_remove();
 }
 END_TEST
 

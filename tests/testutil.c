@@ -1,6 +1,7 @@
 /*
  * testutil.c — implementation of the shared test helpers (see testutil.h).
  */
+#define _DEFAULT_SOURCE /* mkdtemp */
 #include "testutil.h"
 
 #include <math.h>
@@ -27,6 +28,29 @@ const char *tu_data_or_skip(const char *name) {
 
 const char *tu_binary(void) { return TPI_BINARY; }
 const char *tu_source_dir(void) { return TPI_SOURCE_DIR; }
+
+static char g_tmpdir[256];
+
+void tu_tmpdir_make(const char *prefix) {
+    snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/%s_XXXXXX", prefix);
+    ck_assert_ptr_nonnull(mkdtemp(g_tmpdir));
+}
+
+const char *tu_tmpdir(void) { return g_tmpdir; }
+
+const char *tu_tmp_path(const char *name) {
+    static char buf[4][512];
+    static int next;
+    char *p = buf[next++ & 3];
+    snprintf(p, 512, "%s/%s", g_tmpdir, name);
+    return p;
+}
+
+void tu_tmpdir_remove(void) {
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmpdir);
+    ck_assert_int_eq(system(cmd), 0);
+}
 
 char *tu_read_file(const char *path, size_t *n_out) {
     FILE *f = fopen(path, "rb");

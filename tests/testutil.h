@@ -27,6 +27,14 @@ const char *tu_data_or_skip(const char *name);
 const char *tu_binary(void);
 const char *tu_source_dir(void);
 
+/* A fresh private directory /tmp/PREFIX_XXXXXX for this test (one at a time per
+ * process), its path, a path inside it (static buffer, 4 in rotation), and its removal
+ * with everything in it. Failures are Check assertion failures. */
+void tu_tmpdir_make(const char *prefix);
+const char *tu_tmpdir(void);
+const char *tu_tmp_path(const char *name);
+void tu_tmpdir_remove(void);
+
 /* Read a whole file (NUL-terminated, *n_out bytes); NULL on error. Caller frees. */
 char *tu_read_file(const char *path, size_t *n_out);
 /* Parse a JSON file; NULL on error. Caller frees with cJSON_Delete. */
