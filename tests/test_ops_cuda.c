@@ -19,7 +19,8 @@
  * - matmul n_rows > 8, F32 weights (f32 SGEMM): NMSE < 1e-9; other types (x and W
  *   rounded to bf16, f32 accumulation): NMSE < 5e-5 (about 2 x (2^-9)^2 / 3 expected).
  * - attention (f16 K/V cache on CUDA, f32 on the CPU; history pre-rounded to f16 on
- *   both, the batch's own k/v rounded by the CUDA store only): NMSE < 1e-5.
+ *   both, the batch's own k/v rounded by the CUDA store only; the tensor-core path also
+ *   rounds q and the softmax weights to f16, derived at the attention tests): NMSE < 1e-5.
  * CUDA runs in this process (no fork: a CUDA context does not survive fork).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
@@ -404,37 +405,75 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
 }
 END_TEST
 
-/* ---- attention ---- */
+/* ---- attention ----
+ *
+ * Every batch runs on both CUDA paths against one CPU result: the tensor-core kernels
+ * (kern_attn_mma.cu; "mma": prefill shape for >= 16 tokens, decode shape below) and the
+ * CUDA-core kernels (kern_attn.cu; "cores"), which still serve other head dims.
+ *
+ * Error bound of the mma path. Q (times scale * log2 e) and P are rounded to f16 there,
+ * K and V are f16 in the cache on both paths (the history is pre-rounded on both
+ * sides; only the batch's own k/v are rounded by the CUDA store). One rounding moves a
+ * value by a relative e with |e| <= u = 2^-11, E[e^2] ~ u^2/3 = 7.9e-8. For q, k, v
+ * ~ N(0,1) and scale 1/sqrt(hd), a score moves by ds with E[ds^2] = sigma_s^2 u^2/3
+ * (sigma_s: the score's spread, 1 here, q_gain with q ~ N(0, q_gain^2)); output
+ * o = sum_i w_i v_i then moves by sum_i w_i (ds_i - mean ds) v_i, whose mean square
+ * relative to E[o^2] = sum w_i^2 is ~ E[ds^2]. P's rounding gives sum_i w_i e_i v_i: the
+ * same ~u^2/3. So q, k (batch keys), p and v (batch values) each add ~8e-8 x sigma_s^2
+ * (q, k) or ~8e-8 (p, v): expected NMSE <= ~3e-7 at sigma_s = 1, up to ~3e-6 at q_gain 4
+ * (the peaky case below; less in fact: a dominant key's own ds cancels against the
+ * mean), against the bound 1e-5 that the CUDA-core path has always had (its own
+ * expected NMSE, from k/v rounding only, is ~1e-7). Measured on the H200: worst mma
+ * NMSE 2.5e-7 (prefill), 7.4e-8 (decode); cores 8e-8 and 4.2e-8. f16 subnormal P (weights
+ * below 2^-14 of the running row maximum) lose at most 2^-25 each: < 3e-4 of the row's
+ * weight over 8192 keys in the worst case, nothing on random data. The elementwise
+ * bound (atol 5e-3, rtol 2e-2) is the one the CUDA-core path had, with the same margin.
+ */
 
-struct attn_case {
+/* kern_attn_mma.cu (C linkage; this test is built with CUDA only). */
+int ops_cuda_set_attn_mma(int mode);
+int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t, int32_t *blk,
+                     int cap);
+
+#define ATTN_MAX_SLOTS 8
+
+/* One attention batch: the cache shape, the history already in each slot (positions
+ * 0..depth[s]-1) and the tokens (slot, position) of the batch. */
+struct attn_batch {
     const char *name;
     int n_head, n_kv, hd;
     int n_slot, n_ctx;
-    int depth[3]; /* history already in each slot (positions 0..depth-1) */
-    int n_new[3]; /* new tokens per slot, at positions depth.. */
+    int depth[ATTN_MAX_SLOTS];
+    int n_tokens;
+    const int32_t *seq, *pos;
+    float q_gain; /* q ~ N(0, q_gain^2); 0 means 1 */
 };
 
-static void run_attn(const struct attn_case *ac, struct tu_rng *r) {
+/* The batch on the CPU, then on CUDA with each path (mma, then CUDA cores), each
+ * against the CPU result with the bounds above. */
+static void run_attn_batch(const struct attn_batch *ab, struct tu_rng *r) {
     const int n_layer = 2, layer = 1; /* the second layer, so the layer offset is used */
     struct ops_kv ckv, gkv;
     struct tpi_error err;
     tpi_err_clear(&err);
-    ck_assert_int_eq(C->kv_init(cctx, &ckv, n_layer, ac->n_slot, ac->n_ctx, ac->n_kv, ac->hd, &err),
+    ck_assert_int_le(ab->n_slot, ATTN_MAX_SLOTS);
+    ck_assert_int_eq(C->kv_init(cctx, &ckv, n_layer, ab->n_slot, ab->n_ctx, ab->n_kv, ab->hd, &err),
                      TPI_OK);
-    ck_assert_msg(G->kv_init(gctx, &gkv, n_layer, ac->n_slot, ac->n_ctx, ac->n_kv, ac->hd, &err) ==
+    ck_assert_msg(G->kv_init(gctx, &gkv, n_layer, ab->n_slot, ab->n_ctx, ab->n_kv, ab->hd, &err) ==
                       TPI_OK,
                   "cuda kv_init: %s", err.msg);
     ck_assert_int_eq(gkv.type, TPI_TYPE_F16);
-    const size_t row = (size_t)ac->n_kv * ac->hd;
-    const size_t n_cache = (size_t)n_layer * ac->n_slot * ac->n_ctx * row;
+    const size_t row = (size_t)ab->n_kv * ab->hd;
+    const size_t n_cache = (size_t)n_layer * ab->n_slot * ab->n_ctx * row;
 
     /* history: identical f16-representable values in both caches */
     float *hk = calloc(n_cache, 4), *hv = calloc(n_cache, 4);
     uint16_t *hk16 = calloc(n_cache, 2), *hv16 = calloc(n_cache, 2);
-    for (int s = 0; s < ac->n_slot; s++)
-        for (int p = 0; p < ac->depth[s]; p++)
+    ck_assert(hk && hv && hk16 && hv16);
+    for (int s = 0; s < ab->n_slot; s++)
+        for (int p = 0; p < ab->depth[s]; p++)
             for (size_t i = 0; i < row; i++) {
-                const size_t at = (((size_t)layer * ac->n_slot + s) * ac->n_ctx + p) * row + i;
+                const size_t at = (((size_t)layer * ab->n_slot + s) * ab->n_ctx + p) * row + i;
                 hk16[at] = tpi_f32_to_f16(tu_normal(r));
                 hv16[at] = tpi_f32_to_f16(tu_normal(r));
                 hk[at] = tpi_f16_to_f32(hk16[at]);
@@ -446,24 +485,15 @@ static void run_attn(const struct attn_case *ac, struct tu_rng *r) {
     G->to_dev(gctx, gkv.v, hv16, n_cache * 2);
     G->sync(gctx);
 
-    /* the batch: slots' new tokens interleaved round-robin */
-    int n_tokens = 0;
-    for (int s = 0; s < ac->n_slot; s++)
-        n_tokens += ac->n_new[s];
-    int32_t *pos = malloc((size_t)n_tokens * 4), *seq = malloc((size_t)n_tokens * 4);
-    int next[3] = {0, 0, 0}, t = 0, max_pos = 0;
-    while (t < n_tokens)
-        for (int s = 0; s < ac->n_slot && t < n_tokens; s++)
-            if (next[s] < ac->n_new[s]) {
-                seq[t] = s;
-                pos[t] = ac->depth[s] + next[s]++;
-                if (pos[t] + 1 > max_pos) max_pos = pos[t] + 1;
-                t++;
-            }
-    const size_t nq = (size_t)n_tokens * ac->n_head * ac->hd, nkv = (size_t)n_tokens * row;
+    const int n_tokens = ab->n_tokens;
+    int max_pos = 0;
+    for (int t = 0; t < n_tokens; t++)
+        if (ab->pos[t] + 1 > max_pos) max_pos = ab->pos[t] + 1;
+    const size_t nq = (size_t)n_tokens * ab->n_head * ab->hd, nkv = (size_t)n_tokens * row;
+    const float q_gain = ab->q_gain > 0 ? ab->q_gain : 1.0f;
     float *q = malloc(nq * 4), *k = malloc(nkv * 4), *v = malloc(nkv * 4);
     for (size_t i = 0; i < nq; i++)
-        q[i] = tu_normal(r);
+        q[i] = q_gain * tu_normal(r);
     for (size_t i = 0; i < nkv; i++)
         k[i] = tu_normal(r), v[i] = tu_normal(r);
 
@@ -471,36 +501,163 @@ static void run_attn(const struct attn_case *ac, struct tu_rng *r) {
           *cv = bdup(C, cctx, v, nkv * 4);
     float *gq = bdup(G, gctx, q, nq * 4), *gk = bdup(G, gctx, k, nkv * 4),
           *gv = bdup(G, gctx, v, nkv * 4);
-    int32_t *gpos = bdup(G, gctx, pos, (size_t)n_tokens * 4),
-            *gseq = bdup(G, gctx, seq, (size_t)n_tokens * 4);
+    int32_t *gpos = bdup(G, gctx, ab->pos, (size_t)n_tokens * 4),
+            *gseq = bdup(G, gctx, ab->seq, (size_t)n_tokens * 4);
     float *co = C->alloc(cctx, nq * 4), *go = G->alloc(gctx, nq * 4);
-    struct ops_batch cb = {n_tokens, pos, seq, pos, seq, max_pos};
-    struct ops_batch gb = {n_tokens, gpos, gseq, pos, seq, max_pos};
-    const float scale = 1.0f / sqrtf((float)ac->hd);
-    C->attention(cctx, &ckv, layer, cq, ck, cv, co, &cb, ac->n_head, scale);
-    G->attention(gctx, &gkv, layer, gq, gk, gv, go, &gb, ac->n_head, scale);
+    struct ops_batch cb = {n_tokens, ab->pos, ab->seq, ab->pos, ab->seq, max_pos};
+    struct ops_batch gb = {n_tokens, gpos, gseq, ab->pos, ab->seq, max_pos};
+    const float scale = 1.0f / sqrtf((float)ab->hd);
+    C->attention(cctx, &ckv, layer, cq, ck, cv, co, &cb, ab->n_head, scale);
     float *want = malloc(nq * 4), *got = malloc(nq * 4);
     bget(C, cctx, want, co, nq * 4);
-    bget(G, gctx, got, go, nq * 4);
-    assert_ok(C, cctx, ac->name);
-    assert_ok(G, gctx, ac->name);
-    char label[160];
-    snprintf(label, sizeof label, "attention %s (heads %d/%d, hd %d, %d tokens, max_pos %d)",
-             ac->name, ac->n_head, ac->n_kv, ac->hd, n_tokens, max_pos);
-    expect_close(label, got, want, nq, 5e-3, 2e-2, 1e-5);
+    assert_ok(C, cctx, ab->name);
+
+    const int mode0 = ops_cuda_set_attn_mma(3);
+    for (int path = 0; path < 2; path++) {
+        ops_cuda_set_attn_mma(path == 0 ? 3 : 0);
+        /* NaN everywhere first: an output the kernels forget to write fails the test */
+        uint32_t *nan = malloc(nq * 4);
+        for (size_t i = 0; i < nq; i++)
+            nan[i] = 0x7fc00000u;
+        G->to_dev(gctx, go, nan, nq * 4);
+        G->sync(gctx);
+        free(nan);
+        G->attention(gctx, &gkv, layer, gq, gk, gv, go, &gb, ab->n_head, scale);
+        bget(G, gctx, got, go, nq * 4);
+        assert_ok(G, gctx, ab->name);
+        char label[200];
+        snprintf(label, sizeof label,
+                 "attention %s [%s] (heads %d/%d, hd %d, %d tokens, max_pos %d%s)", ab->name,
+                 path == 0 ? "mma" : "cores", ab->n_head, ab->n_kv, ab->hd, n_tokens, max_pos,
+                 q_gain != 1.0f ? ", peaky" : "");
+        expect_close(label, got, want, nq, 5e-3, 2e-2, 1e-5);
+    }
+    ops_cuda_set_attn_mma(mode0);
 
     C->kv_free(cctx, &ckv), G->kv_free(gctx, &gkv);
     C->dealloc(cctx, cq), C->dealloc(cctx, ck), C->dealloc(cctx, cv), C->dealloc(cctx, co);
     G->dealloc(gctx, gq), G->dealloc(gctx, gk), G->dealloc(gctx, gv), G->dealloc(gctx, go);
     G->dealloc(gctx, gpos), G->dealloc(gctx, gseq);
-    free(hk), free(hv), free(hk16), free(hv16), free(pos), free(seq), free(q), free(k), free(v);
+    free(hk), free(hv), free(hk16), free(hv16), free(q), free(k), free(v);
     free(want), free(got);
     assert_ok(G, gctx, "attention cleanup");
+}
+
+/* A batch built from runs: run i is n[i] tokens of slot slot[i] at positions
+ * depth[slot] + off[i] + 0, 1, ... (shuffled when shuffle[i]). */
+struct attn_runs {
+    const char *name;
+    int n_head, n_kv, hd, n_slot, n_ctx;
+    int depth[ATTN_MAX_SLOTS];
+    int n_runs;
+    int slot[8], n[8], off[8], shuffle[8];
+    float q_gain;
+};
+
+static void run_attn_runs(const struct attn_runs *ar, struct tu_rng *r) {
+    int n_tokens = 0;
+    for (int i = 0; i < ar->n_runs; i++)
+        n_tokens += ar->n[i];
+    int32_t *seq = malloc((size_t)n_tokens * 4), *pos = malloc((size_t)n_tokens * 4);
+    int t = 0;
+    for (int i = 0; i < ar->n_runs; i++) {
+        const int t0 = t;
+        for (int j = 0; j < ar->n[i]; j++, t++) {
+            seq[t] = ar->slot[i];
+            pos[t] = ar->depth[ar->slot[i]] + ar->off[i] + j;
+        }
+        if (ar->shuffle[i])
+            for (int j = ar->n[i] - 1; j > 0; j--) { /* Fisher-Yates */
+                const int o = (int)tu_uniform(r, 0, (float)j + 1 - 1e-3f);
+                const int32_t x = pos[t0 + j];
+                pos[t0 + j] = pos[t0 + o], pos[t0 + o] = x;
+            }
+    }
+    struct attn_batch ab = {ar->name, ar->n_head, ar->n_kv, ar->hd, ar->n_slot, ar->n_ctx,
+                            {0},      n_tokens,   seq,      pos,    ar->q_gain};
+    memcpy(ab.depth, ar->depth, sizeof ab.depth);
+    run_attn_batch(&ab, r);
+    free(seq), free(pos);
+}
+
+struct attn_case {
+    const char *name;
+    int n_head, n_kv, hd;
+    int n_slot, n_ctx;
+    int depth[3]; /* history already in each slot (positions 0..depth-1) */
+    int n_new[3]; /* new tokens per slot, at positions depth.. */
+};
+
+/* The slots' new tokens interleaved round-robin (runs of one token when slots mix). */
+static void run_attn(const struct attn_case *ac, struct tu_rng *r) {
+    int n_tokens = 0;
+    for (int s = 0; s < ac->n_slot; s++)
+        n_tokens += ac->n_new[s];
+    int32_t *pos = malloc((size_t)n_tokens * 4), *seq = malloc((size_t)n_tokens * 4);
+    int next[3] = {0, 0, 0}, t = 0;
+    while (t < n_tokens)
+        for (int s = 0; s < ac->n_slot && t < n_tokens; s++)
+            if (next[s] < ac->n_new[s]) {
+                seq[t] = s;
+                pos[t] = ac->depth[s] + next[s]++;
+                t++;
+            }
+    struct attn_batch ab = {ac->name, ac->n_head, ac->n_kv, ac->hd, ac->n_slot, ac->n_ctx,
+                            {0},      n_tokens,   seq,      pos,    0.0f};
+    for (int s = 0; s < ac->n_slot; s++)
+        ab.depth[s] = ac->depth[s];
+    run_attn_batch(&ab, r);
+    free(pos), free(seq);
+}
+
+/* Host check of the mma path's block list (kern_attn_blocks) on random slot patterns:
+ * blocks cover the tokens in order, each holds 1..per_block tokens of one slot, a block
+ * ends only at a slot change, at per_block tokens or at the end, and a capacity-limited
+ * walk gives the same list. */
+static void check_attn_blocks(struct tu_rng *r) {
+    enum { N = 300 };
+    int32_t seq[N], blk[N], blk2[N];
+    for (int trial = 0; trial < 200; trial++) {
+        const int n = 1 + (int)tu_uniform(r, 0, N - 1e-3f);
+        const int per = trial % 3 == 0 ? 64 : trial % 3 == 1 ? 16 : 1 + trial % 7;
+        int cur = 0;
+        for (int i = 0; i < n; i++) { /* runs of random length, slots may repeat */
+            if (tu_uniform(r, 0, 1) < 0.1f) cur = (int)tu_uniform(r, 0, 5 - 1e-3f);
+            seq[i] = cur;
+        }
+        int t = 0;
+        const int nb = kern_attn_blocks(seq, n, per, &t, blk, N);
+        ck_assert_int_eq(t, n);
+        int t_cnt = 0;
+        ck_assert_int_eq(kern_attn_blocks(seq, n, per, &t_cnt, NULL, 0), nb);
+        int next = 0;
+        for (int b = 0; b < nb; b++) {
+            const int t0 = blk[b] >> 7, nt = (blk[b] & 127) + 1;
+            ck_assert_int_eq(t0, next);
+            ck_assert(nt >= 1 && nt <= per && t0 + nt <= n);
+            for (int i = t0; i < t0 + nt; i++)
+                ck_assert_int_eq(seq[i], seq[t0]);
+            const int end = t0 + nt;
+            ck_assert(end == n || nt == per || seq[end] != seq[t0]);
+            next = end;
+        }
+        ck_assert_int_eq(next, n);
+        /* in pieces of at most 3 blocks (the launcher's loop over launches) */
+        int t2 = 0, nb2 = 0;
+        while (t2 < n) {
+            const int got = kern_attn_blocks(seq, n, per, &t2, blk2 + nb2, 3);
+            ck_assert(got >= 1 && got <= 3);
+            nb2 += got;
+        }
+        ck_assert_int_eq(nb2, nb);
+        ck_assert_int_eq(memcmp(blk, blk2, (size_t)nb * 4), 0);
+    }
 }
 
 START_TEST(test_attn_prefill) {
     struct tu_rng r;
     tu_rng_seed(&r, 7);
+    check_attn_blocks(&r);
     const struct attn_case cases[] = {
         {"prefill 37", 8, 4, 128, 1, 64, {0}, {37}},
         {"prefill 300", 8, 1, 64, 1, 320, {0}, {300}},
@@ -516,6 +673,47 @@ START_TEST(test_attn_prefill) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_attn(&cases[i], &r);
+
+    /* prefill of 16..512 tokens at offsets 0, 100 and 4000 (chunked prefill at depth),
+     * cycling over head dims 64/128 and GQA groups 1, 2, 4, 8 (and 7, 32: packing
+     * falls back to 1 head per row group, or two head chunks) */
+    const int shapes[][3] = {{8, 8, 64},   {8, 4, 128}, {16, 4, 128}, {32, 4, 64},
+                             {32, 8, 128}, {14, 2, 64}, {32, 1, 128}, {16, 8, 64}};
+    const int lens[] = {16, 17, 63, 64, 65, 100, 255, 512};
+    const int offs[] = {0, 100, 4000};
+    int k = 0;
+    for (int o = 0; o < 3; o++)
+        for (int li = 0; li < 8; li++, k++) {
+            const int *sh = shapes[k % 8];
+            char name[64];
+            snprintf(name, sizeof name, "prefill %d at %d", lens[li], offs[o]);
+            const struct attn_runs ar = {
+                name, sh[0],      sh[1], sh[2], 1,   offs[o] + lens[li] + 8, {offs[o]}, 1,
+                {0},  {lens[li]}, {0},   {0},   0.0f};
+            run_attn_runs(&ar, &r);
+        }
+
+    /* continuous batching: runs of several lengths and single decode tokens of other
+     * slots in one batch; slot 1 appears in two separate runs, slot 0's run has
+     * shuffled positions (a block's positions need not be sorted) */
+    /* clang-format off */
+    const struct attn_runs mixed[] = {
+        {"mixed slots 32/8 hd128", 32, 8, 128, 5, 4200, {300, 4000, 0, 50, 2000}, 7,
+         {0, 1, 2, 3, 4, 1, 2}, {100, 1, 37, 1, 70, 1, 1}, {0, 0, 0, 0, 0, 1, 37},
+         {1, 0, 0, 0, 0, 0, 0}, 0.0f},
+        {"mixed slots 8/8 hd64", 8, 8, 64, 4, 3000, {0, 2900, 17, 1000}, 6,
+         {2, 1, 0, 3, 1, 0}, {20, 1, 130, 1, 1, 1}, {0, 0, 0, 0, 1, 130},
+         {0, 0, 1, 0, 0, 0}, 0.0f},
+        {"mixed slots gqa8 hd64", 32, 4, 64, 3, 600, {500, 0, 64}, 4, {1, 0, 2, 1},
+         {64, 1, 16, 33}, {0, 0, 0, 64}, {0, 0, 1, 1}, 0.0f},
+        /* peaky softmax (score spread ~4): the -inf / rescaling paths under large ranges */
+        {"peaky prefill 64 at 500", 16, 4, 128, 1, 600, {500}, 1, {0}, {64}, {0}, {0}, 4.0f},
+        {"peaky prefill 200 at 3000 hd64", 8, 2, 64, 1, 3300, {3000}, 1, {0}, {200}, {0}, {0},
+         4.0f},
+    };
+    /* clang-format on */
+    for (size_t i = 0; i < sizeof mixed / sizeof mixed[0]; i++)
+        run_attn_runs(&mixed[i], &r);
 }
 END_TEST
 
@@ -536,6 +734,37 @@ START_TEST(test_attn_decode) {
     }
     struct attn_case small_hd = {"decode hd64 gqa7", 14, 2, 64, 1, 3000, {2999}, {1}};
     run_attn(&small_hd, &r);
+
+    /* one token at depths around the tile edges and deep (split-K over many ranges):
+     * Qwen3-8B's 32/8 hd128, and 16/2 hd64 (group 8) */
+    const int deep[] = {0, 1, 63, 64, 65, 4096, 8192};
+    for (int i = 0; i < 7; i++)
+        for (int s = 0; s < 2; s++) {
+            char name[64];
+            snprintf(name, sizeof name, "decode at depth %d", deep[i]);
+            const struct attn_runs ar = {name,        s ? 16 : 32, s ? 2 : 8, s ? 64 : 128, 1,
+                                         deep[i] + 8, {deep[i]},   1,         {0},          {1},
+                                         {0},         {0},         0.0f};
+            run_attn_runs(&ar, &r);
+        }
+    /* decode batches: 8 slots at mixed depths (group 1, 2 and 4); 4 draft tokens of one
+     * slot plus 3 single tokens; 15 tokens (the largest batch of the decode shape) */
+    /* clang-format off */
+    const struct attn_runs batches[] = {
+        {"decode 8 slots gqa4", 8, 2, 128, 8, 8200, {1, 63, 64, 65, 500, 4096, 8192, 2000}, 8,
+         {0, 1, 2, 3, 4, 5, 6, 7}, {1, 1, 1, 1, 1, 1, 1, 1}, {0}, {0}, 0.0f},
+        {"decode 8 slots mha hd64", 8, 8, 64, 8, 4200, {4100, 0, 1, 2, 3, 64, 65, 1000}, 8,
+         {7, 6, 5, 4, 3, 2, 1, 0}, {1, 1, 1, 1, 1, 1, 1, 1}, {0}, {0}, 0.0f},
+        {"decode 8 slots gqa2", 8, 4, 128, 8, 4200, {7, 300, 4100, 9, 64, 1, 3000, 129}, 8,
+         {0, 1, 2, 3, 4, 5, 6, 7}, {1, 1, 1, 1, 1, 1, 1, 1}, {0}, {0}, 0.0f},
+        {"draft 4 + 3 singles", 32, 8, 128, 4, 4200, {4096, 10, 2000, 64}, 4, {0, 1, 2, 3},
+         {4, 1, 1, 1}, {0}, {0, 0, 0, 0}, 0.0f},
+        {"decode shape, 15 tokens", 8, 2, 64, 3, 2200, {2000, 100, 5}, 3, {0, 1, 2},
+         {7, 5, 3}, {0}, {1, 0, 0}, 0.0f},
+    };
+    /* clang-format on */
+    for (size_t i = 0; i < sizeof batches / sizeof batches[0]; i++)
+        run_attn_runs(&batches[i], &r);
 }
 END_TEST
 
@@ -577,15 +806,29 @@ static void mm_fn(void *p) {
     a->next = (a->next + 1) % a->n_copies;
 }
 
+/* Attention calls rotate over the cache's layers (134 MB in all), so that the timed K/V
+ * reads come from HBM, not from the 50 MB L2. */
 struct at_arg {
     struct ops_kv *kv;
     float *q, *k, *v, *o;
     struct ops_batch *b;
-    int n_head;
+    int n_head, layer;
 };
 static void at_fn(void *p) {
     struct at_arg *a = p;
-    G->attention(gctx, a->kv, 0, a->q, a->k, a->v, a->o, a->b, a->n_head, 0.088f);
+    G->attention(gctx, a->kv, a->layer, a->q, a->k, a->v, a->o, a->b, a->n_head, 0.088f);
+    a->layer = (a->layer + 1) % a->kv->n_layer;
+}
+/* One replay of a recorded graph (a decode attention call). */
+struct gr_arg {
+    void *graph;
+};
+static void gr_fn(void *p) {
+    struct gr_arg *a = p;
+    struct tpi_error err;
+    bool launched = false;
+    ck_assert_int_eq(G->graph_launch(gctx, a->graph, &launched, &err), TPI_OK);
+    ck_assert(launched);
 }
 
 #define BENCH_ROOF_TBS 4.03 /* read-only streaming on the H200, shared/device/README.md */
@@ -655,38 +898,72 @@ START_TEST(test_bench) {
     G->dealloc(gctx, gx), G->dealloc(gctx, gy);
     free(x);
     assert_ok(G, gctx, "bench matmul");
-    /* attention: 32 query heads / 8 KV heads, head_dim 128 */
+    /* attention: 32 query heads / 8 KV heads, head_dim 128, on both paths (mma: the
+     * tensor-core kernels, cores: the CUDA-core ones), 4 layers of 8192 positions. Decode
+     * lines also replay one call per layer from a CUDA graph, as the engine runs decode
+     * steps (no host launch cost; the time printed is per call). */
     struct ops_kv kv;
     struct tpi_error err;
-    ck_assert_int_eq(G->kv_init(gctx, &kv, 1, 1, 8192, 8, 128, &err), TPI_OK);
+    const int n_layer_at = 4;
+    ck_assert_int_eq(G->kv_init(gctx, &kv, n_layer_at, 1, 8192, 8, 128, &err), TPI_OK);
     const int n_max = 512;
     float *h = rand_vec(&r, (size_t)n_max * 32 * 128, -1, 1);
     float *gq = bdup(G, gctx, h, (size_t)n_max * 32 * 128 * 4),
           *go = G->alloc(gctx, (size_t)n_max * 32 * 128 * 4);
     int32_t pos[512], seq[512];
-    const int depths[] = {512, 4096, 8000, 8192};
-    for (int d = 0; d < 4; d++)
-        for (int pf = 0; pf < 2; pf++) {
-            const int n_tok = pf ? 512 : 1, p0 = pf ? depths[d] - 512 : depths[d] - 1;
+    const int mode0 = ops_cuda_set_attn_mma(3);
+    fprintf(stderr, "bench: attention mma mode %d (TPI_ATTN_MMA; bit 0 prefill, bit 1 decode)\n",
+            mode0);
+    /* {tokens, depth}: the last token sits at position depth - 1 */
+    const int lines[][2] = {{512, 512}, {512, 4096}, {512, 8000}, {64, 8000}, {16, 8000}, {1, 64},
+                            {1, 512},   {1, 2048},   {1, 4096},   {1, 8192},  {4, 8192}};
+    /* TPI_BENCH_ATTN: "prefill" or "decode" keeps those lines only; TPI_BENCH_ATTN_REPS:
+     * calls per timed batch (1 under a profiler) */
+    const char *only_at = getenv("TPI_BENCH_ATTN"), *reps_at = getenv("TPI_BENCH_ATTN_REPS");
+    const int reps_fix = reps_at ? atoi(reps_at) : 0;
+    for (size_t li = 0; li < sizeof lines / sizeof lines[0]; li++)
+        for (int path = 0; path < 2; path++) {
+            ops_cuda_set_attn_mma(path == 0 ? 3 : 0);
+            const int n_tok = lines[li][0], depth = lines[li][1], p0 = depth - n_tok;
+            if (only_at && strcmp(only_at, n_tok > 8 ? "prefill" : "decode") != 0) continue;
             for (int t = 0; t < n_tok; t++)
                 pos[t] = p0 + t, seq[t] = 0;
             int32_t *gpos = bdup(G, gctx, pos, (size_t)n_tok * 4),
                     *gseq = bdup(G, gctx, seq, (size_t)n_tok * 4);
-            struct ops_batch b = {n_tok, gpos, gseq, pos, seq, p0 + n_tok};
-            struct at_arg aa = {&kv, gq, gq, gq, go, &b, 32};
-            const double t = time_op(pf ? 3 : 20, at_fn, &aa);
-            /* prefill: causal QK^T and PV, 2 x 2 x hd flops per (query head, visible key) */
+            struct ops_batch b = {n_tok, gpos, gseq, pos, seq, depth};
+            struct at_arg aa = {&kv, gq, gq, gq, go, &b, 32, 0};
+            /* causal QK^T and PV: 2 x 2 x hd flops per (query head, visible key) */
             double vis = 0;
             for (int tt = 0; tt < n_tok; tt++)
                 vis += p0 + tt + 1;
-            const double kv_bytes = (double)(p0 + n_tok) * 8 * 128 * 2 * 2;
-            fprintf(stderr,
-                    "bench attention 32/8 hd128 %s %3d tokens at depth %4d: %9.1f us  KV read "
-                    "%6.2f TB/s (%3.0f%%)  %6.1f TFLOP/s\n",
-                    pf ? "prefill" : "decode ", n_tok, depths[d], t * 1e6, kv_bytes / t / 1e12,
-                    100.0 * kv_bytes / t / 1e12 / BENCH_ROOF_TBS, vis * 32 * 4 * 128 / t / 1e12);
+            const double kv_bytes = (double)depth * 8 * 128 * 2 * 2;
+            for (int graph = 0; graph < (n_tok <= 8 && G->graph_begin ? 2 : 1); graph++) {
+                double t;
+                if (!graph) {
+                    t = time_op(reps_fix > 0 ? reps_fix : n_tok > 64 ? 3 : 20, at_fn, &aa);
+                } else {
+                    /* one graph holds a call per layer (as a decode step does) */
+                    struct gr_arg ga = {NULL};
+                    at_fn(&aa); /* scratch grown before recording */
+                    ck_assert_int_eq(G->graph_begin(gctx, &err), TPI_OK);
+                    for (int l = 0; l < n_layer_at; l++)
+                        at_fn(&aa);
+                    ck_assert_int_eq(G->graph_end(gctx, &ga.graph, &err), TPI_OK);
+                    ck_assert_ptr_nonnull(ga.graph);
+                    t = time_op(reps_fix > 0 ? reps_fix : 20, gr_fn, &ga) / n_layer_at;
+                    G->graph_free(gctx, ga.graph);
+                }
+                fprintf(stderr,
+                        "bench attention 32/8 hd128 %s %3d tokens at depth %4d [%-5s%s]: %9.1f us  "
+                        "KV read %6.2f TB/s (%3.0f%%)  %6.1f TFLOP/s\n",
+                        n_tok > 8 ? "prefill" : "decode ", n_tok, depth,
+                        path == 0 ? "mma" : "cores", graph ? " graph" : "", t * 1e6,
+                        kv_bytes / t / 1e12, 100.0 * kv_bytes / t / 1e12 / BENCH_ROOF_TBS,
+                        vis * 32 * 4 * 128 / t / 1e12);
+            }
             G->dealloc(gctx, gpos), G->dealloc(gctx, gseq);
         }
+    ops_cuda_set_attn_mma(mode0);
     G->kv_free(gctx, &kv);
     G->dealloc(gctx, gq), G->dealloc(gctx, go);
     free(h);

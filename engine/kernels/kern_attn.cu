@@ -11,8 +11,9 @@
  *    long (decode), the key range of each token is split over n_split blocks that
  *    write partial (m, l, acc); a combine kernel merges them:
  *    M = max m_s, out = sum acc_s e^(m_s-M) / sum l_s e^(m_s-M).
- * Correct for any depth and batch mix; speed tuning (tensor cores for prefill, one
- * block per several query tokens) is later work.
+ * Correct for any depth and batch mix. Head dims 64 and 128 on a 16-byte aligned
+ * cache normally take the tensor-core kernels of kern_attn_mma.cu instead (prefill and
+ * decode; TPI_ATTN_MMA=0 turns them off); the kernels here serve every other shape.
  */
 #include <math.h>
 
@@ -447,6 +448,14 @@ __global__ void attn_combine_kernel(const float *part, float *out, int n_split, 
 
 /* ---------------------------------------------------------------- launchers */
 
+bool kern_attn_store(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
+                     const float *k, const float *v, const struct ops_batch *b) {
+    const int row = kv->n_kv_head * kv->head_dim;
+    attn_store_kernel<<<b->n_tokens, 128, 0, ctx->stream>>>(kc, vc, k, v, b->seq, b->pos,
+                                                            kv->n_slot, kv->n_ctx, row);
+    return LAUNCH_OK(ctx, "cuda attention (store)");
+}
+
 static size_t attn_tiled_smem_bytes(int n_pairs, int hd, int tile) {
     return (size_t)n_pairs * hd * sizeof(float) +
            2 * ((size_t)tile * (hd + AT_KPAD) + (size_t)tile * hd) * sizeof(__half) +
@@ -461,7 +470,8 @@ static size_t attn_smem_bytes(int heads_per_block, int hd, int tile) {
 bool kern_attention_init(struct ops_ctx *ctx) {
     size_t want = ATTN_SMEM_OPTIN;
     if (want > ctx->smem_optin) want = ctx->smem_optin;
-    return CUDA_OK(ctx, "cuda init (attention)",
+    return kern_attention_mma_init(ctx) &&
+           CUDA_OK(ctx, "cuda init (attention)",
                    cudaFuncSetAttribute(attn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)want)) &&
            CUDA_OK(ctx, "cuda init (attention)",
@@ -501,9 +511,9 @@ void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const flo
     const size_t layer_elems = (size_t)kv->n_slot * kv->n_ctx * row;
     __half *kc = (__half *)kv->k + (size_t)layer * layer_elems;
     __half *vc = (__half *)kv->v + (size_t)layer * layer_elems;
-    attn_store_kernel<<<n_tokens, 128, 0, ctx->stream>>>(kc, vc, k, v, b->seq, b->pos, kv->n_slot,
-                                                         kv->n_ctx, row);
-    if (!LAUNCH_OK(ctx, op)) return;
+    /* the tensor-core path stores k/v itself (in its decode kernel, or with kern_attn_store) */
+    if (kern_attention_mma(ctx, kv, kc, vc, q, k, v, out, b, n_head, scale, max_pos)) return;
+    if (!kern_attn_store(ctx, kv, kc, vc, k, v, b)) return;
 
     attn_args a;
     a.q = q;
@@ -532,7 +542,8 @@ void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const flo
     int tpb = 1;
     if (tiled) {
         for (int cand = ATTN_MAX_HEADS / a.heads_per_block; cand > 1; cand--) {
-            if (n_tokens % cand != 0 || (long)(n_tokens / cand) * n_kv * a.head_chunks < 2L * ctx->n_sm)
+            if (n_tokens % cand != 0 ||
+                (long)(n_tokens / cand) * n_kv * a.head_chunks < 2L * ctx->n_sm)
                 continue;
             bool same = true;
             for (int t = 0; t < n_tokens && same; t++)

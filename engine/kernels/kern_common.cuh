@@ -108,5 +108,29 @@ void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const flo
                     int n_head, float scale);
 /* One-time setup of the attention kernels (shared-memory opt-in); false on error. */
 bool kern_attention_init(struct ops_ctx *ctx);
+/* The tensor-core path (kern_attn_mma.cu), called by kern_attention before anything is
+ * queued: queues the store of k, v into this layer's cache (kc, vc) and the attention of b
+ * into out, and returns true; false (nothing queued) for shapes it leaves to the CUDA-core
+ * kernels (head_dim other than 64 or 128, unaligned cache) or when TPI_ATTN_MMA turns that
+ * shape off. max_pos: 1 + the largest valid position of b (sizes split-K). */
+bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
+                        const float *q, const float *k, const float *v, float *out,
+                        const struct ops_batch *b, int n_head, float scale, int max_pos);
+/* Queue the store of the batch's k, v (n_tokens, n_kv_head, head_dim) into this layer's
+ * cache at (seq[t], pos[t]) (tokens outside the cache are skipped); false on a launch error. */
+bool kern_attn_store(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
+                     const float *k, const float *v, const struct ops_batch *b);
+/* Its setup (TPI_ATTN_MMA, shared-memory opt-in); false on error. */
+bool kern_attention_mma_init(struct ops_ctx *ctx);
+/* Query blocks of the mma path from token *t on: runs of consecutive tokens with one slot
+ * cut into pieces of at most per_block tokens, each written to blk as
+ * first_token << 7 | (n - 1) (blk NULL: only counted), at most cap of them; advances *t
+ * past the tokens covered and returns the count. */
+extern "C" int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t,
+                                int32_t *blk, int cap);
+/* Which shapes take the mma path, for this process (bit 0: prefill, batches of >= 16
+ * tokens; bit 1: decode, smaller ones); returns the previous mode, unchanged outside 0..3.
+ * TPI_ATTN_MMA sets it at context init (0, 1 = both, "prefill", "decode"). */
+extern "C" int ops_cuda_set_attn_mma(int mode);
 
 #endif /* KERN_COMMON_CUH */

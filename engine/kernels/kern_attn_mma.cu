@@ -1,0 +1,906 @@
+/*
+ * kern_attn_mma.cu — causal attention over the f16 KV cache on tensor cores
+ * (mma.sync m16n8k16: f16 inputs, f32 accumulators), FlashAttention-2 style, for
+ * head_dim 64 and 128. kern_attention (kern_attn.cu) stores k/v into the cache first
+ * and then calls kern_attention_mma, which returns false for shapes it leaves to the
+ * CUDA-core kernels there.
+ *
+ * Rows. A block owns ROWS query rows; a row is one (token, query head) pair. The
+ * hp = 2^k query heads of one GQA group that a block packs (hp: the largest power of
+ * two dividing the group, at most 16) sit next to each other: row r is token
+ * t0 + r / hp, head h0 + r % hp. Packing the group into M is why a 16-token block of
+ * Qwen3-8B (group 4) already fills 64 rows, and a decode token fills 4 of 16 instead
+ * of 1: every K/V tile copied to shared memory serves all the rows that read it.
+ * The tokens of a block are a run of consecutive batch tokens of one slot (the host
+ * cuts the batch into such runs: kern_attn_blocks); each row keeps its own position,
+ * so positions need not be consecutive or sorted inside a block.
+ *
+ * Two shapes of one kernel template (attn_mma_kernel<HD, DEC, NSTAGE>):
+ * - prefill (DEC false, batches of >= MMA_MIN_PREFILL tokens): 64 rows, 4 warps x 16
+ *   rows; every warp sees all 64 keys of a tile. K/V tiles double buffered (cp.async).
+ *   The k/v store is the store kernel's (kern_attn_store) before it.
+ * - decode (DEC true, smaller batches, also inside CUDA graphs): 16 rows, shared by the
+ *   4 warps; warp w takes keys 16w..16w+15 of each tile, so the block streams the cache
+ *   four times faster than one warp could, NSTAGE - 1 tiles in flight. The warps'
+ *   partial softmax states are merged through shared memory at the end in a fixed
+ *   order. It also stores the batch's k/v itself (one launch less per layer and step).
+ * Per tile and warp: S = Q K^T (Q held as f16 A fragments for the whole run, K as B
+ * fragments by ldmatrix), the causal mask per row (only on tiles that reach past the
+ * smallest position of the warp's rows, or past the split's end), online softmax in
+ * base 2 (log2(e) folded into the Q scale; -inf safe: a row with nothing visible yet
+ * keeps m = -inf, l = 0, O = 0), P rounded to f16 straight from the S accumulators into
+ * A fragments (the FA2 register reuse), O += P V (V B fragments by ldmatrix.trans).
+ *
+ * Split-K. When the (query block x KV head) grid cannot fill the GPU (decode, short
+ * chunks at depth), the keys of each block are cut into n_split ranges; each range is
+ * derived on the device from the block's own largest position (any split count is
+ * correct, which CUDA graphs rely on: forward.c). Every split writes its partial
+ * (m, l, O). Decode shape: each block then bumps an arrival counter and the last one
+ * to arrive merges the splits of its rows (no second launch) and resets the counter;
+ * prefill shape (up to 64 rows x n_split partials per block): a merge kernel with a
+ * warp per row. Both add in split order (deterministic: no float atomics).
+ *
+ * Knobs, read at context init: TPI_ATTN_MMA (0: off, "prefill" / "decode": that shape
+ * only), TPI_ATTN_DEC_BPS (decode split-K target, blocks per multiprocessor; 1),
+ * TPI_ATTN_DEC_STAGES (3 or 5).
+ *
+ * Precision: Q and P are rounded to f16 (K and V are f16 in the cache already), sums
+ * in f32; against the f32 CPU reference the normalized MSE is ~1e-7 (tests/test_ops_cuda.c
+ * derives it).
+ */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_common.cuh"
+
+#define MMA_TILE 64        /* keys per K/V tile */
+#define MMA_THREADS 128    /* 4 warps */
+#define MMA_MAX_HP 16      /* query heads of a GQA group packed into one block's rows */
+#define MMA_MAX_BLOCKS 896 /* query blocks per launch (a kernel parameter array) */
+#define MMA_MAX_SPLIT 128  /* key ranges per block (split-K) */
+#define MMA_COUNTERS 4096  /* split-K arrival counters: blocks of one launch, at most */
+#define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
+#define MMA_LOG2E 1.4426950408889634f
+/* floats per partial record: m, l, 2 spare, O (16-byte aligned) */
+#define MMA_PART(hd) ((hd) + 4)
+
+/* One counter per (query block, head block) of a split launch; each returns to 0 when
+ * the last split of its block has arrived, so they are 0 between launches. Module
+ * globals are per device; attention runs on the context's one stream, so launches
+ * that use them never overlap (two contexts on one device attending concurrently
+ * would share them: that does not happen in this engine). */
+__device__ unsigned int mma_arrivals[MMA_COUNTERS];
+
+/* Which shapes use the tensor-core kernels (bit 0: prefill, bit 1: decode), from
+ * TPI_ATTN_MMA at context init; ops_cuda_set_attn_mma changes it (tests). */
+static int g_mma_mode = 3;
+/* Decode shape: the split-K grid aims at this many blocks per multiprocessor (measured on
+ * the H200: 1 beats 2 and 4 at every depth: fewer, longer ranges cost less to merge),
+ * from TPI_ATTN_DEC_BPS at context init (a tuning knob). */
+static int g_dec_bps = 1;
+/* Decode shape: K/V tiles in flight + 1 (3 or 5), from TPI_ATTN_DEC_STAGES at init. On
+ * the H200 5 gained nothing for one token (16.7 vs 16.4 us at depth 8192) and 8% for 4. */
+static int g_dec_stages = 3;
+
+struct mma_args {
+    const float *q;     /* (n_tokens, n_head, hd) */
+    __half *kc, *vc;    /* this layer's cache: (n_slot, n_ctx, n_kv, hd) */
+    const float *k, *v; /* decode shape: the batch's k, v (n_tokens, n_kv, hd) to store;
+                         * NULL: stored already */
+    const int32_t *seq, *pos;
+    float *out;  /* (n_tokens, n_head, hd) */
+    float *part; /* (n_tokens, n_head, n_split, hd + 4): m (base 2), l, -, -, O; n_split > 1 */
+    int n_tokens, n_slot, n_ctx, n_kv, n_head;
+    int group;       /* query heads per KV head */
+    int hp_log2;     /* log2 of the heads packed per block */
+    int head_chunks; /* group / hp */
+    int n_split;
+    float qscale;                /* scale * log2(e) */
+    int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
+};
+static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
+
+/* ---------------------------------------------------------------- kernels */
+
+__device__ __forceinline__ uint32_t mma_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+/* 16-byte async copy global -> shared; n_src 0 fills the 16 bytes with zeros. */
+__device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src, int n_src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n_src)
+                 : "memory");
+}
+__device__ __forceinline__ void mma_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void mma_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. */
+__device__ __forceinline__ void mma_ldsm4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void mma_ldsm4_t(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+/* c(16x8, f32) += a(16x16, f16, row-major) * b(16x8, f16, "col": b[k][n] with k inner). */
+__device__ __forceinline__ void mma_16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                          uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* lo in the low 16 bits: the element of the lower column index in a fragment register. */
+__device__ __forceinline__ uint32_t mma_pack(__half2 h) {
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+/* Merge the n_split partial records of rows r < R of a block (row r: token t0 + r / hp,
+ * head h0 + r % hp; R <= 16) into out, by the MMA_THREADS threads of one block. When all
+ * records fit in sm (sm_floats floats) they are copied in with one round trip; else the
+ * (m, l) of every (row, split) pair first (independent loads), one warp per row for the
+ * weights 2^(m_s - M) / L, then the O vectors, each thread a 4-float column over a
+ * strided set of splits, several loads in flight, the column groups summed in a fixed
+ * order. Either way the order of additions is fixed (deterministic). sm: >= 48 KB. */
+template <int HD>
+__device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float *sm,
+                               int sm_floats) {
+    constexpr int PS = MMA_PART(HD), C4 = HD / 4; /* threads per column set */
+    constexpr int NG = MMA_THREADS / C4;          /* column groups: splits gi, gi + NG, ... */
+    const int n_split = a.n_split, hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
+    const int n_rows = nt << hp_log2; /* <= 16 */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    auto row_th = [&](int r) {
+        return (size_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
+    };
+    const int n_rec = n_rows * n_split;
+    if (n_rec * (PS + 1) <= sm_floats) {
+        /* every record fits in shared memory: one round trip (cp.async from L2), then
+         * the weights (a warp per row) and the outputs (a thread per 4 dims of a row) */
+        float *rec = sm, *wt = sm + n_rec * PS;
+        const uint32_t rec0 = mma_smem_u32(rec);
+        for (int i = threadIdx.x; i < n_rec * (PS / 4); i += MMA_THREADS) {
+            const int rr = i / (PS / 4), q4 = i - rr * (PS / 4);
+            const int r = rr / n_split, sp = rr - r * n_split;
+            mma_cp16(rec0 + (uint32_t)(rr * PS + 4 * q4) * 4u,
+                     a.part + (row_th(r) * n_split + sp) * PS + 4 * q4, 16);
+        }
+        mma_commit();
+        mma_wait<0>();
+        __syncthreads();
+        for (int r = warp; r < n_rows; r += MMA_THREADS / 32) {
+            const float *rr = rec + (size_t)r * n_split * PS;
+            float mx = -INFINITY;
+            for (int sp = lane; sp < n_split; sp += 32)
+                mx = fmaxf(mx, rr[sp * PS]);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float lsum = 0.0f;
+            for (int sp = lane; sp < n_split; sp += 32) {
+                const float ms = rr[sp * PS];
+                const float e = ms == -INFINITY ? 0.0f : exp2f(ms - mx);
+                wt[r * n_split + sp] = e;
+                lsum += e * rr[sp * PS + 1];
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+            const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+            __syncwarp();
+            for (int sp = lane; sp < n_split; sp += 32)
+                wt[r * n_split + sp] *= inv;
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < n_rows * C4; i += MMA_THREADS) {
+            const int r = i / C4, d4 = i - r * C4;
+            float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int sp = 0; sp < n_split; sp++) {
+                const float wv = wt[r * n_split + sp];
+                const float4 x =
+                    *(const float4 *)(rec + (size_t)(r * n_split + sp) * PS + 4 + 4 * d4);
+                o.x = fmaf(x.x, wv, o.x), o.y = fmaf(x.y, wv, o.y);
+                o.z = fmaf(x.z, wv, o.z), o.w = fmaf(x.w, wv, o.w);
+            }
+            *(float4 *)(a.out + row_th(r) * HD + 4 * d4) = o;
+        }
+        return;
+    }
+    float *wm = sm;                         /* [16][MMA_MAX_SPLIT]: m, then the weight */
+    float *wl = wm + 16 * MMA_MAX_SPLIT;    /* [16][MMA_MAX_SPLIT]: l */
+    float *acc_s = wl + 16 * MMA_MAX_SPLIT; /* [NG][16][HD] */
+    for (int i = threadIdx.x; i < n_rows * n_split; i += MMA_THREADS) {
+        const int r = i / n_split, sp = i - r * n_split;
+        const float2 ml = __ldcg((const float2 *)(a.part + (row_th(r) * n_split + sp) * PS));
+        wm[r * MMA_MAX_SPLIT + sp] = ml.x;
+        wl[r * MMA_MAX_SPLIT + sp] = ml.y;
+    }
+    __syncthreads();
+    for (int r = warp; r < n_rows; r += MMA_THREADS / 32) {
+        float *w = wm + r * MMA_MAX_SPLIT;
+        float mx = -INFINITY;
+        for (int sp = lane; sp < n_split; sp += 32)
+            mx = fmaxf(mx, w[sp]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float lsum = 0.0f;
+        for (int sp = lane; sp < n_split; sp += 32) {
+            const float e = w[sp] == -INFINITY ? 0.0f : exp2f(w[sp] - mx);
+            w[sp] = e;
+            lsum += e * wl[r * MMA_MAX_SPLIT + sp];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        for (int sp = lane; sp < n_split; sp += 32)
+            w[sp] *= inv;
+    }
+    __syncthreads();
+    const int gi = threadIdx.x / C4, c4 = threadIdx.x % C4;
+    for (int r = 0; r < n_rows; r++) {
+        const float *src = a.part + row_th(r) * n_split * PS + 4 + 4 * c4;
+        const float *w = wm + r * MMA_MAX_SPLIT;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int sp0 = gi; sp0 < n_split; sp0 += 8 * NG) {
+            float4 v[8]; /* eight splits' loads in flight */
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int sp = sp0 + u * NG;
+                v[u] = sp < n_split ? __ldcg((const float4 *)(src + (size_t)sp * PS))
+                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int sp = sp0 + u * NG;
+                const float wv = sp < n_split ? w[sp] : 0.0f;
+                acc.x = fmaf(v[u].x, wv, acc.x);
+                acc.y = fmaf(v[u].y, wv, acc.y);
+                acc.z = fmaf(v[u].z, wv, acc.z);
+                acc.w = fmaf(v[u].w, wv, acc.w);
+            }
+        }
+        *(float4 *)(acc_s + (gi * 16 + r) * HD + 4 * c4) = acc;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_rows * C4; i += MMA_THREADS) {
+        const int r = i / C4, d4 = i - r * C4;
+        float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int g2 = 0; g2 < NG; g2++) {
+            const float4 x = *(const float4 *)(acc_s + (g2 * 16 + r) * HD + 4 * d4);
+            o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
+        }
+        *(float4 *)(a.out + row_th(r) * HD + 4 * d4) = o;
+    }
+}
+
+/* grid (ceil(n_rows / 4)), MMA_THREADS threads: the prefill shape's split-K merge, one
+ * warp per (token, head) row: weights from the (m, l) of every split, then lane l sums
+ * the O values of dims 4l.. (hd 128; hd 64: half warps take alternate splits) over the
+ * splits in order, eight loads in flight. */
+template <int HD>
+__global__ void __launch_bounds__(MMA_THREADS)
+    attn_mma_combine_kernel(const float *part, float *out, int n_rows, int n_split) {
+    constexpr int PS = MMA_PART(HD), C4 = HD / 4, NH = 32 / C4; /* lanes per column set, sets */
+    __shared__ float wgt[MMA_THREADS / 32][MMA_MAX_SPLIT];
+    __shared__ float4 half_s[MMA_THREADS / 32][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int th = blockIdx.x * (MMA_THREADS / 32) + warp;
+    if (th >= n_rows) return; /* warp-uniform; no block barrier below */
+    const float *pp = part + (size_t)th * n_split * PS;
+    float *w = wgt[warp];
+    float mx = -INFINITY;
+    for (int sp = lane; sp < n_split; sp += 32)
+        mx = fmaxf(mx, __ldg(pp + (size_t)sp * PS));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float lsum = 0.0f;
+    for (int sp = lane; sp < n_split; sp += 32) {
+        const float2 ml = __ldg((const float2 *)(pp + (size_t)sp * PS));
+        const float e = ml.x == -INFINITY ? 0.0f : exp2f(ml.x - mx);
+        w[sp] = e;
+        lsum += e * ml.y;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+    __syncwarp();
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int hs = lane / C4, c4 = lane % C4;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int sp0 = hs; sp0 < n_split; sp0 += 8 * NH) {
+        float4 v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int sp = sp0 + u * NH;
+            v[u] = sp < n_split ? __ldg((const float4 *)(pp + (size_t)sp * PS + 4 + 4 * c4))
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const int sp = sp0 + u * NH;
+            const float wv = sp < n_split ? w[sp] : 0.0f;
+            acc.x = fmaf(v[u].x, wv, acc.x);
+            acc.y = fmaf(v[u].y, wv, acc.y);
+            acc.z = fmaf(v[u].z, wv, acc.z);
+            acc.w = fmaf(v[u].w, wv, acc.w);
+        }
+    }
+    if (NH > 1) { /* hd 64: the two half warps' sums, in order */
+        half_s[warp][lane] = acc;
+        __syncwarp();
+        if (hs == 0) {
+            const float4 x = half_s[warp][lane + C4];
+            acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+        }
+    }
+    if (hs == 0)
+        *(float4 *)(out + (size_t)th * HD + 4 * c4) =
+            make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+}
+
+/* grid (query blocks of this launch, n_kv * head_chunks, n_split), MMA_THREADS threads.
+ * Dynamic shared memory: NSTAGE x [K tile, V tile], each MMA_TILE x (HD + 8) halves (the
+ * 16-byte pad puts the 8 rows an ldmatrix reads in 8 different bank quads); the decode
+ * shape reuses it for the warp merge. */
+template <int HD, bool DEC, int NSTAGE>
+__global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
+    attn_mma_kernel(const __grid_constant__ mma_args a) {
+    constexpr int KS = HD + 8; /* halves per shared K/V row */
+    static_assert(NSTAGE >= 2, "NSTAGE - 1 tiles ahead");
+    constexpr int STAGE = 2 * MMA_TILE * KS; /* halves per stage: K tile, then V tile */
+    constexpr int NJ = DEC ? 1 : 4;          /* 16-key groups a warp takes per tile */
+    constexpr int ND = HD / 8;               /* 8-wide dim tiles of O */
+    constexpr int NK = HD / 16;              /* 16-wide k steps of Q K^T */
+    constexpr int CPR = HD / 8;              /* 16-byte pieces per K/V row */
+    constexpr int CP_ITERS = MMA_TILE * CPR / MMA_THREADS;
+    static_assert(MMA_TILE * CPR % MMA_THREADS == 0, "tile copy must split evenly");
+    extern __shared__ float4 mma_smem4[];
+    __shared__ int red_s[MMA_THREADS / 32];
+    __shared__ int last_s;
+    __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
+    const int e = a.blk[blockIdx.x];
+    const int t0 = e >> 7, nt = (e & 127) + 1;
+    const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
+    const int kvh = blockIdx.y / a.head_chunks;
+    const int h0 = kvh * a.group + (blockIdx.y % a.head_chunks) * (1 << hp_log2);
+    const int s = a.seq[t0]; /* every token of the block has this slot (kern_attn_blocks) */
+    const bool slot_ok = s >= 0 && s < a.n_slot;
+
+    /* this lane's two rows (fragment rows g and g + 8 of the warp's 16): (token, head)
+     * index, -1 past the block; the Q loads go out before anything waits on positions */
+    int th[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = (DEC ? 0 : 16 * warp) + g + 8 * i;
+        const int tl = r >> hp_log2;
+        th[i] = tl < nt ? (t0 + tl) * a.n_head + h0 + (r & hp_mask) : -1;
+    }
+    /* Q as f16 A fragments, scaled by scale * log2(e): for k step kk, registers
+     * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..} */
+    uint32_t qf[NK][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float *qr = a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+            if (th[i] >= 0) {
+                x0 = *(const float2 *)(qr + 16 * kk + 2 * c);
+                x1 = *(const float2 *)(qr + 16 * kk + 8 + 2 * c);
+            }
+            qf[kk][i] = mma_pack(__floats2half2_rn(x0.x * a.qscale, x0.y * a.qscale));
+            qf[kk][2 + i] = mma_pack(__floats2half2_rn(x1.x * a.qscale, x1.y * a.qscale));
+        }
+    }
+
+    /* decode shape: the batch's k/v for the store below, fetched with everything else.
+     * Item u of a thread: token it / (HD/4), dims 4 (it % (HD/4)) .. +3 */
+    constexpr int ST_ITEMS =
+        DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + MMA_THREADS - 1) / MMA_THREADS : 1;
+    float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
+    int st_s[ST_ITEMS], st_p[ST_ITEMS];
+#pragma unroll
+    for (int u = 0; u < ST_ITEMS; u++) {
+        const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
+        st_s[u] = -1;
+        st_p[u] = -1;
+        if (DEC && a.k && t < a.n_tokens) {
+            st_s[u] = a.seq[t];
+            st_p[u] = a.pos[t];
+            st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+            st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+        }
+    }
+
+    /* the block's largest visible position: tokens t0 .. t0+nt-1, nt <= 64 < threads */
+    int pv = -1;
+    if ((int)threadIdx.x < nt) {
+        const int p = a.pos[t0 + threadIdx.x];
+        pv = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
+    if (lane == 0) red_s[warp] = pv;
+
+    /* the rows' positions (-1: sees nothing, written as zeros) and the warp's range */
+    int prow[2];
+    int wmax = -1, wmin = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        prow[i] = -1;
+        if (th[i] >= 0) {
+            const int tl = ((DEC ? 0 : 16 * warp) + g + 8 * i) >> hp_log2;
+            const int p = a.pos[t0 + tl];
+            prow[i] = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
+            wmax = max(wmax, prow[i]);
+            wmin = min(wmin, prow[i]);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        wmax = max(wmax, __shfl_xor_sync(0xffffffffu, wmax, o));
+        wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
+    }
+    __syncthreads();
+    const int p_max = max(max(red_s[0], red_s[1]), max(red_s[2], red_s[3]));
+
+    /* this split's keys [k_begin, k_end): tile-aligned ranges of the block's n_keys */
+    const int n_keys = p_max + 1;
+    int chunk = (n_keys + a.n_split - 1) / a.n_split;
+    chunk = (chunk + MMA_TILE - 1) / MMA_TILE * MMA_TILE;
+    const int k_begin = blockIdx.z * chunk;
+    const int k_end = min(n_keys, k_begin + chunk);
+    const int n_tiles = k_end > k_begin ? (k_end - k_begin + MMA_TILE - 1) / MMA_TILE : 0;
+
+    const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
+    if (DEC && a.k) {
+        /* The store, fused: this block writes the k/v (its KV head) of every batch token of
+         * its slot whose position lies in its key range, then reads them back with the
+         * rest. Every valid token is covered by its own block's range; a position written
+         * by several blocks (other head chunks or query blocks of the slot) gets the same
+         * bytes from each, and no block reads a batch position it has not written itself,
+         * so any slot pattern is safe, also when a graph replays other slots. */
+        bool wrote = false;
+#pragma unroll
+        for (int u = 0; u < ST_ITEMS; u++) {
+            const int p = st_p[u];
+            if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
+                const int d4 = (threadIdx.x + u * MMA_THREADS) % (HD / 4);
+                const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
+                const __half2 k01 = __floats2half2_rn(st_k[u].x, st_k[u].y);
+                const __half2 k23 = __floats2half2_rn(st_k[u].z, st_k[u].w);
+                const __half2 v01 = __floats2half2_rn(st_v[u].x, st_v[u].y);
+                const __half2 v23 = __floats2half2_rn(st_v[u].z, st_v[u].w);
+                *(uint2 *)(a.kc + at) = make_uint2(mma_pack(k01), mma_pack(k23));
+                *(uint2 *)(a.vc + at) = make_uint2(mma_pack(v01), mma_pack(v23));
+                wrote = true;
+            }
+        }
+        if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
+        __syncthreads();
+    }
+    const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
+    const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
+    const uint32_t smem0 = mma_smem_u32(mma_smem4);
+
+    /* copy tile `it` of the range into stage `st`; rows past k_end are zero-filled so
+     * that P (0 there) times V never meets a stale NaN */
+    /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile */
+    constexpr int CP_STEP = MMA_THREADS / CPR;
+    const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
+    auto issue = [&](int it, int st) {
+        const int kt = k_begin + it * MMA_TILE;
+        const int nk = min(MMA_TILE, k_end - kt);
+        const uint32_t ks = smem0 + (uint32_t)(st * STAGE + cp_j * KS + 8 * cp_c) * 2u;
+        const uint32_t vs = ks + (uint32_t)(MMA_TILE * KS) * 2u;
+        const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
+#pragma unroll
+        for (int k = 0; k < CP_ITERS; k++) {
+            const bool in = cp_j + k * CP_STEP < nk;
+            const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
+            const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
+            mma_cp16(ks + off, kb + at, in ? 16 : 0);
+            mma_cp16(vs + off, vb + at, in ? 16 : 0);
+        }
+        mma_commit();
+    };
+
+    float o[ND][4];
+#pragma unroll
+    for (int d = 0; d < ND; d++)
+        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}; /* l: this lane's columns */
+
+    /* ldmatrix row addresses of this lane: K (non-transposed) gives B fragments of two
+     * 8-key n tiles x one 16-dim k step; V (transposed) gives B fragments of one 16-key
+     * k step x two 8-dim n tiles */
+    const int q8 = lane >> 3, r8 = lane & 7;
+    const int kw = DEC ? 16 * warp : 0; /* the warp's first key inside a tile */
+    const uint32_t k_lane = (uint32_t)((kw + r8 + 8 * (q8 >> 1)) * KS + 8 * (q8 & 1)) * 2u;
+    const uint32_t v_lane = (uint32_t)((kw + r8 + 8 * (q8 & 1)) * KS + 8 * (q8 >> 1)) * 2u;
+
+#pragma unroll
+    for (int st = 0; st < NSTAGE - 1; st++) {
+        if (st < n_tiles)
+            issue(st, st);
+        else
+            mma_commit(); /* empty group: keeps the wait count uniform */
+    }
+    for (int it = 0; it < n_tiles; it++) {
+        mma_wait<NSTAGE - 2>(); /* this thread's copies of tile `it` have landed */
+        __syncthreads();        /* everyone's have; and tile it-1's stage is free */
+        {
+            const int nx = it + NSTAGE - 1;
+            if (nx < n_tiles)
+                issue(nx, nx % NSTAGE);
+            else
+                mma_commit();
+        }
+        const int kt = k_begin + it * MMA_TILE;
+        const int nk = min(MMA_TILE, k_end - kt);
+        if (kt + kw > wmax || kw >= nk) continue; /* warp-uniform: nothing visible here */
+        const uint32_t ks = smem0 + (uint32_t)((it % NSTAGE) * STAGE) * 2u;
+        const uint32_t vs = ks + (uint32_t)(MMA_TILE * KS) * 2u;
+
+        /* S = Q K^T for the warp's 16 x 16*NJ block */
+        float sc[2 * NJ][4];
+#pragma unroll
+        for (int j = 0; j < 2 * NJ; j++)
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+            for (int jp = 0; jp < NJ; jp++) {
+                uint32_t b[4];
+                mma_ldsm4(b, ks + k_lane + (uint32_t)(16 * jp * KS + 16 * kk) * 2u);
+                mma_16816(sc[2 * jp], qf[kk], b[0], b[1]);
+                mma_16816(sc[2 * jp + 1], qf[kk], b[2], b[3]);
+            }
+
+        /* causal mask (and the range end), only where some key may be hidden */
+        if (kw + 16 * NJ > nk || kt + kw + 16 * NJ - 1 > wmin) {
+#pragma unroll
+            for (int j = 0; j < 2 * NJ; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    const int key = kt + kw + 8 * j + 2 * c + (q & 1);
+                    if (key >= k_end || key > prow[q >> 1]) sc[j][q] = -INFINITY;
+                }
+        }
+
+        /* online softmax, base 2; rows g (q = 0, 1) and g + 8 (q = 2, 3) */
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int j = 0; j < 2 * NJ; j++) {
+            mx[0] = fmaxf(mx[0], fmaxf(sc[j][0], sc[j][1]));
+            mx[1] = fmaxf(mx[1], fmaxf(sc[j][2], sc[j][3]));
+        }
+        float mu[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            mu[i] = mx[i] == -INFINITY ? 0.0f : mx[i]; /* nothing visible yet: no inf - inf */
+            const float corr = exp2f(m[i] - mu[i]);    /* 0 while m is -inf */
+            m[i] = mx[i];
+            l[i] *= corr;
+#pragma unroll
+            for (int d = 0; d < ND; d++) {
+                o[d][2 * i] *= corr;
+                o[d][2 * i + 1] *= corr;
+            }
+        }
+        /* P in f16 as A fragments of the P V product (k = keys): for 16-key group jp,
+         * {row g, keys 2c..} = S tile 2jp c0c1, {row g+8} = c2c3, then tile 2jp+1. The row
+         * sum adds the rounded values, so the weights of a row sum to 1 exactly as used. */
+        uint32_t pa[NJ][4];
+#pragma unroll
+        for (int jp = 0; jp < NJ; jp++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float *sj = sc[2 * jp + h];
+                const __half2 p01 = __floats2half2_rn(exp2f(sj[0] - mu[0]), exp2f(sj[1] - mu[0]));
+                const __half2 p23 = __floats2half2_rn(exp2f(sj[2] - mu[1]), exp2f(sj[3] - mu[1]));
+                const float2 f01 = __half22float2(p01), f23 = __half22float2(p23);
+                l[0] += f01.x + f01.y;
+                l[1] += f23.x + f23.y;
+                pa[jp][2 * h] = mma_pack(p01);
+                pa[jp][2 * h + 1] = mma_pack(p23);
+            }
+
+            /* O += P V */
+#pragma unroll
+        for (int jp = 0; jp < NJ; jp++)
+#pragma unroll
+            for (int dp = 0; dp < HD / 16; dp++) {
+                uint32_t b[4];
+                mma_ldsm4_t(b, vs + v_lane + (uint32_t)(16 * jp * KS + 16 * dp) * 2u);
+                mma_16816(o[2 * dp], pa[jp], b[0], b[1]);
+                mma_16816(o[2 * dp + 1], pa[jp], b[2], b[3]);
+            }
+    }
+    mma_wait<0>(); /* only empty groups can be pending; the smem is reused below */
+#pragma unroll
+    for (int i = 0; i < 2; i++) { /* the row sums over the quad's columns */
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+
+    if (!DEC) {
+        /* each warp writes its own rows: the result, or this split's partial */
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            if (th[i] < 0) continue;
+            if (a.n_split == 1) {
+                const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+                float *dst = a.out + (size_t)th[i] * HD;
+#pragma unroll
+                for (int d = 0; d < ND; d++)
+                    *(float2 *)(dst + 8 * d + 2 * c) =
+                        make_float2(o[d][2 * i] * inv, o[d][2 * i + 1] * inv);
+            } else {
+                float *pp = a.part + ((size_t)th[i] * a.n_split + blockIdx.z) * MMA_PART(HD);
+                if (c == 0) pp[0] = m[i], pp[1] = l[i];
+#pragma unroll
+                for (int d = 0; d < ND; d++)
+                    *(float2 *)(pp + 4 + 8 * d + 2 * c) = make_float2(o[d][2 * i], o[d][2 * i + 1]);
+            }
+        }
+    } else {
+        /* merge the 4 warps' states of the same 16 rows, warps in order */
+        constexpr int OS = HD + 4;      /* f32 per merge row */
+        float *mo = (float *)mma_smem4; /* [warp][16][OS] */
+        __syncthreads();                /* every warp is done with the K/V stages */
+        if (c == 0) {
+            mrg_m[warp][g] = m[0], mrg_m[warp][g + 8] = m[1];
+            mrg_l[warp][g] = l[0], mrg_l[warp][g + 8] = l[1];
+        }
+#pragma unroll
+        for (int d = 0; d < ND; d++) {
+            *(float2 *)(mo + (warp * 16 + g) * OS + 8 * d + 2 * c) = make_float2(o[d][0], o[d][1]);
+            *(float2 *)(mo + (warp * 16 + g + 8) * OS + 8 * d + 2 * c) =
+                make_float2(o[d][2], o[d][3]);
+        }
+        __syncthreads();
+        /* 8 threads per row, 2 dims each per step */
+        const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
+        const int tl = r >> hp_log2;
+        if (tl < nt) {
+            const size_t thr = (size_t)(t0 + tl) * a.n_head + h0 + (r & hp_mask);
+            float mw = -INFINITY;
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+                mw = fmaxf(mw, mrg_m[w][r]);
+            float wt[4], lt = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                wt[w] = mrg_m[w][r] == -INFINITY ? 0.0f : exp2f(mrg_m[w][r] - mw);
+                lt += wt[w] * mrg_l[w][r];
+            }
+            const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
+            float *pp =
+                a.n_split > 1 ? a.part + (thr * a.n_split + blockIdx.z) * MMA_PART(HD) : NULL;
+            if (pp && sub == 0) pp[0] = mw, pp[1] = lt;
+            for (int d = 2 * sub; d < HD; d += 16) {
+                float2 acc = make_float2(0.0f, 0.0f);
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const float2 x = *(const float2 *)(mo + (w * 16 + r) * OS + d);
+                    acc.x = fmaf(x.x, wt[w], acc.x);
+                    acc.y = fmaf(x.y, wt[w], acc.y);
+                }
+                if (pp)
+                    *(float2 *)(pp + 4 + d) = acc;
+                else
+                    *(float2 *)(a.out + thr * HD + d) = make_float2(acc.x * inv, acc.y * inv);
+            }
+        }
+    }
+    if (a.n_split == 1 || !DEC) return; /* the prefill shape merges in attn_mma_combine_kernel */
+
+    /* split-K, decode shape: the last block of this (query block, head block) to arrive
+     * merges all splits of its <= 16 rows (threadfence reduction: partials visible before
+     * the count; read back from L2) */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned gid = blockIdx.y * gridDim.x + blockIdx.x;
+        const unsigned prev = atomicAdd(&mma_arrivals[gid], 1u);
+        last_s = prev == (unsigned)a.n_split - 1;
+        if (last_s) mma_arrivals[gid] = 0; /* every split is in: ready for the next launch */
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    mma_merge_rows<HD>(a, t0, nt, h0, (float *)mma_smem4, NSTAGE * STAGE / 2);
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+extern "C" int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t,
+                                int32_t *blk, int cap) {
+    int n = 0, i = *t;
+    while (i < n_tokens && (!blk || n < cap)) {
+        int j = i + 1;
+        while (j < n_tokens && seq[j] == seq[i] && j - i < per_block)
+            j++;
+        if (blk) blk[n] = (int32_t)(((uint32_t)i << 7) | (uint32_t)(j - i - 1));
+        n++;
+        i = j;
+    }
+    *t = i;
+    return n;
+}
+
+extern "C" int ops_cuda_set_attn_mma(int mode) {
+    const int prev = g_mma_mode;
+    if (mode >= 0 && mode <= 3) g_mma_mode = mode;
+    return prev;
+}
+
+template <int HD, int NST> static size_t mma_smem_bytes() {
+    return (size_t)NST * 2 * MMA_TILE * (HD + 8) * sizeof(__half);
+}
+
+template <int HD, bool DEC, int NST> static bool mma_set_smem(struct ops_ctx *ctx) {
+    const size_t n = mma_smem_bytes<HD, NST>();
+    if (n > ctx->smem_optin) return true; /* not used on this device (launch checks too) */
+    return CUDA_OK(ctx, "cuda init (attention)",
+                   cudaFuncSetAttribute(attn_mma_kernel<HD, DEC, NST>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)n));
+}
+
+bool kern_attention_mma_init(struct ops_ctx *ctx) {
+    /* TPI_ATTN_MMA: 0 off, 1 or unset: on, "prefill" / "decode": that shape only */
+    const char *v = getenv("TPI_ATTN_MMA");
+    if (v && *v) {
+        if (strcmp(v, "prefill") == 0)
+            g_mma_mode = 1;
+        else if (strcmp(v, "decode") == 0)
+            g_mma_mode = 2;
+        else
+            g_mma_mode = strcmp(v, "0") == 0 ? 0 : 3;
+    }
+    const char *bps = getenv("TPI_ATTN_DEC_BPS");
+    if (bps && *bps) g_dec_bps = TPI_MAX(1, TPI_MIN(atoi(bps), 16));
+    const char *nst = getenv("TPI_ATTN_DEC_STAGES");
+    if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
+    return mma_set_smem<64, false, 2>(ctx) && mma_set_smem<64, true, 3>(ctx) &&
+           mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
+           mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx);
+}
+
+template <int HD, bool DEC, int NST>
+static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch *b, int tpb,
+                       int max_pos) {
+    const char *op = "cuda attention (mma)";
+    const int n_tokens = b->n_tokens;
+    const size_t smem = mma_smem_bytes<HD, NST>();
+    if (smem > ctx->smem_optin) { /* checked by the caller; a device with less opts out */
+        kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__, "%zu bytes of shared memory", smem);
+        return;
+    }
+    /* split-K: blocks of the plain grid against what the GPU holds at once */
+    int t = 0;
+    const long n_qblocks = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, NULL, 0);
+    const long base = n_qblocks * a->n_kv * a->head_chunks;
+    long per_sm = (long)(ctx->smem_optin + 1024) / (long)(smem + 4096);
+    per_sm = TPI_MAX(1L, TPI_MIN(per_sm, 4L));
+    if (DEC) per_sm = g_dec_bps;
+    const long want = per_sm * ctx->n_sm;
+    int n_split = 1;
+    /* decode: split whenever the grid is short of a full wave, ranges of >= 1 tile;
+     * prefill: only when it is short of one block per multiprocessor, ranges of >= 8
+     * tiles (a 64-row partial is 1/8 of the K/V bytes its range reads) */
+    const long min_keys = DEC ? MMA_TILE : 8 * MMA_TILE;
+    if (base <= MMA_COUNTERS && (DEC ? base < want : base < ctx->n_sm)) {
+        const long by_grid = (want + base - 1) / base;
+        const long by_keys = TPI_MAX(1L, max_pos / min_keys);
+        long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
+        if (n > 1) { /* drop ranges the tile rounding would leave empty */
+            long chunk = (max_pos + n - 1) / n;
+            chunk = (chunk + MMA_TILE - 1) / MMA_TILE * MMA_TILE;
+            n = (max_pos + chunk - 1) / chunk;
+        }
+        n_split = (int)TPI_MAX(1L, n);
+    }
+    a->n_split = n_split;
+    a->part = NULL;
+    if (n_split > 1) {
+        a->part = (float *)kern_scratch_get(
+            ctx, &ctx->attn, (size_t)n_tokens * a->n_head * n_split * MMA_PART(HD) * sizeof(float),
+            op);
+        if (!a->part) return;
+    }
+    t = 0;
+    while (t < n_tokens) {
+        const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
+        const dim3 grid((unsigned)nb, (unsigned)(a->n_kv * a->head_chunks), (unsigned)n_split);
+        attn_mma_kernel<HD, DEC, NST><<<grid, MMA_THREADS, smem, ctx->stream>>>(*a);
+        if (!LAUNCH_OK(ctx, op)) return;
+    }
+    if (!DEC && n_split > 1) {
+        const int n_rows = n_tokens * a->n_head;
+        attn_mma_combine_kernel<HD><<<(unsigned)((n_rows + 3) / 4), MMA_THREADS, 0, ctx->stream>>>(
+            a->part, a->out, n_rows, n_split);
+        LAUNCH_OK(ctx, op);
+    }
+}
+
+bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
+                        const float *q, const float *k, const float *v, float *out,
+                        const struct ops_batch *b, int n_head, float scale, int max_pos) {
+    const int n_tokens = b->n_tokens, n_kv = kv->n_kv_head, hd = kv->head_dim;
+    const bool dec = n_tokens < MMA_MIN_PREFILL;
+    if (!(g_mma_mode & (dec ? 2 : 1))) return false;
+    if ((hd != 64 && hd != 128) || n_head % n_kv != 0 || n_tokens >= (1 << 24) ||
+        (long)n_tokens * n_head > INT_MAX)
+        return false;
+    /* 16-byte copies: every row offset is a multiple of hd halves, so the bases decide */
+    if (((uintptr_t)kc & 15) || ((uintptr_t)vc & 15)) return false;
+    const int nst = dec ? g_dec_stages : 2;
+    const size_t smem = (size_t)nst * 2 * MMA_TILE * (hd + 8) * sizeof(__half);
+    if (smem > ctx->smem_optin) return false;
+
+    /* the prefill shape reads k/v stored by the store kernel; the decode kernel stores
+     * them itself (one launch less per decode step; k, v 16-byte aligned for its loads) */
+    const bool fuse = dec && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
+    if (!fuse && !kern_attn_store(ctx, kv, kc, vc, k, v, b)) return true;
+    mma_args a;
+    a.q = q;
+    a.kc = kc;
+    a.vc = vc;
+    a.k = fuse ? k : NULL;
+    a.v = fuse ? v : NULL;
+    a.n_tokens = n_tokens;
+    a.seq = b->seq;
+    a.pos = b->pos;
+    a.out = out;
+    a.part = NULL;
+    a.n_slot = kv->n_slot;
+    a.n_ctx = kv->n_ctx;
+    a.n_kv = n_kv;
+    a.n_head = n_head;
+    a.group = n_head / n_kv;
+    int hp_log2 = 0; /* the largest power of two dividing the group, at most MMA_MAX_HP */
+    while ((2 << hp_log2) <= MMA_MAX_HP && a.group % (2 << hp_log2) == 0)
+        hp_log2++;
+    a.hp_log2 = hp_log2;
+    a.head_chunks = a.group >> hp_log2;
+    a.n_split = 1;
+    a.qscale = scale * MMA_LOG2E;
+    const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
+    if (hd == 64) {
+        if (!dec)
+            mma_launch<64, false, 2>(ctx, &a, b, tpb, max_pos);
+        else if (nst == 3)
+            mma_launch<64, true, 3>(ctx, &a, b, tpb, max_pos);
+        else
+            mma_launch<64, true, 5>(ctx, &a, b, tpb, max_pos);
+    } else {
+        if (!dec)
+            mma_launch<128, false, 2>(ctx, &a, b, tpb, max_pos);
+        else if (nst == 3)
+            mma_launch<128, true, 3>(ctx, &a, b, tpb, max_pos);
+        else
+            mma_launch<128, true, 5>(ctx, &a, b, tpb, max_pos);
+    }
+    return true;
+}
