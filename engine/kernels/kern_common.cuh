@@ -97,10 +97,56 @@ void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x
                  int64_t n_rows);
 
 /* ---- launchers (kern_gemv.cu) ---- */
-/* The v3 matrix-vector path for n_rows (1..8) rows; false (nothing queued) when it
- * does not cover w's type, shape or alignment: the caller uses the v2 kernels. */
+/* The v3 matrix-vector path for n_rows (1..8) rows on ctx->stream (prepare + run);
+ * false (nothing queued) when it does not cover w's type, shape or alignment: the
+ * caller uses the v2 kernels. */
 bool kern_gemv_v3(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                   int n_rows);
+/* x (n_rows x ne0 f32) quantized for the v3 path. */
+struct kern_gemv_x {
+    const float *x;     /* the f32 x it was made from */
+    const int8_t *xq;   /* int8 blocks of 32, or NULL when no quantized type needs it */
+    const float2 *ds;   /* (d, d*sum) per block */
+    int n_rows;
+    int64_t ne0;
+    const int8_t *xp;   /* kind p's permuted copies of xq (prepare writes them), or NULL:
+                         * kind p then runs as kind a */
+};
+/* Queue the quantization of x on `stream` into ctx's q8 scratch and describe it in *gx;
+ * false (nothing queued) when ne0 % 32 != 0, n_rows is not 1..8, or scratch allocation
+ * failed (failure recorded). The scratch stays valid until the next kern_gemv_v3_prepare
+ * or kern_gemv_v3 call. */
+bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
+                          cudaStream_t stream, struct kern_gemv_x *gx);
+/* y (n_rows x ne1) = x W^T, or y += x W^T when accumulate, on `stream`, using the prepared
+ * x (gx->x is the f32 x for BF16/F16 weights; gx->xq for quantized ones). false (nothing
+ * queued) when the v3 path does not cover w's type/shape/alignment. Several calls on
+ * different streams may read one prepared x at once; each output is written by one
+ * thread after a fixed-order sum (race-free y +=, deterministic results). */
+bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
+                      float *y, bool accumulate, cudaStream_t stream);
+/* Test and bench hooks with C linkage (tests/test_gemv_cuda.c declares them again:
+ * keep the two in step). kern_gemv_configure: apply "kind=auto|a|b|p,batch=1|2,
+ * pdl=0|1" over the TPI_GEMV_KIND / _BATCH / _PDL settings (NULL: those alone); -1 on a bad spec.
+ * Process-wide; not to be called while other threads queue kernels.
+ * kern_gemv_describe: the settings in that form. test_prepare: kern_gemv_v3_prepare
+ * into a malloc'ed kern_gemv_x (free() it), NULL when false; stream NULL: ctx->stream.
+ * test_run: kern_gemv_v3_run, 1 when queued. host_quantize: x's int8 blocks exactly as
+ * the device makes them (ds: d, d*sum pairs). host_emulate: the kernel of kind 'a', 'b'
+ * or 'p' for a quantized type run on the host with wpr (1, 2, 4) warps per row; -1 when
+ * not covered. */
+extern "C" {
+int kern_gemv_configure(const char *spec);
+void kern_gemv_describe(char *buf, size_t n);
+void *kern_gemv_test_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
+                             void *stream);
+int kern_gemv_test_run(struct ops_ctx *ctx, const struct tpi_weight *w, const void *gx, float *y,
+                       int accumulate, void *stream);
+void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds);
+int kern_gemv_host_emulate(int type, const void *w, size_t row_bytes, int64_t ne0, int64_t ne1,
+                           const int8_t *xq, const float *ds, int n_rows, float *y, int kind,
+                           int wpr);
+}
 
 /* ---- launchers (kern_attn.cu) ---- */
 void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,

@@ -1,28 +1,44 @@
 /*
  * kern_gemv.cu — the v3 decode matrix-vector path (TPI_GEMV=v3, or
- * ops_cuda_set_gemv): y(n_rows, ne1) = x(n_rows, ne0) * W^T for n_rows <= 8.
+ * ops_cuda_set_gemv): y(n_rows, ne1) = x(n_rows, ne0) * W^T (or y +=) for n_rows <= 8.
  *
- * Quantized weights (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K): x is first quantized to int8
- * in blocks of 32 values with an f32 scale d and d * (sum of the block's int8
- * values), in one small kernel per call. Then a warp takes one output feature
- * (weight row), or a quarter/half of one when ne1 is small; each lane takes whole
- * *items* (a weight block, or a quarter of a K-quant block: 32 to 64 values), loads
- * the item's quant bytes with a few wide loads, several items in flight, and dots
- * them with the int8 x through __dp4a (4 byte products per instruction, exact
- * integer sums); block scales are applied once per item, then a shuffle reduction.
- * Why: the v2 kernels convert every weight to f32 and read x as f32 (4 bytes of x
- * traffic per weight value, 8 per byte of Q4 weight), which bound them at 0.5-1.9
- * TB/s; here x traffic is 1 byte per value and the dot is on the integer pipe.
- * Cost: x is rounded to 8 bits per 32-value block (relative error ~2^-8 per value,
- * normalized squared error of y ~1e-5), the level llama.cpp's mmvq runs at.
+ * Quantized weights (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K): x is first quantized to int8 in
+ * blocks of 32 values with an f32 scale d and d * (sum of the block's int8 values)
+ * (kern_gemv_v3_prepare: one small kernel, shareable by several weights). The weight
+ * bytes are dotted with the int8 x through __dp4a (4 byte products per instruction,
+ * exact integer sums), block scales applied per 16-64 values, and a warp shuffle sums a
+ * row. Cost: x is rounded to 8 bits per 32-value block (relative error ~2^-8 per value,
+ * normalized squared error of y ~1e-5), llama.cpp's mmvq level. BF16/F16 weights keep
+ * f32 x (exact as the v2 kernels), 8 values per item.
  *
- * BF16/F16 weights keep f32 x (exact as the v2 kernels): the same one-warp-per-row
- * skeleton with 16-byte weight loads, 4 items in flight per lane and enough warps
- * per row to fill the machine on every Qwen3-8B shape.
+ * A warp (or 2-4 warps of a block, for few rows) takes one weight row; every lane
+ * loads a batch of its pieces of the row before the first dot. Three ways to cut a row
+ * among lanes and read x, chosen by the `kind` knob (knobs below):
+ * - kind a: *items* (a weight block, or a quarter of a K-quant block, 32-64 values);
+ *   lane l takes item l, so x, which every lane reads for its own values, is read in
+ *   16-byte pieces spread over 1-2 KB per load instruction (8-16 L1 wavefronts each).
+ *   Measured on the H200 (graph replays, 2026-11-29): the time grows almost linearly
+ *   with the number of x rows, so L1 traffic for x, not DRAM, is the limit (Q4_K
+ *   4096->12288: 2.07 TB/s with 1 row, 0.45 with 8; Q8_0 up to 4.5 at 1 row);
+ * - kind b: *units* of 16 values; lane l takes unit l, so an x load instruction reads
+ *   512 contiguous bytes; but per-unit scale decoding costs more instructions: 1.2-1.9x
+ *   kind a with 8 rows for Q4_K/Q6_K, 0.7-1.0x with 1 row;
+ * - kind p: kind a's items and instructions, but x read from a permuted copy (prepare
+ *   writes one per item shape) in which the 32 lanes' pieces are contiguous: the x
+ *   wavefronts of kind a divided by 2-4 at kind a's instruction count. Not yet run on a
+ *   device; opt-in until a bench shows it ahead.
+ * Both compute the same products (the same int8 x, exact integer dp4a sums); only the
+ * float grouping and summation order differ between kinds, and each is fixed (never
+ * timing-dependent): each output is written by one lane after a fixed shuffle tree and
+ * a fixed-order sum over a row's warps, so `accumulate` (y +=) is race-free and results
+ * are deterministic.
  *
- * Types and shapes this path does not cover return false from kern_gemv_v3 and the
- * caller takes the v2 kernels.
+ * Types and shapes this path does not cover return false and the caller takes the v2
+ * kernels (kern_matmul.cu).
  */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kern_common.cuh"
@@ -30,23 +46,27 @@
 
 #define GV_WARPS 4  /* warps per block */
 #define GV_QK 32    /* x values per int8 block */
-#define GV_UNROLL 4 /* items per lane loaded before the first is used */
+#define GV_UNROLL 4 /* kind a: items per lane loaded before the first is used */
 
 /* ---------------------------------------------------------------- helpers
- * __host__ __device__ so the per-type dot products can be checked on the host. */
+ * __host__ __device__ so the per-type dot products can be run (emulated) on the host. */
 
 __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
 #ifdef __CUDA_ARCH__
     return __ldg((const unsigned int *)p);
 #else
-    return *(const uint32_t *)p;
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
 #endif
 }
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
 #ifdef __CUDA_ARCH__
     return __ldg((const int4 *)p);
 #else
-    return *(const int4 *)p;
+    int4 v;
+    memcpy(&v, p, 16);
+    return v;
 #endif
 }
 __host__ __device__ __forceinline__ float2 gv_ldf2(const float2 *p) {
@@ -56,16 +76,31 @@ __host__ __device__ __forceinline__ float2 gv_ldf2(const float2 *p) {
     return *p;
 #endif
 }
-__host__ __device__ __forceinline__ float gv_f16(const uint8_t *p) {
+__host__ __device__ __forceinline__ float4 gv_ldf4(const float *p) {
 #ifdef __CUDA_ARCH__
-    return __half2float(__ushort_as_half(__ldg((const unsigned short *)p)));
+    return __ldg((const float4 *)p);
 #else
-    uint16_t h;
-    memcpy(&h, p, 2);
+    float4 v;
+    memcpy(&v, p, 16);
+    return v;
+#endif
+}
+__host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
     __half_raw r;
     r.x = h;
     return __half2float(__half(r));
+}
+__host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
+#ifdef __CUDA_ARCH__
+    return __ldg((const unsigned short *)p);
+#else
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
 #endif
+}
+__host__ __device__ __forceinline__ float gv_wf16(const uint8_t *p) {
+    return gv_h2f((uint16_t)gv_ld16(p));
 }
 __host__ __device__ __forceinline__ int gv_dp4a(uint32_t a, int b, int c) {
 #ifdef __CUDA_ARCH__
@@ -94,6 +129,9 @@ __host__ __device__ __forceinline__ uint32_t gv_funnel(uint32_t lo, uint32_t hi,
     return sh ? (lo >> sh) | (hi << (32 - sh)) : lo;
 #endif
 }
+__host__ __device__ __forceinline__ int gv_imin(int a, int b) {
+    return a < b ? a : b;
+}
 
 /* N 32-bit words from a 2-byte aligned address: N+1 aligned loads (reads up to 3
  * bytes past the end; weight_upload pads every weight). */
@@ -118,26 +156,38 @@ __host__ __device__ __forceinline__ uint32_t gv_spread4(uint32_t h) {
 
 /* ------------------------------------------------------ per-type dot products
  *
- * gv<T>: BLK values and BYTES bytes per weight block, IPB items per block, and
- * dot<NR>(b: the block, it: the item, xq: int8 x at the block's first value (row 0),
- * ds: that block's first (d, d*sum) pair (row 0), xs: x row stride in values, nr,
- * acc). Row r's x is at xq + r*xs and ds + r*(xs/32). */
+ * gv<T> (kinds a and p): BLK values and BYTES bytes per weight block, IPB items per
+ * block, and dot<NR, PERM>(b: the block, it: the item in the block, x, xs, ds, dss, nr,
+ * keep, acc). An item reads its x in 16-value *units* k = 0..NU-1. Kind a (PERM false):
+ * x is int8 x at the block's first value (row 0) and unit k of item `it` sits at the
+ * type's offset xoff(it, k) from it. Kind p (PERM true): x is the item's unit 0 in the
+ * type's permuted copy of x (gv_perm_* below) and unit k sits at x + 512k, so the 32
+ * lanes of a warp read 512 contiguous bytes per x load. xs: x row stride in values
+ * (ne0, or the permuted copy's padded stride); ds: the block's first (d, d*sum) pair
+ * (row 0, always the plain layout), dss = ne0/32 its row stride. */
 template <int TYPE> struct gv;
+
+template <bool PERM>
+__host__ __device__ __forceinline__ const int8_t *gv_xunit(const int8_t *x, int lin_off, int k) {
+    return PERM ? x + 512 * k : x + lin_off;
+}
 
 /* Q8_0: an item is a block: f16 d, 32 int8 at b+2 (2-byte aligned). */
 template <> struct gv<TPI_TYPE_Q8_0> {
     static constexpr int BLK = 32, BYTES = 34, IPB = 1;
-    template <int NR>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *xq,
-                                                        const float2 *ds, int xs, int nr,
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const float d = gv_f16(b) * keep;
+        const float d = gv_wf16(b) * keep;
         uint32_t q[8];
         gv_ld_a2<8>(b + 2, q);
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
-                const int4 x0 = gv_ld128(xq + (size_t)r * xs), x1 = gv_ld128(xq + (size_t)r * xs + 16);
+                const int8_t *xr = x + (size_t)r * xs;
+                const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
+                const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
                 int s = gv_dp4a(q[0], x0.x, 0);
                 s = gv_dp4a(q[1], x0.y, s);
                 s = gv_dp4a(q[2], x0.z, s);
@@ -146,7 +196,7 @@ template <> struct gv<TPI_TYPE_Q8_0> {
                 s = gv_dp4a(q[5], x1.y, s);
                 s = gv_dp4a(q[6], x1.z, s);
                 s = gv_dp4a(q[7], x1.w, s);
-                acc[r] += d * gv_ldf2(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+                acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
             }
     }
 };
@@ -155,11 +205,11 @@ template <> struct gv<TPI_TYPE_Q8_0> {
  * (high), q - 8. */
 template <> struct gv<TPI_TYPE_Q4_0> {
     static constexpr int BLK = 32, BYTES = 18, IPB = 1;
-    template <int NR>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *xq,
-                                                        const float2 *ds, int xs, int nr,
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const float d = gv_f16(b) * keep;
+        const float d = gv_wf16(b) * keep;
         uint32_t w[4], lo[4], hi[4];
         gv_ld_a2<4>(b + 2, w);
 #pragma unroll
@@ -170,7 +220,9 @@ template <> struct gv<TPI_TYPE_Q4_0> {
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
-                const int4 x0 = gv_ld128(xq + (size_t)r * xs), x1 = gv_ld128(xq + (size_t)r * xs + 16);
+                const int8_t *xr = x + (size_t)r * xs;
+                const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
+                const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
                 int s = gv_dp4a(lo[0], x0.x, 0);
                 s = gv_dp4a(lo[1], x0.y, s);
                 s = gv_dp4a(lo[2], x0.z, s);
@@ -179,7 +231,7 @@ template <> struct gv<TPI_TYPE_Q4_0> {
                 s = gv_dp4a(hi[1], x1.y, s);
                 s = gv_dp4a(hi[2], x1.z, s);
                 s = gv_dp4a(hi[3], x1.w, s);
-                acc[r] += d * gv_ldf2(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+                acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
             }
     }
 };
@@ -188,11 +240,11 @@ template <> struct gv<TPI_TYPE_Q4_0> {
  * bytes as Q4_0; q - 16. qh and the quants are the 5 words at b+2. */
 template <> struct gv<TPI_TYPE_Q5_0> {
     static constexpr int BLK = 32, BYTES = 22, IPB = 1;
-    template <int NR>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *xq,
-                                                        const float2 *ds, int xs, int nr,
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const float d = gv_f16(b) * keep;
+        const float d = gv_wf16(b) * keep;
         uint32_t w[5], lo[4], hi[4];
         gv_ld_a2<5>(b + 2, w);
         const uint32_t qh = w[0];
@@ -206,7 +258,9 @@ template <> struct gv<TPI_TYPE_Q5_0> {
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
-                const int4 x0 = gv_ld128(xq + (size_t)r * xs), x1 = gv_ld128(xq + (size_t)r * xs + 16);
+                const int8_t *xr = x + (size_t)r * xs;
+                const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
+                const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
                 int s = gv_dp4a(lo[0], x0.x, 0);
                 s = gv_dp4a(lo[1], x0.y, s);
                 s = gv_dp4a(lo[2], x0.z, s);
@@ -215,44 +269,40 @@ template <> struct gv<TPI_TYPE_Q5_0> {
                 s = gv_dp4a(hi[1], x1.y, s);
                 s = gv_dp4a(hi[2], x1.z, s);
                 s = gv_dp4a(hi[3], x1.w, s);
-                acc[r] += d * gv_ldf2(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+                acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
             }
     }
 };
 
 /* Q4_K: an item is one 64-value chunk c of a block (16-byte aligned blocks): its 32
  * quant bytes at b+16+32c (low nibbles: sub-block 2c = values 64c..64c+31, high:
- * sub-block 2c+1), the 6-bit scales/mins of both sub-blocks from the 12 bytes at b+4;
- * value = d*sc*q - dmin*m, so a sub-block contributes d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq). */
+ * sub-block 2c+1), the 6-bit scales/mins of both sub-blocks from the 12 bytes at b+4
+ * (the block's 16-byte header is one load); value = d*sc*q - dmin*m, so a sub-block
+ * contributes d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq). The two sub-blocks' (d, d*sum)
+ * pairs are one 16-byte load. */
 template <> struct gv<TPI_TYPE_Q4_K> {
     static constexpr int BLK = 256, BYTES = 144, IPB = 4;
-    /* byte j of w */
-    static __host__ __device__ __forceinline__ int byte_of(uint32_t w, int j) {
-        return (int)((w >> (8 * j)) & 0xFFu);
-    }
-    template <int NR>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int c, const int8_t *xq,
-                                                        const float2 *ds, int xs, int nr,
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int c, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
         const int4 qa = gv_ld128(b + 16 + 32 * c), qb = gv_ld128(b + 16 + 32 * c + 16);
-        const uint32_t dm = gv_ld32(b);
-        const uint32_t s0 = gv_ld32(b + 4), s1 = gv_ld32(b + 8), s2 = gv_ld32(b + 12);
-        __half_raw hr;
-        hr.x = (unsigned short)(dm & 0xFFFFu);
-        const float d = __half2float(__half(hr)) * keep;
-        hr.x = (unsigned short)(dm >> 16);
-        const float dmin = __half2float(__half(hr)) * keep;
-        /* sub-blocks j = 2c, 2c+1: j < 4 for c < 2 */
-        int sc[2], mn[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int j = 2 * c + h, j4 = j & 3;
-            const int a = byte_of(s0, j4), bb = byte_of(s1, j4), e = byte_of(s2, j4);
-            sc[h] = j < 4 ? (a & 63) : ((e & 0xF) | ((a >> 6) << 4));
-            mn[h] = j < 4 ? (bb & 63) : ((e >> 4) | ((bb >> 6) << 4));
-        }
-        const float d0 = d * (float)sc[0], d1 = d * (float)sc[1];
-        const float m0 = dmin * (float)mn[0], m1 = dmin * (float)mn[1];
+        const int4 hd = gv_ld128(b);
+        const uint32_t dm = (uint32_t)hd.x;
+        const float d = gv_h2f((uint16_t)(dm & 0xFFFFu)) * keep;
+        const float dmin = gv_h2f((uint16_t)(dm >> 16)) * keep;
+        /* sub-blocks j = 2c, 2c+1 (j < 4 for c < 2): bytes j & 3 (two adjacent bytes,
+         * 16 bits at 16*(c&1)) of the scale words s0 = b[4..7], s1 = b[8..11], s2 = b[12..15];
+         * sc_j = s0_j & 63, m_j = s1_j & 63 for j < 4, else sc_j = (s2_j & 15) | (s0_j >> 6) << 4,
+         * m_j = (s2_j >> 4) | (s1_j >> 6) << 4 (both sub-blocks at once, one per byte) */
+        const int sh = 16 * (c & 1);
+        const uint32_t a = ((uint32_t)hd.y >> sh) & 0xFFFFu, bb = ((uint32_t)hd.z >> sh) & 0xFFFFu;
+        const uint32_t e = ((uint32_t)hd.w >> sh) & 0xFFFFu;
+        const uint32_t scp = c < 2 ? (a & 0x3F3Fu) : ((e & 0x0F0Fu) | ((a >> 2) & 0x3030u));
+        const uint32_t mnp =
+            c < 2 ? (bb & 0x3F3Fu) : (((e >> 4) & 0x0F0Fu) | ((bb >> 2) & 0x3030u));
+        const float d0 = d * (float)(scp & 0xFFu), d1 = d * (float)(scp >> 8);
+        const float m0 = dmin * (float)(mnp & 0xFFu), m1 = dmin * (float)(mnp >> 8);
         const uint32_t w[8] = {(uint32_t)qa.x, (uint32_t)qa.y, (uint32_t)qa.z, (uint32_t)qa.w,
                                (uint32_t)qb.x, (uint32_t)qb.y, (uint32_t)qb.z, (uint32_t)qb.w};
         uint32_t lo[8], hi[8];
@@ -261,14 +311,14 @@ template <> struct gv<TPI_TYPE_Q4_K> {
             lo[i] = w[i] & 0x0F0F0F0Fu;
             hi[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
         }
-        const int8_t *xc = xq + 64 * c;
-        const float2 *dc = ds + 2 * c;
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
-                const int8_t *xr = xc + (size_t)r * xs;
-                const int4 a0 = gv_ld128(xr), a1 = gv_ld128(xr + 16);
-                const int4 b0 = gv_ld128(xr + 32), b1 = gv_ld128(xr + 48);
+                const int8_t *xr = x + (size_t)r * xs;
+                const int4 a0 = gv_ld128(gv_xunit<PERM>(xr, 64 * c, 0));
+                const int4 a1 = gv_ld128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
+                const int4 b0 = gv_ld128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
+                const int4 b1 = gv_ld128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
                 int sl = gv_dp4a(lo[0], a0.x, 0);
                 sl = gv_dp4a(lo[1], a0.y, sl);
                 sl = gv_dp4a(lo[2], a0.z, sl);
@@ -277,20 +327,20 @@ template <> struct gv<TPI_TYPE_Q4_K> {
                 sl = gv_dp4a(lo[5], a1.y, sl);
                 sl = gv_dp4a(lo[6], a1.z, sl);
                 sl = gv_dp4a(lo[7], a1.w, sl);
-                int sh = gv_dp4a(hi[0], b0.x, 0);
-                sh = gv_dp4a(hi[1], b0.y, sh);
-                sh = gv_dp4a(hi[2], b0.z, sh);
-                sh = gv_dp4a(hi[3], b0.w, sh);
-                sh = gv_dp4a(hi[4], b1.x, sh);
-                sh = gv_dp4a(hi[5], b1.y, sh);
-                sh = gv_dp4a(hi[6], b1.z, sh);
-                sh = gv_dp4a(hi[7], b1.w, sh);
-                const float2 xl = gv_ldf2(dc + (size_t)r * (xs / GV_QK));
-                const float2 xh = gv_ldf2(dc + (size_t)r * (xs / GV_QK) + 1);
-                float t = d0 * xl.x * (float)sl;
-                t = fmaf(d1 * xh.x, (float)sh, t);
-                t = fmaf(-m0, xl.y, t);
-                t = fmaf(-m1, xh.y, t);
+                int sh2 = gv_dp4a(hi[0], b0.x, 0);
+                sh2 = gv_dp4a(hi[1], b0.y, sh2);
+                sh2 = gv_dp4a(hi[2], b0.z, sh2);
+                sh2 = gv_dp4a(hi[3], b0.w, sh2);
+                sh2 = gv_dp4a(hi[4], b1.x, sh2);
+                sh2 = gv_dp4a(hi[5], b1.y, sh2);
+                sh2 = gv_dp4a(hi[6], b1.z, sh2);
+                sh2 = gv_dp4a(hi[7], b1.w, sh2);
+                /* (dx, dx*sum) of sub-blocks 2c and 2c+1: 16-byte aligned (2c even) */
+                const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
+                float t = d0 * f.x * (float)sl;
+                t = fmaf(d1 * f.z, (float)sh2, t);
+                t = fmaf(-m0, f.y, t);
+                t = fmaf(-m1, f.w, t);
                 acc[r] += t;
             }
     }
@@ -299,12 +349,13 @@ template <> struct gv<TPI_TYPE_Q4_K> {
 /* Q6_K: an item is (half n, l0 in {0, 16}): 16 bytes of ql at 64n+l0 (A) and at
  * 64n+32+l0 (C), 16 of qh at 128+32n+l0 (H); they give values 128n+32k+l0..+15 for
  * k = 0..3 (A low, C low, A high, C high nibbles with 2-bit pairs k of H), q - 32,
- * times d * scales[8n + l0/16 + 2k]. 210-byte blocks: 2-byte aligned loads. */
+ * times d * scales[8n + l0/16 + 2k]. 210-byte blocks: 2-byte aligned loads. The four
+ * x blocks' (d, d*sum) pairs 4n..4n+3 are two 16-byte loads. */
 template <> struct gv<TPI_TYPE_Q6_K> {
     static constexpr int BLK = 256, BYTES = 210, IPB = 4;
-    template <int NR>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int it, const int8_t *xq,
-                                                        const float2 *ds, int xs, int nr,
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int it, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
         const int n = it >> 1, l0 = (it & 1) * 16;
         uint32_t A[4], C[4], H[4];
@@ -314,7 +365,7 @@ template <> struct gv<TPI_TYPE_Q6_K> {
         /* the 4 int8 scales sc[8n + l0/16 + 2k] (k = 0..3) sit at even offsets of 8 bytes */
         uint32_t S[2];
         gv_ld_a2<2>(b + 192 + 8 * n, S);
-        const float d = gv_f16(b + 208) * keep;
+        const float d = gv_wf16(b + 208) * keep;
         const int is = l0 / 16;
         float sk[4];
 #pragma unroll
@@ -328,35 +379,400 @@ template <> struct gv<TPI_TYPE_Q6_K> {
             q[0][i] = gv_vsub4((A[i] & 0x0F0F0F0Fu) | ((H[i] & 0x03030303u) << 4), 0x20202020u);
             q[1][i] = gv_vsub4((C[i] & 0x0F0F0F0Fu) | ((H[i] & 0x0C0C0C0Cu) << 2), 0x20202020u);
             q[2][i] = gv_vsub4(((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u), 0x20202020u);
-            q[3][i] = gv_vsub4(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2),
-                               0x20202020u);
+            q[3][i] =
+                gv_vsub4(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2), 0x20202020u);
         }
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
-                const int8_t *xr = xq + (size_t)r * xs + 128 * n + l0;
-                const float2 *dr = ds + (size_t)r * (xs / GV_QK) + 4 * n;
+                const int8_t *xr = x + (size_t)r * xs;
+                const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
+                const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
+                const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
                 float t = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const int4 xv = gv_ld128(xr + 32 * k);
+                    const int4 xv = gv_ld128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
                     int s = gv_dp4a(q[k][0], xv.x, 0);
                     s = gv_dp4a(q[k][1], xv.y, s);
                     s = gv_dp4a(q[k][2], xv.z, s);
                     s = gv_dp4a(q[k][3], xv.w, s);
-                    t = fmaf(sk[k] * gv_ldf2(dr + k).x, (float)s, t);
+                    t = fmaf(sk[k] * dx[k], (float)s, t);
                 }
                 acc[r] += t;
             }
     }
 };
 
+/* Kind p's permuted copies of x (one per item shape): the physical byte, within a row
+ * of the copy, of logical value v. Items are numbered along the row (it); the 32 items
+ * of a group g = it / 32 are what a warp's 32 lanes take in one step, and unit k of
+ * item it goes to group g's 512-byte slice k at 16 * (it % 32). Rows of a copy are
+ * padded to whole groups (GS bytes). */
+#define GV_GS_B32 1024 /* items of 32 values (Q8_0, Q4_0, Q5_0): 2 units each */
+#define GV_GS_K4 2048  /* items of 64 values (Q4_K chunks, Q6_K halves): 4 units each */
+__host__ __device__ __forceinline__ int gv_perm_b32(int v) {
+    const int it = v >> 5, k = (v >> 4) & 1;
+    return GV_GS_B32 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
+}
+__host__ __device__ __forceinline__ int gv_perm_k4(int v) { /* Q4_K: item = 64 values in order */
+    const int it = v >> 6, k = (v >> 4) & 3;
+    return GV_GS_K4 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
+}
+__host__ __device__ __forceinline__ int gv_perm_q6(int v) { /* Q6_K: see gv<TPI_TYPE_Q6_K> */
+    const int blk = v >> 8, w = v & 255, n = w >> 7, k = (w >> 5) & 3, i0 = (w >> 4) & 1;
+    const int it = 4 * blk + 2 * n + i0;
+    return GV_GS_K4 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
+}
+/* Where prepare puts the parts of x in its scratch, from xq (all 256-byte aligned). */
+struct gv_xlayout {
+    size_t ds_off, b32_off, k4_off, q6_off, n_bytes;
+    int b32_stride, k4_stride; /* padded row strides of the copies */
+};
+__host__ __device__ __forceinline__ gv_xlayout gv_xlayout_of(int n_rows, int64_t ne0) {
+    gv_xlayout l;
+    const size_t n_vals = (size_t)n_rows * (size_t)ne0;
+    l.b32_stride = (int)((ne0 + GV_GS_B32 - 1) / GV_GS_B32 * GV_GS_B32);
+    l.k4_stride = (int)((ne0 + GV_GS_K4 - 1) / GV_GS_K4 * GV_GS_K4);
+    l.ds_off = (n_vals + 255) / 256 * 256;
+    l.b32_off = l.ds_off + (n_vals / GV_QK * sizeof(float2) + 255) / 256 * 256;
+    l.k4_off = l.b32_off + (size_t)n_rows * l.b32_stride;
+    l.q6_off = l.k4_off + (size_t)n_rows * l.k4_stride;
+    l.n_bytes = l.q6_off + (size_t)n_rows * l.k4_stride;
+    return l;
+}
+
+/* BF16/F16 weights, f32 x: an item is 8 values (16 bytes), a "block" of one item. */
+template <int TYPE>
+__host__ __device__ __forceinline__ void gv_elem_unpack(const int4 v, float (&f)[8]) {
+    const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if constexpr (TYPE == TPI_TYPE_BF16) {
+            const uint32_t lo = u[i] << 16, hi = u[i] & 0xFFFF0000u;
+#ifdef __CUDA_ARCH__
+            f[2 * i] = __uint_as_float(lo);
+            f[2 * i + 1] = __uint_as_float(hi);
+#else
+            memcpy(&f[2 * i], &lo, 4);
+            memcpy(&f[2 * i + 1], &hi, 4);
+#endif
+        } else {
+            f[2 * i] = gv_h2f((uint16_t)(u[i] & 0xFFFFu));
+            f[2 * i + 1] = gv_h2f((uint16_t)(u[i] >> 16));
+        }
+    }
+}
+
+template <int TYPE> struct gv_elem {
+    /* acc[r] += 8 weights . x row r at value 8*i (xs: x row stride) */
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const int4 wv, const float *x, int xs,
+                                                        int nr, float (&acc)[NR]) {
+        float f[8];
+        gv_elem_unpack<TYPE>(wv, f);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r == 0 || r < nr) {
+                const float4 a = gv_ldf4(x + (size_t)r * xs), b = gv_ldf4(x + (size_t)r * xs + 4);
+                float s = acc[r];
+                s = fmaf(f[0], a.x, s);
+                s = fmaf(f[1], a.y, s);
+                s = fmaf(f[2], a.z, s);
+                s = fmaf(f[3], a.w, s);
+                s = fmaf(f[4], b.x, s);
+                s = fmaf(f[5], b.y, s);
+                s = fmaf(f[6], b.z, s);
+                s = fmaf(f[7], b.w, s);
+                acc[r] = s;
+            }
+    }
+};
+
+/* ------------------------------------------------ kind b: per-unit dot products
+ *
+ * A *unit* is 16 consecutive values of a row: x unit u is the 16 int8 at 16u, and a
+ * warp's lanes take consecutive units, so each x load instruction of a warp reads 512
+ * contiguous bytes (4 L1 wavefronts) where kind a's items spread one instruction over
+ * 1-2 KB (8-16 wavefronts): x traffic through L1, not DRAM, bounded kind a (its time
+ * grows almost linearly with the number of x rows). Units of one weight block read
+ * neighbouring bytes too (lanes sharing bytes in one instruction cost nothing extra).
+ *
+ * gu<T>: BLK values, BYTES bytes, UPB = BLK/16 units per block; raw: the registers one
+ * unit's weight loads land in; load(raw, b: the block, u: unit in block) issues them;
+ * dot<NR>(raw, u, x: int8 x at the unit (row 0), ds: the (d, d*sum) pair of the x
+ * block holding the unit (row 0), xs: x row stride in values, nr, keep, acc).
+ * Row r's x is at x + r*xs and ds + r*(xs/32). Loads and dots are split so that a
+ * batch of units has all its loads in flight before the first dot. */
+
+/* 16 bytes at a 2-byte aligned address, as two aligned 16-byte loads (a 32-byte
+ * window) and the offset; gv_win_get shifts them out (~15 ALU ops instead of five
+ * scattered 4-byte loads). Reads up to 30 bytes past p: weight_upload pads weights. */
+struct gv_win {
+    int4 a, b;
+    int off; /* p & 15 (even) */
+};
+__host__ __device__ __forceinline__ void gv_win_load(gv_win &w, const uint8_t *p) {
+    const uint8_t *q = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)15);
+    w.a = gv_ld128(q);
+    w.b = gv_ld128(q + 16);
+    w.off = (int)((uintptr_t)p & 15);
+}
+__host__ __device__ __forceinline__ void gv_win_get(const gv_win &w, uint32_t (&o)[4]) {
+    const uint32_t t[8] = {(uint32_t)w.a.x, (uint32_t)w.a.y, (uint32_t)w.a.z, (uint32_t)w.a.w,
+                           (uint32_t)w.b.x, (uint32_t)w.b.y, (uint32_t)w.b.z, (uint32_t)w.b.w};
+    const int wo = w.off >> 2, sh = (w.off & 3) * 8;
+    uint32_t s[6], u[5]; /* t shifted down by wo words: by 2, then by 1 (selects, no indexing) */
+#pragma unroll
+    for (int i = 0; i < 6; i++)
+        s[i] = (wo & 2) ? t[i + 2] : t[i];
+#pragma unroll
+    for (int i = 0; i < 5; i++)
+        u[i] = (wo & 1) ? s[i + 1] : s[i];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        o[i] = gv_funnel(u[i], u[i + 1], sh);
+}
+
+/* acc[r] += scale * dx_r * (the 4 words q . x row r's unit) for the first nr rows */
+template <int NR>
+__host__ __device__ __forceinline__ void gu_dot16(const uint32_t (&q)[4], float scale,
+                                                  const int8_t *x, const float2 *ds, int xs, int nr,
+                                                  float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int4 xv = gv_ld128(x + (size_t)r * xs);
+            int s = gv_dp4a(q[0], xv.x, 0);
+            s = gv_dp4a(q[1], xv.y, s);
+            s = gv_dp4a(q[2], xv.z, s);
+            s = gv_dp4a(q[3], xv.w, s);
+            acc[r] += scale * gv_ldf2(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+        }
+}
+
+template <int TYPE> struct gu;
+
+/* Q8_0: unit u = the 16 int8 at b+2+16u; f16 d at b. */
+template <> struct gu<TPI_TYPE_Q8_0> {
+    static constexpr int BLK = 32, BYTES = 34, UPB = 2;
+    struct raw {
+        gv_win q;
+        uint32_t d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        gv_win_load(w.q, b + 2 + 16 * u);
+        w.d = gv_ld16(b);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t q[4];
+        gv_win_get(w.q, q);
+        gu_dot16<NR>(q, gv_h2f((uint16_t)w.d) * keep, x, ds, xs, nr, acc);
+    }
+};
+
+/* Q4_0: f16 d, 16 bytes at b+2; unit u = nibble u (low: values 0..15) of all 16, q - 8. */
+template <> struct gu<TPI_TYPE_Q4_0> {
+    static constexpr int BLK = 32, BYTES = 18, UPB = 2;
+    struct raw {
+        gv_win q;
+        uint32_t d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        gv_win_load(w.q, b + 2);
+        w.d = gv_ld16(b);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t q[4];
+        gv_win_get(w.q, q);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = gv_vsub4((q[i] >> (4 * u)) & 0x0F0F0F0Fu, 0x08080808u);
+        gu_dot16<NR>(q, gv_h2f((uint16_t)w.d) * keep, x, ds, xs, nr, acc);
+    }
+};
+
+/* Q5_0: f16 d, qh (32 bits) at b+2, 16 bytes at b+6 as Q4_0; bit j of qh is the fifth
+ * bit of value j; q - 16. */
+template <> struct gu<TPI_TYPE_Q5_0> {
+    static constexpr int BLK = 32, BYTES = 22, UPB = 2;
+    struct raw {
+        gv_win q;
+        uint32_t d, h0, h1; /* h0, h1: the 16-bit halves of qh */
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        gv_win_load(w.q, b + 6);
+        w.d = gv_ld16(b);
+        w.h0 = gv_ld16(b + 2);
+        w.h1 = gv_ld16(b + 4);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t q[4];
+        gv_win_get(w.q, q);
+        const uint32_t qh = u ? w.h1 : w.h0; /* fifth bits of this unit's 16 values */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = gv_vsub4(((q[i] >> (4 * u)) & 0x0F0F0F0Fu) | gv_spread4((qh >> (4 * i)) & 0xFu),
+                            0x10101010u);
+        gu_dot16<NR>(q, gv_h2f((uint16_t)w.d) * keep, x, ds, xs, nr, acc);
+    }
+};
+
+/* Q4_K (16-byte aligned blocks): unit u = half h = u & 1 of sub-block j = u >> 1: the
+ * 16 bytes at b+16+32(j/2)+16h, low nibbles for even j, high for odd; the 16-byte
+ * header (d, dmin, 12 bytes of 6-bit scales/mins) is one load, shared in-instruction by
+ * the block's 16 lanes. value = d*sc_j*q - dmin*m_j: the unit adds d*sc_j*dx*sum(q*xq),
+ * and the h = 0 unit of a sub-block also -dmin*m_j*(dx*sum xq) for the whole 32 values. */
+template <> struct gu<TPI_TYPE_Q4_K> {
+    static constexpr int BLK = 256, BYTES = 144, UPB = 16;
+    struct raw {
+        int4 q, hd;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        w.q = gv_ld128(b + 16 + 32 * (u >> 2) + 16 * (u & 1));
+        w.hd = gv_ld128(b);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int j = u >> 1, sh = 4 * (j & 1), bs = 8 * (j & 3);
+        const uint32_t qw[4] = {(uint32_t)w.q.x, (uint32_t)w.q.y, (uint32_t)w.q.z, (uint32_t)w.q.w};
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = (qw[i] >> sh) & 0x0F0F0F0Fu;
+        const uint32_t dm = (uint32_t)w.hd.x;
+        const float d = gv_h2f((uint16_t)(dm & 0xFFFFu)) * keep;
+        const float dmin = gv_h2f((uint16_t)(dm >> 16)) * keep;
+        /* byte j & 3 of s0 = b[4..7], s1 = b[8..11], s2 = b[12..15]: sc_j = s0_j & 63,
+         * m_j = s1_j & 63 for j < 4, else sc_j = (s2_j & 15) | (s0_j >> 6) << 4,
+         * m_j = (s2_j >> 4) | (s1_j >> 6) << 4 */
+        const uint32_t a = ((uint32_t)w.hd.y >> bs) & 0xFFu, bb = ((uint32_t)w.hd.z >> bs) & 0xFFu;
+        const uint32_t e = ((uint32_t)w.hd.w >> bs) & 0xFFu;
+        const uint32_t sc = j < 4 ? (a & 63u) : ((e & 0xFu) | ((a >> 6) << 4));
+        const uint32_t mn = j < 4 ? (bb & 63u) : ((e >> 4) | ((bb >> 6) << 4));
+        const float dsc = d * (float)sc, dm_j = (u & 1) ? 0.0f : dmin * (float)mn;
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r == 0 || r < nr) {
+                const int4 xv = gv_ld128(x + (size_t)r * xs);
+                int s = gv_dp4a(q[0], xv.x, 0);
+                s = gv_dp4a(q[1], xv.y, s);
+                s = gv_dp4a(q[2], xv.z, s);
+                s = gv_dp4a(q[3], xv.w, s);
+                const float2 f = gv_ldf2(ds + (size_t)r * (xs / GV_QK));
+                acc[r] += fmaf(dsc * f.x, (float)s, -dm_j * f.y);
+            }
+    }
+};
+
+/* Q6_K: ql[128] at 0, qh[64] at 128, int8 scales[16] at 192, f16 d at 208 (2-byte
+ * aligned blocks). Unit u = values 16u..16u+15 = 128n + 32k + l0.. with n = u >> 3,
+ * k = (u >> 1) & 3, l0 = 16 (u & 1): low (k < 2) or high nibbles of the 16 ql bytes at
+ * 64n + 32(k & 1) + l0, bits 2k..2k+1 of the 16 qh bytes at 128 + 32n + l0, q - 32,
+ * times d * scales[u]. */
+template <> struct gu<TPI_TYPE_Q6_K> {
+    static constexpr int BLK = 256, BYTES = 210, UPB = 16;
+    struct raw {
+        gv_win ql, qh;
+        uint32_t sd; /* scales[u] (bits 0..7) and d (bits 16..31) */
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        const int n = u >> 3, k = (u >> 1) & 3, l0 = 16 * (u & 1);
+        gv_win_load(w.ql, b + 64 * n + 32 * (k & 1) + l0);
+        gv_win_load(w.qh, b + 128 + 32 * n + l0);
+        /* scales[u] sits in the 16-bit word at 192 + (u & ~1) */
+        w.sd = (gv_ld16(b + 192 + (u & ~1)) >> (8 * (u & 1))) & 0xFFu;
+        w.sd |= gv_ld16(b + 208) << 16;
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int k = (u >> 1) & 3;
+        uint32_t l[4], h[4], q[4];
+        gv_win_get(w.ql, l);
+        gv_win_get(w.qh, h);
+        const int shl = 4 * (k >> 1), shh = 2 * k;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = gv_vsub4(((l[i] >> shl) & 0x0F0F0F0Fu) | (((h[i] >> shh) & 0x03030303u) << 4),
+                            0x20202020u);
+        const float scale = gv_h2f((uint16_t)(w.sd >> 16)) * keep * (float)(int8_t)(w.sd & 0xFFu);
+        gu_dot16<NR>(q, scale, x, ds, xs, nr, acc);
+    }
+};
+
+/* Programmatic dependent launch: wait for the previous kernel's results (a no-op when
+ * this kernel was launched without the attribute). Everything before it may only read
+ * memory no earlier kernel writes (the weights). */
+__device__ __forceinline__ void gv_grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Sum v over the 32 lanes with a fixed xor tree. */
+__device__ __forceinline__ float gv_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* kind b: units per lane in one batch (all loads of a batch go out before its first
+ * dot), by the registers a unit's loads take (8-20), times the `batch` knob (1, 2) */
+template <int TYPE> struct gu_batch { static constexpr int U = TYPE == TPI_TYPE_Q6_K ? 2 : 4; };
+
+/* One warp's share of a row for kind b: units part*32 + lane, stepping 32*wpr, in
+ * batches of U. Units past the row end redo the batch's first unit with weight 0 (adds
+ * exact zeros) instead of branching. The first batch's weight loads go out before the
+ * wait for the previous kernel (PDL). __host__ __device__: the host emulation runs it
+ * per lane (then `wait` is a no-op). */
+template <int TYPE, int NR, int U, typename Wait>
+__host__ __device__ __forceinline__ void gu_row(const uint8_t *wr, int n_units, int first, int step,
+                                                const int8_t *xq, const float2 *ds, int ne0, int nr,
+                                                float (&acc)[NR], Wait wait) {
+    using Q = gu<TYPE>;
+    for (int it = first; it < n_units; it += U * step) {
+        typename Q::raw w[U];
+#pragma unroll
+        for (int v = 0; v < U; v++) {
+            const int i = it + v * step, ii = v == 0 || i < n_units ? i : it;
+            Q::load(w[v], wr + (size_t)(ii / Q::UPB) * Q::BYTES, ii % Q::UPB);
+        }
+        if (it == first) wait();
+#pragma unroll
+        for (int v = 0; v < U; v++) {
+            const int i = it + v * step;
+            const bool ok = v == 0 || i < n_units;
+            const int ii = ok ? i : it;
+            Q::template dot<NR>(w[v], ii % Q::UPB, xq + 16 * (size_t)ii, ds + ii / 2, ne0, nr,
+                                ok ? 1.0f : 0.0f, acc);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- kernels */
 
 /* x (n_vals values, rows of ne0 % 32 == 0) to int8 blocks of 32: a warp per block,
- * a lane per value. d = amax / 127, q = round(x / d), ds = (d, d * sum q). */
+ * a lane per value. d = amax / 127, q = round(x / d), ds = (d, d * sum q). q also goes
+ * to kind p's three permuted copies (gv_xlayout_of: at fixed offsets after xq; a few
+ * KB each, for every weight type that may read this x). */
 __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__restrict__ xq,
-                                     float2 *__restrict__ ds, int64_t n_vals) {
+                                     float2 *__restrict__ ds, int64_t n_vals, int ne0,
+                                     gv_xlayout lay) {
+    gv_grid_dep_wait(); /* x is the previous kernel's output */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vals) return; /* n_vals % 32 == 0: whole warps leave together */
     const float v = x[i];
@@ -373,28 +789,31 @@ __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__rest
         s += __shfl_xor_sync(0xffffffffu, s, o);
     xq[i] = (int8_t)q;
     if ((threadIdx.x & 31) == 0) ds[i / GV_QK] = make_float2(d, d * (float)s);
+    const int64_t row = i / ne0;
+    const int at = (int)(i - row * ne0); /* value index in the row */
+    xq[lay.b32_off + row * lay.b32_stride + gv_perm_b32(at)] = (int8_t)q;
+    xq[lay.k4_off + row * lay.k4_stride + gv_perm_k4(at)] = (int8_t)q;
+    xq[lay.q6_off + row * lay.k4_stride + gv_perm_q6(at)] = (int8_t)q;
 }
 
-/* Sum acc over the warp, then over the wpr warps of one row (shared memory), and
- * store row `row` of y for the first nr x rows. */
+/* kind a: sum acc over the warp, then over the wpr warps of one row (shared memory),
+ * and store (or add to) row `row` of y for the first nr x rows. */
 template <int NR>
 __device__ __forceinline__ void gv_store(float (&acc)[NR], float *__restrict__ y, int ne1, int nr,
-                                         int row, int part, int wpr) {
+                                         int row, int part, int wpr, bool accumulate) {
     __shared__ float red[GV_WARPS][NR];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
-        float v = acc[r];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_xor_sync(0xffffffffu, v, o);
-        acc[r] = v;
-    }
+    for (int r = 0; r < NR; r++)
+        acc[r] = gv_warp_sum(acc[r]);
     if (wpr == 1) {
         if (lane == 0 && row < ne1)
 #pragma unroll
             for (int r = 0; r < NR; r++)
-                if (r < nr) y[(size_t)r * ne1 + row] = acc[r];
+                if (r < nr) {
+                    float *o = y + (size_t)r * ne1 + row;
+                    *o = accumulate ? *o + acc[r] : acc[r];
+                }
         return;
     }
     if (lane == 0)
@@ -409,78 +828,75 @@ __device__ __forceinline__ void gv_store(float (&acc)[NR], float *__restrict__ y
                 float s = 0.0f;
                 for (int k = 0; k < wpr; k++) /* fixed order: results do not depend on timing */
                     s += red[warp + k][r];
-                y[(size_t)r * ne1 + row] = s;
+                float *o = y + (size_t)r * ne1 + row;
+                *o = accumulate ? *o + s : s;
             }
 }
 
-/* Quantized weights: warp (row, part) takes items part*32 + lane, stepping 32*wpr. */
-template <int TYPE, int NR>
+/* Kinds a and p: one warp's share of a row, items first, first + step, ... Batches of U
+ * items, straight-line so all their loads can be issued before the first dot; items
+ * past the row end redo the batch's first item with weight 0 (adds exact zeros) instead
+ * of branching. Rows of <= 2 items per lane (4096 values of Q4_K/Q6_K) take batches of
+ * 2, so half the work is not thrown away. x: plain int8 x (kind a) or the type's
+ * permuted copy (kind p, xs its padded row stride). __host__ __device__: the host
+ * emulation runs it per lane. */
+template <int TYPE, int NR, bool PERM>
+__host__ __device__ __forceinline__ void
+gv_item_row(const uint8_t *wr, int n_items, int first, int step, const int8_t *x, int xs,
+            const float2 *ds, int ne0, int nr, float (&acc)[NR]) {
+    using Q = gv<TYPE>;
+    constexpr int GS = Q::BLK == 32 ? GV_GS_B32 : GV_GS_K4;
+    auto item = [&](int i, float keep) {
+        const int blk = i / Q::IPB;
+        const int8_t *xi =
+            PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
+        Q::template dot<NR, PERM>(wr + (size_t)blk * Q::BYTES, i % Q::IPB, xi, xs,
+                                  ds + (size_t)blk * (Q::BLK / GV_QK), ne0 / GV_QK, nr, keep, acc);
+    };
+    auto rows = [&](auto u_c) {
+        constexpr int U = decltype(u_c)::value;
+        for (int it = first; it < n_items; it += U * step) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i = it + u * step;
+                const bool ok = u == 0 || i < n_items;
+                item(ok ? i : it, ok ? 1.0f : 0.0f);
+            }
+        }
+    };
+    if (n_items <= 2 * step)
+        rows(std::integral_constant<int, 2>{});
+    else
+        rows(std::integral_constant<int, GV_UNROLL>{});
+}
+
+/* Kinds a and p, quantized weights: warp (row, part) takes items part*32 + lane,
+ * stepping 32*wpr. */
+template <int TYPE, int NR, bool PERM>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_quant_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-                    const int8_t *__restrict__ xq, const float2 *__restrict__ ds,
-                    float *__restrict__ y, int nr, int wpr) {
+                    const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
+                    float *__restrict__ y, int nr, int wpr, bool accumulate) {
     using Q = gv<TYPE>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
-    const int n_items = (ne0 / Q::BLK) * Q::IPB, step = 32 * wpr;
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[r] = 0.0f;
-    if (row < ne1) {
-        const uint8_t *wr = w + (size_t)row * row_bytes;
-        auto item = [&](int i, float keep) {
-            const int blk = i / Q::IPB;
-            Q::template dot<NR>(wr + (size_t)blk * Q::BYTES, i % Q::IPB, xq + (size_t)blk * Q::BLK,
-                                ds + (size_t)blk * (Q::BLK / GV_QK), ne0, nr, keep, acc);
-        };
-        /* batches of U items, straight-line so all their loads can be issued before
-         * the first dot; items past the row end redo the batch's first item with weight
-         * 0 (adds exact zeros) instead of branching. Rows of <= 2 items per lane (4096
-         * values of Q4_K/Q6_K) take batches of 2, so half the work is not thrown away. */
-        auto rows = [&](auto u_c) {
-            constexpr int U = decltype(u_c)::value;
-            for (int it = part * 32 + lane; it < n_items; it += U * step) {
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    const int i = it + u * step;
-                    const bool ok = u == 0 || i < n_items;
-                    item(ok ? i : it, ok ? 1.0f : 0.0f);
-                }
-            }
-        };
-        if (n_items <= 2 * step)
-            rows(std::integral_constant<int, 2>{});
-        else
-            rows(std::integral_constant<int, GV_UNROLL>{});
-    }
-    gv_store<NR>(acc, y, ne1, nr, row, part, wpr);
+    gv_grid_dep_wait();
+    if (row < ne1)
+        gv_item_row<TYPE, NR, PERM>(w + (size_t)row * row_bytes, (ne0 / Q::BLK) * Q::IPB,
+                                    part * 32 + lane, 32 * wpr, x, xs, ds, ne0, nr, acc);
+    gv_store<NR>(acc, y, ne1, nr, row, part, wpr, accumulate);
 }
 
-/* BF16/F16 weights, f32 x: an item is 8 values (16 bytes); x as two float4 per row. */
-template <int TYPE>
-__device__ __forceinline__ void gv_elem_unpack(const int4 v, float (&f)[8]) {
-    const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        if constexpr (TYPE == TPI_TYPE_BF16) {
-            f[2 * i] = __uint_as_float(u[i] << 16);
-            f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
-        } else {
-            __half2_raw hr;
-            hr.x = (unsigned short)(u[i] & 0xFFFFu);
-            hr.y = (unsigned short)(u[i] >> 16);
-            const float2 p = __half22float2(__half2(hr));
-            f[2 * i] = p.x;
-            f[2 * i + 1] = p.y;
-        }
-    }
-}
-
+/* kind a, BF16/F16 weights: an item is 8 values (16 bytes). */
 template <int TYPE, int NR>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_elem_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-                   const float *__restrict__ x, float *__restrict__ y, int nr, int wpr) {
+                   const float *__restrict__ x, float *__restrict__ y, int nr, int wpr,
+                   bool accumulate) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
     const int n_items = ne0 / 8, step = 32 * wpr;
@@ -488,28 +904,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[r] = 0.0f;
+    gv_grid_dep_wait();
     if (row < ne1) {
         const int4 *wr = (const int4 *)(w + (size_t)row * row_bytes);
-        auto item = [&](const int4 wv, int i) {
-            float f[8];
-            gv_elem_unpack<TYPE>(wv, f);
-#pragma unroll
-            for (int r = 0; r < NR; r++)
-                if (r == 0 || r < nr) {
-                    const float4 *xp = (const float4 *)(x + (size_t)r * ne0 + 8 * (size_t)i);
-                    const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                    float s = acc[r];
-                    s = fmaf(f[0], a.x, s);
-                    s = fmaf(f[1], a.y, s);
-                    s = fmaf(f[2], a.z, s);
-                    s = fmaf(f[3], a.w, s);
-                    s = fmaf(f[4], b.x, s);
-                    s = fmaf(f[5], b.y, s);
-                    s = fmaf(f[6], b.z, s);
-                    s = fmaf(f[7], b.w, s);
-                    acc[r] = s;
-                }
-        };
         for (int it = part * 32 + lane; it < n_items; it += GV_UNROLL * step) {
             int4 wv[GV_UNROLL];
 #pragma unroll
@@ -521,74 +918,457 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
             for (int u = 0; u < GV_UNROLL; u++) {
                 const int i = it + u * step;
-                item(wv[u], u == 0 || i < n_items ? i : it);
+                gv_elem<TYPE>::template dot<NR>(
+                    wv[u], x + 8 * (size_t)(u == 0 || i < n_items ? i : it), ne0, nr, acc);
             }
         }
     }
-    gv_store<NR>(acc, y, ne1, nr, row, part, wpr);
+    gv_store<NR>(acc, y, ne1, nr, row, part, wpr, accumulate);
+}
+
+/* kind b, quantized weights: warp (row, part) takes units part*32 + lane, stepping
+ * 32*wpr (gu_row). */
+template <int TYPE, int NR, int U>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gv_unit_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
+                   const int8_t *__restrict__ xq, const float2 *__restrict__ ds,
+                   float *__restrict__ y, int nr, int wpr, bool accumulate) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        acc[r] = 0.0f;
+    if (row < ne1)
+        gu_row<TYPE, NR, U>(w + (size_t)row * row_bytes, ne0 / 16, part * 32 + lane, 32 * wpr, xq,
+                            ds, ne0, nr, acc, [] { gv_grid_dep_wait(); });
+    gv_grid_dep_wait(); /* (again, for lanes that had no unit: y is read and written below) */
+    gv_store<NR>(acc, y, ne1, nr, row, part, wpr, accumulate);
+}
+
+/* ---------------------------------------------------------------- knobs
+ *
+ * Read once from the environment (process-wide: they choose among kernels that compute
+ * the same products; no per-rank state); kern_gemv_configure overrides them (tests,
+ * benches).
+ *   TPI_GEMV_KIND  auto | a | b | p
+ *                          quantized weights: kind a (items), b (16-value units,
+ *                          contiguous x) or p (kind a's items reading the permuted copies
+ *                          of x: contiguous x at kind a's instruction count). auto (the
+ *                          default) is what the H200 measured fastest: kind b for
+ *                          Q4_K/Q6_K with 5..8 rows (1.2-1.9x kind a there), kind a
+ *                          otherwise (kind b was 0.7-1.0x at 1 row; kind p has had no
+ *                          device run). Kind p needs the permuted copies that only
+ *                          kern_gemv_v3_prepare writes (gx->xp); without them it runs as
+ *                          kind a. BF16/F16 always take the kind-a kernel.
+ *   TPI_GEMV_BATCH 1 | 2   kind b: units per lane whose loads go out together, times
+ *                          4 (Q6_K: 2) (default 1)
+ *   TPI_GEMV_PDL   0 | 1   programmatic dependent launch of the x quantization and the
+ *                          matrix-vector kernels: they start while the previous kernel
+ *                          drains and issue their first weight loads before waiting for
+ *                          it (default 1). */
+struct gv_cfg {
+    int kind; /* 'a', 'b', 'p', or 0: auto */
+    int batch, pdl;
+};
+static const gv_cfg GV_DEFAULT = {0, 1, 1};
+
+/* Apply "key=value" pairs separated by ',' or ' ' to *c; false on an unknown key or a
+ * bad value (c is then partly updated). */
+static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
+    while (*spec) {
+        while (*spec == ',' || *spec == ' ')
+            spec++;
+        if (!*spec) break;
+        char key[16];
+        int n = 0;
+        while (*spec && *spec != '=' && *spec != ',' && *spec != ' ' && n < 15)
+            key[n++] = (char)tolower((unsigned char)*spec++);
+        key[n] = 0;
+        if (*spec != '=') return false;
+        const char *v = ++spec;
+        while (*spec && *spec != ',' && *spec != ' ')
+            spec++;
+        if (strcmp(key, "kind") == 0) {
+            const char k = (char)tolower((unsigned char)*v);
+            if (spec - v == 4 && strncmp(v, "auto", 4) == 0)
+                c->kind = 0;
+            else if ((k == 'a' || k == 'b' || k == 'p') && spec - v == 1)
+                c->kind = k;
+            else
+                return false;
+        } else if (strcmp(key, "batch") == 0) {
+            if ((*v != '1' && *v != '2') || spec - v != 1) return false;
+            c->batch = *v - '0';
+        } else if (strcmp(key, "pdl") == 0) {
+            if ((*v != '0' && *v != '1') || spec - v != 1) return false;
+            c->pdl = *v == '1';
+        } else {
+            return false;
+        }
+    }
+    return true;
+}
+
+static gv_cfg gv_cfg_from_env(void) {
+    gv_cfg c = GV_DEFAULT;
+    static const char *const keys[][2] = {
+        {"kind", "TPI_GEMV_KIND"}, {"batch", "TPI_GEMV_BATCH"}, {"pdl", "TPI_GEMV_PDL"}};
+    for (const auto &k : keys) {
+        const char *v = getenv(k[1]);
+        if (!v || !*v) continue;
+        char spec[64];
+        snprintf(spec, sizeof spec, "%s=%s", k[0], v);
+        gv_cfg t = c;
+        if (gv_cfg_parse(&t, spec))
+            c = t;
+        else
+            tpi_log(TPI_LOG_WARN, "%s=%s is not a valid setting: ignored", k[1], v);
+    }
+    return c;
+}
+
+static gv_cfg &gv_config(void) {
+    static gv_cfg c = gv_cfg_from_env(); /* thread-safe one-time initialization */
+    return c;
+}
+
+int kern_gemv_configure(const char *spec) {
+    gv_cfg c = gv_cfg_from_env();
+    if (spec && !gv_cfg_parse(&c, spec)) return -1;
+    gv_config() = c;
+    return 0;
+}
+
+void kern_gemv_describe(char *buf, size_t n) {
+    const gv_cfg &c = gv_config();
+    if (c.kind)
+        snprintf(buf, n, "kind=%c,batch=%d,pdl=%d", c.kind, c.batch, c.pdl);
+    else
+        snprintf(buf, n, "kind=auto,batch=%d,pdl=%d", c.batch, c.pdl);
 }
 
 /* ---------------------------------------------------------------- launchers */
 
-/* Warps per row: split rows until the grid has >= 16 warps per SM, keeping at
- * least two items per lane. */
-static int gv_wpr(const struct ops_ctx *ctx, int64_t ne1, int64_t n_items) {
+/* The types this path covers; f is called with the type as a constant. */
+template <typename F> static bool gv_dispatch(int type, F &&f) {
+    switch (type) {
+    case TPI_TYPE_Q8_0:
+        f(std::integral_constant<int, TPI_TYPE_Q8_0>{});
+        return true;
+    case TPI_TYPE_Q4_0:
+        f(std::integral_constant<int, TPI_TYPE_Q4_0>{});
+        return true;
+    case TPI_TYPE_Q5_0:
+        f(std::integral_constant<int, TPI_TYPE_Q5_0>{});
+        return true;
+    case TPI_TYPE_Q4_K:
+        f(std::integral_constant<int, TPI_TYPE_Q4_K>{});
+        return true;
+    case TPI_TYPE_Q6_K:
+        f(std::integral_constant<int, TPI_TYPE_Q6_K>{});
+        return true;
+    case TPI_TYPE_BF16:
+        f(std::integral_constant<int, TPI_TYPE_BF16>{});
+        return true;
+    case TPI_TYPE_F16:
+        f(std::integral_constant<int, TPI_TYPE_F16>{});
+        return true;
+    default:
+        return false;
+    }
+}
+
+static bool gv_is_elem(int type) {
+    return type == TPI_TYPE_BF16 || type == TPI_TYPE_F16;
+}
+
+/* Whether the v3 path covers w for n_rows rows (shape and weight alignment; x's
+ * alignment is checked where it matters). */
+static bool gv_covers(const struct tpi_weight *w, int n_rows) {
+    if (n_rows < 1 || n_rows > 8 || w->ne0 <= 0 || w->ne1 <= 0) return false;
+    if (w->ne0 > INT32_MAX || w->ne1 > INT32_MAX) return false;
+    const uintptr_t data = (uintptr_t)w->data;
+    const bool a16 = (data & 15) == 0 && (w->row_bytes & 15) == 0;
+    bool ok = false;
+    gv_dispatch(w->type, [&](auto type_c) {
+        constexpr int T = decltype(type_c)::value;
+        if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
+            ok = a16 && w->ne0 % 8 == 0;
+        } else {
+            if (w->ne0 % gv<T>::BLK != 0) return;
+            if (T == TPI_TYPE_Q4_K && !a16) return; /* 16-byte loads in the blocks */
+            /* gv_ld_a2 rounds down to 4 bytes, gv_win_load to 16 */
+            ok = (data & 15) == 0;
+        }
+    });
+    return ok;
+}
+
+/* Warps per row: split rows until the grid has >= 16 warps per SM, keeping at least
+ * `min_per_lane` items (kind a) or one full batch of units (kind b) per lane. */
+static int gv_wpr(const struct ops_ctx *ctx, int64_t ne1, int64_t n_items, int min_per_lane) {
     int wpr = 1;
-    while (wpr < GV_WARPS && ne1 * wpr < (int64_t)ctx->n_sm * 16 && n_items >= 64 * (2 * wpr))
+    while (wpr < GV_WARPS && ne1 * wpr < (int64_t)ctx->n_sm * 16 &&
+           n_items >= (int64_t)32 * min_per_lane * (2 * wpr))
         wpr *= 2;
     return wpr;
 }
 
-template <int NR>
-static bool gv_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
-                      int n_rows) {
+/* Launch `kernel` on grid x block on `stream`, with the programmatic dependent launch
+ * attribute when pdl. */
+template <typename... KArgs, typename... Args>
+static void gv_launch_k(void (*kernel)(KArgs...), unsigned grid, unsigned block,
+                        cudaStream_t stream, bool pdl, Args... args) {
+    if (!pdl) {
+        kernel<<<grid, block, 0, stream>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t lc;
+    memset(&lc, 0, sizeof lc);
+    lc.gridDim = dim3(grid);
+    lc.blockDim = dim3(block);
+    lc.dynamicSmemBytes = 0;
+    lc.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = 1;
+    cudaLaunchKernelEx(&lc, kernel, ((KArgs)args)...);
+}
+
+template <int T, int NR>
+static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
+                     float *y, bool accumulate, cudaStream_t stream, const gv_cfg &c) {
     const uint8_t *data = (const uint8_t *)w->data;
-    const int ne0 = (int)w->ne0, ne1 = (int)w->ne1;
-    const bool a16 = ((uintptr_t)data & 15) == 0 && (w->row_bytes & 15) == 0;
-    bool done = false;
-    kq_dispatch(w->type, [&](auto type_c, auto) {
+    const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
+    const bool pdl = c.pdl != 0;
+    /* auto: kind b for the K-quants with 5..8 rows, kind a otherwise (see the knobs);
+     * kind p needs prepare's permuted copies (an x quantized elsewhere has none) */
+    const bool kq = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K;
+    int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'a';
+    if (kind == 'p' && !gx->xp) kind = 'a';
+    if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
+        const int wpr = gv_wpr(ctx, ne1, ne0 / 8, 2);
+        const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
+        gv_launch_k(gv_elem_kernel<T, NR>, blocks, GV_WARPS * 32, stream, pdl, data, w->row_bytes,
+                    ne0, ne1, gx->x, y, nr, wpr, accumulate);
+    } else if (kind == 'b') {
+        constexpr int U = gu_batch<T>::U;
+        const int wpr = gv_wpr(ctx, ne1, ne0 / 16, U * c.batch);
+        const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
+        if (c.batch == 2)
+            gv_launch_k(gv_unit_kernel<T, NR, 2 * U>, blocks, GV_WARPS * 32, stream, pdl, data,
+                        w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr, accumulate);
+        else
+            gv_launch_k(gv_unit_kernel<T, NR, U>, blocks, GV_WARPS * 32, stream, pdl, data,
+                        w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr, accumulate);
+    } else {
+        using Q = gv<T>;
+        const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
+        const int wpr = gv_wpr(ctx, ne1, n_items, 2);
+        const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
+        if (kind == 'p') {
+            /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
+            const gv_xlayout lay = gv_xlayout_of(nr, ne0);
+            const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
+                               : T == TPI_TYPE_Q6_K ? lay.q6_off
+                                                    : lay.b32_off;
+            const int xs = Q::BLK == 32 ? lay.b32_stride : lay.k4_stride;
+            gv_launch_k(gv_quant_kernel<T, NR, true>, blocks, GV_WARPS * 32, stream, pdl, data,
+                        w->row_bytes, ne0, ne1, gx->xp + (off - lay.b32_off), xs, gx->ds, y, nr,
+                        wpr, accumulate);
+        } else {
+            gv_launch_k(gv_quant_kernel<T, NR, false>, blocks, GV_WARPS * 32, stream, pdl, data,
+                        w->row_bytes, ne0, ne1, gx->xq, ne0, gx->ds, y, nr, wpr, accumulate);
+        }
+    }
+}
+
+bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
+                          cudaStream_t stream, struct kern_gemv_x *gx) {
+    if (n_rows < 1 || n_rows > 8 || ne0 <= 0 || ne0 % GV_QK != 0 || ne0 > INT32_MAX) return false;
+    /* int8 x, its (d, d*sum) pairs and kind p's permuted copies: 256-byte aligned parts
+     * of one scratch (gv_xlayout_of) */
+    const size_t n_vals = (size_t)n_rows * (size_t)ne0;
+    const gv_xlayout lay = gv_xlayout_of(n_rows, ne0);
+    uint8_t *s = (uint8_t *)kern_scratch_get(ctx, &ctx->q8, lay.n_bytes, "cuda matmul (v3)");
+    if (!s) return false; /* failure recorded */
+    gx->x = x;
+    gx->xq = (const int8_t *)s;
+    gx->ds = (const float2 *)(s + lay.ds_off);
+    gx->n_rows = n_rows;
+    gx->ne0 = ne0;
+    gx->xp = (const int8_t *)(s + lay.b32_off);
+    gv_launch_k(gv_quantize_x_kernel, (unsigned)((n_vals + 127) / 128), 128, stream,
+                gv_config().pdl != 0, x, (int8_t *)s, (float2 *)(s + lay.ds_off), (int64_t)n_vals,
+                (int)ne0, lay);
+    return LAUNCH_OK(ctx, "cuda matmul (v3 x quantization)");
+}
+
+bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
+                      float *y, bool accumulate, cudaStream_t stream) {
+    if (!gv_covers(w, gx->n_rows) || gx->ne0 != w->ne0) return false;
+    if (!gv_is_elem(w->type)) {
+        if (!gx->xq || !gx->ds) return false;
+    } else if (!gx->x || ((uintptr_t)gx->x & 15) != 0) {
+        return false; /* float4 loads of x rows (ne0 % 8 == 0) */
+    }
+    const gv_cfg c = gv_config();
+    gv_dispatch(w->type, [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
-        if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
-            if (!a16 || ne0 % 8 != 0 || ((uintptr_t)x & 15) != 0) return;
-            const int wpr = gv_wpr(ctx, ne1, ne0 / 8);
-            const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
-            gv_elem_kernel<T, NR><<<blocks, GV_WARPS * 32, 0, ctx->stream>>>(
-                data, w->row_bytes, ne0, ne1, x, y, n_rows, wpr);
-            done = true;
-        } else if constexpr (T == TPI_TYPE_Q8_0 || T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
-                             T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K) {
-            using Q = gv<T>;
-            if (ne0 % Q::BLK != 0) return;
-            if (T == TPI_TYPE_Q4_K && !a16) return; /* 16-byte loads of whole chunks */
-            if (((uintptr_t)data & 3) != 0) return;  /* gv_ld_a2 rounds down to 4 bytes */
-            /* int8 x and its (d, d*sum) pairs, 256-byte aligned parts of one scratch */
-            const size_t n_vals = (size_t)n_rows * (size_t)ne0;
-            const size_t q_bytes = (n_vals + 255) / 256 * 256;
-            uint8_t *s = (uint8_t *)kern_scratch_get(
-                ctx, &ctx->q8, q_bytes + n_vals / GV_QK * sizeof(float2), "cuda matmul (v3)");
-            if (!s) {
-                done = true; /* failure recorded; nothing more to launch */
-                return;
-            }
-            int8_t *xq = (int8_t *)s;
-            float2 *ds = (float2 *)(s + q_bytes);
-            gv_quantize_x_kernel<<<(unsigned)((n_vals + 127) / 128), 128, 0, ctx->stream>>>(
-                x, xq, ds, (int64_t)n_vals);
-            const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
-            const int wpr = gv_wpr(ctx, ne1, n_items);
-            const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
-            gv_quant_kernel<T, NR><<<blocks, GV_WARPS * 32, 0, ctx->stream>>>(
-                data, w->row_bytes, ne0, ne1, xq, ds, y, n_rows, wpr);
-            done = true;
+        switch (gx->n_rows) { /* NR rounds up to 1, 2, 4, 8: the guards skip the unused rows */
+        case 1:
+            gv_run_t<T, 1>(ctx, w, gx, y, accumulate, stream, c);
+            break;
+        case 2:
+            gv_run_t<T, 2>(ctx, w, gx, y, accumulate, stream, c);
+            break;
+        case 3:
+        case 4:
+            gv_run_t<T, 4>(ctx, w, gx, y, accumulate, stream, c);
+            break;
+        default:
+            gv_run_t<T, 8>(ctx, w, gx, y, accumulate, stream, c);
+            break;
         }
     });
-    return done;
+    LAUNCH_OK(ctx, "cuda matmul (v3)");
+    return true;
 }
 
 bool kern_gemv_v3(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                   int n_rows) {
-    if (n_rows == 1) return gv_launch<1>(ctx, w, x, y, 1);
-    if (n_rows == 2) return gv_launch<2>(ctx, w, x, y, 2);
-    if (n_rows <= 4) return gv_launch<4>(ctx, w, x, y, n_rows);
-    return gv_launch<8>(ctx, w, x, y, n_rows);
+    if (!gv_covers(w, n_rows)) return false;
+    struct kern_gemv_x gx = {x, NULL, NULL, n_rows, w->ne0, NULL};
+    if (!gv_is_elem(w->type)) {
+        if (!kern_gemv_v3_prepare(ctx, x, n_rows, w->ne0, ctx->stream, &gx))
+            return true; /* ne0 % 32 == 0 here: a failure was recorded; nothing more to launch */
+    } else if (((uintptr_t)x & 15) != 0) {
+        return false;
+    }
+    return kern_gemv_v3_run(ctx, w, &gx, y, false, ctx->stream);
+}
+
+/* ------------------------------------------------------- test and bench hooks */
+
+void *kern_gemv_test_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
+                             void *stream) {
+    struct kern_gemv_x *gx = (struct kern_gemv_x *)calloc(1, sizeof *gx);
+    if (!gx) return NULL;
+    if (!kern_gemv_v3_prepare(ctx, x, n_rows, ne0, stream ? (cudaStream_t)stream : ctx->stream,
+                              gx)) {
+        free(gx);
+        return NULL;
+    }
+    return gx;
+}
+
+int kern_gemv_test_run(struct ops_ctx *ctx, const struct tpi_weight *w, const void *gx, float *y,
+                       int accumulate, void *stream) {
+    return kern_gemv_v3_run(ctx, w, (const struct kern_gemv_x *)gx, y, accumulate != 0,
+                            stream ? (cudaStream_t)stream : ctx->stream)
+               ? 1
+               : 0;
+}
+
+void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds) {
+    for (int64_t b = 0; b < n_vals / GV_QK; b++) {
+        const float *v = x + b * GV_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < GV_QK; j++)
+            amax = fmaxf(amax, fabsf(v[j]));
+        const float d = amax / 127.0f;
+        int s = 0;
+        for (int j = 0; j < GV_QK; j++) {
+            /* __float2int_rn: round half to even, as rintf in the default mode */
+            int q = amax > 0.0f ? (int)rintf(v[j] * (127.0f / amax)) : 0;
+            q = q < -127 ? -127 : q > 127 ? 127 : q;
+            xq[b * GV_QK + j] = (int8_t)q;
+            s += q;
+        }
+        ds[2 * b] = d;
+        ds[2 * b + 1] = d * (float)s;
+    }
+}
+
+/* A kernel of kind a, b or p run on the host: per row, per warp part and lane through
+ * the kernel's own row function (the same items or units, order and batches; kind p
+ * reads permuted copies made with the device's gv_perm_*), then the same xor tree and,
+ * for wpr > 1, the same fixed-order sum over the parts. */
+template <int T>
+static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, const int8_t *xq,
+                         const float2 *ds, int nr, float *y, int kind, int wpr) {
+    using Q = gv<T>;
+    /* kind p: this type's permuted copy of x */
+    const int xs = Q::BLK == 32 ? (ne0 + GV_GS_B32 - 1) / GV_GS_B32 * GV_GS_B32
+                                : (ne0 + GV_GS_K4 - 1) / GV_GS_K4 * GV_GS_K4;
+    int8_t *xp = (int8_t *)calloc((size_t)nr * xs, 1);
+    for (int r = 0; r < nr; r++)
+        for (int v = 0; v < ne0; v++) {
+            const int at = T == TPI_TYPE_Q4_K   ? gv_perm_k4(v)
+                           : T == TPI_TYPE_Q6_K ? gv_perm_q6(v)
+                                                : gv_perm_b32(v);
+            xp[(size_t)r * xs + at] = xq[(size_t)r * ne0 + v];
+        }
+    for (int row = 0; row < ne1; row++) {
+        const uint8_t *wr = w + (size_t)row * row_bytes;
+        float part_sum[GV_WARPS][8];
+        for (int part = 0; part < wpr; part++) {
+            float v[8][32];
+            for (int lane = 0; lane < 32; lane++) {
+                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                const int first = part * 32 + lane, step = 32 * wpr;
+                if (kind == 'b')
+                    gu_row<T, 8, gu_batch<T>::U>(wr, ne0 / 16, first, step, xq, ds, ne0, nr, acc,
+                                                 [] {});
+                else if (kind == 'p')
+                    gv_item_row<T, 8, true>(wr, ne0 / Q::BLK * Q::IPB, first, step, xp, xs, ds, ne0,
+                                            nr, acc);
+                else
+                    gv_item_row<T, 8, false>(wr, ne0 / Q::BLK * Q::IPB, first, step, xq, ne0, ds,
+                                             ne0, nr, acc);
+                for (int r = 0; r < 8; r++)
+                    v[r][lane] = acc[r];
+            }
+            for (int r = 0; r < 8; r++) {
+                for (int o = 16; o > 0; o >>= 1) {
+                    float t[32];
+                    for (int l = 0; l < 32; l++)
+                        t[l] = v[r][l] + v[r][l ^ o];
+                    memcpy(v[r], t, sizeof t);
+                }
+                part_sum[part][r] = v[r][0];
+            }
+        }
+        for (int r = 0; r < nr; r++) {
+            float s = part_sum[0][r];
+            if (wpr > 1) {
+                s = 0.0f;
+                for (int k = 0; k < wpr; k++)
+                    s += part_sum[k][r];
+            }
+            y[(size_t)r * ne1 + row] = s;
+        }
+    }
+    free(xp);
+}
+
+int kern_gemv_host_emulate(int type, const void *w, size_t row_bytes, int64_t ne0, int64_t ne1,
+                           const int8_t *xq, const float *ds, int n_rows, float *y, int kind,
+                           int wpr) {
+    if (n_rows < 1 || n_rows > 8 || (wpr != 1 && wpr != 2 && wpr != 4)) return -1;
+    if (kind != 'a' && kind != 'b' && kind != 'p') return -1;
+    bool ok = false;
+    gv_dispatch(type, [&](auto type_c) {
+        constexpr int T = decltype(type_c)::value;
+        if constexpr (T != TPI_TYPE_BF16 && T != TPI_TYPE_F16) {
+            if (ne0 % gv<T>::BLK != 0) return;
+            gv_emulate_t<T>((const uint8_t *)w, row_bytes, (int)ne0, (int)ne1, xq,
+                            (const float2 *)ds, n_rows, y, kind, wpr);
+            ok = true;
+        }
+    });
+    return ok ? 0 : -1;
 }
