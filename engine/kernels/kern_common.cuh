@@ -40,6 +40,22 @@ struct ops_ctx {
     struct kern_scratch attn; /* split-K partial results of attention */
     struct kern_scratch idx;  /* get_rows indices copied to the device */
     struct kern_scratch q8;   /* int8 x blocks and their scales for the v3 matrix-vector path */
+    struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
+    /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
+     * side[0] NULL: everything on `stream` */
+    cudaStream_t side[OPS_MAX_FUSED - 1];
+    cudaEvent_t ev_fork, ev_join[OPS_MAX_FUSED - 1];
+    cublasHandle_t cublas_side[OPS_MAX_FUSED - 1]; /* bound to side[i]: own workspace */
+    /* the int8 form of one f32 activation already in `q8` (kern_matmul.cu): written by
+     * the op that produced x (rmsnorm, silu_mul) or by the last matmul's quantization;
+     * valid until any other op runs or something writes over x */
+    struct {
+        const float *x;
+        int64_t n_vals;
+        const int8_t *xq;
+        const float2 *ds;
+        bool valid;
+    } xq_memo;
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
@@ -87,14 +103,31 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
 void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols);
 void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
                     int head_dim, int n_rot, float freq_base);
+/* In place per-head rmsnorm (weights may be NULL: none) and NEOX rope of q and k (ops.h). */
+void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
+                       const float *k_norm, const struct ops_batch *b, int n_head, int n_kv_head,
+                       int head_dim, int n_rot, float freq_base, float eps);
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
 void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n);
 void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
                    int64_t n_cols, float *dst);
 
 /* ---- launchers (kern_matmul.cu) ---- */
+/* The x-quantization memo (see xq_memo): forget it (every op but the matmuls calls this
+ * first); claim q8 scratch for the int8 form of an n_vals-value output about to be
+ * written (false: not on the v3 path, not a decode size, or no memory); remember that
+ * x (n_vals values) now has its int8 form in the claimed scratch. */
+void kern_xq_forget(struct ops_ctx *ctx);
+bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_vals, int8_t **xq, float2 **ds);
+void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows);
+/* ops.h matmul_n: several weights reading one x (x quantized / converted once). */
+void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
+                   float *const *ys, int64_t n_rows);
+/* ops.h matmul_add: y += x W^T. */
+void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                     int64_t n_rows);
 
 /* ---- launchers (kern_gemv.cu) ---- */
 /* The v3 matrix-vector path for n_rows (1..8) rows on ctx->stream (prepare + run);

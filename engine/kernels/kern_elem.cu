@@ -164,20 +164,7 @@ __device__ float block_sum(float v) {
     return v;
 }
 
-/* One block per row. Each thread rereads its own x values after the reduction, so
- * y == x is safe. */
-__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
-                               float eps) {
-    const float *xr = x + blockIdx.x * n_cols;
-    float *yr = y + blockIdx.x * n_cols;
-    float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x)
-        ss += xr[c] * xr[c];
-    ss = block_sum(ss);
-    const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
-    for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x)
-        yr[c] = __fmul_rn(__fmul_rn(xr[c], scale), w[c]);
-}
+
 
 __global__ void add_bias_kernel(float *y, const float *b, int64_t n_rows, int64_t n_cols) {
     const int64_t n = n_rows * n_cols;
@@ -205,11 +192,95 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
     }
 }
 
-__global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n) {
+/* grid (n_tokens, n_head + n_kv): block y < n_head is query head y of token x, the rest
+ * key heads. The head's values go through shared memory: per-head rmsnorm when its
+ * weight is given (the arithmetic of rmsnorm_kernel), then the NEOX rotation of
+ * rope_neox_kernel, written back in place. */
+__global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
+                                    const int32_t *pos, int n_head, int n_kv, int head_dim,
+                                    int n_rot, float freq_base, float eps) {
+    extern __shared__ float xs[];
+    const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2;
+    const bool is_q = hh < n_head;
+    float *xh = is_q ? q + ((int64_t)t * n_head + hh) * head_dim
+                     : k + ((int64_t)t * n_kv + (hh - n_head)) * head_dim;
+    const float *w = is_q ? q_norm : k_norm;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
+        const float v = xh[c];
+        xs[c] = v;
+        ss += v * v;
+    }
+    if (w) { /* uniform per block */
+        ss = block_sum(ss); /* also orders the xs writes before the reads below */
+        const float scale = (float)(1.0 / sqrt((double)ss / (double)head_dim + (double)eps));
+        for (int c = threadIdx.x; c < head_dim; c += blockDim.x)
+            xs[c] = __fmul_rn(__fmul_rn(xs[c], scale), w[c]);
+    }
+    __syncthreads();
+    const double p = (double)pos[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta = p * pow((double)freq_base, -2.0 * i / (double)n_rot);
+        double sd, cd;
+        sincos(theta, &sd, &cd);
+        const float c = (float)cd, sn = (float)sd;
+        const float x0 = xs[i], x1 = xs[i + half];
+        xh[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+        xh[i + half] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+    }
+    for (int c = n_rot + threadIdx.x; c < head_dim; c += blockDim.x)
+        xh[c] = xs[c]; /* dims past n_rot: normalized only */
+}
+
+/* ---- producers that also quantize their output for the v3 matrix-vector path ----
+ * A decode step's rmsnorm and silu*mul outputs are the x of the next matmul; writing
+ * their int8 blocks here saves that matmul's quantization launch (kern_matmul.cu keeps
+ * the memo that says so). The arithmetic is gv_quantize_x_kernel's (kern_gemv.cu),
+ * bit for bit: the lanes of a warp hold one 32-value block. */
+__device__ __forceinline__ void q8_block(float v, int64_t i, int8_t *xq, float2 *ds) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
+    q = max(-127, min(127, q));
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    xq[i] = (int8_t)q;
+    if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * (float)sum);
+}
+
+/* One block per row. Each thread rereads its own x values after the reduction, so
+ * y == x is safe. xq non-NULL: also y's int8 blocks (n_cols % 32 == 0, blockDim % 32
+ * == 0: the lanes of a warp hold 32 consecutive values per step). */
+__global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
+                               float eps, int8_t *xq, float2 *ds) {
+    const float *xr = x + blockIdx.x * n_cols;
+    float *yr = y + blockIdx.x * n_cols;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x)
+        ss += xr[c] * xr[c];
+    ss = block_sum(ss);
+    const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
+    for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) {
+        const float v = __fmul_rn(__fmul_rn(xr[c], scale), w[c]);
+        yr[c] = v;
+        if (xq) q8_block(v, blockIdx.x * n_cols + c, xq, ds);
+    }
+}
+
+/* xq non-NULL: also y's int8 blocks (n % 32 == 0). */
+__global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
+                                float2 *ds) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float gi = g[i];
-        y[i] = __fmul_rn(gi / (1.0f + expf(-gi)), u[i]);
+        const float v = __fmul_rn(gi / (1.0f + expf(-gi)), u[i]);
+        y[i] = v;
+        if (xq) q8_block(v, i, xq, ds);
     }
 }
 
@@ -318,6 +389,7 @@ void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int
 
 void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,
                   int64_t n_cols, float eps) {
+    kern_xq_forget(ctx);
     if (n_rows <= 0 || n_cols <= 0) return;
     if (n_rows > INT32_MAX) {
         kern_fail(ctx, TPI_ERR_INVALID, "cuda rmsnorm", __FILE__, __LINE__, "%lld rows",
@@ -325,8 +397,12 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
         return;
     }
     const int threads = n_cols >= 1024 ? 256 : n_cols >= 256 ? 128 : 64;
-    rmsnorm_kernel<<<(unsigned)n_rows, threads, 0, ctx->stream>>>(x, w, y, n_cols, eps);
-    LAUNCH_OK(ctx, "cuda rmsnorm");
+    int8_t *xq = NULL;
+    float2 *ds = NULL;
+    const bool q8 =
+        n_rows <= 8 && n_cols % 32 == 0 && kern_xq_claim(ctx, n_rows * n_cols, &xq, &ds);
+    rmsnorm_kernel<<<(unsigned)n_rows, threads, 0, ctx->stream>>>(x, w, y, n_cols, eps, xq, ds);
+    if (LAUNCH_OK(ctx, "cuda rmsnorm") && q8) kern_xq_remember(ctx, y, n_rows * n_cols);
 }
 
 void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols) {
@@ -352,10 +428,33 @@ void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, in
     LAUNCH_OK(ctx, "cuda rope_neox");
 }
 
+void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
+                       const float *k_norm, const struct ops_batch *b, int n_head, int n_kv_head,
+                       int head_dim, int n_rot, float freq_base, float eps) {
+    const char *op = "cuda qk_norm_rope";
+    if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0 || head_dim > 4096) {
+        kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
+                  "n_rot %d must be even and in (0, head_dim %d], head_dim <= 4096", n_rot,
+                  head_dim);
+        return;
+    }
+    if (b->n_tokens <= 0 || n_head + n_kv_head <= 0) return;
+    int threads = ((TPI_MAX(n_rot / 2, head_dim / 2) + 31) / 32) * 32;
+    threads = TPI_MIN(TPI_MAX(threads, 32), 256);
+    dim3 grid((unsigned)b->n_tokens, (unsigned)(n_head + n_kv_head));
+    qk_norm_rope_kernel<<<grid, threads, (size_t)head_dim * sizeof(float), ctx->stream>>>(
+        q, k, q_norm, k_norm, b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps);
+    LAUNCH_OK(ctx, op);
+}
+
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n) {
+    kern_xq_forget(ctx);
     if (n <= 0) return;
-    silu_mul_kernel<<<grid_for(ctx, n, 256), 256, 0, ctx->stream>>>(g, u, y, n);
-    LAUNCH_OK(ctx, "cuda silu_mul");
+    int8_t *xq = NULL;
+    float2 *ds = NULL;
+    const bool q8 = kern_xq_claim(ctx, n, &xq, &ds);
+    silu_mul_kernel<<<grid_for(ctx, n, 256), 256, 0, ctx->stream>>>(g, u, y, n, xq, ds);
+    if (LAUNCH_OK(ctx, "cuda silu_mul") && q8) kern_xq_remember(ctx, y, n);
 }
 
 void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n) {

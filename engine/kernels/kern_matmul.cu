@@ -531,27 +531,34 @@ static void matvec_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const
     });
 }
 
-static void gemm_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
-                        int64_t n_rows) {
+/* x16: x already in bf16 (shared by several weights), or NULL: converted here. beta 1
+ * adds the product to y (matmul_add), 0 overwrites it. */
+static void gemm_launch_h(struct ops_ctx *ctx, cublasHandle_t h, const struct tpi_weight *w,
+                          const float *x, const __nv_bfloat16 *x16_in, float *y, int64_t n_rows,
+                          float beta) {
     const char *op = "cuda matmul";
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f;
     const int k = (int)w->ne0, n = (int)n_rows, ldc = (int)w->ne1;
     if (w->type == TPI_TYPE_F32) {
         /* plain f32 SGEMM: F32 weights are small (and tests use them as the exact case) */
         CUBLAS_OK(ctx, op,
-                  cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, ldc, n, k, &one, w->data,
-                               CUDA_R_32F, k, x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, ldc,
+                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, ldc, n, k, &one, w->data,
+                               CUDA_R_32F, k, x, CUDA_R_32F, k, &beta, y, CUDA_R_32F, ldc,
                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
-    __nv_bfloat16 *x16 = (__nv_bfloat16 *)kern_scratch_get(
-        ctx, &ctx->x16, (size_t)n_rows * (size_t)w->ne0 * sizeof(__nv_bfloat16), op);
-    if (!x16) return;
-    kern_f32_to_bf16(ctx, x, x16, n_rows * w->ne0);
+    const __nv_bfloat16 *x16 = x16_in;
+    if (!x16) {
+        __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
+            ctx, &ctx->x16, (size_t)n_rows * (size_t)w->ne0 * sizeof(__nv_bfloat16), op);
+        if (!t) return;
+        kern_f32_to_bf16(ctx, x, t, n_rows * w->ne0);
+        x16 = t;
+    }
     if (w->type == TPI_TYPE_BF16) {
         CUBLAS_OK(ctx, op,
-                  cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, ldc, n, k, &one, w->data,
-                               CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &zero, y, CUDA_R_32F, ldc,
+                  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, ldc, n, k, &one, w->data,
+                               CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &beta, y, CUDA_R_32F, ldc,
                                CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
@@ -565,31 +572,54 @@ static void gemm_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const f
         const int m = (int)TPI_MIN(slab, w->ne1 - r0);
         kern_dequant_bf16(ctx, w, r0, m, w16);
         if (!CUBLAS_OK(ctx, op,
-                       cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w16,
-                                    CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &zero, y + r0, CUDA_R_32F,
+                       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w16,
+                                    CUDA_R_16BF, k, x16, CUDA_R_16BF, k, &beta, y + r0, CUDA_R_32F,
                                     ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT)))
             return;
     }
 }
 
+/* Whether w can be multiplied here (type with kernels, 32-bit sizes); records why not. */
+/* gemm_launch_h on the main stream's handle. */
+static void gemm_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
+                        const __nv_bfloat16 *x16_in, float *y, int64_t n_rows, float beta) {
+    gemm_launch_h(ctx, ctx->cublas, w, x, x16_in, y, n_rows, beta);
+}
+
+static bool matmul_ok(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n_rows,
+                      const char *op) {
+    if (!kern_type_supported(w->type)) {
+        kern_fail(ctx, TPI_ERR_UNSUPPORTED, op, __FILE__, __LINE__,
+                  "weight type %s has no CUDA kernel", quant_type_name(w->type));
+        return false;
+    }
+    if (w->ne0 > INT32_MAX || w->ne1 > INT32_MAX || n_rows > INT32_MAX) {
+        kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
+                  "shape %lld x %lld with %lld rows exceeds 32-bit sizes", (long long)w->ne0,
+                  (long long)w->ne1, (long long)n_rows);
+        return false;
+    }
+    return true;
+}
+
+static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, int n_w,
+                       const float *x, int n_rows, struct kern_gemv_x *gx);
+static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals);
+
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows) {
     if (n_rows <= 0 || w->ne1 <= 0) return;
-    if (!kern_type_supported(w->type)) {
-        kern_fail(ctx, TPI_ERR_UNSUPPORTED, "cuda matmul", __FILE__, __LINE__,
-                  "weight type %s has no CUDA kernel", quant_type_name(w->type));
-        return;
+    if (!matmul_ok(ctx, w, n_rows, "cuda matmul")) return;
+    if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3) {
+        struct kern_gemv_x gx;
+        if (gemv_x_for(ctx, &w, 1, x, (int)n_rows, &gx) &&
+            kern_gemv_v3_run(ctx, w, &gx, y, false, ctx->stream)) {
+            LAUNCH_OK(ctx, "cuda matmul (matvec v3)");
+            xq_written(ctx, y, n_rows * w->ne1);
+            return;
+        }
     }
-    if (w->ne0 > INT32_MAX || w->ne1 > INT32_MAX || n_rows > INT32_MAX) {
-        kern_fail(ctx, TPI_ERR_INVALID, "cuda matmul", __FILE__, __LINE__,
-                  "shape %lld x %lld with %lld rows exceeds 32-bit sizes", (long long)w->ne0,
-                  (long long)w->ne1, (long long)n_rows);
-        return;
-    }
-    if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && kern_gemv_v3(ctx, w, x, y, (int)n_rows)) {
-        LAUNCH_OK(ctx, "cuda matmul (matvec v3)");
-        return;
-    }
+    xq_written(ctx, y, n_rows * w->ne1); /* the paths below write y */
     if (n_rows <= MATVEC_MAX_ROWS) {
         /* NR rounds up to 1, 2, 4, 8: the guards skip the unused rows */
         if (n_rows == 1)
@@ -603,5 +633,178 @@ void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x
         LAUNCH_OK(ctx, "cuda matmul (matvec)");
         return;
     }
-    gemm_launch(ctx, w, x, y, n_rows);
+    gemm_launch(ctx, w, x, NULL, y, n_rows, 0.0f);
+}
+
+/* ---------------------------------------------------------------- fused forms */
+
+static bool is_elem16(int type) {
+    return type == TPI_TYPE_BF16 || type == TPI_TYPE_F16;
+}
+
+/* ---- the x-quantization memo ----
+ * Decode steps quantize each matmul's x to int8 blocks (kern_gemv.cu). The memo records
+ * which f32 activation the q8 scratch holds in that form, so the weights sharing an x
+ * (Q/K/V, gate/up), and an x whose producer wrote its int8 form itself (rmsnorm,
+ * silu_mul), skip the quantization launch. It is host state consulted while ops are
+ * queued, so a recorded graph replays the same decisions. Any op other than the matmuls
+ * forgets it on entry (ops_cuda.cu's table wraps them), and a matmul whose output
+ * overlaps the remembered x forgets it after queueing. */
+#define XQ_MAX_VALS ((int64_t)1 << 18) /* decode sizes only: 8 rows of 32768 */
+
+void kern_xq_forget(struct ops_ctx *ctx) {
+    ctx->xq_memo.valid = false;
+}
+
+bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_vals, int8_t **xq, float2 **ds) {
+    ctx->xq_memo.valid = false;
+    if (ctx->gemv != 3 || n_vals <= 0 || n_vals % 32 != 0 || n_vals > XQ_MAX_VALS) return false;
+    /* the layout of kern_gemv_v3_prepare: int8 values (256-byte aligned size), then the
+     * (d, d * sum) pair of each block */
+    const size_t q_bytes = ((size_t)n_vals + 255) / 256 * 256;
+    uint8_t *s = (uint8_t *)kern_scratch_get(
+        ctx, &ctx->q8, q_bytes + (size_t)n_vals / 32 * sizeof(float2), "cuda x quantization");
+    if (!s) return false;
+    *xq = (int8_t *)s;
+    *ds = (float2 *)(s + q_bytes);
+    ctx->xq_memo.xq = *xq;
+    ctx->xq_memo.ds = *ds;
+    return true;
+}
+
+void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
+    ctx->xq_memo.x = x;
+    ctx->xq_memo.n_vals = n_vals;
+    ctx->xq_memo.valid = true;
+}
+
+/* After queueing a write of y(n_vals): the memo no longer describes an overwritten x. */
+static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals) {
+    const float *mx = ctx->xq_memo.x;
+    if (ctx->xq_memo.valid && y < mx + ctx->xq_memo.n_vals && mx < y + n_vals)
+        ctx->xq_memo.valid = false;
+}
+
+/* x for the v3 path of these weights: BF16/F16 weights read the f32 x directly; for
+ * quantized ones the memo's int8 form when it holds this x, else x quantized now (and
+ * remembered). */
+static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, int n_w,
+                       const float *x, int n_rows, struct kern_gemv_x *gx) {
+    bool all_elem = true;
+    for (int i = 0; i < n_w; i++)
+        all_elem = all_elem && is_elem16(ws[i]->type);
+    const int64_t ne0 = ws[0]->ne0, n_vals = (int64_t)n_rows * ne0;
+    if (all_elem) {
+        *gx = (struct kern_gemv_x){x, NULL, NULL, n_rows, ne0};
+        return true;
+    }
+    const bool hit = ctx->xq_memo.valid && ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_vals;
+    if (hit && n_rows >= 1 && n_rows <= MATVEC_MAX_ROWS && ne0 % 32 == 0) {
+        *gx = (struct kern_gemv_x){x, ctx->xq_memo.xq, ctx->xq_memo.ds, n_rows, ne0};
+        return true;
+    }
+    ctx->xq_memo.valid = false;
+    if (!kern_gemv_v3_prepare(ctx, x, n_rows, ne0, ctx->stream, gx)) return false;
+    ctx->xq_memo.xq = gx->xq;
+    ctx->xq_memo.ds = gx->ds;
+    kern_xq_remember(ctx, x, n_vals);
+    return true;
+}
+
+void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
+                   float *const *ys, int64_t n_rows) {
+    const char *op = "cuda matmul_n";
+    if (n_w < 0 || n_w > OPS_MAX_FUSED) {
+        kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__, "%d weights (at most %d)", n_w,
+                  OPS_MAX_FUSED);
+        return;
+    }
+    if (n_rows <= 0 || n_w == 0) return;
+    for (int i = 0; i < n_w; i++) {
+        if (!matmul_ok(ctx, ws[i], n_rows, op)) return;
+        if (ws[i]->ne0 != ws[0]->ne0) {
+            kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
+                      "weight %d has %lld inputs, weight 0 %lld", i, (long long)ws[i]->ne0,
+                      (long long)ws[0]->ne0);
+            return;
+        }
+    }
+    bool done[OPS_MAX_FUSED] = {false};
+    struct kern_gemv_x gx;
+    if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && gemv_x_for(ctx, ws, n_w, x, (int)n_rows, &gx)) {
+        /* one x for all; weight 0 on the main stream, the others on side streams that
+         * fork from it and join it again (recorded into graphs as parallel branches) */
+        const bool fork = n_w > 1 && ctx->side[0];
+        if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
+        for (int i = 0; i < n_w; i++) {
+            cudaStream_t st = fork && i > 0 ? ctx->side[i - 1] : ctx->stream;
+            if (st != ctx->stream && !CUDA_OK(ctx, op, cudaStreamWaitEvent(st, ctx->ev_fork, 0)))
+                return;
+            done[i] = kern_gemv_v3_run(ctx, ws[i], &gx, ys[i], false, st);
+            if (!LAUNCH_OK(ctx, op)) return;
+            if (st != ctx->stream &&
+                (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_join[i - 1], st)) ||
+                 !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_join[i - 1], 0))))
+                return;
+        }
+    } else if (n_rows > MATVEC_MAX_ROWS) {
+        /* prefill: x converted to bf16 once for every weight that takes the bf16 GEMM */
+        bool any16 = false;
+        for (int i = 0; i < n_w; i++)
+            any16 = any16 || ws[i]->type != TPI_TYPE_F32;
+        const __nv_bfloat16 *x16 = NULL;
+        if (any16) {
+            __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
+                ctx, &ctx->x16, (size_t)n_rows * (size_t)ws[0]->ne0 * sizeof(__nv_bfloat16), op);
+            if (!t) return;
+            kern_f32_to_bf16(ctx, x, t, n_rows * ws[0]->ne0);
+            x16 = t;
+        }
+        /* BF16 weights are used as stored (no shared slab): weights 1.. run on the side
+         * streams with their own cuBLAS handles (the small K/V products overlap Q's) */
+        bool all_bf16 = true;
+        for (int i = 0; i < n_w; i++)
+            all_bf16 = all_bf16 && ws[i]->type == TPI_TYPE_BF16;
+        const bool fork = all_bf16 && n_w > 1 && ctx->side[0];
+        if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
+        for (int i = 0; i < n_w; i++) {
+            const bool side = fork && i > 0;
+            if (side && !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->side[i - 1], ctx->ev_fork, 0)))
+                return;
+            gemm_launch_h(ctx, side ? ctx->cublas_side[i - 1] : ctx->cublas, ws[i], x,
+                          ws[i]->type == TPI_TYPE_F32 ? NULL : x16, ys[i], n_rows, 0.0f);
+            if (side && (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_join[i - 1], ctx->side[i - 1])) ||
+                         !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_join[i - 1], 0))))
+                return;
+            done[i] = true;
+        }
+    }
+    for (int i = 0; i < n_w; i++) {
+        xq_written(ctx, ys[i], n_rows * ws[i]->ne1);
+        if (!done[i]) kern_matmul(ctx, ws[i], x, ys[i], n_rows); /* no fused path took it */
+    }
+}
+
+void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                     int64_t n_rows) {
+    const char *op = "cuda matmul_add";
+    if (n_rows <= 0 || w->ne1 <= 0) return;
+    if (!matmul_ok(ctx, w, n_rows, op)) return;
+    xq_written(ctx, y, n_rows * w->ne1); /* y changes; x's memo (if any) stays */
+    if (n_rows > MATVEC_MAX_ROWS) { /* cuBLAS adds: beta = 1 */
+        gemm_launch(ctx, w, x, NULL, y, n_rows, 1.0f);
+        return;
+    }
+    struct kern_gemv_x gx;
+    if (ctx->gemv == 3 && gemv_x_for(ctx, &w, 1, x, (int)n_rows, &gx) &&
+        kern_gemv_v3_run(ctx, w, &gx, y, true, ctx->stream)) {
+        LAUNCH_OK(ctx, op);
+        return;
+    }
+    /* the v2 kernels write y: into a temporary, then add */
+    const size_t n = (size_t)n_rows * (size_t)w->ne1;
+    float *t = (float *)kern_scratch_get(ctx, &ctx->acc, n * sizeof(float), op);
+    if (!t) return;
+    kern_matmul(ctx, w, x, t, n_rows);
+    kern_add(ctx, y, t, (int64_t)n);
 }

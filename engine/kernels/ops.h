@@ -60,6 +60,9 @@ struct ops_config {
     int device;    /* CUDA: device index */
 };
 
+/* Most weights one matmul_n call takes. */
+#define OPS_MAX_FUSED 4
+
 struct ops_ctx; /* backend state: thread count, stream, cuBLAS handle, scratch */
 
 struct ops {
@@ -130,6 +133,24 @@ struct ops {
     /* dst(n_idx, n_cols) = rows idx[] of src(*, n_cols); idx is host memory. */
     void (*get_rows)(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
                      int64_t n_cols, float *dst);
+
+    /* ---- fused forms (the same results as the plain ops they replace, up to the
+     * summation order a backend documents; fewer launches on a GPU) ---- */
+    /* ys[i](n_rows, ws[i]->ne1) = x(n_rows, ne0) * ws[i]^T for i < n_w (<= OPS_MAX_FUSED):
+     * several weights reading one x (Q/K/V, gate/up). Equal to n_w matmul calls. */
+    void (*matmul_n)(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
+                     const float *x, float *const *ys, int64_t n_rows);
+    /* y(n_rows, w->ne1) += x(n_rows, w->ne0) * W^T (a residual add folded into the matmul).
+     * Equal to matmul into a temporary, then add. */
+    void (*matmul_add)(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                       int64_t n_rows);
+    /* In place on q(n_tokens, n_head, head_dim) and k(n_tokens, n_kv_head, head_dim): when
+     * q_norm/k_norm are given (head_dim f32 each), rmsnorm over each head's head_dim values
+     * with that weight (eps), then rope_neox on both. Equal to rmsnorm on each + rope_neox
+     * on each. */
+    void (*qk_norm_rope)(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
+                         const float *k_norm, const struct ops_batch *b, int n_head,
+                         int n_kv_head, int head_dim, int n_rot, float freq_base, float eps);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between

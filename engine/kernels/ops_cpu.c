@@ -519,6 +519,43 @@ static void cpu_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *i
     }
 }
 
+/* The fused forms are the plain ops in sequence, so the CPU reference of a fused call
+ * is bitwise the reference of the calls it replaces. */
+static void cpu_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
+                         const float *x, float *const *ys, int64_t n_rows) {
+    if (n_w < 0 || n_w > OPS_MAX_FUSED) {
+        cpu_fail(ctx, TPI_ERR_INVALID, "cpu matmul_n: %d weights (at most %d)", n_w,
+                 OPS_MAX_FUSED);
+        return;
+    }
+    for (int i = 0; i < n_w; i++)
+        cpu_matmul(ctx, ws[i], x, ys[i], n_rows);
+}
+
+static void cpu_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
+                           float *y, int64_t n_rows) {
+    if (n_rows <= 0 || w->ne1 <= 0) return;
+    const size_t n = (size_t)n_rows * (size_t)w->ne1;
+    float *t = alloc64(n * sizeof(float));
+    if (!t) {
+        cpu_fail(ctx, TPI_ERR_NOMEM, "cpu matmul_add: out of memory for %zu outputs", n);
+        return;
+    }
+    cpu_matmul(ctx, w, x, t, n_rows);
+    cpu_add(ctx, y, t, (int64_t)n);
+    free(t);
+}
+
+static void cpu_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
+                             const float *k_norm, const struct ops_batch *b, int n_head,
+                             int n_kv_head, int head_dim, int n_rot, float freq_base, float eps) {
+    const int64_t n = b->n_tokens;
+    if (q_norm) cpu_rmsnorm(ctx, q, q_norm, q, n * n_head, head_dim, eps);
+    if (k_norm) cpu_rmsnorm(ctx, k, k_norm, k, n * n_kv_head, head_dim, eps);
+    cpu_rope_neox(ctx, q, b, n_head, head_dim, n_rot, freq_base);
+    cpu_rope_neox(ctx, k, b, n_kv_head, head_dim, n_rot, freq_base);
+}
+
 const struct ops ops_cpu = {
     .name = "cpu",
     .init = cpu_init,
@@ -545,4 +582,7 @@ const struct ops ops_cpu = {
     .silu_mul = cpu_silu_mul,
     .add = cpu_add,
     .get_rows = cpu_get_rows,
+    .matmul_n = cpu_matmul_n,
+    .matmul_add = cpu_matmul_add,
+    .qk_norm_rope = cpu_qk_norm_rope,
 };

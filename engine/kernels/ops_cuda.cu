@@ -95,12 +95,19 @@ static void cuda_free(struct ops_ctx **pctx) {
     struct ops_ctx *ctx = *pctx;
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx, &ctx->q8};
+    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx, &ctx->q8,
+                                   &ctx->acc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
     for (int i = 0; i < 2; i++)
         if (ctx->staged[i]) cudaEventDestroy(ctx->staged[i]);
+    for (int i = 0; i < OPS_MAX_FUSED - 1; i++) {
+        if (ctx->cublas_side[i]) cublasDestroy(ctx->cublas_side[i]);
+        if (ctx->side[i]) cudaStreamDestroy(ctx->side[i]);
+        if (ctx->ev_join[i]) cudaEventDestroy(ctx->ev_join[i]);
+    }
+    if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
@@ -161,6 +168,24 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         cuda_free(&ctx);
         return err->status;
     }
+    /* side streams for matmul_n's parallel branches (TPI_NO_FORK=1: all on one stream) */
+    const char *nf = getenv("TPI_NO_FORK");
+    if (!(nf && *nf && strcmp(nf, "0") != 0)) {
+        bool ok = CUDA_OK(ctx, "cuda init",
+                          cudaEventCreateWithFlags(&ctx->ev_fork, cudaEventDisableTiming));
+        for (int i = 0; ok && i < OPS_MAX_FUSED - 1; i++)
+            ok = CUDA_OK(ctx, "cuda init",
+                         cudaStreamCreateWithFlags(&ctx->side[i], cudaStreamNonBlocking)) &&
+                 CUDA_OK(ctx, "cuda init",
+                         cudaEventCreateWithFlags(&ctx->ev_join[i], cudaEventDisableTiming)) &&
+                 CUBLAS_OK(ctx, "cuda init", cublasCreate(&ctx->cublas_side[i])) &&
+                 CUBLAS_OK(ctx, "cuda init", cublasSetStream(ctx->cublas_side[i], ctx->side[i]));
+        if (!ok) {
+            *err = ctx->err;
+            cuda_free(&ctx);
+            return err->status;
+        }
+    }
     ctx->gemv = gemv_from_env();
     ctx->n_sm = prop.multiProcessorCount;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
@@ -194,6 +219,7 @@ static void *cuda_stream(struct ops_ctx *ctx) {
 /* ---- memory ---- */
 
 static void *cuda_alloc(struct ops_ctx *ctx, size_t n_bytes) {
+    kern_xq_forget(ctx);
     void *p = NULL;
     if (n_bytes == 0) n_bytes = 1;
     if (!CUDA_OK(ctx, "cuda alloc", cudaMalloc(&p, n_bytes))) return NULL;
@@ -207,12 +233,14 @@ static void *cuda_alloc(struct ops_ctx *ctx, size_t n_bytes) {
 }
 
 static void cuda_dealloc(struct ops_ctx *ctx, void *p) {
+    kern_xq_forget(ctx);
     if (p) CUDA_OK(ctx, "cuda dealloc", cudaFree(p));
 }
 
 /* From pageable memory, cudaMemcpyAsync returns once the bytes are staged, so src may
  * be reused at once; from pinned memory the caller keeps src valid until sync (ops.h). */
 static void cuda_to_dev(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
+    kern_xq_forget(ctx);
     if (n_bytes)
         CUDA_OK(ctx, "cuda to_dev",
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, ctx->stream));
@@ -226,6 +254,7 @@ static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t
 }
 
 static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
+    kern_xq_forget(ctx);
     if (n_bytes)
         CUDA_OK(ctx, "cuda copy",
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToDevice, ctx->stream));
@@ -368,7 +397,61 @@ static void cuda_kv_free(struct ops_ctx *ctx, struct ops_kv *kv) {
     memset(kv, 0, sizeof *kv);
 }
 
-/* ---- the table: compute ops go straight to the kern_* launchers ---- */
+/* ---- the table: compute ops go to the kern_* launchers ----
+ * The ops that neither read nor keep the x-quantization memo (kern_matmul.cu) forget it
+ * first: after them the q8 scratch may no longer describe the remembered x. */
+
+static void op_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids,
+                     int n_tokens, float *out) {
+    kern_xq_forget(ctx);
+    kern_embed(ctx, w, ids, n_tokens, out);
+}
+static void op_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows,
+                        int64_t n_cols) {
+    kern_xq_forget(ctx);
+    kern_add_bias(ctx, y, b, n_rows, n_cols);
+}
+static void op_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
+                         int head_dim, int n_rot, float freq_base) {
+    kern_xq_forget(ctx);
+    kern_rope_neox(ctx, x, b, n_head, head_dim, n_rot, freq_base);
+}
+static void op_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
+                         const float *k, const float *v, float *out, const struct ops_batch *b,
+                         int n_head, float scale) {
+    kern_xq_forget(ctx);
+    kern_attention(ctx, kv, layer, q, k, v, out, b, n_head, scale);
+}
+static void op_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n) {
+    kern_xq_forget(ctx);
+    kern_add(ctx, x, y, n);
+}
+static void op_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
+                        int64_t n_cols, float *dst) {
+    kern_xq_forget(ctx);
+    kern_get_rows(ctx, src, idx_host, n_idx, n_cols, dst);
+}
+static void op_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
+                            const float *k_norm, const struct ops_batch *b, int n_head,
+                            int n_kv_head, int head_dim, int n_rot, float freq_base, float eps) {
+    kern_xq_forget(ctx);
+    kern_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, n_kv_head, head_dim, n_rot, freq_base,
+                      eps);
+}
+static int op_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {
+    kern_xq_forget(ctx);
+    return kern_graph_begin(ctx, err);
+}
+static int op_graph_end(struct ops_ctx *ctx, void **graph, struct tpi_error *err) {
+    kern_xq_forget(ctx);
+    return kern_graph_end(ctx, graph, err);
+}
+static int op_graph_launch(struct ops_ctx *ctx, void *graph, bool *launched,
+                           struct tpi_error *err) {
+    kern_xq_forget(ctx);
+    return kern_graph_launch(ctx, graph, launched, err);
+}
+
 
 static const struct ops ops_cuda_table = {
     /* .name = */ "cuda",
@@ -387,18 +470,21 @@ static const struct ops ops_cuda_table = {
     /* .weight_free = */ cuda_weight_free,
     /* .kv_init = */ cuda_kv_init,
     /* .kv_free = */ cuda_kv_free,
-    /* .embed = */ kern_embed,
+    /* .embed = */ op_embed,
     /* .rmsnorm = */ kern_rmsnorm,
     /* .matmul = */ kern_matmul,
-    /* .add_bias = */ kern_add_bias,
-    /* .rope_neox = */ kern_rope_neox,
-    /* .attention = */ kern_attention,
+    /* .add_bias = */ op_add_bias,
+    /* .rope_neox = */ op_rope_neox,
+    /* .attention = */ op_attention,
     /* .silu_mul = */ kern_silu_mul,
-    /* .add = */ kern_add,
-    /* .get_rows = */ kern_get_rows,
-    /* .graph_begin = */ kern_graph_begin, /* kern_graph.cu */
-    /* .graph_end = */ kern_graph_end,
-    /* .graph_launch = */ kern_graph_launch,
+    /* .add = */ op_add,
+    /* .get_rows = */ op_get_rows,
+    /* .matmul_n = */ kern_matmul_n,
+    /* .matmul_add = */ kern_matmul_add,
+    /* .qk_norm_rope = */ op_qk_norm_rope,
+    /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
+    /* .graph_end = */ op_graph_end,
+    /* .graph_launch = */ op_graph_launch,
     /* .graph_free = */ kern_graph_free,
 };
 

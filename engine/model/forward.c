@@ -95,35 +95,41 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
 
         // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
         ops->rmsnorm(octx, s->x, L->attn_norm, s->h, n, n_embd, eps);
-        ops->matmul(octx, &L->wq, s->h, s->q, n);
-        ops->matmul(octx, &L->wk, s->h, s->k, n);
-        ops->matmul(octx, &L->wv, s->h, s->v, n);
+        const struct tpi_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
+        float *yqkv[3] = {s->q, s->k, s->v};
+        ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
         if (L->bq) { // qwen2
             ops->add_bias(octx, s->q, L->bq, n, q_dim);
             ops->add_bias(octx, s->k, L->bk, n, kv_dim);
             ops->add_bias(octx, s->v, L->bv, n, kv_dim);
         }
-        if (L->q_norm) { // qwen3: rmsnorm over each head's head_dim values
-            ops->rmsnorm(octx, s->q, L->q_norm, s->q, (int64_t)n * n_head, hd, eps);
-            ops->rmsnorm(octx, s->k, L->k_norm, s->k, (int64_t)n * n_kv, hd, eps);
-        }
-        ops->rope_neox(octx, s->q, &b, n_head, hd, c->n_rot, c->rope_base);
-        ops->rope_neox(octx, s->k, &b, n_kv, hd, c->n_rot, c->rope_base);
+        // qwen3: rmsnorm over each head's head_dim values (q_norm/k_norm), then RoPE
+        ops->qk_norm_rope(octx, s->q, s->k, L->q_norm, L->k_norm, &b, n_head, n_kv, hd, c->n_rot,
+                          c->rope_base, eps);
         ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
-        ops->matmul(octx, &L->wo, s->att, s->o, n); // partial sum over this rank's heads
-        if (tp_comm && (rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
-            return rc;
-        ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
+        if (tp_comm) { // partial sum over this rank's heads, summed over the TP group
+            ops->matmul(octx, &L->wo, s->att, s->o, n);
+            if ((rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
+                return rc;
+            ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
+        } else {
+            ops->matmul_add(octx, &L->wo, s->att, s->x, n); // residual folded in
+        }
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
         ops->rmsnorm(octx, s->x, L->ffn_norm, s->h, n, n_embd, eps);
-        ops->matmul(octx, &L->w_gate, s->h, s->g, n);
-        ops->matmul(octx, &L->w_up, s->h, s->u, n);
+        const struct tpi_weight *wgu[2] = {&L->w_gate, &L->w_up};
+        float *ygu[2] = {s->g, s->u};
+        ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
         ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
-        ops->matmul(octx, &L->w_down, s->g, s->o, n); // partial sum over this rank's columns
-        if (tp_comm && (rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
-            return rc;
-        ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
+        if (tp_comm) { // partial sum over this rank's columns, summed over the TP group
+            ops->matmul(octx, &L->w_down, s->g, s->o, n);
+            if ((rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
+                return rc;
+            ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
+        } else {
+            ops->matmul_add(octx, &L->w_down, s->g, s->x, n);
+        }
     }
     return TPI_OK;
 }

@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# bench/gpu-session.sh — one device call that verifies and measures the CUDA backend on
+# an H200, run from the repo root there:
+#     sh .dev/device/setup.sh && bash bench/gpu-session.sh        (carry .dev)
+# Steps, each bounded by the time left (the whole run stays under BUDGET_S):
+#   1. configure + build $BUILD (Release, sm_90): tpinfer and the GPU test binaries
+#   2. synthetic Qwen3-8B models (bf16, q8_0, q4_k_m) written in the background
+#   3. ctest -L gpu (every CUDA op and fused op against the CPU, the tiny models end to end)
+#   4. tpinfer bench -p 512 -n 128 -r 3 on the three models (the default paths)
+#   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
+#   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each
+#   7. kernel microbenches (test_gemv_cuda bench, test_ops_cuda_elem bench)
+#   8. summary.txt: test results, bench rows, variant rows, microbench lines
+# Output: a few files in $OUT (summary.txt first).
+set -u
+set -o pipefail
+
+T0=$SECONDS
+OUT=${OUT:-$PWD/gpu-session-out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+JOBS=${JOBS:-16}
+BUDGET_S=${BUDGET_S:-550}
+MODELS_DIR=${MODELS_DIR:-/tmp/tpi-models}
+PRESET=${PRESET:-qwen3-8b}
+TYPES=${TYPES:-"bf16 q8_0 q4_k_m"}
+STEPS=${STEPS:-"test bench depth variants micro"}
+DEPTH_TYPES=${DEPTH_TYPES:-"q4_k_m q8_0 bf16"}
+VARIANT_MODEL=${VARIANT_MODEL:-q4_k_m}
+# one variant per line: a name, then environment assignments
+VARIANTS=${VARIANTS:-"default
+nofork TPI_NO_FORK=1
+nommaattn TPI_ATTN_MMA=0"}
+SUM="$OUT/summary.txt"
+: >"$SUM"
+
+elapsed() { echo $((SECONDS - T0)); }
+left() { echo $((BUDGET_S - (SECONDS - T0))); }
+note() { echo "[gpu +$(elapsed)s] $*" | tee -a "$SUM"; }
+has_step() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+# bounded NAME LIMIT_S LOG CMD...: CMD under timeout (capped by the time left minus 10 s),
+# output appended to LOG; prints and returns its status.
+bounded() {
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local l
+    l=$(($(left) - 10))
+    [ "$limit" -gt "$l" ] && limit=$l
+    if [ "$limit" -lt 5 ]; then
+        note "$name: SKIPPED (no time left)"
+        return 124
+    fi
+    echo "=== $name (limit ${limit}s): $*" >>"$log"
+    local t=$SECONDS
+    timeout "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    note "$name: rc=$rc in $((SECONDS - t)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
+    return $rc
+}
+
+{
+    echo "gpu-session: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || cat .dev/commit 2>/dev/null || echo unknown) steps: $STEPS"
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 ||
+        echo "(no nvidia-smi)"
+} | tee -a "$SUM"
+
+if [ ! -e ../shared/data ] && ls .dev/data/*.gguf >/dev/null 2>&1; then
+    mkdir -p ../shared 2>/dev/null && ln -s "$PWD/.dev/data" ../shared/data &&
+        note "test data: ../shared/data -> .dev/data ($(ls .dev/data/*.gguf | wc -l) models)"
+fi
+
+# ---- 1. build ----
+BLOG="$OUT/build.log"
+: >"$BLOG"
+bounded configure 120 "$BLOG" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90 || { tail -30 "$BLOG"; exit 1; }
+targets="tpinfer test_ops_cuda_elem test_model_gpu test_ops_fused"
+[ -f tests/test_gemv_cuda.c ] && targets="$targets test_gemv_cuda"
+# shellcheck disable=SC2086
+if ! bounded build 300 "$BLOG" ninja -C "$BUILD" -j "$JOBS" $targets; then
+    grep -E "error|FAILED" "$BLOG" | head -40 | tee -a "$SUM"
+    exit 1
+fi
+TPINFER="$BUILD/tpinfer"
+
+# ---- 2. models, in the background ----
+MLOG="$OUT/mkmodel.log"
+: >"$MLOG"
+mkdir -p "$MODELS_DIR"
+(
+    for t in $VARIANT_MODEL $TYPES; do
+        f="$MODELS_DIR/$PRESET-$t.gguf"
+        [ -s "$f" ] && continue
+        s=$SECONDS
+        "$TPINFER" mkmodel --preset "$PRESET" --type "$t" -t 8 -q -o "$f" >>"$MLOG" 2>&1
+        echo "$f: rc=$? in $((SECONDS - s)) s" >>"$MLOG"
+    done
+    echo "mkmodel done" >>"$MLOG"
+) </dev/null >>"$MLOG" 2>&1 &
+MK_PID=$!
+
+# ---- 3. GPU tests ----
+if has_step test; then
+    OMP_WAIT_POLICY=passive bounded ctest 200 "$OUT/ctest.log" \
+        ctest --test-dir "$BUILD" -L gpu -j 4 -V --timeout 190
+fi
+
+wait_models() {
+    while kill -0 $MK_PID 2>/dev/null && [ "$(left)" -gt 150 ]; do sleep 2; done
+}
+model_of() { echo "$MODELS_DIR/$PRESET-$1.gguf"; }
+BENCH="$OUT/bench.log"
+: >"$BENCH"
+
+# ---- 4. bench, default paths ----
+if has_step bench; then
+    wait_models
+    models=""
+    for t in $TYPES; do
+        f=$(model_of "$t")
+        [ -s "$f" ] && models="${models:+$models,}$f"
+    done
+    note "models ready: ${models:-none}"
+    [ -n "$models" ] && bounded bench 150 "$BENCH" "$TPINFER" bench -m "$models" -p 512 -n 128 \
+        -r 3 -o md --roofline-gbps 4000
+fi
+
+# ---- 5. depth ----
+if has_step depth; then
+    for t in $DEPTH_TYPES; do
+        f=$(model_of "$t")
+        [ -s "$f" ] || continue
+        bounded "depth-$t" 90 "$BENCH" "$TPINFER" bench -m "$f" -p 512 -n 128 -d 8192 -r 2 -o md \
+            --roofline-gbps 4000 || break
+    done
+fi
+
+# ---- 6. variants ----
+if has_step variants; then
+    f=$(model_of "$VARIANT_MODEL")
+    while IFS= read -r line; do
+        [ -n "$line" ] || continue
+        name=${line%% *}
+        envs=""
+        [ "$name" != "$line" ] && envs=${line#* }
+        [ -s "$f" ] || break
+        # shellcheck disable=SC2086
+        bounded "variant-$name" 45 "$BENCH" env $envs "$TPINFER" bench -m "$f" -p 512 -n 128 -r 2 \
+            -o md --roofline-gbps 4000
+    done <<<"$VARIANTS"
+fi
+
+# ---- 7. microbenches ----
+if has_step micro; then
+    [ -x "$BUILD/tests/test_gemv_cuda" ] &&
+        bounded micro-gemv 90 "$OUT/micro.log" "$BUILD/tests/test_gemv_cuda" bench
+    bounded micro-ops 60 "$OUT/micro.log" "$BUILD/tests/test_ops_cuda_elem" bench
+fi
+
+if kill -0 $MK_PID 2>/dev/null; then
+    pkill -P $MK_PID 2>/dev/null
+    kill $MK_PID 2>/dev/null
+    note "mkmodel: stopped (not done in time)"
+fi
+
+# ---- 8. summary ----
+{
+    echo
+    echo "== GPU tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" 2>/dev/null | tail -1)"
+    grep -E "Test +#[0-9]+: " "$OUT/ctest.log" 2>/dev/null |
+        sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.+/ /' | awk '{printf "   %s\n", $0}'
+    grep -hE "worst nmse|cuda vs cpu:|Failure|failed:|Assertion" "$OUT/ctest.log" 2>/dev/null |
+        sed -E 's/^[0-9]+: //' | sort -u | head -60 | sed 's/^/   /'
+    echo
+    echo "== bench rows (=== names the run)"
+    grep -E "^=== |\| *(pp512|tg128)" "$BENCH" 2>/dev/null | sed -E 's/ \(limit.*//' |
+        awk -F'|' '/^===/ { print; next } { printf "   %s |%s |%s |%s\n", $2, $(NF-4), $(NF-3), $(NF-2) }'
+    echo
+    echo "== microbench"
+    grep -E "^bench " "$OUT/micro.log" 2>/dev/null | head -150
+    echo
+    echo "total: $(elapsed) s"
+} >>"$SUM"
+cat "$SUM"

@@ -1,0 +1,400 @@
+/*
+ * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
+ * qk_norm_rope) against the plain ops they replace, on both backends.
+ *
+ * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
+ * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
+ *   weights on parallel streams; the kernels and their summation order are the plain
+ *   ones, so it must equal separate matmul calls bitwise. matmul_add folds the add
+ *   into the matmul's store (v3: y + s per output, the add kernel's operation) or into
+ *   cuBLAS (beta = 1: the library may pick another algorithm, so NMSE < 1e-10 against
+ *   matmul + add there), on every decode path (v2, v3) and the GEMM path.
+ *   The x-quantization memo (rmsnorm / silu_mul writing the next matmul's int8 x) is
+ *   bitwise the same as quantizing in the matmul (test_xq_memo_cuda).
+ *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
+ *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
+ * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
+ * gpu) the CUDA ones, and exits 77 without a usable GPU.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "kernels/quant.h"
+#include "testutil.h"
+#include "tpi.h"
+
+static const struct ops *C = &ops_cpu;
+
+/* One backend and its context under test. */
+struct be {
+    const struct ops *o;
+    struct ops_ctx *ctx;
+};
+
+static void *bdup(struct be b, const void *h, size_t n_bytes) {
+    void *p = b.o->alloc(b.ctx, n_bytes);
+    ck_assert_ptr_nonnull(p);
+    b.o->to_dev(b.ctx, p, h, n_bytes);
+    b.o->sync(b.ctx);
+    return p;
+}
+
+static void bget(struct be b, void *h, const void *d, size_t n_bytes) {
+    b.o->sync(b.ctx);
+    b.o->to_host(b.ctx, h, d, n_bytes);
+}
+
+static void assert_ok(struct be b, const char *what) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    b.o->sync(b.ctx);
+    int st = b.o->check(b.ctx, &err);
+    if (st != TPI_OK) fprintf(stderr, "%s (%s): %s\n", what, b.o->name, err.msg);
+    ck_assert_int_eq(st, TPI_OK);
+}
+
+static float *rand_vec(struct tu_rng *r, size_t n, float lo, float hi) {
+    float *x = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(x);
+    tu_fill_uniform(r, x, n, lo, hi);
+    return x;
+}
+
+/* Random (ne1 x ne0) weight of `type` uploaded to b. */
+static void make_weight(struct be b, struct tu_rng *r, int type, int64_t ne0, int64_t ne1,
+                        struct tpi_weight *w) {
+    const struct quant_traits *tr = quant_traits(type);
+    ck_assert_ptr_nonnull(tr);
+    const size_t n = (size_t)(ne0 * ne1);
+    float *f = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        f[i] = tu_normal(r) * (i % 7 == 0 ? 2.0f : 0.5f);
+    void *q = malloc(quant_row_size(type, ne0) * (size_t)ne1);
+    tr->from_f32(f, q, (int64_t)n);
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    ck_assert_msg(b.o->weight_upload(b.ctx, w, type, ne0, ne1, q, &err) == TPI_OK,
+                  "%s weight_upload: %s", b.o->name, err.msg);
+    free(f), free(q);
+}
+
+static size_t n_diff(const float *a, const float *b, size_t n) {
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    return d;
+}
+
+/* matmul_n of n_w weights (types[i], ne1s[i]) against n_w matmul calls, and matmul_add of
+ * weight 0 against matmul + add, for n_rows rows; bitwise unless `gemm_beta` (see top). */
+static void check_fused_matmul(struct be b, const int *types, const int64_t *ne1s, int n_w,
+                               int64_t ne0, int64_t n_rows, uint64_t seed) {
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    struct tpi_weight w[OPS_MAX_FUSED];
+    const struct tpi_weight *wp[OPS_MAX_FUSED];
+    float *yf[OPS_MAX_FUSED], *yp[OPS_MAX_FUSED];
+    const size_t nx = (size_t)(n_rows * ne0);
+    float *xh = rand_vec(&r, nx, -2, 2);
+    float *x = bdup(b, xh, nx * 4);
+    for (int i = 0; i < n_w; i++) {
+        make_weight(b, &r, types[i], ne0, ne1s[i], &w[i]);
+        wp[i] = &w[i];
+        yf[i] = b.o->alloc(b.ctx, (size_t)(n_rows * ne1s[i]) * 4);
+        yp[i] = b.o->alloc(b.ctx, (size_t)(n_rows * ne1s[i]) * 4);
+    }
+    b.o->matmul_n(b.ctx, n_w, wp, x, yf, n_rows);
+    for (int i = 0; i < n_w; i++)
+        b.o->matmul(b.ctx, &w[i], x, yp[i], n_rows);
+    char label[160];
+    for (int i = 0; i < n_w; i++) {
+        const size_t ny = (size_t)(n_rows * ne1s[i]);
+        float *got = malloc(ny * 4), *want = malloc(ny * 4);
+        bget(b, got, yf[i], ny * 4);
+        bget(b, want, yp[i], ny * 4);
+        snprintf(label, sizeof label, "%s matmul_n weight %d of %d (%s %lldx%lld) rows %lld",
+                 b.o->name, i, n_w, quant_type_name(types[i]), (long long)ne1s[i],
+                 (long long)ne0, (long long)n_rows);
+        const size_t d = n_diff(got, want, ny);
+        ck_assert_msg(d == 0, "%s: %zu of %zu outputs differ from matmul", label, d, ny);
+        free(got), free(want);
+    }
+    /* matmul_add: y0 + x W0^T against matmul into t, then add */
+    const size_t ny = (size_t)(n_rows * ne1s[0]);
+    float *y0 = rand_vec(&r, ny, -1, 1);
+    float *ya = bdup(b, y0, ny * 4), *yb = bdup(b, y0, ny * 4), *t = b.o->alloc(b.ctx, ny * 4);
+    b.o->matmul_add(b.ctx, &w[0], x, ya, n_rows);
+    b.o->matmul(b.ctx, &w[0], x, t, n_rows);
+    b.o->add(b.ctx, yb, t, (int64_t)ny);
+    float *got = malloc(ny * 4), *want = malloc(ny * 4);
+    bget(b, got, ya, ny * 4);
+    bget(b, want, yb, ny * 4);
+    snprintf(label, sizeof label, "%s matmul_add (%s %lldx%lld) rows %lld", b.o->name,
+             quant_type_name(types[0]), (long long)ne1s[0], (long long)ne0, (long long)n_rows);
+    const bool gemm_beta = b.o != C && n_rows > 8; /* cuBLAS with beta = 1 */
+    if (gemm_beta) {
+        const double e = tu_nmse(got, want, ny);
+        ck_assert_msg(e < 1e-10, "%s: nmse %.3g against matmul + add", label, e);
+    } else {
+        const size_t d = n_diff(got, want, ny);
+        ck_assert_msg(d == 0, "%s: %zu of %zu outputs differ from matmul + add", label, d, ny);
+    }
+    assert_ok(b, label);
+    free(got), free(want), free(y0), free(xh);
+    b.o->dealloc(b.ctx, ya), b.o->dealloc(b.ctx, yb), b.o->dealloc(b.ctx, t);
+    b.o->dealloc(b.ctx, x);
+    for (int i = 0; i < n_w; i++) {
+        b.o->weight_free(b.ctx, &w[i]);
+        b.o->dealloc(b.ctx, yf[i]), b.o->dealloc(b.ctx, yp[i]);
+    }
+}
+
+/* The weight mixes of the models: Q/K/V of Q4_K_M (Q4_K, Q4_K, Q6_K), all-BF16, all-Q8_0,
+ * a v2-only type (Q5_K) beside a v3 one, F32, and gate/up pairs. */
+static void fused_matmul_cases(struct be b) {
+    static const struct {
+        int n_w;
+        int types[3];
+        int64_t ne1[3];
+    } mixes[] = {
+        {3, {TPI_TYPE_Q4_K, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K}, {64, 32, 32}},
+        {3, {TPI_TYPE_BF16, TPI_TYPE_BF16, TPI_TYPE_BF16}, {64, 16, 16}},
+        {3, {TPI_TYPE_Q8_0, TPI_TYPE_Q8_0, TPI_TYPE_Q8_0}, {48, 24, 24}},
+        {2, {TPI_TYPE_Q5_K, TPI_TYPE_Q4_K}, {40, 40}},
+        {2, {TPI_TYPE_F32, TPI_TYPE_F16}, {33, 17}},
+        {2, {TPI_TYPE_Q4_0, TPI_TYPE_Q4_0}, {96, 96}},
+        {1, {TPI_TYPE_Q6_K}, {77}},
+    };
+    const int64_t rows[] = {1, 3, 8, 37};
+    for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++)
+        for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
+            check_fused_matmul(b, mixes[m].types, mixes[m].ne1, mixes[m].n_w, 512, rows[k],
+                               100 + 10 * m + k);
+}
+
+START_TEST(test_fused_matmul_cpu) {
+    struct be b = {C, NULL};
+    struct ops_config cfg = {2, 0};
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    ck_assert_int_eq(C->init(&b.ctx, &cfg, &err), TPI_OK);
+    fused_matmul_cases(b);
+    C->free(&b.ctx);
+}
+END_TEST
+
+/* qk_norm_rope on b against rmsnorm + rope_neox on the same backend (within tol) and
+ * against the CPU's fused op (within 1e-5). */
+static void check_qk_norm_rope(struct be b, struct ops_ctx *cctx, int n_tok, int n_head, int n_kv,
+                               int hd, int n_rot, bool norm, double tol, uint64_t seed) {
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    const size_t nq = (size_t)n_tok * n_head * hd, nk = (size_t)n_tok * n_kv * hd;
+    float *qh = rand_vec(&r, nq, -3, 3), *kh = rand_vec(&r, nk, -3, 3);
+    float *qwh = rand_vec(&r, (size_t)hd, 0.5f, 1.5f), *kwh = rand_vec(&r, (size_t)hd, 0.5f, 1.5f);
+    int32_t pos[64], seq[64];
+    for (int t = 0; t < n_tok; t++)
+        pos[t] = (int32_t)tu_uniform(&r, 0.0f, 5999.0f), seq[t] = 0;
+    struct be cb = {C, cctx};
+    struct be bs[2] = {b, cb};
+    float *res[2][2]; /* [backend][fused, plain] q results; k results after */
+    float *resk[2][2];
+    for (int bi = 0; bi < 2; bi++) {
+        struct be x = bs[bi];
+        int32_t *dpos = bdup(x, pos, sizeof(int32_t) * (size_t)n_tok);
+        int32_t *dseq = bdup(x, seq, sizeof(int32_t) * (size_t)n_tok);
+        const struct ops_batch bt = {.n_tokens = n_tok, .pos = dpos, .seq = dseq,
+                                     .pos_host = pos, .seq_host = seq, .max_pos = 6000};
+        float *qw = bdup(x, qwh, (size_t)hd * 4), *kw = bdup(x, kwh, (size_t)hd * 4);
+        for (int v = 0; v < 2; v++) {
+            float *q = bdup(x, qh, nq * 4), *k = bdup(x, kh, nk * 4);
+            if (v == 0) {
+                x.o->qk_norm_rope(x.ctx, q, k, norm ? qw : NULL, norm ? kw : NULL, &bt, n_head,
+                                  n_kv, hd, n_rot, 1e6f, 1e-6f);
+            } else {
+                if (norm) {
+                    x.o->rmsnorm(x.ctx, q, qw, q, (int64_t)n_tok * n_head, hd, 1e-6f);
+                    x.o->rmsnorm(x.ctx, k, kw, k, (int64_t)n_tok * n_kv, hd, 1e-6f);
+                }
+                x.o->rope_neox(x.ctx, q, &bt, n_head, hd, n_rot, 1e6f);
+                x.o->rope_neox(x.ctx, k, &bt, n_kv, hd, n_rot, 1e6f);
+            }
+            res[bi][v] = malloc(nq * 4), resk[bi][v] = malloc(nk * 4);
+            bget(x, res[bi][v], q, nq * 4);
+            bget(x, resk[bi][v], k, nk * 4);
+            x.o->dealloc(x.ctx, q), x.o->dealloc(x.ctx, k);
+        }
+        assert_ok(x, "qk_norm_rope");
+        x.o->dealloc(x.ctx, qw), x.o->dealloc(x.ctx, kw);
+        x.o->dealloc(x.ctx, dpos), x.o->dealloc(x.ctx, dseq);
+    }
+    char label[128];
+    snprintf(label, sizeof label, "%s qk_norm_rope %d tok %d/%d heads hd %d rot %d norm %d",
+             b.o->name, n_tok, n_head, n_kv, hd, n_rot, norm);
+    /* fused vs plain on the backend under test, then vs the CPU's fused op */
+    ck_assert_msg(tu_compare(label, res[0][0], res[0][1], nq, tol, tol) == 0, "%s: q", label);
+    ck_assert_msg(tu_compare(label, resk[0][0], resk[0][1], nk, tol, tol) == 0, "%s: k", label);
+    ck_assert_msg(tu_compare(label, res[0][0], res[1][0], nq, 1e-5, 1e-5) == 0, "%s: q vs cpu",
+                  label);
+    ck_assert_msg(tu_compare(label, resk[0][0], resk[1][0], nk, 1e-5, 1e-5) == 0, "%s: k vs cpu",
+                  label);
+    /* the CPU's fused op is its plain ops: bitwise */
+    ck_assert_msg(n_diff(res[1][0], res[1][1], nq) == 0 && n_diff(resk[1][0], resk[1][1], nk) == 0,
+                  "%s: cpu fused differs from cpu plain", label);
+    for (int bi = 0; bi < 2; bi++)
+        for (int v = 0; v < 2; v++)
+            free(res[bi][v]), free(resk[bi][v]);
+    free(qh), free(kh), free(qwh), free(kwh);
+}
+
+static void qk_cases(struct be b, struct ops_ctx *cctx, double tol) {
+    check_qk_norm_rope(b, cctx, 1, 32, 8, 128, 128, true, tol, 1);
+    check_qk_norm_rope(b, cctx, 5, 14, 2, 64, 64, false, tol, 2);
+    check_qk_norm_rope(b, cctx, 3, 4, 4, 96, 64, true, tol, 3);
+    check_qk_norm_rope(b, cctx, 37, 8, 2, 128, 128, true, tol, 4);
+    check_qk_norm_rope(b, cctx, 2, 3, 1, 256, 32, false, tol, 5);
+}
+
+START_TEST(test_qk_norm_rope_cpu) {
+    struct ops_config cfg = {2, 0};
+    struct tpi_error err;
+    struct ops_ctx *a = NULL, *c2 = NULL;
+    tpi_err_clear(&err);
+    ck_assert_int_eq(C->init(&a, &cfg, &err), TPI_OK);
+    ck_assert_int_eq(C->init(&c2, &cfg, &err), TPI_OK);
+    qk_cases((struct be){C, a}, c2, 0.0);
+    C->free(&a), C->free(&c2);
+}
+END_TEST
+
+#ifdef TPI_HAVE_CUDA
+static struct ops_ctx *gctx, *cctx_g;
+
+START_TEST(test_fused_matmul_cuda) {
+    const struct be b = {ops_cuda_get(), gctx};
+    for (int path = 2; path <= 3; path++) {
+        ops_cuda_set_gemv(gctx, path);
+        fprintf(stderr, "decode path v%d\n", path);
+        fused_matmul_cases(b);
+    }
+    ops_cuda_set_gemv(gctx, 3);
+}
+END_TEST
+
+/* The x-quantization memo: rmsnorm and silu_mul write the int8 form of their output
+ * (CUDA, decode sizes), which the next matmul uses instead of quantizing again. Results
+ * must be bitwise those of the same ops with the memo broken by an op in between (an
+ * add of zeros), for every weight type, 1..8 rows, and in-place rmsnorm. */
+START_TEST(test_xq_memo_cuda) {
+    const struct be b = {ops_cuda_get(), gctx};
+    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
+                                TPI_TYPE_BF16, TPI_TYPE_Q5_K};
+    const int64_t ne0 = 1024, ne1 = 96;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (int64_t nr = 1; nr <= 8; nr += 3) {
+            struct tu_rng r;
+            tu_rng_seed(&r, 700 + ti * 10 + (uint64_t)nr);
+            const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * ne1);
+            struct tpi_weight w;
+            make_weight(b, &r, types[ti], ne0, ne1, &w);
+            float *xh = rand_vec(&r, nx, -2, 2), *uh = rand_vec(&r, nx, -2, 2);
+            float *nw = rand_vec(&r, (size_t)ne0, 0.5f, 1.5f);
+            float *x = bdup(b, xh, nx * 4), *u = bdup(b, uh, nx * 4), *gw = bdup(b, nw, ne0 * 4);
+            float *h = b.o->alloc(b.ctx, nx * 4), *zero = b.o->alloc(b.ctx, nx * 4);
+            float *y[2], *res[2][3];
+            for (int v = 0; v < 2; v++) { /* v 0: memo used; v 1: broken by an add of zeros */
+                y[v] = b.o->alloc(b.ctx, ny * 4);
+                b.o->rmsnorm(b.ctx, x, gw, h, nr, ne0, 1e-6f);
+                if (v) b.o->add(b.ctx, h, zero, (int64_t)nx);
+                b.o->matmul(b.ctx, &w, h, y[v], nr);
+                res[v][0] = malloc(ny * 4);
+                bget(b, res[v][0], y[v], ny * 4);
+                b.o->silu_mul(b.ctx, h, u, h, (int64_t)nx);
+                if (v) b.o->add(b.ctx, h, zero, (int64_t)nx);
+                b.o->matmul_add(b.ctx, &w, h, y[v], nr);
+                res[v][1] = malloc(ny * 4);
+                bget(b, res[v][1], y[v], ny * 4);
+                float *hx = bdup(b, xh, nx * 4); /* in place rmsnorm */
+                b.o->rmsnorm(b.ctx, hx, gw, hx, nr, ne0, 1e-6f);
+                if (v) b.o->add(b.ctx, hx, zero, (int64_t)nx);
+                b.o->matmul(b.ctx, &w, hx, y[v], nr);
+                res[v][2] = malloc(ny * 4);
+                bget(b, res[v][2], y[v], ny * 4);
+                b.o->dealloc(b.ctx, hx);
+            }
+            for (int k = 0; k < 3; k++) {
+                const size_t d = n_diff(res[0][k], res[1][k], ny);
+                ck_assert_msg(d == 0, "memo %s rows %lld step %d: %zu of %zu outputs differ",
+                              quant_type_name(types[ti]), (long long)nr, k, d, ny);
+                free(res[0][k]), free(res[1][k]);
+            }
+            assert_ok(b, "xq memo");
+            b.o->weight_free(b.ctx, &w);
+            b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, u), b.o->dealloc(b.ctx, gw);
+            b.o->dealloc(b.ctx, h), b.o->dealloc(b.ctx, zero);
+            b.o->dealloc(b.ctx, y[0]), b.o->dealloc(b.ctx, y[1]);
+            free(xh), free(uh), free(nw);
+        }
+}
+END_TEST
+
+START_TEST(test_qk_norm_rope_cuda) {
+    qk_cases((struct be){ops_cuda_get(), gctx}, cctx_g, 1e-6);
+}
+END_TEST
+
+static int run_cuda(void) {
+    const struct ops *G = ops_cuda_get();
+    int n_devices = 0;
+    if (!G || !ops_cuda_available(&n_devices)) {
+        fprintf(stderr, "SKIP: no usable GPU\n");
+        return TU_SKIP;
+    }
+    setenv("CK_FORK", "no", 1); /* a CUDA context does not survive fork */
+    struct ops_config cfg = {2, 0};
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    if (G->init(&gctx, &cfg, &err) != TPI_OK || C->init(&cctx_g, &cfg, &err) != TPI_OK) {
+        fprintf(stderr, "init failed: %s\n", err.msg);
+        return 1;
+    }
+    Suite *s = suite_create("ops_fused_cuda");
+    TCase *tc = tcase_create("cuda");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_fused_matmul_cuda);
+    tcase_add_test(tc, test_qk_norm_rope_cuda);
+    tcase_add_test(tc, test_xq_memo_cuda);
+    suite_add_tcase(s, tc);
+    const int rc = tu_run_suite(s);
+    C->free(&cctx_g);
+    G->free(&gctx);
+    return rc;
+}
+#endif
+
+int main(int argc, char **argv) {
+    const char *group = argc > 1 ? argv[1] : "cpu";
+    if (strcmp(group, "cuda") == 0) {
+#ifdef TPI_HAVE_CUDA
+        return run_cuda();
+#else
+        fprintf(stderr, "SKIP: built without CUDA\n");
+        return TU_SKIP;
+#endif
+    }
+    if (strcmp(group, "cpu") != 0) {
+        fprintf(stderr, "unknown group '%s' (cpu or cuda)\n", group);
+        return 2;
+    }
+    Suite *s = suite_create("ops_fused");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_fused_matmul_cpu);
+    tcase_add_test(tc, test_qk_norm_rope_cpu);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
