@@ -5,7 +5,8 @@
 # Steps, each bounded by the time left (the whole run stays under BUDGET_S):
 #   1. configure + build $BUILD (Release, sm_90): tpinfer and the GPU test binaries
 #   2. synthetic Qwen3-8B models (bf16, q8_0, q4_k_m) written in the background
-#   3. ctest -L gpu (every CUDA op and fused op against the CPU, the tiny models end to end)
+#   3. ctest -L gpu (every CUDA op and fused op against the CPU, the tiny models end to end),
+#      and the model tests again under VTEST_ENV when given
 #   4. tpinfer bench -p 512 -n 128 -r 3 on the three models (the default paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
 #   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each
@@ -26,7 +27,7 @@ PRESET=${PRESET:-qwen3-8b}
 TYPES=${TYPES:-"bf16 q8_0 q4_k_m"}
 STEPS=${STEPS:-"test bench depth variants micro"}
 DEPTH_TYPES=${DEPTH_TYPES:-"q4_k_m q8_0 bf16"}
-VARIANT_MODEL=${VARIANT_MODEL:-q4_k_m}
+VARIANT_MODEL=${VARIANT_MODEL:-q4_k_m} # one or more types, space-separated
 # one variant per line: a name, then environment assignments
 VARIANTS=${VARIANTS:-"default
 nofork TPI_NO_FORK=1
@@ -85,10 +86,13 @@ TPINFER="$BUILD/tpinfer"
 
 # ---- 2. models, in the background ----
 MLOG="$OUT/mkmodel.log"
+done_types=""
 : >"$MLOG"
 mkdir -p "$MODELS_DIR"
 (
     for t in $VARIANT_MODEL $TYPES; do
+        case " $done_types " in *" $t "*) continue ;; esac
+        done_types="$done_types $t"
         f="$MODELS_DIR/$PRESET-$t.gguf"
         [ -s "$f" ] && continue
         s=$SECONDS
@@ -103,6 +107,14 @@ MK_PID=$!
 if has_step test; then
     OMP_WAIT_POLICY=passive bounded ctest 200 "$OUT/ctest.log" \
         ctest --test-dir "$BUILD" -L gpu -j 4 -V --timeout 190
+fi
+
+# GPU model tests again under other settings (VTEST_ENV: "ENV=V ...", empty: skipped)
+VTEST_ENV=${VTEST_ENV:-}
+if has_step test && [ -n "$VTEST_ENV" ]; then
+    # shellcheck disable=SC2086
+    OMP_WAIT_POLICY=passive bounded "ctest-variant" 120 "$OUT/ctest.log" env $VTEST_ENV \
+        ctest --test-dir "$BUILD" -R "test_model_gpu|test_ops_fused" -j 4 -V --timeout 110
 fi
 
 wait_models() {
@@ -137,16 +149,19 @@ fi
 
 # ---- 6. variants ----
 if has_step variants; then
-    f=$(model_of "$VARIANT_MODEL")
+    vmodels=""
+    for t in $VARIANT_MODEL; do
+        f=$(model_of "$t")
+        [ -s "$f" ] && vmodels="${vmodels:+$vmodels,}$f"
+    done
     while IFS= read -r line; do
-        [ -n "$line" ] || continue
+        [ -n "$line" ] && [ -n "$vmodels" ] || continue
         name=${line%% *}
         envs=""
         [ "$name" != "$line" ] && envs=${line#* }
-        [ -s "$f" ] || break
         # shellcheck disable=SC2086
-        bounded "variant-$name" 45 "$BENCH" env $envs "$TPINFER" bench -m "$f" -p 512 -n 128 -r 2 \
-            -o md --roofline-gbps 4000
+        bounded "variant-$name" 60 "$BENCH" env $envs "$TPINFER" bench -m "$vmodels" -p 512 -n 128 \
+            -r 2 -o md --roofline-gbps 4000
     done <<<"$VARIANTS"
 fi
 
@@ -166,7 +181,8 @@ fi
 # ---- 8. summary ----
 {
     echo
-    echo "== GPU tests: $(grep -E 'tests passed|tests failed' "$OUT/ctest.log" 2>/dev/null | tail -1)"
+    echo "== GPU tests (default, then VTEST_ENV=$VTEST_ENV):"
+    grep -E 'tests passed|tests failed' "$OUT/ctest.log" 2>/dev/null | sed 's/^/   /'
     grep -E "Test +#[0-9]+: " "$OUT/ctest.log" 2>/dev/null |
         sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.+/ /' | awk '{printf "   %s\n", $0}'
     grep -hE "worst nmse|cuda vs cpu:|Failure|failed:|Assertion" "$OUT/ctest.log" 2>/dev/null |

@@ -372,6 +372,8 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     __shared__ int last_s;
     __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
 
+    kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
+    kern_dep_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
     const int e = a.blk[blockIdx.x];
@@ -833,7 +835,8 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
         const dim3 grid((unsigned)nb, (unsigned)(a->n_kv * a->head_chunks), (unsigned)n_split);
-        attn_mma_kernel<HD, DEC, NST><<<grid, MMA_THREADS, smem, ctx->stream>>>(*a);
+        kern_launch(DEC && ctx->pdl, attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS), smem,
+                    ctx->stream, *a);
         if (!LAUNCH_OK(ctx, op)) return;
     }
     if (!DEC && n_split > 1) {

@@ -56,6 +56,8 @@ struct ops_ctx {
         const float2 *ds;
         bool valid;
     } xq_memo;
+    bool xq_produce; /* rmsnorm/silu_mul write the int8 x (TPI_XQ_MEMO=0: they do not) */
+    bool pdl; /* decode-path kernels launched with PDL (TPI_PDL=0: plain launches) */
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
@@ -83,6 +85,52 @@ bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const
  * with the failure recorded under `op`. Growing frees the old buffer, which waits for
  * the device, so callers size it once early where they can. */
 void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes, const char *op);
+
+/* ---- programmatic dependent launch (PDL, sm_90) ----
+ * A kernel launched with kern_launch(pdl = true) may start while the kernel before it on
+ * the stream is still running, once that kernel's blocks have all called
+ * kern_dep_trigger (or exited); it must call kern_dep_wait, which returns when the
+ * previous kernel has completed and its writes are visible, before it touches memory
+ * another kernel writes or reads. Every kernel launched with pdl calls kern_dep_wait
+ * before it can finish, so completion stays transitive along the stream. What a kernel
+ * may do before the wait: index math, loading constants, prefetching weights. */
+__device__ __forceinline__ void kern_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kern_dep_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/* Prefetch the bytes [p, p + n) into L2, one 128-byte line per call site lane step. */
+__device__ __forceinline__ void kern_prefetch_l2(const void *p, size_t n, int lane, int n_lanes) {
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)127);
+    const char *end = (const char *)p + n;
+    for (c += 128 * (size_t)lane; c < end; c += 128 * (size_t)n_lanes)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
+}
+/* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl. */
+template <typename... KArgs, typename... Args>
+static inline void kern_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                               size_t smem, cudaStream_t stream, Args... args) {
+    if (!pdl) {
+        kernel<<<grid, block, smem, stream>>>(args...);
+        return;
+    }
+    cudaLaunchConfig_t lc = {};
+    lc.gridDim = grid;
+    lc.blockDim = block;
+    lc.dynamicSmemBytes = smem;
+    lc.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = at;
+    lc.numAttrs = 1;
+    cudaLaunchKernelEx(&lc, kernel, ((KArgs)args)...);
+}
 
 /* Spare bytes after every weight's data (weight_upload): kernels may read whole
  * 16-byte pieces that start inside the data. */

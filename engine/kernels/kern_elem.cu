@@ -200,6 +200,8 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
                                     int n_rot, float freq_base, float eps) {
     extern __shared__ float xs[];
+    kern_dep_wait();
+    kern_dep_trigger();
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2;
     const bool is_q = hh < n_head;
     float *xh = is_q ? q + ((int64_t)t * n_head + hh) * head_dim
@@ -258,6 +260,8 @@ __device__ __forceinline__ void q8_block(float v, int64_t i, int8_t *xq, float2 
  * == 0: the lanes of a warp hold 32 consecutive values per step). */
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
                                float eps, int8_t *xq, float2 *ds) {
+    kern_dep_wait(); /* launched with PDL on the decode path */
+    kern_dep_trigger();
     const float *xr = x + blockIdx.x * n_cols;
     float *yr = y + blockIdx.x * n_cols;
     float ss = 0.0f;
@@ -275,6 +279,8 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 /* xq non-NULL: also y's int8 blocks (n % 32 == 0). */
 __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
                                 float2 *ds) {
+    kern_dep_wait();
+    kern_dep_trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float gi = g[i];
@@ -401,7 +407,8 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     float2 *ds = NULL;
     const bool q8 =
         n_rows <= 8 && n_cols % 32 == 0 && kern_xq_claim(ctx, n_rows * n_cols, &xq, &ds);
-    rmsnorm_kernel<<<(unsigned)n_rows, threads, 0, ctx->stream>>>(x, w, y, n_cols, eps, xq, ds);
+    kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream, x,
+                w, y, n_cols, eps, xq, ds);
     if (LAUNCH_OK(ctx, "cuda rmsnorm") && q8) kern_xq_remember(ctx, y, n_rows * n_cols);
 }
 
@@ -442,8 +449,9 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
     int threads = ((TPI_MAX(n_rot / 2, head_dim / 2) + 31) / 32) * 32;
     threads = TPI_MIN(TPI_MAX(threads, 32), 256);
     dim3 grid((unsigned)b->n_tokens, (unsigned)(n_head + n_kv_head));
-    qk_norm_rope_kernel<<<grid, threads, (size_t)head_dim * sizeof(float), ctx->stream>>>(
-        q, k, q_norm, k_norm, b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps);
+    kern_launch(ctx->pdl, qk_norm_rope_kernel, grid, dim3(threads),
+                (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
+                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps);
     LAUNCH_OK(ctx, op);
 }
 
@@ -453,7 +461,8 @@ void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y
     int8_t *xq = NULL;
     float2 *ds = NULL;
     const bool q8 = kern_xq_claim(ctx, n, &xq, &ds);
-    silu_mul_kernel<<<grid_for(ctx, n, 256), 256, 0, ctx->stream>>>(g, u, y, n, xq, ds);
+    kern_launch(ctx->pdl, silu_mul_kernel, dim3(grid_for(ctx, n, 256)), dim3(256), 0, ctx->stream,
+                g, u, y, n, xq, ds);
     if (LAUNCH_OK(ctx, "cuda silu_mul") && q8) kern_xq_remember(ctx, y, n);
 }
 

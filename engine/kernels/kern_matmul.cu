@@ -658,7 +658,7 @@ void kern_xq_forget(struct ops_ctx *ctx) {
 
 bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_vals, int8_t **xq, float2 **ds) {
     ctx->xq_memo.valid = false;
-    if (ctx->gemv != 3 || n_vals <= 0 || n_vals % 32 != 0 || n_vals > XQ_MAX_VALS) return false;
+    if (!ctx->xq_produce || ctx->gemv != 3 || n_vals <= 0 || n_vals % 32 != 0 || n_vals > XQ_MAX_VALS) return false;
     /* the layout of kern_gemv_v3_prepare: int8 values (256-byte aligned size), then the
      * (d, d * sum) pair of each block */
     const size_t q_bytes = ((size_t)n_vals + 255) / 256 * 256;

@@ -187,6 +187,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         }
     }
     ctx->gemv = gemv_from_env();
+    const char *xm = getenv("TPI_XQ_MEMO"); /* producers writing the int8 x (default on) */
+    ctx->xq_produce = !(xm && strcmp(xm, "0") == 0);
+    const char *pd = getenv("TPI_PDL"); /* programmatic dependent launch (default on) */
+    ctx->pdl = !(pd && strcmp(pd, "0") == 0);
     ctx->n_sm = prop.multiProcessorCount;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
