@@ -92,8 +92,7 @@ void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_byt
  * kern_dep_trigger (or exited); it must call kern_dep_wait, which returns when the
  * previous kernel has completed and its writes are visible, before it touches memory
  * another kernel writes or reads. Every kernel launched with pdl calls kern_dep_wait
- * before it can finish, so completion stays transitive along the stream. What a kernel
- * may do before the wait: index math, loading constants, prefetching weights. */
+ * before it can finish, so completion stays transitive along the stream. */
 __device__ __forceinline__ void kern_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -103,13 +102,6 @@ __device__ __forceinline__ void kern_dep_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-}
-/* Prefetch the bytes [p, p + n) into L2, one 128-byte line per call site lane step. */
-__device__ __forceinline__ void kern_prefetch_l2(const void *p, size_t n, int lane, int n_lanes) {
-    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)127);
-    const char *end = (const char *)p + n;
-    for (c += 128 * (size_t)lane; c < end; c += 128 * (size_t)n_lanes)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
 }
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl. */
 template <typename... KArgs, typename... Args>

@@ -723,15 +723,6 @@ __device__ __forceinline__ void gv_grid_dep_wait() {
     kern_dep_trigger();
 }
 
-/* Before gv_grid_dep_wait: the warp's share of its weight row into L2 (weights are
- * constant, so this may overlap the previous kernel). */
-__device__ __forceinline__ void gv_prefetch_row(const uint8_t *w, size_t row_bytes, int row,
-                                                int ne1, int part, int wpr, int lane) {
-    if (row >= ne1) return;
-    const size_t b0 = row_bytes * (size_t)part / (size_t)wpr;
-    const size_t b1 = row_bytes * (size_t)(part + 1) / (size_t)wpr;
-    kern_prefetch_l2(w + (size_t)row * row_bytes + b0, b1 - b0, lane, 32);
-}
 
 /* Sum v over the 32 lanes with a fixed xor tree. */
 __device__ __forceinline__ float gv_warp_sum(float v) {
@@ -895,7 +886,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[r] = 0.0f;
-    gv_prefetch_row(w, row_bytes, row, ne1, part, wpr, lane);
     gv_grid_dep_wait();
     if (row < ne1)
         gv_item_row<TYPE, NR, PERM>(w + (size_t)row * row_bytes, (ne0 / Q::BLK) * Q::IPB,
@@ -916,7 +906,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[r] = 0.0f;
-    gv_prefetch_row(w, row_bytes, row, ne1, part, wpr, lane);
     gv_grid_dep_wait();
     if (row < ne1) {
         const int4 *wr = (const int4 *)(w + (size_t)row * row_bytes);
