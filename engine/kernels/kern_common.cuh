@@ -54,10 +54,11 @@ struct ops_ctx {
         int64_t n_vals;
         const int8_t *xq;
         const float2 *ds;
+        const int8_t *xp; /* kind p's permuted copies (prepare writes them), or NULL */
         bool valid;
     } xq_memo;
-    bool xq_produce; /* rmsnorm/silu_mul write the int8 x (TPI_XQ_MEMO=0: they do not) */
-    bool pdl; /* decode-path kernels launched with PDL (TPI_PDL=0: plain launches) */
+    bool xq_produce; /* rmsnorm/silu_mul write the int8 x (TPI_XQ_MEMO=1; default off) */
+    bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
@@ -87,20 +88,15 @@ bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const
 void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes, const char *op);
 
 /* ---- programmatic dependent launch (PDL, sm_90) ----
- * A kernel launched with kern_launch(pdl = true) may start while the kernel before it on
- * the stream is still running, once that kernel's blocks have all called
- * kern_dep_trigger (or exited); it must call kern_dep_wait, which returns when the
- * previous kernel has completed and its writes are visible, before it touches memory
- * another kernel writes or reads. Every kernel launched with pdl calls kern_dep_wait
- * before it can finish, so completion stays transitive along the stream. */
+ * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
+ * it on the stream drains (its blocks have exited; no kernel here triggers earlier); it
+ * must call kern_dep_wait, which returns when the previous kernel has completed and its
+ * writes are visible, before it touches memory another kernel writes or reads. Every
+ * kernel launched with pdl calls kern_dep_wait before it can finish, so completion stays
+ * transitive along the stream. In a kernel launched without pdl the wait is a no-op. */
 __device__ __forceinline__ void kern_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void kern_dep_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl. */

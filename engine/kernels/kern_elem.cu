@@ -201,7 +201,6 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
                                     int n_rot, float freq_base, float eps) {
     extern __shared__ float xs[];
     kern_dep_wait();
-    kern_dep_trigger();
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2;
     const bool is_q = hh < n_head;
     float *xh = is_q ? q + ((int64_t)t * n_head + hh) * head_dim
@@ -261,7 +260,6 @@ __device__ __forceinline__ void q8_block(float v, int64_t i, int8_t *xq, float2 
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
                                float eps, int8_t *xq, float2 *ds) {
     kern_dep_wait(); /* launched with PDL on the decode path */
-    kern_dep_trigger();
     const float *xr = x + blockIdx.x * n_cols;
     float *yr = y + blockIdx.x * n_cols;
     float ss = 0.0f;
@@ -280,7 +278,6 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
                                 float2 *ds) {
     kern_dep_wait();
-    kern_dep_trigger();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float gi = g[i];

@@ -716,11 +716,9 @@ template <> struct gu<TPI_TYPE_Q6_K> {
 /* Programmatic dependent launch: wait for the previous kernel's results (a no-op when
  * this kernel was launched without the attribute). Everything before it may only read
  * memory no earlier kernel writes (the weights). */
-/* PDL: wait for the previous kernel (its outputs are this one's inputs), then let the
- * next kernel on the stream launch early (kern_common.cuh). */
+/* PDL: wait for the previous kernel (its outputs are this one's inputs). */
 __device__ __forceinline__ void gv_grid_dep_wait() {
     kern_dep_wait();
-    kern_dep_trigger();
 }
 
 
@@ -958,9 +956,10 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *                          contiguous x) or p (kind a's items reading the permuted copies
  *                          of x: contiguous x at kind a's instruction count). auto (the
  *                          default) is what the H200 measured fastest: kind b for
- *                          Q4_K/Q6_K with 5..8 rows (1.2-1.9x kind a there), kind a
- *                          otherwise (kind b was 0.7-1.0x at 1 row; kind p has had no
- *                          device run). Kind p needs the permuted copies that only
+ *                          Q4_K/Q6_K with 5..8 rows (1.2-1.9x kind a there), kind p
+ *                          otherwise (end to end, 1 row: Q4_K_M tg128 +10 %, Q8_0 +2 %
+ *                          over kind a; bench/NOTES.md change 6). Kind p needs the
+ *                          permuted copies that only
  *                          kern_gemv_v3_prepare writes (gx->xp); without them it runs as
  *                          kind a. BF16/F16 always take the kind-a kernel.
  *   TPI_GEMV_BATCH 1 | 2   kind b: units per lane whose loads go out together, times
@@ -1146,10 +1145,10 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     const uint8_t *data = (const uint8_t *)w->data;
     const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
     const bool pdl = c.pdl != 0;
-    /* auto: kind b for the K-quants with 5..8 rows, kind a otherwise (see the knobs);
+    /* auto: kind b for the K-quants with 5..8 rows, kind p otherwise (see the knobs);
      * kind p needs prepare's permuted copies (an x quantized elsewhere has none) */
     const bool kq = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K;
-    int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'a';
+    int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'p';
     if (kind == 'p' && !gx->xp) kind = 'a';
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
         const int wpr = gv_wpr(ctx, ne1, ne0 / 8, 2);

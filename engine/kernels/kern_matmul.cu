@@ -669,6 +669,7 @@ bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_vals, int8_t **xq, float2 **ds
     *ds = (float2 *)(s + q_bytes);
     ctx->xq_memo.xq = *xq;
     ctx->xq_memo.ds = *ds;
+    ctx->xq_memo.xp = NULL; /* producers write no permuted copies */
     return true;
 }
 
@@ -700,13 +701,15 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
     }
     const bool hit = ctx->xq_memo.valid && ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_vals;
     if (hit && n_rows >= 1 && n_rows <= MATVEC_MAX_ROWS && ne0 % 32 == 0) {
-        *gx = (struct kern_gemv_x){x, ctx->xq_memo.xq, ctx->xq_memo.ds, n_rows, ne0};
+        *gx = (struct kern_gemv_x){x, ctx->xq_memo.xq, ctx->xq_memo.ds, n_rows, ne0,
+                                   ctx->xq_memo.xp};
         return true;
     }
     ctx->xq_memo.valid = false;
     if (!kern_gemv_v3_prepare(ctx, x, n_rows, ne0, ctx->stream, gx)) return false;
     ctx->xq_memo.xq = gx->xq;
     ctx->xq_memo.ds = gx->ds;
+    ctx->xq_memo.xp = gx->xp;
     kern_xq_remember(ctx, x, n_vals);
     return true;
 }
