@@ -33,22 +33,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kern_gemv_hooks.h"
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 #include "testutil.h"
 #include "tpi.h"
-
-/* kern_gemv.cu's test hooks (C linkage; declared in kern_common.cuh, which is C++). */
-int kern_gemv_configure(const char *spec);
-void kern_gemv_describe(char *buf, size_t n);
-void *kern_gemv_test_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
-                             void *stream);
-int kern_gemv_test_run(struct ops_ctx *ctx, const struct tpi_weight *w, const void *gx, float *y,
-                       int accumulate, void *stream);
-void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds);
-int kern_gemv_host_emulate(int type, const void *w, size_t row_bytes, int64_t ne0, int64_t ne1,
-                           const int8_t *xq, const float *ds, int n_rows, float *y, int kind,
-                           int wpr);
 
 static const struct ops *G; /* the CUDA backend (NULL in the host group) */
 static const struct ops *C = &ops_cpu;

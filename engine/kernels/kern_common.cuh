@@ -99,6 +99,40 @@ __device__ __forceinline__ void kern_dep_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+/* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the
+ * j-th of its block): d = amax / 127, q = round(v / d) clamped to +-127; writes xq[i]
+ * and, from lane 0, ds[i / 32] = (d, d * sum q); returns q. Every x quantization of the
+ * v3 path goes through this, so the forms made in different kernels are bitwise equal. */
+__device__ __forceinline__ int kern_q8_block(float v, int64_t i, int8_t *xq, float2 *ds) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
+    q = max(-127, min(127, q));
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    xq[i] = (int8_t)q;
+    if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * (float)sum);
+    return q;
+}
+
+/* NEOX rotation of pair (x0, x1) = (x[i], x[i + n_rot/2]) at position pos into y[i],
+ * y[i + n_rot/2]: the angle pos * base^(-2i/n_rot) in double (thousands of radians where
+ * a float angle is off by ~1e-4), products not fused (as on the CPU). */
+__device__ __forceinline__ void kern_rope_pair(float x0, float x1, float *y, int i, int n_rot,
+                                               double pos, float freq_base) {
+    const double theta = pos * pow((double)freq_base, -2.0 * i / (double)n_rot);
+    double sd, cd;
+    sincos(theta, &sd, &cd);
+    const float c = (float)cd, sn = (float)sd;
+    y[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+    y[i + n_rot / 2] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+}
+
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl. */
 template <typename... KArgs, typename... Args>
 static inline void kern_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
@@ -194,27 +228,9 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
  * thread after a fixed-order sum (race-free y +=, deterministic results). */
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
                       float *y, bool accumulate, cudaStream_t stream);
-/* Test and bench hooks with C linkage (tests/test_gemv_cuda.c declares them again:
- * keep the two in step). kern_gemv_configure: apply "kind=auto|a|b|p,batch=1|2,
- * pdl=0|1" over the TPI_GEMV_KIND / _BATCH / _PDL settings (NULL: those alone); -1 on a bad spec.
- * Process-wide; not to be called while other threads queue kernels.
- * kern_gemv_describe: the settings in that form. test_prepare: kern_gemv_v3_prepare
- * into a malloc'ed kern_gemv_x (free() it), NULL when false; stream NULL: ctx->stream.
- * test_run: kern_gemv_v3_run, 1 when queued. host_quantize: x's int8 blocks exactly as
- * the device makes them (ds: d, d*sum pairs). host_emulate: the kernel of kind 'a', 'b'
- * or 'p' for a quantized type run on the host with wpr (1, 2, 4) warps per row; -1 when
- * not covered. */
+/* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
-int kern_gemv_configure(const char *spec);
-void kern_gemv_describe(char *buf, size_t n);
-void *kern_gemv_test_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
-                             void *stream);
-int kern_gemv_test_run(struct ops_ctx *ctx, const struct tpi_weight *w, const void *gx, float *y,
-                       int accumulate, void *stream);
-void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds);
-int kern_gemv_host_emulate(int type, const void *w, size_t row_bytes, int64_t ne0, int64_t ne1,
-                           const int8_t *xq, const float *ds, int n_rows, float *y, int kind,
-                           int wpr);
+#include "kernels/kern_gemv_hooks.h"
 }
 
 /* ---- launchers (kern_attn.cu) ---- */

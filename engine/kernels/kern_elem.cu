@@ -181,15 +181,8 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
     const int t = blockIdx.x, h = blockIdx.y, half = n_rot / 2;
     float *xh = x + ((int64_t)t * n_head + h) * head_dim;
     const double p = (double)pos[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double theta = p * pow((double)freq_base, -2.0 * i / (double)n_rot);
-        double sd, cd;
-        sincos(theta, &sd, &cd);
-        const float c = (float)cd, s = (float)sd;
-        const float x0 = xh[i], x1 = xh[i + half];
-        xh[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-        xh[i + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        kern_rope_pair(xh[i], xh[i + half], xh, i, n_rot, p, freq_base);
 }
 
 /* grid (n_tokens, n_head + n_kv): block y < n_head is query head y of token x, the rest
@@ -220,15 +213,8 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
     }
     __syncthreads();
     const double p = (double)pos[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double theta = p * pow((double)freq_base, -2.0 * i / (double)n_rot);
-        double sd, cd;
-        sincos(theta, &sd, &cd);
-        const float c = (float)cd, sn = (float)sd;
-        const float x0 = xs[i], x1 = xs[i + half];
-        xh[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-        xh[i + half] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        kern_rope_pair(xs[i], xs[i + half], xh, i, n_rot, p, freq_base);
     for (int c = n_rot + threadIdx.x; c < head_dim; c += blockDim.x)
         xh[c] = xs[c]; /* dims past n_rot: normalized only */
 }
@@ -236,23 +222,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
 /* ---- producers that also quantize their output for the v3 matrix-vector path ----
  * A decode step's rmsnorm and silu*mul outputs are the x of the next matmul; writing
  * their int8 blocks here saves that matmul's quantization launch (kern_matmul.cu keeps
- * the memo that says so). The arithmetic is gv_quantize_x_kernel's (kern_gemv.cu),
- * bit for bit: the lanes of a warp hold one 32-value block. */
-__device__ __forceinline__ void q8_block(float v, int64_t i, int8_t *xq, float2 *ds) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
-    q = max(-127, min(127, q));
-    int sum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    xq[i] = (int8_t)q;
-    if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * (float)sum);
-}
+ * the memo that says so). kern_q8_block keeps it bitwise equal to gv_quantize_x_kernel's. */
 
 /* One block per row. Each thread rereads its own x values after the reduction, so
  * y == x is safe. xq non-NULL: also y's int8 blocks (n_cols % 32 == 0, blockDim % 32
@@ -270,7 +240,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) {
         const float v = __fmul_rn(__fmul_rn(xr[c], scale), w[c]);
         yr[c] = v;
-        if (xq) q8_block(v, blockIdx.x * n_cols + c, xq, ds);
+        if (xq) kern_q8_block(v, blockIdx.x * n_cols + c, xq, ds);
     }
 }
 
@@ -283,7 +253,7 @@ __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_
         const float gi = g[i];
         const float v = __fmul_rn(gi / (1.0f + expf(-gi)), u[i]);
         y[i] = v;
-        if (xq) q8_block(v, i, xq, ds);
+        if (xq) kern_q8_block(v, i, xq, ds);
     }
 }
 

@@ -775,20 +775,7 @@ __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__rest
     gv_grid_dep_wait(); /* x is the previous kernel's output */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vals) return; /* n_vals % 32 == 0: whole warps leave together */
-    const float v = x[i];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
-    q = max(-127, min(127, q));
-    int s = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-    xq[i] = (int8_t)q;
-    if ((threadIdx.x & 31) == 0) ds[i / GV_QK] = make_float2(d, d * (float)s);
+    const int q = kern_q8_block(x[i], i, xq, ds);
     const int64_t row = i / ne0;
     const int at = (int)(i - row * ne0); /* value index in the row */
     xq[lay.b32_off + row * lay.b32_stride + gv_perm_b32(at)] = (int8_t)q;
@@ -1116,28 +1103,6 @@ static int gv_wpr(const struct ops_ctx *ctx, int64_t ne1, int64_t n_items, int m
     return wpr;
 }
 
-/* Launch `kernel` on grid x block on `stream`, with the programmatic dependent launch
- * attribute when pdl. */
-template <typename... KArgs, typename... Args>
-static void gv_launch_k(void (*kernel)(KArgs...), unsigned grid, unsigned block,
-                        cudaStream_t stream, bool pdl, Args... args) {
-    if (!pdl) {
-        kernel<<<grid, block, 0, stream>>>(args...);
-        return;
-    }
-    cudaLaunchConfig_t lc;
-    memset(&lc, 0, sizeof lc);
-    lc.gridDim = dim3(grid);
-    lc.blockDim = dim3(block);
-    lc.dynamicSmemBytes = 0;
-    lc.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.attrs = at;
-    lc.numAttrs = 1;
-    cudaLaunchKernelEx(&lc, kernel, ((KArgs)args)...);
-}
 
 template <int T, int NR>
 static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
@@ -1153,18 +1118,19 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
         const int wpr = gv_wpr(ctx, ne1, ne0 / 8, 2);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
-        gv_launch_k(gv_elem_kernel<T, NR>, blocks, GV_WARPS * 32, stream, pdl, data, w->row_bytes,
-                    ne0, ne1, gx->x, y, nr, wpr, accumulate);
+        kern_launch(pdl, gv_elem_kernel<T, NR>, dim3(blocks), dim3(GV_WARPS * 32), 0, stream, data,
+                    w->row_bytes, ne0, ne1, gx->x, y, nr, wpr, accumulate);
     } else if (kind == 'b') {
         constexpr int U = gu_batch<T>::U;
         const int wpr = gv_wpr(ctx, ne1, ne0 / 16, U * c.batch);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         if (c.batch == 2)
-            gv_launch_k(gv_unit_kernel<T, NR, 2 * U>, blocks, GV_WARPS * 32, stream, pdl, data,
-                        w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr, accumulate);
+            kern_launch(pdl, gv_unit_kernel<T, NR, 2 * U>, dim3(blocks), dim3(GV_WARPS * 32), 0,
+                        stream, data, w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr,
+                        accumulate);
         else
-            gv_launch_k(gv_unit_kernel<T, NR, U>, blocks, GV_WARPS * 32, stream, pdl, data,
-                        w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr, accumulate);
+            kern_launch(pdl, gv_unit_kernel<T, NR, U>, dim3(blocks), dim3(GV_WARPS * 32), 0, stream,
+                        data, w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr, accumulate);
     } else {
         using Q = gv<T>;
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
@@ -1177,12 +1143,13 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
                                : T == TPI_TYPE_Q6_K ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK == 32 ? lay.b32_stride : lay.k4_stride;
-            gv_launch_k(gv_quant_kernel<T, NR, true>, blocks, GV_WARPS * 32, stream, pdl, data,
-                        w->row_bytes, ne0, ne1, gx->xp + (off - lay.b32_off), xs, gx->ds, y, nr,
-                        wpr, accumulate);
+            kern_launch(pdl, gv_quant_kernel<T, NR, true>, dim3(blocks), dim3(GV_WARPS * 32), 0,
+                        stream, data, w->row_bytes, ne0, ne1, gx->xp + (off - lay.b32_off), xs,
+                        gx->ds, y, nr, wpr, accumulate);
         } else {
-            gv_launch_k(gv_quant_kernel<T, NR, false>, blocks, GV_WARPS * 32, stream, pdl, data,
-                        w->row_bytes, ne0, ne1, gx->xq, ne0, gx->ds, y, nr, wpr, accumulate);
+            kern_launch(pdl, gv_quant_kernel<T, NR, false>, dim3(blocks), dim3(GV_WARPS * 32), 0,
+                        stream, data, w->row_bytes, ne0, ne1, gx->xq, ne0, gx->ds, y, nr, wpr,
+                        accumulate);
         }
     }
 }
@@ -1202,8 +1169,8 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
     gx->n_rows = n_rows;
     gx->ne0 = ne0;
     gx->xp = (const int8_t *)(s + lay.b32_off);
-    gv_launch_k(gv_quantize_x_kernel, (unsigned)((n_vals + 127) / 128), 128, stream,
-                gv_config().pdl != 0, x, (int8_t *)s, (float2 *)(s + lay.ds_off), (int64_t)n_vals,
+    kern_launch(gv_config().pdl != 0, gv_quantize_x_kernel, dim3((unsigned)((n_vals + 127) / 128)),
+                dim3(128), 0, stream, x, (int8_t *)s, (float2 *)(s + lay.ds_off), (int64_t)n_vals,
                 (int)ne0, lay);
     return LAUNCH_OK(ctx, "cuda matmul (v3 x quantization)");
 }

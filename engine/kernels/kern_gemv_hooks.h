@@ -1,0 +1,36 @@
+/*
+ * kern_gemv_hooks.h — the test and bench entry points of the v3 decode matrix-vector
+ * path (kern_gemv.cu), with C linkage, for tests/test_gemv_cuda.c (C) and
+ * kern_common.cuh (CUDA C++) alike. CUDA builds only.
+ */
+#ifndef KERN_GEMV_HOOKS_H
+#define KERN_GEMV_HOOKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+
+/* kern_gemv_configure: apply "kind=auto|a|b|p,batch=1|2,pdl=0|1" over the
+ * TPI_GEMV_KIND / _BATCH / _PDL settings (NULL: those alone); -1 on a bad spec.
+ * Process-wide; not to be called while other threads queue kernels.
+ * kern_gemv_describe: the settings in that form.
+ * kern_gemv_test_prepare: kern_gemv_v3_prepare into a malloc'ed kern_gemv_x (free() it),
+ * NULL when false; stream NULL: ctx->stream.
+ * kern_gemv_test_run: kern_gemv_v3_run, 1 when queued.
+ * kern_gemv_host_quantize: x's int8 blocks exactly as the device makes them (ds: d,
+ * d*sum pairs).
+ * kern_gemv_host_emulate: the kernel of kind 'a', 'b' or 'p' for a quantized type run on
+ * the host with wpr (1, 2, 4) warps per row; -1 when not covered. */
+int kern_gemv_configure(const char *spec);
+void kern_gemv_describe(char *buf, size_t n);
+void *kern_gemv_test_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
+                             void *stream);
+int kern_gemv_test_run(struct ops_ctx *ctx, const struct tpi_weight *w, const void *gx, float *y,
+                       int accumulate, void *stream);
+void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds);
+int kern_gemv_host_emulate(int type, const void *w, size_t row_bytes, int64_t ne0, int64_t ne1,
+                           const int8_t *xq, const float *ds, int n_rows, float *y, int kind,
+                           int wpr);
+
+#endif /* KERN_GEMV_HOOKS_H */
