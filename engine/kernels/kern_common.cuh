@@ -54,7 +54,8 @@ struct ops_ctx {
         int64_t n_vals;
         const int8_t *xq;
         const float2 *ds;
-        const int8_t *xp; /* kind p's permuted copies (prepare writes them), or NULL */
+        const int8_t *xp; /* kind p's permuted copies, or NULL */
+        int64_t ne0;      /* the row length xp was laid out for */
         bool valid;
     } xq_memo;
     bool xq_produce; /* rmsnorm/silu_mul write the int8 x (TPI_XQ_MEMO=1; default off) */
@@ -184,11 +185,12 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
 
 /* ---- launchers (kern_matmul.cu) ---- */
 /* The x-quantization memo (see xq_memo): forget it (every op but the matmuls calls this
- * first); claim q8 scratch for the int8 form of an n_vals-value output about to be
- * written (false: not on the v3 path, not a decode size, or no memory); remember that
- * x (n_vals values) now has its int8 form in the claimed scratch. */
+ * first); claim q8 scratch for the int8 form (blocks, scales and kind p's permuted
+ * copies, kern_xq.cuh's layout for n_rows rows of ne0) of an output about to be written
+ * (false: producers off, not on the v3 path, not a decode size, or no memory); remember
+ * that x (n_vals values) now has its int8 form in the claimed scratch. */
 void kern_xq_forget(struct ops_ctx *ctx);
-bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_vals, int8_t **xq, float2 **ds);
+bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t ne0, int8_t **xq, float2 **ds);
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows);

@@ -9,6 +9,7 @@
 
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
+#include "kern_xq.cuh"
 
 /* Grid size for a grid-stride loop over n items: enough blocks to fill the GPU,
  * never more than the items need. */
@@ -228,7 +229,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
  * y == x is safe. xq non-NULL: also y's int8 blocks (n_cols % 32 == 0, blockDim % 32
  * == 0: the lanes of a warp hold 32 consecutive values per step). */
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
-                               float eps, int8_t *xq, float2 *ds) {
+                               float eps, int8_t *xq, float2 *ds, gv_xlayout lay) {
     kern_dep_wait(); /* launched with PDL on the decode path */
     const float *xr = x + blockIdx.x * n_cols;
     float *yr = y + blockIdx.x * n_cols;
@@ -240,20 +241,23 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     for (int64_t c = threadIdx.x; c < n_cols; c += blockDim.x) {
         const float v = __fmul_rn(__fmul_rn(xr[c], scale), w[c]);
         yr[c] = v;
-        if (xq) kern_q8_block(v, blockIdx.x * n_cols + c, xq, ds);
+        if (xq) {
+            const int64_t i = blockIdx.x * n_cols + c;
+            gv_perm_store(kern_q8_block(v, i, xq, ds), i, n_cols, lay, xq);
+        }
     }
 }
 
 /* xq non-NULL: also y's int8 blocks (n % 32 == 0). */
 __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
-                                float2 *ds) {
+                                float2 *ds, gv_xlayout lay) {
     kern_dep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float gi = g[i];
         const float v = __fmul_rn(gi / (1.0f + expf(-gi)), u[i]);
         y[i] = v;
-        if (xq) kern_q8_block(v, i, xq, ds);
+        if (xq) gv_perm_store(kern_q8_block(v, i, xq, ds), i, n, lay, xq); /* one row of n */
     }
 }
 
@@ -372,10 +376,10 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     const int threads = n_cols >= 1024 ? 256 : n_cols >= 256 ? 128 : 64;
     int8_t *xq = NULL;
     float2 *ds = NULL;
-    const bool q8 =
-        n_rows <= 8 && n_cols % 32 == 0 && kern_xq_claim(ctx, n_rows * n_cols, &xq, &ds);
+    const bool q8 = n_rows <= 8 && kern_xq_claim(ctx, n_rows, n_cols, &xq, &ds);
+    const gv_xlayout lay = gv_xlayout_of((int)TPI_MIN(n_rows, (int64_t)8), n_cols);
     kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream, x,
-                w, y, n_cols, eps, xq, ds);
+                w, y, n_cols, eps, xq, ds, lay);
     if (LAUNCH_OK(ctx, "cuda rmsnorm") && q8) kern_xq_remember(ctx, y, n_rows * n_cols);
 }
 
@@ -427,9 +431,10 @@ void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y
     if (n <= 0) return;
     int8_t *xq = NULL;
     float2 *ds = NULL;
-    const bool q8 = kern_xq_claim(ctx, n, &xq, &ds);
+    const bool q8 = kern_xq_claim(ctx, 1, n, &xq, &ds);
+    const gv_xlayout lay = gv_xlayout_of(1, n);
     kern_launch(ctx->pdl, silu_mul_kernel, dim3(grid_for(ctx, n, 256)), dim3(256), 0, ctx->stream,
-                g, u, y, n, xq, ds);
+                g, u, y, n, xq, ds, lay);
     if (LAUNCH_OK(ctx, "cuda silu_mul") && q8) kern_xq_remember(ctx, y, n);
 }
 

@@ -43,6 +43,7 @@
 
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
+#include "kern_xq.cuh"
 
 #define GV_WARPS 4  /* warps per block */
 #define GV_QK 32    /* x values per int8 block */
@@ -404,43 +405,7 @@ template <> struct gv<TPI_TYPE_Q6_K> {
     }
 };
 
-/* Kind p's permuted copies of x (one per item shape): the physical byte, within a row
- * of the copy, of logical value v. Items are numbered along the row (it); the 32 items
- * of a group g = it / 32 are what a warp's 32 lanes take in one step, and unit k of
- * item it goes to group g's 512-byte slice k at 16 * (it % 32). Rows of a copy are
- * padded to whole groups (GS bytes). */
-#define GV_GS_B32 1024 /* items of 32 values (Q8_0, Q4_0, Q5_0): 2 units each */
-#define GV_GS_K4 2048  /* items of 64 values (Q4_K chunks, Q6_K halves): 4 units each */
-__host__ __device__ __forceinline__ int gv_perm_b32(int v) {
-    const int it = v >> 5, k = (v >> 4) & 1;
-    return GV_GS_B32 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
-}
-__host__ __device__ __forceinline__ int gv_perm_k4(int v) { /* Q4_K: item = 64 values in order */
-    const int it = v >> 6, k = (v >> 4) & 3;
-    return GV_GS_K4 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
-}
-__host__ __device__ __forceinline__ int gv_perm_q6(int v) { /* Q6_K: see gv<TPI_TYPE_Q6_K> */
-    const int blk = v >> 8, w = v & 255, n = w >> 7, k = (w >> 5) & 3, i0 = (w >> 4) & 1;
-    const int it = 4 * blk + 2 * n + i0;
-    return GV_GS_K4 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
-}
-/* Where prepare puts the parts of x in its scratch, from xq (all 256-byte aligned). */
-struct gv_xlayout {
-    size_t ds_off, b32_off, k4_off, q6_off, n_bytes;
-    int b32_stride, k4_stride; /* padded row strides of the copies */
-};
-__host__ __device__ __forceinline__ gv_xlayout gv_xlayout_of(int n_rows, int64_t ne0) {
-    gv_xlayout l;
-    const size_t n_vals = (size_t)n_rows * (size_t)ne0;
-    l.b32_stride = (int)((ne0 + GV_GS_B32 - 1) / GV_GS_B32 * GV_GS_B32);
-    l.k4_stride = (int)((ne0 + GV_GS_K4 - 1) / GV_GS_K4 * GV_GS_K4);
-    l.ds_off = (n_vals + 255) / 256 * 256;
-    l.b32_off = l.ds_off + (n_vals / GV_QK * sizeof(float2) + 255) / 256 * 256;
-    l.k4_off = l.b32_off + (size_t)n_rows * l.b32_stride;
-    l.q6_off = l.k4_off + (size_t)n_rows * l.k4_stride;
-    l.n_bytes = l.q6_off + (size_t)n_rows * l.k4_stride;
-    return l;
-}
+/* Kind p's permuted copies of x and where prepare puts them: kern_xq.cuh. */
 
 /* BF16/F16 weights, f32 x: an item is 8 values (16 bytes), a "block" of one item. */
 template <int TYPE>
@@ -776,11 +741,7 @@ __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__rest
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vals) return; /* n_vals % 32 == 0: whole warps leave together */
     const int q = kern_q8_block(x[i], i, xq, ds);
-    const int64_t row = i / ne0;
-    const int at = (int)(i - row * ne0); /* value index in the row */
-    xq[lay.b32_off + row * lay.b32_stride + gv_perm_b32(at)] = (int8_t)q;
-    xq[lay.k4_off + row * lay.k4_stride + gv_perm_k4(at)] = (int8_t)q;
-    xq[lay.q6_off + row * lay.k4_stride + gv_perm_q6(at)] = (int8_t)q;
+    gv_perm_store(q, i, ne0, lay, xq);
 }
 
 /* kind a: sum acc over the warp, then over the wpr warps of one row (shared memory),

@@ -18,6 +18,7 @@
  */
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
+#include "kern_xq.cuh"
 
 #define MATVEC_MAX_ROWS 8
 #define MATVEC_WARPS 4 /* warps (output features) per block */
@@ -656,20 +657,22 @@ void kern_xq_forget(struct ops_ctx *ctx) {
     ctx->xq_memo.valid = false;
 }
 
-bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_vals, int8_t **xq, float2 **ds) {
+bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t ne0, int8_t **xq, float2 **ds) {
     ctx->xq_memo.valid = false;
-    if (!ctx->xq_produce || ctx->gemv != 3 || n_vals <= 0 || n_vals % 32 != 0 || n_vals > XQ_MAX_VALS) return false;
-    /* the layout of kern_gemv_v3_prepare: int8 values (256-byte aligned size), then the
-     * (d, d * sum) pair of each block */
-    const size_t q_bytes = ((size_t)n_vals + 255) / 256 * 256;
-    uint8_t *s = (uint8_t *)kern_scratch_get(
-        ctx, &ctx->q8, q_bytes + (size_t)n_vals / 32 * sizeof(float2), "cuda x quantization");
+    const int64_t n_vals = n_rows * ne0;
+    if (!ctx->xq_produce || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
+        n_vals > XQ_MAX_VALS)
+        return false;
+    /* kern_gemv_v3_prepare's layout (kern_xq.cuh), permuted copies included */
+    const gv_xlayout lay = gv_xlayout_of((int)n_rows, ne0);
+    uint8_t *s = (uint8_t *)kern_scratch_get(ctx, &ctx->q8, lay.n_bytes, "cuda x quantization");
     if (!s) return false;
     *xq = (int8_t *)s;
-    *ds = (float2 *)(s + q_bytes);
+    *ds = (float2 *)(s + lay.ds_off);
     ctx->xq_memo.xq = *xq;
     ctx->xq_memo.ds = *ds;
-    ctx->xq_memo.xp = NULL; /* producers write no permuted copies */
+    ctx->xq_memo.xp = (const int8_t *)(s + lay.b32_off);
+    ctx->xq_memo.ne0 = ne0;
     return true;
 }
 
@@ -701,8 +704,9 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
     }
     const bool hit = ctx->xq_memo.valid && ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_vals;
     if (hit && n_rows >= 1 && n_rows <= MATVEC_MAX_ROWS && ne0 % 32 == 0) {
+        /* the permuted copies serve only rows of the length they were laid out for */
         *gx = (struct kern_gemv_x){x, ctx->xq_memo.xq, ctx->xq_memo.ds, n_rows, ne0,
-                                   ctx->xq_memo.xp};
+                                   ctx->xq_memo.ne0 == ne0 ? ctx->xq_memo.xp : NULL};
         return true;
     }
     ctx->xq_memo.valid = false;
@@ -710,6 +714,7 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
     ctx->xq_memo.xq = gx->xq;
     ctx->xq_memo.ds = gx->ds;
     ctx->xq_memo.xp = gx->xp;
+    ctx->xq_memo.ne0 = ne0;
     kern_xq_remember(ctx, x, n_vals);
     return true;
 }
