@@ -187,10 +187,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         }
     }
     ctx->gemv = gemv_from_env();
-    /* Off by default, as measured (bench/NOTES.md, change 6): rmsnorm/silu_mul writing the
-     * next matmul's int8 x saves a launch but not the permuted copies the default GEMV
-     * (kind p) reads, which then falls back to kind a; PDL launches of our kernels were
-     * only measured together with an L2 prefetch that cost more than they saved. */
+    /* Off by default until measured (bench/NOTES.md, change 6): rmsnorm/silu_mul writing
+     * the next matmul's int8 x was measured only before they wrote kind p's permuted
+     * copies; PDL launches of our kernels only together with an L2 prefetch that cost
+     * more than they saved. */
     const char *xm = getenv("TPI_XQ_MEMO");
     ctx->xq_produce = xm && strcmp(xm, "1") == 0;
     const char *pd = getenv("TPI_PDL");
