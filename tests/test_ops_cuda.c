@@ -431,7 +431,6 @@ END_TEST
  */
 
 /* kern_attn_mma.cu (C linkage; this test is built with CUDA only). */
-int ops_cuda_set_attn_mma(int mode);
 int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t, int32_t *blk,
                      int cap);
 

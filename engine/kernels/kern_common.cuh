@@ -261,9 +261,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx);
  * past the tokens covered and returns the count. */
 extern "C" int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t,
                                 int32_t *blk, int cap);
-/* Which shapes take the mma path, for this process (bit 0: prefill, batches of >= 16
- * tokens; bit 1: decode, smaller ones); returns the previous mode, unchanged outside 0..3.
- * TPI_ATTN_MMA sets it at context init (0, 1 = both, "prefill", "decode"). */
-extern "C" int ops_cuda_set_attn_mma(int mode);
+/* ops_cuda_set_attn_mma (kern_attn_mma.cu): declared in ops.h. */
 
 #endif /* KERN_COMMON_CUH */
