@@ -173,6 +173,30 @@ __host__ __device__ __forceinline__ const int8_t *gv_xunit(const int8_t *x, int 
     return PERM ? x + 512 * k : x + lin_off;
 }
 
+/* The rows of a 32-value block: acc[r] += d * dx_r * sum(w . x_r) for the block's 32
+ * int8 weights as 8 words (a: values 0..15, b: 16..31) against x row r's block. */
+template <int NR, bool PERM>
+__host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint32_t *b, float d,
+                                                  const int8_t *x, int xs, const float2 *ds,
+                                                  int dss, int nr, float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int8_t *xr = x + (size_t)r * xs;
+            const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
+            const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
+            int s = gv_dp4a(a[0], x0.x, 0);
+            s = gv_dp4a(a[1], x0.y, s);
+            s = gv_dp4a(a[2], x0.z, s);
+            s = gv_dp4a(a[3], x0.w, s);
+            s = gv_dp4a(b[0], x1.x, s);
+            s = gv_dp4a(b[1], x1.y, s);
+            s = gv_dp4a(b[2], x1.z, s);
+            s = gv_dp4a(b[3], x1.w, s);
+            acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
+        }
+}
+
 /* Q8_0: an item is a block: f16 d, 32 int8 at b+2 (2-byte aligned). */
 template <> struct gv<TPI_TYPE_Q8_0> {
     static constexpr int BLK = 32, BYTES = 34, IPB = 1;
@@ -183,22 +207,7 @@ template <> struct gv<TPI_TYPE_Q8_0> {
         const float d = gv_wf16(b) * keep;
         uint32_t q[8];
         gv_ld_a2<8>(b + 2, q);
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (r == 0 || r < nr) {
-                const int8_t *xr = x + (size_t)r * xs;
-                const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
-                const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
-                int s = gv_dp4a(q[0], x0.x, 0);
-                s = gv_dp4a(q[1], x0.y, s);
-                s = gv_dp4a(q[2], x0.z, s);
-                s = gv_dp4a(q[3], x0.w, s);
-                s = gv_dp4a(q[4], x1.x, s);
-                s = gv_dp4a(q[5], x1.y, s);
-                s = gv_dp4a(q[6], x1.z, s);
-                s = gv_dp4a(q[7], x1.w, s);
-                acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
-            }
+        gv_dot32<NR, PERM>(q, q + 4, d, x, xs, ds, dss, nr, acc);
     }
 };
 
@@ -218,22 +227,7 @@ template <> struct gv<TPI_TYPE_Q4_0> {
             lo[i] = gv_vsub4(w[i] & 0x0F0F0F0Fu, 0x08080808u);
             hi[i] = gv_vsub4((w[i] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
         }
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (r == 0 || r < nr) {
-                const int8_t *xr = x + (size_t)r * xs;
-                const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
-                const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
-                int s = gv_dp4a(lo[0], x0.x, 0);
-                s = gv_dp4a(lo[1], x0.y, s);
-                s = gv_dp4a(lo[2], x0.z, s);
-                s = gv_dp4a(lo[3], x0.w, s);
-                s = gv_dp4a(hi[0], x1.x, s);
-                s = gv_dp4a(hi[1], x1.y, s);
-                s = gv_dp4a(hi[2], x1.z, s);
-                s = gv_dp4a(hi[3], x1.w, s);
-                acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
-            }
+        gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
     }
 };
 
@@ -256,22 +250,7 @@ template <> struct gv<TPI_TYPE_Q5_0> {
             hi[i] = gv_vsub4(((q >> 4) & 0x0F0F0F0Fu) | gv_spread4((qh >> (16 + 4 * i)) & 0xFu),
                              0x10101010u);
         }
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (r == 0 || r < nr) {
-                const int8_t *xr = x + (size_t)r * xs;
-                const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
-                const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
-                int s = gv_dp4a(lo[0], x0.x, 0);
-                s = gv_dp4a(lo[1], x0.y, s);
-                s = gv_dp4a(lo[2], x0.z, s);
-                s = gv_dp4a(lo[3], x0.w, s);
-                s = gv_dp4a(hi[0], x1.x, s);
-                s = gv_dp4a(hi[1], x1.y, s);
-                s = gv_dp4a(hi[2], x1.z, s);
-                s = gv_dp4a(hi[3], x1.w, s);
-                acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
-            }
+        gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
     }
 };
 
