@@ -978,33 +978,21 @@ void kern_gemv_describe(char *buf, size_t n) {
 
 /* ---------------------------------------------------------------- launchers */
 
-/* The types this path covers; f is called with the type as a constant. */
+/* The types this path covers; f is called with the type as a constant (kq_dispatch's
+ * cases, filtered). */
+template <int T>
+constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
+                                 T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K || T == TPI_TYPE_BF16 ||
+                                 T == TPI_TYPE_F16;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
-    switch (type) {
-    case TPI_TYPE_Q8_0:
-        f(std::integral_constant<int, TPI_TYPE_Q8_0>{});
-        return true;
-    case TPI_TYPE_Q4_0:
-        f(std::integral_constant<int, TPI_TYPE_Q4_0>{});
-        return true;
-    case TPI_TYPE_Q5_0:
-        f(std::integral_constant<int, TPI_TYPE_Q5_0>{});
-        return true;
-    case TPI_TYPE_Q4_K:
-        f(std::integral_constant<int, TPI_TYPE_Q4_K>{});
-        return true;
-    case TPI_TYPE_Q6_K:
-        f(std::integral_constant<int, TPI_TYPE_Q6_K>{});
-        return true;
-    case TPI_TYPE_BF16:
-        f(std::integral_constant<int, TPI_TYPE_BF16>{});
-        return true;
-    case TPI_TYPE_F16:
-        f(std::integral_constant<int, TPI_TYPE_F16>{});
-        return true;
-    default:
-        return false;
-    }
+    bool taken = false;
+    kq_dispatch(type, [&](auto type_c, auto) {
+        if constexpr (gv_type_covered<decltype(type_c)::value>) {
+            f(type_c);
+            taken = true;
+        }
+    });
+    return taken;
 }
 
 static bool gv_is_elem(int type) {
