@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI extras: the single-process unit tests again under AddressSanitizer + UBSan (CPU
-# build), and the GGUF reader's libFuzzer target for 60 s when clang is present.
+# build), and the GGUF reader's libFuzzer target when clang is present: once over the
+# inputs in tests/fuzz/regress/, then 60 s of new inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$(pwd)
@@ -20,10 +21,18 @@ if command -v clang >/dev/null; then
     CC=clang cmake -S . -B build-fuzz -G Ninja -DTPI_CUDA=OFF -DTPI_FUZZ=ON -DTPI_TESTS=OFF \
         -DCMAKE_BUILD_TYPE=Debug >/dev/null
     cmake --build build-fuzz -j 2 --target fuzz_gguf >/dev/null
+    # Inputs that once failed run first, each once; then 60 s of new inputs. A report
+    # is printed whole (the last lines alone are the statistics, not the finding).
+    build-fuzz/fuzz_gguf tests/fuzz/regress/* >build-fuzz/regress.log 2>&1 ||
+        { cat build-fuzz/regress.log; exit 1; }
     mkdir -p build-fuzz/corpus
     cp tests/data/qwen2-tiny-q4_0.gguf build-fuzz/corpus/ 2>/dev/null || true
-    build-fuzz/fuzz_gguf -max_total_time=60 -max_len=65536 -rss_limit_mb=2048 \
-        -print_final_stats=1 build-fuzz/corpus 2>&1 | tail -5
+    if ! build-fuzz/fuzz_gguf -max_total_time=60 -max_len=65536 -rss_limit_mb=2048 \
+        -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus >build-fuzz/fuzz.log 2>&1; then
+        grep -v '^#[0-9]' build-fuzz/fuzz.log | tail -60
+        exit 1
+    fi
+    tail -5 build-fuzz/fuzz.log
 else
     echo "ci: clang not found, fuzz run skipped" >&2
 fi

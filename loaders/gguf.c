@@ -583,9 +583,12 @@ static int part_parse(struct gguf_file *f, int part_no, struct tpi_error *err) {
     for (int64_t i = first; i < f->n_tensors; i++) {
         struct gguf_tensor *t = &f->tensors[i];
         const struct quant_traits *tr = quant_traits(t->type);
-        int64_t n_elems = 1;
+        /* Rows and elements are checked apart: with ne[0] = 0 the element count
+         * is 0 whatever the other dimensions multiply to. */
+        int64_t n_elems = 1, n_rows = 1;
         for (int d = 0; d < GGUF_MAX_DIMS; d++)
-            if (__builtin_mul_overflow(n_elems, t->ne[d], &n_elems))
+            if (__builtin_mul_overflow(n_elems, t->ne[d], &n_elems) ||
+                (d > 0 && __builtin_mul_overflow(n_rows, t->ne[d], &n_rows)))
                 return ferr(err, TPI_ERR_FORMAT, path,
                             "tensor '%s': shape [%lld, %lld, %lld, %lld] overflows 64 bits",
                             t->name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
@@ -595,8 +598,7 @@ static int part_parse(struct gguf_file *f, int part_no, struct tpi_error *err) {
                         "tensor '%s': ne[0] = %lld is not a multiple of the %s block size %d",
                         t->name, (long long)t->ne[0], tr->name, tr->blck_size);
         uint64_t row_bytes = (uint64_t)(t->ne[0] / tr->blck_size) * tr->type_size, n_bytes;
-        uint64_t n_rows = (uint64_t)(t->ne[1] * t->ne[2] * t->ne[3]); /* fits: n_elems did */
-        if (__builtin_mul_overflow(row_bytes, n_rows, &n_bytes))
+        if (__builtin_mul_overflow(row_bytes, (uint64_t)n_rows, &n_bytes))
             return ferr(err, TPI_ERR_FORMAT, path, "tensor '%s': byte size overflows 64 bits",
                         t->name);
         t->n_bytes = n_bytes;

@@ -304,6 +304,9 @@ START_TEST(test_bad_tensors) {
     uint64_t big[3] = {1ull << 32, 1ull << 32, 1ull << 32};
     one_tensor(&b, "t", 3, big, TPI_TYPE_F32, 0, 32);
     expect_fail("ne product overflows", &b, "overflows");
+    uint64_t empty_big[3] = {0, 1ull << 32, 1ull << 32}; /* 0 elements, rows overflow */
+    one_tensor(&b, "t", 3, empty_big, TPI_TYPE_F32, 0, 32);
+    expect_fail("row count overflows with ne[0] = 0", &b, "overflows");
     uint64_t bytes_over[2] = {1ull << 31, 1ull << 31}; /* 2^62 elements * 4 bytes */
     one_tensor(&b, "t", 2, bytes_over, TPI_TYPE_F32, 0, 32);
     expect_fail("byte size overflows", &b, "overflows");
