@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CI extras: the single-process unit tests again under AddressSanitizer + UBSan (CPU
-# build), and the GGUF reader's libFuzzer target when clang is present: once over the
-# inputs in tests/fuzz/regress/, then 60 s of new inputs.
+# build), and when clang is present the libFuzzer targets (tests/fuzz/): each once over
+# the inputs in tests/fuzz/regress/ that failed it before, then 45 s of new inputs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 here=$(pwd)
@@ -20,19 +20,27 @@ ASAN_OPTIONS=detect_leaks=0 \
 if command -v clang >/dev/null; then
     CC=clang cmake -S . -B build-fuzz -G Ninja -DTPI_CUDA=OFF -DTPI_FUZZ=ON -DTPI_TESTS=OFF \
         -DCMAKE_BUILD_TYPE=Debug >/dev/null
-    cmake --build build-fuzz -j 2 --target fuzz_gguf >/dev/null
-    # Inputs that once failed run first, each once; then 60 s of new inputs. A report
-    # is printed whole (the last lines alone are the statistics, not the finding).
-    build-fuzz/fuzz_gguf tests/fuzz/regress/* >build-fuzz/regress.log 2>&1 ||
-        { cat build-fuzz/regress.log; exit 1; }
-    mkdir -p build-fuzz/corpus
-    cp tests/data/qwen2-tiny-q4_0.gguf build-fuzz/corpus/ 2>/dev/null || true
-    if ! build-fuzz/fuzz_gguf -max_total_time=60 -max_len=65536 -rss_limit_mb=2048 \
-        -print_final_stats=1 -artifact_prefix=build-fuzz/ build-fuzz/corpus >build-fuzz/fuzz.log 2>&1; then
-        grep -v '^#[0-9]' build-fuzz/fuzz.log | tail -60
-        exit 1
-    fi
-    tail -5 build-fuzz/fuzz.log
+    cmake --build build-fuzz -j 2 --target fuzz_gguf fuzz_model fuzz_requests >/dev/null
+    # Each target: the inputs that once failed it, each once; then 45 s of new inputs
+    # from its seeds. A report is printed whole (its last lines are only statistics).
+    for t in fuzz_gguf fuzz_model fuzz_requests; do
+        if compgen -G "tests/fuzz/regress/$t-*" >/dev/null; then
+            build-fuzz/$t tests/fuzz/regress/$t-* >build-fuzz/$t-regress.log 2>&1 ||
+                { cat build-fuzz/$t-regress.log; exit 1; }
+        fi
+        mkdir -p build-fuzz/$t-corpus
+        case $t in
+            fuzz_requests) cp tests/fuzz/seeds/requests/* build-fuzz/$t-corpus/ ;;
+            *) cp tests/fuzz/seeds/*.gguf build-fuzz/$t-corpus/ ;;
+        esac
+        if ! build-fuzz/$t -max_total_time=45 -max_len=65536 -rss_limit_mb=2048 \
+            -print_final_stats=1 -artifact_prefix=build-fuzz/$t- build-fuzz/$t-corpus \
+            >build-fuzz/$t.log 2>&1; then
+            grep -v '^#[0-9]' build-fuzz/$t.log | tail -60
+            exit 1
+        fi
+        echo "$t: $(grep -m1 '^Done' build-fuzz/$t.log)"
+    done
 else
-    echo "ci: clang not found, fuzz run skipped" >&2
+    echo "ci: clang not found, fuzz runs skipped" >&2
 fi

@@ -1,0 +1,152 @@
+/*
+ * fuzz_requests.c — libFuzzer target for the batch command's files: each input is
+ * read as a prompt file (ours, OpenAI batch lines or plain text) with the seed
+ * model's tokenizer, then as an output file for --resume, and every request gets a
+ * record written (error records, and result records whose text is the prompt's
+ * tokens decoded, so odd bytes reach the JSON writer). Checked beyond "no crash":
+ * a request either carries an error that names its line or a prompt that fits the
+ * context with ids inside the vocabulary, and resume marks no more than there are.
+ * The first input byte picks the options (--chat, --logprobs, ordered output).
+ * Build: CC=clang cmake -DTPI_FUZZ=ON (see the end of CMakeLists.txt).
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "sched/output.h"
+#include "sched/requests.h"
+#include "text/tokenizer.h"
+
+#ifndef TPI_FUZZ_SEED_MODEL
+#error "TPI_FUZZ_SEED_MODEL: the GGUF whose tokenizer reads the prompts (CMakeLists.txt)"
+#endif
+
+static struct tokenizer *g_tok;
+
+/* The tokenizer of the seed model, loaded once. */
+static void load_tokenizer(void) {
+    struct gguf_file *f = NULL;
+    struct tpi_error err = {0};
+    if (gguf_open(TPI_FUZZ_SEED_MODEL, &f, &err) != TPI_OK ||
+        tok_load(f, &g_tok, &err) != TPI_OK) {
+        fprintf(stderr, "fuzz_requests: %s\n", err.msg);
+        abort();
+    }
+    gguf_close(&f);
+}
+
+/* An in-memory file holding data; returns its /proc path in path (64 bytes). */
+static void memfile(int *fd, char *path, const char *name, const uint8_t *data, size_t size) {
+    if (*fd < 0) {
+        *fd = memfd_create(name, 0);
+        if (*fd < 0) abort();
+    }
+    snprintf(path, 64, "/proc/self/fd/%d", *fd);
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, data, size, 0) != (ssize_t)size) abort();
+}
+
+static void check_requests(const struct batch_input *in, const struct req_defaults *d) {
+    for (int i = 0; i < in->n_reqs; i++) {
+        const struct batch_req *r = &in->reqs[i];
+        if (r->line < 1) abort();
+        if (r->error) {
+            char want[32];
+            snprintf(want, sizeof want, "line %ld", r->line);
+            if (strncmp(r->error, want, strlen(want)) != 0) abort(); /* must name its line */
+            continue;
+        }
+        if (r->n_prompt < 1 || r->n_prompt >= d->n_ctx || !r->id_json) abort();
+        for (int k = 0; k < r->n_prompt; k++)
+            if (r->prompt[k] < 0 || r->prompt[k] >= d->n_vocab) abort();
+        for (int k = 0; k < r->n_stop; k++)
+            if (!r->stop[k]) abort();
+        if (r->n_logprobs < 0 || r->n_top_out < 0 || (r->want_logprobs && r->n_logprobs < 1))
+            abort();
+    }
+}
+
+/* Write every request's record to /dev/null: errors first, then a result for each
+ * runnable request, its "generated" tokens being its prompt. */
+static void write_records(struct batch_input *in, bool ordered) {
+    struct batch_out out;
+    memset(&out, 0, sizeof out);
+    struct tpi_error err = {0};
+    if (batch_out_open(&out, "/dev/null", false, ordered, false, in, g_tok, "seed", &err) !=
+        TPI_OK)
+        abort();
+    if (batch_out_errors(&out, &err) != TPI_OK) abort();
+    for (int i = 0; i < in->n_reqs; i++) {
+        const struct batch_req *r = &in->reqs[i];
+        if (r->error || r->done) continue;
+        char *text = NULL;
+        size_t n_text = 0;
+        if (tok_decode(g_tok, r->prompt, r->n_prompt, &text, &n_text, &err) != TPI_OK) abort();
+        int k = r->want_logprobs ? r->n_logprobs : 0;
+        int32_t *ids = calloc((size_t)r->n_prompt * (k ? k : 1), sizeof *ids);
+        float *vals = calloc((size_t)r->n_prompt * (k ? k : 1), sizeof *vals);
+        float *chosen = calloc((size_t)r->n_prompt, sizeof *chosen);
+        if (!ids || !vals || !chosen) abort();
+        for (int t = 0; t < r->n_prompt; t++) {
+            chosen[t] = -0.5f * (float)t;
+            for (int j = 0; j < k; j++) {
+                ids[t * k + j] = (r->prompt[t] + j) % tok_n_vocab(g_tok);
+                vals[t * k + j] = -(float)j;
+            }
+        }
+        struct sched_result res = {.tokens = r->prompt, .n_tokens = r->n_prompt, .text = text,
+                                   .n_text = n_text, .finish_reason = i % 2 ? "stop" : "length",
+                                   .n_prompt = r->n_prompt, .lp_k = k, .lp_ids = ids,
+                                   .lp_vals = vals, .lp_chosen = chosen, .t_first_s = 0.25,
+                                   .t_decode_s = 1.0};
+        if (batch_out_result(&out, i, &res, &err) != TPI_OK) abort();
+        free(text);
+        free(ids);
+        free(vals);
+        free(chosen);
+    }
+    if (batch_out_close(&out, &err) != TPI_OK) abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static int in_fd = -1, out_fd = -1;
+    if (!g_tok) load_tokenizer();
+    if (size < 1) return 0;
+    const uint8_t flags = data[0];
+    data++;
+    size--;
+    struct req_defaults d;
+    memset(&d, 0, sizeof d);
+    d.max_tokens = 16;
+    sampler_params_default(&d.sp);
+    d.seed = 7;
+    d.n_logprobs = flags & 1 ? 3 : 0;
+    d.chat = flags & 2;
+    d.n_ctx = 64;
+    d.n_vocab = tok_n_vocab(g_tok);
+    char in_path[64], out_path[64];
+    memfile(&in_fd, in_path, "fuzz-prompts.jsonl", data, size);
+    struct batch_input in;
+    memset(&in, 0, sizeof in);
+    struct tpi_error err = {0};
+    int rc = batch_input_load(in_path, g_tok, &d, &in, &err);
+    if (rc != TPI_OK) {
+        if (err.msg[0] == '\0') abort();
+        return 0;
+    }
+    check_requests(&in, &d);
+    /* The same bytes as last run's output: resume must not mark more than exist. */
+    memfile(&out_fd, out_path, "fuzz-out.jsonl", data, size);
+    int n_done = 0;
+    tpi_err_clear(&err);
+    rc = batch_resume_scan(out_path, &in, &n_done, &err);
+    if (rc != TPI_OK && err.msg[0] == '\0') abort();
+    if (n_done < 0 || n_done > in.n_reqs) abort();
+    write_records(&in, flags & 4);
+    batch_input_free(&in);
+    return 0;
+}
