@@ -358,6 +358,139 @@ START_TEST(test_parallel) {
 }
 END_TEST
 
+/* The "choices" of a record as compact JSON strings, timing dropped. */
+static char *choice_json(const cJSON *rec, int k) {
+    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(rec, "choices"), k);
+    ck_assert_msg(c != NULL, "no choice %d", k);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(c, "index")->valuedouble, k);
+    cJSON *d = cJSON_Duplicate(c, 1);
+    cJSON_DeleteItemFromObject(d, "index");
+    char *s = cJSON_PrintUnformatted(d);
+    cJSON_Delete(d);
+    return s;
+}
+
+/* n completions per request: greedy choices equal the n = 1 result, sampled choice 0
+ * equals the n = 1 request with the same seed and the others differ, usage sums,
+ * out-of-range n is an error record, and the records do not depend on --parallel,
+ * --ubatch or --ordered; --resume skips requests whose record is there. */
+START_TEST(test_choices) {
+    write_file(path_in("c.jsonl"),
+               "{\"id\": \"g1\", \"prompt\": \"The cat sat\", \"max_tokens\": 6}\n"
+               "{\"id\": \"g3\", \"prompt\": \"The cat sat\", \"max_tokens\": 6, \"n\": 3}\n"
+               "{\"id\": \"s1\", \"prompt\": \"The cat sat\", \"max_tokens\": 6, "
+               "\"temperature\": 1.0, \"seed\": 11, \"logprobs\": 2}\n"
+               "{\"id\": \"s4\", \"prompt\": \"The cat sat\", \"max_tokens\": 6, "
+               "\"temperature\": 1.0, \"seed\": 11, \"logprobs\": 2, \"n\": 4}\n"
+               "{\"custom_id\": \"oc\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
+               "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"Hey\"}], "
+               "\"max_tokens\": 5, \"temperature\": 1.0, \"seed\": 3, \"n\": 2}}\n"
+               "{\"id\": \"n0\", \"prompt\": \"x\", \"n\": 0}\n"
+               "{\"id\": \"n65\", \"prompt\": \"x\", \"n\": 65}\n");
+    const char *a1[] = {"-f", path_in("c.jsonl"), "-o", path_in("c1.jsonl"), "--temp", "0",
+                        "--parallel", "1", NULL};
+    const char *a3[] = {"-f", path_in("c.jsonl"), "-o", path_in("c3.jsonl"), "--temp", "0",
+                        "--parallel", "3", "--ubatch", "4", "--ordered", NULL};
+    ck_assert_int_eq(run(1, a1), 0);
+    ck_assert_int_eq(run(1, a3), 0);
+    int n1, n3;
+    char *r1 = normalized(path_in("c1.jsonl"), &n1);
+    char *r3 = normalized(path_in("c3.jsonl"), &n3);
+    ck_assert_int_eq(n1, 7);
+    ck_assert_int_eq(n3, 7);
+    assert_same("choices, --parallel 3 --ubatch 4 vs --parallel 1", r3, r1);
+
+    // Greedy: the flat n = 1 record's completion, three times.
+    cJSON *g1 = record_by_line(r1, 1), *g3 = record_by_line(r1, 2);
+    ck_assert_ptr_null(cJSON_GetObjectItem(g1, "choices"));
+    cJSON *flat = cJSON_CreateObject();
+    cJSON_AddItemToObject(flat, "text", cJSON_Duplicate(cJSON_GetObjectItem(g1, "text"), 1));
+    cJSON_AddItemToObject(flat, "tokens", cJSON_Duplicate(cJSON_GetObjectItem(g1, "tokens"), 1));
+    cJSON_AddItemToObject(flat, "finish_reason",
+                          cJSON_Duplicate(cJSON_GetObjectItem(g1, "finish_reason"), 1));
+    char *want = cJSON_PrintUnformatted(flat);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(g3, "choices")), 3);
+    for (int k = 0; k < 3; k++) {
+        char *got = choice_json(g3, k);
+        ck_assert_str_eq(got, want);
+        free(got);
+    }
+    ck_assert_ptr_null(cJSON_GetObjectItem(g3, "text"));
+    ck_assert_int_eq((int)cJSON_GetObjectItem(g3, "completion_tokens")->valuedouble,
+                     3 * (int)cJSON_GetObjectItem(g1, "completion_tokens")->valuedouble);
+    ck_assert_int_eq((int)cJSON_GetObjectItem(g3, "prompt_tokens")->valuedouble,
+                     (int)cJSON_GetObjectItem(g1, "prompt_tokens")->valuedouble);
+    free(want);
+    cJSON_Delete(flat);
+
+    // Sampled: choice 0 is the n = 1 request with the same seed; the others differ.
+    cJSON *s1 = record_by_line(r1, 3), *s4 = record_by_line(r1, 4);
+    cJSON *one = cJSON_CreateObject();
+    const char *keys[] = {"text", "tokens", "finish_reason", "logprobs"};
+    for (int i = 0; i < 4; i++)
+        cJSON_AddItemToObject(one, keys[i], cJSON_Duplicate(cJSON_GetObjectItem(s1, keys[i]), 1));
+    want = cJSON_PrintUnformatted(one);
+    char *c[4];
+    long total = 0;
+    for (int k = 0; k < 4; k++) {
+        c[k] = choice_json(s4, k);
+        const cJSON *ck = cJSON_GetArrayItem(cJSON_GetObjectItem(s4, "choices"), k);
+        int nt = cJSON_GetArraySize(cJSON_GetObjectItem(ck, "tokens"));
+        ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(ck, "logprobs")), nt);
+        total += nt;
+    }
+    ck_assert_str_eq(c[0], want);
+    for (int a = 0; a < 4; a++)
+        for (int b = a + 1; b < 4; b++)
+            ck_assert_msg(strcmp(c[a], c[b]) != 0, "choices %d and %d are the same sample", a, b);
+    ck_assert_int_eq((long)cJSON_GetObjectItem(s4, "completion_tokens")->valuedouble, total);
+    for (int k = 0; k < 4; k++) free(c[k]);
+    free(want);
+    cJSON_Delete(one);
+
+    // OpenAI: two choices in index order, usage summed.
+    cJSON *oc = record_by_line(r1, 5);
+    cJSON *body = cJSON_GetObjectItem(cJSON_GetObjectItem(oc, "response"), "body");
+    cJSON *choices = cJSON_GetObjectItem(body, "choices");
+    ck_assert_int_eq(cJSON_GetArraySize(choices), 2);
+    long sum = 0;
+    for (int k = 0; k < 2; k++) {
+        cJSON *ck = cJSON_GetArrayItem(choices, k);
+        ck_assert_int_eq((int)cJSON_GetObjectItem(ck, "index")->valuedouble, k);
+        ck_assert_str_eq(cJSON_GetObjectItem(ck, "finish_reason")->valuestring, "length");
+        sum += 5;
+    }
+    ck_assert_int_eq((long)cJSON_GetObjectItem(cJSON_GetObjectItem(body, "usage"),
+                                               "completion_tokens")->valuedouble, sum);
+
+    // Out of range.
+    for (long line = 6; line <= 7; line++) {
+        cJSON *e = record_by_line(r1, line);
+        const char *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message")->valuestring;
+        ck_assert_msg(strstr(msg, "\"n\" must be an integer in [1, 64]"), "line %ld: %s", line, msg);
+        cJSON_Delete(e);
+    }
+
+    // --resume from the first three records of the ordered run finishes the rest alike.
+    size_t nb;
+    char *raw = tu_read_file(path_in("c3.jsonl"), &nb);
+    char *cut = raw;
+    for (int k = 0; k < 3; k++) cut = strchr(cut, '\n') + 1;
+    *cut = '\0';
+    write_file(path_in("cr.jsonl"), raw);
+    free(raw);
+    const char *ar[] = {"-f", path_in("c.jsonl"), "-o", path_in("cr.jsonl"), "--temp", "0",
+                        "--parallel", "2", "--resume", NULL};
+    ck_assert_int_eq(run(1, ar), 0);
+    int nr;
+    char *rr = normalized(path_in("cr.jsonl"), &nr);
+    ck_assert_int_eq(nr, 7);
+    assert_same("choices, resumed vs whole", rr, r1);
+    cJSON_Delete(g1), cJSON_Delete(g3), cJSON_Delete(s1), cJSON_Delete(s4), cJSON_Delete(oc);
+    free(r1), free(r3), free(rr);
+}
+END_TEST
+
 /* Run to a reference, then start again, stop it with `sig` once >= 3 records are
  * written, --resume, and compare. */
 static void interrupted_run(int sig) {
@@ -444,6 +577,7 @@ int main(int argc, char **argv) {
     tcase_set_timeout(tc, 120);
     if (!strcmp(g_mode, "inputs")) tcase_add_test(tc, test_inputs);
     else if (!strcmp(g_mode, "parallel")) tcase_add_test(tc, test_parallel);
+    else if (!strcmp(g_mode, "choices")) tcase_add_test(tc, test_choices);
     else if (!strcmp(g_mode, "resume")) tcase_add_test(tc, test_resume);
     else if (!strcmp(g_mode, "sigterm")) tcase_add_test(tc, test_sigterm);
     else if (!strcmp(g_mode, "mpi_tp")) tcase_add_test(tc, test_mpi_tp);

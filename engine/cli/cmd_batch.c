@@ -148,7 +148,9 @@ struct run_ctx {
     struct batch_input in;
     struct batch_out out;
     int next;             /* next request index to offer */
+    int next_choice;      /* its next choice to offer */
     int n_todo;           /* requests this run executes */
+    int n_todo_seq;       /* their sequences (n choices each) */
     bool progress, tty;
     double t_last_print;
     int rc;               /* first output error */
@@ -158,14 +160,20 @@ struct run_ctx {
 static int cb_next(void *user, struct sched_request *rq) {
     struct run_ctx *c = user;
     while (c->next < c->in.n_reqs) {
-        struct batch_req *r = &c->in.reqs[c->next++];
-        if (r->done || r->error) continue;
-        rq->tag = c->next - 1;
+        struct batch_req *r = &c->in.reqs[c->next];
+        if (r->done || r->error || c->next_choice >= r->n_choices) {
+            c->next++;
+            c->next_choice = 0;
+            continue;
+        }
+        const int choice = c->next_choice++;
+        rq->tag = (int64_t)c->next * REQ_MAX_CHOICES + choice;
         rq->prompt = r->prompt;
         rq->n_prompt = r->n_prompt;
         rq->max_tokens = r->max_tokens;
         rq->n_logprobs = r->n_logprobs;
         rq->sp = r->sp;
+        rq->sp.seed = req_choice_seed(r->sp.seed, choice);
         rq->stop = (const char *const *)r->stop;
         rq->n_stop = r->n_stop;
         return 1;
@@ -181,7 +189,8 @@ static bool cb_stop(void *user) {
 static void cb_done(void *user, int64_t tag, const struct sched_result *res) {
     struct run_ctx *c = user;
     if (c->rc) return;
-    c->rc = batch_out_result(&c->out, (int)tag, res, &c->err);
+    c->rc = batch_out_result(&c->out, (int)(tag / REQ_MAX_CHOICES), (int)(tag % REQ_MAX_CHOICES),
+                             res, &c->err);
 }
 
 static void cb_step(void *user, const struct sched_stats *st) {
@@ -191,9 +200,9 @@ static void cb_step(void *user, const struct sched_stats *st) {
     if (st->t_now_s - c->t_last_print < (c->tty ? 0.25 : 2.0)) return;
     c->t_last_print = st->t_now_s;
     double tps = dt > 0 ? st->n_gen_tokens / dt : 0.0;
-    double eta = st->n_done > 0 ? dt / st->n_done * (c->n_todo - st->n_done) : 0.0;
+    double eta = st->n_done > 0 ? dt / st->n_done * (c->n_todo_seq - st->n_done) : 0.0;
     fprintf(stderr, "%s[batch] %lld/%d done, %d in flight, %.1f tok/s, ETA %d:%02d%s",
-            c->tty ? "\r" : "", (long long)st->n_done, c->n_todo, st->n_active, tps,
+            c->tty ? "\r" : "", (long long)st->n_done, c->n_todo_seq, st->n_active, tps,
             (int)eta / 60, (int)eta % 60, c->tty ? "   " : "\n");
 }
 
@@ -269,7 +278,10 @@ int cmd_run_batch(int argc, char **argv) {
         if (!rc) rc = batch_out_errors(&ctx.out, &err);
         for (int i = 0; i < ctx.in.n_reqs; i++) {
             if (ctx.in.reqs[i].error) n_err_lines++;
-            if (!ctx.in.reqs[i].done && !ctx.in.reqs[i].error) ctx.n_todo++;
+            if (!ctx.in.reqs[i].done && !ctx.in.reqs[i].error) {
+                ctx.n_todo++;
+                ctx.n_todo_seq += ctx.in.reqs[i].n_choices;
+            }
         }
         ctx.tty = isatty(2);
         ctx.progress = o.progress || ctx.tty;
@@ -295,7 +307,7 @@ int cmd_run_batch(int argc, char **argv) {
         fprintf(stderr,
                 "batch summary: %d requests (%lld completed now, %d resumed, %d errors), prompt "
                 "tokens %lld, generated %lld, wall %.2f s, %.1f generated tok/s, %.1f total tok/s\n",
-                ctx.in.n_reqs, (long long)st.n_done, n_resumed, n_err_lines,
+                ctx.in.n_reqs, (long long)ctx.out.n_results, n_resumed, n_err_lines,
                 (long long)st.n_prompt_tokens, (long long)st.n_gen_tokens, wall,
                 wall > 0 ? st.n_gen_tokens / wall : 0.0,
                 wall > 0 ? (st.n_gen_tokens + st.n_prompt_tokens) / wall : 0.0);
@@ -305,10 +317,10 @@ int cmd_run_batch(int argc, char **argv) {
         const int sig = g_stop_signal ? (int)g_stop_signal : SIGTERM;
         if (root)
             fprintf(stderr,
-                    "tpinfer run: stopped by %s: %lld of %d requests remain (%d were in flight); "
+                    "tpinfer run: stopped by %s: %lld of %d requests remain (%d sequences were in flight); "
                     "run again with --resume to finish them\n",
-                    sig == SIGINT ? "SIGINT" : "SIGTERM", (long long)(ctx.n_todo - st.n_done),
-                    ctx.n_todo, st.n_active);
+                    sig == SIGINT ? "SIGINT" : "SIGTERM",
+                    (long long)(ctx.n_todo - ctx.out.n_results), ctx.n_todo, st.n_active);
         exit_code = 128 + sig;
         goto out;
     }

@@ -111,6 +111,22 @@ int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,
 
 /* ---- writing ------------------------------------------------------------------ */
 
+/* The choices of one request with n > 1 finished so far. */
+struct out_choices {
+    cJSON **c;               /* (n_choices) finished choices, NULL while running */
+    int n_got;
+    long n_completion;       /* tokens of the finished choices */
+    double ttft_s;           /* the first choice's time to first token */
+    double decode_tokens, decode_s;
+};
+
+static void free_choices(struct out_choices *a, int n) {
+    for (int k = 0; a->c && k < n; k++)
+        cJSON_Delete(a->c[k]);
+    free(a->c);
+    memset(a, 0, sizeof *a);
+}
+
 static int write_line(struct batch_out *o, char *json, struct tpi_error *err) {
     size_t n = strlen(json);
     json[n] = '\n'; // the buffer has room: every record is printed with one spare byte
@@ -205,6 +221,11 @@ int batch_out_close(struct batch_out *o, struct tpi_error *err) {
     }
     free(o->pending);
     o->pending = NULL;
+    // Requests some of whose choices finished: no record; --resume runs them again.
+    for (int i = 0; o->acc && i < o->in->n_reqs; i++)
+        free_choices(&o->acc[i], o->in->reqs[i].n_choices);
+    free(o->acc);
+    o->acc = NULL;
     if (o->own_fd) {
         if (o->sync) fsync(o->fd);
         close(o->fd);
@@ -362,71 +383,149 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
     return lp;
 }
 
-int batch_out_result(struct batch_out *o, int idx, const struct sched_result *res,
-                     struct tpi_error *err) {
-    const struct batch_req *r = &o->in->reqs[idx];
-    cJSON *j;
+/* Ours: the per-completion fields of a record or of one of its "choices". */
+static void ours_completion(cJSON *j, const struct sched_result *res) {
+    cJSON_AddStringToObject(j, "text", res->text);
+    cJSON *toks = cJSON_AddArrayToObject(j, "tokens");
+    for (int t = 0; t < res->n_tokens; t++)
+        cJSON_AddItemToArray(toks, cJSON_CreateNumber(res->tokens[t]));
+    cJSON_AddStringToObject(j, "finish_reason", res->finish_reason);
+}
+
+/* Ours: "logprobs", per token its top [id, logprob] pairs, best first. */
+static void ours_logprobs(cJSON *j, const struct batch_req *r, const struct sched_result *res) {
+    if (!r->want_logprobs) return;
+    cJSON *lp = cJSON_AddArrayToObject(j, "logprobs");
+    for (int t = 0; t < res->n_tokens; t++) {
+        cJSON *row = cJSON_CreateArray();
+        for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
+            cJSON *pair = cJSON_CreateArray();
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(res->lp_ids[(size_t)t * res->lp_k + k]));
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(res->lp_vals[(size_t)t * res->lp_k + k]));
+            cJSON_AddItemToArray(row, pair);
+        }
+        cJSON_AddItemToArray(lp, row);
+    }
+}
+
+/* Ours: the timing fields (rounded: microseconds, centi-tokens per second). */
+static void ours_timing(cJSON *j, double ttft_s, double decode_tokens, double decode_s) {
+    cJSON_AddNumberToObject(j, "ttft_ms", round(ttft_s * 1e6) / 1e3);
+    double tps = decode_tokens > 0 && decode_s > 0 ? decode_tokens / decode_s : 0.0;
+    cJSON_AddNumberToObject(j, "decode_tps", round(tps * 100) / 100);
+}
+
+/* One choice of a request as the record lists it (ours or OpenAI). */
+static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, int index,
+                          const struct sched_result *res) {
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", index);
     if (!r->oai) {
+        ours_completion(c, res);
+        ours_logprobs(c, r, res);
+        return c;
+    }
+    const bool chat = r->fmt == REQ_OAI_CHAT;
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", res->text);
+    } else {
+        cJSON_AddStringToObject(c, "text", res->text);
+    }
+    cJSON_AddItemToObject(c, "logprobs",
+                          !r->want_logprobs ? cJSON_CreateNull()
+                          : chat            ? chat_logprobs(o, r, res)
+                                            : completion_logprobs(o, r, res));
+    cJSON_AddStringToObject(c, "finish_reason", res->finish_reason);
+    return c;
+}
+
+/* OpenAI: the envelope around a completion body listing `choices` (taken). */
+static cJSON *oai_record(const struct batch_out *o, const struct batch_req *r, cJSON *choices,
+                         int n_prompt, long n_completion) {
+    const bool chat = r->fmt == REQ_OAI_CHAT;
+    char id[64];
+    hex_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-", r);
+    cJSON *body = cJSON_CreateObject();
+    cJSON_AddStringToObject(body, "id", id);
+    cJSON_AddStringToObject(body, "object", chat ? "chat.completion" : "text_completion");
+    cJSON_AddNumberToObject(body, "created", (double)time(NULL));
+    cJSON_AddStringToObject(body, "model", r->model_name ? r->model_name : o->model_name);
+    cJSON_AddItemToObject(body, "choices", choices);
+    cJSON *u = cJSON_AddObjectToObject(body, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)n_completion);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(n_prompt + n_completion));
+    return oai_envelope(r, 200, body, NULL);
+}
+
+/* Keep choice `choice` of request idx; *whole receives the record once every choice
+ * is in (NULL before). */
+static int gather_choice(struct batch_out *o, int idx, int choice, const struct sched_result *res,
+                         cJSON **whole, struct tpi_error *err) {
+    const struct batch_req *r = &o->in->reqs[idx];
+    *whole = NULL;
+    if (!o->acc && !(o->acc = calloc((size_t)o->in->n_reqs, sizeof *o->acc)))
+        return tpi_err(err, TPI_ERR_NOMEM, "out of memory for the choices of %d requests",
+                       o->in->n_reqs);
+    struct out_choices *a = &o->acc[idx];
+    if (!a->c && !(a->c = calloc((size_t)r->n_choices, sizeof *a->c)))
+        return tpi_err(err, TPI_ERR_NOMEM, "out of memory for %d choices", r->n_choices);
+    if (choice < 0 || choice >= r->n_choices || a->c[choice])
+        return tpi_err(err, TPI_ERR_INVALID, "line %ld: choice %d finished twice or is out of "
+                       "range", r->line, choice);
+    if (!(a->c[choice] = make_choice(o, r, choice, res)))
+        return tpi_err(err, TPI_ERR_NOMEM, "out of memory for a result record");
+    a->ttft_s = a->n_got == 0 || res->t_first_s < a->ttft_s ? res->t_first_s : a->ttft_s;
+    a->n_got++;
+    a->n_completion += res->n_tokens;
+    if (res->n_tokens > 1) a->decode_tokens += res->n_tokens - 1, a->decode_s += res->t_decode_s;
+    if (a->n_got < r->n_choices) return TPI_OK;
+    cJSON *choices = cJSON_CreateArray();
+    for (int k = 0; k < r->n_choices; k++) {
+        cJSON_AddItemToArray(choices, a->c[k]);
+        a->c[k] = NULL;
+    }
+    cJSON *j;
+    if (r->oai) {
+        j = oai_record(o, r, choices, res->n_prompt, a->n_completion);
+    } else {
         j = cJSON_CreateObject();
         cJSON_AddItemToObject(j, "id", id_value(r));
         cJSON_AddNumberToObject(j, "line", (double)r->line);
-        cJSON_AddStringToObject(j, "text", res->text);
-        cJSON *toks = cJSON_AddArrayToObject(j, "tokens");
-        for (int t = 0; t < res->n_tokens; t++)
-            cJSON_AddItemToArray(toks, cJSON_CreateNumber(res->tokens[t]));
-        cJSON_AddStringToObject(j, "finish_reason", res->finish_reason);
+        cJSON_AddItemToObject(j, "choices", choices);
+        cJSON_AddNumberToObject(j, "prompt_tokens", res->n_prompt);
+        cJSON_AddNumberToObject(j, "completion_tokens", (double)a->n_completion);
+        ours_timing(j, a->ttft_s, a->decode_tokens, a->decode_s);
+    }
+    free_choices(a, r->n_choices);
+    *whole = j;
+    return TPI_OK;
+}
+
+int batch_out_result(struct batch_out *o, int idx, int choice, const struct sched_result *res,
+                     struct tpi_error *err) {
+    const struct batch_req *r = &o->in->reqs[idx];
+    cJSON *j = NULL;
+    if (r->n_choices > 1) {
+        int rc = gather_choice(o, idx, choice, res, &j, err);
+        if (rc || !j) return rc;
+    } else if (!r->oai) {
+        j = cJSON_CreateObject();
+        cJSON_AddItemToObject(j, "id", id_value(r));
+        cJSON_AddNumberToObject(j, "line", (double)r->line);
+        ours_completion(j, res);
         cJSON_AddNumberToObject(j, "prompt_tokens", res->n_prompt);
         cJSON_AddNumberToObject(j, "completion_tokens", res->n_tokens);
-        cJSON_AddNumberToObject(j, "ttft_ms", round(res->t_first_s * 1e6) / 1e3);
-        double tps = res->n_tokens > 1 && res->t_decode_s > 0
-                         ? (res->n_tokens - 1) / res->t_decode_s : 0.0;
-        cJSON_AddNumberToObject(j, "decode_tps", round(tps * 100) / 100);
-        if (r->want_logprobs) {
-            cJSON *lp = cJSON_AddArrayToObject(j, "logprobs");
-            for (int t = 0; t < res->n_tokens; t++) {
-                cJSON *row = cJSON_CreateArray();
-                for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
-                    cJSON *pair = cJSON_CreateArray();
-                    cJSON_AddItemToArray(pair,
-                                         cJSON_CreateNumber(res->lp_ids[(size_t)t * res->lp_k + k]));
-                    cJSON_AddItemToArray(pair,
-                                         cJSON_CreateNumber(res->lp_vals[(size_t)t * res->lp_k + k]));
-                    cJSON_AddItemToArray(row, pair);
-                }
-                cJSON_AddItemToArray(lp, row);
-            }
-        }
+        ours_timing(j, res->t_first_s, res->n_tokens - 1, res->t_decode_s);
+        ours_logprobs(j, r, res);
     } else {
-        const bool chat = r->fmt == REQ_OAI_CHAT;
-        char id[64];
-        hex_id(id, sizeof id, chat ? "chatcmpl-" : "cmpl-", r);
-        cJSON *body = cJSON_CreateObject();
-        cJSON_AddStringToObject(body, "id", id);
-        cJSON_AddStringToObject(body, "object", chat ? "chat.completion" : "text_completion");
-        cJSON_AddNumberToObject(body, "created", (double)time(NULL));
-        cJSON_AddStringToObject(body, "model", r->model_name ? r->model_name : o->model_name);
-        cJSON *choices = cJSON_AddArrayToObject(body, "choices");
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
-        if (chat) {
-            cJSON *msg = cJSON_AddObjectToObject(c, "message");
-            cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", res->text);
-        } else {
-            cJSON_AddStringToObject(c, "text", res->text);
-        }
-        cJSON_AddItemToObject(c, "logprobs",
-                              !r->want_logprobs ? cJSON_CreateNull()
-                              : chat            ? chat_logprobs(o, r, res)
-                                                : completion_logprobs(o, r, res));
-        cJSON_AddStringToObject(c, "finish_reason", res->finish_reason);
-        cJSON_AddItemToArray(choices, c);
-        cJSON *u = cJSON_AddObjectToObject(body, "usage");
-        cJSON_AddNumberToObject(u, "prompt_tokens", res->n_prompt);
-        cJSON_AddNumberToObject(u, "completion_tokens", res->n_tokens);
-        cJSON_AddNumberToObject(u, "total_tokens", res->n_prompt + res->n_tokens);
-        j = oai_envelope(r, 200, body, NULL);
+        cJSON *choices = cJSON_CreateArray();
+        cJSON_AddItemToArray(choices, make_choice(o, r, 0, res));
+        j = oai_record(o, r, choices, res->n_prompt, res->n_tokens);
     }
+    o->n_results++;
     char *s = print_record(j);
     cJSON_Delete(j);
     return emit(o, idx, s, err);

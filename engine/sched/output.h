@@ -9,7 +9,9 @@
  *
  * Record shapes:
  *   ours:   {"id", "line", "text", "tokens", "finish_reason", "prompt_tokens",
- *            "completion_tokens", "ttft_ms", "decode_tps"[, "logprobs"]}, and
+ *            "completion_tokens", "ttft_ms", "decode_tps"[, "logprobs"]}; with n > 1
+ *           the per-completion fields move into "choices": [{"index", "text",
+ *           "tokens", "finish_reason"[, "logprobs"]}]; and
  *           {"id", "line", "finish_reason": "error", "error": {"message"}};
  *   OpenAI: vLLM run-batch's {"id", "custom_id", "response": {"status_code",
  *           "request_id", "body"}, "error"}; the body a chat.completion or
@@ -35,7 +37,9 @@ struct batch_out {
     int next;                 /* ordered: first request not yet settled */
     const struct tokenizer *tok;
     const char *model_name;   /* for OpenAI bodies without "model" */
+    struct out_choices *acc;  /* per request with n > 1: the choices finished so far */
     long n_written, n_errors;
+    long n_results;           /* requests whose every choice finished (records made) */
 };
 
 /* --resume: read `path` (missing is fine: nothing done), truncate a torn last line,
@@ -54,8 +58,12 @@ int batch_out_open(struct batch_out *o, const char *path, bool append, bool orde
  * that is not done yet. */
 int batch_out_errors(struct batch_out *o, struct tpi_error *err);
 
-/* The record of request idx finishing with res. */
-int batch_out_result(struct batch_out *o, int idx, const struct sched_result *res,
+/* Choice `choice` of request idx finished with res. The record is made once every
+ * choice of the request has finished: with n = 1 ours is flat ({"text", "tokens",
+ * ...}), with n > 1 it lists "choices" ({"index", "text", "tokens", "finish_reason"
+ * [, "logprobs"]}) in index order and sums completion_tokens; OpenAI bodies always
+ * list "choices". */
+int batch_out_result(struct batch_out *o, int idx, int choice, const struct sched_result *res,
                      struct tpi_error *err);
 
 /* Write whatever is queued, even out of order (used when a run stops early), and

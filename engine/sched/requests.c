@@ -103,9 +103,9 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
         r->sp.seed = s->valuedouble < 0 ? (uint64_t)(int64_t)s->valuedouble
                                         : (uint64_t)s->valuedouble;
     }
-    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "n");
-    if (n && !cJSON_IsNull(n) && !(cJSON_IsNumber(n) && n->valuedouble == 1.0))
-        return req_fail(r, "\"n\" must be 1 (one completion per request)");
+    v = r->n_choices;
+    if (get_int(r, o, "n", 1, REQ_MAX_CHOICES, &v)) return -1;
+    r->n_choices = (int)v;
     return get_stop(r, o);
 }
 
@@ -390,6 +390,7 @@ int batch_input_load(const char *path, const struct tokenizer *tok, const struct
             r->max_tokens = d->max_tokens > 0 ? d->max_tokens : d->n_ctx;
             r->sp = d->sp;
             r->sp.seed = d->seed + (uint64_t)line;
+            r->n_choices = 1;
             if (in->plain) {
                 char save = data[i + len];
                 data[i + len] = '\0';
@@ -419,6 +420,15 @@ int batch_input_load(const char *path, const struct tokenizer *tok, const struct
     }
     free(data);
     return TPI_OK;
+}
+
+uint64_t req_choice_seed(uint64_t seed, int c) {
+    if (c == 0) return seed;
+    // splitmix64 of (seed, c): a full-avalanche mix, so seed + 1 and choice 1 differ.
+    uint64_t z = seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)c);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
 
 void batch_input_free(struct batch_input *in) {

@@ -5,7 +5,7 @@
  * Line formats, mixed freely in one JSONL file:
  *   ours:    {"id", "prompt": "text" | [ids]} or {"id", "messages": [...]}, with
  *            optional max_tokens, temperature, top_p, top_k, min_p, seed, stop
- *            (string or list), logprobs (int K);
+ *            (string or list), logprobs (int K), n (completions to sample);
  *   OpenAI:  {"custom_id", "method": "POST", "url": "/v1/chat/completions" |
  *            "/v1/completions", "body": {...}} (the batch format vLLM's run-batch
  *            reads);
@@ -42,6 +42,10 @@ struct req_defaults {
     int n_ctx, n_vocab;        /* prompts must satisfy 1 <= n < n_ctx, ids < n_vocab */
 };
 
+/* Completions one request may ask for ("n"); a request's sequences are tagged
+ * idx * REQ_MAX_CHOICES + choice. */
+#define REQ_MAX_CHOICES 64
+
 struct batch_req {
     long line;             /* 1-based line of the input */
     enum req_format fmt;
@@ -52,6 +56,8 @@ struct batch_req {
     int32_t *prompt;       /* (n_prompt) token ids */
     int n_prompt;
     int max_tokens;
+    int n_choices;         /* completions to sample ("n", 1..REQ_MAX_CHOICES); choice c
+                              samples with req_choice_seed(sp.seed, c) */
     struct sampler_params sp;
     int n_logprobs;        /* K the engine computes (>= 1 whenever want_logprobs) */
     bool want_logprobs;    /* the record carries logprobs */
@@ -74,6 +80,11 @@ struct batch_input {
  * naming the path; OOM). Free with batch_input_free. */
 int batch_input_load(const char *path, const struct tokenizer *tok, const struct req_defaults *d,
                      struct batch_input *in, struct tpi_error *err);
+
+/* The sampling seed of choice c of a request whose seed is `seed`: the seed itself
+ * for choice 0 (so n = 1 samples as before), a hash of both for the others, so the
+ * choices of one request and the requests of neighbouring lines stay apart. */
+uint64_t req_choice_seed(uint64_t seed, int c);
 
 /* Free what batch_input_load allocated; leaves *in zeroed. */
 void batch_input_free(struct batch_input *in);

@@ -5,7 +5,8 @@
  * record written (error records, and result records whose text is the prompt's
  * tokens decoded, so odd bytes reach the JSON writer). Checked beyond "no crash":
  * a request either carries an error that names its line or a prompt that fits the
- * context with ids inside the vocabulary, and resume marks no more than there are.
+ * context with ids inside the vocabulary and 1..REQ_MAX_CHOICES choices, and resume
+ * marks no more than there are.
  * The first input byte picks the options (--chat, --logprobs, ordered output).
  * Build: CC=clang cmake -DTPI_FUZZ=ON (see the end of CMakeLists.txt).
  */
@@ -61,6 +62,7 @@ static void check_requests(const struct batch_input *in, const struct req_defaul
             continue;
         }
         if (r->n_prompt < 1 || r->n_prompt >= d->n_ctx || !r->id_json) abort();
+        if (r->n_choices < 1 || r->n_choices > REQ_MAX_CHOICES) abort();
         for (int k = 0; k < r->n_prompt; k++)
             if (r->prompt[k] < 0 || r->prompt[k] >= d->n_vocab) abort();
         for (int k = 0; k < r->n_stop; k++)
@@ -98,12 +100,16 @@ static void write_records(struct batch_input *in, bool ordered) {
                 vals[t * k + j] = -(float)j;
             }
         }
-        struct sched_result res = {.tokens = r->prompt, .n_tokens = r->n_prompt, .text = text,
-                                   .n_text = n_text, .finish_reason = i % 2 ? "stop" : "length",
-                                   .n_prompt = r->n_prompt, .lp_k = k, .lp_ids = ids,
-                                   .lp_vals = vals, .lp_chosen = chosen, .t_first_s = 0.25,
-                                   .t_decode_s = 1.0};
-        if (batch_out_result(&out, i, &res, &err) != TPI_OK) abort();
+        // Choices finish out of order: the last first.
+        for (int c = r->n_choices - 1; c >= 0; c--) {
+            struct sched_result res = {.tokens = r->prompt, .n_tokens = r->n_prompt - c % 2,
+                                       .text = text, .n_text = n_text,
+                                       .finish_reason = (i + c) % 2 ? "stop" : "length",
+                                       .n_prompt = r->n_prompt, .lp_k = k, .lp_ids = ids,
+                                       .lp_vals = vals, .lp_chosen = chosen, .t_first_s = 0.25,
+                                       .t_decode_s = 1.0};
+            if (batch_out_result(&out, i, c, &res, &err) != TPI_OK) abort();
+        }
         free(text);
         free(ids);
         free(vals);
