@@ -388,6 +388,129 @@ START_TEST(test_sampling) {
 }
 END_TEST
 
+/* The sampler as first written: penalty, a full sort, top-k, top-p, min-p, draw. */
+static int cand_cmp_ref(const void *a, const void *b) {
+    const struct sampler_cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int32_t sample_ref(struct sampler *s, const float *logits, const int32_t *hist, int n_hist) {
+    const int V = s->n_vocab;
+    struct sampler_cand *c = malloc(sizeof *c * (size_t)V);
+    for (int i = 0; i < V; i++) c[i] = (struct sampler_cand){i, logits[i]};
+    if (s->p.repeat_penalty != 1.0f) {
+        uint8_t *seen = calloc((size_t)V, 1);
+        for (int i = 0; i < n_hist; i++) {
+            if (seen[hist[i]]) continue;
+            seen[hist[i]] = 1;
+            float *l = &c[hist[i]].logit;
+            *l = *l <= 0.0f ? *l * s->p.repeat_penalty : *l / s->p.repeat_penalty;
+        }
+        free(seen);
+    }
+    int32_t out;
+    if (s->p.temp <= 0.0f) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (c[i].logit > c[best].logit) best = i;
+        out = c[best].id;
+        free(c);
+        return out;
+    }
+    qsort(c, (size_t)V, sizeof *c, cand_cmp_ref);
+    int n = V;
+    if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
+    if (s->p.top_p < 1.0f) {
+        double sum = 0.0, cum = 0.0;
+        for (int i = 0; i < n; i++) sum += exp((double)c[i].logit - c[0].logit);
+        for (int i = 0; i < n; i++) {
+            cum += exp((double)c[i].logit - c[0].logit) / sum;
+            if (cum >= s->p.top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+    }
+    if (s->p.min_p > 0.0f) {
+        float thr = c[0].logit + logf(s->p.min_p);
+        int keep = 1;
+        while (keep < n && c[keep].logit >= thr) keep++;
+        n = keep;
+    }
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp(((double)c[i].logit - c[0].logit) / s->p.temp);
+    double u = sampler_uniform(s) * sum, cum = 0.0;
+    out = c[n - 1].id;
+    for (int i = 0; i < n; i++) {
+        cum += exp(((double)c[i].logit - c[0].logit) / s->p.temp);
+        if (u < cum) {
+            out = c[i].id;
+            break;
+        }
+    }
+    free(c);
+    return out;
+}
+
+/* The sampler sorts only as far as its filters look (a heap for top-k, a growing
+ * sorted prefix otherwise): every draw must equal the full-sort sampler's, over a
+ * large vocabulary with many tied logits, for every mix of filters. */
+START_TEST(test_sampling_partial_sort) {
+    const int V = 6000;
+    float *logits = malloc(sizeof(float) * V);
+    uint64_t rng = 12345;
+    const int top_ks[] = {0, 1, 40, 1000, V - 1, V, V + 5};
+    const float top_ps[] = {1.0f, 0.95f, 0.5f, 0.999f};
+    const float min_ps[] = {0.0f, 0.05f, 0.3f};
+    const float temps[] = {0.0f, 0.7f, 1.5f};
+    const float penalties[] = {1.0f, 1.3f};
+    const float scales[] = {0.5f, 4.0f}; // flat (long top-p prefixes) and peaked logits
+    int n_cases = 0, n_draws = 0;
+    for (size_t a = 0; a < sizeof top_ks / sizeof *top_ks; a++)
+        for (size_t b = 0; b < sizeof top_ps / sizeof *top_ps; b++)
+            for (size_t m = 0; m < sizeof min_ps / sizeof *min_ps; m++)
+                for (size_t t = 0; t < sizeof temps / sizeof *temps; t++)
+                    for (size_t r = 0; r < sizeof penalties / sizeof *penalties; r++) {
+                        const float scale = scales[n_cases % 2];
+                        struct sampler_params p = {.temp = temps[t], .top_k = top_ks[a],
+                                                   .top_p = top_ps[b], .min_p = min_ps[m],
+                                                   .repeat_penalty = penalties[r],
+                                                   .repeat_last_n = 8,
+                                                   .seed = 1000 + (uint64_t)n_cases};
+                        struct sampler s, ref;
+                        struct tpi_error err = {0};
+                        ck_assert_int_eq(sampler_init(&s, &p, V, &err), TPI_OK);
+                        ck_assert_int_eq(sampler_init(&ref, &p, V, &err), TPI_OK);
+                        int32_t hist[8];
+                        int n_hist = 0;
+                        for (int step = 0; step < 6; step++) {
+                            for (int i = 0; i < V; i++) { // quarter steps: many exact ties
+                                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                                int q = (int)((rng >> 33) % 64) - 40;
+                                logits[i] = scale * 0.25f * (float)q;
+                            }
+                            int32_t got = sampler_sample(&s, logits);
+                            int32_t want = sample_ref(&ref, logits, hist, n_hist);
+                            ck_assert_msg(got == want,
+                                          "top_k %d top_p %g min_p %g temp %g penalty %g scale %g "
+                                          "step %d: %d, full sort %d",
+                                          p.top_k, (double)p.top_p, (double)p.min_p,
+                                          (double)p.temp, (double)p.repeat_penalty,
+                                          (double)scale, step, got, want);
+                            sampler_accept(&s, got);
+                            if (n_hist < 8) hist[n_hist++] = got;
+                            n_draws++;
+                        }
+                        sampler_free(&s);
+                        sampler_free(&ref);
+                        n_cases++;
+                    }
+    ck_assert_int_eq(n_draws, 6 * n_cases);
+    free(logits);
+}
+END_TEST
+
 START_TEST(test_config_errors) {
     // qwen3-tiny: config read from metadata, every tensor checked.
     const char *path = tu_data_path("qwen3-tiny-q4_k_m.gguf");
@@ -444,6 +567,7 @@ int main(int argc, char **argv) {
     } else {
         tcase_add_test(tc, test_plan);
         tcase_add_test(tc, test_sampling);
+        tcase_add_test(tc, test_sampling_partial_sort);
         tcase_add_test(tc, test_config_errors);
     }
     suite_add_tcase(s, tc);

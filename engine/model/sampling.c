@@ -2,10 +2,17 @@
  * sampling.c — see sampling.h. The candidate filters keep llama.cpp's order
  * (penalties, top-k, top-p, min-p, temperature, draw) because the order matters:
  * top-p measured before temperature keeps a different set than after it.
+ *
+ * The filters and the draw read candidates best first, but a vocabulary of 152k
+ * is too long to sort per token (24 ms here, against a 4 ms decode step): top-k
+ * keeps a k-heap in one pass over the logits, and without top-k the candidates
+ * are sorted only as far as the filters and the draw walk (a doubling prefix,
+ * each step a selection pass). Every draw equals the full sort's (test_model).
  */
 #include "sampling.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,41 +81,162 @@ static int cand_cmp(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
+static inline bool cand_before(struct sampler_cand x, struct sampler_cand y) {
+    return x.logit > y.logit || (x.logit == y.logit && x.id < y.id);
+}
+
+static inline void cand_swap(struct sampler_cand *a, struct sampler_cand *b) {
+    struct sampler_cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Move the m first candidates of c[0..n) in cand_cmp order to c[0..m), sorted; the
+ * rest stay in c[m..n) in no order. cand_cmp is a total order (ids differ), so the
+ * prefix is exactly that of a full sort: a selection pass (expected O(n)) and a sort
+ * of m instead of a sort of the whole vocabulary. */
+static void best_prefix(struct sampler_cand *c, int n, int m) {
+    if (m <= 0) return;
+    if (m < n) {
+        int lo = 0, hi = n - 1;
+        while (lo < hi) { // quickselect: c[m-1] in its sorted place, better ones left of it
+            const int mid = lo + (hi - lo) / 2;
+            // Median of three as the pivot, kept at hi.
+            if (cand_before(c[mid], c[lo])) cand_swap(&c[mid], &c[lo]);
+            if (cand_before(c[hi], c[lo])) cand_swap(&c[hi], &c[lo]);
+            if (cand_before(c[mid], c[hi])) cand_swap(&c[mid], &c[hi]);
+            const struct sampler_cand pv = c[hi];
+            int store = lo;
+            for (int i = lo; i < hi; i++)
+                if (cand_before(c[i], pv)) {
+                    cand_swap(&c[i], &c[store]);
+                    store++;
+                }
+            cand_swap(&c[store], &c[hi]);
+            if (store == m - 1) break;
+            if (store < m - 1) lo = store + 1;
+            else hi = store - 1;
+        }
+    } else {
+        m = n;
+    }
+    qsort(c, (size_t)m, sizeof *c, cand_cmp);
+}
+
+/* Grow the sorted prefix c[0..*sorted) of c[0..n) to at least `want` (doubling). */
+static void extend_sorted(struct sampler_cand *c, int n, int *sorted, int want) {
+    if (want > n) want = n;
+    while (*sorted < want) {
+        int add = *sorted ? *sorted : 256;
+        if (add > n - *sorted) add = n - *sorted;
+        best_prefix(c + *sorted, n - *sorted, add);
+        *sorted += add;
+    }
+}
+
+/* Repetition penalty (llama.cpp / CTRL): positive logits divided by the penalty,
+ * negative ones multiplied. */
+static inline float penalize_logit(float l, float penalty) {
+    return l <= 0.0f ? l * penalty : l / penalty;
+}
+
+/* The k best of logits[0..n) (0 < k <= n) into c[0..k), sorted by cand_cmp, the
+ * logits of ids flagged in `penalized` (may be NULL) penalized first: one pass
+ * keeping a min-heap of the k best so far (root: the worst of them), so most logits
+ * cost one comparison. A later id never beats an equal logit, so ">" suffices. */
+static inline __attribute__((always_inline)) void
+heap_top_k_pass(const float *logits, int n, int k, struct sampler_cand *c,
+                const uint8_t *penalized, float penalty, const bool with_penalty) {
+    for (int i = 0; i < n; i++) {
+        struct sampler_cand x = {i, logits[i]};
+        if (with_penalty && penalized[i]) x.logit = penalize_logit(x.logit, penalty);
+        int j;
+        if (i < k) { // sift up: the parent is no worse than the child
+            j = i;
+            while (j > 0 && cand_before(c[(j - 1) / 2], x)) {
+                c[j] = c[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+            c[j] = x;
+            continue;
+        }
+        if (!(x.logit > c[0].logit)) continue;
+        j = 0; // replace the root, sift down
+        for (;;) {
+            int w = 2 * j + 1;
+            if (w >= k) break;
+            if (w + 1 < k && cand_before(c[w], c[w + 1])) w++; // the worse child
+            if (!cand_before(x, c[w])) break;
+            c[j] = c[w];
+            j = w;
+        }
+        c[j] = x;
+    }
+}
+
+static void heap_top_k(const float *logits, int n, int k, struct sampler_cand *c,
+                       const uint8_t *penalized, float penalty) {
+    if (penalized) heap_top_k_pass(logits, n, k, c, penalized, penalty, true);
+    else heap_top_k_pass(logits, n, k, c, NULL, penalty, false); // the plain loop
+    qsort(c, (size_t)k, sizeof *c, cand_cmp);
+}
+
+static int32_t sample_sorted(struct sampler *s, struct sampler_cand *c, int n_cand, int sorted);
+
 int32_t sampler_sample(struct sampler *s, const float *logits) {
     const int n_vocab = s->n_vocab;
+    const bool penalize = s->p.repeat_penalty != 1.0f && s->n_hist > 0;
+    if (s->p.temp <= 0.0f && !penalize) { // greedy: the first of the largest
+        int best = 0;
+        float bv = logits[0];
+        for (int i = 1; i < n_vocab; i++)
+            if (logits[i] > bv) bv = logits[i], best = i;
+        return best;
+    }
+    // Each distinct recent token is penalized once: flag them for the passes below.
+    if (penalize)
+        for (int i = 0; i < s->n_hist; i++)
+            if (s->hist[i] >= 0 && s->hist[i] < n_vocab) s->seen[s->hist[i]] = 1;
+    const uint8_t *pen = penalize ? s->seen : NULL;
     struct sampler_cand *c = s->cand;
-    for (int i = 0; i < n_vocab; i++) c[i] = (struct sampler_cand){i, logits[i]};
-
-    // Repetition penalty (llama.cpp / CTRL): each distinct recent token once —
-    // positive logits divided by the penalty, negative ones multiplied.
-    if (s->p.repeat_penalty != 1.0f && s->n_hist > 0) {
-        for (int i = 0; i < s->n_hist; i++) {
-            int32_t id = s->hist[i];
-            if (id < 0 || id >= n_vocab || s->seen[id]) continue;
-            s->seen[id] = 1;
-            float *l = &c[id].logit;
-            *l = *l <= 0.0f ? *l * s->p.repeat_penalty : *l / s->p.repeat_penalty;
+    // Greedy is the top 1; top-k draws from a sorted top k; otherwise every candidate
+    // is kept and sorted only as far as the filters look (sample_sorted).
+    const int k = s->p.temp <= 0.0f ? 1
+                  : (s->p.top_k > 0 && s->p.top_k < n_vocab) ? s->p.top_k : 0;
+    int n_cand = k, sorted = k;
+    if (k > 0) {
+        heap_top_k(logits, n_vocab, k, c, pen, s->p.repeat_penalty);
+    } else {
+        for (int i = 0; i < n_vocab; i++) {
+            c[i] = (struct sampler_cand){i, logits[i]};
+            if (pen && pen[i]) c[i].logit = penalize_logit(c[i].logit, s->p.repeat_penalty);
         }
+        n_cand = n_vocab;
+        sorted = 0;
+        extend_sorted(c, n_vocab, &sorted, 1); // the best first: the filters measure from it
+    }
+    if (penalize)
         for (int i = 0; i < s->n_hist; i++)
             if (s->hist[i] >= 0 && s->hist[i] < n_vocab) s->seen[s->hist[i]] = 0;
-    }
+    if (s->p.temp <= 0.0f) return c[0].id;
+    return sample_sorted(s, c, n_cand, sorted);
+}
 
-    if (s->p.temp <= 0.0f) { // greedy: the first of the largest
-        int best = 0;
-        for (int i = 1; i < n_vocab; i++)
-            if (c[i].logit > c[best].logit) best = i;
-        return c[best].id;
-    }
-
-    qsort(c, (size_t)n_vocab, sizeof *c, cand_cmp);
-    int n = n_vocab;
+/* Top-p, min-p, temperature and the draw over candidates c[0..n_cand), of which
+ * c[0..sorted) are in cand_cmp order (at least the best one, and all of the top-k
+ * when top-k applies: then n_cand is k or the sort covers it). The filters read the
+ * candidates in order but only as far as they look, so the sort grows only that far. */
+static int32_t sample_sorted(struct sampler *s, struct sampler_cand *c, int n_cand, int sorted) {
+    int n = n_cand;
     if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
+    const float top = c[0].logit;
 
     if (s->p.top_p < 1.0f) { // smallest prefix whose probability reaches top_p
         double sum = 0.0, cum = 0.0;
-        for (int i = 0; i < n; i++) sum += exp((double)c[i].logit - c[0].logit);
+        for (int i = 0; i < n; i++) sum += exp((double)c[i].logit - top); // any order
         for (int i = 0; i < n; i++) {
-            cum += exp((double)c[i].logit - c[0].logit) / sum;
+            if (i == sorted) extend_sorted(c, n_cand, &sorted, 2 * sorted);
+            cum += exp((double)c[i].logit - top) / sum;
             if (cum >= s->p.top_p) {
                 n = i + 1;
                 break;
@@ -116,19 +244,25 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
         }
     }
     if (s->p.min_p > 0.0f) { // p >= min_p * p_max  <=>  logit >= max + log(min_p)
-        float thr = c[0].logit + logf(s->p.min_p);
+        float thr = top + logf(s->p.min_p);
         int keep = 1;
-        while (keep < n && c[keep].logit >= thr) keep++;
+        while (keep < n) {
+            if (keep == sorted) extend_sorted(c, n_cand, &sorted, 2 * sorted);
+            if (c[keep].logit < thr) break;
+            keep++;
+        }
         n = keep;
     }
-
+    // The draw: the total in any order, then the walk in sorted order as far as u.
     double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += exp(((double)c[i].logit - c[0].logit) / s->p.temp);
+    for (int i = 0; i < n; i++) sum += exp(((double)c[i].logit - top) / s->p.temp);
     double u = sampler_uniform(s) * sum, cum = 0.0;
     for (int i = 0; i < n; i++) {
-        cum += exp(((double)c[i].logit - c[0].logit) / s->p.temp);
+        if (i == sorted) extend_sorted(c, n_cand, &sorted, 2 * sorted);
+        cum += exp(((double)c[i].logit - top) / s->p.temp);
         if (u < cum) return c[i].id;
     }
+    extend_sorted(c, n_cand, &sorted, n); // u fell past the last by rounding: the last
     return c[n - 1].id;
 }
 
