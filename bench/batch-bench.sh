@@ -4,6 +4,7 @@
 #
 #   bench/batch-bench.sh [MODEL.gguf] [N_PROMPTS] [MAX_TOKENS]
 #   env: DRIVER (default build/tpinfer),
+#        TEMP (sampling temperature, default 0: greedy; 0.8 runs the default top-k chain),
 #        EXTRA (more options, e.g. "--backend cuda" or "--tp 2" under LAUNCH),
 #        LAUNCH (e.g. "mpirun -np 2"), PARALLEL (default "1 32")
 # Defaults are CI-sized: the tiny test model, 64 prompts, 16 tokens each. The full
@@ -15,6 +16,7 @@ n=${2:-64}
 max_tokens=${3:-16}
 driver=${DRIVER:-$here/build/tpinfer}
 parallel=${PARALLEL:-"1 32"}
+temp=${TEMP:-0}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
@@ -28,11 +30,11 @@ for ((i = 0; i < n; i++)); do
   printf '{"id": "b%d", "prompt": "%s"}\n' "$i" "$p"
 done > "$tmp/prompts.jsonl"
 
-echo "model $(basename "$model"), $n prompts, -n $max_tokens, greedy ${EXTRA:-}"
+echo "model $(basename "$model"), $n prompts, -n $max_tokens, --temp $temp ${EXTRA:-}"
 printf '%-10s %10s %12s %12s %10s\n' parallel wall_s gen_tok/s total_tok/s requests
 for p in $parallel; do
   ${LAUNCH:-} "$driver" run -m "$model" -f "$tmp/prompts.jsonl" -o "$tmp/out-$p.jsonl" \
-    -n "$max_tokens" --temp 0 --parallel "$p" ${EXTRA:-} 2> "$tmp/err-$p.txt"
+    -n "$max_tokens" --temp "$temp" --parallel "$p" ${EXTRA:-} 2> "$tmp/err-$p.txt"
   line=$(grep '^batch summary' "$tmp/err-$p.txt")
   wall=$(sed -E 's/.*wall ([0-9.]+) s.*/\1/' <<< "$line")
   gen=$(sed -E 's/.* ([0-9.]+) generated tok\/s.*/\1/' <<< "$line")

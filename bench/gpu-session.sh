@@ -11,7 +11,9 @@
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
 #   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each
 #   7. kernel microbenches (test_gemv_cuda bench, test_ops_cuda_elem bench)
-#   8. summary.txt: test results, bench rows, variant rows, microbench lines
+#   8. batch prompt files (bench/batch-bench.sh, BATCH_MODEL, --parallel 32, greedy and
+#      temperature 0.8: the host sampler's share of a step shows as the difference)
+#   9. summary.txt: test results, bench rows, variant rows, microbench lines
 # Output: a few files in $OUT (summary.txt first).
 set -u
 set -o pipefail
@@ -25,13 +27,16 @@ BUDGET_S=${BUDGET_S:-550}
 MODELS_DIR=${MODELS_DIR:-/tmp/tpi-models}
 PRESET=${PRESET:-qwen3-8b}
 TYPES=${TYPES:-"bf16 q8_0 q4_k_m"}
-STEPS=${STEPS:-"test bench depth variants micro"}
+STEPS=${STEPS:-"test bench depth variants micro batch"}
 DEPTH_TYPES=${DEPTH_TYPES:-"q4_k_m q8_0 bf16"}
 VARIANT_MODEL=${VARIANT_MODEL:-q4_k_m} # one or more types, space-separated
 # one variant per line: a name, then environment assignments
 VARIANTS=${VARIANTS:-"default
-nofork TPI_NO_FORK=1
-nommaattn TPI_ATTN_MMA=0"}
+memo TPI_XQ_MEMO=1
+pdl TPI_PDL=1
+memo+pdl TPI_XQ_MEMO=1 TPI_PDL=1
+kinda TPI_GEMV_KIND=a"}
+BATCH_MODEL=${BATCH_MODEL:-q4_k_m}
 SUM="$OUT/summary.txt"
 : >"$SUM"
 
@@ -172,13 +177,21 @@ if has_step micro; then
     bounded micro-ops 60 "$OUT/micro.log" "$BUILD/tests/test_ops_cuda_elem" bench
 fi
 
+# ---- 8. batch prompt files ----
+if has_step batch && [ -s "$(model_of "$BATCH_MODEL")" ]; then
+    for temp in 0 0.8; do
+        TEMP=$temp PARALLEL=32 DRIVER="$TPINFER" EXTRA="--backend cuda" bounded "batch-temp$temp" 60 \
+            "$OUT/batch.log" bash bench/batch-bench.sh "$(model_of "$BATCH_MODEL")" 64 32
+    done
+fi
+
 if kill -0 $MK_PID 2>/dev/null; then
     pkill -P $MK_PID 2>/dev/null
     kill $MK_PID 2>/dev/null
     note "mkmodel: stopped (not done in time)"
 fi
 
-# ---- 8. summary ----
+# ---- 9. summary ----
 {
     echo
     echo "== GPU tests (default, then VTEST_ENV=$VTEST_ENV):"
@@ -191,6 +204,9 @@ fi
     echo "== bench rows (=== names the run)"
     grep -E "^=== |\| *(pp512|tg128)" "$BENCH" 2>/dev/null | sed -E 's/ \(limit.*//' |
         awk -F'|' '/^===/ { print; next } { printf "   %s |%s |%s |%s\n", $2, $(NF-4), $(NF-3), $(NF-2) }'
+    echo
+    echo "== batch (bench/batch-bench.sh)"
+    grep -E "^model |^[0-9]+ " "$OUT/batch.log" 2>/dev/null | sed 's/^/   /'
     echo
     echo "== microbench"
     grep -E "^bench " "$OUT/micro.log" 2>/dev/null | head -150

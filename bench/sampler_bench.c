@@ -1,9 +1,10 @@
 /*
  * sampler_bench.c — host time of one sampler_sample call over a Qwen-sized
- * vocabulary (151,936 logits), per filter mix. The batch command samples every
- * sequence of a step on one rank, so this time adds to each decode step once per
- * sequence in flight. Logits are random normal (sd given by --sd, default 3: a
- * flat distribution, the worst case for top-p) with a fixed seed.
+ * vocabulary (151,936 logits), per filter mix, and of the logprobs a request
+ * may ask for beside it. The batch command samples every sequence of a step on
+ * one rank, so this time adds to each decode step once per sequence in flight.
+ * Logits are random normal (sd given by --sd, default 3: a flat distribution,
+ * the worst case for top-p) with a fixed seed.
  *
  *   build/bench_sampler [--vocab N] [--sd S] [--reps R]
  */
@@ -81,6 +82,16 @@ int main(int argc, char **argv) {
         (void)sink;
         printf("| %s | %.3f |\n", mixes[m].name, (now_s() - t0) / reps * 1e3);
         sampler_free(&s);
+    }
+    // --logprobs K: the chosen token's logprob and the top K, per sampled token.
+    for (int k = 1; k <= 20; k *= 4) {
+        int32_t ids[20];
+        float lps[20];
+        volatile float sink = 0.0f;
+        const double t0 = now_s();
+        for (int r = 0; r < reps; r++) sink = sampler_logprobs(logits, n_vocab, r, k, ids, lps);
+        (void)sink;
+        printf("| logprobs, top %d | %.3f |\n", k, (now_s() - t0) / reps * 1e3);
     }
     free(logits);
     return 0;

@@ -385,6 +385,20 @@ START_TEST(test_sampling) {
     ck_assert_int_eq(ids[2], 3);
     ck_assert_double_eq_tol(lp[0], 3.0 - log(z), 1e-5);
     ck_assert_double_eq_tol(sampler_logprob_of(logits, 6, 2), -2.0 - log(z), 1e-5);
+    // Both at once: the same numbers, bit for bit, from one pass.
+    int32_t ids2[6];
+    float lp2[6];
+    for (int32_t id = 0; id < 6; id++) {
+        float chosen = sampler_logprobs(logits, 6, id, 3, ids2, lp2);
+        ck_assert_float_eq(chosen, sampler_logprob_of(logits, 6, id));
+        for (int j = 0; j < 3; j++) {
+            ck_assert_int_eq(ids2[j], ids[j]);
+            ck_assert_float_eq(lp2[j], lp[j]);
+        }
+    }
+    ck_assert_float_eq(sampler_logprobs(logits, 6, 4, 0, ids2, lp2), sampler_logprob_of(logits, 6, 4));
+    ck_assert_int_eq(sampler_top_logprobs(logits, 6, 9, ids2, lp2), 6); // k clipped
+    ck_assert_int_eq(ids2[5], 2);
 }
 END_TEST
 

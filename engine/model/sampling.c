@@ -266,36 +266,56 @@ static int32_t sample_sorted(struct sampler *s, struct sampler_cand *c, int n_ca
     return c[n - 1].id;
 }
 
-static double log_sum_exp(const float *logits, int n_vocab) {
-    float mx = logits[0];
-    for (int i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+/* mx + log(sum exp(logits - mx)), mx the largest logit. */
+static double lse_from(const float *logits, int n_vocab, float mx) {
     double sum = 0.0;
     for (int i = 0; i < n_vocab; i++) sum += exp((double)logits[i] - mx);
     return mx + log(sum);
+}
+
+static double log_sum_exp(const float *logits, int n_vocab) {
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    return lse_from(logits, n_vocab, mx);
 }
 
 float sampler_logprob_of(const float *logits, int n_vocab, int32_t id) {
     return (float)((double)logits[id] - log_sum_exp(logits, n_vocab));
 }
 
-int sampler_top_logprobs(const float *logits, int n_vocab, int k, int32_t *ids, float *logprobs) {
-    if (k > n_vocab) k = n_vocab;
-    if (k <= 0) return 0;
-    // Insertion into a k-long list: k is small (a handful), the vocabulary large.
+/* The k (1 <= k <= n_vocab) largest raw logits, best first (ties: lower id first),
+ * by insertion into a k-long list: k is small (a handful), the vocabulary large. */
+static void top_raw(const float *logits, int n_vocab, int k, int32_t *ids, float *vals) {
     int n = 0;
     for (int i = 0; i < n_vocab; i++) {
         float l = logits[i];
-        if (n == k && !(l > logprobs[k - 1])) continue;
+        if (n == k && !(l > vals[k - 1])) continue;
         int j = n < k ? n++ : k - 1;
-        while (j > 0 && l > logprobs[j - 1]) {
-            logprobs[j] = logprobs[j - 1];
+        while (j > 0 && l > vals[j - 1]) {
+            vals[j] = vals[j - 1];
             ids[j] = ids[j - 1];
             j--;
         }
-        logprobs[j] = l;
+        vals[j] = l;
         ids[j] = i;
     }
-    double lse = log_sum_exp(logits, n_vocab);
+}
+
+int sampler_top_logprobs(const float *logits, int n_vocab, int k, int32_t *ids, float *logprobs) {
+    if (k > n_vocab) k = n_vocab;
+    if (k <= 0) return 0;
+    top_raw(logits, n_vocab, k, ids, logprobs);
+    const double lse = lse_from(logits, n_vocab, logprobs[0]); // the list starts at the max
     for (int j = 0; j < k; j++) logprobs[j] = (float)((double)logprobs[j] - lse);
     return k;
+}
+
+float sampler_logprobs(const float *logits, int n_vocab, int32_t id, int k, int32_t *ids,
+                       float *logprobs) {
+    if (k > n_vocab) k = n_vocab;
+    if (k <= 0) return sampler_logprob_of(logits, n_vocab, id);
+    top_raw(logits, n_vocab, k, ids, logprobs);
+    const double lse = lse_from(logits, n_vocab, logprobs[0]);
+    for (int j = 0; j < k; j++) logprobs[j] = (float)((double)logprobs[j] - lse);
+    return (float)((double)logits[id] - lse);
 }

@@ -62,4 +62,10 @@ int sampler_top_logprobs(const float *logits, int n_vocab, int k, int32_t *ids, 
 /* log_softmax(logits)[id]. */
 float sampler_logprob_of(const float *logits, int n_vocab, int32_t id);
 
+/* Both of the above with one pass over the exponentials: fills the top-k as
+ * sampler_top_logprobs does (k clipped to n_vocab; k <= 0 fills nothing) and
+ * returns log_softmax(logits)[id]. */
+float sampler_logprobs(const float *logits, int n_vocab, int32_t id, int k, int32_t *ids,
+                       float *logprobs);
+
 #endif /* SAMPLING_H */

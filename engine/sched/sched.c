@@ -397,11 +397,11 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                 int32_t id = sampler_sample(&s->smp, row);
                 sampler_accept(&s->smp, id);
                 msg_i[oi++] = id;
-                if (s->K > 0) {
-                    msg_f[of++] = sampler_logprob_of(row, n_vocab, id);
-                    sampler_top_logprobs(row, n_vocab, s->K, msg_i + oi, msg_f + of);
+                if (s->K > 0) { // the chosen token's logprob, then the top K
+                    msg_f[of] = sampler_logprobs(row, n_vocab, id, s->K, msg_i + oi,
+                                                 msg_f + of + 1);
                     oi += (size_t)s->K;
-                    of += (size_t)s->K;
+                    of += 1 + (size_t)s->K;
                 }
             }
         }
