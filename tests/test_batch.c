@@ -26,6 +26,7 @@
 static const char *g_mode = "inputs";
 static const char *g_model;
 static char g_dir[256];
+static const char *g_stderr_to; /* when set, spawned runs write stderr there */
 
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -67,6 +68,10 @@ static pid_t spawn(int np, const char *const *args) {
     argv[n] = NULL;
     pid_t pid = fork();
     if (pid == 0) {
+        if (g_stderr_to) { // keep the run's stderr (its summary line) for the test
+            FILE *e = freopen(g_stderr_to, "w", stderr);
+            if (!e) _exit(126);
+        }
         setenv("OMP_WAIT_POLICY", "passive", 1);
         execv(argv[0], (char *const *)argv);
         _exit(127);
@@ -491,6 +496,87 @@ START_TEST(test_choices) {
 }
 END_TEST
 
+/* The prompt tokens fed and shared, from a run's summary line in `path`. */
+static void summary_tokens(const char *path, long *fed, long *shared) {
+    size_t n;
+    char *text = tu_read_file(path, &n);
+    ck_assert_ptr_nonnull(text);
+    const char *line = strstr(text, "batch summary:");
+    ck_assert_msg(line != NULL, "%s has no summary line", path);
+    const char *p = strstr(line, "prompt tokens ");
+    ck_assert_ptr_nonnull(p);
+    ck_assert_int_eq(sscanf(p, "prompt tokens %ld (+%ld shared)", fed, shared), 2);
+    free(text);
+}
+
+/* Prompts that begin alike take the common prefix's KV from an older sequence:
+ * the records equal those of runs that prefill everything (--parallel 1, and
+ * --no-prefix-share), with and without chunked prefill, and the prompt positions
+ * add up (fed + shared with sharing = fed without). */
+START_TEST(test_prefix) {
+    static const char *sys = "You are a careful assistant who answers in one short sentence "
+                             "and never repeats the question back to the user";
+    char text[8192];
+    int o = 0;
+    static const char *q[] = {"What is rain?", "Why is the sky blue?", "Name a green hill.",
+                              "Who jumps over the lazy dog?"};
+    for (int i = 0; i < 4; i++)
+        o += snprintf(text + o, sizeof text - (size_t)o,
+                      "{\"id\": \"s%d\", \"prompt\": \"%s. %s\", \"max_tokens\": 5}\n", i, sys,
+                      q[i]);
+    o += snprintf(text + o, sizeof text - (size_t)o,
+                  "{\"id\": \"n4\", \"prompt\": \"%s. Tell a story.\", \"max_tokens\": 4, "
+                  "\"temperature\": 0.9, \"seed\": 3, \"n\": 4}\n", sys);
+    for (int i = 0; i < 2; i++)
+        o += snprintf(text + o, sizeof text - (size_t)o,
+                      "{\"custom_id\": \"c%d\", \"method\": \"POST\", \"url\": "
+                      "\"/v1/chat/completions\", \"body\": {\"messages\": [{\"role\": \"system\", "
+                      "\"content\": \"%s\"}, {\"role\": \"user\", \"content\": \"%s\"}], "
+                      "\"max_tokens\": 4}}\n", i, sys, q[i]);
+    o += snprintf(text + o, sizeof text - (size_t)o, "{\"id\": \"short\", \"prompt\": \"You are\"}\n");
+    write_file(path_in("x.jsonl"), text);
+    struct { const char *name; const char *opts[6]; } runs[] = {
+        {"x1", {"--parallel", "1", NULL}},
+        {"x4", {"--parallel", "4", NULL}},
+        {"x4n", {"--parallel", "4", "--no-prefix-share", NULL}},
+        {"x3u", {"--parallel", "3", "--ubatch", "7", NULL}},
+    };
+    char *norm[4];
+    long fed[4], shared[4];
+    for (int r = 0; r < 4; r++) {
+        char out[64], errf[64];
+        snprintf(out, sizeof out, "%s.jsonl", runs[r].name);
+        snprintf(errf, sizeof errf, "%s.err", runs[r].name);
+        const char *args[16] = {"-f", path_in("x.jsonl"), "-o", path_in(out), "--temp", "0",
+                                "-n", "6"};
+        int k = 8;
+        for (int j = 0; runs[r].opts[j]; j++) args[k++] = runs[r].opts[j];
+        args[k] = NULL;
+        g_stderr_to = path_in(errf);
+        ck_assert_int_eq(run(1, args), 0);
+        g_stderr_to = NULL;
+        int n;
+        norm[r] = normalized(path_in(out), &n);
+        ck_assert_int_eq(n, 8);
+        summary_tokens(path_in(errf), &fed[r], &shared[r]);
+    }
+    for (int r = 0; r < 4; r++)
+        fprintf(stderr, "prefix %s: prompt tokens fed %ld, shared %ld\n", runs[r].name, fed[r],
+                shared[r]);
+    ck_assert_int_eq(shared[0], 0); // one slot: nobody to share with
+    ck_assert_int_eq(shared[2], 0); // --no-prefix-share
+    ck_assert_int_gt(shared[1], 0);
+    ck_assert_int_gt(shared[3], 0);
+    for (int r = 1; r < 4; r++) ck_assert_int_eq(fed[r] + shared[r], fed[0]);
+    // n = 4 of one prompt: three of them take all but its last token, at least.
+    ck_assert_int_ge(shared[1], 3 * 8);
+    assert_same("prefix shared, --parallel 4 vs 1", norm[1], norm[0]);
+    assert_same("--no-prefix-share vs --parallel 1", norm[2], norm[0]);
+    assert_same("prefix shared, --parallel 3 --ubatch 7 vs 1", norm[3], norm[0]);
+    for (int r = 0; r < 4; r++) free(norm[r]);
+}
+END_TEST
+
 /* Run to a reference, then start again, stop it with `sig` once >= 3 records are
  * written, --resume, and compare. */
 static void interrupted_run(int sig) {
@@ -544,8 +630,17 @@ END_TEST
 
 static void mpi_run(const char *flag) {
     make_prompts(path_in("m.jsonl"), 6, 10);
+    // Three more that begin alike, one asking for two completions: prefix sharing
+    // copies KV on every rank (each its own layers and heads) the same way.
+    FILE *f = fopen(path_in("m.jsonl"), "a");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 3; i++)
+        fprintf(f, "{\"id\": \"shared%d\", \"max_tokens\": 6, \"n\": %d, \"prompt\": \"the quick "
+                   "brown fox jumps over a lazy dog while rain falls on green hills and %s\"}\n",
+                i, i == 2 ? 2 : 1, i == 0 ? "then" : i == 1 ? "so" : "yet");
+    fclose(f);
     const char *one[] = {"-f", path_in("m.jsonl"), "-o", path_in("m1.jsonl"), "--temp", "0",
-                         "--parallel", "4", NULL};
+                         "--parallel", "4", "--no-prefix-share", NULL};
     const char *two[] = {"-f", path_in("m.jsonl"), "-o", path_in("m2.jsonl"), "--temp", "0",
                          "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
     ck_assert_int_eq(run(1, one), 0);
@@ -553,8 +648,8 @@ static void mpi_run(const char *flag) {
     int n1, n2;
     char *r1 = normalized(path_in("m1.jsonl"), &n1);
     char *r2 = normalized(path_in("m2.jsonl"), &n2);
-    ck_assert_int_eq(n1, 6);
-    ck_assert_int_eq(n2, 6);
+    ck_assert_int_eq(n1, 9);
+    ck_assert_int_eq(n2, 9);
     assert_same(flag, r2, r1);
     free(r1);
     free(r2);
@@ -578,6 +673,7 @@ int main(int argc, char **argv) {
     if (!strcmp(g_mode, "inputs")) tcase_add_test(tc, test_inputs);
     else if (!strcmp(g_mode, "parallel")) tcase_add_test(tc, test_parallel);
     else if (!strcmp(g_mode, "choices")) tcase_add_test(tc, test_choices);
+    else if (!strcmp(g_mode, "prefix")) tcase_add_test(tc, test_prefix);
     else if (!strcmp(g_mode, "resume")) tcase_add_test(tc, test_resume);
     else if (!strcmp(g_mode, "sigterm")) tcase_add_test(tc, test_sigterm);
     else if (!strcmp(g_mode, "mpi_tp")) tcase_add_test(tc, test_mpi_tp);

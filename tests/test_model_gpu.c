@@ -12,6 +12,8 @@
  *            tokens/s of 128 decode steps with and without graphs.
  *   batch    3 sequences at different depths decoded together give the logits of
  *            each decoded alone.
+ *   kv copy  a prompt prefix copied to another slot (model_kv_copy) gives the next
+ *            token's logits of the slot that computed it.
  *
  * Tolerance (CUDA vs CPU). The CPU reference keeps f32 activations, f32 weights
  * (dequantized) and an f32 KV cache. CUDA differs by: (1) prefill (more than 8 rows)
@@ -398,6 +400,51 @@ START_TEST(test_batch_decode) {
 }
 END_TEST
 
+/* A prompt prefix copied into another slot (model_kv_copy: what the batch scheduler
+ * does for prompts that begin alike) serves the next token there as it does in the
+ * slot that computed it: the same token at the same position, fed to each slot
+ * alone, gives the same logits (same kernels over the same cache bits), and a slot
+ * holding another sequence's cache does not. */
+START_TEST(test_kv_copy) {
+    struct model *mg = load("cuda", 256, 3);
+    const int n_vocab = mg->cfg.n_vocab;
+    int len;
+    int32_t *tok = prompt_tokens(0, &len);
+    ck_assert_int_ge(len, 3);
+    float *l0 = malloc(sizeof(float) * n_vocab), *l1 = malloc(sizeof(float) * n_vocab);
+    float *l2 = malloc(sizeof(float) * n_vocab);
+    prefill(mg, tok, len - 1, 0, NULL, l0);
+    // Slot 2 holds something else at the same depth: the prompt shifted by one token.
+    int32_t *other = malloc(sizeof(int32_t) * (size_t)len);
+    for (int i = 0; i < len - 1; i++) other[i] = tok[(i + 1) % len];
+    prefill(mg, other, len - 1, 2, NULL, l2);
+    struct tpi_error err = {0};
+    ck_assert_int_eq(model_kv_copy(mg, 0, 1, len - 1, &err), TPI_OK);
+    ck_assert_int_ne(model_kv_copy(mg, 0, 0, 1, &err), TPI_OK); // onto itself: refused
+    ck_assert_int_ne(model_kv_copy(mg, 0, 1, 257, &err), TPI_OK); // past the context
+    const int32_t t = tok[len - 1], p = len - 1, r = 0;
+    const int32_t s0 = 0, s1 = 1, s2 = 2;
+    forward_or_die(mg, &t, &p, &s0, 1, &r, 1, l0);
+    forward_or_die(mg, &t, &p, &s1, 1, &r, 1, l1);
+    forward_or_die(mg, &t, &p, &s2, 1, &r, 1, l2);
+    struct errstat same = {0}, diff = {0};
+    errstat_add(&same, l1, l0, n_vocab);
+    errstat_add(&diff, l2, l0, n_vocab);
+    fprintf(stderr, "%s: kv copy of %d positions: copied slot vs source max abs diff %.3g "
+                    "(/ range %.3g); another sequence's slot %.3g\n",
+            g_name, len - 1, same.max_abs, same.max_rel, diff.max_abs);
+    ck_assert_msg(same.max_rel <= SAME_TOL, "copied slot differs: %.3g of the range",
+                  same.max_rel);
+    ck_assert_msg(diff.max_rel > 10 * SAME_TOL, "another sequence's cache gave the same logits");
+    free(tok);
+    free(other);
+    free(l0);
+    free(l1);
+    free(l2);
+    model_free(&mg);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_model_gpu MODEL-NAME\n");
@@ -433,6 +480,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_logits_vs_cpu);
     tcase_add_test(tc, test_graphs);
     tcase_add_test(tc, test_batch_decode);
+    tcase_add_test(tc, test_kv_copy);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     cJSON_Delete(g_ref);

@@ -48,6 +48,8 @@ static void usage(FILE *out) {
             "  --fsync               fsync after every record\n"
             "  --progress            progress on stderr even when it is not a terminal\n"
             "  --chat                plain lines and \"prompt\" strings become user chat turns\n"
+            "  --no-prefix-share     prefill every prompt whole (default: a prompt that begins\n"
+            "                        like an earlier one in flight copies that prefix's KV)\n"
             "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
             "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R   sampling defaults\n"
             "  --seed S              run seed (default 0); a request without \"seed\" uses S +\n"
@@ -62,7 +64,7 @@ struct batch_opts {
     const char *file, *output;
     int n_parallel, max_tokens, n_logprobs;
     struct sampler_params sp;
-    bool ordered, resume, fsync, progress, chat;
+    bool ordered, resume, fsync, progress, chat, no_prefix_share;
 };
 
 static bool parse_int(const char *s, int *out) {
@@ -117,6 +119,7 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
             else if (IS("--fsync")) o->fsync = true;
             else if (IS("--progress")) o->progress = true;
             else if (IS("--chat")) o->chat = true;
+            else if (IS("--no-prefix-share")) o->no_prefix_share = true;
             else {
                 fprintf(stderr, "tpinfer run: unknown option '%s' (tpinfer run --help)\n", a);
                 return 2;
@@ -293,7 +296,8 @@ int cmd_run_batch(int argc, char **argv) {
     }
     if ((rc = model_agree(m, rc, &err))) goto fail;
 
-    struct sched_params sp = {.n_parallel = o.n_parallel, .n_ubatch = o.c.n_ubatch};
+    struct sched_params sp = {.n_parallel = o.n_parallel, .n_ubatch = o.c.n_ubatch,
+                              .no_prefix_share = o.no_prefix_share};
     struct sched_callbacks cb = {cb_next, cb_stop, cb_done, cb_step, &ctx};
     struct sched_stats st;
     rc = sched_run(m, tok, &sp, &cb, &st, &err);
@@ -306,9 +310,11 @@ int cmd_run_batch(int argc, char **argv) {
         double wall = st.t_now_s - st.t_start_s;
         fprintf(stderr,
                 "batch summary: %d requests (%lld completed now, %d resumed, %d errors), prompt "
-                "tokens %lld, generated %lld, wall %.2f s, %.1f generated tok/s, %.1f total tok/s\n",
+                "tokens %lld (+%lld shared), generated %lld, wall %.2f s, %.1f generated tok/s, "
+                "%.1f total tok/s\n",
                 ctx.in.n_reqs, (long long)ctx.out.n_results, n_resumed, n_err_lines,
-                (long long)st.n_prompt_tokens, (long long)st.n_gen_tokens, wall,
+                (long long)st.n_prompt_tokens, (long long)st.n_prompt_shared,
+                (long long)st.n_gen_tokens, wall,
                 wall > 0 ? st.n_gen_tokens / wall : 0.0,
                 wall > 0 ? (st.n_gen_tokens + st.n_prompt_tokens) / wall : 0.0);
     }

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "kernels/quant.h"
 #include "model.h"
 
 int model_agree(const struct model *m, int status, struct tpi_error *err) {
@@ -48,6 +49,29 @@ int model_bcast_f32(const struct model *m, float *buf, int n, int root, struct t
 int model_bcast_bytes(const struct model *m, void *buf, int n_bytes, int root,
                       struct tpi_error *err) {
     return bcast(m, buf, n_bytes, MPI_BYTE, root, err);
+}
+
+int model_kv_copy(struct model *m, int src_slot, int dst_slot, int n_pos, struct tpi_error *err) {
+    const struct ops_kv *kv = &m->kv;
+    if (src_slot < 0 || src_slot >= kv->n_slot || dst_slot < 0 || dst_slot >= kv->n_slot ||
+        src_slot == dst_slot || n_pos < 0 || n_pos > kv->n_ctx)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "kv copy: slot %d -> %d, %d positions (cache: %d slots x %d positions)",
+                       src_slot, dst_slot, n_pos, kv->n_slot, kv->n_ctx);
+    if (n_pos == 0) return TPI_OK;
+    // (n_layer, n_slot, n_ctx, n_kv_head, head_dim) on every backend: a slot's first
+    // n_pos positions are one contiguous run per layer, in k and in v.
+    const size_t esize = quant_traits(kv->type)->type_size; /* f32, f16: blocks of 1 */
+    const size_t row = (size_t)kv->n_kv_head * kv->head_dim * esize;
+    const size_t slot_bytes = (size_t)kv->n_ctx * row, n_bytes = (size_t)n_pos * row;
+    for (int l = 0; l < kv->n_layer; l++) {
+        const size_t layer = (size_t)l * kv->n_slot * slot_bytes;
+        const size_t src = layer + (size_t)src_slot * slot_bytes;
+        const size_t dst = layer + (size_t)dst_slot * slot_bytes;
+        m->ops->copy(m->octx, (uint8_t *)kv->k + dst, (const uint8_t *)kv->k + src, n_bytes);
+        m->ops->copy(m->octx, (uint8_t *)kv->v + dst, (const uint8_t *)kv->v + src, n_bytes);
+    }
+    return TPI_OK; // a failed copy is a deferred backend error: the next forward reports it
 }
 
 /* Allocate the activation buffers of one micro-batch. */

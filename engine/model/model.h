@@ -208,6 +208,13 @@ int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
                   const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
                   float *logits, struct tpi_error *err);
 
+/* Copy the KV cache of positions [0, n_pos) of slot src_slot into slot dst_slot
+ * (this rank's layers and heads; stream-ordered before the next forward). Every rank
+ * of the grid must make the same call: it is how a sequence takes over a prompt
+ * prefix another one has already run. Errors: slots or n_pos out of range (alike on
+ * every rank); a backend failure of the copy is reported by the next forward. */
+int model_kv_copy(struct model *m, int src_slot, int dst_slot, int n_pos, struct tpi_error *err);
+
 /* Free the recorded decode-step graphs (model_free calls it; safe to call any time:
  * later steps record again). */
 void model_graphs_free(struct model *m);

@@ -25,6 +25,7 @@ struct slot {
     int n_prompt, n_fed;     /* prompt tokens, prompt tokens already in the KV cache */
     int n_past;              /* positions of the slot filled */
     bool has_next;           /* a sampled token waits to be fed (decode phase) */
+    bool wait_prefix;        /* this step: an older sequence is prefilling our prefix */
     int32_t next_tok;
     int max_gen, K;
     char **stop;             /* (n_stop) owned */
@@ -242,6 +243,40 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
     return FIN_NONE;
 }
 
+/* ---- prefix sharing -------------------------------------------------------------- */
+
+/* For each sequence still prefilling (in admission order, order_idx[0..n_active)):
+ * copy the longest prompt prefix an older sequence already has in its KV, and mark it
+ * to wait while an older one is still prefilling a longer common prefix. Every rank
+ * runs this on the same state, so the copies match. */
+static int share_prefixes(struct model *m, struct slot *slots, const int *order_idx,
+                          int n_active, struct sched_stats *st, struct tpi_error *err) {
+    for (int a = 0; a < n_active; a++) {
+        struct slot *s = &slots[order_idx[a]];
+        s->wait_prefix = false;
+        const int want = s->n_prompt - 1; // the last prompt token runs here: its logits
+        if (s->n_fed >= want) continue;
+        int best = -1, best_avail = s->n_fed, pending = 0;
+        for (int b = 0; b < a; b++) { // older sequences only: no two wait for each other
+            const struct slot *d = &slots[order_idx[b]];
+            const int lim = TPI_MIN(want, d->n_prompt);
+            int cp = 0;
+            while (cp < lim && s->prompt[cp] == d->prompt[cp]) cp++;
+            const int avail = TPI_MIN(cp, d->n_fed);
+            if (avail > best_avail) best = order_idx[b], best_avail = avail;
+            if (d->n_fed < cp) pending = TPI_MAX(pending, cp); // d feeds it in a later step
+        }
+        if (best >= 0 && best_avail - s->n_fed >= SCHED_SHARE_MIN) {
+            int rc = model_kv_copy(m, best, order_idx[a], best_avail, err);
+            if (rc) return rc;
+            st->n_prompt_shared += best_avail - s->n_fed;
+            s->n_fed = s->n_past = best_avail;
+        }
+        s->wait_prefix = pending - s->n_fed >= SCHED_SHARE_MIN;
+    }
+    return TPI_OK;
+}
+
 /* ---- the loop ------------------------------------------------------------------ */
 
 int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_params *sp,
@@ -338,6 +373,10 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             }
             order_idx[b] = v;
         }
+        // Fails only on arguments, which every rank computes alike: no agree needed.
+        if (!sp->no_prefix_share &&
+            (rc = share_prefixes(m, slots, order_idx, n_active, st, err)))
+            goto done;
         int n = 0, n_out = 0;
         for (int a = 0; a < n_active; a++) {
             struct slot *s = &slots[order_idx[a]];
@@ -352,7 +391,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         int budget = TPI_MAX(UB - n, 1); // a prefill never starves completely
         for (int a = 0; a < n_active && budget > 0; a++) {
             struct slot *s = &slots[order_idx[a]];
-            if (s->n_fed >= s->n_prompt) continue;
+            if (s->n_fed >= s->n_prompt || s->wait_prefix) continue;
             int chunk = TPI_MIN(budget, s->n_prompt - s->n_fed);
             for (int t = 0; t < chunk; t++) {
                 b_tok[n] = s->prompt[s->n_fed + t];

@@ -10,7 +10,8 @@
  * advances identical state, so they issue the same model_forward calls):
  *   1. world rank 0 (which alone has the requests) broadcasts the step header
  *      {stop, n_admitted, n_bytes} and the admitted requests, serialized;
- *   2. every rank builds the same batch and runs model_forward;
+ *   2. every rank builds the same batch (copying shared prompt prefixes between KV
+ *      slots alike) and runs model_forward;
  *   3. the decider rank (logits, tp_rank 0 of the last stage) samples each due
  *      row with that request's own sampler and broadcasts the chosen ids (and
  *      logprobs when asked);
@@ -66,6 +67,7 @@ struct sched_result {
 struct sched_stats {
     int64_t n_done;            /* requests finished */
     int64_t n_prompt_tokens;   /* prompt tokens fed */
+    int64_t n_prompt_shared;   /* prompt tokens taken from another sequence's KV instead */
     int64_t n_gen_tokens;      /* tokens sampled */
     int64_t n_steps;           /* model_forward calls */
     int n_active;              /* sequences in flight now (at the end: abandoned by a stop) */
@@ -85,9 +87,17 @@ struct sched_callbacks {
 };
 
 struct sched_params {
-    int n_parallel; /* sequences in flight (<= the model's n_slot) */
-    int n_ubatch;   /* token budget of one step (decode tokens + prefill chunks) */
+    int n_parallel;       /* sequences in flight (<= the model's n_slot) */
+    int n_ubatch;         /* token budget of one step (decode tokens + prefill chunks) */
+    bool no_prefix_share; /* prefill every prompt whole, even a prefix already in the KV */
 };
+
+/* Prefix sharing: a prompt that begins like an older sequence's prompt takes the
+ * KV of that common prefix (model_kv_copy, at least SCHED_SHARE_MIN tokens, never
+ * its last token, whose logits it needs) instead of prefilling it, and waits for
+ * an older sequence still prefilling that prefix. The n choices of one request are
+ * the common case; a system prompt shared by many lines is the other. */
+#define SCHED_SHARE_MIN 8
 
 /* Run requests until the source is empty and every sequence has finished
  * (TPI_OK), or until rank 0's stop callback says so (TPI_ERR_INTERRUPTED, with
