@@ -79,4 +79,14 @@ uint16_t tpi_f32_to_bf16(float f);
 #define TPI_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TPI_MAX(a, b) ((a) > (b) ? (a) : (b))
 
+/* The CPU backend's hot loops (dequantize, dot products) built twice, for AVX2 and
+ * for the baseline, the loader picking one at start (GNU ifunc). Same arithmetic in
+ * the same order per lane, and ISO C mode keeps a*b+c unfused: results are bitwise
+ * those of the baseline build, only wider vectors compute them. */
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && !defined(__CUDACC__)
+#define TPI_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define TPI_CPU_CLONES
+#endif
+
 #endif /* TPI_H */

@@ -198,7 +198,8 @@ static void cpu_kv_free(struct ops_ctx *ctx, struct ops_kv *kv) {
  * into two 4-wide SSE multiply-adds (or one 8-wide AVX one), without reordering
  * what we wrote, so the result is the same on every path. Partial sums combine
  * as ((p0+p4)+(p1+p5)) + ((p2+p6)+(p3+p7)), then the n % 8 tail in order. */
-static inline float dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
+static inline __attribute__((always_inline)) float
+dot_f32(const float *restrict a, const float *restrict b, int64_t n) {
     float p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t k = 0;
     for (; k + 8 <= n; k += 8)
@@ -213,9 +214,9 @@ static inline float dot_f32(const float *restrict a, const float *restrict b, in
 /* Four dot products of one x row with four W rows at once: the same arithmetic,
  * in the same order, per output as dot_f32 (so results are bitwise equal), but
  * each x load is shared by four rows, which nearly doubles throughput. */
-static inline void dot4_f32(const float *restrict w0, const float *restrict w1,
-                            const float *restrict w2, const float *restrict w3,
-                            const float *restrict x, int64_t n, float out[4]) {
+static inline __attribute__((always_inline)) void
+dot4_f32(const float *restrict w0, const float *restrict w1, const float *restrict w2,
+         const float *restrict w3, const float *restrict x, int64_t n, float out[4]) {
     float p0[8] = {0}, p1[8] = {0}, p2[8] = {0}, p3[8] = {0};
     int64_t k = 0;
     for (; k + 8 <= n; k += 8) {
@@ -298,6 +299,20 @@ static int64_t matmul_block_rows(int64_t ne0) {
     return jb & ~(int64_t)3;
 }
 
+/* y[i * ldy + jj] = W row jj . x row i, for nj W rows (each ne0 long) and n_rows x rows. */
+TPI_CPU_CLONES static void block_dots(const float *const *wrow, int64_t nj, const float *x,
+                                      int64_t n_rows, int64_t ne0, float *y, int64_t ldy) {
+    for (int64_t i = 0; i < n_rows; i++) {
+        const float *xi = x + i * ne0;
+        float *yi = y + i * ldy;
+        int64_t jj = 0;
+        for (; jj + 4 <= nj; jj += 4)
+            dot4_f32(wrow[jj], wrow[jj + 1], wrow[jj + 2], wrow[jj + 3], xi, ne0, yi + jj);
+        for (; jj < nj; jj++)
+            yi[jj] = dot_f32(wrow[jj], xi, ne0);
+    }
+}
+
 static void cpu_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                        int64_t n_rows) {
     const struct quant_traits *tr = quant_traits(w->type);
@@ -339,15 +354,7 @@ static void cpu_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const fl
                 for (int64_t jj = 0; jj < nj; jj++)
                     wrow[jj] = wbuf + jj * ne0;
             }
-            for (int64_t i = 0; i < n_rows; i++) {
-                const float *xi = x + i * ne0;
-                float *yi = y + i * ne1 + j0;
-                int64_t jj = 0;
-                for (; jj + 4 <= nj; jj += 4)
-                    dot4_f32(wrow[jj], wrow[jj + 1], wrow[jj + 2], wrow[jj + 3], xi, ne0, yi + jj);
-                for (; jj < nj; jj++)
-                    yi[jj] = dot_f32(wrow[jj], xi, ne0);
-            }
+            block_dots(wrow, nj, x, n_rows, ne0, y + j0, ne1);
         }
     }
     free(scratch);

@@ -118,7 +118,7 @@ static void f32_from_f32(const float *src, void *dst, int64_t n) {
     memcpy(dst, src, (size_t)n * 4);
 }
 
-static void f16_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void f16_to_f32(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++)
         dst[i] = tpi_f16_to_f32(s[i]);
@@ -128,7 +128,7 @@ static void f16_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         d[i] = tpi_f32_to_f16(src[i]);
 }
-static void bf16_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void bf16_to_f32(const void *src, float *dst, int64_t n) {
     const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++)
         dst[i] = tpi_bf16_to_f32(s[i]);
@@ -141,7 +141,7 @@ static void bf16_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q8_0: x = d * q ------------------------------------------------------ */
 
-static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q8_0 *b = src;
     for (int64_t i = 0; i < n / QK8_0; i++, dst += QK8_0) {
         float d = f16(b[i].d);
@@ -164,7 +164,7 @@ static void q8_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q4_0: x = d * (q - 8) ------------------------------------------------ */
 
-static void q4_0_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q4_0_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q4_0 *b = src;
     for (int64_t i = 0; i < n / QK4_0; i++, dst += QK4_0) {
         float d = f16(b[i].d);
@@ -189,7 +189,7 @@ static void q4_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q4_1: x = d * q + m -------------------------------------------------- */
 
-static void q4_1_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q4_1_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q4_1 *b = src;
     for (int64_t i = 0; i < n / QK4_1; i++, dst += QK4_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -227,7 +227,7 @@ static inline void store_u32le(uint8_t *p, uint32_t v) {
     p[3] = (uint8_t)(v >> 24);
 }
 
-static void q5_0_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q5_0_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q5_0 *b = src;
     for (int64_t i = 0; i < n / QK5_0; i++, dst += QK5_0) {
         float d = f16(b[i].d);
@@ -257,7 +257,7 @@ static void q5_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q5_1: x = d * q + m -------------------------------------------------- */
 
-static void q5_1_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q5_1_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q5_1 *b = src;
     for (int64_t i = 0; i < n / QK5_1; i++, dst += QK5_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -356,7 +356,7 @@ static void quantize_k_subblocks(const float *x, int nmax, uint16_t *d_out, uint
 
 /* ---- Q4_K: x = d*sc*q - dmin*m per sub-block of 32 ------------------------ */
 
-static void q4_k_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q4_k_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q4_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d), dmin = f16(b[i].dmin);
@@ -388,7 +388,7 @@ static void q4_k_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q5_K: as Q4_K with a 5th bit per element in qh ----------------------- */
 
-static void q5_k_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q5_k_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q5_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d), dmin = f16(b[i].dmin);
@@ -429,7 +429,7 @@ static void q5_k_from_f32(const float *src, void *dst, int64_t n) {
  * byte l, of l+32 and l+96 in byte l+32) and 32 bytes of qh (2 bits each of
  * elements l, l+32, l+64, l+96 in byte l). */
 
-static void q6_k_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q6_k_to_f32(const void *src, float *dst, int64_t n) {
     const struct block_q6_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d);
