@@ -509,10 +509,11 @@ static void summary_tokens(const char *path, long *fed, long *shared) {
     free(text);
 }
 
-/* Prompts that begin alike take the common prefix's KV from an older sequence:
- * the records equal those of runs that prefill everything (--parallel 1, and
- * --no-prefix-share), with and without chunked prefill, and the prompt positions
- * add up (fed + shared with sharing = fed without). */
+/* Prompts that begin alike take the common prefix's KV from another slot (a
+ * sequence in flight, or what a finished one left in its slot, even with one
+ * slot): the records equal those of runs that prefill everything
+ * (--no-prefix-share), with and without chunked prefill, and the prompt
+ * positions add up (fed + shared with sharing = fed without). */
 START_TEST(test_prefix) {
     static const char *sys = "You are a careful assistant who answers in one short sentence "
                              "and never repeats the question back to the user";
@@ -536,14 +537,16 @@ START_TEST(test_prefix) {
     o += snprintf(text + o, sizeof text - (size_t)o, "{\"id\": \"short\", \"prompt\": \"You are\"}\n");
     write_file(path_in("x.jsonl"), text);
     struct { const char *name; const char *opts[6]; } runs[] = {
-        {"x1", {"--parallel", "1", NULL}},
+        {"x1n", {"--parallel", "1", "--no-prefix-share", NULL}},
         {"x4", {"--parallel", "4", NULL}},
         {"x4n", {"--parallel", "4", "--no-prefix-share", NULL}},
         {"x3u", {"--parallel", "3", "--ubatch", "7", NULL}},
+        {"x1", {"--parallel", "1", NULL}}, // one slot: what the last sequence left in it
     };
-    char *norm[4];
-    long fed[4], shared[4];
-    for (int r = 0; r < 4; r++) {
+    enum { NR = sizeof runs / sizeof runs[0] };
+    char *norm[NR];
+    long fed[NR], shared[NR];
+    for (int r = 0; r < NR; r++) {
         char out[64], errf[64];
         snprintf(out, sizeof out, "%s.jsonl", runs[r].name);
         snprintf(errf, sizeof errf, "%s.err", runs[r].name);
@@ -560,20 +563,24 @@ START_TEST(test_prefix) {
         ck_assert_int_eq(n, 8);
         summary_tokens(path_in(errf), &fed[r], &shared[r]);
     }
-    for (int r = 0; r < 4; r++)
+    for (int r = 0; r < NR; r++)
         fprintf(stderr, "prefix %s: prompt tokens fed %ld, shared %ld\n", runs[r].name, fed[r],
                 shared[r]);
-    ck_assert_int_eq(shared[0], 0); // one slot: nobody to share with
-    ck_assert_int_eq(shared[2], 0); // --no-prefix-share
-    ck_assert_int_gt(shared[1], 0);
-    ck_assert_int_gt(shared[3], 0);
-    for (int r = 1; r < 4; r++) ck_assert_int_eq(fed[r] + shared[r], fed[0]);
+    ck_assert_int_eq(shared[0], 0); // --no-prefix-share
+    ck_assert_int_eq(shared[2], 0);
+    for (int r = 1; r < NR; r++) {
+        ck_assert_int_eq(fed[r] + shared[r], fed[0]);
+        if (r != 2) ck_assert_int_gt(shared[r], 0);
+    }
     // n = 4 of one prompt: three of them take all but its last token, at least.
     ck_assert_int_ge(shared[1], 3 * 8);
-    assert_same("prefix shared, --parallel 4 vs 1", norm[1], norm[0]);
-    assert_same("--no-prefix-share vs --parallel 1", norm[2], norm[0]);
-    assert_same("prefix shared, --parallel 3 --ubatch 7 vs 1", norm[3], norm[0]);
-    for (int r = 0; r < 4; r++) free(norm[r]);
+    // One slot in turn: every prompt after the first begins with the system text.
+    ck_assert_int_ge(shared[4], 6 * 8);
+    assert_same("prefix shared, --parallel 4 vs prefilling all", norm[1], norm[0]);
+    assert_same("--no-prefix-share, --parallel 4 vs 1", norm[2], norm[0]);
+    assert_same("prefix shared, --parallel 3 --ubatch 7 vs prefilling all", norm[3], norm[0]);
+    assert_same("prefix kept in the one slot vs prefilling all", norm[4], norm[0]);
+    for (int r = 0; r < NR; r++) free(norm[r]);
 }
 END_TEST
 

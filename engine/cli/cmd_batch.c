@@ -49,7 +49,7 @@ static void usage(FILE *out) {
             "  --progress            progress on stderr even when it is not a terminal\n"
             "  --chat                plain lines and \"prompt\" strings become user chat turns\n"
             "  --no-prefix-share     prefill every prompt whole (default: a prompt that begins\n"
-            "                        like an earlier one in flight copies that prefix's KV)\n"
+            "                        like one whose KV a slot still holds reuses that prefix)\n"
             "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
             "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R   sampling defaults\n"
             "  --seed S              run seed (default 0); a request without \"seed\" uses S +\n"

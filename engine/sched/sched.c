@@ -58,6 +58,20 @@ static void slot_clear(struct slot *s) {
     memset(s, 0, sizeof *s);
 }
 
+/* What a KV slot holds, kept across the sequences that use it: the token at each
+ * position [0, len) fed so far. A new prompt that begins with them reuses them. */
+struct slot_kv {
+    int32_t *tok; /* (n_ctx) */
+    int len;
+};
+
+/* Length of the common prefix of a[0..n) and b[0..n). */
+static int common_prefix(const int32_t *a, const int32_t *b, int n) {
+    int k = 0;
+    while (k < n && a[k] == b[k]) k++;
+    return k;
+}
+
 /* ---- the admission message: a flat byte buffer ------------------------------ */
 
 struct buf {
@@ -119,8 +133,9 @@ static void put_request(struct buf *b, int slot_idx, const struct sched_request 
 }
 
 /* Install the next serialized request into its slot (every rank). */
-static int get_request(struct buf *b, struct slot *slots, int n_parallel, struct model *m,
-                       const struct tokenizer *tok, bool is_decider, uint64_t order,
+static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, int n_parallel,
+                       struct model *m, const struct tokenizer *tok, bool is_decider,
+                       uint64_t order, bool share, struct sched_stats *st,
                        struct tpi_error *err) {
     int idx = get_i32(b);
     if (b->bad || idx < 0 || idx >= n_parallel || slots[idx].active)
@@ -185,6 +200,15 @@ static int get_request(struct buf *b, struct slot *slots, int n_parallel, struct
         // The repetition penalty looks at the prompt too, as llama.cpp's does.
         for (int i = 0; i < s->n_prompt; i++) sampler_accept(&s->smp, s->prompt[i]);
     }
+    // The slot's cache may still hold a prefix of this prompt (an earlier sequence
+    // of the slot began alike): keep it, never the last token (its logits are needed).
+    struct slot_kv *kv = &kvs[idx];
+    const int reuse = common_prefix(s->prompt, kv->tok, TPI_MIN(kv->len, s->n_prompt - 1));
+    if (share && reuse >= SCHED_SHARE_MIN) {
+        s->n_fed = s->n_past = reuse;
+        st->n_prompt_shared += reuse;
+    }
+    kv->len = s->n_past;
     s->t_admit = tpi_time_s();
     return TPI_OK;
 }
@@ -246,29 +270,36 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
 /* ---- prefix sharing -------------------------------------------------------------- */
 
 /* For each sequence still prefilling (in admission order, order_idx[0..n_active)):
- * copy the longest prompt prefix an older sequence already has in its KV, and mark it
- * to wait while an older one is still prefilling a longer common prefix. Every rank
- * runs this on the same state, so the copies match. */
-static int share_prefixes(struct model *m, struct slot *slots, const int *order_idx,
-                          int n_active, struct sched_stats *st, struct tpi_error *err) {
+ * copy the longest prefix of its prompt that another slot's cache holds (a sequence
+ * in flight, or what a finished one left in a free slot), and mark it to wait while
+ * an older sequence is still prefilling a longer common prefix. Every rank runs this
+ * on the same state, so the copies match. */
+static int share_prefixes(struct model *m, struct slot *slots, struct slot_kv *kvs, int n_slots,
+                          const int *order_idx, int n_active, struct sched_stats *st,
+                          struct tpi_error *err) {
     for (int a = 0; a < n_active; a++) {
-        struct slot *s = &slots[order_idx[a]];
+        const int si = order_idx[a];
+        struct slot *s = &slots[si];
         s->wait_prefix = false;
         const int want = s->n_prompt - 1; // the last prompt token runs here: its logits
         if (s->n_fed >= want) continue;
         int best = -1, best_avail = s->n_fed, pending = 0;
-        for (int b = 0; b < a; b++) { // older sequences only: no two wait for each other
-            const struct slot *d = &slots[order_idx[b]];
-            const int lim = TPI_MIN(want, d->n_prompt);
-            int cp = 0;
-            while (cp < lim && s->prompt[cp] == d->prompt[cp]) cp++;
-            const int avail = TPI_MIN(cp, d->n_fed);
-            if (avail > best_avail) best = order_idx[b], best_avail = avail;
-            if (d->n_fed < cp) pending = TPI_MAX(pending, cp); // d feeds it in a later step
+        for (int d = 0; d < n_slots; d++) {
+            if (d == si) continue;
+            const int avail = common_prefix(s->prompt, kvs[d].tok, TPI_MIN(want, kvs[d].len));
+            if (avail > best_avail) best = d, best_avail = avail;
         }
-        if (best >= 0 && best_avail - s->n_fed >= SCHED_SHARE_MIN) {
-            int rc = model_kv_copy(m, best, order_idx[a], best_avail, err);
+        for (int b = 0; b < a; b++) { // older sequences still prefilling: wait for them
+            const struct slot *d = &slots[order_idx[b]];
+            if (d->n_fed >= d->n_prompt) continue;
+            const int cp = common_prefix(s->prompt, d->prompt, TPI_MIN(want, d->n_prompt));
+            if (d->n_fed < cp) pending = TPI_MAX(pending, cp);
+        }
+        if (best >= 0 && best_avail >= SCHED_SHARE_MIN) { // best_avail > n_fed: any gain
+            int rc = model_kv_copy(m, best, si, best_avail, err);
             if (rc) return rc;
+            memcpy(kvs[si].tok, kvs[best].tok, sizeof(int32_t) * (size_t)best_avail);
+            kvs[si].len = best_avail;
             st->n_prompt_shared += best_avail - s->n_fed;
             s->n_fed = s->n_past = best_avail;
         }
@@ -299,6 +330,9 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
 
     const size_t cap = (size_t)NP + (size_t)UB; // decode tokens + a prefill budget
     struct slot *slots = calloc((size_t)NP, sizeof *slots);
+    struct slot_kv *kvs = calloc((size_t)NP, sizeof *kvs);
+    bool *taken = calloc((size_t)NP, sizeof *taken);
+    const bool share = !sp->no_prefix_share;
     int32_t *b_tok = malloc(sizeof(int32_t) * cap), *b_pos = malloc(sizeof(int32_t) * cap);
     int32_t *b_seq = malloc(sizeof(int32_t) * cap), *b_out = malloc(sizeof(int32_t) * cap);
     int *out_slot = malloc(sizeof(int) * (size_t)NP);
@@ -309,8 +343,10 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     size_t cap_msg = 0;
     struct buf adm = {0};
     int rc = TPI_OK;
-    if (!slots || !b_tok || !b_pos || !b_seq || !b_out || !out_slot || !order_idx ||
-        (has_logits && !logits))
+    for (int i = 0; kvs && i < NP; i++)
+        if (!(kvs[i].tok = malloc(sizeof(int32_t) * (size_t)m->n_ctx))) rc = TPI_ERR_NOMEM;
+    if (rc || !slots || !kvs || !taken || !b_tok || !b_pos || !b_seq || !b_out || !out_slot ||
+        !order_idx || (has_logits && !logits))
         rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for %d sequences", NP);
     if ((rc = model_agree(m, rc, err))) goto done;
 
@@ -323,15 +359,27 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         adm.bad = false;
         if (is_root) {
             hdr[0] = cb->stop && cb->stop(cb->user) ? 1 : 0;
-            for (int i = 0; !hdr[0] && !source_empty && i < NP; i++) {
-                if (slots[i].active) continue;
+            int n_free = 0;
+            for (int i = 0; i < NP; i++) n_free += !(taken[i] = slots[i].active);
+            for (; !hdr[0] && !source_empty && n_free > 0; n_free--) {
                 struct sched_request rq;
                 memset(&rq, 0, sizeof rq);
                 if (!cb->next(cb->user, &rq)) {
                     source_empty = true;
                     break;
                 }
-                put_request(&adm, i, &rq);
+                // The free slot whose cache begins most like this prompt (the first
+                // free one when none does, or without sharing).
+                int at = -1, at_len = -1;
+                for (int i = 0; i < NP; i++) {
+                    if (taken[i]) continue;
+                    const int l = share ? common_prefix(rq.prompt, kvs[i].tok,
+                                                        TPI_MIN(kvs[i].len, rq.n_prompt - 1))
+                                        : 0;
+                    if (l > at_len) at = i, at_len = l;
+                }
+                taken[at] = true;
+                put_request(&adm, at, &rq);
                 hdr[1]++;
             }
             if (adm.bad) rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
@@ -356,7 +404,8 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             if ((rc = model_bcast_bytes(m, adm.p, hdr[2], 0, err))) goto done;
         }
         for (int a = 0; !rc && a < hdr[1]; a++)
-            rc = get_request(&adm, slots, NP, m, tok, is_decider, n_admitted++, err);
+            rc = get_request(&adm, slots, kvs, NP, m, tok, is_decider, n_admitted++, share, st,
+                             err);
         if ((rc = model_agree(m, rc, err))) goto done;
 
         // ---- 2. the batch: decode tokens first, then prefill chunks, oldest first ----
@@ -374,8 +423,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             order_idx[b] = v;
         }
         // Fails only on arguments, which every rank computes alike: no agree needed.
-        if (!sp->no_prefix_share &&
-            (rc = share_prefixes(m, slots, order_idx, n_active, st, err)))
+        if (share && (rc = share_prefixes(m, slots, kvs, NP, order_idx, n_active, st, err)))
             goto done;
         int n = 0, n_out = 0;
         for (int a = 0; a < n_active; a++) {
@@ -384,6 +432,8 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             b_tok[n] = s->next_tok;
             b_pos[n] = s->n_past++;
             b_seq[n] = order_idx[a];
+            kvs[order_idx[a]].tok[b_pos[n]] = b_tok[n];
+            kvs[order_idx[a]].len = s->n_past;
             out_slot[n_out] = order_idx[a];
             b_out[n_out++] = n++;
             s->has_next = false;
@@ -397,7 +447,9 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                 b_tok[n] = s->prompt[s->n_fed + t];
                 b_pos[n] = s->n_past++;
                 b_seq[n++] = order_idx[a];
+                kvs[order_idx[a]].tok[s->n_past - 1] = s->prompt[s->n_fed + t];
             }
+            kvs[order_idx[a]].len = s->n_past;
             s->n_fed += chunk;
             budget -= chunk;
             st->n_prompt_tokens += chunk;
@@ -516,6 +568,9 @@ done:
         }
     st->t_now_s = tpi_time_s();
     free(slots);
+    for (int i = 0; kvs && i < NP; i++) free(kvs[i].tok);
+    free(kvs);
+    free(taken);
     free(b_tok);
     free(b_pos);
     free(b_seq);

@@ -92,11 +92,13 @@ struct sched_params {
     bool no_prefix_share; /* prefill every prompt whole, even a prefix already in the KV */
 };
 
-/* Prefix sharing: a prompt that begins like an older sequence's prompt takes the
- * KV of that common prefix (model_kv_copy, at least SCHED_SHARE_MIN tokens, never
- * its last token, whose logits it needs) instead of prefilling it, and waits for
- * an older sequence still prefilling that prefix. The n choices of one request are
- * the common case; a system prompt shared by many lines is the other. */
+/* Prefix sharing: every slot remembers the tokens its KV cache holds, also after
+ * its sequence ends. A new prompt goes to the free slot whose cache begins most
+ * like it and keeps that prefix; a prompt still prefilling copies a longer prefix
+ * from any other slot (model_kv_copy), and waits while an older sequence is still
+ * prefilling a longer common prefix. At least SCHED_SHARE_MIN tokens, never the
+ * prompt's last token (its logits are needed). The n choices of one request and a
+ * system prompt shared by many lines are the cases it serves. */
 #define SCHED_SHARE_MIN 8
 
 /* Run requests until the source is empty and every sequence has finished
