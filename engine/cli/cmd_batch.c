@@ -316,7 +316,7 @@ int cmd_run_batch(int argc, char **argv) {
                 (long long)st.n_prompt_tokens, (long long)st.n_prompt_shared,
                 (long long)st.n_gen_tokens, wall,
                 wall > 0 ? st.n_gen_tokens / wall : 0.0,
-                wall > 0 ? (st.n_gen_tokens + st.n_prompt_tokens) / wall : 0.0);
+                wall > 0 ? (st.n_gen_tokens + st.n_prompt_tokens + st.n_prompt_shared) / wall : 0.0);
     }
     if (ctx.rc) goto out; // exit 1: the output failed, said above
     if (rc == TPI_ERR_INTERRUPTED) {
