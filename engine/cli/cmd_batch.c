@@ -308,6 +308,7 @@ int cmd_run_batch(int argc, char **argv) {
         if (!ctx.rc && crc) ctx.rc = crc, ctx.err = cerr;
         if (ctx.rc) fprintf(stderr, "tpinfer run: %s\n", ctx.err.msg);
         double wall = st.t_now_s - st.t_start_s;
+        const double n_all = (double)(st.n_gen_tokens + st.n_prompt_tokens + st.n_prompt_shared);
         fprintf(stderr,
                 "batch summary: %d requests (%lld completed now, %d resumed, %d errors), prompt "
                 "tokens %lld (+%lld shared), generated %lld, wall %.2f s, %.1f generated tok/s, "
@@ -316,7 +317,7 @@ int cmd_run_batch(int argc, char **argv) {
                 (long long)st.n_prompt_tokens, (long long)st.n_prompt_shared,
                 (long long)st.n_gen_tokens, wall,
                 wall > 0 ? st.n_gen_tokens / wall : 0.0,
-                wall > 0 ? (st.n_gen_tokens + st.n_prompt_tokens + st.n_prompt_shared) / wall : 0.0);
+                wall > 0 ? n_all / wall : 0.0);
     }
     if (ctx.rc) goto out; // exit 1: the output failed, said above
     if (rc == TPI_ERR_INTERRUPTED) {
