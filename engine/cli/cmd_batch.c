@@ -324,8 +324,8 @@ int cmd_run_batch(int argc, char **argv) {
         const int sig = g_stop_signal ? (int)g_stop_signal : SIGTERM;
         if (root)
             fprintf(stderr,
-                    "tpinfer run: stopped by %s: %lld of %d requests remain (%d sequences were in flight); "
-                    "run again with --resume to finish them\n",
+                    "tpinfer run: stopped by %s: %lld of %d requests remain (%d sequences were "
+                    "in flight); run again with --resume to finish them\n",
                     sig == SIGINT ? "SIGINT" : "SIGTERM",
                     (long long)(ctx.n_todo - ctx.out.n_results), ctx.n_todo, st.n_active);
         exit_code = 128 + sig;
