@@ -176,6 +176,16 @@ static cJSON *record_by_line(const char *norm, long line) {
     return NULL;
 }
 
+/* Run the driver (np ranks) with args, which write -o `out`; expect exit 0 and
+ * n_records records; returns them normalized (caller frees). */
+static char *run_records(int np, const char *const *args, const char *out, int n_records) {
+    ck_assert_int_eq(run(np, args), 0);
+    int n;
+    char *norm = normalized(out, &n);
+    ck_assert_int_eq(n, n_records);
+    return norm;
+}
+
 /* A file of n prompts of mixed length (deterministic). */
 static void make_prompts(const char *path, int n, int max_tokens) {
     static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "a", "lazy",
@@ -396,13 +406,8 @@ START_TEST(test_choices) {
                         "--parallel", "1", NULL};
     const char *a3[] = {"-f", path_in("c.jsonl"), "-o", path_in("c3.jsonl"), "--temp", "0",
                         "--parallel", "3", "--ubatch", "4", "--ordered", NULL};
-    ck_assert_int_eq(run(1, a1), 0);
-    ck_assert_int_eq(run(1, a3), 0);
-    int n1, n3;
-    char *r1 = normalized(path_in("c1.jsonl"), &n1);
-    char *r3 = normalized(path_in("c3.jsonl"), &n3);
-    ck_assert_int_eq(n1, 7);
-    ck_assert_int_eq(n3, 7);
+    char *r1 = run_records(1, a1, path_in("c1.jsonl"), 7);
+    char *r3 = run_records(1, a3, path_in("c3.jsonl"), 7);
     assert_same("choices, --parallel 3 --ubatch 4 vs --parallel 1", r3, r1);
 
     // Greedy: the flat n = 1 record's completion, three times.
@@ -486,10 +491,7 @@ START_TEST(test_choices) {
     free(raw);
     const char *ar[] = {"-f", path_in("c.jsonl"), "-o", path_in("cr.jsonl"), "--temp", "0",
                         "--parallel", "2", "--resume", NULL};
-    ck_assert_int_eq(run(1, ar), 0);
-    int nr;
-    char *rr = normalized(path_in("cr.jsonl"), &nr);
-    ck_assert_int_eq(nr, 7);
+    char *rr = run_records(1, ar, path_in("cr.jsonl"), 7);
     assert_same("choices, resumed vs whole", rr, r1);
     cJSON_Delete(g1), cJSON_Delete(g3), cJSON_Delete(s1), cJSON_Delete(s4), cJSON_Delete(oc);
     free(r1), free(r3), free(rr);
@@ -556,11 +558,8 @@ START_TEST(test_prefix) {
         for (int j = 0; runs[r].opts[j]; j++) args[k++] = runs[r].opts[j];
         args[k] = NULL;
         g_stderr_to = path_in(errf);
-        ck_assert_int_eq(run(1, args), 0);
+        norm[r] = run_records(1, args, path_in(out), 8);
         g_stderr_to = NULL;
-        int n;
-        norm[r] = normalized(path_in(out), &n);
-        ck_assert_int_eq(n, 8);
         summary_tokens(path_in(errf), &fed[r], &shared[r]);
     }
     for (int r = 0; r < NR; r++)
@@ -650,13 +649,8 @@ static void mpi_run(const char *flag) {
                          "--parallel", "4", "--no-prefix-share", NULL};
     const char *two[] = {"-f", path_in("m.jsonl"), "-o", path_in("m2.jsonl"), "--temp", "0",
                          "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
-    ck_assert_int_eq(run(1, one), 0);
-    ck_assert_int_eq(run(2, two), 0);
-    int n1, n2;
-    char *r1 = normalized(path_in("m1.jsonl"), &n1);
-    char *r2 = normalized(path_in("m2.jsonl"), &n2);
-    ck_assert_int_eq(n1, 9);
-    ck_assert_int_eq(n2, 9);
+    char *r1 = run_records(1, one, path_in("m1.jsonl"), 9);
+    char *r2 = run_records(2, two, path_in("m2.jsonl"), 9);
     assert_same(flag, r2, r1);
     free(r1);
     free(r2);

@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuzz_memfile.h"
 #include "gguf.h"
 
 static volatile uint64_t g_sink; /* keeps the reads from being optimised away */
@@ -65,12 +66,7 @@ static void walk(const struct gguf_file *f) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int fd = -1;
     static char path[64];
-    if (fd < 0) {
-        fd = memfd_create("fuzz.gguf", 0);
-        if (fd < 0) abort();
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    }
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) abort();
+    fuzz_memfile(&fd, path, "fuzz.gguf", data, size);
     struct gguf_file *f = NULL;
     struct tpi_error err;
     tpi_err_clear(&err);

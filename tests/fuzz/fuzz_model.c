@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuzz_memfile.h"
 #include "gguf.h"
 #include "model/model.h"
 #include "text/tokenizer.h"
@@ -113,12 +114,7 @@ static void forward_pass(const char *path, int n_vocab) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static int fd = -1;
     static char path[64];
-    if (fd < 0) {
-        fd = memfd_create("fuzz-model.gguf", 0);
-        if (fd < 0) abort();
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    }
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != (ssize_t)size) abort();
+    fuzz_memfile(&fd, path, "fuzz-model.gguf", data, size);
     struct gguf_file *f = NULL;
     struct tpi_error err = {0};
     int rc = gguf_open(path, &f, &err);

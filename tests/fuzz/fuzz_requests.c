@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fuzz_memfile.h"
 #include "gguf.h"
 #include "sched/output.h"
 #include "sched/requests.h"
@@ -39,16 +40,6 @@ static void load_tokenizer(void) {
         abort();
     }
     gguf_close(&f);
-}
-
-/* An in-memory file holding data; returns its /proc path in path (64 bytes). */
-static void memfile(int *fd, char *path, const char *name, const uint8_t *data, size_t size) {
-    if (*fd < 0) {
-        *fd = memfd_create(name, 0);
-        if (*fd < 0) abort();
-    }
-    snprintf(path, 64, "/proc/self/fd/%d", *fd);
-    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, data, size, 0) != (ssize_t)size) abort();
 }
 
 static void check_requests(const struct batch_input *in, const struct req_defaults *d) {
@@ -135,7 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d.n_ctx = 64;
     d.n_vocab = tok_n_vocab(g_tok);
     char in_path[64], out_path[64];
-    memfile(&in_fd, in_path, "fuzz-prompts.jsonl", data, size);
+    fuzz_memfile(&in_fd, in_path, "fuzz-prompts.jsonl", data, size);
     struct batch_input in;
     memset(&in, 0, sizeof in);
     struct tpi_error err = {0};
@@ -146,7 +137,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     check_requests(&in, &d);
     /* The same bytes as last run's output: resume must not mark more than exist. */
-    memfile(&out_fd, out_path, "fuzz-out.jsonl", data, size);
+    fuzz_memfile(&out_fd, out_path, "fuzz-out.jsonl", data, size);
     int n_done = 0;
     tpi_err_clear(&err);
     rc = batch_resume_scan(out_path, &in, &n_done, &err);
