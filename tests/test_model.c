@@ -558,6 +558,49 @@ START_TEST(test_config_errors) {
 }
 END_TEST
 
+/* model_kv_copy on the CPU backend: the next token after a copied prefix gives
+ * bit for bit the logits of the slot that computed the prefix, a slot holding
+ * another sequence does not, and bad slots or lengths are refused. */
+START_TEST(test_kv_copy) {
+    const char *path = tu_data_path("qwen3-tiny-q4_k_m.gguf");
+    if (!path) return; // data missing: main prints SKIP for data tests
+    struct model_params p = {.path = path, .backend = "cpu", .n_threads = 1, .n_ctx = 64,
+                             .n_slot = 3, .quiet = true};
+    struct model *m = NULL;
+    struct tpi_error err = {0};
+    ck_assert_msg(model_load(&m, &p, NULL, &err) == TPI_OK, "%s", err.msg);
+    const int n_vocab = m->cfg.n_vocab, L = 12;
+    int32_t tok[12], pos[12], seq[12], other[12];
+    for (int i = 0; i < L; i++) {
+        tok[i] = (i * 37 + 11) % n_vocab;
+        other[i] = (i * 53 + 5) % n_vocab;
+        pos[i] = i;
+    }
+    float *l0 = malloc(sizeof(float) * n_vocab), *l1 = malloc(sizeof(float) * n_vocab);
+    float *l2 = malloc(sizeof(float) * n_vocab);
+    const int32_t last = L - 2;
+    for (int i = 0; i < L - 1; i++) seq[i] = 0;
+    ck_assert_int_eq(model_forward(m, tok, pos, seq, L - 1, &last, 1, l0, &err), TPI_OK);
+    for (int i = 0; i < L - 1; i++) seq[i] = 2;
+    ck_assert_int_eq(model_forward(m, other, pos, seq, L - 1, &last, 1, l2, &err), TPI_OK);
+    ck_assert_int_eq(model_kv_copy(m, 0, 1, L - 1, &err), TPI_OK);
+    ck_assert_int_eq(model_kv_copy(m, 1, 1, 4, &err), TPI_ERR_INVALID);
+    ck_assert_int_eq(model_kv_copy(m, 0, 3, 4, &err), TPI_ERR_INVALID);
+    ck_assert_int_eq(model_kv_copy(m, 0, 1, 65, &err), TPI_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "kv copy"));
+    const int32_t t = tok[L - 1], ps = L - 1, r = 0, s0 = 0, s1 = 1, s2 = 2;
+    ck_assert_int_eq(model_forward(m, &t, &ps, &s0, 1, &r, 1, l0, &err), TPI_OK);
+    ck_assert_int_eq(model_forward(m, &t, &ps, &s1, 1, &r, 1, l1, &err), TPI_OK);
+    ck_assert_int_eq(model_forward(m, &t, &ps, &s2, 1, &r, 1, l2, &err), TPI_OK);
+    ck_assert_mem_eq(l1, l0, sizeof(float) * n_vocab);
+    ck_assert_int_ne(memcmp(l2, l0, sizeof(float) * n_vocab), 0);
+    free(l0);
+    free(l1);
+    free(l2);
+    model_free(&m);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "unit";
     Suite *s = suite_create("model");
@@ -583,6 +626,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_sampling);
         tcase_add_test(tc, test_sampling_partial_sort);
         tcase_add_test(tc, test_config_errors);
+        tcase_add_test(tc, test_kv_copy);
     }
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
