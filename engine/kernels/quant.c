@@ -118,7 +118,7 @@ static void f32_from_f32(const float *src, void *dst, int64_t n) {
     memcpy(dst, src, (size_t)n * 4);
 }
 
-TPI_CPU_CLONES static void f16_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void f16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++)
         dst[i] = tpi_f16_to_f32(s[i]);
@@ -128,7 +128,7 @@ static void f16_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         d[i] = tpi_f32_to_f16(src[i]);
 }
-TPI_CPU_CLONES static void bf16_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++)
         dst[i] = tpi_bf16_to_f32(s[i]);
@@ -141,7 +141,7 @@ static void bf16_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q8_0: x = d * q ------------------------------------------------------ */
 
-TPI_CPU_CLONES static void q8_0_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q8_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q8_0 *b = src;
     for (int64_t i = 0; i < n / QK8_0; i++, dst += QK8_0) {
         float d = f16(b[i].d);
@@ -164,7 +164,7 @@ static void q8_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q4_0: x = d * (q - 8) ------------------------------------------------ */
 
-TPI_CPU_CLONES static void q4_0_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q4_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q4_0 *b = src;
     for (int64_t i = 0; i < n / QK4_0; i++, dst += QK4_0) {
         float d = f16(b[i].d);
@@ -189,7 +189,7 @@ static void q4_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q4_1: x = d * q + m -------------------------------------------------- */
 
-TPI_CPU_CLONES static void q4_1_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q4_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q4_1 *b = src;
     for (int64_t i = 0; i < n / QK4_1; i++, dst += QK4_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -227,15 +227,16 @@ static inline void store_u32le(uint8_t *p, uint32_t v) {
     p[3] = (uint8_t)(v >> 24);
 }
 
-TPI_CPU_CLONES static void q5_0_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q5_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q5_0 *b = src;
     for (int64_t i = 0; i < n / QK5_0; i++, dst += QK5_0) {
         float d = f16(b[i].d);
         uint32_t qh = load_u32le(b[i].qh);
+        int8_t hb[QK5_0]; // the fifth bits as 0 or 16, unpacked first: the loop below vectorizes
+        for (int j = 0; j < QK5_0; j++) hb[j] = (int8_t)(((qh >> j) & 1u) << 4);
         for (int j = 0; j < QK5_0 / 2; j++) {
-            int h0 = (int)((qh >> j) & 1u) << 4, h1 = (int)((qh >> (j + 16)) & 1u) << 4;
-            dst[j] = d * (float)(((b[i].qs[j] & 0x0F) | h0) - 16);
-            dst[j + QK5_0 / 2] = d * (float)(((b[i].qs[j] >> 4) | h1) - 16);
+            dst[j] = d * (float)(((b[i].qs[j] & 0x0F) | hb[j]) - 16);
+            dst[j + QK5_0 / 2] = d * (float)(((b[i].qs[j] >> 4) | hb[j + QK5_0 / 2]) - 16);
         }
     }
 }
@@ -257,7 +258,7 @@ static void q5_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q5_1: x = d * q + m -------------------------------------------------- */
 
-TPI_CPU_CLONES static void q5_1_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q5_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q5_1 *b = src;
     for (int64_t i = 0; i < n / QK5_1; i++, dst += QK5_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -356,7 +357,7 @@ static void quantize_k_subblocks(const float *x, int nmax, uint16_t *d_out, uint
 
 /* ---- Q4_K: x = d*sc*q - dmin*m per sub-block of 32 ------------------------ */
 
-TPI_CPU_CLONES static void q4_k_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q4_k_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q4_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d), dmin = f16(b[i].dmin);
@@ -388,7 +389,7 @@ static void q4_k_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q5_K: as Q4_K with a 5th bit per element in qh ----------------------- */
 
-TPI_CPU_CLONES static void q5_k_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q5_k_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q5_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d), dmin = f16(b[i].dmin);
@@ -429,23 +430,26 @@ static void q5_k_from_f32(const float *src, void *dst, int64_t n) {
  * byte l, of l+32 and l+96 in byte l+32) and 32 bytes of qh (2 bits each of
  * elements l, l+32, l+64, l+96 in byte l). */
 
-TPI_CPU_CLONES static void q6_k_to_f32(const void *src, float *dst, int64_t n) {
+TPI_CPU_CLONES static void q6_k_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_q6_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d);
         const uint8_t *ql = b[i].ql, *qh = b[i].qh;
         const int8_t *sc = b[i].scales;
         for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32, sc += 8, dst += 128) {
-            for (int l = 0; l < 32; l++) {
-                int s = l / 16;
-                int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                dst[l] = d * (float)sc[s] * (float)q1;
-                dst[l + 32] = d * (float)sc[s + 2] * (float)q2;
-                dst[l + 64] = d * (float)sc[s + 4] * (float)q3;
-                dst[l + 96] = d * (float)sc[s + 6] * (float)q4;
+            for (int s = 0; s < 2; s++) { // 16 values per scale: a loop the compiler vectorizes
+                const float d1 = d * (float)sc[s], d2 = d * (float)sc[s + 2];
+                const float d3 = d * (float)sc[s + 4], d4 = d * (float)sc[s + 6];
+                for (int l = 16 * s; l < 16 * s + 16; l++) {
+                    int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    dst[l] = d1 * (float)q1;
+                    dst[l + 32] = d2 * (float)q2;
+                    dst[l + 64] = d3 * (float)q3;
+                    dst[l + 96] = d4 * (float)q4;
+                }
             }
         }
     }
