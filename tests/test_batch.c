@@ -388,7 +388,8 @@ static char *choice_json(const cJSON *rec, int k) {
 /* n completions per request: greedy choices equal the n = 1 result, sampled choice 0
  * equals the n = 1 request with the same seed and the others differ, usage sums,
  * out-of-range n is an error record, and the records do not depend on --parallel,
- * --ubatch or --ordered; --resume skips requests whose record is there. */
+ * --ubatch or --ordered; --resume skips requests whose record is there. OpenAI fields
+ * that are not implemented refuse their line unless neutral. */
 START_TEST(test_choices) {
     write_file(path_in("c.jsonl"),
                "{\"id\": \"g1\", \"prompt\": \"The cat sat\", \"max_tokens\": 6}\n"
@@ -401,13 +402,22 @@ START_TEST(test_choices) {
                "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"Hey\"}], "
                "\"max_tokens\": 5, \"temperature\": 1.0, \"seed\": 3, \"n\": 2}}\n"
                "{\"id\": \"n0\", \"prompt\": \"x\", \"n\": 0}\n"
-               "{\"id\": \"n65\", \"prompt\": \"x\", \"n\": 65}\n");
+               "{\"id\": \"n65\", \"prompt\": \"x\", \"n\": 65}\n"
+               // OpenAI fields not implemented: refused unless neutral
+               "{\"id\": \"echo\", \"prompt\": \"x\", \"echo\": true}\n"
+               "{\"custom_id\": \"pp\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+               "\"body\": {\"prompt\": \"x\", \"presence_penalty\": 0.5}}\n"
+               "{\"id\": \"neutral\", \"prompt\": \"The cat sat\", \"max_tokens\": 2, "
+               "\"presence_penalty\": 0, \"frequency_penalty\": 0, \"echo\": false, \"best_of\": 1, "
+               "\"logit_bias\": {}, \"suffix\": \"\"}\n"
+               "{\"id\": \"bo\", \"prompt\": \"x\", \"n\": 2, \"best_of\": 3}\n"
+               "{\"id\": \"lb\", \"prompt\": \"x\", \"logit_bias\": {\"50\": 1}}\n");
     const char *a1[] = {"-f", path_in("c.jsonl"), "-o", path_in("c1.jsonl"), "--temp", "0",
                         "--parallel", "1", NULL};
     const char *a3[] = {"-f", path_in("c.jsonl"), "-o", path_in("c3.jsonl"), "--temp", "0",
                         "--parallel", "3", "--ubatch", "4", "--ordered", NULL};
-    char *r1 = run_records(1, a1, path_in("c1.jsonl"), 7);
-    char *r3 = run_records(1, a3, path_in("c3.jsonl"), 7);
+    char *r1 = run_records(1, a1, path_in("c1.jsonl"), 12);
+    char *r3 = run_records(1, a3, path_in("c3.jsonl"), 12);
     assert_same("choices, --parallel 3 --ubatch 4 vs --parallel 1", r3, r1);
 
     // Greedy: the flat n = 1 record's completion, three times.
@@ -481,6 +491,25 @@ START_TEST(test_choices) {
         cJSON_Delete(e);
     }
 
+    // Refused fields name themselves; neutral values run.
+    struct { long line; const char *part; } refused[] = {
+        {8, "\"echo\" is not supported"},
+        {9, "\"presence_penalty\" is not supported"},
+        {11, "\"best_of\" is not supported"},
+        {12, "\"logit_bias\" is not supported"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        cJSON *e = record_by_line(r1, refused[i].line);
+        const cJSON *err = cJSON_GetObjectItem(e, "error");
+        const cJSON *msg = cJSON_GetObjectItem(err, "message");
+        ck_assert_msg(cJSON_IsString(msg) && strstr(msg->valuestring, refused[i].part),
+                      "line %ld: no error with '%s'", refused[i].line, refused[i].part);
+        cJSON_Delete(e);
+    }
+    cJSON *neutral = record_by_line(r1, 10);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(neutral, "tokens")), 2);
+    cJSON_Delete(neutral);
+
     // --resume from the first three records of the ordered run finishes the rest alike.
     size_t nb;
     char *raw = tu_read_file(path_in("c3.jsonl"), &nb);
@@ -491,7 +520,7 @@ START_TEST(test_choices) {
     free(raw);
     const char *ar[] = {"-f", path_in("c.jsonl"), "-o", path_in("cr.jsonl"), "--temp", "0",
                         "--parallel", "2", "--resume", NULL};
-    char *rr = run_records(1, ar, path_in("cr.jsonl"), 7);
+    char *rr = run_records(1, ar, path_in("cr.jsonl"), 12);
     assert_same("choices, resumed vs whole", rr, r1);
     cJSON_Delete(g1), cJSON_Delete(g3), cJSON_Delete(s1), cJSON_Delete(s4), cJSON_Delete(oc);
     free(r1), free(r3), free(rr);

@@ -81,8 +81,34 @@ static int get_stop(struct batch_req *r, const cJSON *o) {
     return 0;
 }
 
+/* OpenAI fields that would change the result but are not implemented: present with
+ * anything but their neutral value, the line is refused rather than run without them. */
+static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "echo")) && !cJSON_IsNull(v) && !cJSON_IsFalse(v))
+        return req_fail(r, "\"echo\" is not supported (the prompt is not returned or scored)");
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "suffix")) && !cJSON_IsNull(v) &&
+        !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
+        return req_fail(r, "\"suffix\" is not supported");
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "logit_bias")) && !cJSON_IsNull(v) &&
+        !(cJSON_IsObject(v) && !v->child))
+        return req_fail(r, "\"logit_bias\" is not supported");
+    static const char *const zero_only[] = {"presence_penalty", "frequency_penalty"};
+    for (size_t i = 0; i < sizeof zero_only / sizeof *zero_only; i++)
+        if ((v = cJSON_GetObjectItemCaseSensitive(o, zero_only[i])) && !cJSON_IsNull(v) &&
+            !(cJSON_IsNumber(v) && v->valuedouble == 0.0))
+            return req_fail(r, "\"%s\" is not supported (0 only; \"repetition_penalty\" is)",
+                            zero_only[i]);
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "n");
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "best_of")) && !cJSON_IsNull(v) &&
+        !(cJSON_IsNumber(v) && v->valuedouble == (cJSON_IsNumber(n) ? n->valuedouble : 1.0)))
+        return req_fail(r, "\"best_of\" is not supported (only equal to \"n\")");
+    return 0;
+}
+
 /* The sampling fields every format shares (OpenAI's names; top_k/min_p as vLLM). */
 static int get_sampling(struct batch_req *r, const cJSON *o) {
+    if (refuse_unsupported(r, o)) return -1;
     long long v;
     v = r->max_tokens;
     if (get_int(r, o, "max_tokens", 1, 1LL << 30, &v)) return -1;
