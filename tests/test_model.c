@@ -376,6 +376,42 @@ START_TEST(test_sampling) {
         ck_assert(a == 1 || a == 5);
     }
     sampler_free(&s);
+    // Frequency and presence penalties count generated tokens only (prompt tokens are
+    // accepted with sampler_accept and do not count): greedy, token 1 (3.0) against 5 (2.9).
+    p = (struct sampler_params){.temp = 0.0f, .top_p = 1.0f, .repeat_penalty = 1.0f,
+                                .frequency_penalty = 0.3f};
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    for (int i = 0; i < 5; i++) sampler_accept(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 1); // prompt only: no penalty
+    sampler_accept_output(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 5); // 3.0 - 0.3 < 2.9
+    sampler_free(&s);
+    p.frequency_penalty = 0.05f; // 3.0 - 0.05 n: below 2.9 from the third time
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    sampler_accept_output(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_accept_output(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 1); // 2.9 = 2.9: the lower id wins the tie
+    sampler_accept_output(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 5);
+    sampler_free(&s);
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = 0.2f; // once, however often: 3.0 - 0.2 < 2.9
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    sampler_accept_output(&s, 3);
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_accept_output(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 5);
+    sampler_accept_output(&s, 5); // 5 too: 2.9 - 0.2 = 2.7 < 2.8 = 1's
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_free(&s);
+    p.presence_penalty = -1.0f; // negative: encourages the tokens already generated
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    sampler_accept_output(&s, 0);
+    ck_assert_int_eq(sampler_sample(&s, logits), 1); // 1.0 + 1.0 < 3.0
+    sampler_accept_output(&s, 4);
+    sampler_free(&s);
+
     // Logprobs: best first, normalised.
     int32_t ids[3];
     float lp[3];
@@ -409,7 +445,8 @@ static int cand_cmp_ref(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-static int32_t sample_ref(struct sampler *s, const float *logits, const int32_t *hist, int n_hist) {
+static int32_t sample_ref(struct sampler *s, const float *logits, const int32_t *hist, int n_hist,
+                          const int32_t *gen, int n_gen) {
     const int V = s->n_vocab;
     struct sampler_cand *c = malloc(sizeof *c * (size_t)V);
     for (int i = 0; i < V; i++) c[i] = (struct sampler_cand){i, logits[i]};
@@ -422,6 +459,16 @@ static int32_t sample_ref(struct sampler *s, const float *logits, const int32_t 
             *l = *l <= 0.0f ? *l * s->p.repeat_penalty : *l / s->p.repeat_penalty;
         }
         free(seen);
+    }
+    if (s->p.frequency_penalty != 0.0f || s->p.presence_penalty != 0.0f) {
+        uint32_t *cnt = calloc((size_t)V, sizeof *cnt);
+        for (int i = 0; i < n_gen; i++) cnt[gen[i]]++;
+        for (int i = 0; i < V; i++)
+            if (cnt[i] > 0) {
+                c[i].logit = c[i].logit - s->p.frequency_penalty * (float)cnt[i];
+                c[i].logit = c[i].logit - s->p.presence_penalty;
+            }
+        free(cnt);
     }
     int32_t out;
     if (s->p.temp <= 0.0f) {
@@ -479,25 +526,29 @@ START_TEST(test_sampling_partial_sort) {
     const float min_ps[] = {0.0f, 0.05f, 0.3f};
     const float temps[] = {0.0f, 0.7f, 1.5f};
     const float penalties[] = {1.0f, 1.3f};
+    const float occurrence[][2] = {{0.0f, 0.0f}, {0.6f, 0.3f}}; // presence, frequency
     const float scales[] = {0.5f, 4.0f}; // flat (long top-p prefixes) and peaked logits
     int n_cases = 0, n_draws = 0;
     for (size_t a = 0; a < sizeof top_ks / sizeof *top_ks; a++)
         for (size_t b = 0; b < sizeof top_ps / sizeof *top_ps; b++)
             for (size_t m = 0; m < sizeof min_ps / sizeof *min_ps; m++)
                 for (size_t t = 0; t < sizeof temps / sizeof *temps; t++)
-                    for (size_t r = 0; r < sizeof penalties / sizeof *penalties; r++) {
+                    for (size_t r = 0; r < 2 * sizeof penalties / sizeof *penalties; r++) {
                         const float scale = scales[n_cases % 2];
+                        const float *occ = occurrence[r / 2];
                         struct sampler_params p = {.temp = temps[t], .top_k = top_ks[a],
                                                    .top_p = top_ps[b], .min_p = min_ps[m],
-                                                   .repeat_penalty = penalties[r],
+                                                   .repeat_penalty = penalties[r % 2],
                                                    .repeat_last_n = 8,
+                                                   .presence_penalty = occ[0],
+                                                   .frequency_penalty = occ[1],
                                                    .seed = 1000 + (uint64_t)n_cases};
                         struct sampler s, ref;
                         struct tpi_error err = {0};
                         ck_assert_int_eq(sampler_init(&s, &p, V, &err), TPI_OK);
                         ck_assert_int_eq(sampler_init(&ref, &p, V, &err), TPI_OK);
-                        int32_t hist[8];
-                        int n_hist = 0;
+                        int32_t hist[8], gen[6];
+                        int n_hist = 0, n_gen = 0;
                         for (int step = 0; step < 6; step++) {
                             for (int i = 0; i < V; i++) { // quarter steps: many exact ties
                                 rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -505,15 +556,19 @@ START_TEST(test_sampling_partial_sort) {
                                 logits[i] = scale * 0.25f * (float)q;
                             }
                             int32_t got = sampler_sample(&s, logits);
-                            int32_t want = sample_ref(&ref, logits, hist, n_hist);
+                            int32_t want = sample_ref(&ref, logits, hist, n_hist, gen, n_gen);
                             ck_assert_msg(got == want,
-                                          "top_k %d top_p %g min_p %g temp %g penalty %g scale %g "
-                                          "step %d: %d, full sort %d",
+                                          "top_k %d top_p %g min_p %g temp %g penalty %g "
+                                          "presence %g frequency %g scale %g step %d: %d, "
+                                          "full sort %d",
                                           p.top_k, (double)p.top_p, (double)p.min_p,
                                           (double)p.temp, (double)p.repeat_penalty,
-                                          (double)scale, step, got, want);
-                            sampler_accept(&s, got);
+                                          (double)p.presence_penalty,
+                                          (double)p.frequency_penalty, (double)scale, step, got,
+                                          want);
+                            sampler_accept_output(&s, got);
                             if (n_hist < 8) hist[n_hist++] = got;
+                            gen[n_gen++] = got;
                             n_draws++;
                         }
                         sampler_free(&s);

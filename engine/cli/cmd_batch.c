@@ -13,6 +13,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cli/cmd_batch.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -52,6 +53,7 @@ static void usage(FILE *out) {
             "                        like one whose KV a slot still holds reuses that prefix)\n"
             "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
             "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R   sampling defaults\n"
+            "  --presence-penalty P --frequency-penalty F   OpenAI's, over generated tokens (0)\n"
             "  --seed S              run seed (default 0); a request without \"seed\" uses S +\n"
             "                        its line\n"
             "  --logprobs K          top-K logprobs per generated token for every request\n"
@@ -111,6 +113,10 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         else if (IS("--top-p")) ok = v && parse_float(v, &o->sp.top_p);
         else if (IS("--min-p")) ok = v && parse_float(v, &o->sp.min_p);
         else if (IS("--repeat-penalty")) ok = v && parse_float(v, &o->sp.repeat_penalty) && o->sp.repeat_penalty > 0;
+        else if (IS("--presence-penalty"))
+            ok = v && parse_float(v, &o->sp.presence_penalty) && fabsf(o->sp.presence_penalty) <= 2;
+        else if (IS("--frequency-penalty"))
+            ok = v && parse_float(v, &o->sp.frequency_penalty) && fabsf(o->sp.frequency_penalty) <= 2;
         else if (IS("--top-k")) ok = v && parse_int(v, &o->sp.top_k);
         else {
             takes = false;

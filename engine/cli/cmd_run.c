@@ -38,6 +38,7 @@ static void usage(FILE *f) {
             "  --temp T               temperature, 0 = greedy (0.8)\n"
             "  --top-k K              (40, 0 = off)   --top-p P (0.95)   --min-p P (0.05)\n"
             "  --repeat-penalty R     (1.0 = off)     --repeat-last-n N (64)\n"
+            "  --presence-penalty P --frequency-penalty F   OpenAI's, over generated tokens (0)\n"
             "  --stop TEXT            stop before this text (repeatable)\n"
             "  --logprobs K           top-K logprobs of each generated token\n"
             "  --prompt-logprobs K    top-K logprobs after each prompt token\n"
@@ -102,6 +103,9 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--min-p")) bad = parse_float(a, v, &o->gp.sp.min_p);
         else if (!strcmp(a, "--repeat-penalty")) bad = parse_float(a, v, &o->gp.sp.repeat_penalty);
         else if (!strcmp(a, "--repeat-last-n")) bad = parse_count(a, v, &o->gp.sp.repeat_last_n);
+        else if (!strcmp(a, "--presence-penalty")) bad = parse_float(a, v, &o->gp.sp.presence_penalty);
+        else if (!strcmp(a, "--frequency-penalty"))
+            bad = parse_float(a, v, &o->gp.sp.frequency_penalty);
         else if (!strcmp(a, "--logprobs")) bad = parse_count(a, v, &o->gp.n_logprobs);
         else if (!strcmp(a, "--prompt-logprobs")) bad = parse_count(a, v, &o->gp.n_prompt_logprobs);
         else if (!strcmp(a, "--stop")) {

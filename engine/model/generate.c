@@ -157,7 +157,7 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     for (int j = 0; j < gp->n_predict; j++) {
         if (is_decider) {
             msg_i[0] = sampler_sample(&smp, row);
-            sampler_accept(&smp, msg_i[0]);
+            sampler_accept_output(&smp, msg_i[0]);
             if (K > 0) sampler_top_logprobs(row, n_vocab, K, msg_i + 1, msg_f);
         }
         if ((rc = model_bcast_i32(m, msg_i, 1 + K, decider, err)) ||

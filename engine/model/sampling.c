@@ -51,7 +51,12 @@ int sampler_init(struct sampler *s, const struct sampler_params *p, int n_vocab,
     s->cand = malloc(sizeof *s->cand * (size_t)n_vocab);
     s->seen = calloc((size_t)n_vocab, 1);
     s->hist = malloc(sizeof *s->hist * (size_t)(p->repeat_last_n > 0 ? p->repeat_last_n : 1));
-    if (!s->cand || !s->seen || !s->hist) {
+    const bool occ = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+    if (occ) {
+        s->counts = calloc((size_t)n_vocab, sizeof *s->counts);
+        s->gen_ids = malloc(sizeof *s->gen_ids * (size_t)n_vocab);
+    }
+    if (!s->cand || !s->seen || !s->hist || (occ && (!s->counts || !s->gen_ids))) {
         sampler_free(s);
         return tpi_err(err, TPI_ERR_NOMEM, "sampler: out of memory for %d candidates", n_vocab);
     }
@@ -62,9 +67,13 @@ void sampler_free(struct sampler *s) {
     free(s->cand);
     free(s->seen);
     free(s->hist);
+    free(s->counts);
+    free(s->gen_ids);
     s->cand = NULL;
     s->seen = NULL;
     s->hist = NULL;
+    s->counts = NULL;
+    s->gen_ids = NULL;
 }
 
 void sampler_accept(struct sampler *s, int32_t id) {
@@ -72,6 +81,12 @@ void sampler_accept(struct sampler *s, int32_t id) {
     s->hist[s->hist_next] = id;
     s->hist_next = (s->hist_next + 1) % s->p.repeat_last_n;
     if (s->n_hist < s->p.repeat_last_n) s->n_hist++;
+}
+
+void sampler_accept_output(struct sampler *s, int32_t id) {
+    sampler_accept(s, id);
+    if (!s->counts || id < 0 || id >= s->n_vocab) return;
+    if (s->counts[id]++ == 0) s->gen_ids[s->n_gen++] = id;
 }
 
 /* Descending logit, then ascending id, so equal logits sort the same everywhere. */
@@ -134,22 +149,31 @@ static void extend_sorted(struct sampler_cand *c, int n, int *sorted, int want) 
     }
 }
 
-/* Repetition penalty (llama.cpp / CTRL): positive logits divided by the penalty,
- * negative ones multiplied. */
-static inline float penalize_logit(float l, float penalty) {
-    return l <= 0.0f ? l * penalty : l / penalty;
+/* seen[] flags: the id is in the repetition window / was generated. */
+enum { PEN_REPEAT = 1, PEN_OUTPUT = 2 };
+
+/* The penalties of id (flags from seen[]), in vLLM's order: repetition (llama.cpp /
+ * CTRL: positive logits divided by the penalty, negative ones multiplied), then
+ * frequency (times generated) and presence (generated at all). */
+static inline float penalize_logit(const struct sampler *s, int32_t id, uint8_t flags, float l) {
+    if (flags & PEN_REPEAT) l = l <= 0.0f ? l * s->p.repeat_penalty : l / s->p.repeat_penalty;
+    if (flags & PEN_OUTPUT) {
+        l = l - s->p.frequency_penalty * (float)s->counts[id];
+        l = l - s->p.presence_penalty;
+    }
+    return l;
 }
 
 /* The k best of logits[0..n) (0 < k <= n) into c[0..k), sorted by cand_cmp, the
- * logits of ids flagged in `penalized` (may be NULL) penalized first: one pass
+ * logits of ids flagged in pen->seen penalized first (pen may be NULL): one pass
  * keeping a min-heap of the k best so far (root: the worst of them), so most logits
  * cost one comparison. A later id never beats an equal logit, so ">" suffices. */
 static inline __attribute__((always_inline)) void
 heap_top_k_pass(const float *logits, int n, int k, struct sampler_cand *c,
-                const uint8_t *penalized, float penalty, const bool with_penalty) {
+                const struct sampler *pen, const bool with_penalty) {
     for (int i = 0; i < n; i++) {
         struct sampler_cand x = {i, logits[i]};
-        if (with_penalty && penalized[i]) x.logit = penalize_logit(x.logit, penalty);
+        if (with_penalty && pen->seen[i]) x.logit = penalize_logit(pen, i, pen->seen[i], x.logit);
         int j;
         if (i < k) { // sift up: the parent is no worse than the child
             j = i;
@@ -175,29 +199,40 @@ heap_top_k_pass(const float *logits, int n, int k, struct sampler_cand *c,
 }
 
 static void heap_top_k(const float *logits, int n, int k, struct sampler_cand *c,
-                       const uint8_t *penalized, float penalty) {
-    if (penalized) heap_top_k_pass(logits, n, k, c, penalized, penalty, true);
-    else heap_top_k_pass(logits, n, k, c, NULL, penalty, false); // the plain loop
+                       const struct sampler *pen) {
+    if (pen) heap_top_k_pass(logits, n, k, c, pen, true);
+    else heap_top_k_pass(logits, n, k, c, NULL, false); // the plain loop
     qsort(c, (size_t)k, sizeof *c, cand_cmp);
 }
 
 static int32_t sample_sorted(struct sampler *s, struct sampler_cand *c, int n_cand, int sorted);
 
+/* Set (on) or clear the seen[] flags of the ids the penalties touch. */
+static void mark_penalized(struct sampler *s, bool rep, bool occ, bool on) {
+    const int n_vocab = s->n_vocab;
+    if (rep)
+        for (int i = 0; i < s->n_hist; i++)
+            if (s->hist[i] >= 0 && s->hist[i] < n_vocab)
+                s->seen[s->hist[i]] = on ? s->seen[s->hist[i]] | PEN_REPEAT : 0;
+    if (occ)
+        for (int i = 0; i < s->n_gen; i++)
+            s->seen[s->gen_ids[i]] = on ? s->seen[s->gen_ids[i]] | PEN_OUTPUT : 0;
+}
+
 int32_t sampler_sample(struct sampler *s, const float *logits) {
     const int n_vocab = s->n_vocab;
-    const bool penalize = s->p.repeat_penalty != 1.0f && s->n_hist > 0;
-    if (s->p.temp <= 0.0f && !penalize) { // greedy: the first of the largest
+    const bool rep = s->p.repeat_penalty != 1.0f && s->n_hist > 0;
+    const bool occ = s->counts && s->n_gen > 0;
+    if (s->p.temp <= 0.0f && !rep && !occ) { // greedy: the first of the largest
         int best = 0;
         float bv = logits[0];
         for (int i = 1; i < n_vocab; i++)
             if (logits[i] > bv) bv = logits[i], best = i;
         return best;
     }
-    // Each distinct recent token is penalized once: flag them for the passes below.
-    if (penalize)
-        for (int i = 0; i < s->n_hist; i++)
-            if (s->hist[i] >= 0 && s->hist[i] < n_vocab) s->seen[s->hist[i]] = 1;
-    const uint8_t *pen = penalize ? s->seen : NULL;
+    // Each distinct penalized id is flagged once, whatever its repeats in the history.
+    mark_penalized(s, rep, occ, true);
+    const struct sampler *pen = rep || occ ? s : NULL;
     struct sampler_cand *c = s->cand;
     // Greedy is the top 1; top-k draws from a sorted top k; otherwise every candidate
     // is kept and sorted only as far as the filters look (sample_sorted).
@@ -205,19 +240,17 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
                   : (s->p.top_k > 0 && s->p.top_k < n_vocab) ? s->p.top_k : 0;
     int n_cand = k, sorted = k;
     if (k > 0) {
-        heap_top_k(logits, n_vocab, k, c, pen, s->p.repeat_penalty);
+        heap_top_k(logits, n_vocab, k, c, pen);
     } else {
         for (int i = 0; i < n_vocab; i++) {
             c[i] = (struct sampler_cand){i, logits[i]};
-            if (pen && pen[i]) c[i].logit = penalize_logit(c[i].logit, s->p.repeat_penalty);
+            if (pen && s->seen[i]) c[i].logit = penalize_logit(s, i, s->seen[i], c[i].logit);
         }
         n_cand = n_vocab;
         sorted = 0;
         extend_sorted(c, n_vocab, &sorted, 1); // the best first: the filters measure from it
     }
-    if (penalize)
-        for (int i = 0; i < s->n_hist; i++)
-            if (s->hist[i] >= 0 && s->hist[i] < n_vocab) s->seen[s->hist[i]] = 0;
+    mark_penalized(s, rep, occ, false);
     if (s->p.temp <= 0.0f) return c[0].id;
     return sample_sorted(s, c, n_cand, sorted);
 }

@@ -1,6 +1,7 @@
 /*
  * sampling.h — choosing the next token from a row of logits, with llama.cpp's
- * semantics and order: repetition penalty over the last n tokens, then top-k,
+ * semantics and order: repetition penalty over the last n tokens (then OpenAI's
+ * frequency and presence penalties over the generated tokens), then top-k,
  * top-p, min-p, temperature, and a draw from the softmax; temperature <= 0 is
  * greedy (argmax of the penalized logits). The random draw uses the sampler's
  * own PRNG (splitmix64), so a seed makes a run repeatable on any platform.
@@ -20,6 +21,8 @@ struct sampler_params {
     float min_p;          /* <= 0: off */
     float repeat_penalty; /* 1: off; > 1 discourages repeats (llama.cpp's formula) */
     int repeat_last_n;    /* tokens the penalty looks back over (0: off) */
+    float presence_penalty;  /* OpenAI's, over the generated tokens: logit -= p if seen */
+    float frequency_penalty; /* logit -= f * (times generated); both 0: off */
     uint64_t seed;
 };
 
@@ -38,7 +41,11 @@ struct sampler {
     int32_t *hist;             /* ring of the last repeat_last_n accepted tokens */
     int n_hist, hist_next;
     struct sampler_cand *cand; /* (n_vocab) scratch */
-    uint8_t *seen;             /* (n_vocab) scratch for the penalty */
+    uint8_t *seen;             /* (n_vocab) scratch: which ids the penalties touch */
+    uint32_t *counts;          /* (n_vocab) times each id was generated (presence /
+                                  frequency penalty on), else NULL */
+    int32_t *gen_ids;          /* the distinct generated ids, n_gen of them */
+    int n_gen;
 };
 
 /* Set up a sampler over n_vocab logits; free with sampler_free. Errors: OOM, bad params. */
@@ -48,6 +55,10 @@ void sampler_free(struct sampler *s);
 
 /* Record a token in the penalty history (prompt tokens too, as llama.cpp does). */
 void sampler_accept(struct sampler *s, int32_t id);
+
+/* Record a generated token: the history as sampler_accept, and the counts the
+ * presence and frequency penalties read (prompt tokens do not count, as in vLLM). */
+void sampler_accept_output(struct sampler *s, int32_t id);
 
 /* Choose a token from logits (n_vocab floats, not modified). Does not accept it. */
 int32_t sampler_sample(struct sampler *s, const float *logits);

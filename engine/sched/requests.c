@@ -93,12 +93,6 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "logit_bias")) && !cJSON_IsNull(v) &&
         !(cJSON_IsObject(v) && !v->child))
         return req_fail(r, "\"logit_bias\" is not supported");
-    static const char *const zero_only[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < sizeof zero_only / sizeof *zero_only; i++)
-        if ((v = cJSON_GetObjectItemCaseSensitive(o, zero_only[i])) && !cJSON_IsNull(v) &&
-            !(cJSON_IsNumber(v) && v->valuedouble == 0.0))
-            return req_fail(r, "\"%s\" is not supported (0 only; \"repetition_penalty\" is)",
-                            zero_only[i]);
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "n");
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "best_of")) && !cJSON_IsNull(v) &&
         !(cJSON_IsNumber(v) && v->valuedouble == (cJSON_IsNumber(n) ? n->valuedouble : 1.0)))
@@ -118,6 +112,8 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
     if (get_float(r, o, "top_p", 0.0, 1.0, &r->sp.top_p)) return -1;
     if (get_float(r, o, "min_p", 0.0, 1.0, &r->sp.min_p)) return -1;
     if (get_float(r, o, "repetition_penalty", 1e-3, 100.0, &r->sp.repeat_penalty)) return -1;
+    if (get_float(r, o, "presence_penalty", -2.0, 2.0, &r->sp.presence_penalty)) return -1;
+    if (get_float(r, o, "frequency_penalty", -2.0, 2.0, &r->sp.frequency_penalty)) return -1;
     v = r->sp.top_k;
     if (get_int(r, o, "top_k", -1, 1LL << 30, &v)) return -1;
     r->sp.top_k = (int)v;

@@ -9,9 +9,9 @@
  *   OpenAI:  {"custom_id", "method": "POST", "url": "/v1/chat/completions" |
  *            "/v1/completions", "body": {...}} (the batch format vLLM's run-batch
  *            reads);
- * OpenAI fields that change results but are not implemented (echo, suffix,
- * logit_bias, presence_penalty, frequency_penalty, best_of other than n) refuse the
- * line unless they hold their neutral value;
+ * presence_penalty and frequency_penalty too; OpenAI fields that change results
+ * but are not implemented (echo, suffix, logit_bias, best_of other than n) refuse
+ * the line unless they hold their neutral value;
  * and plain text (one prompt per line) when the first non-blank line does not
  * start with '{'. Blank lines are skipped but still counted: `line` numbers
  * are 1-based lines of the file. A line that cannot run keeps its error

@@ -486,7 +486,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                 struct slot *s = &slots[out_slot[r]];
                 const float *row = logits + (size_t)r * n_vocab;
                 int32_t id = sampler_sample(&s->smp, row);
-                sampler_accept(&s->smp, id);
+                sampler_accept_output(&s->smp, id);
                 msg_i[oi++] = id;
                 if (s->K > 0) { // the chosen token's logprob, then the top K
                     msg_f[of] = sampler_logprobs(row, n_vocab, id, s->K, msg_i + oi,
