@@ -53,29 +53,32 @@ int main(int argc, char **argv) {
 
     static const struct {
         const char *name;
-        float temp, top_p, min_p, penalty;
+        float temp, top_p, min_p, penalty, presence, frequency;
         int top_k;
     } mixes[] = {
-        {"greedy", 0.0f, 1.0f, 0.0f, 1.0f, 0},
-        {"default: temp 0.8, top-k 40, top-p 0.95, min-p 0.05", 0.8f, 0.95f, 0.05f, 1.0f, 40},
-        {"default + repeat penalty 1.1", 0.8f, 0.95f, 0.05f, 1.1f, 40},
-        {"top-k off, top-p 0.95", 1.0f, 0.95f, 0.0f, 1.0f, 0},
-        {"top-k off, top-p 0.9, min-p 0.05", 0.7f, 0.9f, 0.05f, 1.0f, 0},
-        {"temperature only (top-k 0, top-p 1, min-p 0)", 1.0f, 1.0f, 0.0f, 1.0f, 0},
+        {"greedy", 0.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0},
+        {"default: temp 0.8, top-k 40, top-p 0.95, min-p 0.05", 0.8f, 0.95f, 0.05f, 1.0f, 0.0f,
+         0.0f, 40},
+        {"default + repeat penalty 1.1", 0.8f, 0.95f, 0.05f, 1.1f, 0.0f, 0.0f, 40},
+        {"default + presence 0.5, frequency 0.5", 0.8f, 0.95f, 0.05f, 1.0f, 0.5f, 0.5f, 40},
+        {"top-k off, top-p 0.95", 1.0f, 0.95f, 0.0f, 1.0f, 0.0f, 0.0f, 0},
+        {"top-k off, top-p 0.9, min-p 0.05", 0.7f, 0.9f, 0.05f, 1.0f, 0.0f, 0.0f, 0},
+        {"temperature only (top-k 0, top-p 1, min-p 0)", 1.0f, 1.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0},
     };
     printf("| filters | ms per sampled token |\n|---|---:|\n");
     for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++) {
         struct sampler_params p = {.temp = mixes[m].temp, .top_k = mixes[m].top_k,
                                    .top_p = mixes[m].top_p, .min_p = mixes[m].min_p,
                                    .repeat_penalty = mixes[m].penalty, .repeat_last_n = 64,
-                                   .seed = 5};
+                                   .presence_penalty = mixes[m].presence,
+                                   .frequency_penalty = mixes[m].frequency, .seed = 5};
         struct sampler s;
         struct tpi_error err = {0};
         if (sampler_init(&s, &p, n_vocab, &err) != TPI_OK) {
             fprintf(stderr, "bench_sampler: %s\n", err.msg);
             return 1;
         }
-        for (int i = 0; i < 64; i++) sampler_accept(&s, (i * 7919) % n_vocab);
+        for (int i = 0; i < 64; i++) sampler_accept_output(&s, (i * 7919) % n_vocab);
         volatile int32_t sink = sampler_sample(&s, logits); // warm-up
         const double t0 = now_s();
         for (int r = 0; r < reps; r++) sink = sampler_sample(&s, logits);
