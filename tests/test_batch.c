@@ -27,6 +27,7 @@ static const char *g_mode = "inputs";
 static const char *g_model;
 static char g_dir[256];
 static const char *g_stderr_to; /* when set, spawned runs write stderr there */
+static const char *g_stdout_to; /* when set, spawned runs write stdout there */
 
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "w");
@@ -72,6 +73,7 @@ static pid_t spawn(int np, const char *const *args) {
             FILE *e = freopen(g_stderr_to, "w", stderr);
             if (!e) _exit(126);
         }
+        if (g_stdout_to && !freopen(g_stdout_to, "w", stdout)) _exit(126);
         setenv("OMP_WAIT_POLICY", "passive", 1);
         execv(argv[0], (char *const *)argv);
         _exit(127);
@@ -406,7 +408,7 @@ START_TEST(test_choices) {
                // OpenAI fields not implemented are refused unless neutral; penalties run
                "{\"id\": \"echo\", \"prompt\": \"x\", \"echo\": true}\n"
                "{\"custom_id\": \"pp\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
-               "\"body\": {\"prompt\": \"x\", \"presence_penalty\": 0.5}}\n"
+               "\"body\": {\"prompt\": \"x\", \"presence_penalty\": 0.5, \"max_tokens\": 4}}\n"
                "{\"id\": \"neutral\", \"prompt\": \"The cat sat\", \"max_tokens\": 2, "
                "\"presence_penalty\": 0, \"frequency_penalty\": 0, \"echo\": false, \"best_of\": 1, "
                "\"logit_bias\": {}, \"suffix\": \"\"}\n"
@@ -493,7 +495,7 @@ START_TEST(test_choices) {
 
     // Refused fields name themselves; neutral values run.
     struct { long line; const char *part; } refused[] = {
-        {8, "\"echo\" is not supported"},
+        {8, "only /v1/completions takes it"},
         {11, "\"best_of\" is not supported"},
         {12, "\"logit_bias\" is not supported"},
     };
@@ -616,6 +618,100 @@ START_TEST(test_prefix) {
 }
 END_TEST
 
+/* /v1/completions with "echo": the text starts with the prompt's, and with logprobs
+ * every prompt token after the first is scored: its logprob and top alternatives
+ * equal what `tpinfer run --prompt-logprobs` computes for the same prompt (the whole
+ * vocabulary there, so the prompt token's own logprob is in it), also when the
+ * prompt needs several steps of scored rows (--ubatch 8) and with a second request
+ * of the same prompt in flight (scored prompts do not share). Elsewhere echo is an
+ * error record. */
+START_TEST(test_echo) {
+    static const char prompt[] = "the quick brown fox jumps over a lazy dog while rain falls on "
+                                 "green hills and the wind turns the mill; a slow grey cat "
+                                 "watches from the wall until the evening bell rings twice";
+    char text[4096];
+    int o = 0;
+    for (int i = 0; i < 2; i++)
+        o += snprintf(text + o, sizeof text - (size_t)o,
+                      "{\"custom_id\": \"e%d\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+                      "\"body\": {\"prompt\": \"%s\", \"max_tokens\": %d, \"logprobs\": 2, "
+                      "\"echo\": true}}\n", i, prompt, 1 + i);
+    o += snprintf(text + o, sizeof text - (size_t)o,
+                  "{\"custom_id\": \"t\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+                  "\"body\": {\"prompt\": \"Hello there\", \"max_tokens\": 3, \"echo\": true}}\n"
+                  "{\"custom_id\": \"c\", \"method\": \"POST\", \"url\": \"/v1/chat/completions\", "
+                  "\"body\": {\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"echo\": true}}\n"
+                  "{\"id\": \"ours\", \"prompt\": \"x\", \"echo\": true}\n");
+    write_file(path_in("e.jsonl"), text);
+    const char *a1[] = {"-f", path_in("e.jsonl"), "-o", path_in("e1.jsonl"), "--temp", "0",
+                        "--parallel", "1", NULL};
+    const char *a3[] = {"-f", path_in("e.jsonl"), "-o", path_in("e3.jsonl"), "--temp", "0",
+                        "--parallel", "3", "--ubatch", "8", NULL};
+    char *r1 = run_records(1, a1, path_in("e1.jsonl"), 5);
+    char *r3 = run_records(1, a3, path_in("e3.jsonl"), 5);
+    assert_same("echo, --parallel 3 --ubatch 8 vs --parallel 1", r3, r1);
+    // The reference: the whole vocabulary's logprobs after every prompt token.
+    const char *ref_args[] = {"-p", prompt, "--prompt-logprobs", "2048", "-n", "1", "--temp",
+                              "0", "--json", NULL};
+    g_stdout_to = path_in("ref.json");
+    ck_assert_int_eq(run(1, ref_args), 0);
+    g_stdout_to = NULL;
+    cJSON *ref = tu_read_json(path_in("ref.json"));
+    ck_assert_ptr_nonnull(ref);
+    const cJSON *ptoks = cJSON_GetObjectItem(ref, "prompt_tokens");
+    const cJSON *plp = cJSON_GetObjectItem(ref, "prompt_logprobs");
+    const int n_prompt = cJSON_GetArraySize(ptoks);
+    ck_assert_int_ge(n_prompt, 70); // more scored rows than one step takes (64)
+    for (long line = 1; line <= 2; line++) {
+        cJSON *rec = record_by_line(r1, line);
+        const cJSON *c0 = cJSON_GetArrayItem(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(rec, "response"), "body"),
+                                "choices"), 0);
+        ck_assert_int_eq(strncmp(cJSON_GetObjectItem(c0, "text")->valuestring, prompt,
+                                 strlen(prompt)), 0);
+        const cJSON *lp = cJSON_GetObjectItem(c0, "logprobs");
+        const cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+        const cJSON *top = cJSON_GetObjectItem(lp, "top_logprobs");
+        ck_assert_int_eq(cJSON_GetArraySize(tlp), n_prompt + (int)line); // + generated
+        ck_assert(cJSON_IsNull(cJSON_GetArrayItem(tlp, 0)));
+        ck_assert(cJSON_IsNull(cJSON_GetArrayItem(top, 0)));
+        for (int i = 1; i < n_prompt; i++) {
+            const cJSON *row = cJSON_GetArrayItem(plp, i - 1); // after token i - 1
+            const int id = cJSON_GetArrayItem(ptoks, i)->valueint;
+            double want = 1.0;
+            const cJSON *pair;
+            cJSON_ArrayForEach(pair, row)
+                if (cJSON_GetArrayItem(pair, 0)->valueint == id)
+                    want = cJSON_GetArrayItem(pair, 1)->valuedouble;
+            ck_assert_msg(want <= 0.0, "token %d: id %d not in the reference row", i, id);
+            ck_assert_double_eq(cJSON_GetArrayItem(tlp, i)->valuedouble, want);
+            const cJSON *m = cJSON_GetArrayItem(top, i);
+            ck_assert_int_eq(cJSON_GetArraySize(m), 2);
+            ck_assert_double_eq(m->child->valuedouble,
+                                cJSON_GetArrayItem(cJSON_GetArrayItem(row, 0), 1)->valuedouble);
+        }
+        cJSON_Delete(rec);
+    }
+    cJSON *t = record_by_line(r1, 3); // echo without logprobs: the text only
+    const cJSON *c0 = cJSON_GetArrayItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(t, "response"), "body"),
+                            "choices"), 0);
+    ck_assert_int_eq(strncmp(cJSON_GetObjectItem(c0, "text")->valuestring, "Hello there", 11), 0);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(c0, "logprobs")));
+    cJSON_Delete(t);
+    for (long line = 4; line <= 5; line++) {
+        cJSON *e = record_by_line(r1, line);
+        const cJSON *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message");
+        ck_assert_msg(cJSON_IsString(msg) && strstr(msg->valuestring, "only /v1/completions"),
+                      "line %ld: echo not refused", line);
+        cJSON_Delete(e);
+    }
+    cJSON_Delete(ref);
+    free(r1);
+    free(r3);
+}
+END_TEST
+
 /* Run to a reference, then start again, stop it with `sig` once >= 3 records are
  * written, --resume, and compare. */
 static void interrupted_run(int sig) {
@@ -677,13 +773,20 @@ static void mpi_run(const char *flag) {
         fprintf(f, "{\"id\": \"shared%d\", \"max_tokens\": 6, \"n\": %d, \"prompt\": \"the quick "
                    "brown fox jumps over a lazy dog while rain falls on green hills and %s\"}\n",
                 i, i == 2 ? 2 : 1, i == 0 ? "then" : i == 1 ? "so" : "yet");
+    // And a scored prompt: the decider's prompt logprobs reach every rank alike. Under
+    // tp the all-reduce sums in another order (logits move by ~1e-6), so the logprobs
+    // are compared bit for bit under pp only; tp compares the echoed text.
+    fprintf(f, "{\"custom_id\": \"echo\", \"method\": \"POST\", \"url\": \"/v1/completions\", "
+               "\"body\": {\"prompt\": \"the quick brown fox jumps over a lazy dog\", "
+               "\"max_tokens\": 3, %s\"echo\": true}}\n",
+            strcmp(flag, "--pp") == 0 ? "\"logprobs\": 2, " : "");
     fclose(f);
     const char *one[] = {"-f", path_in("m.jsonl"), "-o", path_in("m1.jsonl"), "--temp", "0",
                          "--parallel", "4", "--no-prefix-share", NULL};
     const char *two[] = {"-f", path_in("m.jsonl"), "-o", path_in("m2.jsonl"), "--temp", "0",
                          "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
-    char *r1 = run_records(1, one, path_in("m1.jsonl"), 9);
-    char *r2 = run_records(2, two, path_in("m2.jsonl"), 9);
+    char *r1 = run_records(1, one, path_in("m1.jsonl"), 10);
+    char *r2 = run_records(2, two, path_in("m2.jsonl"), 10);
     assert_same(flag, r2, r1);
     free(r1);
     free(r2);
@@ -708,6 +811,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(g_mode, "parallel")) tcase_add_test(tc, test_parallel);
     else if (!strcmp(g_mode, "choices")) tcase_add_test(tc, test_choices);
     else if (!strcmp(g_mode, "prefix")) tcase_add_test(tc, test_prefix);
+    else if (!strcmp(g_mode, "echo")) tcase_add_test(tc, test_echo);
     else if (!strcmp(g_mode, "resume")) tcase_add_test(tc, test_resume);
     else if (!strcmp(g_mode, "sigterm")) tcase_add_test(tc, test_sigterm);
     else if (!strcmp(g_mode, "mpi_tp")) tcase_add_test(tc, test_mpi_tp);

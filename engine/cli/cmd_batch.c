@@ -181,6 +181,7 @@ static int cb_next(void *user, struct sched_request *rq) {
         rq->n_prompt = r->n_prompt;
         rq->max_tokens = r->max_tokens;
         rq->n_logprobs = r->n_logprobs;
+        rq->score_prompt = r->echo && r->want_logprobs;
         rq->sp = r->sp;
         rq->sp.seed = req_choice_seed(r->sp.seed, choice);
         rq->stop = (const char *const *)r->stop;

@@ -353,7 +353,21 @@ static cJSON *chat_logprobs(const struct batch_out *o, const struct batch_req *r
     return lp;
 }
 
-/* OpenAI completion logprobs: tokens, token_logprobs, top_logprobs, text_offset. */
+/* The top-K map {token: logprob} of OpenAI completion logprobs (first of equal strings). */
+static cJSON *top_map(const struct batch_out *o, const struct batch_req *r, const int32_t *ids,
+                      const float *vals, int k) {
+    cJSON *m = cJSON_CreateObject();
+    for (int j = 0; j < r->n_top_out && j < k; j++) {
+        struct tok_str raw;
+        char *ts = token_string(o->tok, ids[j], &raw);
+        if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts)) cJSON_AddNumberToObject(m, ts, vals[j]);
+        free(ts);
+    }
+    return m;
+}
+
+/* OpenAI completion logprobs: tokens, token_logprobs, top_logprobs, text_offset; with
+ * echo the prompt's tokens come first (the first with null logprobs, as OpenAI's). */
 static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_req *r,
                                   const struct sched_result *res) {
     cJSON *lp = cJSON_CreateObject();
@@ -362,6 +376,22 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
     cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs");
     cJSON *off = cJSON_AddArrayToObject(lp, "text_offset");
     size_t at = 0;
+    for (int i = 0; r->echo && res->plp_chosen && i < res->n_prompt; i++) {
+        struct tok_str raw;
+        char *s = token_string(o->tok, r->prompt[i], &raw);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(s ? s : ""));
+        free(s);
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+        at += raw.len;
+        if (i == 0) { // nothing before the first token to score it
+            cJSON_AddItemToArray(tlp, cJSON_CreateNull());
+            cJSON_AddItemToArray(top, cJSON_CreateNull());
+            continue;
+        }
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(res->plp_chosen[i]));
+        cJSON_AddItemToArray(top, top_map(o, r, res->plp_ids + (size_t)i * res->lp_k,
+                                          res->plp_vals + (size_t)i * res->lp_k, res->lp_k));
+    }
     for (int t = 0; t < res->n_tokens; t++) {
         struct tok_str raw;
         char *s = token_string(o->tok, res->tokens[t], &raw);
@@ -370,15 +400,8 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(res->lp_chosen[t]));
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
         at += raw.len;
-        cJSON *m = cJSON_CreateObject();
-        for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
-            int32_t id = res->lp_ids[(size_t)t * res->lp_k + k];
-            char *ts = token_string(o->tok, id, &raw);
-            if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts))
-                cJSON_AddNumberToObject(m, ts, res->lp_vals[(size_t)t * res->lp_k + k]);
-            free(ts);
-        }
-        cJSON_AddItemToArray(top, m);
+        cJSON_AddItemToArray(top, top_map(o, r, res->lp_ids + (size_t)t * res->lp_k,
+                                          res->lp_vals + (size_t)t * res->lp_k, res->lp_k));
     }
     return lp;
 }
@@ -430,6 +453,26 @@ static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, 
         cJSON *msg = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
         cJSON_AddStringToObject(msg, "content", res->text);
+    } else if (r->echo) { // the prompt's text, then the completion's
+        char *prompt = NULL;
+        size_t n_prompt = 0;
+        struct tpi_error e = {0};
+        if (tok_decode(o->tok, r->prompt, r->n_prompt, &prompt, &n_prompt, &e) != TPI_OK) {
+            cJSON_Delete(c);
+            return NULL;
+        }
+        char *both = malloc(n_prompt + res->n_text + 1);
+        if (both) {
+            memcpy(both, prompt, n_prompt);
+            memcpy(both + n_prompt, res->text, res->n_text + 1);
+        }
+        free(prompt);
+        if (!both) {
+            cJSON_Delete(c);
+            return NULL;
+        }
+        cJSON_AddStringToObject(c, "text", both);
+        free(both);
     } else {
         cJSON_AddStringToObject(c, "text", res->text);
     }
@@ -521,8 +564,10 @@ int batch_out_result(struct batch_out *o, int idx, int choice, const struct sche
         ours_timing(j, res->t_first_s, res->n_tokens - 1, res->t_decode_s);
         ours_logprobs(j, r, res);
     } else {
+        cJSON *choice = make_choice(o, r, 0, res);
+        if (!choice) return tpi_err(err, TPI_ERR_NOMEM, "out of memory for a result record");
         cJSON *choices = cJSON_CreateArray();
-        cJSON_AddItemToArray(choices, make_choice(o, r, 0, res));
+        cJSON_AddItemToArray(choices, choice);
         j = oai_record(o, r, choices, res->n_prompt, res->n_tokens);
     }
     o->n_results++;

@@ -85,8 +85,12 @@ static int get_stop(struct batch_req *r, const cJSON *o) {
  * anything but their neutral value, the line is refused rather than run without them. */
 static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
     const cJSON *v;
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "echo")) && !cJSON_IsNull(v) && !cJSON_IsFalse(v))
-        return req_fail(r, "\"echo\" is not supported (the prompt is not returned or scored)");
+    if ((v = cJSON_GetObjectItemCaseSensitive(o, "echo")) && !cJSON_IsNull(v) && !cJSON_IsFalse(v)) {
+        if (r->fmt != REQ_OAI_COMPLETION || !cJSON_IsTrue(v))
+            return req_fail(r, "\"echo\" must be true or false, and only /v1/completions "
+                               "takes it");
+        r->echo = true;
+    }
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "suffix")) && !cJSON_IsNull(v) &&
         !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
         return req_fail(r, "\"suffix\" is not supported");

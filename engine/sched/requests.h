@@ -9,9 +9,10 @@
  *   OpenAI:  {"custom_id", "method": "POST", "url": "/v1/chat/completions" |
  *            "/v1/completions", "body": {...}} (the batch format vLLM's run-batch
  *            reads);
- * presence_penalty and frequency_penalty too; OpenAI fields that change results
- * but are not implemented (echo, suffix, logit_bias, best_of other than n) refuse
- * the line unless they hold their neutral value;
+ * presence_penalty and frequency_penalty too, and "echo" on /v1/completions; OpenAI
+ * fields that change results but are not implemented (echo elsewhere, suffix,
+ * logit_bias, best_of other than n) refuse the line unless they hold their neutral
+ * value;
  * and plain text (one prompt per line) when the first non-blank line does not
  * start with '{'. Blank lines are skipped but still counted: `line` numbers
  * are 1-based lines of the file. A line that cannot run keeps its error
@@ -64,6 +65,8 @@ struct batch_req {
     struct sampler_params sp;
     int n_logprobs;        /* K the engine computes (>= 1 whenever want_logprobs) */
     bool want_logprobs;    /* the record carries logprobs */
+    bool echo;             /* /v1/completions "echo": the text (and, with logprobs, the
+                              logprobs) begin with the prompt's */
     int n_top_out;         /* top alternatives a record lists per token */
     char **stop;           /* (n_stop) NUL-terminated */
     int n_stop;

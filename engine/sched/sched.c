@@ -26,6 +26,10 @@ struct slot {
     int n_past;              /* positions of the slot filled */
     bool has_next;           /* a sampled token waits to be fed (decode phase) */
     bool wait_prefix;        /* this step: an older sequence is prefilling our prefix */
+    bool score;              /* the prompt tokens' logprobs are wanted (never shared) */
+    int32_t *plp_ids;        /* score: (n_prompt, K) */
+    float *plp_vals;         /* score: (n_prompt, K) */
+    float *plp_chosen;       /* score: (n_prompt) */
     int32_t next_tok;
     int max_gen, K;
     char **stop;             /* (n_stop) owned */
@@ -55,6 +59,9 @@ static void slot_clear(struct slot *s) {
     free(s->lp_ids);
     free(s->lp_vals);
     free(s->lp_chosen);
+    free(s->plp_ids);
+    free(s->plp_vals);
+    free(s->plp_chosen);
     memset(s, 0, sizeof *s);
 }
 
@@ -122,6 +129,7 @@ static void put_request(struct buf *b, int slot_idx, const struct sched_request 
     put_i32(b, rq->n_prompt);
     put_i32(b, rq->max_tokens);
     put_i32(b, rq->n_logprobs);
+    put_i32(b, rq->score_prompt && rq->n_logprobs > 0);
     put(b, &rq->sp, sizeof rq->sp);
     put_i32(b, rq->n_stop);
     for (int i = 0; i < rq->n_stop; i++) {
@@ -146,6 +154,7 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
     s->n_prompt = get_i32(b);
     int max_tokens = get_i32(b);
     s->K = get_i32(b);
+    const bool score = get_i32(b) != 0;
     struct sampler_params sp;
     get(b, &sp, sizeof sp);
     s->n_stop = get_i32(b);
@@ -187,6 +196,16 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
         s->lp_vals = malloc(sizeof(float) * ng * K);
         s->lp_chosen = malloc(sizeof(float) * ng);
     }
+    s->score = score && K > 0;
+    if (s->score) {
+        const size_t np = (size_t)s->n_prompt;
+        s->plp_ids = calloc(np * K, sizeof(int32_t));
+        s->plp_vals = calloc(np * K, sizeof(float));
+        s->plp_chosen = calloc(np, sizeof(float));
+        if (!s->plp_ids || !s->plp_vals || !s->plp_chosen)
+            return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for request %lld",
+                           (long long)s->tag);
+    }
     if (!s->prompt || !s->tokens || !s->text || !s->ts ||
         (K > 0 && (!s->lp_ids || !s->lp_vals || !s->lp_chosen)))
         return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for request %lld",
@@ -204,7 +223,7 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
     // of the slot began alike): keep it, never the last token (its logits are needed).
     struct slot_kv *kv = &kvs[idx];
     const int reuse = common_prefix(s->prompt, kv->tok, TPI_MIN(kv->len, s->n_prompt - 1));
-    if (share && reuse >= SCHED_SHARE_MIN) {
+    if (share && !s->score && reuse >= SCHED_SHARE_MIN) {
         s->n_fed = s->n_past = reuse;
         st->n_prompt_shared += reuse;
     }
@@ -282,7 +301,7 @@ static int share_prefixes(struct model *m, struct slot *slots, struct slot_kv *k
         struct slot *s = &slots[si];
         s->wait_prefix = false;
         const int want = s->n_prompt - 1; // the last prompt token runs here: its logits
-        if (s->n_fed >= want) continue;
+        if (s->n_fed >= want || s->score) continue; // a scored prompt computes every row
         int best = -1, best_avail = s->n_fed, pending = 0;
         for (int d = 0; d < n_slots; d++) {
             if (d == si) continue;
@@ -335,9 +354,12 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     const bool share = !sp->no_prefix_share;
     int32_t *b_tok = malloc(sizeof(int32_t) * cap), *b_pos = malloc(sizeof(int32_t) * cap);
     int32_t *b_seq = malloc(sizeof(int32_t) * cap), *b_out = malloc(sizeof(int32_t) * cap);
-    int *out_slot = malloc(sizeof(int) * (size_t)NP);
+    // Rows with logits per step: one sample row per sequence, plus scored prompt rows.
+    int *out_slot = malloc(sizeof(int) * (size_t)(NP + SCHED_SCORE_ROWS));
+    int *out_score = malloc(sizeof(int) * (size_t)(NP + SCHED_SCORE_ROWS));
     int *order_idx = malloc(sizeof(int) * (size_t)NP);
-    float *logits = has_logits ? malloc(sizeof(float) * (size_t)NP * n_vocab) : NULL;
+    float *logits =
+        has_logits ? malloc(sizeof(float) * (size_t)(NP + SCHED_SCORE_ROWS) * n_vocab) : NULL;
     int32_t *msg_i = NULL;
     float *msg_f = NULL;
     size_t cap_msg = 0;
@@ -346,7 +368,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     for (int i = 0; kvs && i < NP; i++)
         if (!(kvs[i].tok = malloc(sizeof(int32_t) * (size_t)m->n_ctx))) rc = TPI_ERR_NOMEM;
     if (rc || !slots || !kvs || !taken || !b_tok || !b_pos || !b_seq || !b_out || !out_slot ||
-        !order_idx || (has_logits && !logits))
+        !out_score || !order_idx || (has_logits && !logits))
         rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for %d sequences", NP);
     if ((rc = model_agree(m, rc, err))) goto done;
 
@@ -435,19 +457,34 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             kvs[order_idx[a]].tok[b_pos[n]] = b_tok[n];
             kvs[order_idx[a]].len = s->n_past;
             out_slot[n_out] = order_idx[a];
+            out_score[n_out] = -1;
             b_out[n_out++] = n++;
             s->has_next = false;
         }
         int budget = TPI_MAX(UB - n, 1); // a prefill never starves completely
+        int score_left = SCHED_SCORE_ROWS; // scored prompt rows this step
         for (int a = 0; a < n_active && budget > 0; a++) {
             struct slot *s = &slots[order_idx[a]];
             if (s->n_fed >= s->n_prompt || s->wait_prefix) continue;
             int chunk = TPI_MIN(budget, s->n_prompt - s->n_fed);
+            // A scored prompt has every row but its last (which samples) scored: feed
+            // no more than this step's scored rows can take.
+            if (s->score && s->n_prompt - s->n_fed - 1 > score_left) {
+                chunk = TPI_MIN(chunk, score_left);
+                if (chunk == 0) continue;
+            }
             for (int t = 0; t < chunk; t++) {
-                b_tok[n] = s->prompt[s->n_fed + t];
+                const int p = s->n_fed + t;
+                b_tok[n] = s->prompt[p];
                 b_pos[n] = s->n_past++;
                 b_seq[n++] = order_idx[a];
-                kvs[order_idx[a]].tok[s->n_past - 1] = s->prompt[s->n_fed + t];
+                kvs[order_idx[a]].tok[s->n_past - 1] = s->prompt[p];
+                if (s->score && p + 1 < s->n_prompt) {
+                    out_slot[n_out] = order_idx[a];
+                    out_score[n_out] = p + 1; // these logits score prompt token p + 1
+                    b_out[n_out++] = n - 1;
+                    score_left--;
+                }
             }
             kvs[order_idx[a]].len = s->n_past;
             s->n_fed += chunk;
@@ -455,6 +492,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             st->n_prompt_tokens += chunk;
             if (s->n_fed == s->n_prompt) { // the last prompt token's logits choose token 0
                 out_slot[n_out] = order_idx[a];
+                out_score[n_out] = -1;
                 b_out[n_out++] = n - 1;
             }
         }
@@ -466,18 +504,19 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
 
         // ---- 4. the decider samples; ids (and logprobs) go to every rank ----
         size_t n_i = 0, n_f = 0;
-        for (int r = 0; r < n_out; r++) {
+        for (int r = 0; r < n_out; r++) { // sample row: id + K ids; scored row: K ids
             int K = slots[out_slot[r]].K;
-            n_i += 1 + (size_t)K;
+            n_i += (out_score[r] < 0) + (size_t)K;
             n_f += K > 0 ? 1 + (size_t)K : 0;
         }
-        if (n_i > cap_msg) {
-            int32_t *qi = realloc(msg_i, sizeof(int32_t) * n_i);
+        const size_t n_msg = TPI_MAX(n_i, n_f); // both buffers hold either count
+        if (n_msg > cap_msg) {
+            int32_t *qi = realloc(msg_i, sizeof(int32_t) * n_msg);
             if (qi) msg_i = qi;
-            float *qf = realloc(msg_f, sizeof(float) * n_i);
+            float *qf = realloc(msg_f, sizeof(float) * n_msg);
             if (qf) msg_f = qf;
             if (!qi || !qf) rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
-            else cap_msg = n_i;
+            else cap_msg = n_msg;
         }
         if ((rc = model_agree(m, rc, err))) goto done;
         if (is_decider) {
@@ -485,6 +524,13 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             for (int r = 0; r < n_out; r++) {
                 struct slot *s = &slots[out_slot[r]];
                 const float *row = logits + (size_t)r * n_vocab;
+                if (out_score[r] >= 0) { // the prompt token's logprob, then the top K
+                    msg_f[of] = sampler_logprobs(row, n_vocab, s->prompt[out_score[r]], s->K,
+                                                 msg_i + oi, msg_f + of + 1);
+                    oi += (size_t)s->K;
+                    of += 1 + (size_t)s->K;
+                    continue;
+                }
                 int32_t id = sampler_sample(&s->smp, row);
                 sampler_accept_output(&s->smp, id);
                 msg_i[oi++] = id;
@@ -505,6 +551,15 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         for (int r = 0; r < n_out; r++) {
             const int si = out_slot[r];
             struct slot *s = &slots[si];
+            if (out_score[r] >= 0) { // a scored prompt row: keep its logprobs
+                const size_t at = (size_t)out_score[r];
+                memcpy(s->plp_ids + at * s->K, msg_i + oi, sizeof(int32_t) * (size_t)s->K);
+                memcpy(s->plp_vals + at * s->K, msg_f + of + 1, sizeof(float) * (size_t)s->K);
+                s->plp_chosen[at] = msg_f[of];
+                oi += (size_t)s->K;
+                of += 1 + (size_t)s->K;
+                continue;
+            }
             const int32_t id = msg_i[oi++];
             const int32_t *lpi = s->K > 0 ? msg_i + oi : NULL;
             const float *lpv = s->K > 0 ? msg_f + of + 1 : NULL;
@@ -546,6 +601,9 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                     .lp_ids = s->lp_ids,
                     .lp_vals = s->lp_vals,
                     .lp_chosen = s->lp_chosen,
+                    .plp_ids = s->plp_ids,
+                    .plp_vals = s->plp_vals,
+                    .plp_chosen = s->plp_chosen,
                     .t_first_s = s->t_first - s->t_admit,
                     .t_decode_s = now - s->t_first,
                 };
@@ -576,6 +634,7 @@ done:
     free(b_seq);
     free(b_out);
     free(out_slot);
+    free(out_score);
     free(order_idx);
     free(logits);
     free(msg_i);

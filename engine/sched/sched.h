@@ -42,6 +42,8 @@ struct sched_request {
     int n_prompt;
     int max_tokens;           /* most tokens to generate (>= 1); capped at n_ctx - n_prompt */
     int n_logprobs;           /* top-K logprobs per generated token (0: none) */
+    bool score_prompt;        /* also the logprobs of every prompt token after the first
+                                 (needs n_logprobs >= 1; its prompt is never shared) */
     struct sampler_params sp; /* the request's own sampler and seed */
     const char *const *stop;  /* NUL-terminated stop strings, n_stop of them */
     int n_stop;
@@ -59,6 +61,9 @@ struct sched_result {
     const int32_t *lp_ids;     /* (n_tokens, lp_k) top-K ids, best first */
     const float *lp_vals;      /* (n_tokens, lp_k) their log-probabilities */
     const float *lp_chosen;    /* (n_tokens) log-probability of the chosen id (lp_k > 0) */
+    const int32_t *plp_ids;    /* score_prompt: (n_prompt, lp_k) top-K before prompt token i */
+    const float *plp_vals;     /*   their log-probabilities (row 0 unused) */
+    const float *plp_chosen;   /*   (n_prompt) log-probability of prompt token i (i >= 1) */
     double t_first_s;          /* admission to first sampled token */
     double t_decode_s;         /* first to last sampled token */
 };
@@ -100,6 +105,9 @@ struct sched_params {
  * prompt's last token (its logits are needed). The n choices of one request and a
  * system prompt shared by many lines are the cases it serves. */
 #define SCHED_SHARE_MIN 8
+
+/* Scored prompt rows (score_prompt) one step computes logits for, at most. */
+#define SCHED_SCORE_ROWS 64
 
 /* Run requests until the source is empty and every sequence has finished
  * (TPI_OK), or until rank 0's stop callback says so (TPI_ERR_INTERRUPTED, with
