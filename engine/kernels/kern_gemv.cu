@@ -478,6 +478,15 @@ __host__ __device__ __forceinline__ void gv_win_get(const gv_win &w, uint32_t (&
         o[i] = gv_funnel(u[i], u[i + 1], sh);
 }
 
+/* The 16 int8 products of one unit: the 4 words q against the 16 x bytes at x. */
+__host__ __device__ __forceinline__ int gu_dp16(const uint32_t (&q)[4], const int8_t *x) {
+    const int4 xv = gv_ld128(x);
+    int s = gv_dp4a(q[0], xv.x, 0);
+    s = gv_dp4a(q[1], xv.y, s);
+    s = gv_dp4a(q[2], xv.z, s);
+    return gv_dp4a(q[3], xv.w, s);
+}
+
 /* acc[r] += scale * dx_r * (the 4 words q . x row r's unit) for the first nr rows */
 template <int NR>
 __host__ __device__ __forceinline__ void gu_dot16(const uint32_t (&q)[4], float scale,
@@ -486,11 +495,7 @@ __host__ __device__ __forceinline__ void gu_dot16(const uint32_t (&q)[4], float 
 #pragma unroll
     for (int r = 0; r < NR; r++)
         if (r == 0 || r < nr) {
-            const int4 xv = gv_ld128(x + (size_t)r * xs);
-            int s = gv_dp4a(q[0], xv.x, 0);
-            s = gv_dp4a(q[1], xv.y, s);
-            s = gv_dp4a(q[2], xv.z, s);
-            s = gv_dp4a(q[3], xv.w, s);
+            const int s = gu_dp16(q, x + (size_t)r * xs);
             acc[r] += scale * gv_ldf2(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
         }
 }
@@ -609,11 +614,7 @@ template <> struct gu<TPI_TYPE_Q4_K> {
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
-                const int4 xv = gv_ld128(x + (size_t)r * xs);
-                int s = gv_dp4a(q[0], xv.x, 0);
-                s = gv_dp4a(q[1], xv.y, s);
-                s = gv_dp4a(q[2], xv.z, s);
-                s = gv_dp4a(q[3], xv.w, s);
+                const int s = gu_dp16(q, x + (size_t)r * xs);
                 const float2 f = gv_ldf2(ds + (size_t)r * (xs / GV_QK));
                 acc[r] += fmaf(dsc * f.x, (float)s, -dm_j * f.y);
             }
