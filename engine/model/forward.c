@@ -69,6 +69,24 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     return TPI_OK;
 }
 
+/* x += in * W^T for a row-parallel W (attention output, FFN down): with TP, this
+ * rank's partial sum is all-reduced over the group before the residual add; alone,
+ * the residual is folded into the matmul. */
+static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
+                            struct tpi_error *err) {
+    struct model_state *s = &m->s;
+    const int64_t n_x = (int64_t)n * m->cfg.n_embd;
+    if (!m->tp_comm) {
+        m->ops->matmul_add(m->octx, w, in, s->x, n);
+        return TPI_OK;
+    }
+    m->ops->matmul(m->octx, w, in, s->o, n);
+    int rc = comm_allreduce_sum(m->tp_comm, s->o, (size_t)n_x, COMM_F32, err);
+    if (rc) return rc;
+    m->ops->add(m->octx, s->x, s->o, n_x);
+    return TPI_OK;
+}
+
 /* The embedding (stage 0: token ids already in s->tok) and this stage's layers for
  * the n tokens of b; s->x holds the stage's input otherwise. Everything it queues is
  * stream-ordered device work (plus NCCL all-reduces), so it may be recorded. */
@@ -79,7 +97,6 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     const struct model_config *c = &m->cfg;
     const struct model_plan *p = &m->plan;
     struct model_state *s = &m->s;
-    struct comm *tp_comm = m->tp_comm;
     const int n_embd = c->n_embd, hd = c->head_dim;
     const int n_head = p->n_head_local, n_kv = p->n_kv_local;
     const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
@@ -107,14 +124,8 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         ops->qk_norm_rope(octx, s->q, s->k, L->q_norm, L->k_norm, &b, n_head, n_kv, hd, c->n_rot,
                           c->rope_base, eps);
         ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
-        if (tp_comm) { // partial sum over this rank's heads, summed over the TP group
-            ops->matmul(octx, &L->wo, s->att, s->o, n);
-            if ((rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
-                return rc;
-            ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
-        } else {
-            ops->matmul_add(octx, &L->wo, s->att, s->x, n); // residual folded in
-        }
+        // partial sums over this rank's heads, summed over the TP group
+        if ((rc = row_parallel_add(m, &L->wo, s->att, n, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
         ops->rmsnorm(octx, s->x, L->ffn_norm, s->h, n, n_embd, eps);
@@ -122,14 +133,8 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         float *ygu[2] = {s->g, s->u};
         ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
         ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
-        if (tp_comm) { // partial sum over this rank's columns, summed over the TP group
-            ops->matmul(octx, &L->w_down, s->g, s->o, n);
-            if ((rc = comm_allreduce_sum(tp_comm, s->o, (size_t)n * n_embd, COMM_F32, err)))
-                return rc;
-            ops->add(octx, s->x, s->o, (int64_t)n * n_embd);
-        } else {
-            ops->matmul_add(octx, &L->w_down, s->g, s->x, n);
-        }
+        // partial sums over this rank's columns, summed over the TP group
+        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, err))) return rc;
     }
     return TPI_OK;
 }
