@@ -10,6 +10,8 @@
 #   4. tpinfer bench -p 512 -n 128 -r 3 on the three models (the default paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
 #   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each
+#   6b. profile (not in the defaults): ncu's kernel durations over PROFILE_N decode
+#      steps of PROFILE_TYPES, summed per kernel by bench/ncu-steps.py (profile.txt)
 #   7. kernel microbenches (test_gemv_cuda bench, test_ops_cuda_elem bench)
 #   8. batch prompt files (bench/batch-bench.sh, BATCH_MODEL, --parallel 32, greedy and
 #      temperature 0.8: the host sampler's share of a step shows as the difference)
@@ -37,6 +39,8 @@ pdl TPI_PDL=1
 memo+pdl TPI_XQ_MEMO=1 TPI_PDL=1
 kinda TPI_GEMV_KIND=a"}
 BATCH_MODEL=${BATCH_MODEL:-q4_k_m}
+PROFILE_TYPES=${PROFILE_TYPES:-"q4_k_m q8_0 bf16"}
+PROFILE_N=${PROFILE_N:-4}
 SUM="$OUT/summary.txt"
 : >"$SUM"
 
@@ -168,6 +172,21 @@ if has_step variants; then
         bounded "variant-$name" 60 "$BENCH" env $envs "$TPINFER" bench -m "$vmodels" -p 512 -n 128 \
             -r 2 -o md --roofline-gbps 4000
     done <<<"$VARIANTS"
+fi
+
+# ---- 6b. profile: each decode kernel's own duration (ncu runs them one at a time) ----
+if has_step profile && command -v ncu >/dev/null; then
+    wait_models
+    for t in $PROFILE_TYPES; do
+        f=$(model_of "$t")
+        [ -s "$f" ] || continue
+        bounded "profile-$t" 150 "$OUT/profile.log" ncu --clock-control none \
+            --cache-control none --print-units base --csv --metrics gpu__time_duration.sum \
+            --log-file "$OUT/ncu-$t.csv" "$TPINFER" bench -m "$f" -p 0 -n "$PROFILE_N" -r 1 \
+            --no-warmup -o md
+        echo "== $t" >>"$OUT/profile.txt"
+        python3 bench/ncu-steps.py "$OUT/ncu-$t.csv" "$PROFILE_N" >>"$OUT/profile.txt" 2>&1
+    done
 fi
 
 # ---- 7. microbenches ----
