@@ -34,10 +34,9 @@ DEPTH_TYPES=${DEPTH_TYPES:-"q4_k_m q8_0 bf16"}
 VARIANT_MODEL=${VARIANT_MODEL:-q4_k_m} # one or more types, space-separated
 # one variant per line: a name, then environment assignments
 VARIANTS=${VARIANTS:-"default
+memo-silu TPI_XQ_MEMO=silu
 memo TPI_XQ_MEMO=1
-pdl TPI_PDL=1
-memo+pdl TPI_XQ_MEMO=1 TPI_PDL=1
-kinda TPI_GEMV_KIND=a"}
+wps32 TPI_GEMV_WPS=32"}
 BATCH_MODEL=${BATCH_MODEL:-q4_k_m}
 PROFILE_TYPES=${PROFILE_TYPES:-"q4_k_m q8_0 bf16"}
 PROFILE_N=${PROFILE_N:-4}
@@ -174,18 +173,27 @@ if has_step variants; then
     done <<<"$VARIANTS"
 fi
 
-# ---- 6b. profile: each decode kernel's own duration (ncu runs them one at a time) ----
+# ---- 6b. profile: each decode kernel's own duration (ncu runs them one at a time, ~0.1 s
+# a kernel: keep PROFILE_N small), per PROFILE_VARIANTS line ("name ENV=V ...") ----
+PROFILE_VARIANTS=${PROFILE_VARIANTS:-default}
 if has_step profile && command -v ncu >/dev/null; then
     wait_models
     for t in $PROFILE_TYPES; do
         f=$(model_of "$t")
         [ -s "$f" ] || continue
-        bounded "profile-$t" 150 "$OUT/profile.log" ncu --clock-control none \
-            --cache-control none --print-units base --csv --metrics gpu__time_duration.sum \
-            --log-file "$OUT/ncu-$t.csv" "$TPINFER" bench -m "$f" -p 0 -n "$PROFILE_N" -r 1 \
-            --no-warmup -o md
-        echo "== $t" >>"$OUT/profile.txt"
-        python3 bench/ncu-steps.py "$OUT/ncu-$t.csv" "$PROFILE_N" >>"$OUT/profile.txt" 2>&1
+        while IFS= read -r line; do
+            [ -n "$line" ] || continue
+            name=${line%% *}
+            envs=""
+            [ "$name" != "$line" ] && envs=${line#* }
+            # shellcheck disable=SC2086
+            bounded "profile-$t-$name" 150 "$OUT/profile.log" env $envs ncu --clock-control none \
+                --cache-control none --print-units base --csv --metrics gpu__time_duration.sum \
+                --log-file "$OUT/ncu-$t-$name.csv" "$TPINFER" bench -m "$f" -p 0 \
+                -n "$PROFILE_N" -r 1 --no-warmup -o md
+            echo "== $t $line" >>"$OUT/profile.txt"
+            python3 bench/ncu-steps.py "$OUT/ncu-$t-$name.csv" "$PROFILE_N" >>"$OUT/profile.txt" 2>&1
+        done <<<"$PROFILE_VARIANTS"
     done
 fi
 

@@ -48,10 +48,11 @@ static const int TYPES[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_0, TPI_TYPE_Q5_0, TPI_TYP
 #define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 
 /* Every setting the GPU groups run: every kind, both kind-b batch sizes, with and
- * without programmatic dependent launch, and the default. */
+ * without programmatic dependent launch, more warps per row, and the default. */
 static const char *const CFGS[] = {
     "kind=auto",    "kind=a,pdl=0",         "kind=a,pdl=1",         "kind=p,pdl=0",
-    "kind=p,pdl=1", "kind=b,batch=1,pdl=0", "kind=b,batch=2,pdl=1",
+    "kind=p,pdl=1", "kind=b,batch=1,pdl=0", "kind=b,batch=2,pdl=1", "kind=auto,wps=64",
+    "kind=p,wps=8",
 };
 #define N_CFGS ((int)(sizeof CFGS / sizeof CFGS[0]))
 
@@ -158,6 +159,19 @@ static size_t check(const char *label, const float *got, const float *want, cons
 /* ---- host: the kernels emulated on the host ---- */
 
 START_TEST(test_host) {
+    /* the knob parser: values in range are taken and shown, others refused */
+    char desc[96];
+    ck_assert_int_eq(kern_gemv_configure("kind=p,wps=32"), 0);
+    kern_gemv_describe(desc, sizeof desc);
+    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32");
+    ck_assert_int_eq(kern_gemv_configure("kind=auto,wps=auto"), 0);
+    kern_gemv_describe(desc, sizeof desc);
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto");
+    const char *bad[] = {"wps=7", "wps=65", "wps=3x", "wps=", "kind=q", "batch=3", "pdl=2", "x=1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_msg(kern_gemv_configure(bad[i]) == -1, "'%s' was taken", bad[i]);
+    kern_gemv_configure(NULL);
+
     struct tu_rng r;
     tu_rng_seed(&r, 11);
     /* (ne0, ne1): one block, a segment and a bit (partial last segment for every type),

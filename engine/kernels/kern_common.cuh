@@ -58,7 +58,8 @@ struct ops_ctx {
         int64_t ne0;      /* the row length xp was laid out for */
         bool valid;
     } xq_memo;
-    bool xq_produce; /* rmsnorm/silu_mul write the int8 x (TPI_XQ_MEMO=1; default off) */
+    int xq_produce;    /* XQ_BY_*: producers that write the next matmul's int8 x */
+    bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
@@ -121,17 +122,31 @@ __device__ __forceinline__ int kern_q8_block(float v, int64_t i, int8_t *xq, flo
     return q;
 }
 
-/* NEOX rotation of pair (x0, x1) = (x[i], x[i + n_rot/2]) at position pos into y[i],
- * y[i + n_rot/2]: the angle pos * base^(-2i/n_rot) in double (thousands of radians where
- * a float angle is off by ~1e-4), products not fused (as on the CPU). */
+/* base^(-2i/n_rot) in double: NEOX pair i's angle per position. */
+__device__ __forceinline__ double kern_rope_inv(int i, int n_rot, float freq_base) {
+    return pow((double)freq_base, -2.0 * i / (double)n_rot);
+}
+
+/* cos and sin of the angle pos * inv in double (thousands of radians where a float angle
+ * is off by ~1e-4), rounded to float. */
+__device__ __forceinline__ float2 kern_rope_cs(double pos, double inv) {
+    double sd, cd;
+    sincos(pos * inv, &sd, &cd);
+    return make_float2((float)cd, (float)sd);
+}
+
+/* NEOX rotation of pair (x0, x1) = (x[i], x[i + half]) by cs = (cos, sin) into y[i],
+ * y[i + half], products not fused (as on the CPU). */
+__device__ __forceinline__ void kern_rope_apply(float x0, float x1, float *y, int i, int half,
+                                                float2 cs) {
+    y[i] = __fsub_rn(__fmul_rn(x0, cs.x), __fmul_rn(x1, cs.y));
+    y[i + half] = __fadd_rn(__fmul_rn(x0, cs.y), __fmul_rn(x1, cs.x));
+}
+
+/* NEOX rotation of pair (x[i], x[i + n_rot/2]) at position pos (the two above). */
 __device__ __forceinline__ void kern_rope_pair(float x0, float x1, float *y, int i, int n_rot,
                                                double pos, float freq_base) {
-    const double theta = pos * pow((double)freq_base, -2.0 * i / (double)n_rot);
-    double sd, cd;
-    sincos(theta, &sd, &cd);
-    const float c = (float)cd, sn = (float)sd;
-    y[i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-    y[i + n_rot / 2] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+    kern_rope_apply(x0, x1, y, i, n_rot / 2, kern_rope_cs(pos, kern_rope_inv(i, n_rot, freq_base)));
 }
 
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl. */
@@ -184,13 +199,18 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
                    int64_t n_cols, float *dst);
 
 /* ---- launchers (kern_matmul.cu) ---- */
+/* Producers that may write the next matmul's int8 x (ops_ctx.xq_produce, TPI_XQ_MEMO). */
+#define XQ_BY_NORM 1 /* rmsnorm */
+#define XQ_BY_SILU 2 /* silu*mul */
 /* The x-quantization memo (see xq_memo): forget it (every op but the matmuls calls this
  * first); claim q8 scratch for the int8 form (blocks, scales and kind p's permuted
  * copies, kern_xq.cuh's layout for n_rows rows of ne0) of an output about to be written
- * (false: producers off, not on the v3 path, not a decode size, or no memory); remember
- * that x (n_vals values) now has its int8 form in the claimed scratch. */
+ * by producer `by` (XQ_BY_*) (false: that producer off, no quantized weight seen yet, not
+ * on the v3 path, not a decode size, or no memory); remember that x (n_vals values) now
+ * has its int8 form in the claimed scratch. */
 void kern_xq_forget(struct ops_ctx *ctx);
-bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t ne0, int8_t **xq, float2 **ds);
+bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
+                   float2 **ds);
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows);

@@ -189,22 +189,37 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
 /* grid (n_tokens, n_head + n_kv): block y < n_head is query head y of token x, the rest
  * key heads. The head's values go through shared memory: per-head rmsnorm when its
  * weight is given (the arithmetic of rmsnorm_kernel), then the NEOX rotation of
- * rope_neox_kernel, written back in place. */
+ * rope_neox_kernel, written back in place. The head's loads go out first (up to
+ * QKR_VPT per thread at once), and thread i's first angle, a long chain of double
+ * operations, is computed while they are in flight. */
+#define QKR_VPT 4
 __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
                                     int n_rot, float freq_base, float eps) {
     extern __shared__ float xs[];
     kern_dep_wait();
-    const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2;
+    const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
     const bool is_q = hh < n_head;
     float *xh = is_q ? q + ((int64_t)t * n_head + hh) * head_dim
                      : k + ((int64_t)t * n_kv + (hh - n_head)) * head_dim;
     const float *w = is_q ? q_norm : k_norm;
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < head_dim; c += blockDim.x) {
-        const float v = xh[c];
-        xs[c] = v;
-        ss += v * v;
+    float2 cs0 = make_float2(0.0f, 0.0f);
+    const double p = (double)pos[t];
+    for (int c0 = threadIdx.x; c0 < head_dim; c0 += QKR_VPT * blockDim.x) {
+        float v[QKR_VPT];
+#pragma unroll
+        for (int j = 0; j < QKR_VPT; j++) {
+            const int c = c0 + j * blockDim.x;
+            v[j] = c < head_dim ? xh[c] : 0.0f;
+        }
+        if (c0 == threadIdx.x && i0 < half) cs0 = kern_rope_cs(p, kern_rope_inv(i0, n_rot, freq_base));
+#pragma unroll
+        for (int j = 0; j < QKR_VPT; j++) {
+            const int c = c0 + j * blockDim.x;
+            if (c < head_dim) xs[c] = v[j];
+            ss += v[j] * v[j];
+        }
     }
     if (w) { /* uniform per block */
         ss = block_sum(ss); /* also orders the xs writes before the reads below */
@@ -213,9 +228,9 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
             xs[c] = __fmul_rn(__fmul_rn(xs[c], scale), w[c]);
     }
     __syncthreads();
-    const double p = (double)pos[t];
-    for (int i = threadIdx.x; i < half; i += blockDim.x)
-        kern_rope_pair(xs[i], xs[i + half], xh, i, n_rot, p, freq_base);
+    for (int i = i0; i < half; i += blockDim.x)
+        kern_rope_apply(xs[i], xs[i + half], xh, i, half,
+                        i == i0 ? cs0 : kern_rope_cs(p, kern_rope_inv(i, n_rot, freq_base)));
     for (int c = n_rot + threadIdx.x; c < head_dim; c += blockDim.x)
         xh[c] = xs[c]; /* dims past n_rot: normalized only */
 }
@@ -405,7 +420,7 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     const int threads = (int)TPI_MIN((int64_t)1024, TPI_MAX((int64_t)32, (want + 31) / 32 * 32));
     int8_t *xq = NULL;
     float2 *ds = NULL;
-    const bool q8 = n_rows <= 8 && kern_xq_claim(ctx, n_rows, n_cols, &xq, &ds);
+    const bool q8 = n_rows <= 8 && kern_xq_claim(ctx, XQ_BY_NORM, n_rows, n_cols, &xq, &ds);
     const gv_xlayout lay = gv_xlayout_of((int)TPI_MIN(n_rows, (int64_t)8), n_cols);
     kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream, x,
                 w, y, n_cols, eps, xq, ds, lay);
@@ -460,7 +475,7 @@ void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y
     if (n <= 0) return;
     int8_t *xq = NULL;
     float2 *ds = NULL;
-    const bool q8 = kern_xq_claim(ctx, 1, n, &xq, &ds);
+    const bool q8 = kern_xq_claim(ctx, XQ_BY_SILU, 1, n, &xq, &ds);
     const gv_xlayout lay = gv_xlayout_of(1, n);
     kern_launch(ctx->pdl, silu_mul_kernel, dim3(grid_for(ctx, n, 256)), dim3(256), 0, ctx->stream,
                 g, u, y, n, xq, ds, lay);

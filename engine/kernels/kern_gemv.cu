@@ -895,12 +895,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *   TPI_GEMV_PDL   0 | 1   programmatic dependent launch of the x quantization and the
  *                          matrix-vector kernels: they start while the previous kernel
  *                          drains and issue their first weight loads before waiting for
- *                          it (default 1). */
+ *                          it (default 1).
+ *   TPI_GEMV_WPS   auto | 8..64
+ *                          warps per SM the grid aims for: rows are split among 2-4 warps
+ *                          (wpr) until the grid has this many. auto: 32 for BF16/F16, 16
+ *                          for the quantized types (measured end to end on the H200, tg128:
+ *                          BF16 +2 % at 32; Q4_K_M -2 %, Q8_0 -1 % at 32, worse at 64). */
 struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
-    int batch, pdl;
+    int batch, pdl, wps; /* wps 0: auto */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0};
 
 /* Apply "key=value" pairs separated by ',' or ' ' to *c; false on an unknown key or a
  * bad value (c is then partly updated). */
@@ -929,6 +934,15 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
         } else if (strcmp(key, "batch") == 0) {
             if ((*v != '1' && *v != '2') || spec - v != 1) return false;
             c->batch = *v - '0';
+        } else if (strcmp(key, "wps") == 0) {
+            char *end;
+            const long n = strtol(v, &end, 10);
+            if (spec - v == 4 && strncmp(v, "auto", 4) == 0)
+                c->wps = 0;
+            else if (end == spec && spec > v && n >= 8 && n <= 64)
+                c->wps = (int)n;
+            else
+                return false;
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
@@ -942,7 +956,10 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
 static gv_cfg gv_cfg_from_env(void) {
     gv_cfg c = GV_DEFAULT;
     static const char *const keys[][2] = {
-        {"kind", "TPI_GEMV_KIND"}, {"batch", "TPI_GEMV_BATCH"}, {"pdl", "TPI_GEMV_PDL"}};
+        {"kind", "TPI_GEMV_KIND"},
+        {"batch", "TPI_GEMV_BATCH"},
+        {"pdl", "TPI_GEMV_PDL"},
+        {"wps", "TPI_GEMV_WPS"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -971,10 +988,12 @@ int kern_gemv_configure(const char *spec) {
 
 void kern_gemv_describe(char *buf, size_t n) {
     const gv_cfg &c = gv_config();
+    char wps[8] = "auto";
+    if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.kind)
-        snprintf(buf, n, "kind=%c,batch=%d,pdl=%d", c.kind, c.batch, c.pdl);
+        snprintf(buf, n, "kind=%c,batch=%d,pdl=%d,wps=%s", c.kind, c.batch, c.pdl, wps);
     else
-        snprintf(buf, n, "kind=auto,batch=%d,pdl=%d", c.batch, c.pdl);
+        snprintf(buf, n, "kind=auto,batch=%d,pdl=%d,wps=%s", c.batch, c.pdl, wps);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1022,11 +1041,12 @@ static bool gv_covers(const struct tpi_weight *w, int n_rows) {
     return ok;
 }
 
-/* Warps per row: split rows until the grid has >= 16 warps per SM, keeping at least
+/* Warps per row: split rows until the grid has >= wps warps per SM, keeping at least
  * `min_per_lane` items (kind a) or one full batch of units (kind b) per lane. */
-static int gv_wpr(const struct ops_ctx *ctx, int64_t ne1, int64_t n_items, int min_per_lane) {
+static int gv_wpr(const struct ops_ctx *ctx, int wps, int64_t ne1, int64_t n_items,
+                  int min_per_lane) {
     int wpr = 1;
-    while (wpr < GV_WARPS && ne1 * wpr < (int64_t)ctx->n_sm * 16 &&
+    while (wpr < GV_WARPS && ne1 * wpr < (int64_t)ctx->n_sm * wps &&
            n_items >= (int64_t)32 * min_per_lane * (2 * wpr))
         wpr *= 2;
     return wpr;
@@ -1045,13 +1065,13 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'p';
     if (kind == 'p' && !gx->xp) kind = 'a';
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
-        const int wpr = gv_wpr(ctx, ne1, ne0 / 8, 2);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : 32, ne1, ne0 / 8, 2);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         kern_launch(pdl, gv_elem_kernel<T, NR>, dim3(blocks), dim3(GV_WARPS * 32), 0, stream, data,
                     w->row_bytes, ne0, ne1, gx->x, y, nr, wpr, accumulate);
     } else if (kind == 'b') {
         constexpr int U = gu_batch<T>::U;
-        const int wpr = gv_wpr(ctx, ne1, ne0 / 16, U * c.batch);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : 16, ne1, ne0 / 16, U * c.batch);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         if (c.batch == 2)
             kern_launch(pdl, gv_unit_kernel<T, NR, 2 * U>, dim3(blocks), dim3(GV_WARPS * 32), 0,
@@ -1063,7 +1083,7 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     } else {
         using Q = gv<T>;
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
-        const int wpr = gv_wpr(ctx, ne1, n_items, 2);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : 16, ne1, n_items, 2);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */

@@ -657,10 +657,11 @@ void kern_xq_forget(struct ops_ctx *ctx) {
     ctx->xq_memo.valid = false;
 }
 
-bool kern_xq_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t ne0, int8_t **xq, float2 **ds) {
+bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
+                   float2 **ds) {
     ctx->xq_memo.valid = false;
     const int64_t n_vals = n_rows * ne0;
-    if (!ctx->xq_produce || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
+    if (!(ctx->xq_produce & by) || !ctx->xq_quant_seen || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
         n_vals > XQ_MAX_VALS)
         return false;
     /* kern_gemv_v3_prepare's layout (kern_xq.cuh), permuted copies included */
@@ -710,6 +711,7 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
         return true;
     }
     ctx->xq_memo.valid = false;
+    ctx->xq_quant_seen = true; /* from now on, producers' int8 x has a reader */
     if (!kern_gemv_v3_prepare(ctx, x, n_rows, ne0, ctx->stream, gx)) return false;
     ctx->xq_memo.xq = gx->xq;
     ctx->xq_memo.ds = gx->ds;
