@@ -243,7 +243,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
 /* One block per row. Thread t holds values c = c0 + j * blockDim + t (j < RMS_VPT) in
  * registers, so all of a row's loads are in flight at once: a loop with one load per
  * step waits one memory round trip per step (11 us for a 4096-value row on the H200,
- * ~3 us this way). Rows longer than RMS_VPT * blockDim go in chunks, reread for the
+ * 5.9 us this way, by ncu). Rows longer than RMS_VPT * blockDim go in chunks, reread for the
  * output; a thread only rereads values it has not yet written, so y == x is safe.
  * xq non-NULL: also y's int8 blocks (n_cols % 32 == 0, blockDim % 32 == 0: the lanes
  * of a warp hold 32 consecutive values for each j). */
