@@ -52,39 +52,27 @@
 /* ---------------------------------------------------------------- helpers
  * __host__ __device__ so the per-type dot products can be run (emulated) on the host. */
 
-__host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
+/* A T at p through the read-only cache (host: an unaligned-safe copy). */
+template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p) {
 #ifdef __CUDA_ARCH__
-    return __ldg((const unsigned int *)p);
+    return __ldg((const T *)p);
 #else
-    uint32_t v;
-    memcpy(&v, p, 4);
+    T v;
+    memcpy(&v, p, sizeof v);
     return v;
 #endif
+}
+__host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
+    return gv_ldg<unsigned int>(p);
 }
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
-#ifdef __CUDA_ARCH__
-    return __ldg((const int4 *)p);
-#else
-    int4 v;
-    memcpy(&v, p, 16);
-    return v;
-#endif
+    return gv_ldg<int4>(p);
 }
 __host__ __device__ __forceinline__ float2 gv_ldf2(const float2 *p) {
-#ifdef __CUDA_ARCH__
-    return __ldg(p);
-#else
-    return *p;
-#endif
+    return gv_ldg<float2>(p);
 }
 __host__ __device__ __forceinline__ float4 gv_ldf4(const float *p) {
-#ifdef __CUDA_ARCH__
-    return __ldg((const float4 *)p);
-#else
-    float4 v;
-    memcpy(&v, p, 16);
-    return v;
-#endif
+    return gv_ldg<float4>(p);
 }
 __host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
     __half_raw r;
@@ -92,13 +80,7 @@ __host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
     return __half2float(__half(r));
 }
 __host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
-#ifdef __CUDA_ARCH__
-    return __ldg((const unsigned short *)p);
-#else
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return h;
-#endif
+    return gv_ldg<unsigned short>(p);
 }
 __host__ __device__ __forceinline__ float gv_wf16(const uint8_t *p) {
     return gv_h2f((uint16_t)gv_ld16(p));
