@@ -10,13 +10,14 @@
 #   4. tpinfer bench -p 512 -n 128 -r 3 on the three models (the default paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
 #   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each
-#   6b. profile (not in the defaults): ncu's kernel durations over PROFILE_N decode
-#      steps of PROFILE_TYPES, summed per kernel by bench/ncu-steps.py (profile.txt)
-#   7. kernel microbenches (test_gemv_cuda bench, test_ops_cuda_elem bench)
+#   6b. profile: ncu's kernel durations over PROFILE_N decode steps of PROFILE_TYPES,
+#      summed per kernel by bench/ncu-steps.py (profile.txt; ~70 s a step)
+#   7. kernel microbenches, not in the defaults (test_gemv_cuda bench, test_ops_cuda_elem
+#      bench; STEPS="... micro")
 #   8. batch prompt files (bench/batch-bench.sh, BATCH_MODEL, --parallel 32, greedy and
 #      temperature 0.8: the host sampler's share of a step shows as the difference)
 #   9. summary.txt: test results, bench rows, variant rows, microbench lines
-# Output: a few files in $OUT (summary.txt first).
+# Output: summary.txt, profile.txt and logs.tgz (every log) in $OUT.
 set -u
 set -o pipefail
 
@@ -29,7 +30,7 @@ BUDGET_S=${BUDGET_S:-550}
 MODELS_DIR=${MODELS_DIR:-/tmp/tpi-models}
 PRESET=${PRESET:-qwen3-8b}
 TYPES=${TYPES:-"bf16 q8_0 q4_k_m"}
-STEPS=${STEPS:-"test bench depth variants micro batch"}
+STEPS=${STEPS:-"test bench depth variants profile batch"}
 DEPTH_TYPES=${DEPTH_TYPES:-"q4_k_m q8_0 bf16"}
 VARIANT_MODEL=${VARIANT_MODEL:-q4_k_m} # one or more types, space-separated
 # one variant per line: a name, then environment assignments
@@ -38,8 +39,8 @@ memo-silu TPI_XQ_MEMO=silu
 memo TPI_XQ_MEMO=1
 wps32 TPI_GEMV_WPS=32"}
 BATCH_MODEL=${BATCH_MODEL:-q4_k_m}
-PROFILE_TYPES=${PROFILE_TYPES:-"q4_k_m q8_0 bf16"}
-PROFILE_N=${PROFILE_N:-4}
+PROFILE_TYPES=${PROFILE_TYPES:-q4_k_m}
+PROFILE_N=${PROFILE_N:-1}
 SUM="$OUT/summary.txt"
 : >"$SUM"
 
@@ -235,9 +236,21 @@ fi
     echo "== batch (bench/batch-bench.sh)"
     grep -E "^model |^[0-9]+ " "$OUT/batch.log" 2>/dev/null | sed 's/^/   /'
     echo
+    echo "== profile (ncu kernel time per decode step; profile.txt has the rest)"
+    grep -A12 "^== " "$OUT/profile.txt" 2>/dev/null | head -40
+    echo
     echo "== microbench"
     grep -E "^bench " "$OUT/micro.log" 2>/dev/null | head -150
     echo
     echo "total: $(elapsed) s"
 } >>"$SUM"
 cat "$SUM"
+
+# The device tool brings back a handful of files (8 were seen): the logs go into one
+# archive, so summary.txt and profile.txt always come back.
+(
+    cd "$OUT" || exit 0
+    logs=$(ls -- *.log *.csv 2>/dev/null | grep -v '^console\.log$')
+    # shellcheck disable=SC2086
+    [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs
+)
