@@ -213,7 +213,8 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
             const int c = c0 + j * blockDim.x;
             v[j] = c < head_dim ? xh[c] : 0.0f;
         }
-        if (c0 == threadIdx.x && i0 < half) cs0 = kern_rope_cs(p, kern_rope_inv(i0, n_rot, freq_base));
+        if (c0 == threadIdx.x && i0 < half)
+            cs0 = kern_rope_cs(p, kern_rope_inv(i0, n_rot, freq_base));
 #pragma unroll
         for (int j = 0; j < QKR_VPT; j++) {
             const int c = c0 + j * blockDim.x;
@@ -243,8 +244,9 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
 /* One block per row. Thread t holds values c = c0 + j * blockDim + t (j < RMS_VPT) in
  * registers, so all of a row's loads are in flight at once: a loop with one load per
  * step waits one memory round trip per step (11 us for a 4096-value row on the H200,
- * 5.9 us this way, by ncu). Rows longer than RMS_VPT * blockDim go in chunks, reread for the
- * output; a thread only rereads values it has not yet written, so y == x is safe.
+ * 5.9 us this way, by ncu). Rows longer than RMS_VPT * blockDim go in chunks, reread
+ * for the output; a thread only rereads values it has not yet written, so y == x is
+ * safe.
  * xq non-NULL: also y's int8 blocks (n_cols % 32 == 0, blockDim % 32 == 0: the lanes
  * of a warp hold 32 consecutive values for each j). */
 #define RMS_VPT 8
@@ -263,7 +265,8 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
             v[j] = c < n_cols ? xr[c] : 0.0f;
         }
 #pragma unroll
-        for (int j = 0; j < RMS_VPT; j++) ss += v[j] * v[j];
+        for (int j = 0; j < RMS_VPT; j++)
+            ss += v[j] * v[j];
     }
     ss = block_sum(ss);
     const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));

@@ -888,6 +888,8 @@ struct gv_cfg {
     int batch, pdl, wps; /* wps 0: auto */
 };
 static const gv_cfg GV_DEFAULT = {0, 1, 1, 0};
+#define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
+#define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
 /* Apply "key=value" pairs separated by ',' or ' ' to *c; false on an unknown key or a
  * bad value (c is then partly updated). */
@@ -937,11 +939,10 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
 
 static gv_cfg gv_cfg_from_env(void) {
     gv_cfg c = GV_DEFAULT;
-    static const char *const keys[][2] = {
-        {"kind", "TPI_GEMV_KIND"},
-        {"batch", "TPI_GEMV_BATCH"},
-        {"pdl", "TPI_GEMV_PDL"},
-        {"wps", "TPI_GEMV_WPS"}};
+    static const char *const keys[][2] = {{"kind", "TPI_GEMV_KIND"},
+                                          {"batch", "TPI_GEMV_BATCH"},
+                                          {"pdl", "TPI_GEMV_PDL"},
+                                          {"wps", "TPI_GEMV_WPS"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1047,13 +1048,13 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'p';
     if (kind == 'p' && !gx->xp) kind = 'a';
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
-        const int wpr = gv_wpr(ctx, c.wps ? c.wps : 32, ne1, ne0 / 8, 2);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_ELEM, ne1, ne0 / 8, 2);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         kern_launch(pdl, gv_elem_kernel<T, NR>, dim3(blocks), dim3(GV_WARPS * 32), 0, stream, data,
                     w->row_bytes, ne0, ne1, gx->x, y, nr, wpr, accumulate);
     } else if (kind == 'b') {
         constexpr int U = gu_batch<T>::U;
-        const int wpr = gv_wpr(ctx, c.wps ? c.wps : 16, ne1, ne0 / 16, U * c.batch);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_QUANT, ne1, ne0 / 16, U * c.batch);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         if (c.batch == 2)
             kern_launch(pdl, gv_unit_kernel<T, NR, 2 * U>, dim3(blocks), dim3(GV_WARPS * 32), 0,
@@ -1065,7 +1066,7 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     } else {
         using Q = gv<T>;
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
-        const int wpr = gv_wpr(ctx, c.wps ? c.wps : 16, ne1, n_items, 2);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_QUANT, ne1, n_items, 2);
         const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
