@@ -225,7 +225,10 @@ START_TEST(test_inputs) {
              "\"body\": {\"prompt\": \"Once upon a time\", \"max_tokens\": 5, \"logprobs\": 1}}\n"
              "{\"custom_id\": \"bad\", \"method\": \"POST\", \"url\": \"/v1/embeddings\", "
              "\"body\": {\"input\": \"x\"}}\n"
-             "{\"prompt\": \"no id here\", \"temperature\": \"hot\"}\n",
+             "{\"prompt\": \"no id here\", \"temperature\": \"hot\"}\n"
+             "{\"id\": \"bigseed\", \"prompt\": \"Hi\", \"seed\": 3.1e33}\n"
+             "{\"id\": \"maxseed\", \"prompt\": \"Hi\", \"seed\": 18446744073709551615}\n"
+             "{\"id\": \"minseed\", \"prompt\": \"Hi\", \"seed\": -9223372036854775808}\n",
              long_prompt);
     write_file(path_in("in.jsonl"), text);
     const char *args[] = {"-f", path_in("in.jsonl"), "-o", path_in("out.jsonl"), "-n", "8",
@@ -233,7 +236,7 @@ START_TEST(test_inputs) {
     ck_assert_int_eq(run(1, args), 0);
     int n = 0;
     char *norm = normalized(path_in("out.jsonl"), &n);
-    ck_assert_int_eq(n, 11); // every non-blank line has one record
+    ck_assert_int_eq(n, 14); // every non-blank line has one record
 
     struct { long line; const char *id; const char *err_part; } errs[] = {
         {3, "\"num\"", "line 3: \"prompt\" must be a string"},
@@ -241,6 +244,7 @@ START_TEST(test_inputs) {
         {5, "\"empty\"", "line 5: the prompt is empty"},
         {6, "\"long\"", "line 6: the prompt has"},
         {12, "12", "line 12: \"temperature\" must be a number"},
+        {13, "\"bigseed\"", "line 13: \"seed\" must be an integer in [-2^63, 2^64)"},
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
         cJSON *j = record_by_line(norm, errs[i].line);
@@ -254,8 +258,8 @@ START_TEST(test_inputs) {
         cJSON_Delete(j);
     }
     // Good lines of ours: text, tokens, finish reason, counts.
-    long good[] = {1, 2, 8};
-    for (size_t i = 0; i < 3; i++) {
+    long good[] = {1, 2, 8, 14, 15}; // 14, 15: the ends of the seeds' range
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         cJSON *j = record_by_line(norm, good[i]);
         const char *fr = cJSON_GetObjectItem(j, "finish_reason")->valuestring;
         ck_assert_msg(!strcmp(fr, "length") || !strcmp(fr, "stop"), "line %ld: %s", good[i], fr);

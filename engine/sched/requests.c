@@ -123,11 +123,12 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
     r->sp.top_k = (int)v;
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "seed");
     if (s && !cJSON_IsNull(s)) {
-        // Seeds may exceed 2^53; the double is what JSON gave us, so use it as is.
-        if (!cJSON_IsNumber(s) || s->valuedouble != floor(s->valuedouble))
-            return req_fail(r, "\"seed\" must be an integer");
-        r->sp.seed = s->valuedouble < 0 ? (uint64_t)(int64_t)s->valuedouble
-                                        : (uint64_t)s->valuedouble;
+        // Seeds may exceed 2^53; the double is what JSON gave us, so use it as is. A
+        // 64-bit seed's range: 2^64 - 1 reads as 2^64, which stands for it.
+        const double d = cJSON_IsNumber(s) ? s->valuedouble : NAN;
+        if (!(d == floor(d) && d >= -0x1p63 && d <= 0x1p64))
+            return req_fail(r, "\"seed\" must be an integer in [-2^63, 2^64)");
+        r->sp.seed = d < 0 ? (uint64_t)(int64_t)d : d < 0x1p64 ? (uint64_t)d : UINT64_MAX;
     }
     v = r->n_choices;
     if (get_int(r, o, "n", 1, REQ_MAX_CHOICES, &v)) return -1;
