@@ -43,7 +43,9 @@ static void mark_record(struct batch_input *in, const char *text, size_t len, in
     long ln = -1;
     const cJSON *key = id;
     if (cJSON_IsNumber(line)) {
-        ln = (long)line->valuedouble;
+        // a line number in range, else none (the cast would be undefined behaviour)
+        if (line->valuedouble >= 1 && line->valuedouble <= (double)INT32_MAX)
+            ln = (long)line->valuedouble;
     } else if (cid || resp) { // OpenAI shape: the line is in request_id
         const cJSON *rid = cJSON_GetObjectItemCaseSensitive(resp, "request_id");
         if (cJSON_IsString(rid)) sscanf(rid->valuestring, "tpinfer-batch-%ld", &ln);
