@@ -192,9 +192,20 @@ static void check_result(const cJSON *o, const struct want *w, double ts_rtol) {
         const double wb = num(o, "tg_weight_bytes"), size = num(o, "model_size");
         ck_assert_msg(wb > 0.5 * size && wb < 1.2 * size, "tg_weight_bytes %g vs model %g", wb,
                       size);
+        // KV read per token, averaged over the test: token i attends depth + i + 1
+        // positions, each K and V of every layer's KV heads (4 layers x 4 heads x 64,
+        // f32 on the CPU); the GB/s column and roofline fraction count it with the weights.
+        const double kv = num(o, "tg_kv_bytes");
+        expect_close("tg_kv_bytes", kv,
+                     (w->n_depth + (w->n_gen + 1) / 2.0) * N_LAYER * 4 * 64 * 2 * sizeof(float),
+                     1e-6);
+        expect_close("tg_read_gbps = tg_weight_gbps * (weights + KV) / weights",
+                     num(o, "tg_read_gbps"), gs * (wb + kv) / wb, 1e-4);
     } else {
         ck_assert_int_eq(n_g, 0);
         ck_assert_msg(num(o, "tg_weight_gbps") == 0, "GB/s on a non-tg test");
+        ck_assert_msg(num(o, "tg_kv_bytes") == 0 && num(o, "tg_read_gbps") == 0,
+                      "KV bytes on a non-tg test");
     }
 }
 
@@ -214,6 +225,27 @@ START_TEST(test_json_tp2) {
     ck_assert_msg(cJSON_IsArray(doc), "stdout is not one JSON array:\n%s", out);
     ck_assert_int_eq(cJSON_GetArraySize(doc), 2);
     struct want w0 = {32, 0, 0, 2, 1}, w1 = {0, 8, 0, 2, 1};
+    check_result(cJSON_GetArrayItem(doc, 0), &w0, 1e-9);
+    check_result(cJSON_GetArrayItem(doc, 1), &w1, 1e-9);
+    cJSON_Delete(doc);
+    free(out);
+    free(err);
+}
+END_TEST
+
+/* Generation at depth: the KV bytes grow with the positions attended. */
+START_TEST(test_json_depth) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -p 0 -n 4 -d 0,24 -r 3 -t 1 -o json", path);
+    int code;
+    char *out = run_bench(1, args, &code);
+    char *err = read_stderr();
+    ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
+    cJSON *doc = cJSON_Parse(out);
+    ck_assert_msg(cJSON_IsArray(doc), "stdout is not one JSON array:\n%s", out);
+    ck_assert_int_eq(cJSON_GetArraySize(doc), 2);
+    struct want w0 = {0, 4, 0, 1, 1}, w1 = {0, 4, 24, 1, 1};
     check_result(cJSON_GetArrayItem(doc, 0), &w0, 1e-9);
     check_result(cJSON_GetArrayItem(doc, 1), &w1, 1e-9);
     cJSON_Delete(doc);
@@ -477,6 +509,7 @@ int main(void) {
     tcase_add_test(tc, test_error_tp_world);
     tcase_add_test(tc, test_error_missing_model);
     tcase_add_test(tc, test_json_tp2);
+    tcase_add_test(tc, test_json_depth);
     tcase_add_test(tc, test_jsonl_pp2);
     tcase_add_test(tc, test_csv_tp2);
     tcase_add_test(tc, test_md_tp2_depth);

@@ -148,10 +148,10 @@ static void md_row(FILE *f, const struct bench_result *r) {
     snprintf(gbps, sizeof gbps, "%s", "-");
     snprintf(roof, sizeof roof, "%s", "-");
     if (r->has_gbps) {
-        snprintf(gbps, sizeof gbps, "%.2f", r->gbps_sum);
+        snprintf(gbps, sizeof gbps, "%.2f", r->read_gbps);
         if (r->roofline_gbps > 0)
             snprintf(roof, sizeof roof, "%.1f",
-                     100.0 * r->gbps_sum / (r->roofline_gbps * r->roofline_devices));
+                     100.0 * r->read_gbps / (r->roofline_gbps * r->roofline_devices));
     }
     // "±" is two bytes of UTF-8 but one column: widen by one as llama-bench does.
     fprintf(f, "| %-30s | %10s | %10s | %-7s | %3d | %3d | %-5s | %15s | %21s | %9s |",
@@ -227,9 +227,11 @@ static int collect_fields(const struct bench_result *r, const double *ts, struct
     D("tg_weight_gbps", r->has_gbps ? r->gbps_sum : 0);
     fl[n++] = (struct field){.name = "tg_weight_gbps_rank", .kind = F_ARR_F64,
                              .arr = r->gbps_rank, .n_arr = r->has_gbps ? r->n_ranks : 0};
+    D("tg_kv_bytes", r->has_gbps ? r->kv_bytes_per_token : 0);
+    D("tg_read_gbps", r->has_gbps ? r->read_gbps : 0);
     D("roofline_gbps", r->roofline_gbps);
     D("tg_roofline_frac", r->has_gbps && r->roofline_gbps > 0
-                              ? r->gbps_sum / (r->roofline_gbps * r->roofline_devices)
+                              ? r->read_gbps / (r->roofline_gbps * r->roofline_devices)
                               : 0);
 #undef S
 #undef I

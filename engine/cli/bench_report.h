@@ -45,12 +45,15 @@ struct bench_result {
     int n_samples;
     const uint64_t *samples_ns; /* (n_samples) wall time of each repetition */
     struct bench_comm_counts comm_per_rep;
-    /* Weight-read bandwidth of generation (tg tests only: n_prompt == 0, n_gen > 0). */
+    /* Read bandwidth of generation (tg tests only: n_prompt == 0, n_gen > 0). */
     bool has_gbps;
     int n_ranks;
     double gbps_rank[BENCH_MAX_RANKS]; /* bytes of rank r's weights per token / s per token, GB/s */
     double gbps_sum;                   /* summed over ranks */
     double weight_bytes_per_token;     /* summed over ranks */
+    double kv_bytes_per_token; /* KV cache read per token, averaged over the test, all ranks */
+    double read_gbps;          /* (weight + KV bytes) per token / s per token: the GB/s column
+                                  and the roofline fraction */
     double roofline_gbps;              /* per GPU, 0: not given */
     int roofline_devices;              /* GPUs working at once on one token: tp */
 };

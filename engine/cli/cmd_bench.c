@@ -338,6 +338,13 @@ static double weight_bytes_per_token(const struct model *m) {
     return n;
 }
 
+/* Bytes of this rank's KV cache (K and V of its layers and heads) per position that a
+ * token attends to. */
+static double kv_bytes_per_position(const struct model *m) {
+    const struct ops_kv *kv = &m->kv;
+    return kv->n_slot > 0 && kv->n_ctx > 0 ? (double)kv->n_bytes / kv->n_slot / kv->n_ctx : 0;
+}
+
 static void cpu_info(char *buf, size_t n) {
     snprintf(buf, n, "%s", "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
@@ -386,6 +393,7 @@ struct load_info {
     const char *backend, *comm;
     int n_ubatch, n_threads;
     double wbytes_rank[BENCH_MAX_RANKS]; /* weight bytes per token of each rank (rank 0) */
+    double kvpos_rank[BENCH_MAX_RANKS];  /* KV bytes per attended position, each rank */
 };
 
 /* Load `path` with room for `tests`; retries with smaller micro-batches when the
@@ -529,8 +537,13 @@ int cmd_bench(int argc, char **argv) {
                 bench_model_type(li.model_type, sizeof li.model_type, m->cfg.arch_name,
                                  li.model_n_params, ftype);
                 snprintf(li.gpu_info, sizeof li.gpu_info, "%s", m->ops->device_name(m->octx));
-                double wb = weight_bytes_per_token(m);
-                MPI_Gather(&wb, 1, MPI_DOUBLE, li.wbytes_rank, 1, MPI_DOUBLE, 0, g.world);
+                const double mine_b[2] = {weight_bytes_per_token(m), kv_bytes_per_position(m)};
+                double all_b[2 * BENCH_MAX_RANKS];
+                MPI_Gather(mine_b, 2, MPI_DOUBLE, all_b, 2, MPI_DOUBLE, 0, g.world);
+                for (int k = 0; root && k < g.world_size; k++) {
+                    li.wbytes_rank[k] = all_b[2 * k];
+                    li.kvpos_rank[k] = all_b[2 * k + 1];
+                }
 
                 for (int ti = 0; ti < n_tests && !code; ti++) {
                     const struct test_spec *t = &tests[ti];
@@ -611,13 +624,19 @@ int cmd_bench(int argc, char **argv) {
                         for (int i = 0; i < o.reps; i++) mean_ns += (double)samples[i];
                         mean_ns /= o.reps;
                         const double s_per_tok = mean_ns * 1e-9 / t->n_gen;
+                        // token i (0-based) sits at n_depth + i and attends n_depth + i + 1
+                        // positions: (n_gen + 1) / 2 past the depth on average
+                        const double attended = t->n_depth + (t->n_gen + 1) / 2.0;
                         r.has_gbps = true;
                         r.n_ranks = g.world_size;
                         for (int k = 0; k < g.world_size; k++) {
                             r.gbps_rank[k] = li.wbytes_rank[k] / s_per_tok / 1e9;
                             r.gbps_sum += r.gbps_rank[k];
                             r.weight_bytes_per_token += li.wbytes_rank[k];
+                            r.kv_bytes_per_token += li.kvpos_rank[k] * attended;
                         }
+                        r.read_gbps = (r.weight_bytes_per_token + r.kv_bytes_per_token) /
+                                      s_per_tok / 1e9;
                     }
                     bench_print_result(stdout, o.fmt, &r, first_row);
                     first_row = false;
