@@ -213,23 +213,28 @@ static void check_result(const cJSON *o, const struct want *w, double ts_rtol) {
 
 static const char *BASE_ARGS = "-p 32 -n 8 -r 3 -t 1";
 
-START_TEST(test_json_tp2) {
-    MODEL_OR_SKIP(path);
-    char args[1024];
-    snprintf(args, sizeof args, "-m %s %s --tp 2 -o json", path, BASE_ARGS);
+/* `tpinfer bench ARGS -o json` on np ranks must print one JSON array of two results,
+ * checked against w[0] and w[1]. */
+static void json_two_results(int np, const char *args, const struct want w[2]) {
     int code;
-    char *out = run_bench(2, args, &code);
+    char *out = run_bench(np, args, &code);
     char *err = read_stderr();
     ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
     cJSON *doc = cJSON_Parse(out);
     ck_assert_msg(cJSON_IsArray(doc), "stdout is not one JSON array:\n%s", out);
     ck_assert_int_eq(cJSON_GetArraySize(doc), 2);
-    struct want w0 = {32, 0, 0, 2, 1}, w1 = {0, 8, 0, 2, 1};
-    check_result(cJSON_GetArrayItem(doc, 0), &w0, 1e-9);
-    check_result(cJSON_GetArrayItem(doc, 1), &w1, 1e-9);
+    for (int i = 0; i < 2; i++) check_result(cJSON_GetArrayItem(doc, i), &w[i], 1e-9);
     cJSON_Delete(doc);
     free(out);
     free(err);
+}
+
+START_TEST(test_json_tp2) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s %s --tp 2 -o json", path, BASE_ARGS);
+    const struct want w[2] = {{32, 0, 0, 2, 1}, {0, 8, 0, 2, 1}};
+    json_two_results(2, args, w);
 }
 END_TEST
 
@@ -238,19 +243,8 @@ START_TEST(test_json_depth) {
     MODEL_OR_SKIP(path);
     char args[1024];
     snprintf(args, sizeof args, "-m %s -p 0 -n 4 -d 0,24 -r 3 -t 1 -o json", path);
-    int code;
-    char *out = run_bench(1, args, &code);
-    char *err = read_stderr();
-    ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
-    cJSON *doc = cJSON_Parse(out);
-    ck_assert_msg(cJSON_IsArray(doc), "stdout is not one JSON array:\n%s", out);
-    ck_assert_int_eq(cJSON_GetArraySize(doc), 2);
-    struct want w0 = {0, 4, 0, 1, 1}, w1 = {0, 4, 24, 1, 1};
-    check_result(cJSON_GetArrayItem(doc, 0), &w0, 1e-9);
-    check_result(cJSON_GetArrayItem(doc, 1), &w1, 1e-9);
-    cJSON_Delete(doc);
-    free(out);
-    free(err);
+    const struct want w[2] = {{0, 4, 0, 1, 1}, {0, 4, 24, 1, 1}};
+    json_two_results(1, args, w);
 }
 END_TEST
 
