@@ -44,29 +44,9 @@ PROFILE_N=${PROFILE_N:-1}
 SUM="$OUT/summary.txt"
 : >"$SUM"
 
-elapsed() { echo $((SECONDS - T0)); }
-left() { echo $((BUDGET_S - (SECONDS - T0))); }
-note() { echo "[gpu +$(elapsed)s] $*" | tee -a "$SUM"; }
-has_step() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
-# bounded NAME LIMIT_S LOG CMD...: CMD under timeout (capped by the time left minus 10 s),
-# output appended to LOG; prints and returns its status.
-bounded() {
-    local name=$1 limit=$2 log=$3
-    shift 3
-    local l
-    l=$(($(left) - 10))
-    [ "$limit" -gt "$l" ] && limit=$l
-    if [ "$limit" -lt 5 ]; then
-        note "$name: SKIPPED (no time left)"
-        return 124
-    fi
-    echo "=== $name (limit ${limit}s): $*" >>"$log"
-    local t=$SECONDS
-    timeout "$limit" "$@" >>"$log" 2>&1
-    local rc=$?
-    note "$name: rc=$rc in $((SECONDS - t)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
-    return $rc
-}
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench/gpu-lib.sh
+. "$here/gpu-lib.sh"
 
 {
     echo "gpu-session: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || cat .dev/commit 2>/dev/null || echo unknown) steps: $STEPS"
@@ -74,10 +54,7 @@ bounded() {
         echo "(no nvidia-smi)"
 } | tee -a "$SUM"
 
-if [ ! -e ../shared/data ] && ls .dev/data/*.gguf >/dev/null 2>&1; then
-    mkdir -p ../shared 2>/dev/null && ln -s "$PWD/.dev/data" ../shared/data &&
-        note "test data: ../shared/data -> .dev/data ($(ls .dev/data/*.gguf | wc -l) models)"
-fi
+link_test_data
 
 # ---- 1. build ----
 BLOG="$OUT/build.log"
@@ -246,11 +223,4 @@ fi
 } >>"$SUM"
 cat "$SUM"
 
-# The device tool brings back a handful of files (8 were seen): the logs go into one
-# archive, so summary.txt and profile.txt always come back.
-(
-    cd "$OUT" || exit 0
-    logs=$(ls -- *.log *.csv 2>/dev/null | grep -v '^console\.log$')
-    # shellcheck disable=SC2086
-    [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs
-)
+pack_logs

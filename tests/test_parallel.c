@@ -16,6 +16,9 @@
  *   need separate processes: ranks given different model files, a missing file on
  *   one rank, plus an end-to-end greedy run at tp = 2 and pp = 2 against np = 1.
  *
+ * With TPI_TEST_BACKEND=cuda (and TPI_TEST_COMM=nccl) the same checks run on the GPUs,
+ * one per rank (skipped when the node has fewer GPUs than ranks).
+ *
  * Logit tolerance: both sides compute in f32 with the same kernels; a row-parallel
  * matmul sums partial products per rank and then all-reduces them, so only the order
  * of additions differs: relative error ~1e-6 per layer, amplified through the layers
@@ -35,8 +38,10 @@
 #include "parallel/grid.h"
 #include "testutil.h"
 
-#define ATOL 2e-3
-#define RTOL 1e-3
+/* CPU tolerance; the CUDA backend (TPI_TEST_BACKEND=cuda) rounds activations to bf16 for
+ * its prefill GEMMs and to int8 for decode GEMVs, on a partial sum per rank, so its bound
+ * is wider. */
+static double ATOL = 2e-3, RTOL = 1e-3;
 
 static int g_argc;
 static char **g_argv;
@@ -57,9 +62,19 @@ static const char *all_models[] = {"qwen2-tiny-f16",    "qwen2-tiny-q4_0", "qwen
                                    "qwen3-tiny-bf16",   "qwen3-tiny-q4_k_m", "qwen3-tiny-q6_k",
                                    "qwen3-tiny-q8_0"};
 
+/* TPI_TEST_BACKEND=cuda and TPI_TEST_COMM=nccl run the same checks on GPUs (one per
+ * rank; the unsharded reference runs on the rank's own GPU). */
+static const char *g_backend = "cpu";
+static enum comm_kind g_comm = COMM_MPI;
+static int g_device; /* the rank's GPU: node-local rank % GPUs */
+
 static struct model *load(const char *path, const struct tpi_grid *g, struct tpi_error *err) {
-    struct model_params p = {.path = path, .backend = "cpu", .n_threads = 1, .n_ctx = 256,
-                             .n_ubatch = 16, .comm = COMM_MPI, .comm_timeout_s = 30, .quiet = true};
+    struct model_params p = {.path = path, .backend = g_backend, .n_threads = 1, .n_ctx = 256,
+                             .n_ubatch = 16, .comm = g_comm, .comm_timeout_s = 30, .quiet = true};
+    if (!g && strcmp(g_backend, "cuda") == 0) {
+        p.cuda_device_set = true;
+        p.cuda_device = g_device;
+    }
     struct model *m = NULL;
     if (model_load(&m, &p, g, err)) return NULL;
     return m;
@@ -170,8 +185,9 @@ static void check_config(const char *name, int tp, int pp) {
               m->w.n_bytes_replicated, rep);
     }
 
-    // ---- greedy generation: token-identical ----
-    struct gen_params gp = {.n_predict = 12};
+    // ---- greedy generation: token-identical up to the first step where the reference's
+    // top-2 logit margin is under 0.1 (there the two sides may pick either) ----
+    struct gen_params gp = {.n_predict = 12, .n_logprobs = 2};
     sampler_params_default(&gp.sp);
     gp.sp.temp = 0;
     struct gen_result a, b;
@@ -179,10 +195,21 @@ static void check_config(const char *name, int tp, int pp) {
     int rc_b = generate_one(m, NULL, tok, 9, &gp, NULL, NULL, &b, &err);
     CHECK(rc_a == TPI_OK && rc_b == TPI_OK, "generate: %s", err.msg);
     if (!rc_a && !rc_b) {
-        CHECK(a.n_tokens == b.n_tokens, "greedy lengths %d vs %d", a.n_tokens, b.n_tokens);
-        for (int i = 0; i < a.n_tokens && i < b.n_tokens; i++)
-            CHECK(a.tokens[i] == b.tokens[i], "%s tp=%d pp=%d: greedy token %d: got %d, want %d",
-                  name, tp, pp, i, b.tokens[i], a.tokens[i]);
+        bool tie = false;
+        for (int i = 0; i < a.n_tokens && i < b.n_tokens; i++) {
+            const float margin = a.lp_vals[2 * i] - a.lp_vals[2 * i + 1];
+            if (a.tokens[i] != b.tokens[i] && margin < 0.1f) {
+                if (g_rank == 0)
+                    fprintf(stderr, "%s tp=%d pp=%d: greedy tokens agree up to step %d, where "
+                            "the margin is %.4f\n", name, tp, pp, i, margin);
+                tie = true;
+                break;
+            }
+            CHECK(a.tokens[i] == b.tokens[i],
+                  "%s tp=%d pp=%d: greedy token %d: got %d, want %d (margin %.4f)", name, tp, pp,
+                  i, b.tokens[i], a.tokens[i], margin);
+        }
+        CHECK(tie || a.n_tokens == b.n_tokens, "greedy lengths %d vs %d", a.n_tokens, b.n_tokens);
     }
     if (!rc_a) gen_result_free(&a);
     if (!rc_b) gen_result_free(&b);
@@ -343,6 +370,27 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_size);
     tpi_log_set(TPI_LOG_WARN, g_rank);
+    const char *be = getenv("TPI_TEST_BACKEND"), *cm = getenv("TPI_TEST_COMM");
+    if (be && !strcmp(be, "cuda")) {
+        int n_dev = 0;
+        if (!ops_cuda_available(&n_dev) || n_dev < g_size) {
+            if (g_rank == 0)
+                fprintf(stderr, "SKIP: TPI_TEST_BACKEND=cuda needs %d GPUs on this node, it has %d\n",
+                        g_size, n_dev);
+            grid_mpi_finalize();
+            return TU_SKIP;
+        }
+        MPI_Comm node;
+        int local = 0;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+        MPI_Comm_free(&node);
+        g_backend = "cuda";
+        g_device = local % n_dev;
+        ATOL = 3e-2;
+        RTOL = 1e-2;
+    }
+    if (cm && !strcmp(cm, "nccl")) g_comm = COMM_NCCL;
     tcase_add_test(tc, test_configs);
     suite_add_tcase(s, tc);
     // No fork: the test body makes MPI calls, which a forked child must not.

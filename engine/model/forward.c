@@ -81,8 +81,10 @@ static int row_parallel_add(struct model *m, const struct tpi_weight *w, const f
         return TPI_OK;
     }
     m->ops->matmul(m->octx, w, in, s->o, n);
-    int rc = comm_allreduce_sum(m->tp_comm, s->o, (size_t)n_x, COMM_F32, err);
-    if (rc) return rc;
+    if (!m->tp_skip_allreduce) {
+        int rc = comm_allreduce_sum(m->tp_comm, s->o, (size_t)n_x, COMM_F32, err);
+        if (rc) return rc;
+    }
     m->ops->add(m->octx, s->x, s->o, n_x);
     return TPI_OK;
 }

@@ -263,11 +263,18 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
         ops_cuda_available(&n_dev);
         oc.device = n_dev > 0 ? grid->local_rank % n_dev : 0;
     }
+    if (p->cuda_device_set) oc.device = p->cuda_device;
     rc = m->ops->init(&m->octx, &oc, err);
     if (!rc) rc = check_fits(m, n_ubatch, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
     const char *no_graph = getenv("TPI_NO_GRAPH");
     m->use_graphs = m->ops->graph_begin && !(no_graph && *no_graph && strcmp(no_graph, "0"));
+    // A measuring knob: the step without its all-reduces shows their share of it.
+    const char *skip_ar = getenv("TPI_TP_SKIP_ALLREDUCE");
+    m->tp_skip_allreduce = tp > 1 && skip_ar && *skip_ar && strcmp(skip_ar, "0");
+    if (m->tp_skip_allreduce && world_rank == 0)
+        TPI_LOGW("TPI_TP_SKIP_ALLREDUCE is set: the tensor-parallel all-reduces are skipped, so "
+                 "outputs are wrong; use it only to time the rest of a step");
 
     rc = model_weights_load(m, err);
     if (!rc) rc = m->ops->check(m->octx, err);

@@ -125,6 +125,8 @@ struct model_params {
     int n_pp_layers;
     uint64_t seed;          /* part of the run identity ranks must share */
     bool quiet;             /* no load summary on stderr */
+    bool cuda_device_set;   /* use cuda_device, not the node-local rank's GPU */
+    int cuda_device;
 };
 
 struct model {
@@ -144,6 +146,7 @@ struct model {
     /* Decode steps as CUDA graphs (forward.c): on when the backend has graphs and
      * TPI_NO_GRAPH is unset or 0; callers may turn it off (or on again) between calls. */
     bool use_graphs;
+    bool tp_skip_allreduce; /* TPI_TP_SKIP_ALLREDUCE=1: timing only, logits wrong */
     struct model_graphs *graphs;  /* recorded steps (forward.c), owned */
     int64_t n_graph_launches;     /* steps run as one graph launch */
     int64_t n_graph_records;      /* graphs recorded (first use of a step shape, or stale) */

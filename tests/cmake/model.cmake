@@ -58,5 +58,10 @@ tpi_parallel_test(test_parallel_np3 3 1x3,3x1 qwen3-tiny-bf16 qwen3-tiny-q4_k_m 
                   qwen3-tiny-q8_0)
 # tp 8 > 4 KV heads: KV heads replicated (8 ranks oversubscribed on 2 cores).
 tpi_parallel_test(test_parallel_np8_tp8 8 8x1 qwen3-tiny-q4_k_m qwen3-tiny-bf16)
+# The same on GPUs, one per rank, over NCCL (label gpu; skipped below 2 GPUs).
+tpi_parallel_test(test_parallel_gpu_np2 2 2x1,1x2 qwen3-tiny-bf16 qwen3-tiny-q8_0
+                  qwen3-tiny-q4_k_m qwen2-tiny-q4_0)
+set_tests_properties(test_parallel_gpu_np2 PROPERTIES LABELS gpu SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${TPI_PAR_ENV};TPI_TEST_BACKEND=cuda;TPI_TEST_COMM=nccl")
 # The tpinfer binary under mpirun: identity mismatch, missing file, end to end.
 tpi_model_test(test_parallel_cli test_parallel_np2 TIMEOUT 300 ARGS cli ${MPIEXEC_EXECUTABLE})

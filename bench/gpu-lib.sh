@@ -1,0 +1,48 @@
+# shellcheck shell=bash
+# bench/gpu-lib.sh — helpers shared by the device-run scripts (gpu-session.sh,
+# gpu-multi.sh); sourced, not run. The caller sets T0=$SECONDS, BUDGET_S, SUM (summary
+# file) and STEPS first.
+
+elapsed() { echo $((SECONDS - T0)); }
+left() { echo $((BUDGET_S - (SECONDS - T0))); }
+note() { echo "[gpu +$(elapsed)s] $*" | tee -a "$SUM"; }
+has_step() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+# bounded NAME LIMIT_S LOG CMD...: CMD under timeout (capped by the time left minus 10 s),
+# output appended to LOG; prints and returns its status.
+bounded() {
+    local name=$1 limit=$2 log=$3
+    shift 3
+    local l
+    l=$(($(left) - 10))
+    [ "$limit" -gt "$l" ] && limit=$l
+    if [ "$limit" -lt 5 ]; then
+        note "$name: SKIPPED (no time left)"
+        return 124
+    fi
+    echo "=== $name (limit ${limit}s): $*" >>"$log"
+    local t=$SECONDS
+    timeout -k 5 "$limit" "$@" >>"$log" 2>&1
+    local rc=$?
+    note "$name: rc=$rc in $((SECONDS - t)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
+    return $rc
+}
+
+# Point ../shared/data at the tiny models carried in .dev/data when the real one is absent.
+link_test_data() {
+    if [ ! -e ../shared/data ] && ls .dev/data/*.gguf >/dev/null 2>&1; then
+        mkdir -p ../shared 2>/dev/null && ln -s "$PWD/.dev/data" ../shared/data &&
+            note "test data: ../shared/data -> .dev/data ($(ls .dev/data/*.gguf | wc -l) models)"
+    fi
+}
+
+# The device tool brings back a handful of files (8 were seen): the logs go into one
+# archive, so the summaries always come back.
+pack_logs() {
+    (
+        cd "$OUT" || exit 0
+        logs=$(ls -- *.log *.csv 2>/dev/null | grep -v '^console\.log$')
+        # shellcheck disable=SC2086
+        [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs
+    )
+}
