@@ -11,7 +11,8 @@
 #            (tp 2 and pp 2 over NCCL against one rank, on two GPUs)
 #   comm     tpinfer comm: all-reduce bus bandwidth over NP ranks, NCCL and MPI
 #   bench8   Qwen3-8B shapes (TYPES8): tp 1, tp NP, pp NP over NCCL and MPI, tp NP with
-#            TPI_TP_SKIP_ALLREDUCE=1 (the step without its all-reduces), depth 8192
+#            TPI_PEER_AR=0 (NCCL's own all-reduce) and with TPI_TP_SKIP_ALLREDUCE=1 (the
+#            step without its all-reduces), depth 8192
 #   batch    a 256-prompt file at --parallel 32: tp 1 against tp NP (bench/batch-bench.sh)
 #   bench32  Qwen3-32B shape in BF16: tp 1, tp NP (and without all-reduces), pp NP
 # Output in $OUT: summary.txt, topo.txt and logs.tgz. Keep NCCL_NVLS_ENABLE=0.
@@ -88,17 +89,27 @@ wait_model() { # wait_model NAME: until the file exists (or the model writer end
 if has_step test; then
     OMP_WAIT_POLICY=passive bounded ctest 200 "$OUT/ctest.log" \
         ctest --test-dir "$BUILD" -L gpu -j 4 -V --timeout 190
-    # the same multi-rank checks with the MPI communicator staging through the host
+    # the same multi-rank checks with NCCL alone (no peer all-reduce), and with the MPI
+    # communicator staging through the host
+    OMP_WAIT_POLICY=passive TPI_TEST_BACKEND=cuda TPI_TEST_COMM=nccl TPI_PEER_AR=0 bounded \
+        test-parallel-nccl-only 120 "$OUT/ctest.log" mpirun -np "$NP" --bind-to none \
+        "$BUILD/tests/test_parallel_np2" "${NP}x1" qwen3-tiny-bf16 qwen3-tiny-q4_k_m
     OMP_WAIT_POLICY=passive TPI_TEST_BACKEND=cuda TPI_TEST_COMM=mpi bounded test-parallel-mpi 120 \
-        "$OUT/ctest.log" mpirun -np 2 --bind-to none "$BUILD/tests/test_parallel_np2" 2x1,1x2 \
-        qwen3-tiny-bf16 qwen3-tiny-q4_k_m
+        "$OUT/ctest.log" mpirun -np "$NP" --bind-to none "$BUILD/tests/test_parallel_np2" \
+        "${NP}x1,1x${NP}" qwen3-tiny-bf16 qwen3-tiny-q4_k_m
 fi
 
 # ---- comm ----
 if has_step comm; then
+    # small sums take the peer all-reduce (kern_peer_ar.cu), large ones NCCL; odd sizes
+    # (3, 9, 27, ... floats) take its scalar path; every size is checked (#wrong)
     bounded comm-nccl 60 "$OUT/comm.log" "${LOCAL[@]}" --tp "$NP" -- comm --comm nccl -b 1K -e 256M
-    bounded comm-mpi 90 "$OUT/comm.log" "${LOCAL[@]}" --tp "$NP" -- comm --comm mpi --backend cuda \
-        -b 1K -e 64M
+    bounded comm-nccl-odd 60 "$OUT/comm.log" "${LOCAL[@]}" --tp "$NP" -- comm --comm nccl -b 12 \
+        -e 1M -f 3
+    TPI_PEER_AR=0 bounded comm-nccl-only 60 "$OUT/comm.log" "${LOCAL[@]}" --tp "$NP" -- comm \
+        --comm nccl -b 1K -e 1M
+    bounded comm-mpi 60 "$OUT/comm.log" "${LOCAL[@]}" --tp "$NP" -- comm --comm mpi --backend cuda \
+        -b 1K -e 16M
 fi
 
 BENCH="$OUT/bench.log"
@@ -128,6 +139,7 @@ if has_step bench8; then
         f=$(model_of "$name")
         bench_grid "8b-$t-tp1" "$f" 1 1
         bench_grid "8b-$t-tp$NP-nccl" "$f" "$NP" 1
+        bench_grid "8b-$t-tp$NP-nccl-only" "$f" "$NP" 1 TPI_PEER_AR=0
         bench_grid "8b-$t-tp$NP-noAR" "$f" "$NP" 1 TPI_TP_SKIP_ALLREDUCE=1
         bench_grid "8b-$t-pp$NP-nccl" "$f" 1 "$NP"
         bench_grid "8b-$t-tp$NP-mpi" "$f" "$NP" 1 -- --comm mpi -r 2
@@ -157,6 +169,7 @@ if has_step bench32 && wait_model qwen3-32b-bf16; then
     bench_grid "32b-bf16-tp1" "$f" 1 1
     bench_grid "32b-bf16-tp$NP-nccl" "$f" "$NP" 1
     bench_grid "32b-bf16-tp$NP-noAR" "$f" "$NP" 1 TPI_TP_SKIP_ALLREDUCE=1
+    bench_grid "32b-bf16-tp$NP-nccl-only" "$f" "$NP" 1 TPI_PEER_AR=0
     bench_grid "32b-bf16-pp$NP-nccl" "$f" 1 "$NP"
 fi
 
@@ -171,14 +184,16 @@ fi
     grep -E 'tests passed|tests failed' "$OUT/ctest.log" 2>/dev/null | sed 's/^/   /'
     grep -E "Test +#[0-9]+: " "$OUT/ctest.log" 2>/dev/null |
         sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.+/ /' | awk '{printf "   %s\n", $0}'
-    grep -hE "tp=[0-9]+ pp=[0-9]+.*(logits|margin|done)|FAIL|SKIP" "$OUT/ctest.log" 2>/dev/null |
-        sed -E 's/^[0-9]+: //' | sort -u | head -60 | sed 's/^/   /'
+    grep -hE "tp=[0-9]+ pp=[0-9]+.*(logits|margin|range)|FAIL|SKIP|peer all-reduce|^=== " \
+        "$OUT/ctest.log" 2>/dev/null |
+        sed -E 's/^[0-9]+: //' | awk '!seen[$0]++' | head -80 | sed 's/^/   /'
     echo
     echo "== comm (size, busbw)"
-    grep -E "^=== |GB/s|busbw|^ *[0-9]+ " "$OUT/comm.log" 2>/dev/null | head -80
+    grep -E "^=== |PASS|FAIL|peer all-reduce|^ +(allreduce|allgather|sendrecv) " "$OUT/comm.log" \
+        2>/dev/null | awk '$1 != "allgather" && $1 != "sendrecv"' | head -120
     echo
     echo "== bench rows (=== names the run)"
-    grep -E "^=== |\| *(pp512|tg128)|error|rank [0-9]" "$BENCH" 2>/dev/null | sed -E 's/ \(limit.*//'
+    grep -E "^=== |\| *(pp512|tg128)|error|peer all-reduce" "$BENCH" 2>/dev/null | sed -E 's/ \(limit.*//'
     echo
     echo "== batch"
     grep -E "^model |^[0-9]+ " "$OUT/batch.log" 2>/dev/null | sed 's/^/   /'

@@ -38,10 +38,14 @@
 #include "parallel/grid.h"
 #include "testutil.h"
 
-/* CPU tolerance; the CUDA backend (TPI_TEST_BACKEND=cuda) rounds activations to bf16 for
- * its prefill GEMMs and to int8 for decode GEMVs, on a partial sum per rank, so its bound
- * is wider. */
-static double ATOL = 2e-3, RTOL = 1e-3;
+#define ATOL 2e-3
+#define RTOL 1e-3
+/* The CUDA backend (TPI_TEST_BACKEND=cuda) rounds activations to int8 (quantized GEMVs)
+ * or bf16 (GEMMs): a different order of additions on the sharded side flips a rounding
+ * now and then, which moves logits by the int8 error itself. So there each row's max
+ * abs difference is bounded by this fraction of the reference row's logit range, the
+ * bound test_model_gpu puts on CUDA against the CPU. */
+#define REL_TOL_CUDA 0.02
 
 static int g_argc;
 static char **g_argv;
@@ -154,8 +158,26 @@ static void check_config(const char *name, int tp, int pp) {
     if (model_has_logits(m)) {
         char label[128];
         snprintf(label, sizeof label, "[rank %d] %s tp=%d pp=%d logits", g_rank, name, tp, pp);
-        size_t bad = tu_compare(label, got, want, (size_t)N * n_vocab, ATOL, RTOL);
-        CHECK(bad == 0, "%s tp=%d pp=%d: %zu logits off", name, tp, pp, bad);
+        if (strcmp(g_backend, "cuda") == 0) {
+            double worst = 0;
+            for (int i = 0; i < N; i++) {
+                const float *g = got + (size_t)i * n_vocab, *w = want + (size_t)i * n_vocab;
+                float lo = w[0], hi = w[0], d = 0;
+                for (int v = 0; v < n_vocab; v++) {
+                    lo = fminf(lo, w[v]);
+                    hi = fmaxf(hi, w[v]);
+                    d = fmaxf(d, fabsf(g[v] - w[v]));
+                }
+                worst = fmax(worst, d / fmax(hi - lo, 1e-6));
+            }
+            fprintf(stderr, "%s: max abs diff / logit range %.4g (bound %g)\n", label, worst,
+                    REL_TOL_CUDA);
+            CHECK(worst <= REL_TOL_CUDA, "%s tp=%d pp=%d: logits off by %.4g of the range", name,
+                  tp, pp, worst);
+        } else {
+            size_t bad = tu_compare(label, got, want, (size_t)N * n_vocab, ATOL, RTOL);
+            CHECK(bad == 0, "%s tp=%d pp=%d: %zu logits off", name, tp, pp, bad);
+        }
     }
 
     // ---- all-reduces of one decode step: exactly 2 per layer of this stage ----
@@ -387,8 +409,6 @@ int main(int argc, char **argv) {
         MPI_Comm_free(&node);
         g_backend = "cuda";
         g_device = local % n_dev;
-        ATOL = 3e-2;
-        RTOL = 1e-2;
     }
     if (cm && !strcmp(cm, "nccl")) g_comm = COMM_NCCL;
     tcase_add_test(tc, test_configs);

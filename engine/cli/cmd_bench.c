@@ -7,7 +7,8 @@
  * What is timed, as llama-bench: ppN is N tokens of pseudo-random ids fed in
  * forwards of up to -b tokens (one forward with the defaults), the logits of
  * each forward's last token computed; tgN is N single-token forwards, each
- * asking for its logits (sampling is not timed: a fixed id is fed). With -d D
+ * asking for its logits (sampling is not timed: a fixed id is fed, sent each step
+ * from the rank with the logits to all, as decoding does). With -d D
  * the KV cache is filled to D positions before every repetition (untimed) and
  * the test runs at positions D.. . A repetition starts and ends with every rank
  * in step (a barrier before, a backend sync and an agreement after), so rank 0's
@@ -278,13 +279,19 @@ static int feed(struct bench_run *br, int pos0, int n, int chunk, bool want_logi
     return TPI_OK;
 }
 
-/* n single-token steps at positions pos0.., each asking for its logits. */
+/* n single-token steps at positions pos0.., each asking for its logits. As in real
+ * decoding, each step's token comes from the rank that holds the logits (the last
+ * stage) to every rank before the next step starts, so pipeline stages cannot run
+ * ahead on ids they would not have yet. */
 static int generate(struct bench_run *br, int pos0, int n, struct tpi_error *err) {
     // A fixed id: sampling is not what is measured, and every rank must feed the same one.
-    const int32_t tok = br->tokens[0], seq = 0, out_idx = 0;
+    const int32_t seq = 0, out_idx = 0;
+    const int decider = br->m->grid ? model_decider_rank(br->m) : -1;
+    int32_t tok = br->tokens[0];
     for (int i = 0; i < n; i++) {
         const int32_t pos = pos0 + i;
         int rc = model_forward(br->m, &tok, &pos, &seq, 1, &out_idx, 1, br->logits, err);
+        if (!rc && decider >= 0) rc = model_bcast_i32(br->m, &tok, 1, decider, err);
         if (rc) return rc;
     }
     return TPI_OK;

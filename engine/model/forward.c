@@ -81,12 +81,12 @@ static int row_parallel_add(struct model *m, const struct tpi_weight *w, const f
         return TPI_OK;
     }
     m->ops->matmul(m->octx, w, in, s->o, n);
-    if (!m->tp_skip_allreduce) {
-        int rc = comm_allreduce_sum(m->tp_comm, s->o, (size_t)n_x, COMM_F32, err);
-        if (rc) return rc;
+    if (m->tp_skip_allreduce) {
+        m->ops->add(m->octx, s->x, s->o, n_x);
+        return TPI_OK;
     }
-    m->ops->add(m->octx, s->x, s->o, n_x);
-    return TPI_OK;
+    // x += the group's sum (on one node: one kernel over peer memory, comm_nccl.c)
+    return comm_allreduce_add(m->tp_comm, s->o, s->x, (size_t)n_x, err);
 }
 
 /* The embedding (stage 0: token ids already in s->tok) and this stage's layers for

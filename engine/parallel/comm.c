@@ -368,6 +368,21 @@ int comm_allreduce_sum(struct comm *c, void *buf, size_t count_, enum comm_dtype
     return c->vt->allreduce_sum(c, buf, count_, dt, err);
 }
 
+int comm_allreduce_add(struct comm *c, float *src, float *dst, size_t count_,
+                       struct tpi_error *err) {
+    int st = check_common(c, COMM_F32, "allreduce", err);
+    if (st) return st;
+    count(c, COMM_OP_ALLREDUCE, count_ * sizeof(float));
+    if (count_ == 0) return TPI_OK;
+    if (c->vt->allreduce_add) return c->vt->allreduce_add(c, src, dst, count_, err);
+    if (!c->ops || !c->ops->add)
+        return tpi_err(err, TPI_ERR_INVALID, "allreduce_add: no backend add on rank %d",
+                       c->world_rank);
+    if ((st = c->vt->allreduce_sum(c, src, count_, COMM_F32, err))) return st;
+    c->ops->add(c->octx, dst, src, (int64_t)count_);
+    return TPI_OK;
+}
+
 int comm_allgather(struct comm *c, const void *send, void *recv, size_t count_, enum comm_dtype dt,
                    struct tpi_error *err) {
     int st = check_common(c, dt, "allgather", err);

@@ -41,6 +41,10 @@ struct comm;
 struct comm_vtable {
     int (*allreduce_sum)(struct comm *c, void *buf, size_t count, enum comm_dtype dt,
                          struct tpi_error *err);
+    /* dst += the group's sum of src (F32; src may be clobbered); optional: comm.c
+     * otherwise sums in place and adds with the backend's add. */
+    int (*allreduce_add)(struct comm *c, float *src, float *dst, size_t count,
+                         struct tpi_error *err);
     int (*allgather)(struct comm *c, const void *send, void *recv, size_t count,
                      enum comm_dtype dt, struct tpi_error *err);
     int (*send)(struct comm *c, const void *buf, size_t count, enum comm_dtype dt, int peer,
@@ -77,6 +81,11 @@ void comm_free(struct comm **c);
 
 /* In-place sum over the group of `count` items at buf. */
 int comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype dt,
+                       struct tpi_error *err);
+/* dst += the sum over the group of every rank's src (count f32 items; src's contents
+ * are undefined afterwards): the tensor-parallel residual update. Counted as an
+ * all-reduce. */
+int comm_allreduce_add(struct comm *c, float *src, float *dst, size_t count,
                        struct tpi_error *err);
 /* recv (size * count items, rank-major) = every rank's send (count items). */
 int comm_allgather(struct comm *c, const void *send, void *recv, size_t count,

@@ -8,6 +8,7 @@
 
 #include <mpi.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "comm.h"
 
@@ -19,6 +20,14 @@ int comm_mpi_init(struct comm *c, struct tpi_error *err);
  * Every rank posts the same MPI calls whatever fails locally, so the group
  * never deadlocks on mismatched collectives. Without TPI_HAVE_NCCL: UNSUPPORTED. */
 int comm_nccl_init(struct comm *c, struct tpi_error *err);
+
+struct peer_ar;
+/* The one-shot peer all-reduce for c's group (comm_peer.c; TPI_HAVE_NCCL builds):
+ * collective over c->mpi; NULL when the group agreed not to use it. why gets "on
+ * (...)" or "off (reason)". */
+struct peer_ar *comm_peer_ar_create(struct comm *c, bool one_host, char *why, size_t n_why);
+/* Wait for the group, unmap and free; collective; accepts NULL. */
+void comm_peer_ar_free(struct comm *c, struct peer_ar *p);
 
 /* True when the comm's buffers are device memory (the "cuda" backend). */
 bool comm_on_device(const struct comm *c);

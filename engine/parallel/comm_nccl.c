@@ -38,6 +38,8 @@ int comm_nccl_init(struct comm *c, struct tpi_error *err) {
 #include <nccl.h>
 #include <time.h>
 
+#include "kernels/kern_peer_ar.h"
+
 #define NCCL_HINTS                                                                                 \
     "check that every node can reach the others on the interface NCCL picks (set "                 \
     "NCCL_SOCKET_IFNAME=<iface>, e.g. the one in `ip addr` that carries the nodes' "               \
@@ -49,6 +51,8 @@ struct nccl_impl {
     char bus_id[32]; /* its PCI bus id, for messages */
     char host[256];
     int32_t *barrier; /* one int of device memory for barrier() */
+    bool one_host;    /* every rank of the group on this host */
+    struct peer_ar *peer; /* small f32 sums over peer memory, or NULL (comm_peer.c) */
 };
 
 static ncclDataType_t nccl_type(enum comm_dtype dt) {
@@ -85,6 +89,8 @@ static int nccl_check(struct comm *c, ncclResult_t r, const char *call, struct t
     struct nccl_impl *n = c->impl;
     double t0 = tpi_time_s();
     long ns = 10000;
+    // An enqueue is usually done within microseconds: poll without sleeping for the
+    // first millisecond (a nanosleep costs ~60 us of timer slack), then back off.
     while (r == ncclSuccess || r == ncclInProgress) {
         ncclResult_t a = ncclSuccess;
         ncclResult_t q = ncclCommGetAsyncError(n->comm, &a);
@@ -97,12 +103,13 @@ static int nccl_check(struct comm *c, ncclResult_t r, const char *call, struct t
             r = a;
             break;
         }
-        if (c->timeout_s > 0 && tpi_time_s() - t0 > c->timeout_s)
+        const double dt = tpi_time_s() - t0;
+        if (c->timeout_s > 0 && dt > c->timeout_s)
             return tpi_err(err, TPI_ERR_TIMEOUT,
                            "%s on world rank %d (host %s, GPU %d %s): still "
                            "in progress after %.1f s",
                            call, c->world_rank, n->host, n->device, n->bus_id, c->timeout_s);
-        sleep_backoff(&ns);
+        if (dt > 1e-3) sleep_backoff(&ns);
     }
     const char *last = ncclGetLastError(n->comm);
     return tpi_err(err, TPI_ERR_COMM, "%s failed on world rank %d (host %s, GPU %d %s): %s%s%s",
@@ -110,9 +117,39 @@ static int nccl_check(struct comm *c, ncclResult_t r, const char *call, struct t
                    last && *last ? ": " : "", last ? last : "");
 }
 
+/* Whether a sum of count items of dt goes over peer memory rather than NCCL (the same
+ * answer on every rank). */
+static bool peer_takes(const struct nccl_impl *n, size_t count, enum comm_dtype dt) {
+    return n->peer && dt == COMM_F32 && count <= n->peer->cap;
+}
+
+static int peer_launch(struct comm *c, const float *src, float *dst, size_t count, int accumulate,
+                       struct tpi_error *err) {
+    struct nccl_impl *n = c->impl;
+    int e = peer_ar_launch(n->peer, src, dst, count, accumulate, stream_of(c));
+    if (e)
+        return tpi_err(err, TPI_ERR_CUDA, "peer all-reduce of %zu floats on world rank %d (GPU %d "
+                       "%s): %s", count, c->world_rank, n->device, n->bus_id,
+                       cudaGetErrorString((cudaError_t)e));
+    return TPI_OK;
+}
+
+static int nccl_allreduce_add(struct comm *c, float *src, float *dst, size_t count,
+                              struct tpi_error *err) {
+    struct nccl_impl *n = c->impl;
+    if (peer_takes(n, count, COMM_F32)) return peer_launch(c, src, dst, count, 1, err);
+    ncclResult_t r =
+        ncclAllReduce(src, src, count, ncclFloat32, ncclSum, n->comm, (cudaStream_t)stream_of(c));
+    int st = nccl_check(c, r, "ncclAllReduce", err);
+    if (st) return st;
+    c->ops->add(c->octx, dst, src, (int64_t)count);
+    return TPI_OK;
+}
+
 static int nccl_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt,
                           struct tpi_error *err) {
     struct nccl_impl *n = c->impl;
+    if (peer_takes(n, count, dt)) return peer_launch(c, buf, buf, count, 0, err);
     ncclResult_t r =
         ncclAllReduce(buf, buf, count, nccl_type(dt), ncclSum, n->comm, (cudaStream_t)stream_of(c));
     return nccl_check(c, r, "ncclAllReduce", err);
@@ -161,8 +198,10 @@ static int nccl_barrier(struct comm *c, struct tpi_error *err) {
 }
 
 /* Release n (finalize or abort its communicator, free the barrier int). */
-static void impl_free(const struct comm *c, struct nccl_impl *n) {
+static void impl_free(struct comm *c, struct nccl_impl *n) {
     if (!n) return;
+    comm_peer_ar_free(c, n->peer);
+    n->peer = NULL;
     if (n->comm) {
         /* Finalize flushes outstanding work; if it does not finish in time (a peer
          * died), abort rather than hang in destroy. */
@@ -190,6 +229,7 @@ static void nccl_destroy(struct comm *c) {
 
 static const struct comm_vtable nccl_vtable = {
     .allreduce_sum = nccl_allreduce,
+    .allreduce_add = nccl_allreduce_add,
     .allgather = nccl_allgather,
     .send = nccl_send,
     .recv = nccl_recv,
@@ -229,6 +269,9 @@ static int check_gpus(struct comm *c, struct nccl_impl *n, struct tpi_error *loc
                        c->world_rank, comm_mpi_errstr(rc, es, sizeof es));
     }
     int st = TPI_OK;
+    n->one_host = true;
+    for (int i = 0; i < c->size; i++)
+        if (strcmp(all[i].host, mine.host)) n->one_host = false;
     if (!mine.ok) {
         st = tpi_err(err, local->status, "%s", local->msg);
     } else {
@@ -357,6 +400,9 @@ int comm_nccl_init(struct comm *c, struct tpi_error *err) {
     if ((r == ncclSuccess || r == ncclInProgress) && a == ncclSuccess) {
         c->vt = &nccl_vtable;
         c->impl = n;
+        char why[160];
+        n->peer = comm_peer_ar_create(c, n->one_host, why, sizeof why);
+        if (c->rank == 0) TPI_LOGI("NCCL group of %d: peer all-reduce %s", c->size, why);
         return TPI_OK;
     }
     char detail[512] = "";
