@@ -30,6 +30,8 @@ NP=${NP:-2}
 TYPES8=${TYPES8:-"q4_k_m bf16"}
 STEPS=${STEPS:-"test comm bench8"}
 REPS=${REPS:-3}
+MPI_RUNS=${MPI_RUNS:-1}   # 0: no --comm mpi benches
+NCCL_ONLY=${NCCL_ONLY:-1} # 0: no TPI_PEER_AR=0 benches
 SUM="$OUT/summary.txt"
 : >"$SUM"
 export NCCL_NVLS_ENABLE=0
@@ -40,7 +42,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/gpu-lib.sh"
 
 {
-    echo "gpu-multi: $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || cat .dev/commit 2>/dev/null || echo unknown) NP=$NP steps: $STEPS"
+    echo "gpu-multi: $(date -u +%FT%TZ) commit $(cat .dev/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) NP=$NP steps: $STEPS"
     nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id --format=csv 2>&1 || echo "(no nvidia-smi)"
 } | tee -a "$SUM"
 nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
@@ -139,11 +141,13 @@ if has_step bench8; then
         f=$(model_of "$name")
         bench_grid "8b-$t-tp1" "$f" 1 1
         bench_grid "8b-$t-tp$NP-nccl" "$f" "$NP" 1
-        bench_grid "8b-$t-tp$NP-nccl-only" "$f" "$NP" 1 TPI_PEER_AR=0
+        [ "$NCCL_ONLY" = 1 ] && bench_grid "8b-$t-tp$NP-nccl-only" "$f" "$NP" 1 TPI_PEER_AR=0
         bench_grid "8b-$t-tp$NP-noAR" "$f" "$NP" 1 TPI_TP_SKIP_ALLREDUCE=1
         bench_grid "8b-$t-pp$NP-nccl" "$f" 1 "$NP"
-        bench_grid "8b-$t-tp$NP-mpi" "$f" "$NP" 1 -- --comm mpi -r 2
-        bench_grid "8b-$t-pp$NP-mpi" "$f" 1 "$NP" -- --comm mpi -r 2
+        if [ "$MPI_RUNS" = 1 ]; then
+            bench_grid "8b-$t-tp$NP-mpi" "$f" "$NP" 1 -- --comm mpi -r 2
+            bench_grid "8b-$t-pp$NP-mpi" "$f" 1 "$NP" -- --comm mpi -r 2
+        fi
     done
     f=$(model_of qwen3-8b-q4_k_m)
     if [ -s "$f" ]; then
@@ -169,7 +173,7 @@ if has_step bench32 && wait_model qwen3-32b-bf16; then
     bench_grid "32b-bf16-tp1" "$f" 1 1
     bench_grid "32b-bf16-tp$NP-nccl" "$f" "$NP" 1
     bench_grid "32b-bf16-tp$NP-noAR" "$f" "$NP" 1 TPI_TP_SKIP_ALLREDUCE=1
-    bench_grid "32b-bf16-tp$NP-nccl-only" "$f" "$NP" 1 TPI_PEER_AR=0
+    [ "$NCCL_ONLY" = 1 ] && bench_grid "32b-bf16-tp$NP-nccl-only" "$f" "$NP" 1 TPI_PEER_AR=0
     bench_grid "32b-bf16-pp$NP-nccl" "$f" 1 "$NP"
 fi
 

@@ -8,7 +8,9 @@
  * input into this rank's staging slot, raises its flag on every peer, waits for every
  * peer's flag, and sums the slice over the ranks in rank order, so every rank gets
  * the same bits. Small messages (a decode step's few tokens) finish in a few
- * microseconds, a fraction of a ring all-reduce's latency; large ones go to NCCL.
+ * microseconds, a fraction of a ring all-reduce's latency; a prefill's megabytes take
+ * one read of each peer's slice over NVLink. Beyond the staging size (and where the
+ * peers' reads would add up to more than it: many ranks), NCCL does the sum.
  * All state lives in device memory, so the kernel may be captured into a CUDA graph.
  */
 #ifndef KERN_PEER_AR_H
@@ -18,7 +20,7 @@
 #include <stdint.h>
 
 #define PEER_AR_MAX_RANKS 8
-#define PEER_AR_MAX_BLOCKS 64
+#define PEER_AR_MAX_BLOCKS 128
 
 struct peer_ar {
     int rank, size;                        /* within the group */

@@ -118,9 +118,10 @@ static int nccl_check(struct comm *c, ncclResult_t r, const char *call, struct t
 }
 
 /* Whether a sum of count items of dt goes over peer memory rather than NCCL (the same
- * answer on every rank). */
+ * answer on every rank): f32 sums whose reads of the peers' slots (size - 1 copies)
+ * stay within one slot's size. */
 static bool peer_takes(const struct nccl_impl *n, size_t count, enum comm_dtype dt) {
-    return n->peer && dt == COMM_F32 && count <= n->peer->cap;
+    return n->peer && dt == COMM_F32 && count * (size_t)(n->peer->size - 1) <= n->peer->cap;
 }
 
 static int peer_launch(struct comm *c, const float *src, float *dst, size_t count, int accumulate,

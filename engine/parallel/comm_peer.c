@@ -23,8 +23,9 @@
 
 #include "kernels/kern_peer_ar.h"
 
-/* Floats per staging slot: decode steps of up to 32 tokens at n_embd 4096. */
-#define PEER_AR_CAP_FLOATS (128 * 1024)
+/* Floats per staging slot (32 MiB): a 512-token prefill micro-batch at n_embd up to
+ * 16384. Two slots per rank. */
+#define PEER_AR_CAP_FLOATS (8 * 1024 * 1024)
 
 struct peer_msg {
     int ok;
@@ -146,7 +147,7 @@ struct peer_ar *comm_peer_ar_create(struct comm *c, bool one_host, char *why, si
         if (r == p->rank) p->counter = counter;
     }
     snprintf(why, n_why, "on (%d ranks, sums up to %zu KiB)", p->size,
-             p->cap * sizeof(float) / 1024);
+             p->cap / (size_t)(p->size - 1) * sizeof(float) / 1024);
     return p;
 }
 
