@@ -90,7 +90,7 @@ wait_model() { # wait_model NAME: until the file exists (or the model writer end
 # ---- test ----
 if has_step test; then
     OMP_WAIT_POLICY=passive bounded ctest 200 "$OUT/ctest.log" \
-        ctest --test-dir "$BUILD" -L gpu -j 4 -V --timeout 190
+        ctest --test-dir "$BUILD" -L gpu -E test_gemv_cuda -j 4 -V --timeout 190
     # the same multi-rank checks with NCCL alone (no peer all-reduce), and with the MPI
     # communicator staging through the host
     OMP_WAIT_POLICY=passive TPI_TEST_BACKEND=cuda TPI_TEST_COMM=nccl TPI_PEER_AR=0 bounded \

@@ -46,6 +46,13 @@ void peer_ar_region_parts(void *base, size_t cap, float **stage, uint32_t **flag
 int peer_ar_launch(const struct peer_ar *p, const float *src, float *dst, size_t count,
                    int accumulate, void *stream);
 
+/* Whether peer_ar_norm_launch takes n_rows rows of n_cols (decode-sized steps). */
+int peer_ar_norm_fits(const struct peer_ar *p, int n_rows, int n_cols);
+/* Queue x += the group's sum of src (n_rows x n_cols), then h = rmsnorm(x) * w with eps,
+ * one block per row; 16-byte aligned pointers. 0, or a cudaError_t. */
+int peer_ar_norm_launch(const struct peer_ar *p, const float *src, float *x, int n_rows,
+                        int n_cols, const float *w, float eps, float *h, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

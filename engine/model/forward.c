@@ -69,24 +69,34 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     return TPI_OK;
 }
 
-/* x += in * W^T for a row-parallel W (attention output, FFN down): with TP, this
- * rank's partial sum is all-reduced over the group before the residual add; alone,
- * the residual is folded into the matmul. */
+/* x += in * W^T for a row-parallel W (attention output, FFN down), then h =
+ * rmsnorm(x) * norm when norm is given: with TP, this rank's partial sum is
+ * all-reduced over the group before the residual add (on one node one kernel over
+ * peer memory does the sum, the add and, for decode-sized steps, the norm:
+ * comm_nccl.c); alone, the residual is folded into the matmul. */
 static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
-                            struct tpi_error *err) {
+                            const float *norm, struct tpi_error *err) {
     struct model_state *s = &m->s;
-    const int64_t n_x = (int64_t)n * m->cfg.n_embd;
+    const int n_embd = m->cfg.n_embd;
+    const int64_t n_x = (int64_t)n * n_embd;
+    bool normed = false;
     if (!m->tp_comm) {
         m->ops->matmul_add(m->octx, w, in, s->x, n);
-        return TPI_OK;
+    } else {
+        m->ops->matmul(m->octx, w, in, s->o, n);
+        if (m->tp_skip_allreduce) {
+            m->ops->add(m->octx, s->x, s->o, n_x);
+        } else if (norm) {
+            int rc = comm_allreduce_add_norm(m->tp_comm, s->o, s->x, n, n_embd, norm,
+                                             m->cfg.rms_eps, s->h, &normed, err);
+            if (rc) return rc;
+        } else {
+            int rc = comm_allreduce_add(m->tp_comm, s->o, s->x, (size_t)n_x, err);
+            if (rc) return rc;
+        }
     }
-    m->ops->matmul(m->octx, w, in, s->o, n);
-    if (m->tp_skip_allreduce) {
-        m->ops->add(m->octx, s->x, s->o, n_x);
-        return TPI_OK;
-    }
-    // x += the group's sum (on one node: one kernel over peer memory, comm_nccl.c)
-    return comm_allreduce_add(m->tp_comm, s->o, s->x, (size_t)n_x, err);
+    if (norm && !normed) m->ops->rmsnorm(m->octx, s->x, norm, s->h, n, n_embd, m->cfg.rms_eps);
+    return TPI_OK;
 }
 
 /* The embedding (stage 0: token ids already in s->tok) and this stage's layers for
@@ -108,12 +118,15 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     int rc;
 
     if (p->is_first) ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
+    ops->rmsnorm(octx, s->x, m->w.layers[0].attn_norm, s->h, n, n_embd, eps);
 
+    // h holds each sub-layer's normed input: the first here, the others from the
+    // row-parallel update before them.
     for (int il = 0; il < p->n_layer_stage; il++) {
         const struct model_layer *L = &m->w.layers[il];
+        const float *next_norm = il + 1 < p->n_layer_stage ? m->w.layers[il + 1].attn_norm : NULL;
 
         // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
-        ops->rmsnorm(octx, s->x, L->attn_norm, s->h, n, n_embd, eps);
         const struct tpi_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->k, s->v};
         ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
@@ -127,16 +140,15 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
                           c->rope_base, eps);
         ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
         // partial sums over this rank's heads, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->wo, s->att, n, err))) return rc;
+        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
-        ops->rmsnorm(octx, s->x, L->ffn_norm, s->h, n, n_embd, eps);
         const struct tpi_weight *wgu[2] = {&L->w_gate, &L->w_up};
         float *ygu[2] = {s->g, s->u};
         ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
         ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
         // partial sums over this rank's columns, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, err))) return rc;
+        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
     return TPI_OK;
 }

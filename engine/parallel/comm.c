@@ -383,6 +383,17 @@ int comm_allreduce_add(struct comm *c, float *src, float *dst, size_t count_,
     return TPI_OK;
 }
 
+int comm_allreduce_add_norm(struct comm *c, float *src, float *dst, int n_rows, int n_cols,
+                            const float *w, float eps, float *h, bool *normed,
+                            struct tpi_error *err) {
+    *normed = false;
+    const size_t n = (size_t)n_rows * (size_t)n_cols;
+    if (!c || !c->vt || !c->vt->allreduce_add_norm || n == 0)
+        return comm_allreduce_add(c, src, dst, n, err);
+    count(c, COMM_OP_ALLREDUCE, n * sizeof(float));
+    return c->vt->allreduce_add_norm(c, src, dst, n_rows, n_cols, w, eps, h, normed, err);
+}
+
 int comm_allgather(struct comm *c, const void *send, void *recv, size_t count_, enum comm_dtype dt,
                    struct tpi_error *err) {
     int st = check_common(c, dt, "allgather", err);

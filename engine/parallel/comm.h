@@ -13,6 +13,7 @@
 #define COMM_H
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +46,11 @@ struct comm_vtable {
      * otherwise sums in place and adds with the backend's add. */
     int (*allreduce_add)(struct comm *c, float *src, float *dst, size_t count,
                          struct tpi_error *err);
+    /* allreduce_add of n_rows x n_cols, then h = rmsnorm(dst) * w; optional, and it may
+     * decline (*normed = false) after doing the allreduce_add alone. */
+    int (*allreduce_add_norm)(struct comm *c, float *src, float *dst, int n_rows, int n_cols,
+                              const float *w, float eps, float *h, bool *normed,
+                              struct tpi_error *err);
     int (*allgather)(struct comm *c, const void *send, void *recv, size_t count,
                      enum comm_dtype dt, struct tpi_error *err);
     int (*send)(struct comm *c, const void *buf, size_t count, enum comm_dtype dt, int peer,
@@ -87,6 +93,12 @@ int comm_allreduce_sum(struct comm *c, void *buf, size_t count, enum comm_dtype 
  * all-reduce. */
 int comm_allreduce_add(struct comm *c, float *src, float *dst, size_t count,
                        struct tpi_error *err);
+/* comm_allreduce_add over n_rows x n_cols, and where the communicator can do it in the
+ * same pass (the peer all-reduce, decode-sized steps) also h = x / sqrt(mean(x^2) + eps)
+ * * w per row: *normed says whether h was written (if not, the caller runs its norm). */
+int comm_allreduce_add_norm(struct comm *c, float *src, float *dst, int n_rows, int n_cols,
+                            const float *w, float eps, float *h, bool *normed,
+                            struct tpi_error *err);
 /* recv (size * count items, rank-major) = every rank's send (count items). */
 int comm_allgather(struct comm *c, const void *send, void *recv, size_t count,
                    enum comm_dtype dt, struct tpi_error *err);

@@ -17,6 +17,7 @@
  * Collectives are enqueued on the backend's stream and return without waiting
  * (stream-ordered, as comm.h says); enqueue errors become TPI_ERR_COMM.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,6 +148,22 @@ static int nccl_allreduce_add(struct comm *c, float *src, float *dst, size_t cou
     return TPI_OK;
 }
 
+static int nccl_allreduce_add_norm(struct comm *c, float *src, float *dst, int n_rows,
+                                   int n_cols, const float *w, float eps, float *h, bool *normed,
+                                   struct tpi_error *err) {
+    struct nccl_impl *n = c->impl;
+    const size_t count = (size_t)n_rows * (size_t)n_cols;
+    *normed = n->peer && peer_ar_norm_fits(n->peer, n_rows, n_cols) &&
+              ((uintptr_t)src | (uintptr_t)dst | (uintptr_t)w | (uintptr_t)h) % 16 == 0;
+    if (!*normed) return nccl_allreduce_add(c, src, dst, count, err);
+    int e = peer_ar_norm_launch(n->peer, src, dst, n_rows, n_cols, w, eps, h, stream_of(c));
+    if (e)
+        return tpi_err(err, TPI_ERR_CUDA, "peer all-reduce + norm of %d x %d on world rank %d "
+                       "(GPU %d %s): %s", n_rows, n_cols, c->world_rank, n->device, n->bus_id,
+                       cudaGetErrorString((cudaError_t)e));
+    return TPI_OK;
+}
+
 static int nccl_allreduce(struct comm *c, void *buf, size_t count, enum comm_dtype dt,
                           struct tpi_error *err) {
     struct nccl_impl *n = c->impl;
@@ -231,6 +248,7 @@ static void nccl_destroy(struct comm *c) {
 static const struct comm_vtable nccl_vtable = {
     .allreduce_sum = nccl_allreduce,
     .allreduce_add = nccl_allreduce_add,
+    .allreduce_add_norm = nccl_allreduce_add_norm,
     .allgather = nccl_allgather,
     .send = nccl_send,
     .recv = nccl_recv,
