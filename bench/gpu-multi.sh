@@ -54,7 +54,7 @@ BLOG="$OUT/build.log"
 bounded configure 120 "$BLOG" cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90 || { tail -30 "$BLOG"; exit 1; }
 if ! bounded build 300 "$BLOG" ninja -C "$BUILD" -j "$JOBS" tpinfer test_ops_cuda_elem \
-    test_model_gpu test_ops_fused test_parallel_np2; then
+    test_model_gpu test_ops_fused test_parallel_np2 test_comm_gpu; then
     grep -E "error|FAILED" "$BLOG" | head -40 | tee -a "$SUM"
     exit 1
 fi

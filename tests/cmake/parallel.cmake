@@ -20,3 +20,10 @@ tpi_check_test(test_comm_cli SOURCES ${CMAKE_SOURCE_DIR}/tests/test_comm.c
                LIBS ${_par_libs} LABELS unit TIMEOUT 300 ARGS --cli)
 target_compile_definitions(test_comm_cli PRIVATE TPI_MPIEXEC="${MPIEXEC_EXECUTABLE}")
 add_dependencies(test_comm_cli tpinfer)
+
+# The NCCL communicator and its peer all-reduce on GPUs, one per rank (label gpu;
+# skipped without two GPUs).
+if(TPI_HAVE_CUDA)
+  tpi_check_test(test_comm_gpu SOURCES ${CMAKE_SOURCE_DIR}/tests/test_comm_gpu.c
+                 LIBS ${_par_libs} LABELS gpu NP 2 TIMEOUT 300)
+endif()
