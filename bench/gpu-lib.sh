@@ -36,6 +36,16 @@ link_test_data() {
     fi
 }
 
+# ctest_summary LOG PATTERN: the pass count and each test's line from a ctest -V log,
+# then the log's lines matching PATTERN (first occurrence of each, at most 80).
+ctest_summary() {
+    grep -E 'tests passed|tests failed' "$1" 2>/dev/null | sed 's/^/   /'
+    grep -E "Test +#[0-9]+: " "$1" 2>/dev/null |
+        sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.+/ /' | awk '{printf "   %s\n", $0}'
+    grep -hE "$2" "$1" 2>/dev/null | sed -E 's/^[0-9]+: //' | awk '!seen[$0]++' | head -80 |
+        sed 's/^/   /'
+}
+
 # The device tool brings back a handful of files (8 were seen): the logs go into one
 # archive, so the summaries always come back.
 pack_logs() {

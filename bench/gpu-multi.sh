@@ -185,12 +185,8 @@ fi
 {
     echo
     echo "== GPU tests"
-    grep -E 'tests passed|tests failed' "$OUT/ctest.log" 2>/dev/null | sed 's/^/   /'
-    grep -E "Test +#[0-9]+: " "$OUT/ctest.log" 2>/dev/null |
-        sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.+/ /' | awk '{printf "   %s\n", $0}'
-    grep -hE "tp=[0-9]+ pp=[0-9]+.*(logits|margin|range)|FAIL|SKIP|peer all-reduce|^=== " \
-        "$OUT/ctest.log" 2>/dev/null |
-        sed -E 's/^[0-9]+: //' | awk '!seen[$0]++' | head -80 | sed 's/^/   /'
+    ctest_summary "$OUT/ctest.log" \
+        "tp=[0-9]+ pp=[0-9]+.*(logits|margin|range)|FAIL|SKIP|peer all-reduce|failure|^=== "
     echo
     echo "== comm (size, busbw)"
     grep -E "^=== |PASS|FAIL|peer all-reduce|^ +(allreduce|allgather|sendrecv) " "$OUT/comm.log" \

@@ -200,11 +200,7 @@ fi
 {
     echo
     echo "== GPU tests (default, then VTEST_ENV=$VTEST_ENV):"
-    grep -E 'tests passed|tests failed' "$OUT/ctest.log" 2>/dev/null | sed 's/^/   /'
-    grep -E "Test +#[0-9]+: " "$OUT/ctest.log" 2>/dev/null |
-        sed -E 's/^ *[0-9]+\/[0-9]+ Test +#[0-9]+: //; s/ \.+/ /' | awk '{printf "   %s\n", $0}'
-    grep -hE "worst nmse|cuda vs cpu:|Failure|failed:|Assertion" "$OUT/ctest.log" 2>/dev/null |
-        sed -E 's/^[0-9]+: //' | sort -u | head -60 | sed 's/^/   /'
+    ctest_summary "$OUT/ctest.log" "worst nmse|cuda vs cpu:|Failure|failed:|Assertion"
     echo
     echo "== bench rows (=== names the run)"
     grep -E "^=== |\| *(pp512|tg128)" "$BENCH" 2>/dev/null | sed -E 's/ \(limit.*//' |

@@ -35,15 +35,7 @@ static struct comm *g_comm;
 
 #define PEER_SLOT_FLOATS (8u << 20) /* comm_peer.c's PEER_AR_CAP_FLOATS */
 
-#define CHECK(cond, ...)                                                                  \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            g_bad++;                                                                      \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);        \
-            fprintf(stderr, __VA_ARGS__);                                                 \
-            fprintf(stderr, "\n");                                                        \
-        }                                                                                 \
-    } while (0)
+#define CHECK(cond, ...) TU_CHECK_RANK(g_bad, g_rank, cond, __VA_ARGS__)
 
 /* Rank r's input for case `salt` (r = -1: the replicated residual). */
 static void fill(float *x, size_t n, int r, int salt) {
@@ -319,12 +311,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_mixed_rounds);
     tcase_add_test(tc, test_graph_replay);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, g_rank == 0 ? CK_NORMAL : CK_SILENT);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    int mine = g_bad + failed, bad = 0;
+    int mine = g_bad + tu_run_suite_rank(s, g_rank), bad = 0;
     MPI_Allreduce(&mine, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0) fprintf(stderr, "test_comm_gpu: %d failure(s) over %d ranks\n", bad, g_size);
     comm_free(&g_comm);

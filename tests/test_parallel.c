@@ -52,15 +52,7 @@ static char **g_argv;
 static int g_rank, g_size;
 static int g_bad; /* failures on this rank; agreed at the end so no rank hangs */
 
-#define CHECK(cond, ...)                                                              \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            g_bad++;                                                                  \
-            fprintf(stderr, "[rank %d] FAIL %s:%d: ", g_rank, __FILE__, __LINE__);    \
-            fprintf(stderr, __VA_ARGS__);                                             \
-            fprintf(stderr, "\n");                                                    \
-        }                                                                             \
-    } while (0)
+#define CHECK(cond, ...) TU_CHECK_RANK(g_bad, g_rank, cond, __VA_ARGS__)
 
 static const char *all_models[] = {"qwen2-tiny-f16",    "qwen2-tiny-q4_0", "qwen2-tiny-q5_k_m",
                                    "qwen3-tiny-bf16",   "qwen3-tiny-q4_k_m", "qwen3-tiny-q6_k",
@@ -413,12 +405,7 @@ int main(int argc, char **argv) {
     if (cm && !strcmp(cm, "nccl")) g_comm = COMM_NCCL;
     tcase_add_test(tc, test_configs);
     suite_add_tcase(s, tc);
-    // No fork: the test body makes MPI calls, which a forked child must not.
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, g_rank == 0 ? CK_NORMAL : CK_SILENT);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    const int failed = tu_run_suite_rank(s, g_rank);
     grid_mpi_finalize();
     return failed ? 1 : 0;
 }

@@ -140,3 +140,12 @@ int tu_run_suite(Suite *s) {
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+
+int tu_run_suite_rank(Suite *s, int rank) {
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, rank == 0 ? CK_NORMAL : CK_SILENT);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed;
+}

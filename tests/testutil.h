@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Exit code ctest reads as "skipped" (SKIP_RETURN_CODE). */
 #define TU_SKIP 77
@@ -57,7 +58,23 @@ size_t tu_compare(const char *label, const float *got, const float *want, size_t
 /* Normalized mean squared error sum((got-want)^2) / sum(want^2). */
 double tu_nmse(const float *got, const float *want, size_t n);
 
+/* For collective tests under mpirun: when cond is false, print "[rank R] FAIL file:line:
+ * message" and count it in `bad` instead of leaving the test (a rank that left would
+ * strand its peers in the next collective); the ranks agree on the counts at the end. */
+#define TU_CHECK_RANK(bad, rank, cond, ...)                                           \
+    do {                                                                              \
+        if (!(cond)) {                                                                \
+            (bad)++;                                                                  \
+            fprintf(stderr, "[rank %d] FAIL %s:%d: ", (rank), __FILE__, __LINE__);    \
+            fprintf(stderr, __VA_ARGS__);                                             \
+            fprintf(stderr, "\n");                                                    \
+        }                                                                             \
+    } while (0)
+
 /* Run a Check suite (CK_NORMAL output); returns the process exit code. */
 int tu_run_suite(Suite *s);
+/* Run a suite of MPI tests in this process (no fork: MPI does not survive one), output
+ * on rank 0 only; returns the number of failed tests on this rank. */
+int tu_run_suite_rank(Suite *s, int rank);
 
 #endif /* TESTUTIL_H */
