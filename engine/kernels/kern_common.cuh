@@ -29,6 +29,8 @@ struct kern_scratch {
 
 struct ops_ctx {
     int device;
+    uint64_t wait_since_ns;   /* host blocked on `stream` since (tpi_time_s in ns), 0: not
+                                 waiting; written by the host thread, read by the watchdog */
     int n_sm;                 /* multiprocessors, to size split-K grids */
     size_t smem_optin;        /* largest dynamic shared memory a block may opt into */
     cudaStream_t stream;      /* every op is ordered on this one stream */

@@ -171,6 +171,11 @@ struct ops {
     int (*graph_launch)(struct ops_ctx *ctx, void *graph, bool *launched, struct tpi_error *err);
     /* Free a graph from graph_end (NULL is fine); waits for its replays to finish. */
     void (*graph_free)(struct ops_ctx *ctx, void *graph);
+
+    /* Seconds the host has now been blocked in sync / to_host waiting for this context's
+     * queued work (0 when not waiting); safe to ask from another thread (the watchdog).
+     * NULL: the backend never waits that way (CPU). */
+    double (*wait_s)(struct ops_ctx *ctx);
 };
 
 /* The CPU reference backend (always built). */

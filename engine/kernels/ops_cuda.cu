@@ -262,11 +262,24 @@ static void cuda_to_dev(struct ops_ctx *ctx, void *dst, const void *src, size_t 
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, ctx->stream));
 }
 
+/* cudaStreamSynchronize, with the wait visible to ops->wait_s. */
+static cudaError_t watched_sync(struct ops_ctx *ctx) {
+    __atomic_store_n(&ctx->wait_since_ns, (uint64_t)(tpi_time_s() * 1e9) | 1u, __ATOMIC_RELAXED);
+    const cudaError_t e = cudaStreamSynchronize(ctx->stream);
+    __atomic_store_n(&ctx->wait_since_ns, (uint64_t)0, __ATOMIC_RELAXED);
+    return e;
+}
+
+static double cuda_wait_s(struct ops_ctx *ctx) {
+    const uint64_t t = __atomic_load_n(&ctx->wait_since_ns, __ATOMIC_RELAXED);
+    return t ? tpi_time_s() - (double)t * 1e-9 : 0.0;
+}
+
 static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
     if (!n_bytes) return;
     if (CUDA_OK(ctx, "cuda to_host",
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, ctx->stream)))
-        CUDA_OK(ctx, "cuda to_host", cudaStreamSynchronize(ctx->stream));
+        CUDA_OK(ctx, "cuda to_host", watched_sync(ctx));
 }
 
 static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
@@ -277,7 +290,7 @@ static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_
 }
 
 static void cuda_sync(struct ops_ctx *ctx) {
-    CUDA_OK(ctx, "cuda sync", cudaStreamSynchronize(ctx->stream));
+    CUDA_OK(ctx, "cuda sync", watched_sync(ctx));
 }
 
 /* ---- weights and cache ---- */
@@ -502,6 +515,7 @@ static const struct ops ops_cuda_table = {
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,
     /* .graph_free = */ kern_graph_free,
+    /* .wait_s = */ cuda_wait_s,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

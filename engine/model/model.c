@@ -15,6 +15,7 @@
 #include "gguf.h"
 #include "kernels/quant.h"
 #include "model.h"
+#include "parallel/watchdog.h"
 
 int model_agree(const struct model *m, int status, struct tpi_error *err) {
     if (!m->grid) return status;
@@ -27,6 +28,12 @@ int model_decider_rank(const struct model *m) {
 }
 
 bool model_has_logits(const struct model *m) { return m->plan.is_last; }
+
+/* The watchdog's probe: how long this rank's host has been blocked on its device. */
+static double model_wait_s(void *arg) {
+    const struct model *m = arg;
+    return m->ops->wait_s(m->octx);
+}
 
 static int bcast(const struct model *m, void *buf, int n, MPI_Datatype dt, int root,
                  struct tpi_error *err) {
@@ -297,6 +304,16 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
         if ((rc = model_agree(m, rc, err))) goto fail;
     }
 
+    // Device-side collectives (NCCL, the peer all-reduce) cannot time out on their own:
+    // a host blocked on the GPU longer than a collective may take stops the rank.
+    const bool device_comm = (m->tp_comm && m->tp_comm->kind == COMM_NCCL) ||
+                             (m->pp_comm && m->pp_comm->kind == COMM_NCCL);
+    if (device_comm && m->ops->wait_s) {
+        rc = tpi_watchdog_start(&m->watchdog, model_wait_s, m, comm_op_timeout_s(), world_rank,
+                                NULL, err);
+        if ((rc = model_agree(m, rc, err))) goto fail;
+    }
+
     if (!p->quiet) {
         char desc[256];
         model_config_describe(&m->cfg, desc, sizeof desc);
@@ -315,6 +332,7 @@ void model_free(struct model **pm) {
     if (!m) return;
     // Graphs first: they hold pointers into the buffers below and the NCCL calls they recorded.
     if (m->octx) model_graphs_free(m);
+    tpi_watchdog_stop(&m->watchdog);
     comm_free(&m->tp_comm);
     comm_free(&m->pp_comm);
     if (m->octx) {

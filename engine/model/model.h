@@ -140,6 +140,8 @@ struct model {
     const struct tpi_grid *grid;/* NULL: single rank, no comms */
     struct comm *tp_comm;       /* NULL when tp == 1 */
     struct comm *pp_comm;       /* NULL when pp == 1 */
+    struct tpi_watchdog *watchdog; /* stops the rank when a device wait outlasts
+                                      TPI_COMM_OP_TIMEOUT (NCCL comms only), or NULL */
     struct gguf_file *gguf;     /* owned; the weights were copied out of its mapping */
     int n_ctx, n_slot;
     double t_forward_s;         /* time spent in model_forward */

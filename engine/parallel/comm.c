@@ -71,6 +71,11 @@ const char *comm_host_name(char *buf, size_t n) {
     return buf;
 }
 
+double comm_op_timeout_s(void) {
+    const char *ot = getenv("TPI_COMM_OP_TIMEOUT");
+    return ot && *ot ? atof(ot) : 600.0;
+}
+
 int comm_poll_request(MPI_Request *req, double timeout_s) {
     double t0 = tpi_time_s();
     /* Sleep between tests, growing from 20 us to 1 ms: ranks are often

@@ -112,6 +112,10 @@ int comm_bcast(struct comm *c, void *buf, size_t count, enum comm_dtype dt, int 
                struct tpi_error *err);
 int comm_barrier(struct comm *c, struct tpi_error *err);
 
+/* The limit on one collective after set-up: TPI_COMM_OP_TIMEOUT seconds, default 600
+ * (the MPI communicator's per-call timeout, and the GPU watchdog's). */
+double comm_op_timeout_s(void);
+
 /* Bytes of one item of dt. */
 size_t comm_dtype_size(enum comm_dtype dt);
 /* "mpi" / "nccl"; and parse, -1 when unknown. */

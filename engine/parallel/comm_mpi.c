@@ -387,8 +387,7 @@ int comm_mpi_init(struct comm *c, struct tpi_error *err) {
     m->comm = MPI_COMM_NULL;
     m->op_f16 = m->op_bf16 = MPI_OP_NULL;
     m->pending = MPI_REQUEST_NULL;
-    const char *ot = getenv("TPI_COMM_OP_TIMEOUT");
-    m->op_timeout_s = ot && *ot ? atof(ot) : 600.0;
+    m->op_timeout_s = comm_op_timeout_s();
     m->device = comm_on_device(c);
     if (m->device && (!c->octx || !c->ops->to_host || !c->ops->to_dev || !c->ops->sync)) {
         free(m);

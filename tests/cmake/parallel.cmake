@@ -27,3 +27,7 @@ if(TPI_HAVE_CUDA)
   tpi_check_test(test_comm_gpu SOURCES ${CMAKE_SOURCE_DIR}/tests/test_comm_gpu.c
                  LIBS ${_par_libs} LABELS gpu NP 2 TIMEOUT 300)
 endif()
+
+# The device-wait watchdog with a probe the test controls (no MPI, no GPU).
+tpi_check_test(test_watchdog SOURCES ${CMAKE_SOURCE_DIR}/tests/test_watchdog.c
+               LIBS ${_par_libs} LABELS unit TIMEOUT 60)
