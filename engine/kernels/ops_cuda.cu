@@ -277,9 +277,12 @@ static double cuda_wait_s(struct ops_ctx *ctx) {
 
 static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
     if (!n_bytes) return;
+    // into pageable memory the copy itself waits for the queued work: watch it too
+    __atomic_store_n(&ctx->wait_since_ns, (uint64_t)(tpi_time_s() * 1e9) | 1u, __ATOMIC_RELAXED);
     if (CUDA_OK(ctx, "cuda to_host",
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, ctx->stream)))
         CUDA_OK(ctx, "cuda to_host", watched_sync(ctx));
+    __atomic_store_n(&ctx->wait_since_ns, (uint64_t)0, __ATOMIC_RELAXED);
 }
 
 static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
