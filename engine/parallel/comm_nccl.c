@@ -16,6 +16,12 @@
  *
  * Collectives are enqueued on the backend's stream and return without waiting
  * (stream-ordered, as comm.h says); enqueue errors become TPI_ERR_COMM.
+ *
+ * When the group shares one host, f32 sums that fit the peer all-reduce's slots go to
+ * it instead of NCCL (comm_peer.c sets it up, kern_peer_ar.cu runs it): one kernel
+ * that also adds into the residual (allreduce_add) and, for decode-sized steps,
+ * applies the next rmsnorm (allreduce_add_norm). Larger sums, all-gathers, send/recv
+ * and broadcasts stay with NCCL.
  */
 #include <stdint.h>
 #include <stdio.h>
