@@ -262,12 +262,12 @@ static void cuda_to_dev(struct ops_ctx *ctx, void *dst, const void *src, size_t 
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, ctx->stream));
 }
 
-/* cudaStreamSynchronize, with the wait visible to ops->wait_s. */
-static cudaError_t watched_sync(struct ops_ctx *ctx) {
+/* Mark the host as blocked on the stream from now (visible to ops->wait_s), and not. */
+static void wait_begin(struct ops_ctx *ctx) {
     __atomic_store_n(&ctx->wait_since_ns, (uint64_t)(tpi_time_s() * 1e9) | 1u, __ATOMIC_RELAXED);
-    const cudaError_t e = cudaStreamSynchronize(ctx->stream);
+}
+static void wait_end(struct ops_ctx *ctx) {
     __atomic_store_n(&ctx->wait_since_ns, (uint64_t)0, __ATOMIC_RELAXED);
-    return e;
 }
 
 static double cuda_wait_s(struct ops_ctx *ctx) {
@@ -278,11 +278,11 @@ static double cuda_wait_s(struct ops_ctx *ctx) {
 static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
     if (!n_bytes) return;
     // into pageable memory the copy itself waits for the queued work: watch it too
-    __atomic_store_n(&ctx->wait_since_ns, (uint64_t)(tpi_time_s() * 1e9) | 1u, __ATOMIC_RELAXED);
+    wait_begin(ctx);
     if (CUDA_OK(ctx, "cuda to_host",
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, ctx->stream)))
-        CUDA_OK(ctx, "cuda to_host", watched_sync(ctx));
-    __atomic_store_n(&ctx->wait_since_ns, (uint64_t)0, __ATOMIC_RELAXED);
+        CUDA_OK(ctx, "cuda to_host", cudaStreamSynchronize(ctx->stream));
+    wait_end(ctx);
 }
 
 static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
@@ -293,7 +293,9 @@ static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_
 }
 
 static void cuda_sync(struct ops_ctx *ctx) {
-    CUDA_OK(ctx, "cuda sync", watched_sync(ctx));
+    wait_begin(ctx);
+    CUDA_OK(ctx, "cuda sync", cudaStreamSynchronize(ctx->stream));
+    wait_end(ctx);
 }
 
 /* ---- weights and cache ---- */
