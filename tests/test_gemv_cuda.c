@@ -16,7 +16,8 @@
  *   run_us=.. run_tbs=.. full_us=.. full_tbs=..` (run: x prepared once; full: prepare +
  *   run per call), each the median of 5 replays of a CUDA graph of 200 calls rotating
  *   over weight copies of >= 256 MB in all (L2 is 50 MB). TPI_BENCH_TYPES (e.g.
- *   "Q4_K,Q6_K"), TPI_BENCH_ROWS ("1,8") and TPI_BENCH_CFGS ("kind=a;kind=p") narrow it.
+ *   "Q4_K,Q6_K"), TPI_BENCH_ROWS ("1,8"), TPI_BENCH_CFGS ("kind=a;kind=p") and
+ *   TPI_BENCH_SHAPES ("4096x12288,12288x4096": ne0 x ne1) narrow it.
  * GPU groups print SKIP and exit 77 without a usable GPU.
  *
  * Reference and bound. For the types that quantize x the reference is the CPU matmul on
@@ -52,7 +53,7 @@ static const int TYPES[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_0, TPI_TYPE_Q5_0, TPI_TYP
 static const char *const CFGS[] = {
     "kind=auto",    "kind=a,pdl=0",         "kind=a,pdl=1",         "kind=p,pdl=0",
     "kind=p,pdl=1", "kind=b,batch=1,pdl=0", "kind=b,batch=2,pdl=1", "kind=auto,wps=64",
-    "kind=p,wps=8",
+    "kind=p,wps=8", "kind=p,rpw=2",         "kind=p,rpw=4,wps=64",  "kind=a,rpw=2",
 };
 #define N_CFGS ((int)(sizeof CFGS / sizeof CFGS[0]))
 
@@ -163,11 +164,15 @@ START_TEST(test_host) {
     char desc[96];
     ck_assert_int_eq(kern_gemv_configure("kind=p,wps=32"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32");
+    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto");
     ck_assert_int_eq(kern_gemv_configure("kind=auto,wps=auto"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto");
-    const char *bad[] = {"wps=7", "wps=65", "wps=3x", "wps=", "kind=q", "batch=3", "pdl=2", "x=1"};
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto");
+    ck_assert_int_eq(kern_gemv_configure("rpw=4"), 0);
+    kern_gemv_describe(desc, sizeof desc);
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4");
+    const char *bad[] = {"wps=7", "wps=65", "wps=3x", "wps=", "kind=q", "batch=3", "pdl=2", "x=1",
+                         "rpw=3", "rpw=8", "rpw="};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(kern_gemv_configure(bad[i]) == -1, "'%s' was taken", bad[i]);
     kern_gemv_configure(NULL);
@@ -455,7 +460,7 @@ START_TEST(test_bench) {
     const int64_t shapes[][2] = {{4096, 4096},  {4096, 1024},  {4096, 6144},
                                  {4096, 12288}, {12288, 4096}, {4096, 151936}};
     const char *only = getenv("TPI_BENCH_TYPES"), *rows_env = getenv("TPI_BENCH_ROWS");
-    const char *cfg_env = getenv("TPI_BENCH_CFGS");
+    const char *cfg_env = getenv("TPI_BENCH_CFGS"), *shapes_env = getenv("TPI_BENCH_SHAPES");
     char cfgs[2048];
     snprintf(cfgs, sizeof cfgs, "%s",
              cfg_env ? cfg_env
@@ -479,6 +484,9 @@ START_TEST(test_bench) {
         if (only && !strstr(only, tr->name)) continue;
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t ne0 = shapes[si][0], ne1 = shapes[si][1];
+            char shape_s[32];
+            snprintf(shape_s, sizeof shape_s, "%lldx%lld", (long long)ne0, (long long)ne1);
+            if (shapes_env && !strstr(shapes_env, shape_s)) continue;
             const size_t row_bytes = quant_row_size(TYPES[ti], ne0),
                          n_bytes = row_bytes * (size_t)ne1;
             /* 64 distinct random rows, repeated: speed does not depend on the values */

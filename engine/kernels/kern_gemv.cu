@@ -52,10 +52,23 @@
 /* ---------------------------------------------------------------- helpers
  * __host__ __device__ so the per-type dot products can be run (emulated) on the host. */
 
-/* A T at p through the read-only cache (host: an unaligned-safe copy). */
+/* A T at p through the read-only cache (host: an unaligned-safe copy): weights. */
 template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p) {
 #ifdef __CUDA_ARCH__
     return __ldg((const T *)p);
+#else
+    T v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#endif
+}
+/* A T of x or of its (d, d*sum) pairs: a plain load (the kernels' x pointers are const
+ * __restrict__, so it is still a read-only load), which the compiler may merge with
+ * another load of the same address, as it may not merge two __ldg: the dots of several
+ * weight rows against one x then read x once (gv_item_rows). */
+template <typename T> __host__ __device__ __forceinline__ T gv_ldx(const void *p) {
+#ifdef __CUDA_ARCH__
+    return *(const T *)p;
 #else
     T v;
     memcpy(&v, p, sizeof v);
@@ -68,11 +81,14 @@ __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
     return gv_ldg<int4>(p);
 }
+__host__ __device__ __forceinline__ int4 gv_ldx128(const void *p) {
+    return gv_ldx<int4>(p);
+}
 __host__ __device__ __forceinline__ float2 gv_ldf2(const float2 *p) {
-    return gv_ldg<float2>(p);
+    return gv_ldx<float2>(p);
 }
 __host__ __device__ __forceinline__ float4 gv_ldf4(const float *p) {
-    return gv_ldg<float4>(p);
+    return gv_ldx<float4>(p);
 }
 __host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
     __half_raw r;
@@ -165,8 +181,8 @@ __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint3
     for (int r = 0; r < NR; r++)
         if (r == 0 || r < nr) {
             const int8_t *xr = x + (size_t)r * xs;
-            const int4 x0 = gv_ld128(gv_xunit<PERM>(xr, 0, 0));
-            const int4 x1 = gv_ld128(gv_xunit<PERM>(xr, 16, 1));
+            const int4 x0 = gv_ldx128(gv_xunit<PERM>(xr, 0, 0));
+            const int4 x1 = gv_ldx128(gv_xunit<PERM>(xr, 16, 1));
             int s = gv_dp4a(a[0], x0.x, 0);
             s = gv_dp4a(a[1], x0.y, s);
             s = gv_dp4a(a[2], x0.z, s);
@@ -277,10 +293,10 @@ template <> struct gv<TPI_TYPE_Q4_K> {
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
                 const int8_t *xr = x + (size_t)r * xs;
-                const int4 a0 = gv_ld128(gv_xunit<PERM>(xr, 64 * c, 0));
-                const int4 a1 = gv_ld128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
-                const int4 b0 = gv_ld128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
-                const int4 b1 = gv_ld128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
+                const int4 a0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c, 0));
+                const int4 a1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
+                const int4 b0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
+                const int4 b1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
                 int sl = gv_dp4a(lo[0], a0.x, 0);
                 sl = gv_dp4a(lo[1], a0.y, sl);
                 sl = gv_dp4a(lo[2], a0.z, sl);
@@ -354,7 +370,7 @@ template <> struct gv<TPI_TYPE_Q6_K> {
                 float t = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const int4 xv = gv_ld128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
+                    const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
                     int s = gv_dp4a(q[k][0], xv.x, 0);
                     s = gv_dp4a(q[k][1], xv.y, s);
                     s = gv_dp4a(q[k][2], xv.z, s);
@@ -462,7 +478,7 @@ __host__ __device__ __forceinline__ void gv_win_get(const gv_win &w, uint32_t (&
 
 /* The 16 int8 products of one unit: the 4 words q against the 16 x bytes at x. */
 __host__ __device__ __forceinline__ int gu_dp16(const uint32_t (&q)[4], const int8_t *x) {
-    const int4 xv = gv_ld128(x);
+    const int4 xv = gv_ldx128(x);
     int s = gv_dp4a(q[0], xv.x, 0);
     s = gv_dp4a(q[1], xv.y, s);
     s = gv_dp4a(q[2], xv.z, s);
@@ -706,62 +722,84 @@ __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__rest
     gv_perm_store(q, i, ne0, lay, xq);
 }
 
-/* kind a: sum acc over the warp, then over the wpr warps of one row (shared memory),
- * and store (or add to) row `row` of y for the first nr x rows. */
-template <int NR>
-__device__ __forceinline__ void gv_store(float (&acc)[NR], float *__restrict__ y, int ne1, int nr,
-                                         int row, int part, int wpr, bool accumulate) {
-    __shared__ float red[GV_WARPS][NR];
+/* Sum acc over the warp, then over the wpr warps of one row group (shared memory),
+ * and store (or add to) rows row0..row0+RW-1 (those < ne1) of y for the first nr x
+ * rows. Lane rw writes weight row rw's outputs. */
+template <int NR, int RW>
+__device__ __forceinline__ void gv_store(float (&acc)[RW][NR], float *__restrict__ y, int ne1,
+                                         int nr, int row0, int part, int wpr, bool accumulate) {
+    __shared__ float red[GV_WARPS][RW][NR];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int r = 0; r < NR; r++)
-        acc[r] = gv_warp_sum(acc[r]);
-    if (wpr == 1) {
-        if (lane == 0 && row < ne1)
+    for (int rw = 0; rw < RW; rw++)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[rw][r] = gv_warp_sum(acc[rw][r]);
+    if (wpr > 1) {
+        if (lane == 0)
+#pragma unroll
+            for (int rw = 0; rw < RW; rw++)
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+                    red[warp][rw][r] = acc[rw][r];
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int rw = 0; rw < RW; rw++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                float s = 0.0f;
+                for (int k = 0; k < wpr; k++) /* fixed order: results do not depend on timing */
+                    s += red[warp + k][rw][r];
+                acc[rw][r] = s;
+            }
+    }
+#pragma unroll
+    for (int rw = 0; rw < RW; rw++)
+        if (lane == rw && row0 + rw < ne1)
 #pragma unroll
             for (int r = 0; r < NR; r++)
                 if (r < nr) {
-                    float *o = y + (size_t)r * ne1 + row;
-                    *o = accumulate ? *o + acc[r] : acc[r];
+                    float *o = y + (size_t)r * ne1 + row0 + rw;
+                    *o = accumulate ? *o + acc[rw][r] : acc[rw][r];
                 }
-        return;
-    }
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            red[warp][r] = acc[r];
-    __syncthreads();
-    if (part == 0 && lane == 0 && row < ne1)
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (r < nr) {
-                float s = 0.0f;
-                for (int k = 0; k < wpr; k++) /* fixed order: results do not depend on timing */
-                    s += red[warp + k][r];
-                float *o = y + (size_t)r * ne1 + row;
-                *o = accumulate ? *o + s : s;
-            }
 }
 
-/* Kinds a and p: one warp's share of a row, items first, first + step, ... Batches of U
- * items, straight-line so all their loads can be issued before the first dot; items
- * past the row end redo the batch's first item with weight 0 (adds exact zeros) instead
- * of branching. Rows of <= 2 items per lane (4096 values of Q4_K/Q6_K) take batches of
- * 2, so half the work is not thrown away. x: plain int8 x (kind a) or the type's
- * permuted copy (kind p, xs its padded row stride). __host__ __device__: the host
- * emulation runs it per lane. */
-template <int TYPE, int NR, bool PERM>
+/* The RW weight rows a warp takes from row0 on: rows past ne1 repeat the last row (read,
+ * summed, never stored), so the loads need no branch. */
+template <int RW>
+__device__ __forceinline__ void gv_rows_of(const uint8_t *w, size_t row_bytes, int row0, int ne1,
+                                           const uint8_t *(&wr)[RW]) {
+#pragma unroll
+    for (int rw = 0; rw < RW; rw++)
+        wr[rw] = w + (size_t)gv_imin(row0 + rw, ne1 - 1) * row_bytes;
+}
+
+/* Kinds a and p: one warp's share of RW weight rows (wr[]), items first, first + step,
+ * ... Batches of U items, straight-line so all their loads can be issued before the
+ * first dot; items past the row end redo the batch's first item with weight 0 (adds
+ * exact zeros) instead of branching. An item's x is read once for the RW rows (the
+ * dots' loads of the same x are one load after common-subexpression elimination), so
+ * x traffic per weight byte falls by RW. Rows of <= 2 items per lane (4096 values of
+ * Q4_K/Q6_K) take batches of 2, so half the work is not thrown away. x: plain int8 x
+ * (kind a) or the type's permuted copy (kind p, xs its padded row stride).
+ * __host__ __device__: the host emulation runs it per lane (RW 1: one row's sums do
+ * not depend on RW). */
+template <int TYPE, int NR, bool PERM, int RW>
 __host__ __device__ __forceinline__ void
-gv_item_row(const uint8_t *wr, int n_items, int first, int step, const int8_t *x, int xs,
-            const float2 *ds, int ne0, int nr, float (&acc)[NR]) {
+gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
+             int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
     using Q = gv<TYPE>;
     constexpr int GS = Q::BLK == 32 ? GV_GS_B32 : GV_GS_K4;
     auto item = [&](int i, float keep) {
         const int blk = i / Q::IPB;
         const int8_t *xi =
             PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
-        Q::template dot<NR, PERM>(wr + (size_t)blk * Q::BYTES, i % Q::IPB, xi, xs,
-                                  ds + (size_t)blk * (Q::BLK / GV_QK), ne0 / GV_QK, nr, keep, acc);
+#pragma unroll
+        for (int rw = 0; rw < RW; rw++)
+            Q::template dot<NR, PERM>(wr[rw] + (size_t)blk * Q::BYTES, i % Q::IPB, xi, xs,
+                                      ds + (size_t)blk * (Q::BLK / GV_QK), ne0 / GV_QK, nr, keep,
+                                      acc[rw]);
     };
     auto rows = [&](auto u_c) {
         constexpr int U = decltype(u_c)::value;
@@ -780,60 +818,75 @@ gv_item_row(const uint8_t *wr, int n_items, int first, int step, const int8_t *x
         rows(std::integral_constant<int, GV_UNROLL>{});
 }
 
-/* Kinds a and p, quantized weights: warp (row, part) takes items part*32 + lane,
- * stepping 32*wpr. */
-template <int TYPE, int NR, bool PERM>
+/* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
+ * stepping 32*wpr, of the RW rows from group*RW on. */
+template <int TYPE, int NR, bool PERM, int RW>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_quant_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
                     const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
                     float *__restrict__ y, int nr, int wpr, bool accumulate) {
     using Q = gv<TYPE>;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
-    float acc[NR];
+    const int row0 = (blockIdx.x * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
+    float acc[RW][NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++)
-        acc[r] = 0.0f;
+    for (int rw = 0; rw < RW; rw++)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[rw][r] = 0.0f;
     gv_grid_dep_wait();
-    if (row < ne1)
-        gv_item_row<TYPE, NR, PERM>(w + (size_t)row * row_bytes, (ne0 / Q::BLK) * Q::IPB,
-                                    part * 32 + lane, 32 * wpr, x, xs, ds, ne0, nr, acc);
-    gv_store<NR>(acc, y, ne1, nr, row, part, wpr, accumulate);
+    if (row0 < ne1) {
+        const uint8_t *wr[RW];
+        gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
+        gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
+                                         x, xs, ds, ne0, nr, acc);
+    }
+    gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
 }
 
-/* kind a, BF16/F16 weights: an item is 8 values (16 bytes). */
-template <int TYPE, int NR>
+/* kind a, BF16/F16 weights: an item is 8 values (16 bytes); warp (group, part) takes
+ * the RW rows from group*RW on, each item's x read once for all of them. */
+template <int TYPE, int NR, int RW>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_elem_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
                    const float *__restrict__ x, float *__restrict__ y, int nr, int wpr,
                    bool accumulate) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
+    const int row0 = (blockIdx.x * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
     const int n_items = ne0 / 8, step = 32 * wpr;
-    float acc[NR];
+    float acc[RW][NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++)
-        acc[r] = 0.0f;
+    for (int rw = 0; rw < RW; rw++)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            acc[rw][r] = 0.0f;
     gv_grid_dep_wait();
-    if (row < ne1) {
-        const int4 *wr = (const int4 *)(w + (size_t)row * row_bytes);
+    if (row0 < ne1) {
+        const uint8_t *wb[RW];
+        gv_rows_of<RW>(w, row_bytes, row0, ne1, wb);
         for (int it = part * 32 + lane; it < n_items; it += GV_UNROLL * step) {
-            int4 wv[GV_UNROLL];
+            int4 wv[GV_UNROLL][RW];
 #pragma unroll
             for (int u = 0; u < GV_UNROLL; u++) {
                 const int i = it + u * step;
                 /* past the row end: zero weights against the batch's first x (exact zeros) */
-                wv[u] = u == 0 || i < n_items ? __ldg(wr + i) : make_int4(0, 0, 0, 0);
+#pragma unroll
+                for (int rw = 0; rw < RW; rw++)
+                    wv[u][rw] = u == 0 || i < n_items ? __ldg((const int4 *)wb[rw] + i)
+                                                      : make_int4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int u = 0; u < GV_UNROLL; u++) {
                 const int i = it + u * step;
-                gv_elem<TYPE>::template dot<NR>(
-                    wv[u], x + 8 * (size_t)(u == 0 || i < n_items ? i : it), ne0, nr, acc);
+#pragma unroll
+                for (int rw = 0; rw < RW; rw++)
+                    gv_elem<TYPE>::template dot<NR>(
+                        wv[u][rw], x + 8 * (size_t)(u == 0 || i < n_items ? i : it), ne0, nr,
+                        acc[rw]);
             }
         }
     }
-    gv_store<NR>(acc, y, ne1, nr, row, part, wpr, accumulate);
+    gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
 }
 
 /* kind b, quantized weights: warp (row, part) takes units part*32 + lane, stepping
@@ -845,15 +898,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
                    float *__restrict__ y, int nr, int wpr, bool accumulate) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
-    float acc[NR];
+    float acc[1][NR];
 #pragma unroll
     for (int r = 0; r < NR; r++)
-        acc[r] = 0.0f;
+        acc[0][r] = 0.0f;
     if (row < ne1)
         gu_row<TYPE, NR, U>(w + (size_t)row * row_bytes, ne0 / 16, part * 32 + lane, 32 * wpr, xq,
-                            ds, ne0, nr, acc, [] { gv_grid_dep_wait(); });
+                            ds, ne0, nr, acc[0], [] { gv_grid_dep_wait(); });
     gv_grid_dep_wait(); /* (again, for lanes that had no unit: y is read and written below) */
-    gv_store<NR>(acc, y, ne1, nr, row, part, wpr, accumulate);
+    gv_store<NR, 1>(acc, y, ne1, nr, row, part, wpr, accumulate);
 }
 
 /* ---------------------------------------------------------------- knobs
@@ -882,14 +935,26 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *                          warps per SM the grid aims for: rows are split among 2-4 warps
  *                          (wpr) until the grid has this many. auto: 32 for BF16/F16, 16
  *                          for the quantized types (measured end to end on the H200, tg128:
- *                          BF16 +2 % at 32; Q4_K_M -2 %, Q8_0 -1 % at 32, worse at 64). */
+ *                          BF16 +2 % at 32; Q4_K_M -2 %, Q8_0 -1 % at 32, worse at 64).
+ *   TPI_GEMV_RPW   auto | 1 | 2 | 4
+ *                          weight rows per warp (kinds a and p, BF16/F16; 1-4 x rows): a
+ *                          lane's x is loaded once and dotted with that many rows, so L1
+ *                          traffic for x per weight byte falls by the factor, and the
+ *                          grid by it. auto: 2 for one x row and a quantized type with rows
+ *                          of >= 8192 values, else 1. Measured (H200, 1 x row, graph
+ *                          replays, us, rpw 1 -> 2): 12288->4096 Q4_K 11.24 -> 10.53, Q6_K
+ *                          20.57 -> 19.30, Q8_0 18.70 -> 17.49; 4096->12288 Q4_K 10.18 ->
+ *                          9.81, Q8_0 15.25 -> 15.40; 4096->1024 worse for every type (2.8
+ *                          -> 2.9-4.2: half the warps), BF16 no better anywhere. */
 struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
     int batch, pdl, wps; /* wps 0: auto */
+    int rpw;             /* 1, 2, 4, or 0: auto */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
+#define GV_RPW_AUTO_NE0 8192 /* auto: 2 weight rows per warp from this row length on */
 
 /* Apply "key=value" pairs separated by ',' or ' ' to *c; false on an unknown key or a
  * bad value (c is then partly updated). */
@@ -927,6 +992,13 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
                 c->wps = (int)n;
             else
                 return false;
+        } else if (strcmp(key, "rpw") == 0) {
+            if (spec - v == 4 && strncmp(v, "auto", 4) == 0)
+                c->rpw = 0;
+            else if ((*v == '1' || *v == '2' || *v == '4') && spec - v == 1)
+                c->rpw = *v - '0';
+            else
+                return false;
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
@@ -942,7 +1014,8 @@ static gv_cfg gv_cfg_from_env(void) {
     static const char *const keys[][2] = {{"kind", "TPI_GEMV_KIND"},
                                           {"batch", "TPI_GEMV_BATCH"},
                                           {"pdl", "TPI_GEMV_PDL"},
-                                          {"wps", "TPI_GEMV_WPS"}};
+                                          {"wps", "TPI_GEMV_WPS"},
+                                          {"rpw", "TPI_GEMV_RPW"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -971,12 +1044,11 @@ int kern_gemv_configure(const char *spec) {
 
 void kern_gemv_describe(char *buf, size_t n) {
     const gv_cfg &c = gv_config();
-    char wps[8] = "auto";
+    char wps[8] = "auto", rpw[8] = "auto", kind[8] = "auto";
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
-    if (c.kind)
-        snprintf(buf, n, "kind=%c,batch=%d,pdl=%d,wps=%s", c.kind, c.batch, c.pdl, wps);
-    else
-        snprintf(buf, n, "kind=auto,batch=%d,pdl=%d,wps=%s", c.batch, c.pdl, wps);
+    if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
+    if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
+    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s", kind, c.batch, c.pdl, wps, rpw);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1047,11 +1119,29 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     const bool kq = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K;
     int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'p';
     if (kind == 'p' && !gx->xp) kind = 'a';
+    /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob; auto: 2 for
+     * one x row and rows of >= GV_RPW_AUTO_NE0 values of a quantized type, else 1 */
+    const int rpw = NR > 4   ? 1
+                    : c.rpw ? c.rpw
+                    : NR == 1 && !gv_is_elem(T) && ne0 >= GV_RPW_AUTO_NE0 ? 2
+                                                                           : 1;
+    const int64_t groups = ((int64_t)ne1 + rpw - 1) / rpw;
+    auto by_rpw = [&](auto f) {
+        if (rpw == 4)
+            f(std::integral_constant<int, NR <= 4 ? 4 : 1>{});
+        else if (rpw == 2)
+            f(std::integral_constant<int, NR <= 4 ? 2 : 1>{});
+        else
+            f(std::integral_constant<int, 1>{});
+    };
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
-        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_ELEM, ne1, ne0 / 8, 2);
-        const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
-        kern_launch(pdl, gv_elem_kernel<T, NR>, dim3(blocks), dim3(GV_WARPS * 32), 0, stream, data,
-                    w->row_bytes, ne0, ne1, gx->x, y, nr, wpr, accumulate);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_ELEM, groups, ne0 / 8, 2);
+        const unsigned blocks = (unsigned)((groups * wpr + GV_WARPS - 1) / GV_WARPS);
+        by_rpw([&](auto rw_c) {
+            kern_launch(pdl, gv_elem_kernel<T, NR, decltype(rw_c)::value>, dim3(blocks),
+                        dim3(GV_WARPS * 32), 0, stream, data, w->row_bytes, ne0, ne1, gx->x, y, nr,
+                        wpr, accumulate);
+        });
     } else if (kind == 'b') {
         constexpr int U = gu_batch<T>::U;
         const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_QUANT, ne1, ne0 / 16, U * c.batch);
@@ -1066,8 +1156,8 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     } else {
         using Q = gv<T>;
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
-        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_QUANT, ne1, n_items, 2);
-        const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
+        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_QUANT, groups, n_items, 2);
+        const unsigned blocks = (unsigned)((groups * wpr + GV_WARPS - 1) / GV_WARPS);
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
@@ -1075,13 +1165,17 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
                                : T == TPI_TYPE_Q6_K ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK == 32 ? lay.b32_stride : lay.k4_stride;
-            kern_launch(pdl, gv_quant_kernel<T, NR, true>, dim3(blocks), dim3(GV_WARPS * 32), 0,
-                        stream, data, w->row_bytes, ne0, ne1, gx->xp + (off - lay.b32_off), xs,
-                        gx->ds, y, nr, wpr, accumulate);
+            by_rpw([&](auto rw_c) {
+                kern_launch(pdl, gv_quant_kernel<T, NR, true, decltype(rw_c)::value>, dim3(blocks),
+                            dim3(GV_WARPS * 32), 0, stream, data, w->row_bytes, ne0, ne1,
+                            gx->xp + (off - lay.b32_off), xs, gx->ds, y, nr, wpr, accumulate);
+            });
         } else {
-            kern_launch(pdl, gv_quant_kernel<T, NR, false>, dim3(blocks), dim3(GV_WARPS * 32), 0,
-                        stream, data, w->row_bytes, ne0, ne1, gx->xq, ne0, gx->ds, y, nr, wpr,
-                        accumulate);
+            by_rpw([&](auto rw_c) {
+                kern_launch(pdl, gv_quant_kernel<T, NR, false, decltype(rw_c)::value>, dim3(blocks),
+                            dim3(GV_WARPS * 32), 0, stream, data, w->row_bytes, ne0, ne1, gx->xq,
+                            ne0, gx->ds, y, nr, wpr, accumulate);
+            });
         }
     }
 }
@@ -1218,19 +1312,20 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
         for (int part = 0; part < wpr; part++) {
             float v[8][32];
             for (int lane = 0; lane < 32; lane++) {
-                float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                float acc[1][8] = {{0, 0, 0, 0, 0, 0, 0, 0}};
+                const uint8_t *const wr1[1] = {wr};
                 const int first = part * 32 + lane, step = 32 * wpr;
                 if (kind == 'b')
-                    gu_row<T, 8, gu_batch<T>::U>(wr, ne0 / 16, first, step, xq, ds, ne0, nr, acc,
+                    gu_row<T, 8, gu_batch<T>::U>(wr, ne0 / 16, first, step, xq, ds, ne0, nr, acc[0],
                                                  [] {});
                 else if (kind == 'p')
-                    gv_item_row<T, 8, true>(wr, ne0 / Q::BLK * Q::IPB, first, step, xp, xs, ds, ne0,
-                                            nr, acc);
+                    gv_item_rows<T, 8, true, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xp, xs, ds,
+                                                ne0, nr, acc);
                 else
-                    gv_item_row<T, 8, false>(wr, ne0 / Q::BLK * Q::IPB, first, step, xq, ne0, ds,
-                                             ne0, nr, acc);
+                    gv_item_rows<T, 8, false, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xq, ne0,
+                                                 ds, ne0, nr, acc);
                 for (int r = 0; r < 8; r++)
-                    v[r][lane] = acc[r];
+                    v[r][lane] = acc[0][r];
             }
             for (int r = 0; r < 8; r++) {
                 for (int o = 16; o > 0; o >>= 1) {
