@@ -93,9 +93,10 @@ static void expect_close(const char *label, const float *got, const float *want,
 START_TEST(test_rmsnorm) {
     struct tu_rng r;
     tu_rng_seed(&r, 1);
-    const int64_t rows[] = {1, 3, 37}, cols[] = {1, 33, 896, 4097};
+    const int64_t rows[] = {1, 3, 37}, cols[] = {1, 33, 896, 4097, 5120};
+    /* decode rows (<= 8) of 896 and 5120 take the split kernel, in place the one-block one */
     for (size_t a = 0; a < 3; a++)
-        for (size_t b = 0; b < 4; b++) {
+        for (size_t b = 0; b < 5; b++) {
             const int64_t nr = rows[a], nc = cols[b];
             const size_t n = (size_t)(nr * nc);
             float *x = rand_vec(&r, n, -3, 3), *w = rand_vec(&r, (size_t)nc, 0.5f, 1.5f);

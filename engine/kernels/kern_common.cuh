@@ -61,6 +61,7 @@ struct ops_ctx {
         bool valid;
     } xq_memo;
     int xq_produce;    /* XQ_BY_*: producers that write the next matmul's int8 x */
+    bool rms_split;    /* decode rows' rmsnorm over n_cols / 128 blocks (TPI_RMS_SPLIT) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */

@@ -293,6 +293,48 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
     }
 }
 
+/* Decode rows (kern_rmsnorm picks it for n_rows <= 8): grid (n_rows, n_cols /
+ * RMS_SPLIT_T) blocks of RMS_SPLIT_T threads, thread t of block s writing column
+ * s * RMS_SPLIT_T + t. Every block sums the squares of its whole row itself (float4
+ * loads, all in flight, from L2: the previous kernel has just written the row), in the
+ * same order, so all get the same scale. A row is spread over n_cols / 128 SMs instead
+ * of one, and with xq each warp quantizes the 32-value block it wrote (kern_q8_block):
+ * the quantization costs one shuffle tree per warp instead of a block walking the whole
+ * row (bench/NOTES.md change 14). y must not overlap x (another block may still read
+ * what this one writes); n_cols % RMS_SPLIT_T == 0. */
+#define RMS_SPLIT_T 128
+__global__ void __launch_bounds__(RMS_SPLIT_T)
+    rmsnorm_split_kernel(const float *x, const float *w, float *y, int n_cols, float eps,
+                         int8_t *xq, float2 *ds, gv_xlayout lay) {
+    const int64_t row = blockIdx.x;
+    const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
+    const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
+    kern_dep_wait();
+    const float4 *xr4 = (const float4 *)(x + row * n_cols);
+    const int n4 = n_cols / 4;
+    float ss = 0.0f;
+    int i = threadIdx.x;
+    for (; i + 7 * RMS_SPLIT_T < n4; i += 8 * RMS_SPLIT_T) {
+        float4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = xr4[i + j * RMS_SPLIT_T];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    for (; i < n4; i += RMS_SPLIT_T) {
+        const float4 v = xr4[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss);
+    const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
+    const int64_t at = row * n_cols + c;
+    const float o = __fmul_rn(__fmul_rn(x[at], scale), wc);
+    y[at] = o;
+    if (xq) gv_perm_store(kern_q8_block(o, at, xq, ds), at, n_cols, lay, xq);
+}
+
 /* xq non-NULL: also y's int8 blocks (n % 32 == 0). */
 __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
                                 float2 *ds, gv_xlayout lay) {
@@ -425,8 +467,13 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     float2 *ds = NULL;
     const bool q8 = n_rows <= 8 && kern_xq_claim(ctx, XQ_BY_NORM, n_rows, n_cols, &xq, &ds);
     const gv_xlayout lay = gv_xlayout_of((int)TPI_MIN(n_rows, (int64_t)8), n_cols);
-    kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream, x,
-                w, y, n_cols, eps, xq, ds, lay);
+    const bool apart = y + n_rows * n_cols <= x || x + n_rows * n_cols <= y;
+    if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
+        kern_launch(ctx->pdl, rmsnorm_split_kernel, dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)),
+                    dim3(RMS_SPLIT_T), 0, ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
+    else
+        kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
+                    x, w, y, n_cols, eps, xq, ds, lay);
     if (LAUNCH_OK(ctx, "cuda rmsnorm") && q8) kern_xq_remember(ctx, y, n_rows * n_cols);
 }
 

@@ -187,20 +187,24 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         }
     }
     ctx->gemv = gemv_from_env();
-    /* Producers of the next matmul's int8 x (bench/NOTES.md, change 12), off by default:
-     * with both (TPI_XQ_MEMO=1) tg128 is slower, rmsnorm costing 4.3 us more (ncu, Q4_K_M
-     * decode) for a 2.35 us quantize launch saved; silu*mul alone (TPI_XQ_MEMO=silu)
-     * costs 0.3 us for one, and waits for an end-to-end run before it is the default.
+    /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm
+     * and silu*mul by default (TPI_XQ_MEMO=1). Once rmsnorm ran over many blocks (its
+     * split kernel), both pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0 283.3 -> 294.0 (H200).
      * PDL launches of our kernels are off by default: measured no gain. */
     const char *xm = getenv("TPI_XQ_MEMO");
-    ctx->xq_produce = !xm || !*xm || strcmp(xm, "0") == 0 ? 0
+    ctx->xq_produce = !xm || !*xm                         ? XQ_BY_NORM | XQ_BY_SILU
+                      : strcmp(xm, "0") == 0               ? 0
                       : strcmp(xm, "silu") == 0            ? XQ_BY_SILU
+                      : strcmp(xm, "norm") == 0            ? XQ_BY_NORM
                       : strcmp(xm, "1") == 0               ? XQ_BY_NORM | XQ_BY_SILU
                                                            : -1;
     if (ctx->xq_produce < 0) {
-        TPI_LOGW("TPI_XQ_MEMO=%s is not 0, silu or 1: ignored", xm);
-        ctx->xq_produce = 0;
+        TPI_LOGW("TPI_XQ_MEMO=%s is not 0, silu, norm or 1: ignored", xm);
+        ctx->xq_produce = XQ_BY_NORM | XQ_BY_SILU;
     }
+    /* Decode rows' rmsnorm split over many blocks (kern_elem.cu, rmsnorm_split_kernel). */
+    const char *rs = getenv("TPI_RMS_SPLIT");
+    ctx->rms_split = !(rs && strcmp(rs, "0") == 0);
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = pd && strcmp(pd, "1") == 0;
     ctx->n_sm = prop.multiProcessorCount;
