@@ -5,7 +5,8 @@
 # Steps, each bounded by the time left (the whole run stays under BUDGET_S):
 #   1. configure + build $BUILD (Release, sm_90): tpinfer and the GPU test binaries
 #   2. synthetic Qwen3-8B models (bf16, q8_0, q4_k_m) written in the background
-#   3. ctest -L gpu (every CUDA op and fused op against the CPU, the tiny models end to end),
+#   3. ctest -L gpu (every CUDA op and fused op against the CPU, the tiny models end to end;
+#      CTEST_SEL replaces "-L gpu"),
 #      and the model tests again under VTEST_ENV when given
 #   4. tpinfer bench -p 512 -n 128 -r 3 on the three models (the default paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
@@ -13,7 +14,8 @@
 #   6b. profile: ncu's kernel durations over PROFILE_N decode steps of PROFILE_TYPES,
 #      summed per kernel by bench/ncu-steps.py (profile.txt; ~70 s a step)
 #   7. kernel microbenches, not in the defaults (test_gemv_cuda bench, test_ops_cuda_elem
-#      bench; STEPS="... micro")
+#      bench; STEPS="... micro"; TPI_BENCH_* narrow the first)
+#   7b. ncu sections of single matrix-vector kernels (STEPS="... ncu-gemv", NCU_GEMV)
 #   8. batch prompt files (bench/batch-bench.sh, BATCH_MODEL, --parallel 32, greedy and
 #      temperature 0.8: the host sampler's share of a step shows as the difference)
 #   9. summary.txt: test results, bench rows, variant rows, microbench lines
@@ -91,8 +93,9 @@ MK_PID=$!
 
 # ---- 3. GPU tests ----
 if has_step test; then
+    # shellcheck disable=SC2086
     OMP_WAIT_POLICY=passive bounded ctest 200 "$OUT/ctest.log" \
-        ctest --test-dir "$BUILD" -L gpu -j 4 -V --timeout 190
+        ctest --test-dir "$BUILD" ${CTEST_SEL:--L gpu} -j 4 -V --timeout 190
 fi
 
 # GPU model tests again under other settings (VTEST_ENV: "ENV=V ...", empty: skipped)
@@ -135,6 +138,7 @@ fi
 
 # ---- 6. variants ----
 if has_step variants; then
+    wait_models
     vmodels=""
     for t in $VARIANT_MODEL; do
         f=$(model_of "$t")
@@ -179,7 +183,25 @@ fi
 if has_step micro; then
     [ -x "$BUILD/tests/test_gemv_cuda" ] &&
         bounded micro-gemv 90 "$OUT/micro.log" "$BUILD/tests/test_gemv_cuda" bench
-    bounded micro-ops 60 "$OUT/micro.log" "$BUILD/tests/test_ops_cuda_elem" bench
+    [ "${MICRO_OPS:-1}" = 1 ] &&
+        bounded micro-ops 60 "$OUT/micro.log" "$BUILD/tests/test_ops_cuda_elem" bench
+fi
+
+# ---- 7b. ncu sections of single matrix-vector kernels (NCU_GEMV: "TYPE SHAPE CFG" per
+# line; the microbench's first graph launch of that kernel, after the warm-up) ----
+NCU_GEMV=${NCU_GEMV:-"Q4_K 4096x12288 kind=p
+Q6_K 12288x4096 kind=p"}
+if has_step ncu-gemv && command -v ncu >/dev/null && [ -x "$BUILD/tests/test_gemv_cuda" ]; then
+    while read -r ty shape cfg; do
+        [ -n "$cfg" ] || continue
+        echo "== ncu $ty $shape $cfg" >>"$OUT/ncu-gemv.log"
+        TPI_BENCH_TYPES=$ty TPI_BENCH_SHAPES=$shape TPI_BENCH_ROWS=1 TPI_BENCH_CFGS=$cfg \
+            bounded "ncu-gemv-$ty-$shape-$cfg" 60 "$OUT/ncu-gemv.log" ncu --clock-control none \
+            -k regex:"gv_(quant|elem|unit)_kernel" --launch-skip 2 --launch-count 1 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+            --section Occupancy --section LaunchStats --section SchedulerStats \
+            --section InstructionStats "$BUILD/tests/test_gemv_cuda" bench
+    done <<<"$NCU_GEMV"
 fi
 
 # ---- 8. batch prompt files ----
@@ -213,7 +235,11 @@ fi
     grep -A12 "^== " "$OUT/profile.txt" 2>/dev/null | head -40
     echo
     echo "== microbench"
-    grep -E "^bench " "$OUT/micro.log" 2>/dev/null | head -150
+    grep -E "^(gemv_)?bench " "$OUT/micro.log" 2>/dev/null | sed -E 's/^gemv_bench //' | head -150
+    echo
+    echo "== ncu sections of single kernels (ncu-gemv.log has all)"
+    grep -E "^== ncu|  (Duration|DRAM Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|Grid Size|Waves Per SM|L1/TEX Hit Rate|Mem Busy|Max Bandwidth|Mem Pipes Busy) " \
+        "$OUT/ncu-gemv.log" 2>/dev/null | head -120
     echo
     echo "total: $(elapsed) s"
 } >>"$SUM"
