@@ -98,9 +98,6 @@ __host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
 __host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
     return gv_ldg<unsigned short>(p);
 }
-__host__ __device__ __forceinline__ float gv_wf16(const uint8_t *p) {
-    return gv_h2f((uint16_t)gv_ld16(p));
-}
 __host__ __device__ __forceinline__ int gv_dp4a(uint32_t a, int b, int c) {
 #ifdef __CUDA_ARCH__
     return __dp4a((int)a, b, c);
@@ -198,14 +195,19 @@ __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint3
 /* Q8_0: an item is a block: f16 d, 32 int8 at b+2 (2-byte aligned). */
 template <> struct gv<TPI_TYPE_Q8_0> {
     static constexpr int BLK = 32, BYTES = 34, IPB = 1;
+    struct raw {
+        uint32_t q[8], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.d = gv_ld16(b);
+        gv_ld_a2<8>(b + 2, w.q);
+    }
     template <int NR, bool PERM>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *x,
-                                                        int xs, const float2 *ds, int dss, int nr,
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const float d = gv_wf16(b) * keep;
-        uint32_t q[8];
-        gv_ld_a2<8>(b + 2, q);
-        gv_dot32<NR, PERM>(q, q + 4, d, x, xs, ds, dss, nr, acc);
+        const float d = gv_h2f((uint16_t)w.d) * keep;
+        gv_dot32<NR, PERM>(w.q, w.q + 4, d, x, xs, ds, dss, nr, acc);
     }
 };
 
@@ -213,13 +215,20 @@ template <> struct gv<TPI_TYPE_Q8_0> {
  * (high), q - 8. */
 template <> struct gv<TPI_TYPE_Q4_0> {
     static constexpr int BLK = 32, BYTES = 18, IPB = 1;
+    struct raw {
+        uint32_t q[4], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.d = gv_ld16(b);
+        gv_ld_a2<4>(b + 2, w.q);
+    }
     template <int NR, bool PERM>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *x,
-                                                        int xs, const float2 *ds, int dss, int nr,
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const float d = gv_wf16(b) * keep;
-        uint32_t w[4], lo[4], hi[4];
-        gv_ld_a2<4>(b + 2, w);
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        const uint32_t *w = wr.q;
+        uint32_t lo[4], hi[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             lo[i] = gv_vsub4(w[i] & 0x0F0F0F0Fu, 0x08080808u);
@@ -233,13 +242,20 @@ template <> struct gv<TPI_TYPE_Q4_0> {
  * bytes as Q4_0; q - 16. qh and the quants are the 5 words at b+2. */
 template <> struct gv<TPI_TYPE_Q5_0> {
     static constexpr int BLK = 32, BYTES = 22, IPB = 1;
+    struct raw {
+        uint32_t q[5], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.d = gv_ld16(b);
+        gv_ld_a2<5>(b + 2, w.q);
+    }
     template <int NR, bool PERM>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int, const int8_t *x,
-                                                        int xs, const float2 *ds, int dss, int nr,
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const float d = gv_wf16(b) * keep;
-        uint32_t w[5], lo[4], hi[4];
-        gv_ld_a2<5>(b + 2, w);
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        const uint32_t *w = wr.q;
+        uint32_t lo[4], hi[4];
         const uint32_t qh = w[0];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -260,12 +276,19 @@ template <> struct gv<TPI_TYPE_Q5_0> {
  * pairs are one 16-byte load. */
 template <> struct gv<TPI_TYPE_Q4_K> {
     static constexpr int BLK = 256, BYTES = 144, IPB = 4;
+    struct raw {
+        int4 qa, qb, hd;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
+        w.qa = gv_ld128(b + 16 + 32 * c);
+        w.qb = gv_ld128(b + 16 + 32 * c + 16);
+        w.hd = gv_ld128(b);
+    }
     template <int NR, bool PERM>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int c, const int8_t *x,
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const int4 qa = gv_ld128(b + 16 + 32 * c), qb = gv_ld128(b + 16 + 32 * c + 16);
-        const int4 hd = gv_ld128(b);
+        const int4 qa = wr.qa, qb = wr.qb, hd = wr.hd;
         const uint32_t dm = (uint32_t)hd.x;
         const float d = gv_h2f((uint16_t)(dm & 0xFFFFu)) * keep;
         const float dmin = gv_h2f((uint16_t)(dm >> 16)) * keep;
@@ -331,19 +354,25 @@ template <> struct gv<TPI_TYPE_Q4_K> {
  * x blocks' (d, d*sum) pairs 4n..4n+3 are two 16-byte loads. */
 template <> struct gv<TPI_TYPE_Q6_K> {
     static constexpr int BLK = 256, BYTES = 210, IPB = 4;
+    struct raw {
+        uint32_t A[4], C[4], H[4], S[2], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int it) {
+        const int n = it >> 1, l0 = (it & 1) * 16;
+        gv_ld_a2<4>(b + 64 * n + l0, w.A);
+        gv_ld_a2<4>(b + 64 * n + 32 + l0, w.C);
+        gv_ld_a2<4>(b + 128 + 32 * n + l0, w.H);
+        /* the 4 int8 scales sc[8n + l0/16 + 2k] (k = 0..3) sit at even offsets of 8 bytes */
+        gv_ld_a2<2>(b + 192 + 8 * n, w.S);
+        w.d = gv_ld16(b + 208);
+    }
     template <int NR, bool PERM>
-    static __host__ __device__ __forceinline__ void dot(const uint8_t *b, int it, const int8_t *x,
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int it, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
         const int n = it >> 1, l0 = (it & 1) * 16;
-        uint32_t A[4], C[4], H[4];
-        gv_ld_a2<4>(b + 64 * n + l0, A);
-        gv_ld_a2<4>(b + 64 * n + 32 + l0, C);
-        gv_ld_a2<4>(b + 128 + 32 * n + l0, H);
-        /* the 4 int8 scales sc[8n + l0/16 + 2k] (k = 0..3) sit at even offsets of 8 bytes */
-        uint32_t S[2];
-        gv_ld_a2<2>(b + 192 + 8 * n, S);
-        const float d = gv_wf16(b + 208) * keep;
+        const uint32_t *A = wr.A, *C = wr.C, *H = wr.H, *S = wr.S;
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
         const int is = l0 / 16;
         float sk[4];
 #pragma unroll
@@ -715,6 +744,7 @@ __host__ __device__ __forceinline__ void gu_row(const uint8_t *wr, int n_units, 
 __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__restrict__ xq,
                                      float2 *__restrict__ ds, int64_t n_vals, int ne0,
                                      gv_xlayout lay) {
+    kern_dep_trigger();
     gv_grid_dep_wait(); /* x is the previous kernel's output */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vals) return; /* n_vals % 32 == 0: whole warps leave together */
@@ -782,33 +812,41 @@ __device__ __forceinline__ void gv_rows_of(const uint8_t *w, size_t row_bytes, i
  * dots' loads of the same x are one load after common-subexpression elimination), so
  * x traffic per weight byte falls by RW. Rows of <= 2 items per lane (4096 values of
  * Q4_K/Q6_K) take batches of 2, so half the work is not thrown away. x: plain int8 x
- * (kind a) or the type's permuted copy (kind p, xs its padded row stride).
+ * (kind a) or the type's permuted copy (kind p, xs its padded row stride). wait() (the
+ * PDL wait) is called once, after the first batch's weight loads are issued: weights
+ * are no kernel's output, so they stream while the previous kernel finishes.
  * __host__ __device__: the host emulation runs it per lane (RW 1: one row's sums do
- * not depend on RW). */
-template <int TYPE, int NR, bool PERM, int RW>
+ * not depend on RW; wait a no-op). */
+template <int TYPE, int NR, bool PERM, int RW, typename Wait>
 __host__ __device__ __forceinline__ void
 gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
-             int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
+             int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR], Wait wait) {
     using Q = gv<TYPE>;
     constexpr int GS = Q::BLK == 32 ? GV_GS_B32 : GV_GS_K4;
-    auto item = [&](int i, float keep) {
-        const int blk = i / Q::IPB;
-        const int8_t *xi =
-            PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
-#pragma unroll
-        for (int rw = 0; rw < RW; rw++)
-            Q::template dot<NR, PERM>(wr[rw] + (size_t)blk * Q::BYTES, i % Q::IPB, xi, xs,
-                                      ds + (size_t)blk * (Q::BLK / GV_QK), ne0 / GV_QK, nr, keep,
-                                      acc[rw]);
-    };
     auto rows = [&](auto u_c) {
         constexpr int U = decltype(u_c)::value;
         for (int it = first; it < n_items; it += U * step) {
+            typename Q::raw w[U][RW];
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const int i = it + u * step;
-                const bool ok = u == 0 || i < n_items;
-                item(ok ? i : it, ok ? 1.0f : 0.0f);
+                const int i0 = it + u * step, i = u == 0 || i0 < n_items ? i0 : it;
+#pragma unroll
+                for (int rw = 0; rw < RW; rw++)
+                    Q::load(w[u][rw], wr[rw] + (size_t)(i / Q::IPB) * Q::BYTES, i % Q::IPB);
+            }
+            if (it == first) wait(); /* the first batch's weights are on their way */
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int i0 = it + u * step;
+                const bool ok = u == 0 || i0 < n_items;
+                const int i = ok ? i0 : it, blk = i / Q::IPB;
+                const int8_t *xi =
+                    PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
+#pragma unroll
+                for (int rw = 0; rw < RW; rw++)
+                    Q::template dot<NR, PERM>(w[u][rw], i % Q::IPB, xi, xs,
+                                              ds + (size_t)blk * (Q::BLK / GV_QK), ne0 / GV_QK, nr,
+                                              ok ? 1.0f : 0.0f, acc[rw]);
             }
         }
     };
@@ -834,13 +872,14 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    gv_grid_dep_wait();
+    kern_dep_trigger();
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
         gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
-                                         x, xs, ds, ne0, nr, acc);
+                                         x, xs, ds, ne0, nr, acc, [] { gv_grid_dep_wait(); });
     }
+    gv_grid_dep_wait(); /* (again, for lanes that had no item: y is read and written below) */
     gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
 }
 
@@ -860,7 +899,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    gv_grid_dep_wait();
+    kern_dep_trigger();
     if (row0 < ne1) {
         const uint8_t *wb[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wb);
@@ -875,6 +914,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
                     wv[u][rw] = u == 0 || i < n_items ? __ldg((const int4 *)wb[rw] + i)
                                                       : make_int4(0, 0, 0, 0);
             }
+            if (it == part * 32 + lane) gv_grid_dep_wait(); /* after the first weight loads */
 #pragma unroll
             for (int u = 0; u < GV_UNROLL; u++) {
                 const int i = it + u * step;
@@ -886,6 +926,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
             }
         }
     }
+    gv_grid_dep_wait(); /* (again, for lanes that had no item) */
     gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
 }
 
@@ -902,6 +943,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[0][r] = 0.0f;
+    kern_dep_trigger();
     if (row < ne1)
         gu_row<TYPE, NR, U>(w + (size_t)row * row_bytes, ne0 / 16, part * 32 + lane, 32 * wpr, xq,
                             ds, ne0, nr, acc[0], [] { gv_grid_dep_wait(); });
@@ -1320,10 +1362,10 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
                                                  [] {});
                 else if (kind == 'p')
                     gv_item_rows<T, 8, true, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xp, xs, ds,
-                                                ne0, nr, acc);
+                                                ne0, nr, acc, [] {});
                 else
                     gv_item_rows<T, 8, false, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xq, ne0,
-                                                 ds, ne0, nr, acc);
+                                                 ds, ne0, nr, acc, [] {});
                 for (int r = 0; r < 8; r++)
                     v[r][lane] = acc[0][r];
             }
