@@ -6,7 +6,7 @@
 #   1. configure + build $BUILD (Release, sm_90): tpinfer and the GPU test binaries
 #   2. synthetic Qwen3-8B models (bf16, q8_0, q4_k_m) written in the background
 #   3. ctest -L gpu (every CUDA op and fused op against the CPU, the tiny models end to end;
-#      CTEST_SEL replaces "-L gpu"),
+#      the two-GPU tests are bench/gpu-multi.sh's; CTEST_SEL replaces the selection),
 #      and the model tests again under VTEST_ENV when given
 #   4. tpinfer bench -p 512 -n 128 -r 3 on the three models (the default paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
@@ -95,7 +95,8 @@ MK_PID=$!
 if has_step test; then
     # shellcheck disable=SC2086
     OMP_WAIT_POLICY=passive bounded ctest 200 "$OUT/ctest.log" \
-        ctest --test-dir "$BUILD" ${CTEST_SEL:--L gpu} -j 4 -V --timeout 190
+        ctest --test-dir "$BUILD" ${CTEST_SEL:--L gpu -E test_parallel_gpu_np2|test_comm_gpu} -j 4 \
+        -V --timeout 190
 fi
 
 # GPU model tests again under other settings (VTEST_ENV: "ENV=V ...", empty: skipped)

@@ -62,10 +62,11 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
     return v;
 #endif
 }
-/* A T of x or of its (d, d*sum) pairs: a plain load (the kernels' x pointers are const
- * __restrict__, so it is still a read-only load), which the compiler may merge with
+/* A T of x or of its (d, d*sum) pairs: a plain load, which the compiler may merge with
  * another load of the same address, as it may not merge two __ldg: the dots of several
- * weight rows against one x then read x once (gv_item_rows). */
+ * weight rows against one x then read x once (gv_item_rows). The kernels' x pointers
+ * are not __restrict__: a load of memory declared read-only may be hoisted above the
+ * PDL wait (an asm with a memory clobber), and x is the previous kernel's output. */
 template <typename T> __host__ __device__ __forceinline__ T gv_ldx(const void *p) {
 #ifdef __CUDA_ARCH__
     return *(const T *)p;
@@ -505,9 +506,12 @@ __host__ __device__ __forceinline__ void gv_win_get(const gv_win &w, uint32_t (&
         o[i] = gv_funnel(u[i], u[i + 1], sh);
 }
 
-/* The 16 int8 products of one unit: the 4 words q against the 16 x bytes at x. */
+/* The 16 int8 products of one unit: the 4 words q against the 16 x bytes at x. Kind b
+ * issues its first weight loads before the PDL wait, so its x loads go through __ldg,
+ * which the compiler keeps after the wait (a plain load of __restrict__ const memory it
+ * may hoist above it). */
 __host__ __device__ __forceinline__ int gu_dp16(const uint32_t (&q)[4], const int8_t *x) {
-    const int4 xv = gv_ldx128(x);
+    const int4 xv = gv_ld128(x);
     int s = gv_dp4a(q[0], xv.x, 0);
     s = gv_dp4a(q[1], xv.y, s);
     s = gv_dp4a(q[2], xv.z, s);
@@ -523,7 +527,7 @@ __host__ __device__ __forceinline__ void gu_dot16(const uint32_t (&q)[4], float 
     for (int r = 0; r < NR; r++)
         if (r == 0 || r < nr) {
             const int s = gu_dp16(q, x + (size_t)r * xs);
-            acc[r] += scale * gv_ldf2(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+            acc[r] += scale * gv_ldg<float2>(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
         }
 }
 
@@ -642,7 +646,7 @@ template <> struct gu<TPI_TYPE_Q4_K> {
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
                 const int s = gu_dp16(q, x + (size_t)r * xs);
-                const float2 f = gv_ldf2(ds + (size_t)r * (xs / GV_QK));
+                const float2 f = gv_ldg<float2>(ds + (size_t)r * (xs / GV_QK));
                 acc[r] += fmaf(dsc * f.x, (float)s, -dm_j * f.y);
             }
     }
@@ -873,13 +877,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
     kern_dep_trigger();
+    /* The wait comes first: x is read with plain loads (so that the RW rows share them),
+     * which the compiler may move up to, but not above, the branch that guards them. */
+    gv_grid_dep_wait();
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
         gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
-                                         x, xs, ds, ne0, nr, acc, [] { gv_grid_dep_wait(); });
+                                         x, xs, ds, ne0, nr, acc, [] {});
     }
-    gv_grid_dep_wait(); /* (again, for lanes that had no item: y is read and written below) */
     gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
 }
 
@@ -900,6 +906,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
     kern_dep_trigger();
+    gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
     if (row0 < ne1) {
         const uint8_t *wb[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wb);
@@ -914,7 +921,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
                     wv[u][rw] = u == 0 || i < n_items ? __ldg((const int4 *)wb[rw] + i)
                                                       : make_int4(0, 0, 0, 0);
             }
-            if (it == part * 32 + lane) gv_grid_dep_wait(); /* after the first weight loads */
 #pragma unroll
             for (int u = 0; u < GV_UNROLL; u++) {
                 const int i = it + u * step;
@@ -926,7 +932,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
             }
         }
     }
-    gv_grid_dep_wait(); /* (again, for lanes that had no item) */
     gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
 }
 
@@ -935,8 +940,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 template <int TYPE, int NR, int U>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_unit_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-                   const int8_t *__restrict__ xq, const float2 *__restrict__ ds,
-                   float *__restrict__ y, int nr, int wpr, bool accumulate) {
+                   const int8_t *xq, const float2 *ds, float *__restrict__ y, int nr, int wpr,
+                   bool accumulate) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
     float acc[1][NR];
