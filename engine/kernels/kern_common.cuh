@@ -94,20 +94,14 @@ void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_byt
 
 /* ---- programmatic dependent launch (PDL, sm_90) ----
  * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
- * it on the stream still runs: once every block of that kernel has called
- * kern_dep_trigger (or exited). It must call kern_dep_wait, which returns when the
- * previous kernel has completed and its writes are visible, before it touches memory
- * another kernel writes or reads; weights it may load before. Every kernel launched
- * with pdl calls kern_dep_wait before it can finish, so completion stays transitive
- * along the stream. In a kernel launched without pdl the wait is a no-op, and a trigger
- * only matters to a next kernel launched with pdl. The decode kernels trigger at their
- * start, so the next matrix-vector kernel's blocks take the multiprocessors this one
- * leaves idle and load their first weights (bench/NOTES.md change 15). */
-__device__ __forceinline__ void kern_dep_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+ * it on the stream drains (its blocks have exited; no kernel here triggers earlier); it
+ * must call kern_dep_wait, which returns when the previous kernel has completed and its
+ * writes are visible, before it touches memory another kernel writes or reads. Every
+ * kernel launched with pdl calls kern_dep_wait before it can finish, so completion stays
+ * transitive along the stream. In a kernel launched without pdl the wait is a no-op.
+ * (Triggering the next kernel at the start of each decode kernel was tried: no clear
+ * gain, and test_xq_memo_cuda then saw a kind-b GEMV read stale x; bench/NOTES.md
+ * change 15.) */
 __device__ __forceinline__ void kern_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

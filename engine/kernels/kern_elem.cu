@@ -197,7 +197,6 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
                                     int n_rot, float freq_base, float eps) {
     extern __shared__ float xs[];
-    kern_dep_trigger();
     kern_dep_wait();
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
     const bool is_q = hh < n_head;
@@ -253,7 +252,6 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
 #define RMS_VPT 8
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
                                float eps, int8_t *xq, float2 *ds, gv_xlayout lay) {
-    kern_dep_trigger();
     kern_dep_wait(); /* launched with PDL on the decode path */
     const float *xr = x + blockIdx.x * n_cols;
     float *yr = y + blockIdx.x * n_cols;
@@ -311,7 +309,6 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
     const int64_t row = blockIdx.x;
     const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
     const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
-    kern_dep_trigger();
     kern_dep_wait();
     const float4 *xr4 = (const float4 *)(x + row * n_cols);
     const int n4 = n_cols / 4;
@@ -341,7 +338,6 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
 /* xq non-NULL: also y's int8 blocks (n % 32 == 0). */
 __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
                                 float2 *ds, gv_xlayout lay) {
-    kern_dep_trigger();
     kern_dep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {

@@ -748,7 +748,6 @@ __host__ __device__ __forceinline__ void gu_row(const uint8_t *wr, int n_units, 
 __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__restrict__ xq,
                                      float2 *__restrict__ ds, int64_t n_vals, int ne0,
                                      gv_xlayout lay) {
-    kern_dep_trigger();
     gv_grid_dep_wait(); /* x is the previous kernel's output */
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_vals) return; /* n_vals % 32 == 0: whole warps leave together */
@@ -876,7 +875,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    kern_dep_trigger();
     /* The wait comes first: x is read with plain loads (so that the RW rows share them),
      * which the compiler may move up to, but not above, the branch that guards them. */
     gv_grid_dep_wait();
@@ -905,7 +903,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    kern_dep_trigger();
     gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
     if (row0 < ne1) {
         const uint8_t *wb[RW];
@@ -948,7 +945,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[0][r] = 0.0f;
-    kern_dep_trigger();
     if (row < ne1)
         gu_row<TYPE, NR, U>(w + (size_t)row * row_bytes, ne0 / 16, part * 32 + lane, 32 * wpr, xq,
                             ds, ne0, nr, acc[0], [] { gv_grid_dep_wait(); });
