@@ -355,7 +355,7 @@ static int run_cuda(void) {
         return TU_SKIP;
     }
     setenv("CK_FORK", "no", 1); /* a CUDA context does not survive fork */
-    setenv("TPI_XQ_MEMO", "1", 1); /* the memo producers (off by default) under test */
+    setenv("TPI_XQ_MEMO", "1", 1); /* the memo producers (the default) under test */
     struct ops_config cfg = {2, 0};
     struct tpi_error err;
     tpi_err_clear(&err);
