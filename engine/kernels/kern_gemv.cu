@@ -815,15 +815,14 @@ __device__ __forceinline__ void gv_rows_of(const uint8_t *w, size_t row_bytes, i
  * dots' loads of the same x are one load after common-subexpression elimination), so
  * x traffic per weight byte falls by RW. Rows of <= 2 items per lane (4096 values of
  * Q4_K/Q6_K) take batches of 2, so half the work is not thrown away. x: plain int8 x
- * (kind a) or the type's permuted copy (kind p, xs its padded row stride). wait() (the
- * PDL wait) is called once, after the first batch's weight loads are issued: weights
- * are no kernel's output, so they stream while the previous kernel finishes.
- * __host__ __device__: the host emulation runs it per lane (RW 1: one row's sums do
- * not depend on RW; wait a no-op). */
-template <int TYPE, int NR, bool PERM, int RW, typename Wait>
+ * (kind a) or the type's permuted copy (kind p, xs its padded row stride). A batch's
+ * weights are loaded into registers (Q::load) before its first dot. __host__
+ * __device__: the host emulation runs it per lane (RW 1: one row's sums do not depend
+ * on RW). */
+template <int TYPE, int NR, bool PERM, int RW>
 __host__ __device__ __forceinline__ void
 gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
-             int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR], Wait wait) {
+             int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
     using Q = gv<TYPE>;
     constexpr int GS = Q::BLK == 32 ? GV_GS_B32 : GV_GS_K4;
     auto rows = [&](auto u_c) {
@@ -837,7 +836,6 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
                 for (int rw = 0; rw < RW; rw++)
                     Q::load(w[u][rw], wr[rw] + (size_t)(i / Q::IPB) * Q::BYTES, i % Q::IPB);
             }
-            if (it == first) wait(); /* the first batch's weights are on their way */
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int i0 = it + u * step;
@@ -882,7 +880,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
         gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
-                                         x, xs, ds, ne0, nr, acc, [] {});
+                                         x, xs, ds, ne0, nr, acc);
     }
     gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
 }
@@ -1363,10 +1361,10 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
                                                  [] {});
                 else if (kind == 'p')
                     gv_item_rows<T, 8, true, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xp, xs, ds,
-                                                ne0, nr, acc, [] {});
+                                                ne0, nr, acc);
                 else
                     gv_item_rows<T, 8, false, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xq, ne0,
-                                                 ds, ne0, nr, acc, [] {});
+                                                 ds, ne0, nr, acc);
                 for (int r = 0; r < 8; r++)
                     v[r][lane] = acc[0][r];
             }
