@@ -469,8 +469,9 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     const gv_xlayout lay = gv_xlayout_of((int)TPI_MIN(n_rows, (int64_t)8), n_cols);
     const bool apart = y + n_rows * n_cols <= x || x + n_rows * n_cols <= y;
     if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
-        kern_launch(ctx->pdl, rmsnorm_split_kernel, dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)),
-                    dim3(RMS_SPLIT_T), 0, ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
+        kern_launch(ctx->pdl, rmsnorm_split_kernel,
+                    dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)), dim3(RMS_SPLIT_T), 0,
+                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
     else
         kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
                     x, w, y, n_cols, eps, xq, ds, lay);
