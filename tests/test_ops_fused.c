@@ -10,7 +10,8 @@
  *   cuBLAS (beta = 1: the library may pick another algorithm, so NMSE < 1e-10 against
  *   matmul + add there), on every decode path (v2, v3) and the GEMM path.
  *   The x-quantization memo (rmsnorm / silu_mul writing the next matmul's int8 x) is
- *   bitwise the same as quantizing in the matmul (test_xq_memo_cuda).
+ *   bitwise the same as quantizing in the matmul (test_xq_memo_cuda), and so is the
+ *   decode attention's int8 output read by the wo matmul (test_xq_memo_attn_cuda).
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
@@ -26,6 +27,9 @@
 #include "kernels/quant.h"
 #include "testutil.h"
 #include "tpi.h"
+#ifdef TPI_HAVE_CUDA
+#include "kernels/kern_gemv_hooks.h" /* kern_gemv_configure: the v3 kernel kinds */
+#endif
 
 static const struct ops *C = &ops_cpu;
 
@@ -342,6 +346,175 @@ START_TEST(test_xq_memo_cuda) {
 }
 END_TEST
 
+/* One decode step's attention + wo product for test_xq_memo_attn_cuda: attention of the
+ * batch bt into out, then y (starting at y0) += out W^T; ref: the attention without the
+ * int8 output (v2 path while it is queued, so kern_xq_claim refuses) and the memo broken
+ * by an add of zeros, so the matmul quantizes out itself. The q8 scratch first holds an
+ * unrelated x's blocks (a matmul of px), so a block the attention leaves unwritten is
+ * wrong. Returns the product and out (malloc'ed, n_tok * ne1 and n_tok * ne0 floats);
+ * checks that the memo holds out after the attention exactly when `want_memo`. */
+struct attn_step {
+    struct ops_kv *kv;
+    const float *q, *k, *v, *px, *zero, *y0;
+    float *out;
+    const struct ops_batch *bt;
+    int n_head;
+    int64_t ne0;
+    const struct tpi_weight *w; /* NULL: attention only */
+};
+
+static void attn_step_run(struct be b, const struct attn_step *st, bool ref, bool want_memo,
+                          const char *label, float **y_out, float **o_out) {
+    const int n_tok = st->bt->n_tokens;
+    const int64_t nx = (int64_t)n_tok * st->ne0;
+    const int64_t ny = st->w ? (int64_t)n_tok * st->w->ne1 : 0;
+    float *y = NULL, *yp = NULL;
+    if (st->w) {
+        y = bdup(b, st->y0, (size_t)ny * 4);
+        yp = b.o->alloc(b.ctx, (size_t)ny * 4);
+        b.o->matmul(b.ctx, st->w, st->px, yp, n_tok);
+    }
+    const int gemv0 = ref ? ops_cuda_set_gemv(b.ctx, 2) : 0;
+    b.o->attention(b.ctx, st->kv, 0, st->q, st->k, st->v, st->out, st->bt, st->n_head,
+                   1.0f / sqrtf((float)(st->ne0 / st->n_head)));
+    if (ref) ops_cuda_set_gemv(b.ctx, gemv0);
+    const bool held = ops_cuda_xq_memo_holds(b.ctx, st->out, nx);
+    ck_assert_msg(held == (want_memo && !ref), "%s%s: the memo %s the attention output", label,
+                  ref ? " (reference)" : "", held ? "holds" : "does not hold");
+    if (ref) {
+        b.o->add(b.ctx, st->out, st->zero, nx);
+        ck_assert(!ops_cuda_xq_memo_holds(b.ctx, st->out, nx));
+    }
+    if (st->w) b.o->matmul_add(b.ctx, st->w, st->out, y, n_tok);
+    *o_out = malloc((size_t)nx * 4);
+    bget(b, *o_out, st->out, (size_t)nx * 4);
+    *y_out = NULL;
+    if (st->w) {
+        *y_out = malloc((size_t)ny * 4);
+        bget(b, *y_out, y, (size_t)ny * 4);
+        b.o->dealloc(b.ctx, y), b.o->dealloc(b.ctx, yp);
+    }
+    assert_ok(b, label);
+}
+
+/* The decode attention as a memo producer (XQ_BY_ATTN): the tensor-core decode kernel
+ * writes its output's int8 form (blocks, scales, kind p's permuted copies), which the wo
+ * matmul then reads instead of quantizing. GQA shapes 8/2 heads of 128 and 16/2 of 64;
+ * 1 token, 2 tokens in two slots, 5 consecutive tokens of one slot (several query blocks,
+ * the last one part full); a depth whose keys the kernel splits (the last block to arrive
+ * merges and quantizes) and one it does not; Q4_K, Q8_0 and Q6_K weights; v3 kernel kinds
+ * a, b and p (each reads another form of x). Both the attention output and the product
+ * must be bitwise those of the reference (attn_step_run), and the memo must hold the
+ * output after the attention. 12 tokens (decode shape, more rows than the matrix-vector
+ * path takes) and the CUDA-core attention must leave the memo empty. */
+START_TEST(test_xq_memo_attn_cuda) {
+    const struct be b = {ops_cuda_get(), gctx};
+    static const struct { int n_head, n_kv, hd; } shapes[] = {{8, 2, 128}, {16, 2, 64}};
+    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q8_0, TPI_TYPE_Q6_K};
+    static const char *const kinds[] = {"kind=a", "kind=b", "kind=p"};
+    static const int depths[] = {40, 3000}; /* keys in one range; split over many */
+    static const int n_toks[] = {1, 2, 5, 12};
+    enum { N_SLOT = 2, N_CTX = 4096, MAX_TOK = 12 };
+    const int64_t ne1 = 192;
+    const int mode0 = ops_cuda_set_attn_mma(3), gemv0 = ops_cuda_set_gemv(gctx, 3);
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n_head = shapes[si].n_head, n_kv = shapes[si].n_kv, hd = shapes[si].hd;
+        const int64_t ne0 = (int64_t)n_head * hd;
+        struct tu_rng r;
+        tu_rng_seed(&r, 900 + si);
+        struct ops_kv kv;
+        struct tpi_error err;
+        tpi_err_clear(&err);
+        ck_assert_msg(b.o->kv_init(b.ctx, &kv, 1, N_SLOT, N_CTX, n_kv, hd, &err) == TPI_OK,
+                      "kv_init: %s", err.msg);
+        /* history: random f16 keys and values at every position of both slots */
+        const size_t n_cache = (size_t)N_SLOT * N_CTX * n_kv * hd;
+        uint16_t *h16 = malloc(n_cache * 2);
+        ck_assert_ptr_nonnull(h16);
+        for (int kvi = 0; kvi < 2; kvi++) {
+            for (size_t i = 0; i < n_cache; i++)
+                h16[i] = tpi_f32_to_f16(tu_normal(&r));
+            b.o->to_dev(b.ctx, kvi ? kv.v : kv.k, h16, n_cache * 2);
+            b.o->sync(b.ctx);
+        }
+        free(h16);
+        const size_t nq = (size_t)MAX_TOK * ne0, nkv = (size_t)MAX_TOK * n_kv * hd;
+        float *qh = rand_vec(&r, nq, -2, 2), *kh = rand_vec(&r, nkv, -2, 2);
+        float *vh = rand_vec(&r, nkv, -2, 2), *pxh = rand_vec(&r, nq, -2, 2);
+        float *q = bdup(b, qh, nq * 4), *k = bdup(b, kh, nkv * 4), *v = bdup(b, vh, nkv * 4);
+        float *px = bdup(b, pxh, nq * 4);
+        float *out = b.o->alloc(b.ctx, nq * 4), *zero = b.o->alloc(b.ctx, nq * 4);
+        for (size_t di = 0; di < sizeof depths / sizeof depths[0]; di++)
+            for (size_t ni = 0; ni < sizeof n_toks / sizeof n_toks[0]; ni++) {
+                const int n_tok = n_toks[ni], depth = depths[di];
+                int32_t pos[MAX_TOK], seq[MAX_TOK];
+                int max_pos = 0;
+                for (int t = 0; t < n_tok; t++) {
+                    seq[t] = n_tok == 2 ? t : 0; /* 2 tokens: one in each slot */
+                    pos[t] = n_tok == 2 ? depth - 7 * t : depth + t;
+                    max_pos = pos[t] + 1 > max_pos ? pos[t] + 1 : max_pos;
+                }
+                int32_t *dpos = bdup(b, pos, (size_t)n_tok * 4);
+                int32_t *dseq = bdup(b, seq, (size_t)n_tok * 4);
+                const struct ops_batch bt = {n_tok, dpos, dseq, pos, seq, max_pos};
+                struct attn_step st = {&kv, q, k, v, px, zero, NULL, out, &bt, n_head, ne0, NULL};
+                char label[200];
+                const bool memo = n_tok <= 8;
+                float *yr[2], *orr[2];
+                /* the CUDA-core kernels never write the int8 output */
+                snprintf(label, sizeof label, "attn memo %d/%d hd %d, %d tokens at %d, cores",
+                         n_head, n_kv, hd, n_tok, depth);
+                ops_cuda_set_attn_mma(0);
+                attn_step_run(b, &st, false, false, label, &yr[0], &orr[0]);
+                ops_cuda_set_attn_mma(3);
+                free(orr[0]);
+                if (!memo) { /* 12 tokens: the mma decode shape, no int8 output */
+                    snprintf(label, sizeof label, "attn memo %d/%d hd %d, %d tokens at %d", n_head,
+                             n_kv, hd, n_tok, depth);
+                    attn_step_run(b, &st, false, false, label, &yr[0], &orr[0]);
+                    attn_step_run(b, &st, true, false, label, &yr[1], &orr[1]);
+                    ck_assert_msg(n_diff(orr[0], orr[1], (size_t)n_tok * ne0) == 0,
+                                  "%s: outputs differ", label);
+                    free(orr[0]), free(orr[1]);
+                }
+                for (size_t ti = 0; memo && ti < sizeof types / sizeof types[0]; ti++) {
+                    struct tpi_weight w;
+                    make_weight(b, &r, types[ti], ne0, ne1, &w);
+                    float *y0 = rand_vec(&r, (size_t)(n_tok * ne1), -1, 1);
+                    st.w = &w;
+                    st.y0 = y0;
+                    for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+                        ck_assert_int_eq(kern_gemv_configure(kinds[ki]), 0);
+                        snprintf(label, sizeof label,
+                                 "attn memo %d/%d hd %d, %d tokens at %d, %s %s", n_head, n_kv, hd,
+                                 n_tok, depth, quant_type_name(types[ti]), kinds[ki]);
+                        for (int ref = 0; ref < 2; ref++)
+                            attn_step_run(b, &st, ref, true, label, &yr[ref], &orr[ref]);
+                        const size_t d_o = n_diff(orr[0], orr[1], (size_t)n_tok * ne0);
+                        const size_t d_y = n_diff(yr[0], yr[1], (size_t)(n_tok * ne1));
+                        ck_assert_msg(d_o == 0, "%s: %zu attention outputs differ", label, d_o);
+                        ck_assert_msg(d_y == 0, "%s: %zu of %lld products differ", label, d_y,
+                                      (long long)(n_tok * ne1));
+                        for (int ref = 0; ref < 2; ref++)
+                            free(yr[ref]), free(orr[ref]);
+                    }
+                    st.w = NULL;
+                    b.o->weight_free(b.ctx, &w);
+                    free(y0);
+                }
+                b.o->dealloc(b.ctx, dpos), b.o->dealloc(b.ctx, dseq);
+            }
+        kern_gemv_configure(NULL);
+        b.o->kv_free(b.ctx, &kv);
+        b.o->dealloc(b.ctx, q), b.o->dealloc(b.ctx, k), b.o->dealloc(b.ctx, v);
+        b.o->dealloc(b.ctx, px), b.o->dealloc(b.ctx, out), b.o->dealloc(b.ctx, zero);
+        free(qh), free(kh), free(vh), free(pxh);
+    }
+    ops_cuda_set_attn_mma(mode0);
+    ops_cuda_set_gemv(gctx, gemv0);
+}
+END_TEST
+
 START_TEST(test_qk_norm_rope_cuda) {
     qk_cases((struct be){ops_cuda_get(), gctx}, cctx_g, 1e-6);
 }
@@ -355,7 +528,7 @@ static int run_cuda(void) {
         return TU_SKIP;
     }
     setenv("CK_FORK", "no", 1); /* a CUDA context does not survive fork */
-    setenv("TPI_XQ_MEMO", "1", 1); /* the memo producers (the default) under test */
+    setenv("TPI_XQ_MEMO", "1", 1); /* the memo producers (the default: all) under test */
     struct ops_config cfg = {2, 0};
     struct tpi_error err;
     tpi_err_clear(&err);
@@ -369,6 +542,7 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_fused_matmul_cuda);
     tcase_add_test(tc, test_qk_norm_rope_cuda);
     tcase_add_test(tc, test_xq_memo_cuda);
+    tcase_add_test(tc, test_xq_memo_attn_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

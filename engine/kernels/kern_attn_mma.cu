@@ -23,7 +23,11 @@
  *   4 warps; warp w takes keys 16w..16w+15 of each tile, so the block streams the cache
  *   four times faster than one warp could, NSTAGE - 1 tiles in flight. The warps'
  *   partial softmax states are merged through shared memory at the end in a fixed
- *   order. It also stores the batch's k/v itself (one launch less per layer and step).
+ *   order. It also stores the batch's k/v itself (one launch less per layer and step),
+ *   and, given an int8 buffer (kern_xq_claim, XQ_BY_ATTN), writes its output rows'
+ *   int8 form for the next matmul (out is the x of the wo matmul): blocks of 32 with
+ *   kind p's permuted copies, kern_xq.cuh's layout, made by kern_q8_block as the
+ *   matmul's own quantization makes them (bitwise), which that matmul then skips.
  * Per tile and warp: S = Q K^T (Q held as f16 A fragments for the whole run, K as B
  * fragments by ldmatrix), the causal mask per row (only on tiles that reach past the
  * smallest position of the warp's rows, or past the split's end), online softmax in
@@ -54,6 +58,7 @@
 #include <string.h>
 
 #include "kern_common.cuh"
+#include "kern_xq.cuh"
 
 #define MMA_TILE 64        /* keys per K/V tile */
 #define MMA_THREADS 128    /* 4 warps */
@@ -97,7 +102,13 @@ struct mma_args {
     int hp_log2;     /* log2 of the heads packed per block */
     int head_chunks; /* group / hp */
     int n_split;
-    float qscale;                /* scale * log2(e) */
+    float qscale; /* scale * log2(e) */
+    /* decode shape: out's int8 form for the next matmul (NULL: none) in kern_xq.cuh's layout
+     * for n_tokens rows of n_head * hd: blocks of 32, their (d, d * sum), and xlay, where the
+     * permuted copies lie from xq */
+    int8_t *xq;
+    float2 *ds;
+    gv_xlayout xlay;
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -282,6 +293,30 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
             o.x += x.x, o.y += x.y, o.z += x.z, o.w += x.w;
         }
         *(float4 *)(a.out + row_th(r) * HD + 4 * d4) = o;
+    }
+}
+
+/* The int8 form of the rows r < nt << hp_log2 of a block (row r: token t0 + r / hp, head
+ * h0 + r % hp), which this block has just written to out and made visible to all its
+ * threads (__syncthreads), into a.xq / a.ds and the permuted copies: warp w takes the
+ * 32-value blocks w, w + 4, ... of those rows (hd % 32 == 0: a block never straddles two
+ * heads), one value per lane, read back from out, so the int8 form is made from exactly
+ * the floats the next matmul's own quantization would read. The loop bound is
+ * warp-uniform: all 32 lanes take part in kern_q8_block's shuffles. */
+template <int HD>
+__device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int nt, int h0) {
+    constexpr int BPR = HD / 32; /* q8 blocks per row */
+    static_assert(HD % 32 == 0, "a q8 block lies inside one head");
+    const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
+    const int n_blk = (nt << hp_log2) * BPR;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t ne0 = (int64_t)a.n_head * HD;
+    for (int qb = warp; qb < n_blk; qb += MMA_THREADS / 32) {
+        const int r = qb / BPR, j = qb - r * BPR;
+        const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
+        const int64_t i = th * HD + 32 * j + lane; /* index in the (n_tokens x ne0) output */
+        const int q = kern_q8_block(a.out[i], i, a.xq, a.ds);
+        gv_perm_store(q, i, ne0, a.xlay, a.xq);
     }
 }
 
@@ -714,23 +749,32 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
             }
         }
     }
-    if (a.n_split == 1 || !DEC) return; /* the prefill shape merges in attn_mma_combine_kernel */
+    if (!DEC) return; /* the prefill shape's split-K merges in attn_mma_combine_kernel */
 
-    /* split-K, decode shape: the last block of this (query block, head block) to arrive
-     * merges all splits of its <= 16 rows (threadfence reduction: partials visible before
-     * the count; read back from L2) */
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned gid = blockIdx.y * gridDim.x + blockIdx.x;
-        const unsigned prev = atomicAdd(&mma_arrivals[gid], 1u);
-        last_s = prev == (unsigned)a.n_split - 1;
-        if (last_s) mma_arrivals[gid] = 0; /* every split is in: ready for the next launch */
+    if (a.n_split > 1) {
+        /* split-K, decode shape: the last block of this (query block, head block) to
+         * arrive merges all splits of its <= 16 rows (threadfence reduction: partials
+         * visible before the count; read back from L2) */
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned gid = blockIdx.y * gridDim.x + blockIdx.x;
+            const unsigned prev = atomicAdd(&mma_arrivals[gid], 1u);
+            last_s = prev == (unsigned)a.n_split - 1;
+            if (last_s) mma_arrivals[gid] = 0; /* every split is in: ready for the next launch */
+        }
+        __syncthreads();
+        if (!last_s) return; /* block-uniform (shared) */
+        __threadfence();
+        mma_merge_rows<HD>(a, t0, nt, h0, (float *)mma_smem4, NSTAGE * STAGE / 2);
     }
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    mma_merge_rows<HD>(a, t0, nt, h0, (float *)mma_smem4, NSTAGE * STAGE / 2);
+    /* This block has written the final rows of its (tokens, head group) to out (the warp
+     * merge above, or the split merge): their int8 form for the next matmul. The barrier
+     * makes every thread's out stores visible to the whole block. */
+    if (a.xq) {
+        __syncthreads();
+        mma_quantize_rows<HD>(a, t0, nt, h0);
+    }
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -830,6 +874,15 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
             op);
         if (!a->part) return;
     }
+    /* decode rows of the matrix-vector size: the kernel also writes out's int8 form for the
+     * next matmul when the memo takes it from this producer (claimed right before the
+     * launch; the block that writes a row's final values quantizes it) */
+    const int64_t ne0 = (int64_t)a->n_head * HD;
+    a->xq = NULL;
+    a->ds = NULL;
+    const bool q8 =
+        DEC && n_tokens <= 8 && kern_xq_claim(ctx, XQ_BY_ATTN, n_tokens, ne0, &a->xq, &a->ds);
+    a->xlay = gv_xlayout_of(n_tokens, ne0);
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
@@ -838,6 +891,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
                     ctx->stream, *a);
         if (!LAUNCH_OK(ctx, op)) return;
     }
+    if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;
         attn_mma_combine_kernel<HD><<<(unsigned)((n_rows + 3) / 4), MMA_THREADS, 0, ctx->stream>>>(
@@ -888,6 +942,8 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.head_chunks = a.group >> hp_log2;
     a.n_split = 1;
     a.qscale = scale * MMA_LOG2E;
+    a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
+    a.ds = NULL;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {
         if (!dec)

@@ -49,8 +49,8 @@ struct ops_ctx {
     cudaEvent_t ev_fork, ev_join[OPS_MAX_FUSED - 1];
     cublasHandle_t cublas_side[OPS_MAX_FUSED - 1]; /* bound to side[i]: own workspace */
     /* the int8 form of one f32 activation already in `q8` (kern_matmul.cu): written by
-     * the op that produced x (rmsnorm, silu_mul) or by the last matmul's quantization;
-     * valid until any other op runs or something writes over x */
+     * the op that produced x (rmsnorm, silu_mul, decode attention) or by the last
+     * matmul's quantization; valid until any other op runs or something writes over x */
     struct {
         const float *x;
         int64_t n_vals;
@@ -208,6 +208,7 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
 /* Producers that may write the next matmul's int8 x (ops_ctx.xq_produce, TPI_XQ_MEMO). */
 #define XQ_BY_NORM 1 /* rmsnorm */
 #define XQ_BY_SILU 2 /* silu*mul */
+#define XQ_BY_ATTN 4 /* attention (the tensor-core decode kernel, kern_attn_mma.cu) */
 /* The x-quantization memo (see xq_memo): forget it (every op but the matmuls calls this
  * first); claim q8 scratch for the int8 form (blocks, scales and kind p's permuted
  * copies, kern_xq.cuh's layout for n_rows rows of ne0) of an output about to be written
@@ -269,9 +270,11 @@ void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const flo
 bool kern_attention_init(struct ops_ctx *ctx);
 /* The tensor-core path (kern_attn_mma.cu), called by kern_attention before anything is
  * queued: queues the store of k, v into this layer's cache (kc, vc) and the attention of b
- * into out, and returns true; false (nothing queued) for shapes it leaves to the CUDA-core
- * kernels (head_dim other than 64 or 128, unaligned cache) or when TPI_ATTN_MMA turns that
- * shape off. max_pos: 1 + the largest valid position of b (sizes split-K). */
+ * into out (for <= 8 decode rows also out's int8 form for the next matmul, when
+ * kern_xq_claim grants it to XQ_BY_ATTN), and returns true; false (nothing queued) for
+ * shapes it leaves to the CUDA-core kernels (head_dim other than 64 or 128, unaligned
+ * cache) or when TPI_ATTN_MMA turns that shape off. max_pos: 1 + the largest valid
+ * position of b (sizes split-K). */
 bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
                         const float *q, const float *k, const float *v, float *out,
                         const struct ops_batch *b, int n_head, float scale, int max_pos);

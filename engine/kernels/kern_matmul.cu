@@ -647,10 +647,11 @@ static bool is_elem16(int type) {
  * Decode steps quantize each matmul's x to int8 blocks (kern_gemv.cu). The memo records
  * which f32 activation the q8 scratch holds in that form, so the weights sharing an x
  * (Q/K/V, gate/up), and an x whose producer wrote its int8 form itself (rmsnorm,
- * silu_mul), skip the quantization launch. It is host state consulted while ops are
- * queued, so a recorded graph replays the same decisions. Any op other than the matmuls
- * forgets it on entry (ops_cuda.cu's table wraps them), and a matmul whose output
- * overlaps the remembered x forgets it after queueing. */
+ * silu_mul, the decode attention of kern_attn_mma.cu), skip the quantization launch. It
+ * is host state consulted while ops are queued, so a recorded graph replays the same
+ * decisions. Any op other than the matmuls forgets it on entry (ops_cuda.cu's table
+ * wraps them), and a matmul whose output overlaps the remembered x forgets it after
+ * queueing. */
 #define XQ_MAX_VALS ((int64_t)1 << 18) /* decode sizes only: 8 rows of 32768 */
 
 void kern_xq_forget(struct ops_ctx *ctx) {
@@ -681,6 +682,11 @@ void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
     ctx->xq_memo.x = x;
     ctx->xq_memo.n_vals = n_vals;
     ctx->xq_memo.valid = true;
+}
+
+/* ops.h (tests): whether the next matmul of x (n_vals values) finds its int8 form here. */
+extern "C" bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
+    return ctx && ctx->xq_memo.valid && ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_vals;
 }
 
 /* After queueing a write of y(n_vals): the memo no longer describes an overwritten x. */

@@ -1,8 +1,8 @@
 /*
  * kern_xq.cuh — the layout of a decode step's quantized x in the q8 scratch: int8
  * blocks of 32 values, their (d, d * sum) pairs, and kind p's permuted copies
- * (kern_gemv.cu reads them; kern_gemv_v3_prepare and the rmsnorm/silu_mul producers
- * of kern_elem.cu write them). Host and device.
+ * (kern_gemv.cu reads them; kern_gemv_v3_prepare, the rmsnorm/silu_mul producers of
+ * kern_elem.cu and the decode attention of kern_attn_mma.cu write them). Host and device.
  */
 #ifndef KERN_XQ_CUH
 #define KERN_XQ_CUH

@@ -193,6 +193,9 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path);
  * (bit 0: prefill, batches of >= 16 tokens; bit 1: decode); TPI_ATTN_MMA sets it at
  * context init. Returns the previous mode; a mode outside 0..3 changes nothing. */
 int ops_cuda_set_attn_mma(int mode);
+/* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
+ * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
+bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);
 
 #ifdef __CUDACC__
 /* The CUDA backend's graph entries (kern_graph.cu), declared here so ops_cuda.cu's

@@ -135,6 +135,29 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
     return old;
 }
 
+/* The memo producers (XQ_BY_*) TPI_XQ_MEMO names: unset, empty or "1" all three, "0"
+ * none, else a comma-separated list of "norm", "silu", "attn" ("norm,silu": the default
+ * before the attention produced); -1 when it is none of these. */
+static int xq_produce_from(const char *v) {
+    const int all = XQ_BY_NORM | XQ_BY_SILU | XQ_BY_ATTN;
+    if (!v || !*v || strcmp(v, "1") == 0) return all;
+    if (strcmp(v, "0") == 0) return 0;
+    int by = 0;
+    for (const char *p = v;;) {
+        const size_t n = strcspn(p, ",");
+        if (n == 4 && strncmp(p, "norm", 4) == 0)
+            by |= XQ_BY_NORM;
+        else if (n == 4 && strncmp(p, "silu", 4) == 0)
+            by |= XQ_BY_SILU;
+        else if (n == 4 && strncmp(p, "attn", 4) == 0)
+            by |= XQ_BY_ATTN;
+        else
+            return -1;
+        if (!p[n]) return by;
+        p += n + 1;
+    }
+}
+
 static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct tpi_error *err) {
     *out = NULL;
     const int device = cfg ? cfg->device : 0;
@@ -187,20 +210,16 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         }
     }
     ctx->gemv = gemv_from_env();
-    /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm
-     * and silu*mul by default (TPI_XQ_MEMO=1). Once rmsnorm ran over many blocks (its
-     * split kernel), both pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0 283.3 -> 294.0 (H200).
-     * PDL launches of our kernels are off by default: measured no gain. */
+    /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
+     * silu*mul and the decode attention by default (TPI_XQ_MEMO=1). Once rmsnorm ran over
+     * many blocks (its split kernel), norm and silu pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0
+     * 283.3 -> 294.0 (H200). PDL launches of our kernels are off by default: measured no
+     * gain. */
     const char *xm = getenv("TPI_XQ_MEMO");
-    ctx->xq_produce = !xm || !*xm                         ? XQ_BY_NORM | XQ_BY_SILU
-                      : strcmp(xm, "0") == 0               ? 0
-                      : strcmp(xm, "silu") == 0            ? XQ_BY_SILU
-                      : strcmp(xm, "norm") == 0            ? XQ_BY_NORM
-                      : strcmp(xm, "1") == 0               ? XQ_BY_NORM | XQ_BY_SILU
-                                                           : -1;
+    ctx->xq_produce = xq_produce_from(xm);
     if (ctx->xq_produce < 0) {
-        TPI_LOGW("TPI_XQ_MEMO=%s is not 0, silu, norm or 1: ignored", xm);
-        ctx->xq_produce = XQ_BY_NORM | XQ_BY_SILU;
+        TPI_LOGW("TPI_XQ_MEMO=%s is not 0, 1 or a list of silu, norm, attn: ignored", xm);
+        ctx->xq_produce = XQ_BY_NORM | XQ_BY_SILU | XQ_BY_ATTN;
     }
     /* Decode rows' rmsnorm split over many blocks (kern_elem.cu, rmsnorm_split_kernel). */
     const char *rs = getenv("TPI_RMS_SPLIT");
