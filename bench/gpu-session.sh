@@ -14,7 +14,9 @@
 #   6b. profile: ncu's kernel durations over PROFILE_N decode steps of PROFILE_TYPES,
 #      summed per kernel by bench/ncu-steps.py (profile.txt; ~70 s a step)
 #   7. kernel microbenches, not in the defaults (test_gemv_cuda bench, test_ops_cuda_elem
-#      bench; STEPS="... micro"; TPI_BENCH_* narrow the first)
+#      bench; STEPS="... micro"; TPI_BENCH_* narrow the first); with BASE_SRC (another
+#      source tree, e.g. `git archive` of an earlier commit) its test_gemv_cuda is built
+#      beside step 1 and its gemv bench runs too, for a before/after on one machine
 #   7b. ncu sections of single matrix-vector kernels (STEPS="... ncu-gemv", NCU_GEMV)
 #   8. batch prompt files (bench/batch-bench.sh, BATCH_MODEL, --parallel 32, greedy and
 #      temperature 0.8: the host sampler's share of a step shows as the difference)
@@ -71,6 +73,18 @@ if ! bounded build 300 "$BLOG" ninja -C "$BUILD" -j "$JOBS" $targets; then
     exit 1
 fi
 TPINFER="$BUILD/tpinfer"
+
+# the baseline's matrix-vector microbench binary, in the background (BASE_SRC)
+BASE_SRC=${BASE_SRC:-}
+BASE_PID=
+if [ -n "$BASE_SRC" ] && [ -d "$BASE_SRC" ]; then
+    (
+        cmake -S "$BASE_SRC" -B build-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/build-base.log" 2>&1 &&
+            ninja -C build-base -j "$JOBS" test_gemv_cuda >>"$OUT/build-base.log" 2>&1
+    ) </dev/null &
+    BASE_PID=$!
+fi
 
 # ---- 2. models, in the background ----
 MLOG="$OUT/mkmodel.log"
@@ -184,6 +198,11 @@ fi
 if has_step micro; then
     [ -x "$BUILD/tests/test_gemv_cuda" ] &&
         bounded micro-gemv 90 "$OUT/micro.log" "$BUILD/tests/test_gemv_cuda" bench
+    if [ -n "$BASE_PID" ]; then
+        while kill -0 "$BASE_PID" 2>/dev/null && [ "$(left)" -gt 120 ]; do sleep 2; done
+        [ -x build-base/tests/test_gemv_cuda ] &&
+            bounded micro-gemv-base 90 "$OUT/micro-base.log" build-base/tests/test_gemv_cuda bench
+    fi
     [ "${MICRO_OPS:-1}" = 1 ] &&
         bounded micro-ops 60 "$OUT/micro.log" "$BUILD/tests/test_ops_cuda_elem" bench
 fi
@@ -237,6 +256,8 @@ fi
     echo
     echo "== microbench"
     grep -E "^(gemv_)?bench " "$OUT/micro.log" 2>/dev/null | sed -E 's/^gemv_bench //' | head -150
+    grep -E "^gemv_bench " "$OUT/micro-base.log" 2>/dev/null | sed -E 's/^gemv_bench /base /' |
+        head -150
     echo
     echo "== ncu sections of single kernels (ncu-gemv.log has all)"
     grep -E "^== ncu|  (Duration|DRAM Throughput|Memory Throughput|L1/TEX Cache Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|Grid Size|Waves Per SM|L1/TEX Hit Rate|Mem Busy|Max Bandwidth|Mem Pipes Busy) " \
