@@ -10,7 +10,8 @@
  * - Q8_0 Q4_0 Q5_0 Q4_K Q6_K BF16 F16 (label gpu): kern_gemv_v3_run for each setting in
  *   CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1 1..4097, plain and accumulate (y += );
  * - api (label gpu): one prepared x run against three weights, two of them on two
- *   side streams at once, and what the path refuses;
+ *   side streams at once, and what the path refuses; three weights of one type in one
+ *   launch (kern_gemv_v3_run_n) bitwise equal to a launch each;
  * - bench (not a ctest test): TB/s of weight bytes per type, Qwen3-8B shape, rows and
  *   setting, one line each on stdout: `gemv_bench type=.. ne0=.. ne1=.. rows=.. cfg=..
  *   run_us=.. run_tbs=.. full_us=.. full_tbs=..` (run: x prepared once; full: prepare +
@@ -315,6 +316,81 @@ END_TEST
 
 /* One prepared x, three weights (two quantized types and BF16, which reads gx->x), the
  * quantized two on two streams at once. */
+/* One launch for three weights of one type (kern_gemv_v3_run_n: rows 1024, 4097 and 333,
+ * so each weight has its own warps per row) against a launch each: bitwise equal, for
+ * every setting and 1 and 3 x rows; refused only where a setting takes kind b. */
+static void check_merged(struct tu_rng *r, int type) {
+    const int64_t ne0 = 4096, ne1s[3] = {1024, 4097, 333};
+    struct tpi_weight gw[3];
+    const struct tpi_weight *wp[3];
+    float *gy[3], *gm[3];
+    for (int k = 0; k < 3; k++) {
+        float *wd;
+        uint8_t *q = make_weight(r, type, ne0, ne1s[k], &wd);
+        struct tpi_error err;
+        tpi_err_clear(&err);
+        ck_assert_int_eq(G->weight_upload(gctx, &gw[k], type, ne0, ne1s[k], q, &err), TPI_OK);
+        wp[k] = &gw[k];
+        gy[k] = G->alloc(gctx, (size_t)(3 * ne1s[k]) * 4);
+        gm[k] = G->alloc(gctx, (size_t)(3 * ne1s[k]) * 4);
+        free(q), free(wd);
+    }
+    float *x = make_x(r, 3, ne0);
+    float *gx = gdup(x, (size_t)(3 * ne0) * 4);
+    for (int nr = 1; nr <= 3; nr += 2)
+        for (int c = 0; c < N_CFGS; c++) {
+            ck_assert_int_eq(kern_gemv_configure(CFGS[c]), 0);
+            void *px = kern_gemv_test_prepare(gctx, gx, nr, ne0, NULL);
+            ck_assert_ptr_nonnull(px);
+            const int merged = kern_gemv_test_run_n(gctx, 3, wp, px, gm, NULL);
+            for (int k = 0; k < 3; k++)
+                ck_assert_int_eq(kern_gemv_test_run(gctx, &gw[k], px, gy[k], 0, NULL), 1);
+            free(px);
+            assert_ok("merged");
+            char label[128];
+            snprintf(label, sizeof label, "merged %s rows %d [%s]", quant_type_name(type), nr,
+                     CFGS[c]);
+            if (!merged) { /* kind b runs one weight a launch */
+                ck_assert_msg(strstr(CFGS[c], "kind=b") && quantizes_x(type), "%s: refused", label);
+                continue;
+            }
+            for (int k = 0; k < 3; k++) {
+                const size_t ny = (size_t)(nr * ne1s[k]);
+                float *a = malloc(ny * 4), *b = malloc(ny * 4);
+                G->to_host(gctx, a, gm[k], ny * 4);
+                G->to_host(gctx, b, gy[k], ny * 4);
+                size_t d = 0;
+                for (size_t i = 0; i < ny; i++)
+                    d += memcmp(&a[i], &b[i], 4) != 0;
+                ck_assert_msg(d == 0, "%s weight %d: %zu of %zu outputs differ", label, k, d, ny);
+                free(a), free(b);
+            }
+        }
+    /* weights of two types are not one launch */
+    const struct tpi_weight *mixed[2] = {&gw[0], &gw[1]};
+    struct tpi_weight other;
+    if (type != TPI_TYPE_BF16) {
+        float *wd;
+        uint8_t *q = make_weight(r, TPI_TYPE_BF16, ne0, 64, &wd);
+        struct tpi_error err;
+        tpi_err_clear(&err);
+        ck_assert_int_eq(G->weight_upload(gctx, &other, TPI_TYPE_BF16, ne0, 64, q, &err), TPI_OK);
+        mixed[1] = &other;
+        void *px = kern_gemv_test_prepare(gctx, gx, 1, ne0, NULL);
+        ck_assert_int_eq(kern_gemv_test_run_n(gctx, 2, mixed, px, gm, NULL), 0);
+        free(px);
+        G->weight_free(gctx, &other);
+        free(q), free(wd);
+    }
+    kern_gemv_configure(NULL);
+    for (int k = 0; k < 3; k++) {
+        G->weight_free(gctx, &gw[k]);
+        G->dealloc(gctx, gy[k]), G->dealloc(gctx, gm[k]);
+    }
+    G->dealloc(gctx, gx);
+    free(x);
+}
+
 START_TEST(test_api) {
     struct tu_rng r;
     tu_rng_seed(&r, 300);
@@ -382,6 +458,9 @@ START_TEST(test_api) {
     ck_assert_ptr_null(kern_gemv_test_prepare(gctx, gx, 9, ne0, NULL));
     ck_assert_ptr_null(kern_gemv_test_prepare(gctx, gx, 1, 100, NULL));
     assert_ok("api refusals");
+    static const int merged_types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_BF16};
+    for (size_t i = 0; i < sizeof merged_types / sizeof merged_types[0]; i++)
+        check_merged(&r, merged_types[i]);
     for (int k = 0; k < 2; k++) {
         cudaStreamDestroy(side[k]);
         cudaEventDestroy(done[k]);

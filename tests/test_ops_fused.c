@@ -4,8 +4,9 @@
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
- *   weights on parallel streams; the kernels and their summation order are the plain
- *   ones, so it must equal separate matmul calls bitwise. matmul_add folds the add
+ *   weights on parallel streams or (decode: the smaller weights of weight 0's type) in
+ *   weight 0's launch; the kernels and their summation order are the plain ones, so it
+ *   must equal separate matmul calls bitwise. matmul_add folds the add
  *   into the matmul's store (v3: y + s per output, the add kernel's operation) or into
  *   cuBLAS (beta = 1: the library may pick another algorithm, so NMSE < 1e-10 against
  *   matmul + add there), on every decode path (v2, v3) and the GEMM path.

@@ -62,6 +62,8 @@ struct ops_ctx {
     } xq_memo;
     int xq_produce;    /* XQ_BY_*: producers that write the next matmul's int8 x */
     bool rms_split;    /* decode rows' rmsnorm over n_cols / 128 blocks (TPI_RMS_SPLIT) */
+    int gemv_merge;    /* matmul_n: which weights join weight 0's decode launch (TPI_GEMV_MERGE:
+                        * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
@@ -257,6 +259,11 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
  * thread after a fixed-order sum (race-free y +=, deterministic results). */
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
                       float *y, bool accumulate, cudaStream_t stream);
+/* ys[i] = x ws[i]^T for the n (<= OPS_MAX_FUSED) weights in one launch on `stream`, each
+ * output computed exactly as kern_gemv_v3_run computes it; false (nothing queued) unless
+ * all n share a type and row length the v3 path covers, and (n > 1) take kinds a/p/BF16. */
+bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                        const struct kern_gemv_x *gx, float *const *ys, cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

@@ -857,16 +857,47 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
         rows(std::integral_constant<int, GV_UNROLL>{});
 }
 
+/* The weights of one launch (kern_gemv_v3_run_n): up to OPS_MAX_FUSED weights that share
+ * x, type and row length. Weight s owns blocks b0[s] .. b0[s + 1] - 1 of the grid, laid
+ * out as a launch of that weight alone would lay them out (its own wpr), so each output
+ * is computed (and summed, in the same order) exactly as by that launch. */
+struct gv_segs {
+    const uint8_t *w[OPS_MAX_FUSED];
+    float *y[OPS_MAX_FUSED];
+    int ne1[OPS_MAX_FUSED], wpr[OPS_MAX_FUSED], b0[OPS_MAX_FUSED];
+    int n;
+};
+/* This block's weight: its data, output, rows, warps per row and block index in it. */
+struct gv_seg {
+    const uint8_t *w;
+    float *y;
+    int ne1, wpr, blk;
+};
+__device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg) {
+    const int b = (int)blockIdx.x;
+    int i = 0;
+#pragma unroll
+    for (int k = 1; k < OPS_MAX_FUSED; k++)
+        if (k < sg.n && b >= sg.b0[k]) i = k; /* constant indices: no local copy */
+    gv_seg r = {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
+#pragma unroll
+    for (int k = 1; k < OPS_MAX_FUSED; k++)
+        if (i == k) r = {sg.w[k], sg.y[k], sg.ne1[k], sg.wpr[k], b - sg.b0[k]};
+    return r;
+}
+
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on. */
 template <int TYPE, int NR, bool PERM, int RW>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_quant_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-                    const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
-                    float *__restrict__ y, int nr, int wpr, bool accumulate) {
+    gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
+                    int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
     using Q = gv<TYPE>;
+    const gv_seg me = gv_seg_of(sg);
+    const uint8_t *__restrict__ w = me.w;
+    const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
+    const int row0 = (me.blk * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
     float acc[RW][NR];
 #pragma unroll
     for (int rw = 0; rw < RW; rw++)
@@ -882,18 +913,24 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
                                          x, xs, ds, ne0, nr, acc);
     }
-    gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
+    gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
 }
 
 /* kind a, BF16/F16 weights: an item is 8 values (16 bytes); warp (group, part) takes
- * the RW rows from group*RW on, each item's x read once for all of them. */
+ * the RW rows from group*RW on, each item's x read once for all of them. One x row and
+ * one weight row a warp: at most 32 registers (16 blocks a multiprocessor), as before
+ * the segments (gv_segs) took 6 more: BF16 tg128 fell 9 % at 38 (a second, partial wave
+ * of blocks for the 4096-row products). */
+#define GV_ELEM_MIN_BLOCKS 16
 template <int TYPE, int NR, int RW>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_elem_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-                   const float *__restrict__ x, float *__restrict__ y, int nr, int wpr,
-                   bool accumulate) {
+__global__ void __launch_bounds__(GV_WARPS * 32, NR == 1 && RW == 1 ? GV_ELEM_MIN_BLOCKS : 1)
+    gv_elem_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
+                   int nr, bool accumulate) {
+    const gv_seg me = gv_seg_of(sg);
+    const uint8_t *__restrict__ w = me.w;
+    const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
+    const int row0 = (me.blk * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
     const int n_items = ne0 / 8, step = 32 * wpr;
     float acc[RW][NR];
 #pragma unroll
@@ -927,7 +964,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
             }
         }
     }
-    gv_store<NR, RW>(acc, y, ne1, nr, row0, part, wpr, accumulate);
+    gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
 }
 
 /* kind b, quantized weights: warp (row, part) takes units part*32 + lane, stepping
@@ -981,12 +1018,14 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *                          weight rows per warp (kinds a and p, BF16/F16; 1-4 x rows): a
  *                          lane's x is loaded once and dotted with that many rows, so L1
  *                          traffic for x per weight byte falls by the factor, and the
- *                          grid by it. auto: 2 for one x row and a quantized type with rows
- *                          of >= 8192 values, else 1. Measured (H200, 1 x row, graph
- *                          replays, us, rpw 1 -> 2): 12288->4096 Q4_K 11.24 -> 10.53, Q6_K
- *                          20.57 -> 19.30, Q8_0 18.70 -> 17.49; 4096->12288 Q4_K 10.18 ->
- *                          9.81, Q8_0 15.25 -> 15.40; 4096->1024 worse for every type (2.8
- *                          -> 2.9-4.2: half the warps), BF16 no better anywhere. */
+ *                          grid by it. auto: 1. A first measurement (H200, 1 x row, graph
+ *                          replays, us, rpw 1 -> 2: 12288->4096 Q4_K 11.24 -> 10.53, Q6_K
+ *                          20.57 -> 19.30, Q8_0 18.70 -> 17.49) made 2 the auto for rows of
+ *                          >= 8192 values; a later one on another H200 went the other way
+ *                          (11.19 -> 11.50, 19.20 -> 22.04, 15.82 -> 17.43), and so did
+ *                          tg128 end to end (Q4_K_M +2.5 %, Q8_0 +1.5 % at rpw 1;
+ *                          bench/NOTES.md change 16). 4096->1024 is worse at 2 for every
+ *                          type (half the warps), BF16 no better anywhere. */
 struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
     int batch, pdl, wps; /* wps 0: auto */
@@ -995,7 +1034,6 @@ struct gv_cfg {
 static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
-#define GV_RPW_AUTO_NE0 8192 /* auto: 2 weight rows per warp from this row length on */
 
 /* Apply "key=value" pairs separated by ',' or ' ' to *c; false on an unknown key or a
  * bad value (c is then partly updated). */
@@ -1149,24 +1187,30 @@ static int gv_wpr(const struct ops_ctx *ctx, int wps, int64_t ne1, int64_t n_ite
 }
 
 
-template <int T, int NR>
-static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
-                     float *y, bool accumulate, cudaStream_t stream, const gv_cfg &c) {
-    const uint8_t *data = (const uint8_t *)w->data;
-    const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
-    const bool pdl = c.pdl != 0;
-    /* auto: kind b for the K-quants with 5..8 rows, kind p otherwise (see the knobs);
-     * kind p needs prepare's permuted copies (an x quantized elsewhere has none) */
+/* The kind weights of type T take for NR x rows (auto: kind b for the K-quants with 5..8
+ * rows, kind p otherwise, see the knobs; kind p needs prepare's permuted copies, which an
+ * x quantized elsewhere may lack). BF16/F16 always take the kind-a kernel. */
+template <int T, int NR> static int gv_kind_of(const struct kern_gemv_x *gx, const gv_cfg &c) {
+    if (gv_is_elem(T)) return 'a';
     const bool kq = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K;
     int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'p';
     if (kind == 'p' && !gx->xp) kind = 'a';
-    /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob; auto: 2 for
-     * one x row and rows of >= GV_RPW_AUTO_NE0 values of a quantized type, else 1 */
-    const int rpw = NR > 4   ? 1
-                    : c.rpw ? c.rpw
-                    : NR == 1 && !gv_is_elem(T) && ne0 >= GV_RPW_AUTO_NE0 ? 2
-                                                                           : 1;
-    const int64_t groups = ((int64_t)ne1 + rpw - 1) / rpw;
+    return kind;
+}
+
+/* One launch for the n weights ws (type T, one row length; n > 1 only for kinds a and p:
+ * kern_gemv_v3_run_n checks) into ys. */
+template <int T, int NR>
+static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                     const struct kern_gemv_x *gx, float *const *ys, bool accumulate,
+                     cudaStream_t stream, const gv_cfg &c) {
+    const struct tpi_weight *w = ws[0];
+    const uint8_t *data = (const uint8_t *)w->data;
+    const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
+    const bool pdl = c.pdl != 0;
+    const int kind = gv_kind_of<T, NR>(gx, c);
+    /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob (auto: 1) */
+    const int rpw = NR > 4 ? 1 : c.rpw ? c.rpw : 1;
     auto by_rpw = [&](auto f) {
         if (rpw == 4)
             f(std::integral_constant<int, NR <= 4 ? 4 : 1>{});
@@ -1175,18 +1219,37 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
         else
             f(std::integral_constant<int, 1>{});
     };
+    /* each weight's blocks, as its own launch would have them (gv_segs) */
+    auto segs = [&](int wps, int64_t n_items, unsigned *blocks) {
+        gv_segs sg = {};
+        sg.n = n;
+        int64_t b0 = 0;
+        for (int i = 0; i < n; i++) {
+            const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;
+            const int wpr = gv_wpr(ctx, wps, groups, n_items, 2);
+            sg.w[i] = (const uint8_t *)ws[i]->data;
+            sg.y[i] = ys[i];
+            sg.ne1[i] = (int)ws[i]->ne1;
+            sg.wpr[i] = wpr;
+            sg.b0[i] = (int)b0;
+            b0 += (groups * wpr + GV_WARPS - 1) / GV_WARPS;
+        }
+        *blocks = (unsigned)b0;
+        return sg;
+    };
+    unsigned blocks = 0;
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
-        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_ELEM, groups, ne0 / 8, 2);
-        const unsigned blocks = (unsigned)((groups * wpr + GV_WARPS - 1) / GV_WARPS);
+        const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_ELEM, ne0 / 8, &blocks);
         by_rpw([&](auto rw_c) {
             kern_launch(pdl, gv_elem_kernel<T, NR, decltype(rw_c)::value>, dim3(blocks),
-                        dim3(GV_WARPS * 32), 0, stream, data, w->row_bytes, ne0, ne1, gx->x, y, nr,
-                        wpr, accumulate);
+                        dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0, gx->x, nr,
+                        accumulate);
         });
     } else if (kind == 'b') {
+        float *y = ys[0];
         constexpr int U = gu_batch<T>::U;
         const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_QUANT, ne1, ne0 / 16, U * c.batch);
-        const unsigned blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
+        blocks = (unsigned)(((int64_t)ne1 * wpr + GV_WARPS - 1) / GV_WARPS);
         if (c.batch == 2)
             kern_launch(pdl, gv_unit_kernel<T, NR, 2 * U>, dim3(blocks), dim3(GV_WARPS * 32), 0,
                         stream, data, w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr,
@@ -1197,8 +1260,7 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
     } else {
         using Q = gv<T>;
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
-        const int wpr = gv_wpr(ctx, c.wps ? c.wps : GV_WPS_QUANT, groups, n_items, 2);
-        const unsigned blocks = (unsigned)((groups * wpr + GV_WARPS - 1) / GV_WARPS);
+        const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_QUANT, n_items, &blocks);
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
@@ -1208,14 +1270,14 @@ static void gv_run_t(struct ops_ctx *ctx, const struct tpi_weight *w, const stru
             const int xs = Q::BLK == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl, gv_quant_kernel<T, NR, true, decltype(rw_c)::value>, dim3(blocks),
-                            dim3(GV_WARPS * 32), 0, stream, data, w->row_bytes, ne0, ne1,
-                            gx->xp + (off - lay.b32_off), xs, gx->ds, y, nr, wpr, accumulate);
+                            dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
+                            gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl, gv_quant_kernel<T, NR, false, decltype(rw_c)::value>, dim3(blocks),
-                            dim3(GV_WARPS * 32), 0, stream, data, w->row_bytes, ne0, ne1, gx->xq,
-                            ne0, gx->ds, y, nr, wpr, accumulate);
+                            dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0, gx->xq, ne0,
+                            gx->ds, nr, accumulate);
             });
         }
     }
@@ -1242,33 +1304,61 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
     return LAUNCH_OK(ctx, "cuda matmul (v3 x quantization)");
 }
 
-bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
-                      float *y, bool accumulate, cudaStream_t stream) {
+/* Whether the prepared x gx suits w (coverage, row length, the form of x it reads). */
+static bool gv_x_suits(const struct tpi_weight *w, const struct kern_gemv_x *gx) {
     if (!gv_covers(w, gx->n_rows) || gx->ne0 != w->ne0) return false;
-    if (!gv_is_elem(w->type)) {
-        if (!gx->xq || !gx->ds) return false;
-    } else if (!gx->x || ((uintptr_t)gx->x & 15) != 0) {
-        return false; /* float4 loads of x rows (ne0 % 8 == 0) */
-    }
-    const gv_cfg c = gv_config();
-    gv_dispatch(w->type, [&](auto type_c) {
+    if (!gv_is_elem(w->type)) return gx->xq && gx->ds;
+    return gx->x && ((uintptr_t)gx->x & 15) == 0; /* float4 loads of x rows (ne0 % 8 == 0) */
+}
+
+/* gv_run_t for the type and row count at hand (NR rounds up to 1, 2, 4, 8: the guards skip
+ * the unused rows). */
+static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                   const struct kern_gemv_x *gx, float *const *ys, bool accumulate,
+                   cudaStream_t stream, const gv_cfg &c) {
+    gv_dispatch(ws[0]->type, [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
-        switch (gx->n_rows) { /* NR rounds up to 1, 2, 4, 8: the guards skip the unused rows */
+        switch (gx->n_rows) {
         case 1:
-            gv_run_t<T, 1>(ctx, w, gx, y, accumulate, stream, c);
+            gv_run_t<T, 1>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         case 2:
-            gv_run_t<T, 2>(ctx, w, gx, y, accumulate, stream, c);
+            gv_run_t<T, 2>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         case 3:
         case 4:
-            gv_run_t<T, 4>(ctx, w, gx, y, accumulate, stream, c);
+            gv_run_t<T, 4>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         default:
-            gv_run_t<T, 8>(ctx, w, gx, y, accumulate, stream, c);
+            gv_run_t<T, 8>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         }
     });
+}
+
+bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
+                      float *y, bool accumulate, cudaStream_t stream) {
+    if (!gv_x_suits(w, gx)) return false;
+    gv_run(ctx, 1, &w, gx, &y, accumulate, stream, gv_config());
+    LAUNCH_OK(ctx, "cuda matmul (v3)");
+    return true;
+}
+
+bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                        const struct kern_gemv_x *gx, float *const *ys, cudaStream_t stream) {
+    if (n < 1 || n > OPS_MAX_FUSED) return false;
+    for (int i = 0; i < n; i++)
+        if (!gv_x_suits(ws[i], gx) || ws[i]->type != ws[0]->type ||
+            ws[i]->row_bytes != ws[0]->row_bytes)
+            return false;
+    const gv_cfg c = gv_config();
+    bool unit = false; /* kind b: one weight a launch */
+    gv_dispatch(ws[0]->type, [&](auto type_c) {
+        constexpr int T = decltype(type_c)::value;
+        unit = gx->n_rows > 4 ? gv_kind_of<T, 8>(gx, c) == 'b' : gv_kind_of<T, 1>(gx, c) == 'b';
+    });
+    if (n > 1 && unit) return false;
+    gv_run(ctx, n, ws, gx, ys, false, stream, c);
     LAUNCH_OK(ctx, "cuda matmul (v3)");
     return true;
 }
@@ -1304,6 +1394,14 @@ int kern_gemv_test_run(struct ops_ctx *ctx, const struct tpi_weight *w, const vo
                        int accumulate, void *stream) {
     return kern_gemv_v3_run(ctx, w, (const struct kern_gemv_x *)gx, y, accumulate != 0,
                             stream ? (cudaStream_t)stream : ctx->stream)
+               ? 1
+               : 0;
+}
+
+int kern_gemv_test_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                         const void *gx, float *const *ys, void *stream) {
+    return kern_gemv_v3_run_n(ctx, n, ws, (const struct kern_gemv_x *)gx, ys,
+                              stream ? (cudaStream_t)stream : ctx->stream)
                ? 1
                : 0;
 }

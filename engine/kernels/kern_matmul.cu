@@ -727,6 +727,11 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
     return true;
 }
 
+/* matmul_n, TPI_GEMV_MERGE auto: weights of rows up to this many bytes all share one
+ * decode launch (Q4_K's 4096-value rows, 2304 bytes: tg128 Q4_K_M +4 %; Q8_0's 4352 and
+ * BF16's 8192 were 2-3 % slower that way; bench/NOTES.md change 16). */
+#define GEMV_MERGE_ROW_BYTES 4096
+
 void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
                    float *const *ys, int64_t n_rows) {
     const char *op = "cuda matmul_n";
@@ -748,19 +753,47 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
     bool done[OPS_MAX_FUSED] = {false};
     struct kern_gemv_x gx;
     if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && gemv_x_for(ctx, ws, n_w, x, (int)n_rows, &gx)) {
-        /* one x for all; weight 0 on the main stream, the others on side streams that
-         * fork from it and join it again (recorded into graphs as parallel branches) */
+        /* one x for all. Weight 0 and the weights that join its launch (gemv_merge, of its
+         * type and row length) in one launch on the main stream; each other weight on the
+         * main stream (if still free) or a side stream that forks from it and joins it
+         * again (recorded into graphs as parallel branches). A small weight costs less as
+         * part of a big launch than as a launch of its own; weights of similar size
+         * overlap well as branches, except short rows (a warp's work is little more than
+         * its launch and one round trip), which measured faster in one launch too */
+        bool main_busy = false;
         const bool fork = n_w > 1 && ctx->side[0];
         if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
+        if (n_w > 1 && ctx->gemv_merge) {
+            const struct tpi_weight *mw[OPS_MAX_FUSED];
+            float *my[OPS_MAX_FUSED];
+            int idx[OPS_MAX_FUSED], n_m = 0;
+            const bool all = ctx->gemv_merge == 2 ||
+                             (ctx->gemv_merge == 1 && ws[0]->row_bytes <= GEMV_MERGE_ROW_BYTES);
+            for (int i = 0; i < n_w; i++)
+                if (i == 0 || (ws[i]->type == ws[0]->type && ws[i]->row_bytes == ws[0]->row_bytes &&
+                               (all || 2 * ws[i]->ne1 <= ws[0]->ne1)))
+                    mw[n_m] = ws[i], my[n_m] = ys[i], idx[n_m++] = i;
+            if (n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream)) {
+                if (!LAUNCH_OK(ctx, op)) return;
+                for (int k = 0; k < n_m; k++)
+                    done[idx[k]] = true;
+                main_busy = true;
+            }
+        }
+        int n_side = 0;
         for (int i = 0; i < n_w; i++) {
-            cudaStream_t st = fork && i > 0 ? ctx->side[i - 1] : ctx->stream;
-            if (st != ctx->stream && !CUDA_OK(ctx, op, cudaStreamWaitEvent(st, ctx->ev_fork, 0)))
-                return;
+            if (done[i]) continue;
+            cudaStream_t st = ctx->stream;
+            if (main_busy && fork) {
+                st = ctx->side[n_side++];
+                if (!CUDA_OK(ctx, op, cudaStreamWaitEvent(st, ctx->ev_fork, 0))) return;
+            }
+            main_busy = true;
             done[i] = kern_gemv_v3_run(ctx, ws[i], &gx, ys[i], false, st);
             if (!LAUNCH_OK(ctx, op)) return;
             if (st != ctx->stream &&
-                (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_join[i - 1], st)) ||
-                 !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_join[i - 1], 0))))
+                (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_join[n_side - 1], st)) ||
+                 !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_join[n_side - 1], 0))))
                 return;
         }
     } else if (n_rows > MATVEC_MAX_ROWS) {

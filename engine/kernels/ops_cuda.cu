@@ -224,6 +224,21 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     /* Decode rows' rmsnorm split over many blocks (kern_elem.cu, rmsnorm_split_kernel). */
     const char *rs = getenv("TPI_RMS_SPLIT");
     ctx->rms_split = !(rs && strcmp(rs, "0") == 0);
+    /* matmul_n's decode weights that join weight 0's launch (kern_gemv_v3_run_n) instead of
+     * running as parallel branches on side streams, among those of weight 0's type and row
+     * length. TPI_GEMV_MERGE: 1 (default) auto: all of them for rows of <= 4096 bytes,
+     * else those with at most half weight 0's rows (K and V with Q; gate and up stay two
+     * branches); 2 all; 3 those with at most half its rows; 0 none. H200 tg128 (bench/
+     * NOTES.md change 16), none / half the rows / all: Q4_K_M 352 / 364 / 379, Q8_0 294 /
+     * 299 / 293, BF16 190 / 193 / 188. */
+    const char *gm = getenv("TPI_GEMV_MERGE");
+    ctx->gemv_merge = 1;
+    if (gm && *gm) {
+        if (gm[1] == 0 && gm[0] >= '0' && gm[0] <= '3')
+            ctx->gemv_merge = gm[0] - '0';
+        else
+            TPI_LOGW("TPI_GEMV_MERGE=%s is not 0, 1, 2 or 3: ignored", gm);
+    }
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = pd && strcmp(pd, "1") == 0;
     ctx->n_sm = prop.multiProcessorCount;
