@@ -873,8 +873,9 @@ struct gv_seg {
     float *y;
     int ne1, wpr, blk;
 };
-__device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg) {
+template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg) {
     const int b = (int)blockIdx.x;
+    if (!MULTI) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
     int i = 0;
 #pragma unroll
     for (int k = 1; k < OPS_MAX_FUSED; k++)
@@ -917,16 +918,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 }
 
 /* kind a, BF16/F16 weights: an item is 8 values (16 bytes); warp (group, part) takes
- * the RW rows from group*RW on, each item's x read once for all of them. One x row and
- * one weight row a warp: at most 32 registers (16 blocks a multiprocessor), as before
- * the segments (gv_segs) took 6 more: BF16 tg128 fell 9 % at 38 (a second, partial wave
- * of blocks for the 4096-row products). */
-#define GV_ELEM_MIN_BLOCKS 16
-template <int TYPE, int NR, int RW>
-__global__ void __launch_bounds__(GV_WARPS * 32, NR == 1 && RW == 1 ? GV_ELEM_MIN_BLOCKS : 1)
+ * the RW rows from group*RW on, each item's x read once for all of them. MULTI: several
+ * weights (gv_segs) in this launch. The segment lookup cost the one-weight kernel 6
+ * registers (38: 13 blocks a multiprocessor instead of 16, a second partial wave for
+ * the 4096-row products) and BF16 tg128 ~7 %, even when held to 32 registers (spills);
+ * a launch of one weight therefore reads its one segment's fields directly (MULTI false:
+ * the same instructions as before the segments). */
+template <int TYPE, int NR, int RW, bool MULTI>
+__global__ void __launch_bounds__(GV_WARPS * 32)
     gv_elem_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
                    int nr, bool accumulate) {
-    const gv_seg me = gv_seg_of(sg);
+    const gv_seg me = gv_seg_of<MULTI>(sg);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1241,9 +1243,14 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
         const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_ELEM, ne0 / 8, &blocks);
         by_rpw([&](auto rw_c) {
-            kern_launch(pdl, gv_elem_kernel<T, NR, decltype(rw_c)::value>, dim3(blocks),
-                        dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0, gx->x, nr,
-                        accumulate);
+            if (n > 1)
+                kern_launch(pdl, gv_elem_kernel<T, NR, decltype(rw_c)::value, true>, dim3(blocks),
+                            dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0, gx->x, nr,
+                            accumulate);
+            else
+                kern_launch(pdl, gv_elem_kernel<T, NR, decltype(rw_c)::value, false>, dim3(blocks),
+                            dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0, gx->x, nr,
+                            accumulate);
         });
     } else if (kind == 'b') {
         float *y = ys[0];
