@@ -888,7 +888,7 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 }
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
- * stepping 32*wpr, of the RW rows from group*RW on. */
+ * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
 template <int TYPE, int NR, bool PERM, int RW>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
