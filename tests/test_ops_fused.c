@@ -15,6 +15,10 @@
  *   decode attention's int8 output read by the wo matmul (test_xq_memo_attn_cuda).
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
+ *   matmul_add_norm with its one-launch form on (the GEMV's last block normalizes)
+ *   against matmul_add + rmsnorm: y bitwise, h within 1e-6 (another summation order for
+ *   the norm), h's int8 form bitwise what a matmul of h makes itself, and replays of a
+ *   recorded graph (the kernel's arrival counter reset each time).
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
  * gpu) the CUDA ones, and exits 77 without a usable GPU.
  */
@@ -181,6 +185,116 @@ static void fused_matmul_cases(struct be b) {
                                100 + 10 * m + k);
 }
 
+/* matmul_add_norm of a (ne1 x ne0) weight of `type` on nr rows against matmul_add then
+ * rmsnorm on the same backend: y bitwise; h bitwise on the CPU, within 1e-6 on CUDA (the
+ * fused form sums the squares in another order). On CUDA with the fused form on: the memo
+ * must hold h afterwards when `memo` (a quantized weight's one-launch path whose int8 h
+ * fits the scratch), and every matmul of h reading that int8 form must equal, bitwise, the
+ * same matmul quantizing h itself (the memo broken by an add of zeros): Q8_0 reads the
+ * 32-value permuted copy, Q4_K and Q6_K (ne1 % 256 == 0) theirs. */
+static void check_add_norm(struct be b, int type, int64_t ne0, int64_t ne1, int64_t nr, bool memo,
+                           uint64_t seed) {
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * ne1);
+    struct tpi_weight w;
+    make_weight(b, &r, type, ne0, ne1, &w);
+    float *xh = rand_vec(&r, nx, -2, 2), *y0 = rand_vec(&r, ny, -1, 1);
+    float *nwh = rand_vec(&r, (size_t)ne1, 0.5f, 1.5f);
+    float *x = bdup(b, xh, nx * 4), *nw = bdup(b, nwh, (size_t)ne1 * 4);
+    float *y[2], *h[2], *yr[2], *hr[2];
+    for (int v = 0; v < 2; v++) { /* v 0: the fused op; v 1: matmul_add, rmsnorm */
+        y[v] = bdup(b, y0, ny * 4);
+        h[v] = b.o->alloc(b.ctx, ny * 4);
+        if (v == 0)
+            b.o->matmul_add_norm(b.ctx, &w, x, y[v], nr, nw, 1e-6f, h[v]);
+        else {
+            b.o->matmul_add(b.ctx, &w, x, y[v], nr);
+            b.o->rmsnorm(b.ctx, y[v], nw, h[v], nr, ne1, 1e-6f);
+        }
+        yr[v] = malloc(ny * 4), hr[v] = malloc(ny * 4);
+        bget(b, yr[v], y[v], ny * 4);
+        bget(b, hr[v], h[v], ny * 4);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s matmul_add_norm (%s %lldx%lld) rows %lld", b.o->name,
+             quant_type_name(type), (long long)ne1, (long long)ne0, (long long)nr);
+    size_t d = n_diff(yr[0], yr[1], ny);
+    ck_assert_msg(d == 0, "%s: %zu of %zu y differ from matmul_add", label, d, ny);
+    if (b.o == C) {
+        d = n_diff(hr[0], hr[1], ny);
+        ck_assert_msg(d == 0, "%s: %zu of %zu h differ from rmsnorm", label, d, ny);
+    } else {
+        ck_assert_msg(tu_compare(label, hr[0], hr[1], ny, 1e-6, 1e-6) == 0, "%s: h", label);
+    }
+#ifdef TPI_HAVE_CUDA
+    if (b.o != C) {
+        /* the memo after the fused op (v 0 ran first; v 1's rmsnorm has replaced it since:
+         * run the fused op again on v 0's buffers, from y0) */
+        b.o->to_dev(b.ctx, y[0], y0, ny * 4);
+        b.o->matmul_add_norm(b.ctx, &w, x, y[0], nr, nw, 1e-6f, h[0]);
+        const bool held = ops_cuda_xq_memo_holds(b.ctx, h[0], (int64_t)ny);
+        if (memo) ck_assert_msg(held, "%s: the memo does not hold h", label);
+        static const int next[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K};
+        struct tpi_weight w2[3];
+        float *z[3][2];
+        int n2 = 0;
+        for (int k = 0; k < 3; k++)
+            if (next[k] == TPI_TYPE_Q8_0 || ne1 % 256 == 0) make_weight(b, &r, next[k], ne1, 40, &w2[n2++]);
+        float *zero = b.o->alloc(b.ctx, ny * 4);
+        for (int v = 0; v < 2; v++) { /* v 0: h's int8 form from the fused op; v 1: quantized now */
+            if (v) b.o->add(b.ctx, h[0], zero, (int64_t)ny);
+            for (int k = 0; k < n2; k++) {
+                float *zd = b.o->alloc(b.ctx, (size_t)nr * 40 * 4);
+                b.o->matmul(b.ctx, &w2[k], h[0], zd, nr);
+                z[k][v] = malloc((size_t)nr * 40 * 4);
+                bget(b, z[k][v], zd, (size_t)nr * 40 * 4);
+                b.o->dealloc(b.ctx, zd);
+            }
+        }
+        for (int k = 0; k < n2; k++) {
+            d = n_diff(z[k][0], z[k][1], (size_t)nr * 40);
+            ck_assert_msg(d == 0, "%s: %s matmul of h: %zu outputs differ from quantizing h itself",
+                          label, quant_type_name(w2[k].type), d);
+            free(z[k][0]), free(z[k][1]);
+            b.o->weight_free(b.ctx, &w2[k]);
+        }
+        b.o->dealloc(b.ctx, zero);
+    }
+#else
+    (void)memo;
+#endif
+    assert_ok(b, label);
+    for (int v = 0; v < 2; v++) {
+        b.o->dealloc(b.ctx, y[v]), b.o->dealloc(b.ctx, h[v]);
+        free(yr[v]), free(hr[v]);
+    }
+    b.o->weight_free(b.ctx, &w);
+    b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, nw);
+    free(xh), free(y0), free(nwh);
+}
+
+/* The types of the v3 path (one launch with the norm for one row) and Q5_K (the v2 path:
+ * the two ops); 4096 x 4096 (`big`: ~1000 blocks counting in; the CPU takes 1024 x 1024),
+ * 1024 -> 96, and 512 -> 1024 (h's int8 form larger than x's: it may not fit the scratch,
+ * so the memo is not required). */
+static void add_norm_cases(struct be b, bool big) {
+    const int64_t n_big = big ? 4096 : 1024;
+    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
+                                TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_F16, TPI_TYPE_Q5_K};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const bool v3q = types[t] != TPI_TYPE_BF16 && types[t] != TPI_TYPE_F16 &&
+                         types[t] != TPI_TYPE_Q5_K;
+        const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
+                             types[t] == TPI_TYPE_Q5_K;
+        for (int64_t nr = 1; nr <= 3; nr += 2) {
+            check_add_norm(b, types[t], n_big, n_big, nr, v3q && nr == 1, 300 + 10 * t + nr);
+            if (!k_quant) check_add_norm(b, types[t], 1024, 96, nr, v3q && nr == 1, 400 + 10 * t + nr);
+            check_add_norm(b, types[t], 512, 1024, nr, false, 500 + 10 * t + nr);
+        }
+    }
+}
+
 START_TEST(test_fused_matmul_cpu) {
     struct be b = {C, NULL};
     struct ops_config cfg = {2, 0};
@@ -188,6 +302,7 @@ START_TEST(test_fused_matmul_cpu) {
     tpi_err_clear(&err);
     ck_assert_int_eq(C->init(&b.ctx, &cfg, &err), TPI_OK);
     fused_matmul_cases(b);
+    add_norm_cases(b, false);
     C->free(&b.ctx);
 }
 END_TEST
@@ -516,6 +631,64 @@ START_TEST(test_xq_memo_attn_cuda) {
 }
 END_TEST
 
+/* matmul_add_norm's one-launch form (ops_cuda_set_add_norm) on every case of
+ * add_norm_cases, then recorded in a graph and replayed three times: the arrival counter
+ * must be back at zero after each launch, or a replay's norm runs early (or never). Each
+ * replay adds x W^T to y again: y must equal three matmul_add calls bitwise and h the
+ * rmsnorm of that y within 1e-6. */
+START_TEST(test_add_norm_cuda) {
+    const struct be b = {ops_cuda_get(), gctx};
+    const bool was = ops_cuda_set_add_norm(gctx, true);
+    add_norm_cases(b, true);
+    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_BF16};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        struct tu_rng r;
+        tu_rng_seed(&r, 600 + t);
+        const int64_t ne0 = 2048, ne1 = 4096;
+        struct tpi_weight w;
+        make_weight(b, &r, types[t], ne0, ne1, &w);
+        float *xh = rand_vec(&r, (size_t)ne0, -2, 2), *y0 = rand_vec(&r, (size_t)ne1, -1, 1);
+        float *nwh = rand_vec(&r, (size_t)ne1, 0.5f, 1.5f);
+        float *x = bdup(b, xh, (size_t)ne0 * 4), *nw = bdup(b, nwh, (size_t)ne1 * 4);
+        float *yg = bdup(b, y0, (size_t)ne1 * 4), *hg = b.o->alloc(b.ctx, (size_t)ne1 * 4);
+        float *yp = bdup(b, y0, (size_t)ne1 * 4), *hp = b.o->alloc(b.ctx, (size_t)ne1 * 4);
+        b.o->matmul_add_norm(b.ctx, &w, x, yg, 1, nw, 1e-6f, hg); /* scratch sized first */
+        b.o->to_dev(b.ctx, yg, y0, (size_t)ne1 * 4);
+        b.o->sync(b.ctx);
+        struct tpi_error err;
+        tpi_err_clear(&err);
+        void *graph = NULL;
+        ck_assert_int_eq(b.o->graph_begin(b.ctx, &err), TPI_OK);
+        b.o->matmul_add_norm(b.ctx, &w, x, yg, 1, nw, 1e-6f, hg);
+        ck_assert_msg(b.o->graph_end(b.ctx, &graph, &err) == TPI_OK && graph, "graph: %s", err.msg);
+        for (int k = 0; k < 3; k++) {
+            bool launched = false;
+            ck_assert_int_eq(b.o->graph_launch(b.ctx, graph, &launched, &err), TPI_OK);
+            ck_assert(launched);
+            b.o->matmul_add(b.ctx, &w, x, yp, 1);
+        }
+        b.o->rmsnorm(b.ctx, yp, nw, hp, 1, ne1, 1e-6f);
+        float *got = malloc((size_t)ne1 * 4), *want = malloc((size_t)ne1 * 4);
+        char label[96];
+        snprintf(label, sizeof label, "matmul_add_norm graph %s, 3 replays", quant_type_name(types[t]));
+        bget(b, got, yg, (size_t)ne1 * 4);
+        bget(b, want, yp, (size_t)ne1 * 4);
+        const size_t d = n_diff(got, want, (size_t)ne1);
+        ck_assert_msg(d == 0, "%s: %zu y differ from 3 matmul_add", label, d);
+        bget(b, got, hg, (size_t)ne1 * 4);
+        bget(b, want, hp, (size_t)ne1 * 4);
+        ck_assert_msg(tu_compare(label, got, want, (size_t)ne1, 1e-6, 1e-6) == 0, "%s: h", label);
+        assert_ok(b, label);
+        b.o->graph_free(b.ctx, graph);
+        free(got), free(want), free(xh), free(y0), free(nwh);
+        b.o->weight_free(b.ctx, &w);
+        b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, nw), b.o->dealloc(b.ctx, yg);
+        b.o->dealloc(b.ctx, hg), b.o->dealloc(b.ctx, yp), b.o->dealloc(b.ctx, hp);
+    }
+    ops_cuda_set_add_norm(gctx, was);
+}
+END_TEST
+
 START_TEST(test_qk_norm_rope_cuda) {
     qk_cases((struct be){ops_cuda_get(), gctx}, cctx_g, 1e-6);
 }
@@ -544,6 +717,7 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_qk_norm_rope_cuda);
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
+    tcase_add_test(tc, test_add_norm_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

@@ -20,6 +20,7 @@ extern "C" {
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 }
+#include "kern_xq.cuh"
 
 /* A device buffer that only grows; reused by ops that need temporary space. */
 struct kern_scratch {
@@ -66,6 +67,8 @@ struct ops_ctx {
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
+    bool add_norm;         /* matmul_add_norm's decode rows as one launch (TPI_ADD_NORM=1) */
+    unsigned *norm_count;  /* device: that launch's two counters (kern_gemv_norm.count) */
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
@@ -229,6 +232,11 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
+/* ops.h matmul_add_norm: y += x W^T, then h = rmsnorm(y) * norm; decode rows in one
+ * launch when ctx->add_norm and the v3 path takes w (kern_gemv_v3_run_norm), else the two
+ * ops. */
+void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                          int64_t n_rows, const float *norm, float eps, float *h);
 
 /* ---- launchers (kern_gemv.cu) ---- */
 /* The v3 matrix-vector path for n_rows (1..8) rows on ctx->stream (prepare + run);
@@ -264,6 +272,30 @@ bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const str
  * all n share a type and row length the v3 path covers, and (n > 1) take kinds a/p/BF16. */
 bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                         const struct kern_gemv_x *gx, float *const *ys, cudaStream_t stream);
+/* The rmsnorm a v3 launch applies to the row it has updated (kern_gemv_v3_run_norm): h =
+ * y / sqrt(mean(y^2) + eps) * w, computed by the grid's last blocks to arrive. */
+struct kern_gemv_norm {
+    unsigned *count;  /* device: [0] blocks arrived, [1] tail blocks done; both 0 between
+                       * launches (the last tail block resets them) */
+    const float *w;   /* the norm's weight (ne1 f32) */
+    float *h;         /* out (n_rows x ne1); apart from x and y */
+    int8_t *xq;       /* h's int8 form in kern_xq.cuh's layout (NULL: none) */
+    float2 *ds;
+    gv_xlayout lay;
+    float eps;
+    int n_tail;       /* blocks that normalize (set by the launcher) */
+};
+/* Whether kern_gemv_v3_run_norm takes w with this x: the v3 path covers it with kind p
+ * (quantized weights; x's permuted copies at hand) or the BF16/F16 kernels, w->ne1 % 128
+ * == 0, at most GV_NORM_MAX_ROWS rows (registers: kern_gemv.cu, gv_norm_occ). */
+#define GV_NORM_MAX_ROWS 1
+bool kern_gemv_v3_norm_ok(const struct tpi_weight *w, const struct kern_gemv_x *gx);
+/* y += x W^T as kern_gemv_v3_run computes it (bitwise), then nm's rmsnorm of the updated
+ * rows, in one launch on `stream`; nm->count must be used by no other launch in flight.
+ * false (nothing queued) unless kern_gemv_v3_norm_ok. */
+bool kern_gemv_v3_run_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
+                           const struct kern_gemv_x *gx, float *y, const struct kern_gemv_norm *nm,
+                           cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

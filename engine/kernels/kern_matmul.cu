@@ -862,3 +862,36 @@ void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const floa
     kern_matmul(ctx, w, x, t, n_rows);
     kern_add(ctx, y, t, (int64_t)n);
 }
+
+/* The fused form when ctx->add_norm (TPI_ADD_NORM=1): decode rows of a weight the v3
+ * path takes with a norm tail run as one launch (kern_gemv_v3_run_norm), which also writes
+ * h's int8 form when the memo's norm producer is on and that form fits the q8 scratch as
+ * it is (growing it would free the buffer the launch reads x's int8 form from). Anything
+ * else: matmul_add, then rmsnorm. */
+void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                          int64_t n_rows, const float *norm, float eps, float *h) {
+    const char *op = "cuda matmul_add_norm";
+    const int64_t n_cols = w->ne1, n_vals = n_rows * n_cols;
+    const bool apart = (h + n_vals <= y || y + n_vals <= h) &&
+                       (h + n_vals <= x || x + n_rows * w->ne0 <= h);
+    struct kern_gemv_x gx;
+    if (ctx->add_norm && ctx->gemv == 3 && ctx->norm_count && n_rows >= 1 &&
+        n_rows <= GV_NORM_MAX_ROWS && apart && matmul_ok(ctx, w, n_rows, op)) {
+        xq_written(ctx, y, n_vals);
+        if (gemv_x_for(ctx, &w, 1, x, (int)n_rows, &gx) && kern_gemv_v3_norm_ok(w, &gx)) {
+            int8_t *xq = NULL;
+            float2 *ds = NULL;
+            const gv_xlayout lay = gv_xlayout_of((int)n_rows, n_cols);
+            const bool q8 = lay.n_bytes <= ctx->q8.n_bytes &&
+                            kern_xq_claim(ctx, XQ_BY_NORM, n_rows, n_cols, &xq, &ds);
+            if (!q8) kern_xq_forget(ctx); /* h is about to change; x's form is not h's */
+            const struct kern_gemv_norm nm = {ctx->norm_count, norm, h, xq, ds, lay, eps, 0};
+            if (kern_gemv_v3_run_norm(ctx, w, &gx, y, &nm, ctx->stream)) {
+                if (q8) kern_xq_remember(ctx, h, n_vals);
+                return;
+            }
+        }
+    }
+    kern_matmul_add(ctx, w, x, y, n_rows);
+    kern_rmsnorm(ctx, y, norm, h, n_rows, n_cols, eps);
+}

@@ -108,6 +108,7 @@ static void cuda_free(struct ops_ctx **pctx) {
         if (ctx->ev_join[i]) cudaEventDestroy(ctx->ev_join[i]);
     }
     if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
+    if (ctx->norm_count) cudaFree(ctx->norm_count);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
@@ -132,6 +133,13 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
     if (!ctx || (path != 2 && path != 3)) return -1;
     const int old = ctx->gemv;
     ctx->gemv = path;
+    return old;
+}
+
+bool ops_cuda_set_add_norm(struct ops_ctx *ctx, bool on) {
+    if (!ctx) return false;
+    const bool old = ctx->add_norm;
+    ctx->add_norm = on;
     return old;
 }
 
@@ -240,6 +248,18 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         else
             TPI_LOGW("TPI_GEMV_MERGE=%s is not 0, 1, 2 or 3: ignored", gm);
     }
+    /* matmul_add_norm of decode rows as one launch: the matrix-vector kernel's last blocks
+     * normalize the updated row (kern_gemv.cu, gv_norm_tail). TPI_ADD_NORM=1 turns it on;
+     * off by default until measured (bench/NOTES.md change 19). Its two counters are
+     * zero between launches (the launch's last tail block resets them). */
+    if (!CUDA_OK(ctx, "cuda init", cudaMalloc((void **)&ctx->norm_count, 2 * sizeof(unsigned))) ||
+        !CUDA_OK(ctx, "cuda init", cudaMemset(ctx->norm_count, 0, 2 * sizeof(unsigned)))) {
+        *err = ctx->err;
+        cuda_free(&ctx);
+        return err->status;
+    }
+    const char *an = getenv("TPI_ADD_NORM");
+    ctx->add_norm = an && strcmp(an, "1") == 0;
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = pd && strcmp(pd, "1") == 0;
     ctx->n_sm = prop.multiProcessorCount;
@@ -555,6 +575,7 @@ static const struct ops ops_cuda_table = {
     /* .matmul_n = */ kern_matmul_n,
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
+    /* .matmul_add_norm = */ kern_matmul_add_norm,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,

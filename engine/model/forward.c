@@ -73,14 +73,18 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
  * rmsnorm(x) * norm when norm is given: with TP, this rank's partial sum is
  * all-reduced over the group before the residual add (on one node one kernel over
  * peer memory does the sum, the add and, for decode-sized steps, the norm:
- * comm_nccl.c); alone, the residual is folded into the matmul. */
+ * comm_nccl.c); alone, the residual is folded into the matmul, and the norm too where
+ * the backend fuses them (matmul_add_norm). */
 static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
                             const float *norm, struct tpi_error *err) {
     struct model_state *s = &m->s;
     const int n_embd = m->cfg.n_embd;
     const int64_t n_x = (int64_t)n * n_embd;
     bool normed = false;
-    if (!m->tp_comm) {
+    if (!m->tp_comm && norm && m->ops->matmul_add_norm) {
+        m->ops->matmul_add_norm(m->octx, w, in, s->x, n, norm, m->cfg.rms_eps, s->h);
+        normed = true;
+    } else if (!m->tp_comm) {
         m->ops->matmul_add(m->octx, w, in, s->x, n);
     } else {
         m->ops->matmul(m->octx, w, in, s->o, n);
