@@ -863,9 +863,22 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
 
 /* *p with acquire semantics at GPU scope (what another block released before it). */
 __device__ __forceinline__ unsigned gv_ld_acquire(const unsigned *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+#else
+    const unsigned v = *(const volatile unsigned *)p;
+    __threadfence();
+    return v;
+#endif
+}
+
+/* Pause a waiting thread briefly (sm_70 on; a plain spin before). */
+__device__ __forceinline__ void gv_pause() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(32);
+#endif
 }
 
 /* The rmsnorm of a launch's updated row (kern_gemv_norm; one x row, GV_NORM_MAX_ROWS),
@@ -901,7 +914,7 @@ __device__ __noinline__ void gv_norm_tail_run(unsigned *count, const float *nw, 
     /* this thread's first weight value to L2 while the last blocks finish */
     asm volatile("prefetch.global.L2 [%0];" ::"l"(nw + t * T + threadIdx.x));
     if (threadIdx.x == 0)
-        while (gv_ld_acquire(&count[0]) < G) __nanosleep(32);
+        while (gv_ld_acquire(&count[0]) < G) gv_pause();
     __syncthreads();
     __threadfence();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n4 = ne1 / 4;
