@@ -1,6 +1,6 @@
 /*
- * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
- * qk_norm_rope) against the plain ops they replace, on both backends.
+ * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add, matmul_add_norm,
+ * matmul_silu_mul, qk_norm_rope) against the plain ops they replace, on both backends.
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
@@ -18,7 +18,9 @@
  *   matmul_add_norm with its one-launch form on (the GEMV's last block normalizes)
  *   against matmul_add + rmsnorm: y bitwise, h within 1e-6 (another summation order for
  *   the norm), h's int8 form bitwise what a matmul of h makes itself, and replays of a
- *   recorded graph (the kernel's arrival counter reset each time).
+ *   recorded graph (the kernel's arrival counter reset each time). matmul_silu_mul with
+ *   its one-launch form on (silu*mul in the gate/up launch's last blocks) against
+ *   matmul_n + silu_mul: bitwise, its int8 output too, and under graph replays.
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
  * gpu) the CUDA ones, and exits 77 without a usable GPU.
  */
@@ -295,6 +297,129 @@ static void add_norm_cases(struct be b, bool big) {
     }
 }
 
+/* matmul_silu_mul of a gate/up pair of `type` (n_ff x ne0) on nr rows against matmul_n then
+ * silu_mul on the same backend: g and u bitwise (the same products, the same elementwise
+ * arithmetic). On CUDA with the fused form on: the memo must hold g afterwards when `memo`,
+ * and a matmul of g reading that int8 form (Q8_0; Q4_K and Q6_K when n_ff % 256 == 0)
+ * must equal, bitwise, the same matmul quantizing g itself; and `replays` replays of the
+ * fused op recorded in a graph must each give g again (the counters reset). */
+static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int64_t nr, bool memo,
+                           int replays, uint64_t seed) {
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * n_ff);
+    struct tpi_weight w[2];
+    make_weight(b, &r, type, ne0, n_ff, &w[0]);
+    make_weight(b, &r, type, ne0, n_ff, &w[1]);
+    const struct tpi_weight *wp[2] = {&w[0], &w[1]};
+    float *xh = rand_vec(&r, nx, -2, 2);
+    float *x = bdup(b, xh, nx * 4);
+    float *g[2], *u[2], *gr[2], *ur[2];
+    for (int v = 0; v < 2; v++) { /* v 0: the fused op; v 1: matmul_n, silu_mul */
+        g[v] = b.o->alloc(b.ctx, ny * 4), u[v] = b.o->alloc(b.ctx, ny * 4);
+        if (v == 0) {
+            b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[v], u[v], nr);
+        } else {
+            float *ys[2] = {g[v], u[v]};
+            b.o->matmul_n(b.ctx, 2, wp, x, ys, nr);
+            b.o->silu_mul(b.ctx, g[v], u[v], g[v], (int64_t)ny);
+        }
+        gr[v] = malloc(ny * 4), ur[v] = malloc(ny * 4);
+        bget(b, gr[v], g[v], ny * 4);
+        bget(b, ur[v], u[v], ny * 4);
+    }
+    char label[160];
+    snprintf(label, sizeof label, "%s matmul_silu_mul (%s %lldx%lld) rows %lld", b.o->name,
+             quant_type_name(type), (long long)n_ff, (long long)ne0, (long long)nr);
+    size_t d = n_diff(gr[0], gr[1], ny);
+    ck_assert_msg(d == 0, "%s: %zu of %zu g differ from matmul_n + silu_mul", label, d, ny);
+    d = n_diff(ur[0], ur[1], ny);
+    ck_assert_msg(d == 0, "%s: %zu of %zu u differ from matmul_n", label, d, ny);
+#ifdef TPI_HAVE_CUDA
+    if (b.o != C) {
+        b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[0], u[0], nr);
+        const bool held = ops_cuda_xq_memo_holds(b.ctx, g[0], (int64_t)ny);
+        if (memo) ck_assert_msg(held, "%s: the memo does not hold g", label);
+        static const int next[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K};
+        struct tpi_weight w2[3];
+        float *z[3][2];
+        int n2 = 0;
+        for (int k = 0; k < 3; k++)
+            if (next[k] == TPI_TYPE_Q8_0 || n_ff % 256 == 0) make_weight(b, &r, next[k], n_ff, 40, &w2[n2++]);
+        float *zero = b.o->alloc(b.ctx, ny * 4);
+        for (int v = 0; v < 2; v++) { /* v 0: g's int8 form from the fused op; v 1: quantized now */
+            if (v) b.o->add(b.ctx, g[0], zero, (int64_t)ny);
+            for (int k = 0; k < n2; k++) {
+                float *zd = b.o->alloc(b.ctx, (size_t)nr * 40 * 4);
+                b.o->matmul(b.ctx, &w2[k], g[0], zd, nr);
+                z[k][v] = malloc((size_t)nr * 40 * 4);
+                bget(b, z[k][v], zd, (size_t)nr * 40 * 4);
+                b.o->dealloc(b.ctx, zd);
+            }
+        }
+        for (int k = 0; k < n2; k++) {
+            d = n_diff(z[k][0], z[k][1], (size_t)nr * 40);
+            ck_assert_msg(d == 0, "%s: %s matmul of g: %zu outputs differ from quantizing g itself",
+                          label, quant_type_name(w2[k].type), d);
+            free(z[k][0]), free(z[k][1]);
+            b.o->weight_free(b.ctx, &w2[k]);
+        }
+        b.o->dealloc(b.ctx, zero);
+        if (replays > 0) {
+            struct tpi_error err;
+            tpi_err_clear(&err);
+            void *graph = NULL;
+            ck_assert_int_eq(b.o->graph_begin(b.ctx, &err), TPI_OK);
+            b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[0], u[0], nr);
+            ck_assert_msg(b.o->graph_end(b.ctx, &graph, &err) == TPI_OK && graph, "graph: %s",
+                          err.msg);
+            float *got = malloc(ny * 4);
+            for (int k = 0; k < replays; k++) {
+                b.o->to_dev(b.ctx, g[0], ur[0], ny * 4); /* something else in g first */
+                bool launched = false;
+                ck_assert_int_eq(b.o->graph_launch(b.ctx, graph, &launched, &err), TPI_OK);
+                ck_assert(launched);
+                bget(b, got, g[0], ny * 4);
+                d = n_diff(got, gr[1], ny);
+                ck_assert_msg(d == 0, "%s: replay %d: %zu of %zu g differ", label, k, d, ny);
+            }
+            free(got);
+            b.o->graph_free(b.ctx, graph);
+        }
+    }
+#else
+    (void)memo, (void)replays;
+#endif
+    assert_ok(b, label);
+    for (int v = 0; v < 2; v++) {
+        b.o->dealloc(b.ctx, g[v]), b.o->dealloc(b.ctx, u[v]);
+        free(gr[v]), free(ur[v]);
+    }
+    b.o->weight_free(b.ctx, &w[0]), b.o->weight_free(b.ctx, &w[1]);
+    b.o->dealloc(b.ctx, x);
+    free(xh);
+}
+
+/* The quantized types of the v3 path (one launch for one row) and Q5_K and BF16 (the two
+ * ops): 4096 -> 12288 (`big`: the model's FFN; the CPU takes 512 -> 1536), 1024 -> 2048
+ * (the memo's int8 form larger than x's: not required), and 256 -> 96 (not a multiple of
+ * 128: the two ops). */
+static void silu_mul_cases(struct be b, bool big) {
+    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
+                                TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_Q5_K};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const bool v3q = types[t] != TPI_TYPE_BF16 && types[t] != TPI_TYPE_Q5_K;
+        const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
+                             types[t] == TPI_TYPE_Q5_K;
+        for (int64_t nr = 1; nr <= 3; nr += 2) {
+            check_silu_mul(b, types[t], big ? 4096 : 512, big ? 12288 : 1536, nr, false,
+                           nr == 1 ? 3 : 0, 700 + 10 * t + nr);
+            check_silu_mul(b, types[t], 1024, 2048, nr, false, 0, 800 + 10 * t + nr);
+            if (!k_quant) check_silu_mul(b, types[t], 256, 96, nr, v3q, 0, 900 + 10 * t + nr);
+        }
+    }
+}
+
 START_TEST(test_fused_matmul_cpu) {
     struct be b = {C, NULL};
     struct ops_config cfg = {2, 0};
@@ -303,6 +428,7 @@ START_TEST(test_fused_matmul_cpu) {
     ck_assert_int_eq(C->init(&b.ctx, &cfg, &err), TPI_OK);
     fused_matmul_cases(b);
     add_norm_cases(b, false);
+    silu_mul_cases(b, false);
     C->free(&b.ctx);
 }
 END_TEST
@@ -689,6 +815,16 @@ START_TEST(test_add_norm_cuda) {
 }
 END_TEST
 
+/* matmul_silu_mul's one-launch form (ops_cuda_set_glu_tail) on every case of
+ * silu_mul_cases, graph replays included. */
+START_TEST(test_silu_mul_cuda) {
+    const struct be b = {ops_cuda_get(), gctx};
+    const bool was = ops_cuda_set_glu_tail(gctx, true);
+    silu_mul_cases(b, true);
+    ops_cuda_set_glu_tail(gctx, was);
+}
+END_TEST
+
 START_TEST(test_qk_norm_rope_cuda) {
     qk_cases((struct be){ops_cuda_get(), gctx}, cctx_g, 1e-6);
 }
@@ -718,6 +854,7 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_add_norm_cuda);
+    tcase_add_test(tc, test_silu_mul_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

@@ -68,6 +68,7 @@ struct ops_ctx {
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
     bool add_norm;         /* matmul_add_norm's decode rows as one launch (TPI_ADD_NORM=1) */
+    bool glu_tail;         /* matmul_silu_mul's decode row as one launch (TPI_GLU_TAIL=1) */
     unsigned *norm_count;  /* device: that launch's two counters (kern_gemv_norm.count) */
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
@@ -232,6 +233,12 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
+/* ops.h matmul_silu_mul: g = silu(x wg^T) * (x wu^T), u = x wu^T; one decode row in one
+ * launch when ctx->glu_tail and the v3 path takes the pair (kern_gemv_v3_run_glu), else
+ * matmul_n and silu_mul. */
+void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const float *x, float *g, float *u,
+                          int64_t n_rows);
 /* ops.h matmul_add_norm: y += x W^T, then h = rmsnorm(y) * norm; decode rows in one
  * launch when ctx->add_norm and the v3 path takes w (kern_gemv_v3_run_norm), else the two
  * ops. */
@@ -284,6 +291,8 @@ struct kern_gemv_norm {
     gv_xlayout lay;
     float eps;
     int n_tail;       /* blocks that normalize (set by the launcher) */
+    const float *u;   /* kern_gemv_v3_run_glu: the up projection; h = silu(gate) * u, no
+                       * norm (w, eps unused). NULL: the norm. */
 };
 /* Whether kern_gemv_v3_run_norm takes w with this x: the v3 path covers it with kind p
  * (quantized weights; x's permuted copies at hand) or the BF16/F16 kernels, w->ne1 % 128
@@ -296,6 +305,16 @@ bool kern_gemv_v3_norm_ok(const struct tpi_weight *w, const struct kern_gemv_x *
 bool kern_gemv_v3_run_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
                            const struct kern_gemv_x *gx, float *y, const struct kern_gemv_norm *nm,
                            cudaStream_t stream);
+/* Whether kern_gemv_v3_run_glu takes the gate/up pair with this x: one quantized type and
+ * row length, equal rows, each as kern_gemv_v3_norm_ok. */
+bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *wu,
+                         const struct kern_gemv_x *gx);
+/* g = x wg^T and u = x wu^T as kern_gemv_v3_run_n computes them (bitwise), then g =
+ * silu(g) * u (silu_mul's arithmetic) and, with nm->xq, its int8 form, in one launch on
+ * `stream` (nm->u == u; nm->h == g). false (nothing queued) unless kern_gemv_v3_glu_ok. */
+bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
+                          float *u, const struct kern_gemv_norm *nm, cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

@@ -896,11 +896,12 @@ __device__ __forceinline__ void gv_pause() {
  * graph replay. One block doing the whole row would be latency-bound (4096 values a
  * block, a shuffle tree per 32); n_tail blocks keep the split norm's spread. Every block
  * has finished reading x when it counts in, so h's int8 form may go where x's was (the
- * q8 scratch). ne1 % 128 == 0. */
+ * q8 scratch). ne1 % 128 == 0. With u (kern_gemv_v3_run_glu: y the gate projection, u the
+ * up one, both of this launch) the tail blocks write h = silu(y) * u instead (no sum). */
 __device__ __noinline__ void gv_norm_tail_run(unsigned *count, const float *nw, float *h,
                                               int8_t *xq, float2 *ds, int o_b32, int o_k4,
                                               int o_q6, float eps, unsigned n_tail,
-                                              const float *y, int ne1) {
+                                              const float *y, const float *u, int ne1) {
     constexpr int T = GV_WARPS * 32;
     __shared__ unsigned arrived;
     __shared__ float part[GV_WARPS];
@@ -912,11 +913,30 @@ __device__ __noinline__ void gv_norm_tail_run(unsigned *count, const float *nw, 
     if (arrived < G - n_tail) return;
     const int t = (int)(arrived - (G - n_tail));
     /* this thread's first weight value to L2 while the last blocks finish */
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(nw + t * T + threadIdx.x));
+    if (!u) asm volatile("prefetch.global.L2 [%0];" ::"l"(nw + t * T + threadIdx.x));
     if (threadIdx.x == 0)
         while (gv_ld_acquire(&count[0]) < G) gv_pause();
     __syncthreads();
     __threadfence();
+    if (u) { /* silu(y) * u, silu_mul_kernel's arithmetic, written over y */
+#pragma unroll 1
+        for (int c = t * T + threadIdx.x; c < ne1; c += (int)n_tail * T) {
+            const float gi = __ldcg(y + c);
+            const float v = __fmul_rn(gi / (1.0f + expf(-gi)), __ldcg(u + c));
+            h[c] = v;
+            if (xq) {
+                const int q = kern_q8_block(v, c, xq, ds);
+                xq[o_b32 + gv_perm_b32(c)] = (int8_t)q;
+                xq[o_k4 + gv_perm_k4(c)] = (int8_t)q;
+                xq[o_q6 + gv_perm_q6(c)] = (int8_t)q;
+            }
+        }
+        if (threadIdx.x == 0 && atomicAdd(&count[1], 1u) == n_tail - 1) {
+            count[0] = 0u;
+            count[1] = 0u;
+        }
+        return;
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n4 = ne1 / 4;
     const float4 *y4 = (const float4 *)y;
     float ss = 0.0f;
@@ -967,7 +987,7 @@ __device__ __noinline__ void gv_norm_tail_run(unsigned *count, const float *nw, 
  * Q4_0 and Q5_0 kernels to make room for it). */
 __device__ __forceinline__ void gv_norm_tail(const kern_gemv_norm &nm, const float *y, int ne1) {
     gv_norm_tail_run(nm.count, nm.w, nm.h, nm.xq, nm.ds, (int)nm.lay.b32_off, (int)nm.lay.k4_off,
-                     (int)nm.lay.q6_off, nm.eps, (unsigned)nm.n_tail, y, ne1);
+                     (int)nm.lay.q6_off, nm.eps, (unsigned)nm.n_tail, y, nm.u, ne1);
 }
 
 /* The weights of one launch (kern_gemv_v3_run_n): up to OPS_MAX_FUSED weights that share
@@ -1049,12 +1069,13 @@ template <int TYPE> struct gv_norm_occ {
 };
 
 /* gv_quant_kernel of kind p for one weight (y +=), then the norm of the updated row
- * (gv_norm_tail). */
-template <int TYPE, int NR>
+ * (gv_norm_tail); or (GLU) for the gate and up weights, then silu(gate) * up. */
+template <int TYPE, int NR, bool GLU>
 __global__ void __launch_bounds__(GV_WARPS * 32, (gv_norm_occ<TYPE>::B))
     gv_quant_norm_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
                          int xs, const float2 *__restrict__ ds, int nr, const kern_gemv_norm nm) {
-    gv_quant_body<TYPE, NR, true, 1, false>(sg, row_bytes, ne0, x, xs, ds, nr, true);
+    /* GLU: gate and up (two segments) written, then silu(gate) * up; else y += and the norm */
+    gv_quant_body<TYPE, NR, true, 1, GLU>(sg, row_bytes, ne0, x, xs, ds, nr, !GLU);
     gv_norm_tail(nm, sg.y[0], sg.ne1[0]); /* from the parameters: nothing held over the loop */
 }
 
@@ -1447,9 +1468,14 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             const int xs = Q::BLK == 32 ? lay.b32_stride : lay.k4_stride;
             if constexpr (NR <= GV_NORM_MAX_ROWS)
                 if (nm) {
-                    kern_launch(pdl, gv_quant_norm_kernel<T, NR>, dim3(blocks),
-                                dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
-                                gx->xp + (off - lay.b32_off), xs, gx->ds, nr, tail());
+                    if (nm->u)
+                        kern_launch(pdl, gv_quant_norm_kernel<T, NR, true>, dim3(blocks),
+                                    dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
+                                    gx->xp + (off - lay.b32_off), xs, gx->ds, nr, tail());
+                    else
+                        kern_launch(pdl, gv_quant_norm_kernel<T, NR, false>, dim3(blocks),
+                                    dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
+                                    gx->xp + (off - lay.b32_off), xs, gx->ds, nr, tail());
                     return;
                 }
             by_rpw([&](auto rw_c) {
@@ -1545,6 +1571,25 @@ bool kern_gemv_v3_run_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
     if (!kern_gemv_v3_norm_ok(w, gx)) return false;
     gv_run(ctx, 1, &w, gx, &y, true, stream, gv_config(), nm);
     LAUNCH_OK(ctx, "cuda matmul_add_norm (v3)");
+    return true;
+}
+
+bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *wu,
+                         const struct kern_gemv_x *gx) {
+    if (gv_is_elem(wg->type) || wu->type != wg->type || wu->row_bytes != wg->row_bytes ||
+        wu->ne1 != wg->ne1 || !kern_gemv_v3_norm_ok(wg, gx) || !gv_x_suits(wu, gx))
+        return false;
+    return true;
+}
+
+bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
+                          float *u, const struct kern_gemv_norm *nm, cudaStream_t stream) {
+    if (!nm->u || nm->u != u || !kern_gemv_v3_glu_ok(wg, wu, gx)) return false;
+    const struct tpi_weight *ws[2] = {wg, wu};
+    float *ys[2] = {g, u};
+    gv_run(ctx, 2, ws, gx, ys, false, stream, gv_config(), nm);
+    LAUNCH_OK(ctx, "cuda matmul_silu_mul (v3)");
     return true;
 }
 

@@ -895,3 +895,40 @@ void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const
     kern_matmul_add(ctx, w, x, y, n_rows);
     kern_rmsnorm(ctx, y, norm, h, n_rows, n_cols, eps);
 }
+
+/* The fused form when ctx->glu_tail (TPI_GLU_TAIL=1): one decode row of a quantized
+ * gate/up pair the v3 path takes in one launch (kern_gemv_v3_run_glu) with silu*mul in
+ * its last blocks, which also write the product's int8 form when the memo's silu producer
+ * is on and that form fits the q8 scratch as it is. Anything else: matmul_n, silu_mul. */
+void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const float *x, float *g, float *u,
+                          int64_t n_rows) {
+    const char *op = "cuda matmul_silu_mul";
+    const int64_t n_ff = wg->ne1, n_vals = n_rows * n_ff;
+    const int64_t nx = n_rows * wg->ne0;
+    const bool apart = (g + n_vals <= u || u + n_vals <= g) && (g + n_vals <= x || x + nx <= g) &&
+                       (u + n_vals <= x || x + nx <= u);
+    const struct tpi_weight *ws[2] = {wg, wu};
+    float *ys[2] = {g, u};
+    struct kern_gemv_x gx;
+    if (ctx->glu_tail && ctx->gemv == 3 && ctx->norm_count && n_rows == 1 && apart &&
+        matmul_ok(ctx, wg, n_rows, op) && matmul_ok(ctx, wu, n_rows, op)) {
+        xq_written(ctx, g, n_vals);
+        xq_written(ctx, u, n_vals);
+        if (gemv_x_for(ctx, ws, 2, x, (int)n_rows, &gx) && kern_gemv_v3_glu_ok(wg, wu, &gx)) {
+            int8_t *xq = NULL;
+            float2 *ds = NULL;
+            const gv_xlayout lay = gv_xlayout_of(1, n_vals); /* silu_mul's: one row of n */
+            const bool q8 = lay.n_bytes <= ctx->q8.n_bytes &&
+                            kern_xq_claim(ctx, XQ_BY_SILU, 1, n_vals, &xq, &ds);
+            if (!q8) kern_xq_forget(ctx);
+            const struct kern_gemv_norm nm = {ctx->norm_count, NULL, g, xq, ds, lay, 0.0f, 0, u};
+            if (kern_gemv_v3_run_glu(ctx, wg, wu, &gx, g, u, &nm, ctx->stream)) {
+                if (q8) kern_xq_remember(ctx, g, n_vals);
+                return;
+            }
+        }
+    }
+    kern_matmul_n(ctx, 2, ws, x, ys, n_rows);
+    kern_silu_mul(ctx, g, u, g, n_vals);
+}

@@ -157,6 +157,12 @@ struct ops {
      * overlap x or y. NULL: the backend has no fused form (callers run the two ops). */
     void (*matmul_add_norm)(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
                             float *y, int64_t n_rows, const float *norm, float eps, float *h);
+    /* g(n_rows, wg->ne1) = silu(x * Wg^T) * (x * Wu^T), u = x * Wu^T (wu: wg's shape): the
+     * FFN's gate, up and activation. Equal to matmul_n of (wg, wu) into (g, u), then
+     * silu_mul(g, u, g). g, u and x must not overlap. NULL: no fused form. */
+    void (*matmul_silu_mul)(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                            const struct tpi_weight *wu, const float *x, float *g, float *u,
+                            int64_t n_rows);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between
@@ -206,6 +212,9 @@ bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals)
  * the matrix-vector kernel's last block; TPI_ADD_NORM sets it at context init) or as
  * matmul_add + rmsnorm; returns the previous setting. */
 bool ops_cuda_set_add_norm(struct ops_ctx *ctx, bool on);
+/* CUDA builds only: the same for matmul_silu_mul (silu*mul in the gate/up launch's last
+ * blocks; TPI_GLU_TAIL sets it at context init); returns the previous setting. */
+bool ops_cuda_set_glu_tail(struct ops_ctx *ctx, bool on);
 
 #ifdef __CUDACC__
 /* The CUDA backend's graph entries (kern_graph.cu), declared here so ops_cuda.cu's

@@ -143,6 +143,13 @@ bool ops_cuda_set_add_norm(struct ops_ctx *ctx, bool on) {
     return old;
 }
 
+bool ops_cuda_set_glu_tail(struct ops_ctx *ctx, bool on) {
+    if (!ctx) return false;
+    const bool old = ctx->glu_tail;
+    ctx->glu_tail = on;
+    return old;
+}
+
 /* The memo producers (XQ_BY_*) TPI_XQ_MEMO names: unset, empty or "1" all three, "0"
  * none, else a comma-separated list of "norm", "silu", "attn" ("norm,silu": the default
  * before the attention produced); -1 when it is none of these. */
@@ -260,6 +267,11 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     }
     const char *an = getenv("TPI_ADD_NORM");
     ctx->add_norm = an && strcmp(an, "1") == 0;
+    /* matmul_silu_mul of one decode row as one launch of gate and up with silu*mul in its
+     * last blocks (the same counters). TPI_GLU_TAIL=1 turns it on; off by default until
+     * measured (bench/NOTES.md change 20). */
+    const char *gt = getenv("TPI_GLU_TAIL");
+    ctx->glu_tail = gt && strcmp(gt, "1") == 0;
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = pd && strcmp(pd, "1") == 0;
     ctx->n_sm = prop.multiProcessorCount;
@@ -576,6 +588,7 @@ static const struct ops ops_cuda_table = {
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
     /* .matmul_add_norm = */ kern_matmul_add_norm,
+    /* .matmul_silu_mul = */ kern_matmul_silu_mul,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,

@@ -147,10 +147,14 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
-        const struct tpi_weight *wgu[2] = {&L->w_gate, &L->w_up};
-        float *ygu[2] = {s->g, s->u};
-        ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
-        ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
+        if (ops->matmul_silu_mul) {
+            ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
+        } else {
+            const struct tpi_weight *wgu[2] = {&L->w_gate, &L->w_up};
+            float *ygu[2] = {s->g, s->u};
+            ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
+            ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
+        }
         // partial sums over this rank's columns, summed over the TP group
         if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
