@@ -190,19 +190,28 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
  * key heads. The head's values go through shared memory: per-head rmsnorm when its
  * weight is given (the arithmetic of rmsnorm_kernel), then the NEOX rotation of
  * rope_neox_kernel, written back in place. The head's loads go out first (up to
- * QKR_VPT per thread at once), and thread i's first angle, a long chain of double
- * operations, is computed while they are in flight. */
+ * QKR_VPT per thread at once, their norm weights before the wait for the previous
+ * kernel), and thread i's first angle, a long chain of double operations, is computed
+ * while they are in flight. */
 #define QKR_VPT 4
 __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
                                     int n_rot, float freq_base, float eps) {
     extern __shared__ float xs[];
-    kern_dep_wait();
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
     const bool is_q = hh < n_head;
+    const float *w = is_q ? q_norm : k_norm;
+    /* the norm weights of this thread's first QKR_VPT values: no kernel's output, so
+     * loaded before the wait, and not one more round trip after the block sum */
+    float wv[QKR_VPT];
+#pragma unroll
+    for (int j = 0; j < QKR_VPT; j++) {
+        const int c = threadIdx.x + j * blockDim.x;
+        wv[j] = w && c < head_dim ? w[c] : 0.0f;
+    }
+    kern_dep_wait();
     float *xh = is_q ? q + ((int64_t)t * n_head + hh) * head_dim
                      : k + ((int64_t)t * n_kv + (hh - n_head)) * head_dim;
-    const float *w = is_q ? q_norm : k_norm;
     float ss = 0.0f;
     float2 cs0 = make_float2(0.0f, 0.0f);
     const double p = (double)pos[t];
@@ -225,7 +234,12 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
     if (w) { /* uniform per block */
         ss = block_sum(ss); /* also orders the xs writes before the reads below */
         const float scale = (float)(1.0 / sqrt((double)ss / (double)head_dim + (double)eps));
-        for (int c = threadIdx.x; c < head_dim; c += blockDim.x)
+#pragma unroll
+        for (int j = 0; j < QKR_VPT; j++) {
+            const int c = threadIdx.x + j * blockDim.x;
+            if (c < head_dim) xs[c] = __fmul_rn(__fmul_rn(xs[c], scale), wv[j]);
+        }
+        for (int c = threadIdx.x + QKR_VPT * blockDim.x; c < head_dim; c += blockDim.x)
             xs[c] = __fmul_rn(__fmul_rn(xs[c], scale), w[c]);
     }
     __syncthreads();
