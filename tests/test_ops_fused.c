@@ -187,6 +187,64 @@ static void fused_matmul_cases(struct be b) {
                                100 + 10 * m + k);
 }
 
+#ifdef TPI_HAVE_CUDA
+/* Graph recording on b, checked: start recording; stop and return the graph; replay one. */
+static void graph_start(struct be b) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    ck_assert_msg(b.o->graph_begin(b.ctx, &err) == TPI_OK, "graph_begin: %s", err.msg);
+}
+static void *graph_stop(struct be b) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    void *graph = NULL;
+    ck_assert_msg(b.o->graph_end(b.ctx, &graph, &err) == TPI_OK && graph, "graph_end: %s", err.msg);
+    return graph;
+}
+static void graph_replay(struct be b, void *graph) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    bool launched = false;
+    ck_assert_msg(b.o->graph_launch(b.ctx, graph, &launched, &err) == TPI_OK, "graph_launch: %s",
+                  err.msg);
+    ck_assert_msg(launched, "the graph was stale");
+}
+
+/* After a fused op that wrote act (nr x n) and its int8 form (the memo): matmuls of act
+ * that read that form (Q8_0; Q4_K and Q6_K when n % 256 == 0: each reads its own
+ * permuted copy) must equal, bitwise, the same matmuls quantizing act themselves (the
+ * memo broken by an add of zeros, which leaves act as it is). */
+static void check_int8_form(struct be b, struct tu_rng *r, float *act, int64_t nr, int64_t n,
+                            const char *label) {
+    static const int next[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K};
+    const size_t na = (size_t)(nr * n), nz = (size_t)nr * 40;
+    struct tpi_weight w2[3];
+    float *z[3][2];
+    int n2 = 0;
+    for (int k = 0; k < 3; k++)
+        if (next[k] == TPI_TYPE_Q8_0 || n % 256 == 0) make_weight(b, r, next[k], n, 40, &w2[n2++]);
+    float *zero = b.o->alloc(b.ctx, na * 4);
+    for (int v = 0; v < 2; v++) { /* v 0: the int8 form from the fused op; v 1: quantized now */
+        if (v) b.o->add(b.ctx, act, zero, (int64_t)na);
+        for (int k = 0; k < n2; k++) {
+            float *zd = b.o->alloc(b.ctx, nz * 4);
+            b.o->matmul(b.ctx, &w2[k], act, zd, nr);
+            z[k][v] = malloc(nz * 4);
+            bget(b, z[k][v], zd, nz * 4);
+            b.o->dealloc(b.ctx, zd);
+        }
+    }
+    for (int k = 0; k < n2; k++) {
+        const size_t d = n_diff(z[k][0], z[k][1], nz);
+        ck_assert_msg(d == 0, "%s: %s matmul of the output: %zu values differ from quantizing it",
+                      label, quant_type_name(w2[k].type), d);
+        free(z[k][0]), free(z[k][1]);
+        b.o->weight_free(b.ctx, &w2[k]);
+    }
+    b.o->dealloc(b.ctx, zero);
+}
+#endif
+
 /* matmul_add_norm of a (ne1 x ne0) weight of `type` on nr rows against matmul_add then
  * rmsnorm on the same backend: y bitwise; h bitwise on the CPU, within 1e-6 on CUDA (the
  * fused form sums the squares in another order). On CUDA with the fused form on: the memo
@@ -237,31 +295,7 @@ static void check_add_norm(struct be b, int type, int64_t ne0, int64_t ne1, int6
         b.o->matmul_add_norm(b.ctx, &w, x, y[0], nr, nw, 1e-6f, h[0]);
         const bool held = ops_cuda_xq_memo_holds(b.ctx, h[0], (int64_t)ny);
         if (memo) ck_assert_msg(held, "%s: the memo does not hold h", label);
-        static const int next[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K};
-        struct tpi_weight w2[3];
-        float *z[3][2];
-        int n2 = 0;
-        for (int k = 0; k < 3; k++)
-            if (next[k] == TPI_TYPE_Q8_0 || ne1 % 256 == 0) make_weight(b, &r, next[k], ne1, 40, &w2[n2++]);
-        float *zero = b.o->alloc(b.ctx, ny * 4);
-        for (int v = 0; v < 2; v++) { /* v 0: h's int8 form from the fused op; v 1: quantized now */
-            if (v) b.o->add(b.ctx, h[0], zero, (int64_t)ny);
-            for (int k = 0; k < n2; k++) {
-                float *zd = b.o->alloc(b.ctx, (size_t)nr * 40 * 4);
-                b.o->matmul(b.ctx, &w2[k], h[0], zd, nr);
-                z[k][v] = malloc((size_t)nr * 40 * 4);
-                bget(b, z[k][v], zd, (size_t)nr * 40 * 4);
-                b.o->dealloc(b.ctx, zd);
-            }
-        }
-        for (int k = 0; k < n2; k++) {
-            d = n_diff(z[k][0], z[k][1], (size_t)nr * 40);
-            ck_assert_msg(d == 0, "%s: %s matmul of h: %zu outputs differ from quantizing h itself",
-                          label, quant_type_name(w2[k].type), d);
-            free(z[k][0]), free(z[k][1]);
-            b.o->weight_free(b.ctx, &w2[k]);
-        }
-        b.o->dealloc(b.ctx, zero);
+        check_int8_form(b, &r, h[0], nr, ne1, label);
     }
 #else
     (void)memo;
@@ -340,45 +374,15 @@ static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int
         b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[0], u[0], nr);
         const bool held = ops_cuda_xq_memo_holds(b.ctx, g[0], (int64_t)ny);
         if (memo) ck_assert_msg(held, "%s: the memo does not hold g", label);
-        static const int next[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K};
-        struct tpi_weight w2[3];
-        float *z[3][2];
-        int n2 = 0;
-        for (int k = 0; k < 3; k++)
-            if (next[k] == TPI_TYPE_Q8_0 || n_ff % 256 == 0) make_weight(b, &r, next[k], n_ff, 40, &w2[n2++]);
-        float *zero = b.o->alloc(b.ctx, ny * 4);
-        for (int v = 0; v < 2; v++) { /* v 0: g's int8 form from the fused op; v 1: quantized now */
-            if (v) b.o->add(b.ctx, g[0], zero, (int64_t)ny);
-            for (int k = 0; k < n2; k++) {
-                float *zd = b.o->alloc(b.ctx, (size_t)nr * 40 * 4);
-                b.o->matmul(b.ctx, &w2[k], g[0], zd, nr);
-                z[k][v] = malloc((size_t)nr * 40 * 4);
-                bget(b, z[k][v], zd, (size_t)nr * 40 * 4);
-                b.o->dealloc(b.ctx, zd);
-            }
-        }
-        for (int k = 0; k < n2; k++) {
-            d = n_diff(z[k][0], z[k][1], (size_t)nr * 40);
-            ck_assert_msg(d == 0, "%s: %s matmul of g: %zu outputs differ from quantizing g itself",
-                          label, quant_type_name(w2[k].type), d);
-            free(z[k][0]), free(z[k][1]);
-            b.o->weight_free(b.ctx, &w2[k]);
-        }
-        b.o->dealloc(b.ctx, zero);
+        check_int8_form(b, &r, g[0], nr, n_ff, label);
         if (replays > 0) {
-            struct tpi_error err;
-            tpi_err_clear(&err);
-            void *graph = NULL;
-            ck_assert_int_eq(b.o->graph_begin(b.ctx, &err), TPI_OK);
+            graph_start(b);
             b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[0], u[0], nr);
-            ck_assert_msg(b.o->graph_end(b.ctx, &graph, &err) == TPI_OK && graph, "graph: %s",
-                          err.msg);
+            void *graph = graph_stop(b);
             float *got = malloc(ny * 4);
             for (int k = 0; k < replays; k++) {
                 b.o->to_dev(b.ctx, g[0], ur[0], ny * 4); /* something else in g first */
-                bool launched = false;
-                ck_assert_int_eq(b.o->graph_launch(b.ctx, graph, &launched, &err), TPI_OK);
-                ck_assert(launched);
+                graph_replay(b, graph);
                 bget(b, got, g[0], ny * 4);
                 d = n_diff(got, gr[1], ny);
                 ck_assert_msg(d == 0, "%s: replay %d: %zu of %zu g differ", label, k, d, ny);
@@ -781,16 +785,11 @@ START_TEST(test_add_norm_cuda) {
         b.o->matmul_add_norm(b.ctx, &w, x, yg, 1, nw, 1e-6f, hg); /* scratch sized first */
         b.o->to_dev(b.ctx, yg, y0, (size_t)ne1 * 4);
         b.o->sync(b.ctx);
-        struct tpi_error err;
-        tpi_err_clear(&err);
-        void *graph = NULL;
-        ck_assert_int_eq(b.o->graph_begin(b.ctx, &err), TPI_OK);
+        graph_start(b);
         b.o->matmul_add_norm(b.ctx, &w, x, yg, 1, nw, 1e-6f, hg);
-        ck_assert_msg(b.o->graph_end(b.ctx, &graph, &err) == TPI_OK && graph, "graph: %s", err.msg);
+        void *graph = graph_stop(b);
         for (int k = 0; k < 3; k++) {
-            bool launched = false;
-            ck_assert_int_eq(b.o->graph_launch(b.ctx, graph, &launched, &err), TPI_OK);
-            ck_assert(launched);
+            graph_replay(b, graph);
             b.o->matmul_add(b.ctx, &w, x, yp, 1);
         }
         b.o->rmsnorm(b.ctx, yp, nw, hp, 1, ne1, 1e-6f);

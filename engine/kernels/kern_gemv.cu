@@ -918,55 +918,42 @@ __device__ __noinline__ void gv_norm_tail_run(unsigned *count, const float *nw, 
         while (gv_ld_acquire(&count[0]) < G) gv_pause();
     __syncthreads();
     __threadfence();
-    if (u) { /* silu(y) * u, silu_mul_kernel's arithmetic, written over y */
+    float scale = 0.0f; /* the norm's (u: unused) */
+    if (!u) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n4 = ne1 / 4;
+        const float4 *y4 = (const float4 *)y;
+        float ss = 0.0f;
+        int i = threadIdx.x;
 #pragma unroll 1
-        for (int c = t * T + threadIdx.x; c < ne1; c += (int)n_tail * T) {
-            const float gi = __ldcg(y + c);
-            const float v = __fmul_rn(gi / (1.0f + expf(-gi)), __ldcg(u + c));
-            h[c] = v;
-            if (xq) {
-                const int q = kern_q8_block(v, c, xq, ds);
-                xq[o_b32 + gv_perm_b32(c)] = (int8_t)q;
-                xq[o_k4 + gv_perm_k4(c)] = (int8_t)q;
-                xq[o_q6 + gv_perm_q6(c)] = (int8_t)q;
-            }
+        for (; i + (GV_NORM_SS_U - 1) * T < n4; i += GV_NORM_SS_U * T) {
+            float4 v[GV_NORM_SS_U];
+#pragma unroll
+            for (int j = 0; j < GV_NORM_SS_U; j++)
+                v[j] = __ldcg(y4 + i + j * T);
+#pragma unroll
+            for (int j = 0; j < GV_NORM_SS_U; j++)
+                ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
         }
-        if (threadIdx.x == 0 && atomicAdd(&count[1], 1u) == n_tail - 1) {
-            count[0] = 0u;
-            count[1] = 0u;
+#pragma unroll 1
+        for (; i < n4; i += T) {
+            const float4 v = __ldcg(y4 + i);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
-        return;
-    }
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n4 = ne1 / 4;
-    const float4 *y4 = (const float4 *)y;
-    float ss = 0.0f;
-    int i = threadIdx.x;
-#pragma unroll 1
-    for (; i + (GV_NORM_SS_U - 1) * T < n4; i += GV_NORM_SS_U * T) {
-        float4 v[GV_NORM_SS_U];
+        ss = gv_warp_sum(ss);
+        if (lane == 0) part[warp] = ss;
+        __syncthreads();
+        ss = 0.0f;
 #pragma unroll
-        for (int j = 0; j < GV_NORM_SS_U; j++)
-            v[j] = __ldcg(y4 + i + j * T);
-#pragma unroll
-        for (int j = 0; j < GV_NORM_SS_U; j++)
-            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        for (int k = 0; k < GV_WARPS; k++)
+            ss += part[k];
+        scale = (float)(1.0 / sqrt((double)ss / (double)ne1 + (double)eps));
     }
-#pragma unroll 1
-    for (; i < n4; i += T) {
-        const float4 v = __ldcg(y4 + i);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    ss = gv_warp_sum(ss);
-    if (lane == 0) part[warp] = ss;
-    __syncthreads();
-    ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < GV_WARPS; k++)
-        ss += part[k];
-    const float scale = (float)(1.0 / sqrt((double)ss / (double)ne1 + (double)eps));
 #pragma unroll 1
     for (int c = t * T + threadIdx.x; c < ne1; c += (int)n_tail * T) {
-        const float o = __fmul_rn(__fmul_rn(__ldcg(y + c), scale), __ldg(nw + c));
+        const float yc = __ldcg(y + c);
+        /* silu_mul_kernel's arithmetic, or rmsnorm_kernel's */
+        const float o = u ? __fmul_rn(yc / (1.0f + expf(-yc)), __ldcg(u + c))
+                          : __fmul_rn(__fmul_rn(yc, scale), __ldg(nw + c));
         h[c] = o;
         if (xq) {
             const int q = kern_q8_block(o, c, xq, ds);
