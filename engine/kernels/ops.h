@@ -208,8 +208,8 @@ int ops_cuda_set_attn_mma(int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* CUDA builds only: whether matmul_add_norm runs decode rows as one launch (the norm in
- * the matrix-vector kernel's last block; TPI_ADD_NORM sets it at context init) or as
+/* CUDA builds only: whether matmul_add_norm runs a decode row as one launch (the norm in
+ * the matrix-vector kernel's last blocks; TPI_ADD_NORM sets it at context init) or as
  * matmul_add + rmsnorm; returns the previous setting. */
 bool ops_cuda_set_add_norm(struct ops_ctx *ctx, bool on);
 /* CUDA builds only: the same for matmul_silu_mul (silu*mul in the gate/up launch's last
