@@ -860,6 +860,7 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
 
 #define GV_NORM_TAIL 32 /* at most this many of a launch's last blocks normalize */
 #define GV_NORM_SS_U 2  /* float4 loads in flight per tail thread (registers: gv_norm_occ) */
+#define GV_NORM_MAX_POLLS (1u << 26) /* a tail block's polls of the arrivals before it traps */
 
 /* *p with acquire semantics at GPU scope (what another block released before it). */
 __device__ __forceinline__ unsigned gv_ld_acquire(const unsigned *p) {
@@ -914,8 +915,14 @@ __device__ __noinline__ void gv_norm_tail_run(unsigned *count, const float *nw, 
     const int t = (int)(arrived - (G - n_tail));
     /* this thread's first weight value to L2 while the last blocks finish */
     if (!u) asm volatile("prefetch.global.L2 [%0];" ::"l"(nw + t * T + threadIdx.x));
+    /* A block that never arrives (a fault elsewhere, a GPU shared so tightly that the rest
+     * cannot start) must not hang the step silently: after ~2^26 polls (seconds) the
+     * kernel traps, and the launch reports an error instead. */
     if (threadIdx.x == 0)
-        while (gv_ld_acquire(&count[0]) < G) gv_pause();
+        for (unsigned polls = 0; gv_ld_acquire(&count[0]) < G; polls++) {
+            if (polls == GV_NORM_MAX_POLLS) __trap();
+            gv_pause();
+        }
     __syncthreads();
     __threadfence();
     float scale = 0.0f; /* the norm's (u: unused) */
