@@ -311,9 +311,9 @@ static void check_add_norm(struct be b, int type, int64_t ne0, int64_t ne1, int6
 }
 
 /* The types of the v3 path (one launch with the norm for one row) and Q5_K (the v2 path:
- * the two ops); 4096 x 4096 (`big`: ~1000 blocks counting in; the CPU takes 1024 x 1024),
- * 1024 -> 96, and 512 -> 1024 (h's int8 form larger than x's: it may not fit the scratch,
- * so the memo is not required). */
+ * the two ops); 4096 x 4096 for one row (`big`: ~1000 blocks counting in; the CPU and 3
+ * rows take 1024 x 1024), 1024 -> 96, and 512 -> 1024 (h's int8 form larger than x's: it
+ * may not fit the scratch, so the memo is not required). */
 static void add_norm_cases(struct be b, bool big) {
     const int64_t n_big = big ? 4096 : 1024;
     static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
@@ -324,7 +324,8 @@ static void add_norm_cases(struct be b, bool big) {
         const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
                              types[t] == TPI_TYPE_Q5_K;
         for (int64_t nr = 1; nr <= 3; nr += 2) {
-            check_add_norm(b, types[t], n_big, n_big, nr, v3q && nr == 1, 300 + 10 * t + nr);
+            const int64_t n_sq = nr == 1 ? n_big : 1024; /* 3 rows: the two ops */
+            check_add_norm(b, types[t], n_sq, n_sq, nr, v3q && nr == 1, 300 + 10 * t + nr);
             if (!k_quant) check_add_norm(b, types[t], 1024, 96, nr, v3q && nr == 1, 400 + 10 * t + nr);
             check_add_norm(b, types[t], 512, 1024, nr, false, 500 + 10 * t + nr);
         }
@@ -405,9 +406,10 @@ static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int
 }
 
 /* The quantized types of the v3 path (one launch for one row) and Q5_K and BF16 (the two
- * ops): 4096 -> 12288 (`big`: the model's FFN; the CPU takes 512 -> 1536), 1024 -> 2048
- * (the memo's int8 form larger than x's: not required), and 256 -> 96 (not a multiple of
- * 128: the two ops). */
+ * ops): for one row the model's FFN (`big`: 4096 -> 12288 for Q4_K and Q8_0, 2048 -> 6144
+ * for the others; the CPU takes 512 -> 1536), with graph replays; 1024 -> 2048 (the memo's
+ * int8 form larger than x's: not required), and 256 -> 96 (not a multiple of 128: the two
+ * ops); 3 rows take the two ops. */
 static void silu_mul_cases(struct be b, bool big) {
     static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
                                 TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_Q5_K};
@@ -415,9 +417,10 @@ static void silu_mul_cases(struct be b, bool big) {
         const bool v3q = types[t] != TPI_TYPE_BF16 && types[t] != TPI_TYPE_Q5_K;
         const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
                              types[t] == TPI_TYPE_Q5_K;
+        const bool model = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q8_0;
+        const int64_t ne0 = !big ? 512 : model ? 4096 : 2048;
+        check_silu_mul(b, types[t], ne0, 3 * ne0, 1, false, 3, 700 + 10 * t);
         for (int64_t nr = 1; nr <= 3; nr += 2) {
-            check_silu_mul(b, types[t], big ? 4096 : 512, big ? 12288 : 1536, nr, false,
-                           nr == 1 ? 3 : 0, 700 + 10 * t + nr);
             check_silu_mul(b, types[t], 1024, 2048, nr, false, 0, 800 + 10 * t + nr);
             if (!k_quant) check_silu_mul(b, types[t], 256, 96, nr, v3q, 0, 900 + 10 * t + nr);
         }
