@@ -70,6 +70,9 @@ struct ops_ctx {
     bool add_norm;         /* matmul_add_norm's decode rows as one launch (TPI_ADD_NORM=1) */
     bool glu_tail;         /* matmul_silu_mul's decode row as one launch (TPI_GLU_TAIL=1) */
     unsigned *norm_count;  /* device: that launch's two counters (kern_gemv_norm.count) */
+    double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
+    int rope_inv_n_rot;    /* ... for this n_rot and base */
+    float rope_inv_base;
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;

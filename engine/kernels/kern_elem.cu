@@ -194,9 +194,10 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
  * kernel), and thread i's first angle, a long chain of double operations, is computed
  * while they are in flight. */
 #define QKR_VPT 4
+template <bool TAB>
 __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
-                                    int n_rot, float freq_base, float eps) {
+                                    int n_rot, float freq_base, float eps, const double *inv_tab) {
     extern __shared__ float xs[];
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
     const bool is_q = hh < n_head;
@@ -209,6 +210,9 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
         const int c = threadIdx.x + j * blockDim.x;
         wv[j] = w && c < head_dim ? w[c] : 0.0f;
     }
+    /* the first pair's inverse frequency: from the table (TAB: no pow call, behind which
+     * the compiler holds the head's loads), else computed below */
+    const double inv0 = TAB && i0 < half ? inv_tab[i0] : 0.0;
     kern_dep_wait();
     float *xh = is_q ? q + ((int64_t)t * n_head + hh) * head_dim
                      : k + ((int64_t)t * n_kv + (hh - n_head)) * head_dim;
@@ -223,7 +227,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
             v[j] = c < head_dim ? xh[c] : 0.0f;
         }
         if (c0 == threadIdx.x && i0 < half)
-            cs0 = kern_rope_cs(p, kern_rope_inv(i0, n_rot, freq_base));
+            cs0 = kern_rope_cs(p, TAB ? inv0 : kern_rope_inv(i0, n_rot, freq_base));
 #pragma unroll
         for (int j = 0; j < QKR_VPT; j++) {
             const int c = c0 + j * blockDim.x;
@@ -245,7 +249,9 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
     __syncthreads();
     for (int i = i0; i < half; i += blockDim.x)
         kern_rope_apply(xs[i], xs[i + half], xh, i, half,
-                        i == i0 ? cs0 : kern_rope_cs(p, kern_rope_inv(i, n_rot, freq_base)));
+                        i == i0 ? cs0
+                                : kern_rope_cs(p, TAB ? inv_tab[i]
+                                                      : kern_rope_inv(i, n_rot, freq_base)));
     for (int c = n_rot + threadIdx.x; c < head_dim; c += blockDim.x)
         xh[c] = xs[c]; /* dims past n_rot: normalized only */
 }
@@ -515,6 +521,35 @@ void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, in
     LAUNCH_OK(ctx, "cuda rope_neox");
 }
 
+/* base^(-2i/n_rot) for i < n_rot / 2 in device memory (the table ctx keeps for one
+ * n_rot and base), made on the host with kern_rope_inv's formula; NULL while a graph is
+ * being recorded and the table is not made yet (the kernel then computes them), or on
+ * failure (recorded). */
+static const double *rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_base) {
+    if (ctx->rope_inv && ctx->rope_inv_n_rot == n_rot && ctx->rope_inv_base == freq_base)
+        return ctx->rope_inv;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess ||
+        cap != cudaStreamCaptureStatusNone)
+        return NULL;
+    const char *op = "cuda qk_norm_rope (inverse frequencies)";
+    /* head_dim <= 4096: at most 2048 pairs; made once, remade only for another n_rot/base */
+    if (!ctx->rope_inv &&
+        !CUDA_OK(ctx, op, cudaMalloc((void **)&ctx->rope_inv, 2048 * sizeof(double))))
+        return NULL;
+    double tab[2048];
+    for (int i = 0; i < n_rot / 2; i++)
+        tab[i] = pow((double)freq_base, -2.0 * i / (double)n_rot);
+    /* queued work may still read the old table */
+    if (!CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream)) ||
+        !CUDA_OK(ctx, op, cudaMemcpy(ctx->rope_inv, tab, sizeof(double) * (size_t)(n_rot / 2),
+                                     cudaMemcpyHostToDevice)))
+        return NULL;
+    ctx->rope_inv_n_rot = n_rot;
+    ctx->rope_inv_base = freq_base;
+    return ctx->rope_inv;
+}
+
 void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                        const float *k_norm, const struct ops_batch *b, int n_head, int n_kv_head,
                        int head_dim, int n_rot, float freq_base, float eps) {
@@ -529,9 +564,10 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
     int threads = ((TPI_MAX(n_rot / 2, head_dim / 2) + 31) / 32) * 32;
     threads = TPI_MIN(TPI_MAX(threads, 32), 256);
     dim3 grid((unsigned)b->n_tokens, (unsigned)(n_head + n_kv_head));
-    kern_launch(ctx->pdl, qk_norm_rope_kernel, grid, dim3(threads),
-                (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
-                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps);
+    const double *tab = rope_inv_table(ctx, n_rot, freq_base);
+    kern_launch(ctx->pdl, tab ? qk_norm_rope_kernel<true> : qk_norm_rope_kernel<false>, grid,
+                dim3(threads), (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
+                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab);
     LAUNCH_OK(ctx, op);
 }
 

@@ -109,6 +109,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     }
     if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
     if (ctx->norm_count) cudaFree(ctx->norm_count);
+    if (ctx->rope_inv) cudaFree(ctx->rope_inv);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
