@@ -863,11 +863,25 @@ void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const floa
     kern_add(ctx, y, t, (int64_t)n);
 }
 
+/* For a fused launch's output (producer `by`, n_rows x ne0): *lay its int8 layout, and
+ * the memo's claim on the q8 scratch only when that form fits the scratch as it is
+ * (growing it would free the buffer the launch reads x's int8 form from); otherwise the
+ * memo is forgotten (the output is about to change) and false returned. */
+static bool xq_claim_unmoved(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0,
+                             gv_xlayout *lay, int8_t **xq, float2 **ds) {
+    *lay = gv_xlayout_of((int)n_rows, ne0);
+    *xq = NULL;
+    *ds = NULL;
+    if (lay->n_bytes <= ctx->q8.n_bytes && kern_xq_claim(ctx, by, n_rows, ne0, xq, ds))
+        return true;
+    kern_xq_forget(ctx);
+    return false;
+}
+
 /* The fused form when ctx->add_norm (TPI_ADD_NORM=1): decode rows of a weight the v3
  * path takes with a norm tail run as one launch (kern_gemv_v3_run_norm), which also writes
- * h's int8 form when the memo's norm producer is on and that form fits the q8 scratch as
- * it is (growing it would free the buffer the launch reads x's int8 form from). Anything
- * else: matmul_add, then rmsnorm. */
+ * h's int8 form when the memo's norm producer is on and xq_claim_unmoved grants it.
+ * Anything else: matmul_add, then rmsnorm. */
 void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                           int64_t n_rows, const float *norm, float eps, float *h) {
     const char *op = "cuda matmul_add_norm";
@@ -879,12 +893,10 @@ void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const
         n_rows <= GV_NORM_MAX_ROWS && apart && matmul_ok(ctx, w, n_rows, op)) {
         xq_written(ctx, y, n_vals);
         if (gemv_x_for(ctx, &w, 1, x, (int)n_rows, &gx) && kern_gemv_v3_norm_ok(w, &gx)) {
-            int8_t *xq = NULL;
-            float2 *ds = NULL;
-            const gv_xlayout lay = gv_xlayout_of((int)n_rows, n_cols);
-            const bool q8 = lay.n_bytes <= ctx->q8.n_bytes &&
-                            kern_xq_claim(ctx, XQ_BY_NORM, n_rows, n_cols, &xq, &ds);
-            if (!q8) kern_xq_forget(ctx); /* h is about to change; x's form is not h's */
+            gv_xlayout lay;
+            int8_t *xq;
+            float2 *ds;
+            const bool q8 = xq_claim_unmoved(ctx, XQ_BY_NORM, n_rows, n_cols, &lay, &xq, &ds);
             const struct kern_gemv_norm nm = {ctx->norm_count, norm, h, xq, ds, lay, eps, 0};
             if (kern_gemv_v3_run_norm(ctx, w, &gx, y, &nm, ctx->stream)) {
                 if (q8) kern_xq_remember(ctx, h, n_vals);
@@ -899,7 +911,7 @@ void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const
 /* The fused form when ctx->glu_tail (TPI_GLU_TAIL=1): one decode row of a quantized
  * gate/up pair the v3 path takes in one launch (kern_gemv_v3_run_glu) with silu*mul in
  * its last blocks, which also write the product's int8 form when the memo's silu producer
- * is on and that form fits the q8 scratch as it is. Anything else: matmul_n, silu_mul. */
+ * is on and xq_claim_unmoved grants it. Anything else: matmul_n, silu_mul. */
 void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const float *x, float *g, float *u,
                           int64_t n_rows) {
@@ -916,12 +928,10 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
         xq_written(ctx, g, n_vals);
         xq_written(ctx, u, n_vals);
         if (gemv_x_for(ctx, ws, 2, x, (int)n_rows, &gx) && kern_gemv_v3_glu_ok(wg, wu, &gx)) {
-            int8_t *xq = NULL;
-            float2 *ds = NULL;
-            const gv_xlayout lay = gv_xlayout_of(1, n_vals); /* silu_mul's: one row of n */
-            const bool q8 = lay.n_bytes <= ctx->q8.n_bytes &&
-                            kern_xq_claim(ctx, XQ_BY_SILU, 1, n_vals, &xq, &ds);
-            if (!q8) kern_xq_forget(ctx);
+            gv_xlayout lay; /* silu_mul's: one row of n */
+            int8_t *xq;
+            float2 *ds;
+            const bool q8 = xq_claim_unmoved(ctx, XQ_BY_SILU, 1, n_vals, &lay, &xq, &ds);
             const struct kern_gemv_norm nm = {ctx->norm_count, NULL, g, xq, ds, lay, 0.0f, 0, u};
             if (kern_gemv_v3_run_glu(ctx, wg, wu, &gx, g, u, &nm, ctx->stream)) {
                 if (q8) kern_xq_remember(ctx, g, n_vals);
