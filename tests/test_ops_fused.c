@@ -1,6 +1,6 @@
 /*
- * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add, matmul_add_norm,
- * matmul_silu_mul, qk_norm_rope) against the plain ops they replace, on both backends.
+ * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
+ * qk_norm_rope) against the plain ops they replace, on both backends.
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
@@ -15,12 +15,6 @@
  *   decode attention's int8 output read by the wo matmul (test_xq_memo_attn_cuda).
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
- *   matmul_add_norm with its one-launch form on (the GEMV's last block normalizes)
- *   against matmul_add + rmsnorm: y bitwise, h within 1e-6 (another summation order for
- *   the norm), h's int8 form bitwise what a matmul of h makes itself, and replays of a
- *   recorded graph (the kernel's arrival counter reset each time). matmul_silu_mul with
- *   its one-launch form on (silu*mul in the gate/up launch's last blocks) against
- *   matmul_n + silu_mul: bitwise, its int8 output too, and under graph replays.
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
  * gpu) the CUDA ones, and exits 77 without a usable GPU.
  */
@@ -187,246 +181,6 @@ static void fused_matmul_cases(struct be b) {
                                100 + 10 * m + k);
 }
 
-#ifdef TPI_HAVE_CUDA
-/* Graph recording on b, checked: start recording; stop and return the graph; replay one. */
-static void graph_start(struct be b) {
-    struct tpi_error err;
-    tpi_err_clear(&err);
-    ck_assert_msg(b.o->graph_begin(b.ctx, &err) == TPI_OK, "graph_begin: %s", err.msg);
-}
-static void *graph_stop(struct be b) {
-    struct tpi_error err;
-    tpi_err_clear(&err);
-    void *graph = NULL;
-    ck_assert_msg(b.o->graph_end(b.ctx, &graph, &err) == TPI_OK && graph, "graph_end: %s", err.msg);
-    return graph;
-}
-static void graph_replay(struct be b, void *graph) {
-    struct tpi_error err;
-    tpi_err_clear(&err);
-    bool launched = false;
-    ck_assert_msg(b.o->graph_launch(b.ctx, graph, &launched, &err) == TPI_OK, "graph_launch: %s",
-                  err.msg);
-    ck_assert_msg(launched, "the graph was stale");
-}
-
-/* After a fused op that wrote act (nr x n) and its int8 form (the memo): matmuls of act
- * that read that form (Q8_0; Q4_K and Q6_K when n % 256 == 0: each reads its own
- * permuted copy) must equal, bitwise, the same matmuls quantizing act themselves (the
- * memo broken by an add of zeros, which leaves act as it is). */
-static void check_int8_form(struct be b, struct tu_rng *r, float *act, int64_t nr, int64_t n,
-                            const char *label) {
-    static const int next[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K};
-    const size_t na = (size_t)(nr * n), nz = (size_t)nr * 40;
-    struct tpi_weight w2[3];
-    float *z[3][2];
-    int n2 = 0;
-    for (int k = 0; k < 3; k++)
-        if (next[k] == TPI_TYPE_Q8_0 || n % 256 == 0) make_weight(b, r, next[k], n, 40, &w2[n2++]);
-    float *zero = b.o->alloc(b.ctx, na * 4);
-    for (int v = 0; v < 2; v++) { /* v 0: the int8 form from the fused op; v 1: quantized now */
-        if (v) b.o->add(b.ctx, act, zero, (int64_t)na);
-        for (int k = 0; k < n2; k++) {
-            float *zd = b.o->alloc(b.ctx, nz * 4);
-            b.o->matmul(b.ctx, &w2[k], act, zd, nr);
-            z[k][v] = malloc(nz * 4);
-            bget(b, z[k][v], zd, nz * 4);
-            b.o->dealloc(b.ctx, zd);
-        }
-    }
-    for (int k = 0; k < n2; k++) {
-        const size_t d = n_diff(z[k][0], z[k][1], nz);
-        ck_assert_msg(d == 0, "%s: %s matmul of the output: %zu values differ from quantizing it",
-                      label, quant_type_name(w2[k].type), d);
-        free(z[k][0]), free(z[k][1]);
-        b.o->weight_free(b.ctx, &w2[k]);
-    }
-    b.o->dealloc(b.ctx, zero);
-}
-#endif
-
-/* matmul_add_norm of a (ne1 x ne0) weight of `type` on nr rows against matmul_add then
- * rmsnorm on the same backend: y bitwise; h bitwise on the CPU, within 1e-6 on CUDA (the
- * fused form sums the squares in another order). On CUDA with the fused form on: the memo
- * must hold h afterwards when `memo` (a quantized weight's one-launch path whose int8 h
- * fits the scratch), and every matmul of h reading that int8 form must equal, bitwise, the
- * same matmul quantizing h itself (the memo broken by an add of zeros): Q8_0 reads the
- * 32-value permuted copy, Q4_K and Q6_K (ne1 % 256 == 0) theirs. */
-static void check_add_norm(struct be b, int type, int64_t ne0, int64_t ne1, int64_t nr, bool memo,
-                           uint64_t seed) {
-    struct tu_rng r;
-    tu_rng_seed(&r, seed);
-    const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * ne1);
-    struct tpi_weight w;
-    make_weight(b, &r, type, ne0, ne1, &w);
-    float *xh = rand_vec(&r, nx, -2, 2), *y0 = rand_vec(&r, ny, -1, 1);
-    float *nwh = rand_vec(&r, (size_t)ne1, 0.5f, 1.5f);
-    float *x = bdup(b, xh, nx * 4), *nw = bdup(b, nwh, (size_t)ne1 * 4);
-    float *y[2], *h[2], *yr[2], *hr[2];
-    for (int v = 0; v < 2; v++) { /* v 0: the fused op; v 1: matmul_add, rmsnorm */
-        y[v] = bdup(b, y0, ny * 4);
-        h[v] = b.o->alloc(b.ctx, ny * 4);
-        if (v == 0)
-            b.o->matmul_add_norm(b.ctx, &w, x, y[v], nr, nw, 1e-6f, h[v]);
-        else {
-            b.o->matmul_add(b.ctx, &w, x, y[v], nr);
-            b.o->rmsnorm(b.ctx, y[v], nw, h[v], nr, ne1, 1e-6f);
-        }
-        yr[v] = malloc(ny * 4), hr[v] = malloc(ny * 4);
-        bget(b, yr[v], y[v], ny * 4);
-        bget(b, hr[v], h[v], ny * 4);
-    }
-    char label[160];
-    snprintf(label, sizeof label, "%s matmul_add_norm (%s %lldx%lld) rows %lld", b.o->name,
-             quant_type_name(type), (long long)ne1, (long long)ne0, (long long)nr);
-    size_t d = n_diff(yr[0], yr[1], ny);
-    ck_assert_msg(d == 0, "%s: %zu of %zu y differ from matmul_add", label, d, ny);
-    if (b.o == C) {
-        d = n_diff(hr[0], hr[1], ny);
-        ck_assert_msg(d == 0, "%s: %zu of %zu h differ from rmsnorm", label, d, ny);
-    } else {
-        ck_assert_msg(tu_compare(label, hr[0], hr[1], ny, 1e-6, 1e-6) == 0, "%s: h", label);
-    }
-#ifdef TPI_HAVE_CUDA
-    if (b.o != C) {
-        /* the memo after the fused op (v 0 ran first; v 1's rmsnorm has replaced it since:
-         * run the fused op again on v 0's buffers, from y0) */
-        b.o->to_dev(b.ctx, y[0], y0, ny * 4);
-        b.o->matmul_add_norm(b.ctx, &w, x, y[0], nr, nw, 1e-6f, h[0]);
-        const bool held = ops_cuda_xq_memo_holds(b.ctx, h[0], (int64_t)ny);
-        if (memo) ck_assert_msg(held, "%s: the memo does not hold h", label);
-        check_int8_form(b, &r, h[0], nr, ne1, label);
-    }
-#else
-    (void)memo;
-#endif
-    assert_ok(b, label);
-    for (int v = 0; v < 2; v++) {
-        b.o->dealloc(b.ctx, y[v]), b.o->dealloc(b.ctx, h[v]);
-        free(yr[v]), free(hr[v]);
-    }
-    b.o->weight_free(b.ctx, &w);
-    b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, nw);
-    free(xh), free(y0), free(nwh);
-}
-
-/* The types of the v3 path (one launch with the norm for one row) and Q5_K (the v2 path:
- * the two ops); 4096 x 4096 for one row (`big`: ~1000 blocks counting in; the CPU and 3
- * rows take 1024 x 1024), 1024 -> 96, and 512 -> 1024 (h's int8 form larger than x's: it
- * may not fit the scratch, so the memo is not required). */
-static void add_norm_cases(struct be b, bool big) {
-    const int64_t n_big = big ? 4096 : 1024;
-    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
-                                TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_F16, TPI_TYPE_Q5_K};
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        const bool v3q = types[t] != TPI_TYPE_BF16 && types[t] != TPI_TYPE_F16 &&
-                         types[t] != TPI_TYPE_Q5_K;
-        const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
-                             types[t] == TPI_TYPE_Q5_K;
-        for (int64_t nr = 1; nr <= 3; nr += 2) {
-            const int64_t n_sq = nr == 1 ? n_big : 1024; /* 3 rows: the two ops */
-            check_add_norm(b, types[t], n_sq, n_sq, nr, v3q && nr == 1, 300 + 10 * t + nr);
-            if (!k_quant) check_add_norm(b, types[t], 1024, 96, nr, v3q && nr == 1, 400 + 10 * t + nr);
-            check_add_norm(b, types[t], 512, 1024, nr, false, 500 + 10 * t + nr);
-        }
-    }
-}
-
-/* matmul_silu_mul of a gate/up pair of `type` (n_ff x ne0) on nr rows against matmul_n then
- * silu_mul on the same backend: g and u bitwise (the same products, the same elementwise
- * arithmetic). On CUDA with the fused form on: the memo must hold g afterwards when `memo`,
- * and a matmul of g reading that int8 form (Q8_0; Q4_K and Q6_K when n_ff % 256 == 0)
- * must equal, bitwise, the same matmul quantizing g itself; and `replays` replays of the
- * fused op recorded in a graph must each give g again (the counters reset). */
-static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int64_t nr, bool memo,
-                           int replays, uint64_t seed) {
-    struct tu_rng r;
-    tu_rng_seed(&r, seed);
-    const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * n_ff);
-    struct tpi_weight w[2];
-    make_weight(b, &r, type, ne0, n_ff, &w[0]);
-    make_weight(b, &r, type, ne0, n_ff, &w[1]);
-    const struct tpi_weight *wp[2] = {&w[0], &w[1]};
-    float *xh = rand_vec(&r, nx, -2, 2);
-    float *x = bdup(b, xh, nx * 4);
-    float *g[2], *u[2], *gr[2], *ur[2];
-    for (int v = 0; v < 2; v++) { /* v 0: the fused op; v 1: matmul_n, silu_mul */
-        g[v] = b.o->alloc(b.ctx, ny * 4), u[v] = b.o->alloc(b.ctx, ny * 4);
-        if (v == 0) {
-            b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[v], u[v], nr);
-        } else {
-            float *ys[2] = {g[v], u[v]};
-            b.o->matmul_n(b.ctx, 2, wp, x, ys, nr);
-            b.o->silu_mul(b.ctx, g[v], u[v], g[v], (int64_t)ny);
-        }
-        gr[v] = malloc(ny * 4), ur[v] = malloc(ny * 4);
-        bget(b, gr[v], g[v], ny * 4);
-        bget(b, ur[v], u[v], ny * 4);
-    }
-    char label[160];
-    snprintf(label, sizeof label, "%s matmul_silu_mul (%s %lldx%lld) rows %lld", b.o->name,
-             quant_type_name(type), (long long)n_ff, (long long)ne0, (long long)nr);
-    size_t d = n_diff(gr[0], gr[1], ny);
-    ck_assert_msg(d == 0, "%s: %zu of %zu g differ from matmul_n + silu_mul", label, d, ny);
-    d = n_diff(ur[0], ur[1], ny);
-    ck_assert_msg(d == 0, "%s: %zu of %zu u differ from matmul_n", label, d, ny);
-#ifdef TPI_HAVE_CUDA
-    if (b.o != C) {
-        b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[0], u[0], nr);
-        const bool held = ops_cuda_xq_memo_holds(b.ctx, g[0], (int64_t)ny);
-        if (memo) ck_assert_msg(held, "%s: the memo does not hold g", label);
-        check_int8_form(b, &r, g[0], nr, n_ff, label);
-        if (replays > 0) {
-            graph_start(b);
-            b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g[0], u[0], nr);
-            void *graph = graph_stop(b);
-            float *got = malloc(ny * 4);
-            for (int k = 0; k < replays; k++) {
-                b.o->to_dev(b.ctx, g[0], ur[0], ny * 4); /* something else in g first */
-                graph_replay(b, graph);
-                bget(b, got, g[0], ny * 4);
-                d = n_diff(got, gr[1], ny);
-                ck_assert_msg(d == 0, "%s: replay %d: %zu of %zu g differ", label, k, d, ny);
-            }
-            free(got);
-            b.o->graph_free(b.ctx, graph);
-        }
-    }
-#else
-    (void)memo, (void)replays;
-#endif
-    assert_ok(b, label);
-    for (int v = 0; v < 2; v++) {
-        b.o->dealloc(b.ctx, g[v]), b.o->dealloc(b.ctx, u[v]);
-        free(gr[v]), free(ur[v]);
-    }
-    b.o->weight_free(b.ctx, &w[0]), b.o->weight_free(b.ctx, &w[1]);
-    b.o->dealloc(b.ctx, x);
-    free(xh);
-}
-
-/* The quantized types of the v3 path (one launch for one row) and Q5_K and BF16 (the two
- * ops): for one row the model's FFN (`big`: 4096 -> 12288 for Q4_K and Q8_0, 2048 -> 6144
- * for the others; the CPU takes 512 -> 1536), with graph replays; 1024 -> 2048 (the memo's
- * int8 form larger than x's: not required), and 256 -> 96 (not a multiple of 128: the two
- * ops); 3 rows take the two ops. */
-static void silu_mul_cases(struct be b, bool big) {
-    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
-                                TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_Q5_K};
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        const bool v3q = types[t] != TPI_TYPE_BF16 && types[t] != TPI_TYPE_Q5_K;
-        const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
-                             types[t] == TPI_TYPE_Q5_K;
-        const bool model = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q8_0;
-        const int64_t ne0 = !big ? 512 : model ? 4096 : 2048;
-        check_silu_mul(b, types[t], ne0, 3 * ne0, 1, false, 3, 700 + 10 * t);
-        for (int64_t nr = 1; nr <= 3; nr += 2) {
-            check_silu_mul(b, types[t], 1024, 2048, nr, false, 0, 800 + 10 * t + nr);
-            if (!k_quant) check_silu_mul(b, types[t], 256, 96, nr, v3q, 0, 900 + 10 * t + nr);
-        }
-    }
-}
-
 START_TEST(test_fused_matmul_cpu) {
     struct be b = {C, NULL};
     struct ops_config cfg = {2, 0};
@@ -434,8 +188,6 @@ START_TEST(test_fused_matmul_cpu) {
     tpi_err_clear(&err);
     ck_assert_int_eq(C->init(&b.ctx, &cfg, &err), TPI_OK);
     fused_matmul_cases(b);
-    add_norm_cases(b, false);
-    silu_mul_cases(b, false);
     C->free(&b.ctx);
 }
 END_TEST
@@ -764,69 +516,6 @@ START_TEST(test_xq_memo_attn_cuda) {
 }
 END_TEST
 
-/* matmul_add_norm's one-launch form (ops_cuda_set_add_norm) on every case of
- * add_norm_cases, then recorded in a graph and replayed three times: the arrival counter
- * must be back at zero after each launch, or a replay's norm runs early (or never). Each
- * replay adds x W^T to y again: y must equal three matmul_add calls bitwise and h the
- * rmsnorm of that y within 1e-6. */
-START_TEST(test_add_norm_cuda) {
-    const struct be b = {ops_cuda_get(), gctx};
-    const bool was = ops_cuda_set_add_norm(gctx, true);
-    add_norm_cases(b, true);
-    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_BF16};
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        struct tu_rng r;
-        tu_rng_seed(&r, 600 + t);
-        const int64_t ne0 = 2048, ne1 = 4096;
-        struct tpi_weight w;
-        make_weight(b, &r, types[t], ne0, ne1, &w);
-        float *xh = rand_vec(&r, (size_t)ne0, -2, 2), *y0 = rand_vec(&r, (size_t)ne1, -1, 1);
-        float *nwh = rand_vec(&r, (size_t)ne1, 0.5f, 1.5f);
-        float *x = bdup(b, xh, (size_t)ne0 * 4), *nw = bdup(b, nwh, (size_t)ne1 * 4);
-        float *yg = bdup(b, y0, (size_t)ne1 * 4), *hg = b.o->alloc(b.ctx, (size_t)ne1 * 4);
-        float *yp = bdup(b, y0, (size_t)ne1 * 4), *hp = b.o->alloc(b.ctx, (size_t)ne1 * 4);
-        b.o->matmul_add_norm(b.ctx, &w, x, yg, 1, nw, 1e-6f, hg); /* scratch sized first */
-        b.o->to_dev(b.ctx, yg, y0, (size_t)ne1 * 4);
-        b.o->sync(b.ctx);
-        graph_start(b);
-        b.o->matmul_add_norm(b.ctx, &w, x, yg, 1, nw, 1e-6f, hg);
-        void *graph = graph_stop(b);
-        for (int k = 0; k < 3; k++) {
-            graph_replay(b, graph);
-            b.o->matmul_add(b.ctx, &w, x, yp, 1);
-        }
-        b.o->rmsnorm(b.ctx, yp, nw, hp, 1, ne1, 1e-6f);
-        float *got = malloc((size_t)ne1 * 4), *want = malloc((size_t)ne1 * 4);
-        char label[96];
-        snprintf(label, sizeof label, "matmul_add_norm graph %s, 3 replays", quant_type_name(types[t]));
-        bget(b, got, yg, (size_t)ne1 * 4);
-        bget(b, want, yp, (size_t)ne1 * 4);
-        const size_t d = n_diff(got, want, (size_t)ne1);
-        ck_assert_msg(d == 0, "%s: %zu y differ from 3 matmul_add", label, d);
-        bget(b, got, hg, (size_t)ne1 * 4);
-        bget(b, want, hp, (size_t)ne1 * 4);
-        ck_assert_msg(tu_compare(label, got, want, (size_t)ne1, 1e-6, 1e-6) == 0, "%s: h", label);
-        assert_ok(b, label);
-        b.o->graph_free(b.ctx, graph);
-        free(got), free(want), free(xh), free(y0), free(nwh);
-        b.o->weight_free(b.ctx, &w);
-        b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, nw), b.o->dealloc(b.ctx, yg);
-        b.o->dealloc(b.ctx, hg), b.o->dealloc(b.ctx, yp), b.o->dealloc(b.ctx, hp);
-    }
-    ops_cuda_set_add_norm(gctx, was);
-}
-END_TEST
-
-/* matmul_silu_mul's one-launch form (ops_cuda_set_glu_tail) on every case of
- * silu_mul_cases, graph replays included. */
-START_TEST(test_silu_mul_cuda) {
-    const struct be b = {ops_cuda_get(), gctx};
-    const bool was = ops_cuda_set_glu_tail(gctx, true);
-    silu_mul_cases(b, true);
-    ops_cuda_set_glu_tail(gctx, was);
-}
-END_TEST
-
 START_TEST(test_qk_norm_rope_cuda) {
     qk_cases((struct be){ops_cuda_get(), gctx}, cctx_g, 1e-6);
 }
@@ -855,8 +544,6 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_qk_norm_rope_cuda);
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
-    tcase_add_test(tc, test_add_norm_cuda);
-    tcase_add_test(tc, test_silu_mul_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

@@ -20,7 +20,6 @@ extern "C" {
 #include "kernels/ops.h"
 #include "kernels/quant.h"
 }
-#include "kern_xq.cuh"
 
 /* A device buffer that only grows; reused by ops that need temporary space. */
 struct kern_scratch {
@@ -67,9 +66,6 @@ struct ops_ctx {
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
-    bool add_norm;         /* matmul_add_norm's decode rows as one launch (TPI_ADD_NORM=1) */
-    bool glu_tail;         /* matmul_silu_mul's decode row as one launch (TPI_GLU_TAIL=1) */
-    unsigned *norm_count;  /* device: that launch's two counters (kern_gemv_norm.count) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -236,17 +232,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
-/* ops.h matmul_silu_mul: g = silu(x wg^T) * (x wu^T), u = x wu^T; one decode row in one
- * launch when ctx->glu_tail and the v3 path takes the pair (kern_gemv_v3_run_glu), else
- * matmul_n and silu_mul. */
-void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
-                          const struct tpi_weight *wu, const float *x, float *g, float *u,
-                          int64_t n_rows);
-/* ops.h matmul_add_norm: y += x W^T, then h = rmsnorm(y) * norm; decode rows in one
- * launch when ctx->add_norm and the v3 path takes w (kern_gemv_v3_run_norm), else the two
- * ops. */
-void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
-                          int64_t n_rows, const float *norm, float eps, float *h);
 
 /* ---- launchers (kern_gemv.cu) ---- */
 /* The v3 matrix-vector path for n_rows (1..8) rows on ctx->stream (prepare + run);
@@ -282,42 +267,6 @@ bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const str
  * all n share a type and row length the v3 path covers, and (n > 1) take kinds a/p/BF16. */
 bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                         const struct kern_gemv_x *gx, float *const *ys, cudaStream_t stream);
-/* The rmsnorm a v3 launch applies to the row it has updated (kern_gemv_v3_run_norm): h =
- * y / sqrt(mean(y^2) + eps) * w, computed by the grid's last blocks to arrive. */
-struct kern_gemv_norm {
-    unsigned *count;  /* device: [0] blocks arrived, [1] tail blocks done; both 0 between
-                       * launches (the last tail block resets them) */
-    const float *w;   /* the norm's weight (ne1 f32) */
-    float *h;         /* out (n_rows x ne1); apart from x and y */
-    int8_t *xq;       /* h's int8 form in kern_xq.cuh's layout (NULL: none) */
-    float2 *ds;
-    gv_xlayout lay;
-    float eps;
-    int n_tail;       /* blocks that normalize (set by the launcher) */
-    const float *u;   /* kern_gemv_v3_run_glu: the up projection; h = silu(gate) * u, no
-                       * norm (w, eps unused). NULL: the norm. */
-};
-/* Whether kern_gemv_v3_run_norm takes w with this x: the v3 path covers it with kind p
- * (quantized weights; x's permuted copies at hand) or the BF16/F16 kernels, w->ne1 % 128
- * == 0, at most GV_NORM_MAX_ROWS rows (registers: kern_gemv.cu, gv_norm_occ). */
-#define GV_NORM_MAX_ROWS 1
-bool kern_gemv_v3_norm_ok(const struct tpi_weight *w, const struct kern_gemv_x *gx);
-/* y += x W^T as kern_gemv_v3_run computes it (bitwise), then nm's rmsnorm of the updated
- * rows, in one launch on `stream`; nm->count must be used by no other launch in flight.
- * false (nothing queued) unless kern_gemv_v3_norm_ok. */
-bool kern_gemv_v3_run_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
-                           const struct kern_gemv_x *gx, float *y, const struct kern_gemv_norm *nm,
-                           cudaStream_t stream);
-/* Whether kern_gemv_v3_run_glu takes the gate/up pair with this x: one quantized type and
- * row length, equal rows, each as kern_gemv_v3_norm_ok. */
-bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *wu,
-                         const struct kern_gemv_x *gx);
-/* g = x wg^T and u = x wu^T as kern_gemv_v3_run_n computes them (bitwise), then g =
- * silu(g) * u (silu_mul's arithmetic) and, with nm->xq, its int8 form, in one launch on
- * `stream` (nm->u == u; nm->h == g). false (nothing queued) unless kern_gemv_v3_glu_ok. */
-bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
-                          const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
-                          float *u, const struct kern_gemv_norm *nm, cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

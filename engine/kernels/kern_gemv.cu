@@ -36,7 +36,6 @@
  * Types and shapes this path does not cover return false and the caller takes the v2
  * kernels (kern_matmul.cu).
  */
-#include <algorithm>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -858,132 +857,6 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
         rows(std::integral_constant<int, GV_UNROLL>{});
 }
 
-#define GV_NORM_TAIL 32 /* at most this many of a launch's last blocks normalize */
-#define GV_NORM_SS_U 2  /* float4 loads in flight per tail thread (registers: gv_norm_occ) */
-#define GV_NORM_MAX_POLLS (1u << 26) /* a tail block's polls of the arrivals before it traps */
-
-/* *p with acquire semantics at GPU scope (what another block released before it). */
-__device__ __forceinline__ unsigned gv_ld_acquire(const unsigned *p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-#else
-    const unsigned v = *(const volatile unsigned *)p;
-    __threadfence();
-    return v;
-#endif
-}
-
-/* Pause a waiting thread briefly (sm_70 on; a plain spin before). */
-__device__ __forceinline__ void gv_pause() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-    __nanosleep(32);
-#endif
-}
-
-/* The rmsnorm of a launch's updated row (kern_gemv_norm; one x row, GV_NORM_MAX_ROWS),
- * after gv_store. Every block makes its stores visible (__threadfence) and counts itself
- * in (count[0]). The last n_tail blocks to arrive (gv_run_t: n_tail = min(GV_NORM_TAIL,
- * blocks, ne1 / 128, multiprocessors)) become rmsnorm_split_kernel: each waits until every
- * block has arrived (at most n_tail - 1 are still to come, and the waiting blocks hold
- * fewer block slots than one per multiprocessor, of the 9-16 each has for these kernels,
- * so the rest can always start), sums the squares of the whole
- * row itself from L2 (__ldcg; the same order in every tail block, so all get the same
- * scale), and writes h = y * scale * w (rmsnorm_kernel's arithmetic and rounding) for its
- * 128-column pieces and, with nm.xq, their int8 form (kern_q8_block: a warp's 32
- * consecutive values; the permuted copies at gv_perm_store's places) for the next matmul.
- * The tail block that leaves last (count[1]) resets both counters for the next launch or
- * graph replay. One block doing the whole row would be latency-bound (4096 values a
- * block, a shuffle tree per 32); n_tail blocks keep the split norm's spread. Every block
- * has finished reading x when it counts in, so h's int8 form may go where x's was (the
- * q8 scratch). ne1 % 128 == 0. With u (kern_gemv_v3_run_glu: y the gate projection, u the
- * up one, both of this launch) the tail blocks write h = silu(y) * u instead (no sum). */
-__device__ __noinline__ void gv_norm_tail_run(unsigned *count, const float *nw, float *h,
-                                              int8_t *xq, float2 *ds, int o_b32, int o_k4,
-                                              int o_q6, float eps, unsigned n_tail,
-                                              const float *y, const float *u, int ne1) {
-    constexpr int T = GV_WARPS * 32;
-    __shared__ unsigned arrived;
-    __shared__ float part[GV_WARPS];
-    const unsigned G = gridDim.x;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) arrived = atomicAdd(&count[0], 1u);
-    __syncthreads();
-    if (arrived < G - n_tail) return;
-    const int t = (int)(arrived - (G - n_tail));
-    /* this thread's first weight value to L2 while the last blocks finish */
-    if (!u) asm volatile("prefetch.global.L2 [%0];" ::"l"(nw + t * T + threadIdx.x));
-    /* A block that never arrives (a fault elsewhere, a GPU shared so tightly that the rest
-     * cannot start) must not hang the step silently: after ~2^26 polls (seconds) the
-     * kernel traps, and the launch reports an error instead. */
-    if (threadIdx.x == 0)
-        for (unsigned polls = 0; gv_ld_acquire(&count[0]) < G; polls++) {
-            if (polls == GV_NORM_MAX_POLLS) __trap();
-            gv_pause();
-        }
-    __syncthreads();
-    __threadfence();
-    float scale = 0.0f; /* the norm's (u: unused) */
-    if (!u) {
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n4 = ne1 / 4;
-        const float4 *y4 = (const float4 *)y;
-        float ss = 0.0f;
-        int i = threadIdx.x;
-#pragma unroll 1
-        for (; i + (GV_NORM_SS_U - 1) * T < n4; i += GV_NORM_SS_U * T) {
-            float4 v[GV_NORM_SS_U];
-#pragma unroll
-            for (int j = 0; j < GV_NORM_SS_U; j++)
-                v[j] = __ldcg(y4 + i + j * T);
-#pragma unroll
-            for (int j = 0; j < GV_NORM_SS_U; j++)
-                ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-        }
-#pragma unroll 1
-        for (; i < n4; i += T) {
-            const float4 v = __ldcg(y4 + i);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-        }
-        ss = gv_warp_sum(ss);
-        if (lane == 0) part[warp] = ss;
-        __syncthreads();
-        ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < GV_WARPS; k++)
-            ss += part[k];
-        scale = (float)(1.0 / sqrt((double)ss / (double)ne1 + (double)eps));
-    }
-#pragma unroll 1
-    for (int c = t * T + threadIdx.x; c < ne1; c += (int)n_tail * T) {
-        const float yc = __ldcg(y + c);
-        /* silu_mul_kernel's arithmetic, or rmsnorm_kernel's */
-        const float o = u ? __fmul_rn(yc / (1.0f + expf(-yc)), __ldcg(u + c))
-                          : __fmul_rn(__fmul_rn(yc, scale), __ldg(nw + c));
-        h[c] = o;
-        if (xq) {
-            const int q = kern_q8_block(o, c, xq, ds);
-            xq[o_b32 + gv_perm_b32(c)] = (int8_t)q;
-            xq[o_k4 + gv_perm_k4(c)] = (int8_t)q;
-            xq[o_q6 + gv_perm_q6(c)] = (int8_t)q;
-        }
-    }
-    /* every tail block is past its wait once all have counted out: reset for the next */
-    if (threadIdx.x == 0 && atomicAdd(&count[1], 1u) == n_tail - 1) {
-        count[0] = 0u;
-        count[1] = 0u;
-    }
-}
-
-/* gv_norm_tail_run with nm's fields: a call, not inlined, so that the tail's registers are
- * allocated apart from the product loop's (inlined, ptxas spilled loop values of the Q4_K,
- * Q4_0 and Q5_0 kernels to make room for it). */
-__device__ __forceinline__ void gv_norm_tail(const kern_gemv_norm &nm, const float *y, int ne1) {
-    gv_norm_tail_run(nm.count, nm.w, nm.h, nm.xq, nm.ds, (int)nm.lay.b32_off, (int)nm.lay.k4_off,
-                     (int)nm.lay.q6_off, nm.eps, (unsigned)nm.n_tail, y, nm.u, ne1);
-}
-
 /* The weights of one launch (kern_gemv_v3_run_n): up to OPS_MAX_FUSED weights that share
  * x, type and row length. Weight s owns blocks b0[s] .. b0[s + 1] - 1 of the grid, laid
  * out as a launch of that weight alone would lay them out (its own wpr), so each output
@@ -1016,13 +889,12 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
-template <int TYPE, int NR, bool PERM, int RW, bool MULTI>
-__device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
-                                              const int8_t *__restrict__ x, int xs,
-                                              const float2 *__restrict__ ds, int nr,
-                                              bool accumulate) {
+template <int TYPE, int NR, bool PERM, int RW>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
+                    int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
     using Q = gv<TYPE>;
-    const gv_seg me = gv_seg_of<MULTI>(sg);
+    const gv_seg me = gv_seg_of(sg);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1045,34 +917,6 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
 }
 
-template <int TYPE, int NR, bool PERM, int RW>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
-                    int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
-    gv_quant_body<TYPE, NR, PERM, RW, true>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
-}
-
-/* Blocks per multiprocessor a norm kernel (one x row: GV_NORM_MAX_ROWS; kind p) is held to:
- * those its plain kernel reaches (32 registers for Q8_0/Q4_0/Q5_0/BF16/F16, 40 for
- * Q4_K/Q6_K, by cuobjdump -res-usage), so the tail does not cost the product warps.
- * Unbounded, the tail took them to 40-48; held, the product loops have no spills (checked
- * in the SASS: no local loads or stores inside a loop; kind a's kernels, which need more
- * registers, spilled there and take no norm tail). */
-template <int TYPE> struct gv_norm_occ {
-    static constexpr int B = TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K ? 12 : 16;
-};
-
-/* gv_quant_kernel of kind p for one weight (y +=), then the norm of the updated row
- * (gv_norm_tail); or (GLU) for the gate and up weights, then silu(gate) * up. */
-template <int TYPE, int NR, bool GLU>
-__global__ void __launch_bounds__(GV_WARPS * 32, (gv_norm_occ<TYPE>::B))
-    gv_quant_norm_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
-                         int xs, const float2 *__restrict__ ds, int nr, const kern_gemv_norm nm) {
-    /* GLU: gate and up (two segments) written, then silu(gate) * up; else y += and the norm */
-    gv_quant_body<TYPE, NR, true, 1, GLU>(sg, row_bytes, ne0, x, xs, ds, nr, !GLU);
-    gv_norm_tail(nm, sg.y[0], sg.ne1[0]); /* from the parameters: nothing held over the loop */
-}
-
 /* kind a, BF16/F16 weights: an item is 8 values (16 bytes); warp (group, part) takes
  * the RW rows from group*RW on, each item's x read once for all of them. MULTI: several
  * weights (gv_segs) in this launch. The segment lookup cost the one-weight kernel 6
@@ -1081,8 +925,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32, (gv_norm_occ<TYPE>::B))
  * a launch of one weight therefore reads its one segment's fields directly (MULTI false:
  * the same instructions as before the segments). */
 template <int TYPE, int NR, int RW, bool MULTI>
-__device__ __forceinline__ void gv_elem_body(const gv_segs &sg, size_t row_bytes, int ne0,
-                                             const float *__restrict__ x, int nr, bool accumulate) {
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gv_elem_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
+                   int nr, bool accumulate) {
     const gv_seg me = gv_seg_of<MULTI>(sg);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
@@ -1122,22 +967,6 @@ __device__ __forceinline__ void gv_elem_body(const gv_segs &sg, size_t row_bytes
         }
     }
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
-}
-
-template <int TYPE, int NR, int RW, bool MULTI>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_elem_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
-                   int nr, bool accumulate) {
-    gv_elem_body<TYPE, NR, RW, MULTI>(sg, row_bytes, ne0, x, nr, accumulate);
-}
-
-/* gv_elem_kernel for one weight (y +=), then the norm of the updated row (gv_norm_tail). */
-template <int TYPE, int NR>
-__global__ void __launch_bounds__(GV_WARPS * 32, (gv_norm_occ<TYPE>::B))
-    gv_elem_norm_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
-                        int nr, const kern_gemv_norm nm) {
-    gv_elem_body<TYPE, NR, 1, false>(sg, row_bytes, ne0, x, nr, true);
-    gv_norm_tail(nm, sg.y[0], sg.ne1[0]); /* from the parameters: nothing held over the loop */
 }
 
 /* kind b, quantized weights: warp (row, part) takes units part*32 + lane, stepping
@@ -1376,15 +1205,14 @@ template <int T, int NR> static int gv_kind_of(const struct kern_gemv_x *gx, con
 template <int T, int NR>
 static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                      const struct kern_gemv_x *gx, float *const *ys, bool accumulate,
-                     cudaStream_t stream, const gv_cfg &c, const kern_gemv_norm *nm) {
+                     cudaStream_t stream, const gv_cfg &c) {
     const struct tpi_weight *w = ws[0];
     const uint8_t *data = (const uint8_t *)w->data;
     const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
     const bool pdl = c.pdl != 0;
     const int kind = gv_kind_of<T, NR>(gx, c);
-    /* weight rows per warp: 1 for 5..8 x rows (registers) and with a norm tail, else the
-     * knob (auto: 1) */
-    const int rpw = NR > 4 || nm ? 1 : c.rpw ? c.rpw : 1;
+    /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob (auto: 1) */
+    const int rpw = NR > 4 ? 1 : c.rpw ? c.rpw : 1;
     auto by_rpw = [&](auto f) {
         if (rpw == 4)
             f(std::integral_constant<int, NR <= 4 ? 4 : 1>{});
@@ -1412,21 +1240,8 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         return sg;
     };
     unsigned blocks = 0;
-    /* the norm tail's block count (gv_norm_tail_run), once the grid is known */
-    auto tail = [&]() {
-        kern_gemv_norm m = *nm;
-        m.n_tail = (int)std::min({(int64_t)GV_NORM_TAIL, (int64_t)ne1 / (GV_WARPS * 32),
-                                  (int64_t)blocks, (int64_t)ctx->n_sm});
-        return m;
-    };
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
         const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_ELEM, ne0 / 8, &blocks);
-        if constexpr (NR <= GV_NORM_MAX_ROWS) /* kern_gemv_v3_norm_ok: no other NR */
-            if (nm) {
-                kern_launch(pdl, gv_elem_norm_kernel<T, NR>, dim3(blocks), dim3(GV_WARPS * 32), 0,
-                            stream, sg, w->row_bytes, ne0, gx->x, nr, tail());
-                return;
-            }
         by_rpw([&](auto rw_c) {
             if (n > 1)
                 kern_launch(pdl, gv_elem_kernel<T, NR, decltype(rw_c)::value, true>, dim3(blocks),
@@ -1460,18 +1275,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                : T == TPI_TYPE_Q6_K ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK == 32 ? lay.b32_stride : lay.k4_stride;
-            if constexpr (NR <= GV_NORM_MAX_ROWS)
-                if (nm) {
-                    if (nm->u)
-                        kern_launch(pdl, gv_quant_norm_kernel<T, NR, true>, dim3(blocks),
-                                    dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
-                                    gx->xp + (off - lay.b32_off), xs, gx->ds, nr, tail());
-                    else
-                        kern_launch(pdl, gv_quant_norm_kernel<T, NR, false>, dim3(blocks),
-                                    dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
-                                    gx->xp + (off - lay.b32_off), xs, gx->ds, nr, tail());
-                    return;
-                }
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl, gv_quant_kernel<T, NR, true, decltype(rw_c)::value>, dim3(blocks),
                             dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
@@ -1519,22 +1322,22 @@ static bool gv_x_suits(const struct tpi_weight *w, const struct kern_gemv_x *gx)
  * the unused rows). */
 static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                    const struct kern_gemv_x *gx, float *const *ys, bool accumulate,
-                   cudaStream_t stream, const gv_cfg &c, const kern_gemv_norm *nm = NULL) {
+                   cudaStream_t stream, const gv_cfg &c) {
     gv_dispatch(ws[0]->type, [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
         switch (gx->n_rows) {
         case 1:
-            gv_run_t<T, 1>(ctx, n, ws, gx, ys, accumulate, stream, c, nm);
+            gv_run_t<T, 1>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         case 2:
-            gv_run_t<T, 2>(ctx, n, ws, gx, ys, accumulate, stream, c, nm);
+            gv_run_t<T, 2>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         case 3:
         case 4:
-            gv_run_t<T, 4>(ctx, n, ws, gx, ys, accumulate, stream, c, nm);
+            gv_run_t<T, 4>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         default:
-            gv_run_t<T, 8>(ctx, n, ws, gx, ys, accumulate, stream, c, nm);
+            gv_run_t<T, 8>(ctx, n, ws, gx, ys, accumulate, stream, c);
             break;
         }
     });
@@ -1545,45 +1348,6 @@ bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const str
     if (!gv_x_suits(w, gx)) return false;
     gv_run(ctx, 1, &w, gx, &y, accumulate, stream, gv_config());
     LAUNCH_OK(ctx, "cuda matmul (v3)");
-    return true;
-}
-
-bool kern_gemv_v3_norm_ok(const struct tpi_weight *w, const struct kern_gemv_x *gx) {
-    if (!gv_x_suits(w, gx) || gx->n_rows > GV_NORM_MAX_ROWS || w->ne1 % (GV_WARPS * 32) != 0)
-        return false;
-    int kind = 0; /* kind p or BF16/F16 only: the kernels gv_norm_occ holds without spills */
-    gv_dispatch(w->type, [&](auto type_c) {
-        constexpr int T = decltype(type_c)::value;
-        kind = gv_is_elem(T) ? 'e' : gv_kind_of<T, GV_NORM_MAX_ROWS>(gx, gv_config());
-    });
-    return kind == 'e' || kind == 'p';
-}
-
-bool kern_gemv_v3_run_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
-                           const struct kern_gemv_x *gx, float *y, const struct kern_gemv_norm *nm,
-                           cudaStream_t stream) {
-    if (!kern_gemv_v3_norm_ok(w, gx)) return false;
-    gv_run(ctx, 1, &w, gx, &y, true, stream, gv_config(), nm);
-    LAUNCH_OK(ctx, "cuda matmul_add_norm (v3)");
-    return true;
-}
-
-bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *wu,
-                         const struct kern_gemv_x *gx) {
-    if (gv_is_elem(wg->type) || wu->type != wg->type || wu->row_bytes != wg->row_bytes ||
-        wu->ne1 != wg->ne1 || !kern_gemv_v3_norm_ok(wg, gx) || !gv_x_suits(wu, gx))
-        return false;
-    return true;
-}
-
-bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
-                          const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
-                          float *u, const struct kern_gemv_norm *nm, cudaStream_t stream) {
-    if (!nm->u || nm->u != u || !kern_gemv_v3_glu_ok(wg, wu, gx)) return false;
-    const struct tpi_weight *ws[2] = {wg, wu};
-    float *ys[2] = {g, u};
-    gv_run(ctx, 2, ws, gx, ys, false, stream, gv_config(), nm);
-    LAUNCH_OK(ctx, "cuda matmul_silu_mul (v3)");
     return true;
 }
 

@@ -151,18 +151,6 @@ struct ops {
     void (*qk_norm_rope)(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                          const float *k_norm, const struct ops_batch *b, int n_head,
                          int n_kv_head, int head_dim, int n_rot, float freq_base, float eps);
-    /* y(n_rows, w->ne1) += x(n_rows, w->ne0) * W^T, then h(n_rows, w->ne1) = rmsnorm(y) *
-     * norm (w->ne1 f32, eps): a residual update and the next sub-layer's norm. Equal to
-     * matmul_add then rmsnorm, up to the norm's summation order on a GPU. h must not
-     * overlap x or y. NULL: the backend has no fused form (callers run the two ops). */
-    void (*matmul_add_norm)(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
-                            float *y, int64_t n_rows, const float *norm, float eps, float *h);
-    /* g(n_rows, wg->ne1) = silu(x * Wg^T) * (x * Wu^T), u = x * Wu^T (wu: wg's shape): the
-     * FFN's gate, up and activation. Equal to matmul_n of (wg, wu) into (g, u), then
-     * silu_mul(g, u, g). g, u and x must not overlap. NULL: no fused form. */
-    void (*matmul_silu_mul)(struct ops_ctx *ctx, const struct tpi_weight *wg,
-                            const struct tpi_weight *wu, const float *x, float *g, float *u,
-                            int64_t n_rows);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between
@@ -208,13 +196,6 @@ int ops_cuda_set_attn_mma(int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* CUDA builds only: whether matmul_add_norm runs a decode row as one launch (the norm in
- * the matrix-vector kernel's last blocks; TPI_ADD_NORM sets it at context init) or as
- * matmul_add + rmsnorm; returns the previous setting. */
-bool ops_cuda_set_add_norm(struct ops_ctx *ctx, bool on);
-/* CUDA builds only: the same for matmul_silu_mul (silu*mul in the gate/up launch's last
- * blocks; TPI_GLU_TAIL sets it at context init); returns the previous setting. */
-bool ops_cuda_set_glu_tail(struct ops_ctx *ctx, bool on);
 
 #ifdef __CUDACC__
 /* The CUDA backend's graph entries (kern_graph.cu), declared here so ops_cuda.cu's

@@ -108,7 +108,6 @@ static void cuda_free(struct ops_ctx **pctx) {
         if (ctx->ev_join[i]) cudaEventDestroy(ctx->ev_join[i]);
     }
     if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
-    if (ctx->norm_count) cudaFree(ctx->norm_count);
     if (ctx->rope_inv) cudaFree(ctx->rope_inv);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -134,20 +133,6 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
     if (!ctx || (path != 2 && path != 3)) return -1;
     const int old = ctx->gemv;
     ctx->gemv = path;
-    return old;
-}
-
-bool ops_cuda_set_add_norm(struct ops_ctx *ctx, bool on) {
-    if (!ctx) return false;
-    const bool old = ctx->add_norm;
-    ctx->add_norm = on;
-    return old;
-}
-
-bool ops_cuda_set_glu_tail(struct ops_ctx *ctx, bool on) {
-    if (!ctx) return false;
-    const bool old = ctx->glu_tail;
-    ctx->glu_tail = on;
     return old;
 }
 
@@ -256,23 +241,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         else
             TPI_LOGW("TPI_GEMV_MERGE=%s is not 0, 1, 2 or 3: ignored", gm);
     }
-    /* matmul_add_norm of decode rows as one launch: the matrix-vector kernel's last blocks
-     * normalize the updated row (kern_gemv.cu, gv_norm_tail). TPI_ADD_NORM=1 turns it on;
-     * off by default until measured (bench/NOTES.md change 19). Its two counters are
-     * zero between launches (the launch's last tail block resets them). */
-    if (!CUDA_OK(ctx, "cuda init", cudaMalloc((void **)&ctx->norm_count, 2 * sizeof(unsigned))) ||
-        !CUDA_OK(ctx, "cuda init", cudaMemset(ctx->norm_count, 0, 2 * sizeof(unsigned)))) {
-        *err = ctx->err;
-        cuda_free(&ctx);
-        return err->status;
-    }
-    const char *an = getenv("TPI_ADD_NORM");
-    ctx->add_norm = an && strcmp(an, "1") == 0;
-    /* matmul_silu_mul of one decode row as one launch of gate and up with silu*mul in its
-     * last blocks (the same counters). TPI_GLU_TAIL=1 turns it on; off by default until
-     * measured (bench/NOTES.md change 20). */
-    const char *gt = getenv("TPI_GLU_TAIL");
-    ctx->glu_tail = gt && strcmp(gt, "1") == 0;
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = pd && strcmp(pd, "1") == 0;
     ctx->n_sm = prop.multiProcessorCount;
@@ -588,8 +556,6 @@ static const struct ops ops_cuda_table = {
     /* .matmul_n = */ kern_matmul_n,
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
-    /* .matmul_add_norm = */ kern_matmul_add_norm,
-    /* .matmul_silu_mul = */ kern_matmul_silu_mul,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,

@@ -73,18 +73,14 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
  * rmsnorm(x) * norm when norm is given: with TP, this rank's partial sum is
  * all-reduced over the group before the residual add (on one node one kernel over
  * peer memory does the sum, the add and, for decode-sized steps, the norm:
- * comm_nccl.c); alone, the residual is folded into the matmul, and the norm too where
- * the backend fuses them (matmul_add_norm). */
+ * comm_nccl.c); alone, the residual is folded into the matmul. */
 static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
                             const float *norm, struct tpi_error *err) {
     struct model_state *s = &m->s;
     const int n_embd = m->cfg.n_embd;
     const int64_t n_x = (int64_t)n * n_embd;
     bool normed = false;
-    if (!m->tp_comm && norm && m->ops->matmul_add_norm) {
-        m->ops->matmul_add_norm(m->octx, w, in, s->x, n, norm, m->cfg.rms_eps, s->h);
-        normed = true;
-    } else if (!m->tp_comm) {
+    if (!m->tp_comm) {
         m->ops->matmul_add(m->octx, w, in, s->x, n);
     } else {
         m->ops->matmul(m->octx, w, in, s->o, n);
@@ -147,14 +143,10 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
-        if (ops->matmul_silu_mul) {
-            ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
-        } else {
-            const struct tpi_weight *wgu[2] = {&L->w_gate, &L->w_up};
-            float *ygu[2] = {s->g, s->u};
-            ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
-            ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
-        }
+        const struct tpi_weight *wgu[2] = {&L->w_gate, &L->w_up};
+        float *ygu[2] = {s->g, s->u};
+        ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
+        ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
         // partial sums over this rank's columns, summed over the TP group
         if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
