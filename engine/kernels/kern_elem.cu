@@ -540,10 +540,15 @@ static const double *rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_b
     double tab[2048];
     for (int i = 0; i < n_rot / 2; i++)
         tab[i] = pow((double)freq_base, -2.0 * i / (double)n_rot);
-    /* queued work may still read the old table */
-    if (!CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream)) ||
-        !CUDA_OK(ctx, op, cudaMemcpy(ctx->rope_inv, tab, sizeof(double) * (size_t)(n_rot / 2),
-                                     cudaMemcpyHostToDevice)))
+    /* On ctx->stream, after the queued work that may still read the old table, and waited
+     * for (tab is on this stack). Not cudaMemcpy: it runs on the legacy stream, which
+     * does not order against our non-blocking one, and from pageable memory it may return
+     * before the bytes land, so the next kernel could read a half-written table (the
+     * model GPU tests saw a first prefill rotated wrongly). */
+    if (!CUDA_OK(ctx, op,
+                 cudaMemcpyAsync(ctx->rope_inv, tab, sizeof(double) * (size_t)(n_rot / 2),
+                                 cudaMemcpyHostToDevice, ctx->stream)) ||
+        !CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream)))
         return NULL;
     ctx->rope_inv_n_rot = n_rot;
     ctx->rope_inv_base = freq_base;
