@@ -250,10 +250,12 @@ START_TEST(test_embed) {
     tu_rng_seed(&r, 5);
     const int32_t ids[] = {0, 49, 3, 3, 17, 48};
     const int n_tok = 6;
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        const int type = TYPES[ti];
+    /* two widths: 768 (whole 256-value groups) is the one Q8_0 is regrouped for on the
+     * device (weight_upload; kern_common.cuh), three blocks the one it is not */
+    for (int k = 0; k < 2 * N_TYPES; k++) {
+        const int type = TYPES[k / 2];
         const int blk = quant_traits(type)->blck_size;
-        const int64_t ne0 = blk == 1 ? 97 : blk * 3, ne1 = 50;
+        const int64_t ne0 = k % 2 ? 768 : blk == 1 ? 97 : blk * 3, ne1 = 50;
         struct tpi_weight cw, gw;
         void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
         int32_t *gids = bdup(G, gctx, ids, sizeof ids);
@@ -353,6 +355,11 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
             if (b == 3 && a < 2) continue; /* the wide case only with long rows */
             struct tpi_weight cw, gw;
             void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
+            /* Q8_0 rows of whole 256-value groups take the device's regrouped layout
+             * (unless TPI_Q8_REPACK=0), the others GGUF's: both run here */
+            const char *rp = getenv("TPI_Q8_REPACK");
+            if (type == TPI_TYPE_Q8_0 && !(rp && strcmp(rp, "0") == 0))
+                ck_assert_int_eq(gw.layout != 0, ne0 % 256 == 0);
             float *wd = NULL; /* dequantized on the host, for the v3 bound */
             if (v3_quantizes_x(type)) {
                 wd = malloc((size_t)(ne0 * ne1) * sizeof(float));

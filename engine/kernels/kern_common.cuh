@@ -66,6 +66,7 @@ struct ops_ctx {
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
+    bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -188,7 +189,28 @@ static inline void kern_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, di
 /* Whether the CUDA kernels handle weight type `type`. */
 bool kern_type_supported(int type);
 
+/* Q8_0 weights with rows of whole 256 values are kept on the device in groups of 8
+ * blocks: the 8 x 32 int8 quants (256 bytes, 16-byte aligned), then the 8 f16 scales (16
+ * bytes); 272 bytes a group, as 8 GGUF blocks take, so rows and row_bytes stay as they
+ * are. A warp's lanes then read their quants with 16-byte loads (GGUF's 34-byte blocks
+ * leave them 2-byte aligned: ten loads a block, and about nine L1 wavefronts for each
+ * warp-wide one). weight_upload repacks in place (tpi_weight.layout says so); the
+ * kernels see the arrangement as a type of its own, KERN_TYPE_Q8_0X8, which only
+ * kern_wtype gives out. TPI_Q8_REPACK=0 keeps the GGUF blocks. */
+#define KERN_LAYOUT_Q8_0X8 1
+#define KERN_TYPE_Q8_0X8 1008 /* no ggml type id: the kernels' name for that layout */
+#define KERN_Q8_0X8_BYTES 272
+
+/* The type id the kernels dispatch on: w's type, or the id of its device layout. */
+static inline int kern_wtype(const struct tpi_weight *w) {
+    return w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8 ? KERN_TYPE_Q8_0X8
+                                                                       : w->type;
+}
+
 /* ---- launchers (kern_elem.cu) ---- */
+/* n_groups groups of 8 GGUF Q8_0 blocks at data (16-byte aligned) rearranged in place as
+ * KERN_LAYOUT_Q8_0X8 (stream-ordered; failures recorded in ctx) */
+void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
                 float *out);
 /* rows [row0, row0+n_rows) of w dequantized to bf16, n_rows * ne0 values at dst */

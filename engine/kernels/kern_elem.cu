@@ -398,7 +398,7 @@ static void dequant_launch(struct ops_ctx *ctx, const char *op, const struct tpi
     if (n_rows <= 0) return;
     const int threads = 256;
     const uint8_t *data = (const uint8_t *)w->data;
-    bool known = kq_dispatch(w->type, [&](auto type_c, auto block_c) {
+    bool known = kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (decltype(block_c)::value) {
             const int64_t n_units = n_rows * (w->ne0 / kq<T>::BLK * kq<T>::UPB);
@@ -417,6 +417,47 @@ static void dequant_launch(struct ops_ctx *ctx, const char *op, const struct tpi
         return;
     }
     LAUNCH_OK(ctx, op);
+}
+
+/* One thread per group of 8 Q8_0 blocks (272 bytes, 16-byte aligned): the group read as
+ * 17 16-byte words, then written back as the 8 blocks' quants (block k's at 32k) and
+ * their scales (block k's at 256 + 2k). Block k's bytes start at 34k: halfword 17k is its
+ * scale, halfwords 17k+1 .. 17k+16 its quants. */
+__global__ void q8_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
+    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n_groups;
+         g += (int64_t)gridDim.x * blockDim.x) {
+        uint4 *p = (uint4 *)(data + g * KERN_Q8_0X8_BYTES);
+        uint32_t in[68], out[68];
+#pragma unroll
+        for (int i = 0; i < 17; i++) {
+            const uint4 v = p[i];
+            in[4 * i] = v.x, in[4 * i + 1] = v.y, in[4 * i + 2] = v.z, in[4 * i + 3] = v.w;
+        }
+        /* halfword h of the group, from the words (constant indices after unrolling) */
+        auto half_at = [&](int h) -> uint32_t { return (in[h >> 1] >> (16 * (h & 1))) & 0xFFFFu; };
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) /* quants: output word 8k + j = halfwords 2j, 2j+1 */
+                out[8 * k + j] = half_at(17 * k + 1 + 2 * j) | (half_at(17 * k + 2 + 2 * j) << 16);
+#pragma unroll
+        for (int k = 0; k < 4; k++) /* scales of blocks 2k, 2k+1 */
+            out[64 + k] = half_at(17 * (2 * k)) | (half_at(17 * (2 * k + 1)) << 16);
+#pragma unroll
+        for (int i = 0; i < 17; i++)
+            p[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
+    }
+}
+
+void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
+    if (n_groups <= 0) return;
+    if (((uintptr_t)data & 15) != 0) {
+        kern_fail(ctx, TPI_ERR_INVALID, "cuda q8_0 repack", __FILE__, __LINE__,
+                  "weight data at %p is not 16-byte aligned", (void *)data);
+        return;
+    }
+    q8_0_x8_repack_kernel<<<grid_for(ctx, n_groups, 128), 128, 0, ctx->stream>>>(data, n_groups);
+    LAUNCH_OK(ctx, "cuda q8_0 repack");
 }
 
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
@@ -439,7 +480,7 @@ void kern_dequant_bf16(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t 
     }
     bool done = false;
     if (dst_ok)
-        kq_dispatch(w->type, [&](auto type_c, auto block_c) {
+        kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
             constexpr int T = decltype(type_c)::value;
             if constexpr (decltype(block_c)::value) {
                 const int64_t nb_row = w->ne0 / kq<T>::BLK, n_blocks = n_rows * nb_row;

@@ -212,6 +212,29 @@ template <> struct gv<TPI_TYPE_Q8_0> {
     }
 };
 
+/* Q8_0 in groups of 8 blocks (KERN_LAYOUT_Q8_0X8): an item is block c of the group, its
+ * 32 int8 two 16-byte loads at b+32c, its f16 d at b+256+2c; the dot is Q8_0's. */
+template <> struct gv<KERN_TYPE_Q8_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, IPB = 8;
+    using raw = gv<TPI_TYPE_Q8_0>::raw;
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
+        const int4 a = gv_ld128(b + 32 * c), e = gv_ld128(b + 32 * c + 16);
+        w.q[0] = (uint32_t)a.x, w.q[1] = (uint32_t)a.y, w.q[2] = (uint32_t)a.z;
+        w.q[3] = (uint32_t)a.w, w.q[4] = (uint32_t)e.x, w.q[5] = (uint32_t)e.y;
+        w.q[6] = (uint32_t)e.z, w.q[7] = (uint32_t)e.w;
+        w.d = gv_ld16(b + 256 + 2 * c);
+    }
+    /* x, ds: the group's first (kind a; item c's are 32c values and c pairs on) or the
+     * item's own (kind p: x from gv_item_rows, ds as kind a) */
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int c, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const float d = gv_h2f((uint16_t)w.d) * keep;
+        gv_dot32<NR, PERM>(w.q, w.q + 4, d, PERM ? x : x + 32 * c, xs, ds + c, dss, nr, acc);
+    }
+};
+
 /* Q4_0: an item is a block: f16 d, 16 bytes; byte j = value j (low nibble), j+16
  * (high), q - 8. */
 template <> struct gv<TPI_TYPE_Q4_0> {
@@ -554,6 +577,23 @@ template <> struct gu<TPI_TYPE_Q8_0> {
     }
 };
 
+/* Q8_0 in groups of 8 blocks: unit u = the 16 int8 at b+16u (aligned); f16 d of block
+ * u/2 at b+256+2(u/2). */
+template <> struct gu<KERN_TYPE_Q8_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, UPB = 16;
+    using raw = gu<TPI_TYPE_Q8_0>::raw;
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        gv_win_load(w.q, b + 16 * u);
+        w.d = gv_ld16(b + 256 + 2 * (u >> 1));
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        gu<TPI_TYPE_Q8_0>::dot<NR>(w, u, x, ds, xs, nr, keep, acc);
+    }
+};
+
 /* Q4_0: f16 d, 16 bytes at b+2; unit u = nibble u (low: values 0..15) of all 16, q - 8. */
 template <> struct gu<TPI_TYPE_Q4_0> {
     static constexpr int BLK = 32, BYTES = 18, UPB = 2;
@@ -824,7 +864,7 @@ __host__ __device__ __forceinline__ void
 gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
              int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
     using Q = gv<TYPE>;
-    constexpr int GS = Q::BLK == 32 ? GV_GS_B32 : GV_GS_K4;
+    constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4; /* values an item */
     auto rows = [&](auto u_c) {
         constexpr int U = decltype(u_c)::value;
         for (int it = first; it < n_items; it += U * step) {
@@ -889,8 +929,17 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
+/* Blocks per multiprocessor gv_quant_kernel asks ptxas for: none, except 16 for Q8_0's
+ * 8-block groups with one x row. Unbounded, their 16-byte loads took that kernel to 48
+ * registers (10 blocks a multiprocessor); held, it has the 32 of the GGUF-block kernel,
+ * no spills (cuobjdump -res-usage), and ptxas still interleaves a batch's loads with
+ * its dots as it does there. */
+template <int TYPE, int NR> struct gv_min_blocks {
+    static constexpr int B = TYPE == KERN_TYPE_Q8_0X8 && NR == 1 ? 16 : 1;
+};
+
 template <int TYPE, int NR, bool PERM, int RW>
-__global__ void __launch_bounds__(GV_WARPS * 32)
+__global__ void __launch_bounds__(GV_WARPS * 32, (gv_min_blocks<TYPE, NR>::B))
     gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
                     int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
     using Q = gv<TYPE>;
@@ -1137,7 +1186,8 @@ void kern_gemv_describe(char *buf, size_t n) {
 /* The types this path covers; f is called with the type as a constant (kq_dispatch's
  * cases, filtered). */
 template <int T>
-constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
+constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 ||
+                                 T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
                                  T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K || T == TPI_TYPE_BF16 ||
                                  T == TPI_TYPE_F16;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
@@ -1163,13 +1213,14 @@ static bool gv_covers(const struct tpi_weight *w, int n_rows) {
     const uintptr_t data = (uintptr_t)w->data;
     const bool a16 = (data & 15) == 0 && (w->row_bytes & 15) == 0;
     bool ok = false;
-    gv_dispatch(w->type, [&](auto type_c) {
+    gv_dispatch(kern_wtype(w), [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
             ok = a16 && w->ne0 % 8 == 0;
         } else {
             if (w->ne0 % gv<T>::BLK != 0) return;
-            if (T == TPI_TYPE_Q4_K && !a16) return; /* 16-byte loads in the blocks */
+            /* 16-byte loads in the blocks */
+            if ((T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q8_0X8) && !a16) return;
             /* gv_ld_a2 rounds down to 4 bytes, gv_win_load to 16 */
             ok = (data & 15) == 0;
         }
@@ -1274,7 +1325,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
                                : T == TPI_TYPE_Q6_K ? lay.q6_off
                                                     : lay.b32_off;
-            const int xs = Q::BLK == 32 ? lay.b32_stride : lay.k4_stride;
+            const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl, gv_quant_kernel<T, NR, true, decltype(rw_c)::value>, dim3(blocks),
                             dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
@@ -1323,7 +1374,7 @@ static bool gv_x_suits(const struct tpi_weight *w, const struct kern_gemv_x *gx)
 static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                    const struct kern_gemv_x *gx, float *const *ys, bool accumulate,
                    cudaStream_t stream, const gv_cfg &c) {
-    gv_dispatch(ws[0]->type, [&](auto type_c) {
+    gv_dispatch(kern_wtype(ws[0]), [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
         switch (gx->n_rows) {
         case 1:
@@ -1355,12 +1406,12 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
                         const struct kern_gemv_x *gx, float *const *ys, cudaStream_t stream) {
     if (n < 1 || n > OPS_MAX_FUSED) return false;
     for (int i = 0; i < n; i++)
-        if (!gv_x_suits(ws[i], gx) || ws[i]->type != ws[0]->type ||
+        if (!gv_x_suits(ws[i], gx) || kern_wtype(ws[i]) != kern_wtype(ws[0]) ||
             ws[i]->row_bytes != ws[0]->row_bytes)
             return false;
     const gv_cfg c = gv_config();
     bool unit = false; /* kind b: one weight a launch */
-    gv_dispatch(ws[0]->type, [&](auto type_c) {
+    gv_dispatch(kern_wtype(ws[0]), [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
         unit = gx->n_rows > 4 ? gv_kind_of<T, 8>(gx, c) == 'b' : gv_kind_of<T, 1>(gx, c) == 'b';
     });
@@ -1442,8 +1493,8 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
                          const float2 *ds, int nr, float *y, int kind, int wpr) {
     using Q = gv<T>;
     /* kind p: this type's permuted copy of x */
-    const int xs = Q::BLK == 32 ? (ne0 + GV_GS_B32 - 1) / GV_GS_B32 * GV_GS_B32
-                                : (ne0 + GV_GS_K4 - 1) / GV_GS_K4 * GV_GS_K4;
+    const int xs = Q::BLK / Q::IPB == 32 ? (ne0 + GV_GS_B32 - 1) / GV_GS_B32 * GV_GS_B32
+                                         : (ne0 + GV_GS_K4 - 1) / GV_GS_K4 * GV_GS_K4;
     int8_t *xp = (int8_t *)calloc((size_t)nr * xs, 1);
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < ne0; v++) {

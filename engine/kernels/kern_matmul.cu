@@ -286,6 +286,30 @@ template <> struct mvq<TPI_TYPE_Q8_0> {
     }
 };
 
+/* Q8_0 in groups of 8 blocks (KERN_LAYOUT_Q8_0X8): unit u = the 16 int8 at b + 16u, the
+ * scale of block u/2 at b + 256 + u/2 * 2. */
+template <> struct mvq<KERN_TYPE_Q8_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, UPB = 16;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        const float d = kq_f16(b + 256 + 2 * (u >> 1)), k = 384.0f * d;
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w[i] = kq_u32_a4(b + 16 * u + 4 * i);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t ww = w[i] ^ 0x80808080u;
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = fmaf(d, mv_mag(ww, 8 * j, 8, 8), -k);
+            mv_fma4<NR>(acc, xb + 16 * u + 4 * i, ne0, nr, v[0], v[1], v[2], v[3]);
+        }
+    }
+};
+
 /* Q4_K: a unit is 16 quant bytes (16 low nibbles of sub-block 2c, 16 high of 2c+1). */
 template <> struct mvq<TPI_TYPE_Q4_K> {
     static constexpr int BLK = 256, BYTES = 144, UPB = 8;
@@ -510,7 +534,7 @@ static void matvec_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const
     const uint8_t *data = (const uint8_t *)w->data;
     /* the staged kernels need float4 x rows and whole 16-byte element units */
     const bool x_ok = ((uintptr_t)x & 15) == 0 && w->ne0 % 4 == 0;
-    kq_dispatch(w->type, [&](auto type_c, auto block_c) {
+    kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
         if (x_ok && w->ne0 % mvq<T>::BLK == 0) {
             using S = mv_shape<T>;
@@ -775,7 +799,7 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
             /* auto leaves BF16/F16 weights as branches (GEMV_MERGE_ROW_BYTES) */
             const bool none = ctx->gemv_merge == 1 && is_elem16(ws[0]->type);
             for (int i = 0; i < n_w; i++)
-                if (i == 0 || (ws[i]->type == ws[0]->type && ws[i]->row_bytes == ws[0]->row_bytes &&
+                if (i == 0 || (kern_wtype(ws[i]) == kern_wtype(ws[0]) && ws[i]->row_bytes == ws[0]->row_bytes &&
                                (all || 2 * ws[i]->ne1 <= ws[0]->ne1)))
                     mw[n_m] = ws[i], my[n_m] = ys[i], idx[n_m++] = i;
             if (!none && n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream)) {

@@ -140,6 +140,21 @@ template <> struct kq<TPI_TYPE_Q8_0> {
     }
 };
 
+/* Q8_0 in groups of 8 blocks (KERN_LAYOUT_Q8_0X8): 256 int8, then 8 f16 scales. A unit is
+ * 4 quants (4-byte aligned); the scale of values 32j..32j+31 is at b + 256 + 2j. */
+template <> struct kq<KERN_TYPE_Q8_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, UPB = 64, G = 1;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[4],
+                                                int (&off)[1]) {
+        const float d = kq_f16(b + 256 + 2 * (u >> 3));
+        const uint32_t q = kq_u32_a4(b + 4 * u);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            v[i] = (float)(int8_t)((q >> (8 * i)) & 0xFF) * d;
+        off[0] = 4 * u;
+    }
+};
+
 /* Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes. Each 64-value chunk c
  * uses 32 bytes: low nibbles are values 64c+l (sub-block 2c), high nibbles 64c+32+l
  * (sub-block 2c+1); value = d*sc*q - dmin*m. 144-byte blocks: 16-byte aligned. */
@@ -243,8 +258,9 @@ template <> struct kf<TPI_TYPE_BF16> {
 };
 
 /* Call f(std::integral_constant<int, TYPE>, std::bool_constant<IS_BLOCK>) for a run-time
- * type id: the one place the CUDA side switches on the weight type (the callee picks kq<>
- * or kf<> with if constexpr). Returns false for types without kernels. */
+ * type id (a weight's is kern_wtype(w)): the one place the CUDA side switches on the
+ * weight type (the callee picks kq<> or kf<> with if constexpr). Returns false for types
+ * without kernels. */
 template <typename F> bool kq_dispatch(int type, F &&f) {
 #define KQ_CASE(T, B)                                                                              \
     case T:                                                                                        \
@@ -259,6 +275,7 @@ template <typename F> bool kq_dispatch(int type, F &&f) {
         KQ_CASE(TPI_TYPE_Q5_0, true)
         KQ_CASE(TPI_TYPE_Q5_1, true)
         KQ_CASE(TPI_TYPE_Q8_0, true)
+        KQ_CASE(KERN_TYPE_Q8_0X8, true)
         KQ_CASE(TPI_TYPE_Q4_K, true)
         KQ_CASE(TPI_TYPE_Q5_K, true)
         KQ_CASE(TPI_TYPE_Q6_K, true)

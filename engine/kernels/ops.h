@@ -30,6 +30,8 @@ struct tpi_weight {
     size_t row_bytes; /* quant_row_size(type, ne0) */
     void *data;       /* backend memory, ne1 * row_bytes bytes */
     void *aux;        /* backend-private form (e.g. a repacked copy); NULL if none */
+    int layout;       /* backend-private arrangement of data's bytes; 0: the GGUF blocks as
+                       * they are (the CUDA backend's is in kern_common.cuh) */
 };
 
 /* The tokens of one forward step. Several sequences may be mixed: token t is

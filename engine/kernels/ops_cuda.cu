@@ -243,6 +243,8 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     }
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = pd && strcmp(pd, "1") == 0;
+    const char *qr = getenv("TPI_Q8_REPACK");
+    ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
     ctx->n_sm = prop.multiProcessorCount;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
@@ -404,6 +406,16 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
         cudaFree(data);
         data = NULL;
     }
+    /* Q8_0 rows of whole 256 values: regrouped in place (KERN_LAYOUT_Q8_0X8) */
+    const bool x8 = type == TPI_TYPE_Q8_0 && ctx->q8_repack && ne0 % 256 == 0;
+    if (data && x8) {
+        kern_q8_0_x8_repack(ctx, (uint8_t *)data, (int64_t)(n_bytes / KERN_Q8_0X8_BYTES));
+        if (ctx->err.status != TPI_OK ||
+            !CUDA_OK(ctx, "cuda weight_upload", cudaStreamSynchronize(ctx->stream))) {
+            cudaFree(data);
+            data = NULL;
+        }
+    }
     if (!data) {
         status = tpi_err(err, ctx->err.status, "%s (%s %lld x %lld, %zu bytes)", ctx->err.msg,
                          tr->name, (long long)ne0, (long long)ne1, n_bytes);
@@ -416,6 +428,7 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
     w->row_bytes = row_bytes;
     w->data = data;
     w->aux = NULL;
+    w->layout = x8 ? KERN_LAYOUT_Q8_0X8 : 0;
     return TPI_OK;
 }
 
