@@ -929,19 +929,11 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
-/* Blocks per multiprocessor gv_quant_kernel asks ptxas for: none, except 16 for Q8_0's
- * 8-block groups with one x row. Unbounded, their 16-byte loads took that kernel to 48
- * registers (10 blocks a multiprocessor); held, it has the 32 of the GGUF-block kernel,
- * no spills (cuobjdump -res-usage), and ptxas still interleaves a batch's loads with
- * its dots as it does there. */
-template <int TYPE, int NR> struct gv_min_blocks {
-    static constexpr int B = TYPE == KERN_TYPE_Q8_0X8 && NR == 1 ? 16 : 1;
-};
-
 template <int TYPE, int NR, bool PERM, int RW>
-__global__ void __launch_bounds__(GV_WARPS * 32, (gv_min_blocks<TYPE, NR>::B))
-    gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
-                    int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
+__device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
+                                              const int8_t *__restrict__ x, int xs,
+                                              const float2 *__restrict__ ds, int nr,
+                                              bool accumulate) {
     using Q = gv<TYPE>;
     const gv_seg me = gv_seg_of(sg);
     const uint8_t *__restrict__ w = me.w;
@@ -964,6 +956,37 @@ __global__ void __launch_bounds__(GV_WARPS * 32, (gv_min_blocks<TYPE, NR>::B))
                                          x, xs, ds, ne0, nr, acc);
     }
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
+}
+
+template <int TYPE, int NR, bool PERM, int RW>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
+                    int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
+    gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
+}
+/* The same held to GV_X8_MIN_BLOCKS blocks a multiprocessor, which lets ptxas take up to
+ * 128 registers: Q8_0's 8-block groups with one x row. Unbounded, ptxas gives that
+ * kernel 48 registers; at 4 blocks it takes 96 and keeps more of a batch's 16-byte loads
+ * ahead of its dots; held to 32 (16 blocks) it interleaves them. tg128 Q8_0 on one H200
+ * (two runs each, bench/NOTES.md change 22): 312.7 at 32, 336.7 / 336.2 at 48, 351.6 /
+ * 351.2 at 96, against 329.7 / 329.7 for the GGUF blocks' kernel (32 registers; 329.3 /
+ * 332.0 at 110). A second argument to __launch_bounds__ for the other kernels, even 1,
+ * makes ptxas take far more registers (Q4_K 40 -> 154: tg128 Q4_K_M 406 -> 337), so
+ * they keep the one-argument form. */
+#define GV_X8_MIN_BLOCKS 4
+template <int TYPE, int NR, bool PERM, int RW>
+__global__ void __launch_bounds__(GV_WARPS * 32, GV_X8_MIN_BLOCKS)
+    gv_quant_kernel_held(const gv_segs sg, size_t row_bytes, int ne0,
+                         const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
+                         int nr, bool accumulate) {
+    gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
+}
+/* The kind a/p kernel a launch of type TYPE with NR x rows takes. */
+template <int TYPE, int NR, bool PERM, int RW> constexpr auto gv_quant_kernel_for() {
+    if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1)
+        return gv_quant_kernel_held<TYPE, NR, PERM, RW>;
+    else
+        return gv_quant_kernel<TYPE, NR, PERM, RW>;
 }
 
 /* kind a, BF16/F16 weights: an item is 8 values (16 bytes); warp (group, part) takes
@@ -1327,15 +1350,15 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel<T, NR, true, decltype(rw_c)::value>, dim3(blocks),
-                            dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(),
+                            dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel<T, NR, false, decltype(rw_c)::value>, dim3(blocks),
-                            dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0, gx->xq, ne0,
-                            gx->ds, nr, accumulate);
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(),
+                            dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
+                            gx->xq, ne0, gx->ds, nr, accumulate);
             });
         }
     }
