@@ -265,24 +265,33 @@ template <> struct mvq<TPI_TYPE_Q5_0> {
     }
 };
 
-/* Q8_0: a unit is half a block (16 int8 values). q + 128 is taken as unsigned. */
+/* 16 int8 weights (w) with scale d against the 16 x values at x16 of each x row: q + 128
+ * is taken as unsigned, (256 + q + 128) d - 384 d = q d. */
+template <int NR>
+__device__ __forceinline__ void mv_q8_unit(const uint32_t (&w)[4], float d, const float *x16,
+                                           int ne0, int nr, float (&acc)[NR]) {
+    const float k = 384.0f * d;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t ww = w[i] ^ 0x80808080u;
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            v[j] = fmaf(d, mv_mag(ww, 8 * j, 8, 8), -k);
+        mv_fma4<NR>(acc, x16 + 4 * i, ne0, nr, v[0], v[1], v[2], v[3]);
+    }
+}
+
+/* Q8_0: a unit is half a block (16 int8 values). */
 template <> struct mvq<TPI_TYPE_Q8_0> {
     static constexpr int BLK = 32, BYTES = 34, UPB = 2;
     template <int NR>
     static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
                                                int nr, float (&acc)[NR]) {
-        const float d = kq_f16(b), k = 384.0f * d; /* (256 + q + 128) d - 384 d = q d */
+        const float d = kq_f16(b);
         uint32_t w[4];
         mv_ld_a2<4>(b + 2 + 16 * u, w);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t ww = w[i] ^ 0x80808080u;
-            float v[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                v[j] = fmaf(d, mv_mag(ww, 8 * j, 8, 8), -k);
-            mv_fma4<NR>(acc, xb + 16 * u + 4 * i, ne0, nr, v[0], v[1], v[2], v[3]);
-        }
+        mv_q8_unit<NR>(w, d, xb + 16 * u, ne0, nr, acc);
     }
 };
 
@@ -293,20 +302,12 @@ template <> struct mvq<KERN_TYPE_Q8_0X8> {
     template <int NR>
     static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
                                                int nr, float (&acc)[NR]) {
-        const float d = kq_f16(b + 256 + 2 * (u >> 1)), k = 384.0f * d;
+        const float d = kq_f16(b + 256 + 2 * (u >> 1));
         uint32_t w[4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
             w[i] = kq_u32_a4(b + 16 * u + 4 * i);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const uint32_t ww = w[i] ^ 0x80808080u;
-            float v[4];
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                v[j] = fmaf(d, mv_mag(ww, 8 * j, 8, 8), -k);
-            mv_fma4<NR>(acc, xb + 16 * u + 4 * i, ne0, nr, v[0], v[1], v[2], v[3]);
-        }
+        mv_q8_unit<NR>(w, d, xb + 16 * u, ne0, nr, acc);
     }
 };
 
