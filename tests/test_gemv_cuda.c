@@ -6,7 +6,8 @@
  * `test_gemv_cuda GROUP`, GROUP one of:
  * - host (no GPU; label unit): the kernels of kinds a, b and p emulated on the host (the
  *   same item/unit code and order, kind p's permuted x) for every quantized type, odd
- *   shapes, 1, 2 and 4 warps per row;
+ *   shapes, 1, 2 and 4 warps per row; Q8_0 also in the device's 8-block groups
+ *   (bitwise the GGUF layout's results);
  * - Q8_0 Q4_0 Q5_0 Q4_K Q6_K BF16 F16 (label gpu): kern_gemv_v3_run for each setting in
  *   CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1 1..4097, plain and accumulate (y += );
  * - api (label gpu): one prepared x run against three weights, two of them on two
@@ -213,6 +214,23 @@ START_TEST(test_host) {
                              (long long)nr, wpr);
                     ck_assert_msg(check(label, got, want, NULL, bound, (size_t)ny) == 0, "%s",
                                   label);
+                    /* Q8_0 as the CUDA backend keeps it (8-block groups): the same sums
+                     * in the same order, so the same bits */
+                    if (type == TPI_TYPE_Q8_0 && ne0 % 256 == 0) {
+                        const size_t n_bytes = quant_row_size(type, ne0) * (size_t)ne1;
+                        uint8_t *qg = malloc(n_bytes);
+                        float *gg = malloc((size_t)ny * 4);
+                        memcpy(qg, q, n_bytes);
+                        const int id = kern_gemv_host_regroup(qg, n_bytes);
+                        ck_assert_int_gt(id, 0);
+                        ck_assert_int_eq(kern_gemv_host_emulate(id, qg, quant_row_size(type, ne0),
+                                                                ne0, ne1, xq, ds, (int)nr, gg,
+                                                                kind, wpr),
+                                         0);
+                        ck_assert_msg(memcmp(gg, got, (size_t)ny * 4) == 0,
+                                      "%s: regrouped Q8_0 differs", label);
+                        free(qg), free(gg);
+                    }
                 }
                 free(x), free(xq), free(ds), free(xr), free(want), free(got), free(bound);
             }

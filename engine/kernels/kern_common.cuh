@@ -201,6 +201,24 @@ bool kern_type_supported(int type);
 #define KERN_TYPE_Q8_0X8 1008 /* no ggml type id: the kernels' name for that layout */
 #define KERN_Q8_0X8_BYTES 272
 
+/* One group of 8 GGUF Q8_0 blocks (in: its 272 bytes as 68 little-endian words) in
+ * KERN_LAYOUT_Q8_0X8 (out). Block k's bytes start at 34k: halfword 17k is its scale,
+ * halfwords 17k+1 .. 17k+16 its quants, which go to bytes 32k.., the scale to 256 + 2k.
+ * The repack kernel and the host emulation's test share it. */
+__host__ __device__ __forceinline__ void kern_q8_0_x8_regroup(const uint32_t (&in)[68],
+                                                              uint32_t (&out)[68]) {
+    /* halfword h of the group (constant indices once unrolled) */
+    auto half_at = [&](int h) -> uint32_t { return (in[h >> 1] >> (16 * (h & 1))) & 0xFFFFu; };
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) /* quants: output word 8k + j = halfwords 2j, 2j+1 */
+            out[8 * k + j] = half_at(17 * k + 1 + 2 * j) | (half_at(17 * k + 2 + 2 * j) << 16);
+#pragma unroll
+    for (int k = 0; k < 4; k++) /* scales of blocks 2k, 2k+1 */
+        out[64 + k] = half_at(17 * (2 * k)) | (half_at(17 * (2 * k + 1)) << 16);
+}
+
 /* The type id the kernels dispatch on: w's type, or the id of its device layout. */
 static inline int kern_wtype(const struct tpi_weight *w) {
     return w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8 ? KERN_TYPE_Q8_0X8

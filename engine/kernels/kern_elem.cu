@@ -420,9 +420,7 @@ static void dequant_launch(struct ops_ctx *ctx, const char *op, const struct tpi
 }
 
 /* One thread per group of 8 Q8_0 blocks (272 bytes, 16-byte aligned): the group read as
- * 17 16-byte words, then written back as the 8 blocks' quants (block k's at 32k) and
- * their scales (block k's at 256 + 2k). Block k's bytes start at 34k: halfword 17k is its
- * scale, halfwords 17k+1 .. 17k+16 its quants. */
+ * 17 16-byte words, regrouped (kern_q8_0_x8_regroup) and written back. */
 __global__ void q8_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n_groups;
          g += (int64_t)gridDim.x * blockDim.x) {
@@ -433,16 +431,7 @@ __global__ void q8_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
             const uint4 v = p[i];
             in[4 * i] = v.x, in[4 * i + 1] = v.y, in[4 * i + 2] = v.z, in[4 * i + 3] = v.w;
         }
-        /* halfword h of the group, from the words (constant indices after unrolling) */
-        auto half_at = [&](int h) -> uint32_t { return (in[h >> 1] >> (16 * (h & 1))) & 0xFFFFu; };
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-#pragma unroll
-            for (int j = 0; j < 8; j++) /* quants: output word 8k + j = halfwords 2j, 2j+1 */
-                out[8 * k + j] = half_at(17 * k + 1 + 2 * j) | (half_at(17 * k + 2 + 2 * j) << 16);
-#pragma unroll
-        for (int k = 0; k < 4; k++) /* scales of blocks 2k, 2k+1 */
-            out[64 + k] = half_at(17 * (2 * k)) | (half_at(17 * (2 * k + 1)) << 16);
+        kern_q8_0_x8_regroup(in, out);
 #pragma unroll
         for (int i = 0; i < 17; i++)
             p[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);

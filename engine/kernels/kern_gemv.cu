@@ -1487,6 +1487,18 @@ int kern_gemv_test_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *co
                : 0;
 }
 
+int kern_gemv_host_regroup(void *w, size_t n_bytes) {
+    if (n_bytes % KERN_Q8_0X8_BYTES != 0) return -1;
+    for (size_t g = 0; g < n_bytes / KERN_Q8_0X8_BYTES; g++) {
+        uint8_t *p = (uint8_t *)w + g * KERN_Q8_0X8_BYTES;
+        uint32_t in[68], out[68];
+        memcpy(in, p, sizeof in);
+        kern_q8_0_x8_regroup(in, out);
+        memcpy(p, out, sizeof out);
+    }
+    return KERN_TYPE_Q8_0X8;
+}
+
 void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds) {
     for (int64_t b = 0; b < n_vals / GV_QK; b++) {
         const float *v = x + b * GV_QK;
