@@ -1,6 +1,6 @@
 /*
  * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
- * qk_norm_rope) against the plain ops they replace, on both backends.
+ * matmul_silu_mul, qk_norm_rope) against the plain ops they replace, on both backends.
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
@@ -13,6 +13,11 @@
  *   The x-quantization memo (rmsnorm / silu_mul writing the next matmul's int8 x) is
  *   bitwise the same as quantizing in the matmul (test_xq_memo_cuda), and so is the
  *   decode attention's int8 output read by the wo matmul (test_xq_memo_attn_cuda).
+ *   matmul_silu_mul (one decode row: one launch, gate row j and up row j in one warp,
+ *   silu*mul and the int8 form of 32 outputs in one block) against matmul_n + silu_mul:
+ *   g and u bitwise where matmul_n gives each row one warp (the model's FFN shapes),
+ *   within 1e-5 (NMSE 1e-10) where it splits rows among warps; g's int8 form bitwise what
+ *   a matmul of g makes itself; every block size; replays of a recorded graph.
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
@@ -181,6 +186,193 @@ static void fused_matmul_cases(struct be b) {
                                100 + 10 * m + k);
 }
 
+#ifdef TPI_HAVE_CUDA
+/* Graph recording on b, checked: start recording; stop and return the graph; replay one. */
+static void graph_start(struct be b) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    ck_assert_msg(b.o->graph_begin(b.ctx, &err) == TPI_OK, "graph_begin: %s", err.msg);
+}
+static void *graph_stop(struct be b) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    void *graph = NULL;
+    ck_assert_msg(b.o->graph_end(b.ctx, &graph, &err) == TPI_OK && graph, "graph_end: %s", err.msg);
+    return graph;
+}
+static void graph_replay(struct be b, void *graph) {
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    bool launched = false;
+    ck_assert_msg(b.o->graph_launch(b.ctx, graph, &launched, &err) == TPI_OK, "graph_launch: %s",
+                  err.msg);
+    ck_assert_msg(launched, "the graph was stale");
+}
+
+/* After an op that wrote act (nr x n) and its int8 form (the memo): matmuls of act that
+ * read that form (Q8_0; Q4_K and Q6_K when n % 256 == 0: each reads its own permuted
+ * copy) must equal, bitwise, the same matmuls quantizing act themselves (the memo broken
+ * by an add of zeros, which leaves act as it is). */
+static void check_int8_form(struct be b, struct tu_rng *r, float *act, int64_t nr, int64_t n,
+                            const char *label) {
+    static const int next[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K};
+    const size_t na = (size_t)(nr * n), nz = (size_t)nr * 40;
+    struct tpi_weight w2[3];
+    float *z[3][2];
+    int n2 = 0;
+    ck_assert_msg(ops_cuda_xq_memo_holds(b.ctx, act, (int64_t)na),
+                  "%s: the memo does not hold the output", label);
+    for (int k = 0; k < 3; k++)
+        if (next[k] == TPI_TYPE_Q8_0 || n % 256 == 0) make_weight(b, r, next[k], n, 40, &w2[n2++]);
+    float *zero = b.o->alloc(b.ctx, na * 4);
+    float *zh = calloc(na, 4);
+    b.o->to_dev(b.ctx, zero, zh, na * 4);
+    free(zh);
+    for (int v = 0; v < 2; v++) { /* v 0: the int8 form from the op; v 1: quantized now */
+        if (v) b.o->add(b.ctx, act, zero, (int64_t)na);
+        for (int k = 0; k < n2; k++) {
+            float *zd = b.o->alloc(b.ctx, nz * 4);
+            b.o->matmul(b.ctx, &w2[k], act, zd, nr);
+            z[k][v] = malloc(nz * 4);
+            bget(b, z[k][v], zd, nz * 4);
+            b.o->dealloc(b.ctx, zd);
+        }
+    }
+    for (int k = 0; k < n2; k++) {
+        const size_t d = n_diff(z[k][0], z[k][1], nz);
+        ck_assert_msg(d == 0, "%s: %s matmul of the output: %zu values differ from quantizing it",
+                      label, quant_type_name(w2[k].type), d);
+        free(z[k][0]), free(z[k][1]);
+        b.o->weight_free(b.ctx, &w2[k]);
+    }
+    b.o->dealloc(b.ctx, zero);
+}
+#endif
+
+/* Normalized squared error of a against the reference r. */
+static double nmse(const float *a, const float *r, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double e = (double)a[i] - r[i];
+        num += e * e;
+        den += (double)r[i] * r[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* matmul_silu_mul of a gate/up pair of `type` (n_ff x ne0) on nr rows against matmul_n then
+ * silu_mul on the same backend: g and u bitwise when `exact` (the CPU; CUDA where matmul_n
+ * gives each row one warp), else g and u within NMSE 1e-10. On CUDA, for each block size
+ * of `modes` (ops_cuda_set_glu; -1 auto): the same check, then, when `memo`, g's int8 form
+ * (check_int8_form), and `replays` replays of the op recorded in a graph, each with
+ * something else in g first, giving g again. */
+static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int64_t nr, bool exact,
+                           bool memo, int replays, uint64_t seed) {
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * n_ff);
+    struct tpi_weight w[2];
+    make_weight(b, &r, type, ne0, n_ff, &w[0]);
+    make_weight(b, &r, type, ne0, n_ff, &w[1]);
+    const struct tpi_weight *wp[2] = {&w[0], &w[1]};
+    float *xh = rand_vec(&r, nx, -2, 2);
+    float *x = bdup(b, xh, nx * 4);
+    float *g = b.o->alloc(b.ctx, ny * 4), *u = b.o->alloc(b.ctx, ny * 4);
+    float *gr = malloc(ny * 4), *ur = malloc(ny * 4), *gf = malloc(ny * 4), *uf = malloc(ny * 4);
+    {
+        float *ys[2] = {g, u};
+        b.o->matmul_n(b.ctx, 2, wp, x, ys, nr);
+        b.o->silu_mul(b.ctx, g, u, g, (int64_t)ny);
+        bget(b, gr, g, ny * 4);
+        bget(b, ur, u, ny * 4);
+    }
+#ifdef TPI_HAVE_CUDA
+    static const int cuda_modes[] = {-1, 4, 8, 16, 32};
+    const int n_modes = b.o == C ? 1 : 5;
+#else
+    const int n_modes = 1;
+#endif
+    for (int mi = 0; mi < n_modes; mi++) {
+#ifdef TPI_HAVE_CUDA
+        const int was = b.o == C ? 0 : ops_cuda_set_glu(b.ctx, cuda_modes[mi]);
+        const int mode = b.o == C ? 0 : cuda_modes[mi];
+#else
+        const int mode = 0;
+#endif
+        char label[160];
+        snprintf(label, sizeof label, "%s matmul_silu_mul (%s %lldx%lld) rows %lld, mode %d",
+                 b.o->name, quant_type_name(type), (long long)n_ff, (long long)ne0, (long long)nr,
+                 mode);
+        b.o->to_dev(b.ctx, g, ur, ny * 4); /* something else in g and u first */
+        b.o->to_dev(b.ctx, u, gr, ny * 4);
+        b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g, u, nr);
+        bget(b, gf, g, ny * 4);
+        bget(b, uf, u, ny * 4);
+        if (exact) {
+            size_t d = n_diff(gf, gr, ny);
+            ck_assert_msg(d == 0, "%s: %zu of %zu g differ from matmul_n + silu_mul", label, d, ny);
+            d = n_diff(uf, ur, ny);
+            ck_assert_msg(d == 0, "%s: %zu of %zu u differ from matmul_n", label, d, ny);
+        } else {
+            const double eg = nmse(gf, gr, ny), eu = nmse(uf, ur, ny);
+            ck_assert_msg(eg < 1e-10 && eu < 1e-10, "%s: NMSE g %.3g u %.3g (limit 1e-10)", label,
+                          eg, eu);
+        }
+#ifdef TPI_HAVE_CUDA
+        if (b.o != C) {
+            if (memo) check_int8_form(b, &r, g, nr, n_ff, label);
+            if (replays > 0) {
+                graph_start(b);
+                b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], x, g, u, nr);
+                void *graph = graph_stop(b);
+                for (int k = 0; k < replays; k++) {
+                    b.o->to_dev(b.ctx, g, ur, ny * 4);
+                    graph_replay(b, graph);
+                    float *got = malloc(ny * 4);
+                    bget(b, got, g, ny * 4);
+                    const size_t d = n_diff(got, gf, ny);
+                    ck_assert_msg(d == 0, "%s: replay %d: %zu of %zu g differ", label, k, d, ny);
+                    free(got);
+                }
+                b.o->graph_free(b.ctx, graph);
+            }
+            ops_cuda_set_glu(b.ctx, was);
+        }
+#else
+        (void)memo, (void)replays;
+#endif
+        assert_ok(b, label);
+    }
+    b.o->dealloc(b.ctx, g), b.o->dealloc(b.ctx, u);
+    free(gr), free(ur), free(gf), free(uf);
+    b.o->weight_free(b.ctx, &w[0]), b.o->weight_free(b.ctx, &w[1]);
+    b.o->dealloc(b.ctx, x);
+    free(xh);
+}
+
+/* The quantized types of the v3 path and Q5_K (matmul_n + silu_mul) and BF16: for one row
+ * the model's FFN (`big`: 4096 -> 12288 for Q4_K and Q8_0, 2048 -> 6144 for the others,
+ * with graph replays; the CPU takes 512 -> 1536): bitwise; then 1024 -> 2048 on 1 and 3
+ * rows and 256 -> 96 (3 blocks of outputs) on 1 row, where matmul_n splits rows among
+ * warps: within NMSE 1e-10 on CUDA. The int8 form is checked wherever the down matmul
+ * reads it (quantized types). */
+static void silu_mul_cases(struct be b, bool big) {
+    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
+                                TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_Q5_K};
+    const bool cpu = b.o == C;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const bool v3q = types[t] != TPI_TYPE_BF16 && types[t] != TPI_TYPE_Q5_K;
+        const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
+                             types[t] == TPI_TYPE_Q5_K;
+        const bool model = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q8_0;
+        const int64_t ne0 = !big ? 512 : model ? 4096 : 2048;
+        check_silu_mul(b, types[t], ne0, 3 * ne0, 1, true, v3q && !cpu, cpu ? 0 : 3, 700 + 10 * t);
+        for (int64_t nr = 1; nr <= 3; nr += 2)
+            check_silu_mul(b, types[t], 1024, 2048, nr, cpu, v3q && !cpu, 0, 800 + 10 * t + nr);
+        if (!k_quant) check_silu_mul(b, types[t], 256, 96, 1, cpu, v3q && !cpu, 0, 900 + 10 * t);
+    }
+}
+
 START_TEST(test_fused_matmul_cpu) {
     struct be b = {C, NULL};
     struct ops_config cfg = {2, 0};
@@ -188,6 +380,7 @@ START_TEST(test_fused_matmul_cpu) {
     tpi_err_clear(&err);
     ck_assert_int_eq(C->init(&b.ctx, &cfg, &err), TPI_OK);
     fused_matmul_cases(b);
+    silu_mul_cases(b, false);
     C->free(&b.ctx);
 }
 END_TEST
@@ -521,6 +714,12 @@ START_TEST(test_qk_norm_rope_cuda) {
 }
 END_TEST
 
+/* matmul_silu_mul on every case of silu_mul_cases, each block size, graph replays. */
+START_TEST(test_silu_mul_cuda) {
+    silu_mul_cases((struct be){ops_cuda_get(), gctx}, true);
+}
+END_TEST
+
 static int run_cuda(void) {
     const struct ops *G = ops_cuda_get();
     int n_devices = 0;
@@ -544,6 +743,7 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_qk_norm_rope_cuda);
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
+    tcase_add_test(tc, test_silu_mul_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

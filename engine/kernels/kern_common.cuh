@@ -42,6 +42,8 @@ struct ops_ctx {
     struct kern_scratch attn; /* split-K partial results of attention */
     struct kern_scratch idx;  /* get_rows indices copied to the device */
     struct kern_scratch q8;   /* int8 x blocks and their scales for the v3 matrix-vector path */
+    struct kern_scratch q8_out; /* the same for the gate/up launch's output, written while
+                                   that launch still reads x's form in q8 */
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
@@ -67,6 +69,8 @@ struct ops_ctx {
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
+    int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
+                       block, -1 auto (the default) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -132,6 +136,12 @@ __device__ __forceinline__ int kern_q8_block(float v, int64_t i, int8_t *xq, flo
     xq[i] = (int8_t)q;
     if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * (float)sum);
     return q;
+}
+
+/* silu(g) * u as every kernel computes it (silu_mul, the gate/up launch of kern_gemv.cu),
+ * so their outputs are bitwise equal. */
+__device__ __forceinline__ float kern_silu_mul1(float g, float u) {
+    return __fmul_rn(g / (1.0f + expf(-g)), u);
 }
 
 /* base^(-2i/n_rot) in double: NEOX pair i's angle per position. */
@@ -263,12 +273,19 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
 void kern_xq_forget(struct ops_ctx *ctx);
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
                    float2 **ds);
+/* kern_xq_claim in another scratch than q8 (a producer that reads q8 while it writes). */
+bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
+                      int64_t ne0, int8_t **xq, float2 **ds);
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows);
 /* ops.h matmul_n: several weights reading one x (x quantized / converted once). */
 void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
                    float *const *ys, int64_t n_rows);
+/* ops.h matmul_silu_mul: the FFN's gate, up and silu*mul (one launch for a decode row). */
+void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const float *x, float *g, float *u,
+                          int64_t n_rows);
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
@@ -307,6 +324,20 @@ bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const str
  * all n share a type and row length the v3 path covers, and (n > 1) take kinds a/p/BF16. */
 bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                         const struct kern_gemv_x *gx, float *const *ys, cudaStream_t stream);
+/* Whether kern_gemv_v3_run_glu takes this gate/up pair with x prepared as gx: one row,
+ * one type, shape and row size, a form of x both read, n_ff a multiple of 32 (quantized;
+ * 4 for BF16/F16), and not kind b. */
+bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *wu,
+                         const struct kern_gemv_x *gx);
+/* g = silu(x Wg^T) * (x Wu^T) and u = x Wu^T for one row in one launch on `stream`, and
+ * (quantized weights, oq non-NULL) g's int8 form in kern_xq.cuh's layout for one row of
+ * n_ff at oq / ods, bitwise what silu_mul would write; warps: warps a block for quantized
+ * weights (4, 8, 16, 32; anything else: the most that keep the grid in one wave). false
+ * (nothing queued) when kern_gemv_v3_glu_ok says no. g, u and x must not overlap, and oq
+ * must not be the scratch gx reads. */
+bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
+                          float *u, int8_t *oq, float2 *ods, int warps, cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

@@ -361,8 +361,7 @@ __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_
     kern_dep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float gi = g[i];
-        const float v = __fmul_rn(gi / (1.0f + expf(-gi)), u[i]);
+        const float v = kern_silu_mul1(g[i], u[i]);
         y[i] = v;
         if (xq) gv_perm_store(kern_q8_block(v, i, xq, ds), i, n, lay, xq); /* one row of n */
     }

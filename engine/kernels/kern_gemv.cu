@@ -989,13 +989,41 @@ template <int TYPE, int NR, bool PERM, int RW> constexpr auto gv_quant_kernel_fo
         return gv_quant_kernel<TYPE, NR, PERM, RW>;
 }
 
-/* kind a, BF16/F16 weights: an item is 8 values (16 bytes); warp (group, part) takes
- * the RW rows from group*RW on, each item's x read once for all of them. MULTI: several
- * weights (gv_segs) in this launch. The segment lookup cost the one-weight kernel 6
- * registers (38: 13 blocks a multiprocessor instead of 16, a second partial wave for
- * the 4096-row products) and BF16 tg128 ~7 %, even when held to 32 registers (spills);
- * a launch of one weight therefore reads its one segment's fields directly (MULTI false:
- * the same instructions as before the segments). */
+/* BF16/F16 weights, kind a: one warp's share of RW weight rows (wb[]), items of 8 values
+ * (16 bytes) first, first + step, ... in batches of GV_UNROLL whose loads go out before
+ * the first dot; each item's x is read once for the RW rows. Items past the row end are
+ * zero weights against the batch's first x (exact zeros). */
+template <int TYPE, int NR, int RW>
+__device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int n_items,
+                                             int first, int step, const float *x, int ne0,
+                                             int nr, float (&acc)[RW][NR]) {
+    for (int it = first; it < n_items; it += GV_UNROLL * step) {
+        int4 wv[GV_UNROLL][RW];
+#pragma unroll
+        for (int u = 0; u < GV_UNROLL; u++) {
+            const int i = it + u * step;
+#pragma unroll
+            for (int rw = 0; rw < RW; rw++)
+                wv[u][rw] = u == 0 || i < n_items ? __ldg((const int4 *)wb[rw] + i)
+                                                  : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GV_UNROLL; u++) {
+            const int i = it + u * step;
+#pragma unroll
+            for (int rw = 0; rw < RW; rw++)
+                gv_elem<TYPE>::template dot<NR>(
+                    wv[u][rw], x + 8 * (size_t)(u == 0 || i < n_items ? i : it), ne0, nr, acc[rw]);
+        }
+    }
+}
+
+/* kind a, BF16/F16 weights: warp (group, part) takes the RW rows from group*RW on
+ * (gv_elem_rows). MULTI: several weights (gv_segs) in this launch. The segment lookup
+ * cost the one-weight kernel 6 registers (38: 13 blocks a multiprocessor instead of 16,
+ * a second partial wave for the 4096-row products) and BF16 tg128 ~7 %, even when held
+ * to 32 registers (spills); a launch of one weight therefore reads its one segment's
+ * fields directly (MULTI false: the same instructions as before the segments). */
 template <int TYPE, int NR, int RW, bool MULTI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_elem_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
@@ -1005,7 +1033,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row0 = (me.blk * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
-    const int n_items = ne0 / 8, step = 32 * wpr;
     float acc[RW][NR];
 #pragma unroll
     for (int rw = 0; rw < RW; rw++)
@@ -1016,29 +1043,75 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     if (row0 < ne1) {
         const uint8_t *wb[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wb);
-        for (int it = part * 32 + lane; it < n_items; it += GV_UNROLL * step) {
-            int4 wv[GV_UNROLL][RW];
-#pragma unroll
-            for (int u = 0; u < GV_UNROLL; u++) {
-                const int i = it + u * step;
-                /* past the row end: zero weights against the batch's first x (exact zeros) */
-#pragma unroll
-                for (int rw = 0; rw < RW; rw++)
-                    wv[u][rw] = u == 0 || i < n_items ? __ldg((const int4 *)wb[rw] + i)
-                                                      : make_int4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < GV_UNROLL; u++) {
-                const int i = it + u * step;
-#pragma unroll
-                for (int rw = 0; rw < RW; rw++)
-                    gv_elem<TYPE>::template dot<NR>(
-                        wv[u][rw], x + 8 * (size_t)(u == 0 || i < n_items ? i : it), ne0, nr,
-                        acc[rw]);
-            }
-        }
+        gv_elem_rows<TYPE, NR, RW>(wb, ne0 / 8, part * 32 + lane, 32 * wpr, x, ne0, nr, acc);
     }
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
+}
+
+/* ------------------------------------------- gate/up with silu*mul (one decode row)
+ * The FFN's gate and up products and silu(gate) * up in one launch with no block waiting
+ * for another: a warp takes gate row j and up row j together (the RW = 2 form of the
+ * kernels above, x read once for both), so it holds both sums of output j; a block owns
+ * 32 consecutive outputs, the values of one int8 block of the down matmul's x, and
+ * quantizes them itself (kern_q8_block, the permuted copies of kern_xq.cuh) after a
+ * barrier of its own. Each sum is the one-weight kernel's with one warp a row (same
+ * items, same order, same shuffle tree), and silu*mul is silu_mul's arithmetic
+ * (kern_silu_mul1), so g, u and g's int8 form are bitwise those of matmul_n + silu_mul
+ * wherever that launch gives a row one warp. */
+
+/* Quantized weights: block b owns outputs 32b..32b+31; its W warps take 32 / W of them
+ * each, one after another. oq NULL: no int8 form. */
+template <int TYPE, bool PERM, int W>
+__global__ void __launch_bounds__(W * 32)
+    gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                        size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
+                        const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
+                        gv_xlayout olay) {
+    using Q = gv<TYPE>;
+    constexpr int PER = 32 / W; /* outputs a warp */
+    __shared__ float sv[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_items = (ne0 / Q::BLK) * Q::IPB;
+    gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
+#pragma unroll 1
+    for (int k = 0; k < PER; k++) {
+        const int o = warp * PER + k, j = (int)blockIdx.x * 32 + o;
+        const uint8_t *wr[2] = {wg + (size_t)j * row_bytes, wu + (size_t)j * row_bytes};
+        float acc[2][1] = {{0.0f}, {0.0f}};
+        gv_item_rows<TYPE, 1, PERM, 2>(wr, n_items, lane, 32, x, xs, ds, ne0, 1, acc);
+        const float gs = gv_warp_sum(acc[0][0]), us = gv_warp_sum(acc[1][0]);
+        if (lane == 0) {
+            u[j] = us;
+            sv[o] = kern_silu_mul1(gs, us);
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int j = (int)blockIdx.x * 32 + lane;
+        const float v = sv[lane];
+        g[j] = v;
+        if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
+    }
+}
+
+/* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
+ * takes output GV_WARPS * b + w. */
+template <int TYPE>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gv_glu_elem_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                       size_t row_bytes, int ne0, int n_ff, const float *__restrict__ x, float *g,
+                       float *u) {
+    const int lane = threadIdx.x & 31, j = (int)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
+    float acc[2][1] = {{0.0f}, {0.0f}};
+    gv_grid_dep_wait();
+    if (j >= n_ff) return; /* whole warps */
+    const uint8_t *wb[2] = {wg + (size_t)j * row_bytes, wu + (size_t)j * row_bytes};
+    gv_elem_rows<TYPE, 1, 2>(wb, ne0 / 8, lane, 32, x, ne0, 1, acc);
+    const float gs = gv_warp_sum(acc[0][0]), us = gv_warp_sum(acc[1][0]);
+    if (lane == 0) {
+        u[j] = us;
+        g[j] = kern_silu_mul1(gs, us);
+    }
 }
 
 /* kind b, quantized weights: warp (row, part) takes units part*32 + lane, stepping
@@ -1441,6 +1514,96 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
     if (n > 1 && unit) return false;
     gv_run(ctx, n, ws, gx, ys, false, stream, c);
     LAUNCH_OK(ctx, "cuda matmul (v3)");
+    return true;
+}
+
+/* Warps a block of gv_glu_quant_kernel<T, PERM, W> for n_blocks blocks: `want` when it
+ * is 4, 8, 16 or 32, else the most of those with which every block is resident at once
+ * (one wave: all SMs stream from the start to the end, none runs a last partial wave
+ * alone), 4 when none is. Occupancy is asked once per kernel (process-wide: one GPU
+ * model per process). */
+template <int T, bool PERM> static int gv_glu_warps(const struct ops_ctx *ctx, int n_blocks, int want) {
+    if (want == 4 || want == 8 || want == 16 || want == 32) return want;
+    static int per_sm[4] = {-1, -1, -1, -1}; /* W = 4, 8, 16, 32 */
+    const void *fn[4] = {(const void *)gv_glu_quant_kernel<T, PERM, 4>,
+                         (const void *)gv_glu_quant_kernel<T, PERM, 8>,
+                         (const void *)gv_glu_quant_kernel<T, PERM, 16>,
+                         (const void *)gv_glu_quant_kernel<T, PERM, 32>};
+    for (int k = 3; k >= 1; k--) {
+        if (per_sm[k] < 0 &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[k], fn[k], 32 << (k + 2), 0) !=
+                cudaSuccess) {
+            cudaGetLastError();
+            per_sm[k] = 0;
+        }
+        if ((int64_t)per_sm[k] * ctx->n_sm >= n_blocks) return 4 << k;
+    }
+    return 4;
+}
+
+bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *wu,
+                         const struct kern_gemv_x *gx) {
+    if (gx->n_rows != 1 || kern_wtype(wg) != kern_wtype(wu) || wg->row_bytes != wu->row_bytes ||
+        wg->ne0 != wu->ne0 || wg->ne1 != wu->ne1 || !gv_x_suits(wg, gx) || !gv_x_suits(wu, gx))
+        return false;
+    bool ok = false;
+    const gv_cfg c = gv_config();
+    gv_dispatch(kern_wtype(wg), [&](auto type_c) {
+        constexpr int T = decltype(type_c)::value;
+        ok = gv_is_elem(T) ? wg->ne1 % GV_WARPS == 0
+                           : wg->ne1 % 32 == 0 && gv_kind_of<T, 1>(gx, c) != 'b';
+    });
+    return ok;
+}
+
+bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
+                          float *u, int8_t *oq, float2 *ods, int warps, cudaStream_t stream) {
+    if (!kern_gemv_v3_glu_ok(wg, wu, gx)) return false;
+    const gv_cfg c = gv_config();
+    const bool pdl = c.pdl != 0;
+    const uint8_t *dg = (const uint8_t *)wg->data, *du = (const uint8_t *)wu->data;
+    const int ne0 = (int)wg->ne0, n_ff = (int)wg->ne1;
+    gv_dispatch(kern_wtype(wg), [&](auto type_c) {
+        constexpr int T = decltype(type_c)::value;
+        if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
+            kern_launch(pdl, gv_glu_elem_kernel<T>, dim3((unsigned)(n_ff / GV_WARPS)),
+                        dim3(GV_WARPS * 32), 0, stream, dg, du, wg->row_bytes, ne0, n_ff, gx->x,
+                        g, u);
+        } else {
+            using Q = gv<T>;
+            const gv_xlayout olay = gv_xlayout_of(1, n_ff);
+            const unsigned blocks = (unsigned)(n_ff / 32);
+            auto go = [&](auto perm_c, const int8_t *x, int xs) {
+                constexpr bool P = decltype(perm_c)::value;
+                const int w = gv_glu_warps<T, P>(ctx, (int)blocks, warps);
+                auto launch = [&](auto w_c) {
+                    kern_launch(pdl, gv_glu_quant_kernel<T, P, decltype(w_c)::value>,
+                                dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
+                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
+                };
+                if (w == 32)
+                    launch(std::integral_constant<int, 32>{});
+                else if (w == 16)
+                    launch(std::integral_constant<int, 16>{});
+                else if (w == 8)
+                    launch(std::integral_constant<int, 8>{});
+                else
+                    launch(std::integral_constant<int, 4>{});
+            };
+            if (gv_kind_of<T, 1>(gx, c) == 'p') {
+                const gv_xlayout lay = gv_xlayout_of(1, ne0);
+                const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
+                                   : T == TPI_TYPE_Q6_K ? lay.q6_off
+                                                        : lay.b32_off;
+                const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
+                go(std::true_type{}, gx->xp + (off - lay.b32_off), xs);
+            } else {
+                go(std::false_type{}, gx->xq, ne0);
+            }
+        }
+    });
+    LAUNCH_OK(ctx, "cuda matmul_silu_mul (v3)");
     return true;
 }
 

@@ -685,6 +685,11 @@ void kern_xq_forget(struct ops_ctx *ctx) {
 
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
                    float2 **ds) {
+    return kern_xq_claim_in(ctx, &ctx->q8, by, n_rows, ne0, xq, ds);
+}
+
+bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
+                      int64_t ne0, int8_t **xq, float2 **ds) {
     ctx->xq_memo.valid = false;
     const int64_t n_vals = n_rows * ne0;
     if (!(ctx->xq_produce & by) || !ctx->xq_quant_seen || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
@@ -692,7 +697,7 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
         return false;
     /* kern_gemv_v3_prepare's layout (kern_xq.cuh), permuted copies included */
     const gv_xlayout lay = gv_xlayout_of((int)n_rows, ne0);
-    uint8_t *s = (uint8_t *)kern_scratch_get(ctx, &ctx->q8, lay.n_bytes, "cuda x quantization");
+    uint8_t *s = (uint8_t *)kern_scratch_get(ctx, sc, lay.n_bytes, "cuda x quantization");
     if (!s) return false;
     *xq = (int8_t *)s;
     *ds = (float2 *)(s + lay.ds_off);
@@ -886,4 +891,35 @@ void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const floa
     if (!t) return;
     kern_matmul(ctx, w, x, t, n_rows);
     kern_add(ctx, y, t, (int64_t)n);
+}
+
+/* One decode row of a gate/up pair the v3 path takes (kern_gemv_v3_glu_ok) runs as one
+ * launch (kern_gemv_v3_run_glu), which also writes g's int8 form for the down matmul
+ * (into q8_out: the launch reads x's form from q8) when the memo's silu producer is on.
+ * Anything else, or TPI_GLU=0: matmul_n, then silu_mul. */
+void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                          const struct tpi_weight *wu, const float *x, float *g, float *u,
+                          int64_t n_rows) {
+    const char *op = "cuda matmul_silu_mul";
+    const int64_t n_ff = wg->ne1, n_vals = n_rows * n_ff, nx = n_rows * wg->ne0;
+    const bool apart = (g + n_vals <= u || u + n_vals <= g) && (g + n_vals <= x || x + nx <= g) &&
+                       (u + n_vals <= x || x + nx <= u);
+    const struct tpi_weight *ws[2] = {wg, wu};
+    float *ys[2] = {g, u};
+    struct kern_gemv_x gx;
+    if (ctx->glu && ctx->gemv == 3 && n_rows == 1 && apart && wu->ne1 == n_ff &&
+        matmul_ok(ctx, wg, n_rows, op) && matmul_ok(ctx, wu, n_rows, op) &&
+        gemv_x_for(ctx, ws, 2, x, 1, &gx) && kern_gemv_v3_glu_ok(wg, wu, &gx)) {
+        int8_t *oq = NULL;
+        float2 *ods = NULL;
+        const bool q8 = !is_elem16(wg->type) &&
+                        kern_xq_claim_in(ctx, &ctx->q8_out, XQ_BY_SILU, 1, n_ff, &oq, &ods);
+        ctx->xq_memo.valid = false; /* g and u are written; x's form is in q8 still */
+        if (kern_gemv_v3_run_glu(ctx, wg, wu, &gx, g, u, oq, ods, ctx->glu, ctx->stream)) {
+            if (q8 && LAUNCH_OK(ctx, op)) kern_xq_remember(ctx, g, n_ff);
+            return;
+        }
+    }
+    kern_matmul_n(ctx, 2, ws, x, ys, n_rows);
+    kern_silu_mul(ctx, g, u, g, n_vals);
 }

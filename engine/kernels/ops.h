@@ -153,6 +153,12 @@ struct ops {
     void (*qk_norm_rope)(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                          const float *k_norm, const struct ops_batch *b, int n_head,
                          int n_kv_head, int head_dim, int n_rot, float freq_base, float eps);
+    /* g(n_rows, wg->ne1) = silu(x * Wg^T) * (x * Wu^T) and u = x * Wu^T (wu: wg's shape):
+     * the FFN's gate, up and activation. Equal to matmul_n of (wg, wu) into (g, u), then
+     * silu_mul(g, u, g). g, u and x must not overlap. */
+    void (*matmul_silu_mul)(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                            const struct tpi_weight *wu, const float *x, float *g, float *u,
+                            int64_t n_rows);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between
@@ -195,6 +201,11 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path);
  * (bit 0: prefill, batches of >= 16 tokens; bit 1: decode); TPI_ATTN_MMA sets it at
  * context init. Returns the previous mode; a mode outside 0..3 changes nothing. */
 int ops_cuda_set_attn_mma(int mode);
+/* CUDA builds only: how a context runs matmul_silu_mul for one decode row (0: matmul_n then
+ * silu_mul; 4, 8, 16, 32: one launch with that many warps a block for quantized weights;
+ * -1: one launch, warps chosen per kernel), which TPI_GLU sets at init. Returns the
+ * previous mode, or -2 for an unknown one (nothing changed). */
+int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);

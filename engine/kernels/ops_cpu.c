@@ -553,6 +553,15 @@ static void cpu_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, cons
     free(t);
 }
 
+static void cpu_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                                const struct tpi_weight *wu, const float *x, float *g, float *u,
+                                int64_t n_rows) {
+    const struct tpi_weight *ws[2] = {wg, wu};
+    float *ys[2] = {g, u};
+    cpu_matmul_n(ctx, 2, ws, x, ys, n_rows);
+    cpu_silu_mul(ctx, g, u, g, n_rows * wg->ne1);
+}
+
 static void cpu_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                              const float *k_norm, const struct ops_batch *b, int n_head,
                              int n_kv_head, int head_dim, int n_rot, float freq_base, float eps) {
@@ -592,4 +601,5 @@ const struct ops ops_cpu = {
     .matmul_n = cpu_matmul_n,
     .matmul_add = cpu_matmul_add,
     .qk_norm_rope = cpu_qk_norm_rope,
+    .matmul_silu_mul = cpu_matmul_silu_mul,
 };

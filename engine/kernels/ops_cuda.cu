@@ -96,7 +96,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx, &ctx->q8,
-                                   &ctx->acc};
+                                   &ctx->q8_out, &ctx->acc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -133,6 +133,14 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
     if (!ctx || (path != 2 && path != 3)) return -1;
     const int old = ctx->gemv;
     ctx->gemv = path;
+    return old;
+}
+
+int ops_cuda_set_glu(struct ops_ctx *ctx, int mode) {
+    if (!ctx || !(mode == -1 || mode == 0 || mode == 4 || mode == 8 || mode == 16 || mode == 32))
+        return -2;
+    const int old = ctx->glu;
+    ctx->glu = mode;
     return old;
 }
 
@@ -243,6 +251,19 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     }
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = pd && strcmp(pd, "1") == 0;
+    /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
+     * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, anything
+     * else auto (the most warps that keep the launch in one wave). */
+    const char *gl = getenv("TPI_GLU");
+    ctx->glu = -1;
+    if (gl && *gl) {
+        static const char *const known[] = {"0", "4", "8", "16", "32"};
+        bool ok = strcmp(gl, "auto") == 0;
+        for (int i = 0; i < 5 && !ok; i++)
+            if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
+        if (!ok)
+            TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
+    }
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
     ctx->n_sm = prop.multiProcessorCount;
@@ -569,6 +590,7 @@ static const struct ops ops_cuda_table = {
     /* .matmul_n = */ kern_matmul_n,
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
+    /* .matmul_silu_mul = */ kern_matmul_silu_mul,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,

@@ -112,7 +112,6 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     const int n_embd = c->n_embd, hd = c->head_dim;
     const int n_head = p->n_head_local, n_kv = p->n_kv_local;
     const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
-    const int64_t n_ff = p->n_ff_local;
     const float eps = c->rms_eps, scale = 1.0f / sqrtf((float)hd);
     const struct ops_batch b = *bp;
     int rc;
@@ -143,10 +142,7 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
-        const struct tpi_weight *wgu[2] = {&L->w_gate, &L->w_up};
-        float *ygu[2] = {s->g, s->u};
-        ops->matmul_n(octx, 2, wgu, s->h, ygu, n);
-        ops->silu_mul(octx, s->g, s->u, s->g, (int64_t)n * n_ff);
+        ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
         if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
