@@ -8,7 +8,8 @@
 #   3. ctest -L gpu (every CUDA op and fused op against the CPU, the tiny models end to end;
 #      the two-GPU tests are bench/gpu-multi.sh's; CTEST_SEL replaces the selection),
 #      and the model tests again under VTEST_ENV when given
-#   4. tpinfer bench -p 512 -n 128 -r 3 on the three models (the default paths)
+#   4. tpinfer bench -p 512 -n 128 -r 3 on each model in a process of its own (the default
+#      paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
 #   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each
 #   6b. profile: ncu's kernel durations over PROFILE_N decode steps of PROFILE_TYPES,
@@ -131,14 +132,14 @@ BENCH="$OUT/bench.log"
 # ---- 4. bench, default paths ----
 if has_step bench; then
     wait_models
-    models=""
+    # one process a model: a model benched after another in one process decodes a few
+    # per cent slower (bench/NOTES.md, run 22), and a user's `tpinfer bench -m` runs one
     for t in $TYPES; do
         f=$(model_of "$t")
-        [ -s "$f" ] && models="${models:+$models,}$f"
+        [ -s "$f" ] || continue
+        bounded "bench-$t" 70 "$BENCH" "$TPINFER" bench -m "$f" -p 512 -n 128 -r 3 -o md \
+            --roofline-gbps 4000 || break
     done
-    note "models ready: ${models:-none}"
-    [ -n "$models" ] && bounded bench 150 "$BENCH" "$TPINFER" bench -m "$models" -p 512 -n 128 \
-        -r 3 -o md --roofline-gbps 4000
 fi
 
 # ---- 5. depth ----

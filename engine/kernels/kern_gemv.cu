@@ -1062,11 +1062,11 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 /* Quantized weights: block b owns outputs 32b..32b+31; its W warps take 32 / W of them
  * each, one after another. oq NULL: no int8 form. */
 template <int TYPE, bool PERM, int W>
-__global__ void __launch_bounds__(W * 32)
-    gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
-                        size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
-                        const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                        gv_xlayout olay) {
+__device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg,
+                                                  const uint8_t *__restrict__ wu, size_t row_bytes,
+                                                  int ne0, int n_ff, const int8_t *x, int xs,
+                                                  const float2 *ds, float *g, float *u, int8_t *oq,
+                                                  float2 *ods, const gv_xlayout &olay) {
     using Q = gv<TYPE>;
     constexpr int PER = 32 / W; /* outputs a warp */
     __shared__ float sv[32];
@@ -1092,6 +1092,34 @@ __global__ void __launch_bounds__(W * 32)
         g[j] = v;
         if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
     }
+}
+template <int TYPE, bool PERM, int W>
+__global__ void __launch_bounds__(W * 32)
+    gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                        size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
+                        const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
+                        gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
+}
+/* Q8_0's 8-block groups with 8 warps a block, held to 3 blocks a multiprocessor (up to 85
+ * registers; 384 blocks of the 8B model's FFN still fit one wave): unbounded, ptxas
+ * gives the kernel 62 registers, fewer than a batch's 8 weight items (72) and their x
+ * need to be in flight at once (gv_quant_kernel_held: the same effect for one row). */
+#define GV_GLU_X8_MIN_BLOCKS 3
+template <int TYPE, bool PERM, int W>
+__global__ void __launch_bounds__(W * 32, GV_GLU_X8_MIN_BLOCKS)
+    gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                             size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
+                             const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
+                             gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
+}
+/* The gate/up kernel of type TYPE with W warps a block. */
+template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
+    if constexpr (TYPE == KERN_TYPE_Q8_0X8 && W == 8)
+        return gv_glu_quant_kernel_held<TYPE, PERM, W>;
+    else
+        return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
@@ -1525,10 +1553,10 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
 template <int T, bool PERM> static int gv_glu_warps(const struct ops_ctx *ctx, int n_blocks, int want) {
     if (want == 4 || want == 8 || want == 16 || want == 32) return want;
     static int per_sm[4] = {-1, -1, -1, -1}; /* W = 4, 8, 16, 32 */
-    const void *fn[4] = {(const void *)gv_glu_quant_kernel<T, PERM, 4>,
-                         (const void *)gv_glu_quant_kernel<T, PERM, 8>,
-                         (const void *)gv_glu_quant_kernel<T, PERM, 16>,
-                         (const void *)gv_glu_quant_kernel<T, PERM, 32>};
+    const void *fn[4] = {(const void *)gv_glu_kernel_for<T, PERM, 4>(),
+                         (const void *)gv_glu_kernel_for<T, PERM, 8>(),
+                         (const void *)gv_glu_kernel_for<T, PERM, 16>(),
+                         (const void *)gv_glu_kernel_for<T, PERM, 32>()};
     for (int k = 3; k >= 1; k--) {
         if (per_sm[k] < 0 &&
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[k], fn[k], 32 << (k + 2), 0) !=
@@ -1578,7 +1606,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                 constexpr bool P = decltype(perm_c)::value;
                 const int w = gv_glu_warps<T, P>(ctx, (int)blocks, warps);
                 auto launch = [&](auto w_c) {
-                    kern_launch(pdl, gv_glu_quant_kernel<T, P, decltype(w_c)::value>,
+                    kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
                                 wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };
