@@ -67,7 +67,7 @@ struct ops_ctx {
     int gemv_merge;    /* matmul_n: which weights join weight 0's decode launch (TPI_GEMV_MERGE:
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
-    bool pdl; /* our decode-path kernels launched with PDL (TPI_PDL=1; default off) */
+    bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */

@@ -222,8 +222,9 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
      * silu*mul and the decode attention by default (TPI_XQ_MEMO=1). Once rmsnorm ran over
      * many blocks (its split kernel), norm and silu pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0
-     * 283.3 -> 294.0 (H200). PDL launches of our kernels are off by default: measured no
-     * gain. */
+     * 283.3 -> 294.0 (H200). Our other decode kernels are launched with PDL too (TPI_PDL=0:
+     * not): measured no gain before the gate/up launch, and with it (run 23) tg128 Q8_0
+     * 355.9 -> 364.2, Q4_K_M 399.9 -> 419.4 (bench/NOTES.md change 24). */
     const char *xm = getenv("TPI_XQ_MEMO");
     ctx->xq_produce = xq_produce_from(xm);
     if (ctx->xq_produce < 0) {
@@ -250,7 +251,7 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             TPI_LOGW("TPI_GEMV_MERGE=%s is not 0, 1, 2 or 3: ignored", gm);
     }
     const char *pd = getenv("TPI_PDL");
-    ctx->pdl = pd && strcmp(pd, "1") == 0;
+    ctx->pdl = !(pd && strcmp(pd, "0") == 0);
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
      * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, anything
      * else auto (the most warps that keep the launch in one wave). */
