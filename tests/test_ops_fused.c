@@ -18,9 +18,6 @@
  *   g and u bitwise where matmul_n gives each row one warp (the model's FFN shapes),
  *   within 1e-5 (NMSE 1e-10) where it splits rows among warps; g's int8 form bitwise what
  *   a matmul of g makes itself; every block size; replays of a recorded graph.
- *   qk_norm_rope_attention (the decode attention normalizing and rotating q and k on the
- *   way in) against qk_norm_rope + attention: within NMSE 1e-6, the cached keys within
- *   2 f16 ulp (test_qk_attn_cuda).
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
@@ -712,114 +709,6 @@ START_TEST(test_xq_memo_attn_cuda) {
 }
 END_TEST
 
-/* qk_norm_rope_attention against qk_norm_rope + attention, each on its own KV cache with
- * the same random history: GQA 8/2 heads of 128 with q/k norms and full rotation, 16/2 of
- * 64 without norms (qwen2), 8/2 of 128 rotating 64 dims, and 4/4 of 128 rotating 96 (not
- * done in the kernel: n_rot % 64 != 0); 1, 2 (two slots), 5 and 12 tokens at a depth the
- * decode kernel splits and one it does not. The decode kernel normalizes and rotates in
- * f32 as qk_norm_rope does but for the order of the sum of squares, so outputs agree
- * within NMSE 1e-6 and each cached f16 value within 2 ulp (1e-3 relative); where the
- * kernel does not take it the two are the same kernels: bitwise. */
-START_TEST(test_qk_attn_cuda) {
-    const struct be b = {ops_cuda_get(), gctx};
-    static const struct { int n_head, n_kv, hd, n_rot; bool norm; } shapes[] = {
-        {8, 2, 128, 128, true}, {16, 2, 64, 64, false}, {8, 2, 128, 64, true}, {4, 4, 128, 96, true}};
-    static const int depths[] = {40, 3000};
-    static const int n_toks[] = {1, 2, 5, 12};
-    enum { N_SLOT = 2, N_CTX = 4096, MAX_TOK = 12 };
-    const int mode0 = ops_cuda_set_attn_mma(3);
-    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-        const int n_head = shapes[si].n_head, n_kv = shapes[si].n_kv, hd = shapes[si].hd;
-        const int n_rot = shapes[si].n_rot;
-        const bool in_kernel = n_rot % 64 == 0;
-        struct tu_rng r;
-        tu_rng_seed(&r, 950 + si);
-        struct ops_kv kv[2];
-        struct tpi_error err;
-        tpi_err_clear(&err);
-        const size_t n_cache = (size_t)N_SLOT * N_CTX * n_kv * hd;
-        uint16_t *h16[2], *c16[2];
-        for (int c = 0; c < 2; c++) {
-            ck_assert_msg(b.o->kv_init(b.ctx, &kv[c], 1, N_SLOT, N_CTX, n_kv, hd, &err) == TPI_OK,
-                          "kv_init: %s", err.msg);
-            h16[c] = malloc(n_cache * 2), c16[c] = malloc(n_cache * 2);
-        }
-        for (int kvi = 0; kvi < 2; kvi++) /* history: the same random keys, values in both */
-            for (size_t i = 0; i < n_cache; i++)
-                h16[kvi][i] = tpi_f32_to_f16(tu_normal(&r));
-        const int64_t ne0 = (int64_t)n_head * hd;
-        const size_t nq = (size_t)MAX_TOK * ne0, nkv = (size_t)MAX_TOK * n_kv * hd;
-        float *qh = rand_vec(&r, nq, -2, 2), *kh = rand_vec(&r, nkv, -2, 2);
-        float *vh = rand_vec(&r, nkv, -2, 2);
-        float *qwh = rand_vec(&r, (size_t)hd, 0.5f, 1.5f), *kwh = rand_vec(&r, (size_t)hd, 0.5f, 1.5f);
-        float *qw = bdup(b, qwh, (size_t)hd * 4), *kw = bdup(b, kwh, (size_t)hd * 4);
-        float *q = b.o->alloc(b.ctx, nq * 4), *k = b.o->alloc(b.ctx, nkv * 4);
-        float *v = bdup(b, vh, nkv * 4);
-        float *out = b.o->alloc(b.ctx, nq * 4);
-        float *o[2] = {malloc(nq * 4), malloc(nq * 4)};
-        for (size_t di = 0; di < sizeof depths / sizeof depths[0]; di++)
-            for (size_t ni = 0; ni < sizeof n_toks / sizeof n_toks[0]; ni++) {
-                const int n_tok = n_toks[ni], depth = depths[di];
-                int32_t pos[MAX_TOK], seq[MAX_TOK];
-                int max_pos = 0;
-                for (int t = 0; t < n_tok; t++) {
-                    seq[t] = n_tok == 2 ? t : 0;
-                    pos[t] = n_tok == 2 ? depth - 7 * t : depth + t;
-                    max_pos = pos[t] + 1 > max_pos ? pos[t] + 1 : max_pos;
-                }
-                int32_t *dpos = bdup(b, pos, (size_t)n_tok * 4);
-                int32_t *dseq = bdup(b, seq, (size_t)n_tok * 4);
-                const struct ops_batch bt = {n_tok, dpos, dseq, pos, seq, max_pos};
-                const float *qn = shapes[si].norm ? qw : NULL, *kn = shapes[si].norm ? kw : NULL;
-                const float scale = 1.0f / sqrtf((float)hd);
-                char label[200];
-                snprintf(label, sizeof label, "qk attention %d/%d hd %d rot %d norm %d, %d tokens at %d",
-                         n_head, n_kv, hd, n_rot, shapes[si].norm, n_tok, depth);
-                for (int c = 0; c < 2; c++) { /* c 0: the fused op; c 1: the two ops */
-                    b.o->to_dev(b.ctx, kv[c].k, h16[0], n_cache * 2);
-                    b.o->to_dev(b.ctx, kv[c].v, h16[1], n_cache * 2);
-                    b.o->to_dev(b.ctx, q, qh, nq * 4);
-                    b.o->to_dev(b.ctx, k, kh, nkv * 4);
-                    if (c == 0) {
-                        b.o->qk_norm_rope_attention(b.ctx, &kv[c], 0, q, k, v, qn, kn, n_rot, 1e6f,
-                                                    1e-6f, out, &bt, n_head, scale);
-                    } else {
-                        b.o->qk_norm_rope(b.ctx, q, k, qn, kn, &bt, n_head, n_kv, hd, n_rot, 1e6f,
-                                          1e-6f);
-                        b.o->attention(b.ctx, &kv[c], 0, q, k, v, out, &bt, n_head, scale);
-                    }
-                    bget(b, o[c], out, (size_t)n_tok * ne0 * 4);
-                    bget(b, c16[c], kv[c].k, n_cache * 2);
-                    assert_ok(b, label);
-                }
-                const size_t no = (size_t)n_tok * ne0;
-                if (!in_kernel || n_tok >= 16) {
-                    ck_assert_msg(n_diff(o[0], o[1], no) == 0, "%s: outputs differ", label);
-                    ck_assert_msg(memcmp(c16[0], c16[1], n_cache * 2) == 0, "%s: caches differ", label);
-                } else {
-                    const double e = nmse(o[0], o[1], no);
-                    ck_assert_msg(e < 1e-6, "%s: NMSE %.3g (limit 1e-6)", label, e);
-                    size_t bad = 0;
-                    for (size_t i = 0; i < n_cache; i++) {
-                        const float a = tpi_f16_to_f32(c16[0][i]), r1 = tpi_f16_to_f32(c16[1][i]);
-                        bad += fabsf(a - r1) > 1e-3f * fmaxf(1.0f, fabsf(r1));
-                    }
-                    ck_assert_msg(bad == 0, "%s: %zu cached keys differ", label, bad);
-                }
-                b.o->dealloc(b.ctx, dpos), b.o->dealloc(b.ctx, dseq);
-            }
-        for (int c = 0; c < 2; c++) {
-            b.o->kv_free(b.ctx, &kv[c]);
-            free(h16[c]), free(c16[c]), free(o[c]);
-        }
-        b.o->dealloc(b.ctx, q), b.o->dealloc(b.ctx, k), b.o->dealloc(b.ctx, v);
-        b.o->dealloc(b.ctx, out), b.o->dealloc(b.ctx, qw), b.o->dealloc(b.ctx, kw);
-        free(qh), free(kh), free(vh), free(qwh), free(kwh);
-    }
-    ops_cuda_set_attn_mma(mode0);
-}
-END_TEST
-
 START_TEST(test_qk_norm_rope_cuda) {
     qk_cases((struct be){ops_cuda_get(), gctx}, cctx_g, 1e-6);
 }
@@ -855,7 +744,6 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_silu_mul_cuda);
-    tcase_add_test(tc, test_qk_attn_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

@@ -109,55 +109,11 @@ struct mma_args {
     int8_t *xq;
     float2 *ds;
     gv_xlayout xlay;
-    /* decode shape with qk true: q and the batch's k are qk_norm_rope's inputs, normalized
-     * per head with q_norm / k_norm (NULL: not normalized; eps) and rotated (NEOX, the
-     * first n_rot dims, inverse frequencies rope_inv) here, as mma_qk_row does */
-    const float *q_norm, *k_norm;
-    const double *rope_inv;
-    int n_rot;
-    float eps;
-    bool qk;
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
 
 /* ---------------------------------------------------------------- kernels */
-
-/* qk_norm_rope's work on one head row of HD values by one warp: dst = the row of src
- * rmsnormed with w (NULL: not normalized) and its first n_rot dims rotated (NEOX) at
- * position pos. Lane l holds dims l + 32j; with n_rot a multiple of 64 the pair (i,
- * i + n_rot/2) is in one lane. The arithmetic is qk_norm_rope_kernel's (kern_elem.cu)
- * but for the order of the sum of squares (a warp's shuffle tree). */
-template <int HD>
-__device__ __forceinline__ void mma_qk_row(const float *src, float *dst, const float *w, int pos,
-                                           const double *inv, int n_rot, float eps, int lane) {
-    constexpr int J = HD / 32;
-    float v[J];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        v[j] = src[lane + 32 * j];
-        ss += v[j] * v[j];
-    }
-    if (w) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float scale = (float)(1.0 / sqrt((double)ss / (double)HD + (double)eps));
-#pragma unroll
-        for (int j = 0; j < J; j++)
-            v[j] = __fmul_rn(__fmul_rn(v[j], scale), w[lane + 32 * j]);
-    }
-    const int jh = n_rot / 64; /* pairs: j < jh with j + jh */
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int c = lane + 32 * j;
-        if (j < jh)
-            kern_rope_apply(v[j], v[j + jh], dst, c, n_rot / 2, kern_rope_cs((double)pos, inv[c]));
-        else if (j >= 2 * jh)
-            dst[c] = v[j]; /* past n_rot: normalized only */
-    }
-}
 
 __device__ __forceinline__ uint32_t mma_smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -450,9 +406,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     __shared__ int red_s[MMA_THREADS / 32];
     __shared__ int last_s;
     __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
-    /* decode with a.qk: the block's 16 query rows, then the batch's k rows (its KV head) */
-    constexpr int QK_ROWS = DEC ? 16 + MMA_MIN_PREFILL - 1 : 1;
-    __shared__ __align__(16) float qk_s[QK_ROWS][DEC ? HD : 4];
 
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -474,32 +427,12 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         const int tl = r >> hp_log2;
         th[i] = tl < nt ? (t0 + tl) * a.n_head + h0 + (r & hp_mask) : -1;
     }
-    /* decode with a.qk: each warp normalizes and rotates rows (query rows of the block,
-     * then the batch's k of this KV head) into qk_s, which replaces a.q and a.k below */
-    const bool qk = DEC && a.qk;
-    const int n_qk_q = min(16, nt << hp_log2), n_qk_k = a.k ? a.n_tokens : 0;
-    if (qk) {
-        for (int rr = warp; rr < n_qk_q + n_qk_k; rr += MMA_THREADS / 32) {
-            if (rr < n_qk_q) {
-                const int tl = rr >> hp_log2;
-                mma_qk_row<HD>(a.q + ((size_t)(t0 + tl) * a.n_head + h0 + (rr & hp_mask)) * HD,
-                               qk_s[rr], a.q_norm, a.pos[t0 + tl], a.rope_inv, a.n_rot, a.eps, lane);
-            } else {
-                const int t = rr - n_qk_q;
-                mma_qk_row<HD>(a.k + ((size_t)t * a.n_kv + kvh) * HD, qk_s[16 + t], a.k_norm,
-                               a.pos[t], a.rope_inv, a.n_rot, a.eps, lane);
-            }
-        }
-        __syncthreads();
-    }
-
     /* Q as f16 A fragments, scaled by scale * log2(e): for k step kk, registers
      * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..} */
     uint32_t qf[NK][4];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        const float *qr = qk ? qk_s[DEC ? g + 8 * i : 0]
-                             : a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
+        const float *qr = a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
 #pragma unroll
         for (int kk = 0; kk < NK; kk++) {
             float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
@@ -526,8 +459,7 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         if (DEC && a.k && t < a.n_tokens) {
             st_s[u] = a.seq[t];
             st_p[u] = a.pos[t];
-            st_k[u] = qk ? *(const float4 *)&qk_s[16 + t][4 * d4]
-                         : *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+            st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
             st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
         }
     }
@@ -970,8 +902,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
 
 bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
                         const float *q, const float *k, const float *v, float *out,
-                        const struct ops_batch *b, int n_head, float scale, int max_pos,
-                        const struct kern_qk *qk) {
+                        const struct ops_batch *b, int n_head, float scale, int max_pos) {
     const int n_tokens = b->n_tokens, n_kv = kv->n_kv_head, hd = kv->head_dim;
     const bool dec = n_tokens < MMA_MIN_PREFILL;
     if (!(g_mma_mode & (dec ? 2 : 1))) return false;
@@ -987,14 +918,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     /* the prefill shape reads k/v stored by the store kernel; the decode kernel stores
      * them itself (one launch less per decode step; k, v 16-byte aligned for its loads) */
     const bool fuse = dec && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
-    /* qk_norm_rope: in the decode kernel (pairs of dims in one lane: n_rot % 64 == 0; the
-     * frequency table made), else its own kernel first */
-    const double *tab = qk && fuse && ctx->qk_attn && qk->n_rot % 64 == 0 && qk->n_rot <= hd
-                            ? kern_rope_inv_table(ctx, qk->n_rot, qk->freq_base)
-                            : NULL;
-    if (qk && !tab)
-        kern_qk_norm_rope(ctx, (float *)q, (float *)k, qk->q_norm, qk->k_norm, b, n_head, n_kv, hd,
-                          qk->n_rot, qk->freq_base, qk->eps);
     if (!fuse && !kern_attn_store(ctx, kv, kc, vc, k, v, b)) return true;
     mma_args a;
     a.q = q;
@@ -1021,12 +944,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
-    a.qk = tab != NULL;
-    a.q_norm = tab ? qk->q_norm : NULL;
-    a.k_norm = tab ? qk->k_norm : NULL;
-    a.rope_inv = tab;
-    a.n_rot = tab ? qk->n_rot : 0;
-    a.eps = tab ? qk->eps : 0.0f;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {
         if (!dec)

@@ -159,15 +159,6 @@ struct ops {
     void (*matmul_silu_mul)(struct ops_ctx *ctx, const struct tpi_weight *wg,
                             const struct tpi_weight *wu, const float *x, float *g, float *u,
                             int64_t n_rows);
-    /* qk_norm_rope(q, k, q_norm, k_norm, b, n_head, kv->n_kv_head, kv->head_dim, n_rot,
-     * freq_base, eps), then attention(kv, layer, q, k, v, out, b, n_head, scale). Equal to
-     * the two ops, except that q and k are undefined afterwards (a backend may normalize
-     * and rotate them on the way into the attention instead of in place). */
-    void (*qk_norm_rope_attention)(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
-                                   float *k, const float *v, const float *q_norm,
-                                   const float *k_norm, int n_rot, float freq_base, float eps,
-                                   float *out, const struct ops_batch *b, int n_head,
-                                   float scale);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between

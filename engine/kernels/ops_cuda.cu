@@ -265,10 +265,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         if (!ok)
             TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
-    /* qk_norm_rope inside the decode attention (kern_attn_mma.cu; TPI_QK_ATTN=0: its own
-     * kernel first) */
-    const char *qa = getenv("TPI_QK_ATTN");
-    ctx->qk_attn = !(qa && strcmp(qa, "0") == 0);
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
     ctx->n_sm = prop.multiProcessorCount;
@@ -551,15 +547,6 @@ static void op_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float
     kern_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, n_kv_head, head_dim, n_rot, freq_base,
                       eps);
 }
-static void op_qk_norm_rope_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
-                                      float *k, const float *v, const float *q_norm,
-                                      const float *k_norm, int n_rot, float freq_base, float eps,
-                                      float *out, const struct ops_batch *b, int n_head,
-                                      float scale) {
-    kern_xq_forget(ctx);
-    const struct kern_qk qk = {q_norm, k_norm, n_rot, freq_base, eps};
-    kern_attention_qk(ctx, kv, layer, q, k, v, out, b, n_head, scale, &qk);
-}
 static int op_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {
     kern_xq_forget(ctx);
     return kern_graph_begin(ctx, err);
@@ -605,7 +592,6 @@ static const struct ops ops_cuda_table = {
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
     /* .matmul_silu_mul = */ kern_matmul_silu_mul,
-    /* .qk_norm_rope_attention = */ op_qk_norm_rope_attention,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,
