@@ -109,7 +109,6 @@ struct mma_args {
     int8_t *xq;
     float2 *ds;
     gv_xlayout xlay;
-    bool early; /* decode shape: let the next kernel launch at the start (kern_dep_trigger) */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -408,7 +407,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     __shared__ int last_s;
     __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
 
-    if (DEC && a.early) kern_dep_trigger(); /* PDL early launch (ops_ctx.pdl_early) */
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
@@ -946,7 +944,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
-    a.early = ctx->pdl && ctx->pdl_early;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {
         if (!dec)

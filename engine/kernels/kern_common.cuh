@@ -68,8 +68,6 @@ struct ops_ctx {
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
-    bool pdl_early; /* ... and the matrix-vector kernels let the next one launch early and
-                       prefetch their weight rows before their wait (TPI_PDL_EARLY; on) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
@@ -117,30 +115,6 @@ void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_byt
 __device__ __forceinline__ void kern_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-/* PDL, early launch: let the next kernel on the stream launch now, before this one ends
- * (it is launched once every block of this one has called this or exited). Its blocks
- * then take multiprocessors as this kernel's leave, and run up to their kern_dep_wait,
- * which still returns only when this kernel has completed: what they do before it may
- * only touch memory no kernel writes (weights: kern_prefetch_l2). No-op for a next
- * kernel launched without the attribute. (bench/NOTES.md change 26; change 15 first
- * tried this with x loads that the compiler could hoist above the wait.) */
-__device__ __forceinline__ void kern_dep_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-/* Ask L2 for the n bytes at p (read-only data: weights, which have KERN_WEIGHT_PAD bytes
- * after them): one bulk prefetch (sm_90) of the 16-byte pieces that hold them; no
- * registers wait for it. */
-__device__ __forceinline__ void kern_prefetch_l2(const void *p, size_t n) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)15;
-    const uint32_t len = (uint32_t)(((uintptr_t)p + n - a + 15) & ~(uintptr_t)15);
-    if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"(len) : "memory");
-#else
-    (void)p, (void)n;
 #endif
 }
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the

@@ -197,8 +197,7 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
 template <bool TAB>
 __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
-                                    int n_rot, float freq_base, float eps, const double *inv_tab,
-                                    int early) {
+                                    int n_rot, float freq_base, float eps, const double *inv_tab) {
     extern __shared__ float xs[];
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
     const bool is_q = hh < n_head;
@@ -214,7 +213,6 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
     /* the first pair's inverse frequency: from the table (TAB: no pow call, behind which
      * the compiler holds the head's loads), else computed below */
     const double inv0 = TAB && i0 < half ? inv_tab[i0] : 0.0;
-    if (early) kern_dep_trigger(); /* PDL early launch (ops_ctx.pdl_early) */
     kern_dep_wait();
     float *xh = is_q ? q + ((int64_t)t * n_head + hh) * head_dim
                      : k + ((int64_t)t * n_kv + (hh - n_head)) * head_dim;
@@ -273,8 +271,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
  * of a warp hold 32 consecutive values for each j). */
 #define RMS_VPT 8
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
-                               float eps, int8_t *xq, float2 *ds, gv_xlayout lay, int early) {
-    if (early) kern_dep_trigger(); /* PDL early launch (ops_ctx.pdl_early) */
+                               float eps, int8_t *xq, float2 *ds, gv_xlayout lay) {
     kern_dep_wait(); /* launched with PDL on the decode path */
     const float *xr = x + blockIdx.x * n_cols;
     float *yr = y + blockIdx.x * n_cols;
@@ -328,11 +325,10 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 #define RMS_SPLIT_T 128
 __global__ void __launch_bounds__(RMS_SPLIT_T)
     rmsnorm_split_kernel(const float *x, const float *w, float *y, int n_cols, float eps,
-                         int8_t *xq, float2 *ds, gv_xlayout lay, int early) {
+                         int8_t *xq, float2 *ds, gv_xlayout lay) {
     const int64_t row = blockIdx.x;
     const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
     const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
-    if (early) kern_dep_trigger(); /* PDL early launch (ops_ctx.pdl_early) */
     kern_dep_wait();
     const float4 *xr4 = (const float4 *)(x + row * n_cols);
     const int n4 = n_cols / 4;
@@ -361,8 +357,7 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
 
 /* xq non-NULL: also y's int8 blocks (n % 32 == 0). */
 __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
-                                float2 *ds, gv_xlayout lay, int early) {
-    if (early) kern_dep_trigger(); /* PDL early launch (ops_ctx.pdl_early) */
+                                float2 *ds, gv_xlayout lay) {
     kern_dep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -525,10 +520,10 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
         kern_launch(ctx->pdl, rmsnorm_split_kernel,
                     dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)), dim3(RMS_SPLIT_T), 0,
-                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay, (int)ctx->pdl_early);
+                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
     else
         kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
-                    x, w, y, n_cols, eps, xq, ds, lay, (int)ctx->pdl_early);
+                    x, w, y, n_cols, eps, xq, ds, lay);
     if (LAUNCH_OK(ctx, "cuda rmsnorm") && q8) kern_xq_remember(ctx, y, n_rows * n_cols);
 }
 
@@ -606,8 +601,7 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
     const double *tab = rope_inv_table(ctx, n_rot, freq_base);
     kern_launch(ctx->pdl, tab ? qk_norm_rope_kernel<true> : qk_norm_rope_kernel<false>, grid,
                 dim3(threads), (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
-                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab,
-                (int)ctx->pdl_early);
+                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab);
     LAUNCH_OK(ctx, op);
 }
 
@@ -619,7 +613,7 @@ void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y
     const bool q8 = kern_xq_claim(ctx, XQ_BY_SILU, 1, n, &xq, &ds);
     const gv_xlayout lay = gv_xlayout_of(1, n);
     kern_launch(ctx->pdl, silu_mul_kernel, dim3(grid_for(ctx, n, 256)), dim3(256), 0, ctx->stream,
-                g, u, y, n, xq, ds, lay, (int)ctx->pdl_early);
+                g, u, y, n, xq, ds, lay);
     if (LAUNCH_OK(ctx, "cuda silu_mul") && q8) kern_xq_remember(ctx, y, n);
 }
 

@@ -738,26 +738,6 @@ __device__ __forceinline__ void gv_grid_dep_wait() {
 }
 
 
-/* Before the wait, with `early` (ops_ctx.pdl_early; uniform over the block): let the
- * next kernel launch (kern_dep_trigger) and, with PF, ask L2 for this warp's n_rows
- * (>= 0) weight rows from `rows` on, so that what it loads after the wait is on its way
- * while the kernel before still runs. The prefetch costs registers (ptxas: Q4_K's
- * one-row kernel 40 -> 48, 12 -> 10 blocks a multiprocessor; BF16's gate/up 56 -> 62):
- * only the kernels whose occupancy it leaves alone take it (gv_pf). */
-template <bool PF>
-__device__ __forceinline__ void gv_early(bool early, const uint8_t *rows, size_t row_bytes,
-                                         int n_rows) {
-    if (!early) return;
-    kern_dep_trigger();
-    if (PF && (threadIdx.x & 31) == 0 && n_rows > 0)
-        kern_prefetch_l2(rows, row_bytes * (size_t)n_rows);
-}
-/* Whether the one-row kernels of TYPE prefetch (gv_early): Q8_0's groups (96 -> 102
- * registers, still 4 blocks a multiprocessor) and BF16/F16 (32 either way). */
-template <int TYPE, int NR>
-constexpr bool gv_pf = NR == 1 && (TYPE == KERN_TYPE_Q8_0X8 || TYPE == TPI_TYPE_BF16 ||
-                                   TYPE == TPI_TYPE_F16);
-
 /* Sum v over the 32 lanes with a fixed xor tree. */
 __device__ __forceinline__ float gv_warp_sum(float v) {
 #pragma unroll
@@ -926,7 +906,6 @@ struct gv_segs {
     float *y[OPS_MAX_FUSED];
     int ne1[OPS_MAX_FUSED], wpr[OPS_MAX_FUSED], b0[OPS_MAX_FUSED];
     int n;
-    int early; /* PDL early launch: trigger the next kernel, prefetch the rows (gv_early) */
 };
 /* This block's weight: its data, output, rows, warps per row and block index in it. */
 struct gv_seg {
@@ -969,8 +948,6 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
             acc[rw][r] = 0.0f;
     /* The wait comes first: x is read with plain loads (so that the RW rows share them),
      * which the compiler may move up to, but not above, the branch that guards them. */
-    gv_early<gv_pf<TYPE, NR>>(sg.early, w + (size_t)row0 * row_bytes, row_bytes,
-                              row0 < ne1 ? gv_imin(RW, ne1 - row0) : 0);
     gv_grid_dep_wait();
     if (row0 < ne1) {
         const uint8_t *wr[RW];
@@ -1062,8 +1039,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    gv_early<gv_pf<TYPE, NR>>(sg.early, w + (size_t)row0 * row_bytes, row_bytes,
-                              row0 < ne1 ? gv_imin(RW, ne1 - row0) : 0);
     gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
     if (row0 < ne1) {
         const uint8_t *wb[RW];
@@ -1091,17 +1066,12 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
                                                   const uint8_t *__restrict__ wu, size_t row_bytes,
                                                   int ne0, int n_ff, const int8_t *x, int xs,
                                                   const float2 *ds, float *g, float *u, int8_t *oq,
-                                                  float2 *ods, const gv_xlayout &olay, int early) {
+                                                  float2 *ods, const gv_xlayout &olay) {
     using Q = gv<TYPE>;
     constexpr int PER = 32 / W; /* outputs a warp */
     __shared__ float sv[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_items = (ne0 / Q::BLK) * Q::IPB;
-    if (early) {
-        const int j0 = (int)blockIdx.x * 32 + warp * PER;
-        gv_early<true>(true, wg + (size_t)j0 * row_bytes, row_bytes, PER);
-        gv_early<true>(true, wu + (size_t)j0 * row_bytes, row_bytes, PER);
-    }
     gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
@@ -1128,9 +1098,8 @@ __global__ void __launch_bounds__(W * 32)
     gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                         size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                         const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                        gv_xlayout olay, int early) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     early);
+                        gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* Q8_0's 8-block groups with 8 warps a block, held to 3 blocks a multiprocessor (up to 85
  * registers; 384 blocks of the 8B model's FFN still fit one wave): unbounded, ptxas
@@ -1142,9 +1111,8 @@ __global__ void __launch_bounds__(W * 32, GV_GLU_X8_MIN_BLOCKS)
     gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                              const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                             gv_xlayout olay, int early) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     early);
+                             gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* The gate/up kernel of type TYPE with W warps a block. */
 template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
@@ -1160,10 +1128,9 @@ template <int TYPE>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_glu_elem_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                        size_t row_bytes, int ne0, int n_ff, const float *__restrict__ x, float *g,
-                       float *u, int early) {
+                       float *u) {
     const int lane = threadIdx.x & 31, j = (int)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
     float acc[2][1] = {{0.0f}, {0.0f}};
-    gv_early<false>(early, wg, row_bytes, 0);
     gv_grid_dep_wait();
     if (j >= n_ff) return; /* whole warps */
     const uint8_t *wb[2] = {wg + (size_t)j * row_bytes, wu + (size_t)j * row_bytes};
@@ -1433,7 +1400,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     auto segs = [&](int wps, int64_t n_items, unsigned *blocks) {
         gv_segs sg = {};
         sg.n = n;
-        sg.early = pdl && ctx->pdl_early;
         int64_t b0 = 0;
         for (int i = 0; i < n; i++) {
             const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;
@@ -1631,7 +1597,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
         if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
             kern_launch(pdl, gv_glu_elem_kernel<T>, dim3((unsigned)(n_ff / GV_WARPS)),
                         dim3(GV_WARPS * 32), 0, stream, dg, du, wg->row_bytes, ne0, n_ff, gx->x,
-                        g, u, (int)(pdl && ctx->pdl_early));
+                        g, u);
         } else {
             using Q = gv<T>;
             const gv_xlayout olay = gv_xlayout_of(1, n_ff);
@@ -1642,8 +1608,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                 auto launch = [&](auto w_c) {
                     kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
-                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay,
-                                (int)(pdl && ctx->pdl_early));
+                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };
                 if (w == 32)
                     launch(std::integral_constant<int, 32>{});

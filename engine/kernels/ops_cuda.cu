@@ -252,11 +252,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     }
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = !(pd && strcmp(pd, "0") == 0);
-    /* PDL early launch (kern_dep_trigger): a kernel lets the next one launch at its start,
-     * and the matrix-vector kernels prefetch their weight rows into L2 before their wait
-     * (TPI_PDL_EARLY=0: the next kernel launches when this one ends) */
-    const char *pe = getenv("TPI_PDL_EARLY");
-    ctx->pdl_early = !(pe && strcmp(pe, "0") == 0);
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
      * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, anything
      * else auto (the most warps that keep the launch in one wave). */
