@@ -530,11 +530,12 @@ __host__ __device__ __forceinline__ void gv_win_get(const gv_win &w, uint32_t (&
 }
 
 /* The 16 int8 products of one unit: the 4 words q against the 16 x bytes at x. Kind b
- * issues its first weight loads before the PDL wait, so its x loads go through __ldg,
- * which the compiler keeps after the wait (a plain load of __restrict__ const memory it
- * may hoist above it). */
+ * issues its first weight loads before the PDL wait; its x and (d, d*sum) loads are
+ * plain loads of pointers that are not __restrict__ (gv_ldx), which the compiler keeps
+ * after the wait's memory clobber. Through __ldg they were not: the SASS of the 2-row
+ * Q8_0 kernel had an x load above the wait (bench/NOTES.md change 26). */
 __host__ __device__ __forceinline__ int gu_dp16(const uint32_t (&q)[4], const int8_t *x) {
-    const int4 xv = gv_ld128(x);
+    const int4 xv = gv_ldx128(x);
     int s = gv_dp4a(q[0], xv.x, 0);
     s = gv_dp4a(q[1], xv.y, s);
     s = gv_dp4a(q[2], xv.z, s);
@@ -550,7 +551,7 @@ __host__ __device__ __forceinline__ void gu_dot16(const uint32_t (&q)[4], float 
     for (int r = 0; r < NR; r++)
         if (r == 0 || r < nr) {
             const int s = gu_dp16(q, x + (size_t)r * xs);
-            acc[r] += scale * gv_ldg<float2>(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+            acc[r] += scale * gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
         }
 }
 
@@ -686,7 +687,7 @@ template <> struct gu<TPI_TYPE_Q4_K> {
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
                 const int s = gu_dp16(q, x + (size_t)r * xs);
-                const float2 f = gv_ldg<float2>(ds + (size_t)r * (xs / GV_QK));
+                const float2 f = gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK));
                 acc[r] += fmaf(dsc * f.x, (float)s, -dm_j * f.y);
             }
     }
