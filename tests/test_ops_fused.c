@@ -249,17 +249,6 @@ static void check_int8_form(struct be b, struct tu_rng *r, float *act, int64_t n
 }
 #endif
 
-/* Normalized squared error of a against the reference r. */
-static double nmse(const float *a, const float *r, size_t n) {
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double e = (double)a[i] - r[i];
-        num += e * e;
-        den += (double)r[i] * r[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
 /* matmul_silu_mul of a gate/up pair of `type` (n_ff x ne0) on nr rows against matmul_n then
  * silu_mul on the same backend: g and u bitwise when `exact` (the CPU; CUDA where matmul_n
  * gives each row one warp), else g and u within NMSE 1e-10. On CUDA, for each block size
@@ -314,7 +303,7 @@ static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int
             d = n_diff(uf, ur, ny);
             ck_assert_msg(d == 0, "%s: %zu of %zu u differ from matmul_n", label, d, ny);
         } else {
-            const double eg = nmse(gf, gr, ny), eu = nmse(uf, ur, ny);
+            const double eg = tu_nmse(gf, gr, ny), eu = tu_nmse(uf, ur, ny);
             ck_assert_msg(eg < 1e-10 && eu < 1e-10, "%s: NMSE g %.3g u %.3g (limit 1e-10)", label,
                           eg, eu);
         }
