@@ -11,7 +11,9 @@
 #   4. tpinfer bench -p 512 -n 128 -r 3 on each model in a process of its own (the default
 #      paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
-#   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each
+#   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each;
+#      a name starting with "alt" runs a second tpinfer built with ALT_CUDA_FLAGS, and
+#      TYPE=t among the assignments benches that model instead
 #   6b. profile: ncu's kernel durations over PROFILE_N decode steps of PROFILE_TYPES,
 #      summed per kernel by bench/ncu-steps.py (profile.txt; ~70 s a step)
 #   7. kernel microbenches, not in the defaults (test_gemv_cuda bench, test_ops_cuda_elem
@@ -85,6 +87,20 @@ if [ -n "$BASE_SRC" ] && [ -d "$BASE_SRC" ]; then
             ninja -C build-base -j "$JOBS" test_gemv_cuda >>"$OUT/build-base.log" 2>&1
     ) </dev/null &
     BASE_PID=$!
+fi
+
+# a second tpinfer built with other CUDA flags (ALT_CUDA_FLAGS, e.g. "-DGV_WLOAD=1"), in
+# the background: variant lines whose name starts with "alt" run it
+ALT_CUDA_FLAGS=${ALT_CUDA_FLAGS:-}
+ALT_PID=
+if [ -n "$ALT_CUDA_FLAGS" ]; then
+    (
+        cmake -S . -B "$BUILD-alt" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_FLAGS="$ALT_CUDA_FLAGS" \
+            >"$OUT/build-alt.log" 2>&1 &&
+            ninja -C "$BUILD-alt" -j "$JOBS" tpinfer >>"$OUT/build-alt.log" 2>&1
+    ) </dev/null &
+    ALT_PID=$!
 fi
 
 # ---- 2. models, in the background ----
@@ -165,8 +181,25 @@ if has_step variants; then
         name=${line%% *}
         envs=""
         [ "$name" != "$line" ] && envs=${line#* }
+        # TYPE=t among the assignments: that model instead of VARIANT_MODEL's
+        vm=$vmodels
+        case " $envs " in *" TYPE="*)
+            vt=${envs##*TYPE=}
+            vt=${vt%% *}
+            envs=$(echo " $envs " | sed "s/ TYPE=$vt / /")
+            vm=$(model_of "$vt")
+            ;;
+        esac
+        bin=$TPINFER
+        case $name in alt*)
+            [ -n "$ALT_PID" ] && wait "$ALT_PID"
+            ALT_PID=
+            bin="$BUILD-alt/tpinfer"
+            [ -x "$bin" ] || { echo "no $bin (build-alt.log)" | tee -a "$SUM"; continue; }
+            ;;
+        esac
         # shellcheck disable=SC2086
-        bounded "variant-$name" 60 "$BENCH" env $envs "$TPINFER" bench -m "$vmodels" -p 512 -n 128 \
+        bounded "variant-$name" 60 "$BENCH" env $envs "$bin" bench -m "$vm" -p 512 -n 128 \
             -r 2 -o md --roofline-gbps 4000
     done <<<"$VARIANTS"
 fi

@@ -79,8 +79,31 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldx(const void *p
 __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
     return gv_ldg<unsigned int>(p);
 }
-__host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
+/* 16 bytes of weights, the bulk of the stream: read once, so kept out of L1 where they
+ * would evict x (GV_WLOAD 1: ld.global.nc.L1::no_allocate; 2: L1::evict_first; 0: __ldg,
+ * which allocates in L1). */
+#ifndef GV_WLOAD
+#define GV_WLOAD 0
+#endif
+__host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
+#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
+    int4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+#elif defined(__CUDA_ARCH__) && GV_WLOAD == 2
+    int4 v;
+    asm("ld.global.nc.L1::evict_first.v4.s32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+#else
     return gv_ldg<int4>(p);
+#endif
+}
+__host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
+    return gv_ldw16(p);
 }
 __host__ __device__ __forceinline__ int4 gv_ldx128(const void *p) {
     return gv_ldx<int4>(p);
@@ -1005,7 +1028,7 @@ __device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int
             const int i = it + u * step;
 #pragma unroll
             for (int rw = 0; rw < RW; rw++)
-                wv[u][rw] = u == 0 || i < n_items ? __ldg((const int4 *)wb[rw] + i)
+                wv[u][rw] = u == 0 || i < n_items ? gv_ldw16((const int4 *)wb[rw] + i)
                                                   : make_int4(0, 0, 0, 0);
         }
 #pragma unroll
@@ -1074,7 +1097,7 @@ __device__ __forceinline__ void gv_elem_rows_norm(const uint8_t *const (&wb)[RW]
             const int i = it + u * step;
 #pragma unroll
             for (int rw = 0; rw < RW; rw++)
-                wv[u][rw] = u == 0 || i < n_items ? __ldg((const int4 *)wb[rw] + i)
+                wv[u][rw] = u == 0 || i < n_items ? gv_ldw16((const int4 *)wb[rw] + i)
                                                   : make_int4(0, 0, 0, 0);
         }
 #pragma unroll
@@ -1593,12 +1616,8 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
     const gv_xlayout lay = gv_xlayout_of(n_rows, ne0);
     uint8_t *s = (uint8_t *)kern_scratch_get(ctx, &ctx->q8, lay.n_bytes, "cuda matmul (v3)");
     if (!s) return false; /* failure recorded */
-    gx->x = x;
-    gx->xq = (const int8_t *)s;
-    gx->ds = (const float2 *)(s + lay.ds_off);
-    gx->n_rows = n_rows;
-    gx->ne0 = ne0;
-    gx->xp = (const int8_t *)(s + lay.b32_off);
+    *gx = (struct kern_gemv_x){x, (const int8_t *)s, (const float2 *)(s + lay.ds_off), n_rows,
+                               ne0, (const int8_t *)(s + lay.b32_off)}; /* no norm */
     kern_launch(gv_config().pdl != 0, gv_quantize_x_kernel, dim3((unsigned)((n_vals + 127) / 128)),
                 dim3(128), 0, stream, x, (int8_t *)s, (float2 *)(s + lay.ds_off), (int64_t)n_vals,
                 (int)ne0, lay);
