@@ -1,7 +1,6 @@
 /*
  * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
- * matmul_silu_mul, rmsnorm_matmul_n, rmsnorm_matmul_silu_mul, qk_norm_rope) against the
- * plain ops they replace, on both backends.
+ * matmul_silu_mul, qk_norm_rope) against the plain ops they replace, on both backends.
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
@@ -19,9 +18,6 @@
  *   g and u bitwise where matmul_n gives each row one warp (the model's FFN shapes),
  *   within 1e-5 (NMSE 1e-10) where it splits rows among warps; g's int8 form bitwise what
  *   a matmul of g makes itself; every block size; replays of a recorded graph.
- *   rmsnorm_matmul_n / rmsnorm_matmul_silu_mul against rmsnorm + the plain op: bitwise
- *   where rmsnorm runs first, NMSE < 1e-10 where the norm is inside the products (one
- *   row of BF16/F16), every mode, graph replays.
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
@@ -366,151 +362,6 @@ static void silu_mul_cases(struct be b, bool big) {
     }
 }
 
-/* rmsnorm_matmul_n and rmsnorm_matmul_silu_mul (gate/up: weights 0 and 1, when n_w >= 2)
- * of n_w weights of `type` (ne1s[i] x ne0) on nr rows, against rmsnorm then matmul_n /
- * matmul_silu_mul on the same backend: bitwise where the backend runs rmsnorm first (the
- * CPU; CUDA for quantized weights, several rows, or the op's bit off in
- * ops_cuda_set_norm_mm), within NMSE 1e-10 where the norm is inside the products (one
- * row of BF16/F16 weights: only the rounding moves). On CUDA for each mode 0..3, and
- * two replays of each op recorded in a graph, bitwise the op's direct result. */
-static void check_norm_mm(struct be b, int type, int64_t ne0, int n_w, const int64_t *ne1s,
-                          int64_t nr, uint64_t seed) {
-    struct tu_rng r;
-    tu_rng_seed(&r, seed);
-    const float eps = 1e-6f;
-    const size_t nx = (size_t)(nr * ne0);
-    struct tpi_weight w[OPS_MAX_FUSED];
-    const struct tpi_weight *wp[OPS_MAX_FUSED];
-    float *yr[OPS_MAX_FUSED], *yd[OPS_MAX_FUSED];
-    float *xh = rand_vec(&r, nx, -3, 3), *nwh = rand_vec(&r, (size_t)ne0, 0.25f, 2.0f);
-    float *x = bdup(b, xh, nx * 4), *nw = bdup(b, nwh, (size_t)ne0 * 4);
-    float *h = b.o->alloc(b.ctx, nx * 4);
-    size_t ny[OPS_MAX_FUSED];
-    for (int i = 0; i < n_w; i++) {
-        make_weight(b, &r, type, ne0, ne1s[i], &w[i]);
-        wp[i] = &w[i];
-        ny[i] = (size_t)(nr * ne1s[i]);
-        yd[i] = b.o->alloc(b.ctx, ny[i] * 4);
-        yr[i] = malloc(ny[i] * 4);
-    }
-    const bool glu = n_w >= 2 && ne1s[0] == ne1s[1];
-    float *gr = NULL, *ur = NULL;
-    /* the references: rmsnorm, then the plain ops */
-    b.o->rmsnorm(b.ctx, x, nw, h, nr, ne0, eps);
-    b.o->matmul_n(b.ctx, n_w, wp, h, yd, nr);
-    for (int i = 0; i < n_w; i++)
-        bget(b, yr[i], yd[i], ny[i] * 4);
-    if (glu) {
-        gr = malloc(ny[0] * 4), ur = malloc(ny[0] * 4);
-        b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], h, yd[0], yd[1], nr);
-        bget(b, gr, yd[0], ny[0] * 4);
-        bget(b, ur, yd[1], ny[0] * 4);
-    }
-    const bool elem = type == TPI_TYPE_BF16 || type == TPI_TYPE_F16;
-    const int n_modes = b.o == C ? 1 : 4;
-    for (int mode = 0; mode < n_modes; mode++) {
-#ifdef TPI_HAVE_CUDA
-        const int was = b.o == C ? 0 : ops_cuda_set_norm_mm(b.ctx, mode);
-#endif
-        const bool cuda = b.o != C;
-        const bool in_attn = cuda && (mode & 2) && elem && nr == 1;
-        const bool in_ffn = cuda && (mode & 1) && elem && nr == 1;
-        char label[200];
-        for (int op = 0; op < (glu ? 2 : 1); op++) {
-            const bool inside = op == 0 ? in_attn : in_ffn;
-            snprintf(label, sizeof label, "%s %s (%s %d weights, %lldx%lld) rows %lld, mode %d",
-                     b.o->name, op == 0 ? "rmsnorm_matmul_n" : "rmsnorm_matmul_silu_mul",
-                     quant_type_name(type), n_w, (long long)ne1s[0], (long long)ne0,
-                     (long long)nr, mode);
-            const int n_out = op == 0 ? n_w : 2;
-            float *want[OPS_MAX_FUSED] = {0}, *got[OPS_MAX_FUSED] = {0};
-            for (int i = 0; i < n_out; i++) {
-                want[i] = op == 0 ? yr[i] : i == 0 ? gr : ur;
-                got[i] = malloc(ny[i] * 4);
-            }
-            void *graph = NULL;
-            for (int run = 0; run < (cuda ? 4 : 1); run++) {
-                /* run 0: the op; 1: recorded (nothing runs); 2, 3: replays */
-                for (int i = 0; i < n_out; i++) { /* something else in the outputs first */
-                    float *junk = rand_vec(&r, ny[i], -9, 9);
-                    b.o->to_dev(b.ctx, yd[i], junk, ny[i] * 4);
-                    free(junk);
-                }
-#ifdef TPI_HAVE_CUDA
-                if (run == 1) graph_start(b);
-#endif
-                if (run < 2) {
-                    if (op == 0)
-                        b.o->rmsnorm_matmul_n(b.ctx, x, nw, eps, h, n_w, wp, yd, nr);
-                    else
-                        b.o->rmsnorm_matmul_silu_mul(b.ctx, x, nw, eps, h, &w[0], &w[1], yd[0],
-                                                     yd[1], nr);
-                }
-#ifdef TPI_HAVE_CUDA
-                if (run == 1) {
-                    graph = graph_stop(b);
-                    continue;
-                }
-                if (run >= 2) graph_replay(b, graph);
-#endif
-                for (int i = 0; i < n_out; i++) {
-                    float *o = malloc(ny[i] * 4);
-                    bget(b, o, yd[i], ny[i] * 4);
-                    if (run == 0) {
-                        if (inside) {
-                            const double e = tu_nmse(o, want[i], ny[i]);
-                            ck_assert_msg(e < 1e-10, "%s: output %d: NMSE %.3g (limit 1e-10)",
-                                          label, i, e);
-                        } else {
-                            const size_t d = n_diff(o, want[i], ny[i]);
-                            ck_assert_msg(d == 0, "%s: output %d: %zu of %zu differ from rmsnorm "
-                                          "then the plain op", label, i, d, ny[i]);
-                        }
-                        memcpy(got[i], o, ny[i] * 4);
-                    } else {
-                        const size_t d = n_diff(o, got[i], ny[i]);
-                        ck_assert_msg(d == 0, "%s: output %d, replay %d: %zu of %zu differ", label,
-                                      i, run - 1, d, ny[i]);
-                    }
-                    free(o);
-                }
-            }
-#ifdef TPI_HAVE_CUDA
-            if (graph) b.o->graph_free(b.ctx, graph);
-#endif
-            for (int i = 0; i < n_out; i++)
-                free(got[i]);
-            assert_ok(b, label);
-        }
-#ifdef TPI_HAVE_CUDA
-        if (cuda) ops_cuda_set_norm_mm(b.ctx, was);
-#endif
-    }
-    free(gr), free(ur), free(xh), free(nwh);
-    for (int i = 0; i < n_w; i++) {
-        b.o->weight_free(b.ctx, &w[i]);
-        b.o->dealloc(b.ctx, yd[i]);
-        free(yr[i]);
-    }
-    b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, nw), b.o->dealloc(b.ctx, h);
-}
-
-/* The model's shapes in small (Q/K/V: 4:1:1; gate/up), rows split among warps (4096
- * values) or not, a row length that leaves a partial batch (520), and the quantized
- * types that take rmsnorm first. */
-static void norm_mm_cases(struct be b) {
-    static const int types[] = {TPI_TYPE_BF16, TPI_TYPE_F16, TPI_TYPE_Q8_0, TPI_TYPE_Q4_K};
-    const int64_t qkv[3] = {128, 32, 32}, gu[2] = {96, 96};
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        const bool k_quant = types[t] == TPI_TYPE_Q4_K;
-        for (int64_t nr = 1; nr <= 3; nr += 2) {
-            check_norm_mm(b, types[t], 512, 3, qkv, nr, 1000 + 10 * t + nr);
-            check_norm_mm(b, types[t], 4096, 2, gu, nr, 1100 + 10 * t + nr);
-            if (!k_quant) check_norm_mm(b, types[t], 544, 2, gu, nr, 1200 + 10 * t + nr);
-        }
-    }
-}
-
 START_TEST(test_fused_matmul_cpu) {
     struct be b = {C, NULL};
     struct ops_config cfg = {2, 0};
@@ -519,7 +370,6 @@ START_TEST(test_fused_matmul_cpu) {
     ck_assert_int_eq(C->init(&b.ctx, &cfg, &err), TPI_OK);
     fused_matmul_cases(b);
     silu_mul_cases(b, false);
-    norm_mm_cases(b);
     C->free(&b.ctx);
 }
 END_TEST
@@ -853,13 +703,6 @@ START_TEST(test_qk_norm_rope_cuda) {
 }
 END_TEST
 
-/* rmsnorm_matmul_n / rmsnorm_matmul_silu_mul on every case of norm_mm_cases, each mode,
- * graph replays. */
-START_TEST(test_norm_mm_cuda) {
-    norm_mm_cases((struct be){ops_cuda_get(), gctx});
-}
-END_TEST
-
 /* matmul_silu_mul on every case of silu_mul_cases, each block size, graph replays. */
 START_TEST(test_silu_mul_cuda) {
     silu_mul_cases((struct be){ops_cuda_get(), gctx}, true);
@@ -890,7 +733,6 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_silu_mul_cuda);
-    tcase_add_test(tc, test_norm_mm_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

@@ -27,9 +27,6 @@ struct kern_scratch {
     size_t n_bytes;
 };
 
-#define NORM_MM_FFN 1  /* rmsnorm_matmul_silu_mul */
-#define NORM_MM_ATTN 2 /* rmsnorm_matmul_n */
-
 struct ops_ctx {
     int device;
     uint64_t wait_since_ns;   /* host blocked on `stream` since (tpi_time_s in ns), 0: not
@@ -74,8 +71,6 @@ struct ops_ctx {
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
-    int norm_mm;    /* rmsnorm_matmul_*: BF16/F16 decode rows normed inside the products
-                       (TPI_NORM_MM): NORM_MM_FFN | NORM_MM_ATTN bits */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -291,16 +286,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const float *x, float *g, float *u,
                           int64_t n_rows);
-/* ops.h rmsnorm_matmul_n: matmul_n of rmsnorm(x) * norm (the norm inside the products for
- * one decode row of BF16/F16 weights, h then unwritten; else rmsnorm into h first). */
-void kern_rmsnorm_matmul_n(struct ops_ctx *ctx, const float *x, const float *norm, float eps,
-                           float *h, int n_w, const struct tpi_weight *const *ws,
-                           float *const *ys, int64_t n_rows);
-/* ops.h rmsnorm_matmul_silu_mul: matmul_silu_mul of rmsnorm(x) * norm, as above. */
-void kern_rmsnorm_matmul_silu_mul(struct ops_ctx *ctx, const float *x, const float *norm,
-                                  float eps, float *h, const struct tpi_weight *wg,
-                                  const struct tpi_weight *wu, float *g, float *u,
-                                  int64_t n_rows);
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
@@ -320,9 +305,6 @@ struct kern_gemv_x {
     int64_t ne0;
     const int8_t *xp;   /* kind p's permuted copies of xq (prepare writes them), or NULL:
                          * kind p then runs as kind a */
-    const float *norm;  /* non-NULL: x is a row before its rmsnorm, and the products read
-                         * rmsnorm(x) * norm (eps) (BF16/F16 weights, one row only) */
-    float eps;
 };
 /* Queue the quantization of x on `stream` into ctx's q8 scratch and describe it in *gx;
  * false (nothing queued) when ne0 % 32 != 0, n_rows is not 1..8, or scratch allocation
@@ -330,8 +312,6 @@ struct kern_gemv_x {
  * or kern_gemv_v3 call. */
 bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
                           cudaStream_t stream, struct kern_gemv_x *gx);
-/* Whether the v3 path takes w with x prepared as gx (type, shape, alignment, x's form). */
-bool kern_gemv_v3_suits(const struct tpi_weight *w, const struct kern_gemv_x *gx);
 /* y (n_rows x ne1) = x W^T, or y += x W^T when accumulate, on `stream`, using the prepared
  * x (gx->x is the f32 x for BF16/F16 weights; gx->xq for quantized ones). false (nothing
  * queued) when the v3 path does not cover w's type/shape/alignment. Several calls on

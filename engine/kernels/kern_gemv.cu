@@ -79,12 +79,31 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldx(const void *p
 __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
     return gv_ldg<unsigned int>(p);
 }
-/* 16 bytes of weights, the bulk of the stream: read once, so kept out of L1 where they
- * would evict x (GV_WLOAD 1: ld.global.nc.L1::no_allocate; 2: L1::evict_first; 0: __ldg,
- * which allocates in L1). */
+__host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
+    return gv_ldg<int4>(p);
+}
+/* 16 bytes of BF16/F16 weights: read once, so kept out of L1, where they would evict the
+ * f32 x every warp reads whole (GV_WLOAD 1, the default: ld.global.nc.L1::no_allocate; 2:
+ * L1::evict_first; 0: __ldg, which allocates). tg128 BF16 on the H200, one build each:
+ * 221.2 with __ldg, 224.2 without allocating (bench/NOTES.md change 28). The quantized
+ * kernels keep __ldg: without allocating, Q8_0 lost 3 % and Q4_K_M 7 % (their scales
+ * and the neighbouring words of a block share lines with the 16-byte loads). */
 #ifndef GV_WLOAD
-#define GV_WLOAD 0
+#define GV_WLOAD 1
 #endif
+__host__ __device__ __forceinline__ int2 gv_ldw8(const void *p) {
+#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
+    int2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+#elif defined(__CUDA_ARCH__) && GV_WLOAD == 2
+    int2 v;
+    asm("ld.global.nc.L1::evict_first.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+#else
+    return gv_ldg<int2>(p);
+#endif
+}
 __host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
 #if defined(__CUDA_ARCH__) && GV_WLOAD == 1
     int4 v;
@@ -101,9 +120,6 @@ __host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
 #else
     return gv_ldg<int4>(p);
 #endif
-}
-__host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
-    return gv_ldw16(p);
 }
 __host__ __device__ __forceinline__ int4 gv_ldx128(const void *p) {
     return gv_ldx<int4>(p);
@@ -461,11 +477,11 @@ template <> struct gv<TPI_TYPE_Q6_K> {
 /* Kind p's permuted copies of x and where prepare puts them: kern_xq.cuh. */
 
 /* BF16/F16 weights, f32 x: an item is 8 values (16 bytes), a "block" of one item. */
-template <int TYPE>
-__host__ __device__ __forceinline__ void gv_elem_unpack(const int4 v, float (&f)[8]) {
-    const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+template <int TYPE, int NW>
+__host__ __device__ __forceinline__ void gv_elem_unpack_w(const uint32_t (&u)[NW],
+                                                          float (&f)[2 * NW]) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < NW; i++) {
         if constexpr (TYPE == TPI_TYPE_BF16) {
             const uint32_t lo = u[i] << 16, hi = u[i] & 0xFFFF0000u;
 #ifdef __CUDA_ARCH__
@@ -480,6 +496,11 @@ __host__ __device__ __forceinline__ void gv_elem_unpack(const int4 v, float (&f)
             f[2 * i + 1] = gv_h2f((uint16_t)(u[i] >> 16));
         }
     }
+}
+template <int TYPE>
+__host__ __device__ __forceinline__ void gv_elem_unpack(const int4 v, float (&f)[8]) {
+    const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+    gv_elem_unpack_w<TYPE, 4>(u, f);
 }
 
 template <int TYPE> struct gv_elem {
@@ -1017,10 +1038,21 @@ template <int TYPE, int NR, bool PERM, int RW> constexpr auto gv_quant_kernel_fo
  * (16 bytes) first, first + step, ... in batches of GV_UNROLL whose loads go out before
  * the first dot; each item's x is read once for the RW rows. Items past the row end are
  * zero weights against the batch's first x (exact zeros). */
+#ifndef GV_ELEM_UNIT
+#define GV_ELEM_UNIT 8
+#endif
+template <int TYPE, int NR, int RW>
+__device__ __forceinline__ void gv_elem_rows4(const uint8_t *const (&wb)[RW], int n_units,
+                                              int first, int step, const float *x, int ne0,
+                                              int nr, float (&acc)[RW][NR]);
 template <int TYPE, int NR, int RW>
 __device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int n_items,
                                              int first, int step, const float *x, int ne0,
                                              int nr, float (&acc)[RW][NR]) {
+    if constexpr (GV_ELEM_UNIT == 4) {
+        gv_elem_rows4<TYPE, NR, RW>(wb, 2 * n_items, first, step, x, ne0, nr, acc);
+        return;
+    }
     for (int it = first; it < n_items; it += GV_UNROLL * step) {
         int4 wv[GV_UNROLL][RW];
 #pragma unroll
@@ -1038,6 +1070,50 @@ __device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int
             for (int rw = 0; rw < RW; rw++)
                 gv_elem<TYPE>::template dot<NR>(
                     wv[u][rw], x + 8 * (size_t)(u == 0 || i < n_items ? i : it), ne0, nr, acc[rw]);
+        }
+    }
+}
+
+/* The same in units of 4 values (8 bytes of weights: GV_ELEM_UNIT 4, a build option):
+ * a warp's x loads then read 512 contiguous bytes (4 L1 wavefronts) where 8-value items
+ * spread one over 1 KB (8), for twice the weight load instructions; batches of
+ * 2 * GV_UNROLL units keep the bytes in flight. */
+template <int TYPE, int NR, int RW>
+__device__ __forceinline__ void gv_elem_rows4(const uint8_t *const (&wb)[RW], int n_units,
+                                              int first, int step, const float *x, int ne0,
+                                              int nr, float (&acc)[RW][NR]) {
+    constexpr int U = 2 * GV_UNROLL;
+    for (int it = first; it < n_units; it += U * step) {
+        int2 wv[U][RW];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = it + u * step;
+#pragma unroll
+            for (int rw = 0; rw < RW; rw++)
+                wv[u][rw] = u == 0 || i < n_units ? gv_ldw8((const int2 *)wb[rw] + i)
+                                                  : make_int2(0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int i = it + u * step;
+            const float *xi = x + 4 * (size_t)(u == 0 || i < n_units ? i : it);
+#pragma unroll
+            for (int rw = 0; rw < RW; rw++) {
+                const uint32_t w2[2] = {(uint32_t)wv[u][rw].x, (uint32_t)wv[u][rw].y};
+                float f[4];
+                gv_elem_unpack_w<TYPE, 2>(w2, f);
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+                    if (r == 0 || r < nr) {
+                        const float4 a = gv_ldf4(xi + (size_t)r * ne0);
+                        float sm = acc[rw][r];
+                        sm = fmaf(f[0], a.x, sm);
+                        sm = fmaf(f[1], a.y, sm);
+                        sm = fmaf(f[2], a.z, sm);
+                        sm = fmaf(f[3], a.w, sm);
+                        acc[rw][r] = sm;
+                    }
+            }
         }
     }
 }
@@ -1070,102 +1146,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
         gv_elem_rows<TYPE, NR, RW>(wb, ne0 / 8, part * 32 + lane, 32 * wpr, x, ne0, nr, acc);
     }
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
-}
-
-/* ----------------------------------------- the sub-layer's rmsnorm in the products
- * BF16/F16 weights and one x row given before its rmsnorm (gx->norm): each item's 8 x
- * values are multiplied by the norm weights on the way into the dots and their squares
- * summed, so no launch writes the normed row; the row's 1/rms (rmsnorm's formula, over
- * the squares of the whole row: each warp of a row sees all of it, or its parts do
- * together) multiplies each output sum at the end. Results equal matmul_n of rmsnorm's
- * output up to float rounding (the factor moves out of the sums). */
-
-#ifndef GV_NORM_DOT_UNROLL
-#define GV_NORM_DOT_UNROLL 1
-#endif
-/* acc[rw] += the RW rows' items against x * nw; ss += the squares of the items' x (each
- * item once). Batches and tails as gv_elem_rows. */
-template <int TYPE, int RW>
-__device__ __forceinline__ void gv_elem_rows_norm(const uint8_t *const (&wb)[RW], int n_items,
-                                                  int first, int step, const float *x,
-                                                  const float *__restrict__ nw, float (&acc)[RW],
-                                                  float &ss) {
-    for (int it = first; it < n_items; it += GV_UNROLL * step) {
-        int4 wv[GV_UNROLL][RW];
-#pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) {
-            const int i = it + u * step;
-#pragma unroll
-            for (int rw = 0; rw < RW; rw++)
-                wv[u][rw] = u == 0 || i < n_items ? gv_ldw16((const int4 *)wb[rw] + i)
-                                                  : make_int4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < GV_UNROLL; u++) {
-            const int i = it + u * step;
-            const bool ok = u == 0 || i < n_items;
-            const size_t at = 8 * (size_t)(ok ? i : it);
-            const float4 a = gv_ldf4(x + at), b = gv_ldf4(x + at + 4);
-            const float4 c = __ldg((const float4 *)(nw + at)), d = __ldg((const float4 *)(nw + at) + 1);
-            if (ok) {
-                ss = fmaf(a.x, a.x, ss);
-                ss = fmaf(a.y, a.y, ss);
-                ss = fmaf(a.z, a.z, ss);
-                ss = fmaf(a.w, a.w, ss);
-                ss = fmaf(b.x, b.x, ss);
-                ss = fmaf(b.y, b.y, ss);
-                ss = fmaf(b.z, b.z, ss);
-                ss = fmaf(b.w, b.w, ss);
-            }
-            const float xv[8] = {a.x * c.x, a.y * c.y, a.z * c.z, a.w * c.w,
-                                 b.x * d.x, b.y * d.y, b.z * d.z, b.w * d.w};
-#pragma unroll
-            for (int rw = 0; rw < RW; rw++) {
-                float f[8];
-                gv_elem_unpack<TYPE>(wv[u][rw], f);
-                float s = acc[rw];
-#pragma unroll
-                for (int k = 0; k < 8; k++)
-                    s = fmaf(f[k], xv[k], s);
-                acc[rw] = s;
-            }
-        }
-    }
-}
-
-/* 1 / sqrt(mean(x^2) + eps) of a row of ne0 values from its sum of squares, as rmsnorm
- * computes it. */
-__device__ __forceinline__ float gv_rms_scale(float ss, int ne0, float eps) {
-    return (float)(1.0 / sqrt((double)ss / (double)ne0 + (double)eps));
-}
-
-/* The norm form of gv_elem_kernel (one x row, one weight row a warp group): the wpr
- * warps of a row add their squares (shared memory, fixed order) before the factor. */
-template <int TYPE, bool MULTI>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_elem_norm_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
-                        const float *__restrict__ nw, float eps, bool accumulate) {
-    __shared__ float ssp[GV_WARPS];
-    const gv_seg me = gv_seg_of<MULTI>(sg);
-    const int ne1 = me.ne1, wpr = me.wpr;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = me.blk * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
-    float acc[1][1] = {{0.0f}}, ss = 0.0f;
-    gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
-    if (row0 < ne1) {
-        const uint8_t *wb[1] = {me.w + (size_t)row0 * row_bytes};
-        gv_elem_rows_norm<TYPE, 1>(wb, ne0 / 8, part * 32 + lane, 32 * wpr, x, nw, acc[0], ss);
-    }
-    ss = gv_warp_sum(ss);
-    if (wpr > 1) {
-        if (lane == 0) ssp[warp] = ss;
-        __syncthreads();
-        ss = 0.0f;
-        for (int k = 0; k < wpr; k++) /* fixed order */
-            ss += ssp[warp - part + k];
-    }
-    acc[0][0] *= gv_rms_scale(ss, ne0, eps);
-    gv_store<1, 1>(acc, me.y, ne1, 1, row0, part, wpr, accumulate);
 }
 
 /* ------------------------------------------- gate/up with silu*mul (one decode row)
@@ -1244,28 +1224,18 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
 
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
  * takes output GV_WARPS * b + w. */
-template <int TYPE, bool NORM>
+template <int TYPE>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_glu_elem_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
-                       size_t row_bytes, int ne0, int n_ff, const float *__restrict__ x,
-                       const float *__restrict__ nw, float eps, float *g, float *u) {
+                       size_t row_bytes, int ne0, int n_ff, const float *__restrict__ x, float *g,
+                       float *u) {
     const int lane = threadIdx.x & 31, j = (int)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
     float acc[2][1] = {{0.0f}, {0.0f}};
     gv_grid_dep_wait();
     if (j >= n_ff) return; /* whole warps */
     const uint8_t *wb[2] = {wg + (size_t)j * row_bytes, wu + (size_t)j * row_bytes};
-    float gs, us;
-    if constexpr (NORM) { /* x given before its rmsnorm (nw, eps): the norm section above */
-        float a2[2] = {0.0f, 0.0f}, ss = 0.0f;
-        gv_elem_rows_norm<TYPE, 2>(wb, ne0 / 8, lane, 32, x, nw, a2, ss);
-        const float sc = gv_rms_scale(gv_warp_sum(ss), ne0, eps);
-        gs = gv_warp_sum(a2[0]) * sc;
-        us = gv_warp_sum(a2[1]) * sc;
-    } else {
-        gv_elem_rows<TYPE, 1, 2>(wb, ne0 / 8, lane, 32, x, ne0, 1, acc);
-        gs = gv_warp_sum(acc[0][0]);
-        us = gv_warp_sum(acc[1][0]);
-    }
+    gv_elem_rows<TYPE, 1, 2>(wb, ne0 / 8, lane, 32, x, ne0, 1, acc);
+    const float gs = gv_warp_sum(acc[0][0]), us = gv_warp_sum(acc[1][0]);
     if (lane == 0) {
         u[j] = us;
         g[j] = kern_silu_mul1(gs, us);
@@ -1516,9 +1486,8 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
     const bool pdl = c.pdl != 0;
     const int kind = gv_kind_of<T, NR>(gx, c);
-    /* weight rows per warp: 1 for 5..8 x rows (registers) and for x before its norm, else
-     * the knob (auto: 1) */
-    const int rpw = NR > 4 || gx->norm ? 1 : c.rpw ? c.rpw : 1;
+    /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob (auto: 1) */
+    const int rpw = NR > 4 ? 1 : c.rpw ? c.rpw : 1;
     auto by_rpw = [&](auto f) {
         if (rpw == 4)
             f(std::integral_constant<int, NR <= 4 ? 4 : 1>{});
@@ -1548,17 +1517,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     unsigned blocks = 0;
     if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
         const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_ELEM, ne0 / 8, &blocks);
-        if (gx->norm) {
-            if (n > 1)
-                kern_launch(pdl, gv_elem_norm_kernel<T, true>, dim3(blocks), dim3(GV_WARPS * 32),
-                            0, stream, sg, w->row_bytes, ne0, gx->x, gx->norm, gx->eps,
-                            accumulate);
-            else
-                kern_launch(pdl, gv_elem_norm_kernel<T, false>, dim3(blocks), dim3(GV_WARPS * 32),
-                            0, stream, sg, w->row_bytes, ne0, gx->x, gx->norm, gx->eps,
-                            accumulate);
-            return;
-        }
         by_rpw([&](auto rw_c) {
             if (n > 1)
                 kern_launch(pdl, gv_elem_kernel<T, NR, decltype(rw_c)::value, true>, dim3(blocks),
@@ -1617,7 +1575,7 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
     uint8_t *s = (uint8_t *)kern_scratch_get(ctx, &ctx->q8, lay.n_bytes, "cuda matmul (v3)");
     if (!s) return false; /* failure recorded */
     *gx = (struct kern_gemv_x){x, (const int8_t *)s, (const float2 *)(s + lay.ds_off), n_rows,
-                               ne0, (const int8_t *)(s + lay.b32_off)}; /* no norm */
+                               ne0, (const int8_t *)(s + lay.b32_off)};
     kern_launch(gv_config().pdl != 0, gv_quantize_x_kernel, dim3((unsigned)((n_vals + 127) / 128)),
                 dim3(128), 0, stream, x, (int8_t *)s, (float2 *)(s + lay.ds_off), (int64_t)n_vals,
                 (int)ne0, lay);
@@ -1627,9 +1585,6 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
 /* Whether the prepared x gx suits w (coverage, row length, the form of x it reads). */
 static bool gv_x_suits(const struct tpi_weight *w, const struct kern_gemv_x *gx) {
     if (!gv_covers(w, gx->n_rows) || gx->ne0 != w->ne0) return false;
-    /* x before its norm: BF16/F16 weights, one row, 16-byte aligned norm weights */
-    if (gx->norm && (!gv_is_elem(w->type) || gx->n_rows != 1 || ((uintptr_t)gx->norm & 15) != 0))
-        return false;
     if (!gv_is_elem(w->type)) return gx->xq && gx->ds;
     return gx->x && ((uintptr_t)gx->x & 15) == 0; /* float4 loads of x rows (ne0 % 8 == 0) */
 }
@@ -1657,10 +1612,6 @@ static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *w
             break;
         }
     });
-}
-
-bool kern_gemv_v3_suits(const struct tpi_weight *w, const struct kern_gemv_x *gx) {
-    return gv_x_suits(w, gx);
 }
 
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
@@ -1740,14 +1691,9 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
     gv_dispatch(kern_wtype(wg), [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
-            if (gx->norm)
-                kern_launch(pdl, gv_glu_elem_kernel<T, true>, dim3((unsigned)(n_ff / GV_WARPS)),
-                            dim3(GV_WARPS * 32), 0, stream, dg, du, wg->row_bytes, ne0, n_ff,
-                            gx->x, gx->norm, gx->eps, g, u);
-            else
-                kern_launch(pdl, gv_glu_elem_kernel<T, false>, dim3((unsigned)(n_ff / GV_WARPS)),
-                            dim3(GV_WARPS * 32), 0, stream, dg, du, wg->row_bytes, ne0, n_ff,
-                            gx->x, (const float *)NULL, 0.0f, g, u);
+            kern_launch(pdl, gv_glu_elem_kernel<T>, dim3((unsigned)(n_ff / GV_WARPS)),
+                        dim3(GV_WARPS * 32), 0, stream, dg, du, wg->row_bytes, ne0, n_ff, gx->x,
+                        g, u);
         } else {
             using Q = gv<T>;
             const gv_xlayout olay = gv_xlayout_of(1, n_ff);

@@ -765,89 +765,72 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
  * one-weight kernels. */
 #define GEMV_MERGE_ROW_BYTES 4096
 
-/* The decode launches of matmul_n for x prepared as gx: weight 0 and the weights that
- * join its launch on the main stream, the others as branches (below); done[i] is set for
- * each weight queued. false: a launch or stream call failed (recorded). */
-static bool matmul_n_v3(struct ops_ctx *ctx, const char *op, int n_w,
-                        const struct tpi_weight *const *ws, const struct kern_gemv_x *pgx,
-                        float *const *ys, bool *done) {
-    const struct kern_gemv_x gx = *pgx;
-    /* one x for all. Weight 0 and the weights that join its launch (gemv_merge, of its
-     * type and row length) in one launch on the main stream; each other weight on the
-     * main stream (if still free) or a side stream that forks from it and joins it
-     * again (recorded into graphs as parallel branches). A small weight costs less as
-     * part of a big launch than as a launch of its own; weights of similar size
-     * overlap well as branches, except short rows (a warp's work is little more than
-     * its launch and one round trip), which measured faster in one launch too */
-    bool main_busy = false;
-    const bool fork = n_w > 1 && ctx->side[0];
-    if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return false;
-    if (n_w > 1 && ctx->gemv_merge) {
-        const struct tpi_weight *mw[OPS_MAX_FUSED];
-        float *my[OPS_MAX_FUSED];
-        int idx[OPS_MAX_FUSED], n_m = 0;
-        const bool all = ctx->gemv_merge == 2 ||
-                         (ctx->gemv_merge == 1 && ws[0]->row_bytes <= GEMV_MERGE_ROW_BYTES);
-        /* auto leaves BF16/F16 weights as branches (GEMV_MERGE_ROW_BYTES) */
-        const bool none = ctx->gemv_merge == 1 && is_elem16(ws[0]->type);
-        for (int i = 0; i < n_w; i++)
-            if (i == 0 || (kern_wtype(ws[i]) == kern_wtype(ws[0]) && ws[i]->row_bytes == ws[0]->row_bytes &&
-                           (all || 2 * ws[i]->ne1 <= ws[0]->ne1)))
-                mw[n_m] = ws[i], my[n_m] = ys[i], idx[n_m++] = i;
-        if (!none && n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream)) {
-            if (!LAUNCH_OK(ctx, op)) return false;
-            for (int k = 0; k < n_m; k++)
-                done[idx[k]] = true;
-            main_busy = true;
-        }
-    }
-    int n_side = 0;
-    for (int i = 0; i < n_w; i++) {
-        if (done[i]) continue;
-        cudaStream_t st = ctx->stream;
-        if (main_busy && fork) {
-            st = ctx->side[n_side++];
-            if (!CUDA_OK(ctx, op, cudaStreamWaitEvent(st, ctx->ev_fork, 0))) return false;
-        }
-        main_busy = true;
-        done[i] = kern_gemv_v3_run(ctx, ws[i], &gx, ys[i], false, st);
-        if (!LAUNCH_OK(ctx, op)) return false;
-        if (st != ctx->stream &&
-            (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_join[n_side - 1], st)) ||
-             !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_join[n_side - 1], 0))))
-            return false;
-    }
-    return true;
-}
-
-/* matmul_n's arguments: n_w weights the matmuls take, one row length. */
-static bool matmul_n_args_ok(struct ops_ctx *ctx, const char *op, int n_w,
-                             const struct tpi_weight *const *ws, int64_t n_rows) {
+void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
+                   float *const *ys, int64_t n_rows) {
+    const char *op = "cuda matmul_n";
     if (n_w < 0 || n_w > OPS_MAX_FUSED) {
         kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__, "%d weights (at most %d)", n_w,
                   OPS_MAX_FUSED);
-        return false;
+        return;
     }
-    for (int i = 0; i < n_w && n_rows > 0; i++) {
-        if (!matmul_ok(ctx, ws[i], n_rows, op)) return false;
+    if (n_rows <= 0 || n_w == 0) return;
+    for (int i = 0; i < n_w; i++) {
+        if (!matmul_ok(ctx, ws[i], n_rows, op)) return;
         if (ws[i]->ne0 != ws[0]->ne0) {
             kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
                       "weight %d has %lld inputs, weight 0 %lld", i, (long long)ws[i]->ne0,
                       (long long)ws[0]->ne0);
-            return false;
+            return;
         }
     }
-    return true;
-}
-
-void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
-                   float *const *ys, int64_t n_rows) {
-    const char *op = "cuda matmul_n";
-    if (!matmul_n_args_ok(ctx, op, n_w, ws, n_rows) || n_rows <= 0 || n_w == 0) return;
     bool done[OPS_MAX_FUSED] = {false};
     struct kern_gemv_x gx;
     if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && gemv_x_for(ctx, ws, n_w, x, (int)n_rows, &gx)) {
-        if (!matmul_n_v3(ctx, op, n_w, ws, &gx, ys, done)) return;
+        /* one x for all. Weight 0 and the weights that join its launch (gemv_merge, of its
+         * type and row length) in one launch on the main stream; each other weight on the
+         * main stream (if still free) or a side stream that forks from it and joins it
+         * again (recorded into graphs as parallel branches). A small weight costs less as
+         * part of a big launch than as a launch of its own; weights of similar size
+         * overlap well as branches, except short rows (a warp's work is little more than
+         * its launch and one round trip), which measured faster in one launch too */
+        bool main_busy = false;
+        const bool fork = n_w > 1 && ctx->side[0];
+        if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
+        if (n_w > 1 && ctx->gemv_merge) {
+            const struct tpi_weight *mw[OPS_MAX_FUSED];
+            float *my[OPS_MAX_FUSED];
+            int idx[OPS_MAX_FUSED], n_m = 0;
+            const bool all = ctx->gemv_merge == 2 ||
+                             (ctx->gemv_merge == 1 && ws[0]->row_bytes <= GEMV_MERGE_ROW_BYTES);
+            /* auto leaves BF16/F16 weights as branches (GEMV_MERGE_ROW_BYTES) */
+            const bool none = ctx->gemv_merge == 1 && is_elem16(ws[0]->type);
+            for (int i = 0; i < n_w; i++)
+                if (i == 0 || (kern_wtype(ws[i]) == kern_wtype(ws[0]) && ws[i]->row_bytes == ws[0]->row_bytes &&
+                               (all || 2 * ws[i]->ne1 <= ws[0]->ne1)))
+                    mw[n_m] = ws[i], my[n_m] = ys[i], idx[n_m++] = i;
+            if (!none && n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream)) {
+                if (!LAUNCH_OK(ctx, op)) return;
+                for (int k = 0; k < n_m; k++)
+                    done[idx[k]] = true;
+                main_busy = true;
+            }
+        }
+        int n_side = 0;
+        for (int i = 0; i < n_w; i++) {
+            if (done[i]) continue;
+            cudaStream_t st = ctx->stream;
+            if (main_busy && fork) {
+                st = ctx->side[n_side++];
+                if (!CUDA_OK(ctx, op, cudaStreamWaitEvent(st, ctx->ev_fork, 0))) return;
+            }
+            main_busy = true;
+            done[i] = kern_gemv_v3_run(ctx, ws[i], &gx, ys[i], false, st);
+            if (!LAUNCH_OK(ctx, op)) return;
+            if (st != ctx->stream &&
+                (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_join[n_side - 1], st)) ||
+                 !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_join[n_side - 1], 0))))
+                return;
+        }
     } else if (n_rows > MATVEC_MAX_ROWS) {
         /* prefill: x converted to bf16 once for every weight that takes the bf16 GEMM */
         bool any16 = false;
@@ -884,42 +867,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
         xq_written(ctx, ys[i], n_rows * ws[i]->ne1);
         if (!done[i]) kern_matmul(ctx, ws[i], x, ys[i], n_rows); /* no fused path took it */
     }
-}
-
-/* x for the norm forms: one decode row of BF16/F16 weights, read before its rmsnorm by
- * the products themselves (kern_gemv.cu's norm kernels; TPI_NORM_MM=0: never), when
- * every weight's launch takes it and ctx->norm_mm has `bit`; false otherwise (the
- * caller runs rmsnorm first). */
-static bool norm_x_for(struct ops_ctx *ctx, int bit, int n_w, const struct tpi_weight *const *ws,
-                       const float *x, const float *norm, float eps, int64_t n_rows,
-                       struct kern_gemv_x *gx) {
-    if (!(ctx->norm_mm & bit) || ctx->gemv != 3 || n_rows != 1 || n_w < 1) return false;
-    *gx = (struct kern_gemv_x){x, NULL, NULL, 1, ws[0]->ne0, NULL, norm, eps};
-    for (int i = 0; i < n_w; i++)
-        if (!is_elem16(ws[i]->type) || !kern_gemv_v3_suits(ws[i], gx)) return false;
-    return true;
-}
-
-void kern_rmsnorm_matmul_n(struct ops_ctx *ctx, const float *x, const float *norm, float eps,
-                           float *h, int n_w, const struct tpi_weight *const *ws,
-                           float *const *ys, int64_t n_rows) {
-    const char *op = "cuda rmsnorm_matmul_n";
-    if (!matmul_n_args_ok(ctx, op, n_w, ws, n_rows) || n_rows <= 0 || n_w == 0) return;
-    struct kern_gemv_x gx;
-    if (norm_x_for(ctx, NORM_MM_ATTN, n_w, ws, x, norm, eps, n_rows, &gx)) {
-        kern_xq_forget(ctx); /* h is not written, but its old int8 form is stale */
-        bool done[OPS_MAX_FUSED] = {false};
-        if (!matmul_n_v3(ctx, op, n_w, ws, &gx, ys, done)) return;
-        for (int i = 0; i < n_w; i++)
-            if (!done[i]) {
-                kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
-                          "weight %d was not taken by the norm kernels", i);
-                return;
-            }
-        return;
-    }
-    kern_rmsnorm(ctx, x, norm, h, n_rows, ws[0]->ne0, eps);
-    kern_matmul_n(ctx, n_w, ws, h, ys, n_rows);
 }
 
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
@@ -975,24 +922,4 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
     }
     kern_matmul_n(ctx, 2, ws, x, ys, n_rows);
     kern_silu_mul(ctx, g, u, g, n_vals);
-}
-
-void kern_rmsnorm_matmul_silu_mul(struct ops_ctx *ctx, const float *x, const float *norm,
-                                  float eps, float *h, const struct tpi_weight *wg,
-                                  const struct tpi_weight *wu, float *g, float *u,
-                                  int64_t n_rows) {
-    const char *op = "cuda rmsnorm_matmul_silu_mul";
-    const int64_t n_ff = wg->ne1, n_vals = n_rows * n_ff, nx = n_rows * wg->ne0;
-    const bool apart = (g + n_vals <= u || u + n_vals <= g) && (g + n_vals <= x || x + nx <= g) &&
-                       (u + n_vals <= x || x + nx <= u);
-    const struct tpi_weight *ws[2] = {wg, wu};
-    struct kern_gemv_x gx;
-    if (ctx->glu && apart && wu->ne1 == n_ff && matmul_ok(ctx, wg, n_rows, op) &&
-        matmul_ok(ctx, wu, n_rows, op) && wu->ne0 == wg->ne0 &&
-        norm_x_for(ctx, NORM_MM_FFN, 2, ws, x, norm, eps, n_rows, &gx) && kern_gemv_v3_glu_ok(wg, wu, &gx)) {
-        kern_xq_forget(ctx);
-        if (kern_gemv_v3_run_glu(ctx, wg, wu, &gx, g, u, NULL, NULL, ctx->glu, ctx->stream)) return;
-    }
-    kern_rmsnorm(ctx, x, norm, h, n_rows, wg->ne0, eps);
-    kern_matmul_silu_mul(ctx, wg, wu, h, g, u, n_rows);
 }

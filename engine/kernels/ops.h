@@ -159,20 +159,6 @@ struct ops {
     void (*matmul_silu_mul)(struct ops_ctx *ctx, const struct tpi_weight *wg,
                             const struct tpi_weight *wu, const float *x, float *g, float *u,
                             int64_t n_rows);
-    /* ys[i] = h * ws[i]^T (i < n_w) for h = rmsnorm(x) * norm (n_cols = ws[0]->ne0, eps):
-     * a sub-layer's norm and its first products. Equal to rmsnorm into h, then matmul_n
-     * of h, up to float rounding: a backend may fold each row's 1/rms in after the sums
-     * and then leaves h unwritten (h: scratch of x's shape, undefined afterwards; the
-     * CUDA backend does so for one decode row of BF16/F16 weights). h must not overlap
-     * any ys[i]. */
-    void (*rmsnorm_matmul_n)(struct ops_ctx *ctx, const float *x, const float *norm, float eps,
-                             float *h, int n_w, const struct tpi_weight *const *ws,
-                             float *const *ys, int64_t n_rows);
-    /* matmul_silu_mul of h = rmsnorm(x) * norm, with h as in rmsnorm_matmul_n. */
-    void (*rmsnorm_matmul_silu_mul)(struct ops_ctx *ctx, const float *x, const float *norm,
-                                    float eps, float *h, const struct tpi_weight *wg,
-                                    const struct tpi_weight *wu, float *g, float *u,
-                                    int64_t n_rows);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between
@@ -220,11 +206,6 @@ int ops_cuda_set_attn_mma(int mode);
  * -1: one launch, warps chosen per kernel), which TPI_GLU sets at init. Returns the
  * previous mode, or -2 for an unknown one (nothing changed). */
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
-/* CUDA builds only: which of a context's rmsnorm_matmul_* ops put the norm inside the
- * products where they can (bit 0: rmsnorm_matmul_silu_mul, bit 1: rmsnorm_matmul_n; the
- * others run rmsnorm first), which TPI_NORM_MM sets at init. Returns the previous mode,
- * or -1 for a mode outside 0..3 (nothing changed). */
-int ops_cuda_set_norm_mm(struct ops_ctx *ctx, int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);

@@ -136,13 +136,6 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
     return old;
 }
 
-int ops_cuda_set_norm_mm(struct ops_ctx *ctx, int mode) {
-    if (!ctx || mode < 0 || mode > (NORM_MM_FFN | NORM_MM_ATTN)) return -1;
-    const int old = ctx->norm_mm;
-    ctx->norm_mm = mode;
-    return old;
-}
-
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode) {
     if (!ctx || !(mode == -1 || mode == 0 || mode == 4 || mode == 8 || mode == 16 || mode == 32))
         return -2;
@@ -271,22 +264,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
         if (!ok)
             TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
-    }
-    /* A sub-layer's rmsnorm inside its first products for one decode row of BF16/F16
-     * weights (no norm launch). TPI_NORM_MM: ffn (rmsnorm_matmul_silu_mul), attn
-     * (rmsnorm_matmul_n), 1 or all (both), 0 (neither: rmsnorm first, as for the
-     * quantized types). */
-    const char *nm = getenv("TPI_NORM_MM");
-    ctx->norm_mm = NORM_MM_FFN | NORM_MM_ATTN;
-    if (nm && *nm) {
-        if (strcmp(nm, "0") == 0)
-            ctx->norm_mm = 0;
-        else if (strcmp(nm, "ffn") == 0)
-            ctx->norm_mm = NORM_MM_FFN;
-        else if (strcmp(nm, "attn") == 0)
-            ctx->norm_mm = NORM_MM_ATTN;
-        else if (strcmp(nm, "1") != 0 && strcmp(nm, "all") != 0)
-            TPI_LOGW("TPI_NORM_MM=%s is not 0, 1, all, ffn or attn: ignored", nm);
     }
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
@@ -615,8 +592,6 @@ static const struct ops ops_cuda_table = {
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
     /* .matmul_silu_mul = */ kern_matmul_silu_mul,
-    /* .rmsnorm_matmul_n = */ kern_rmsnorm_matmul_n,
-    /* .rmsnorm_matmul_silu_mul = */ kern_rmsnorm_matmul_silu_mul,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,

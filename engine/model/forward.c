@@ -69,17 +69,17 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     return TPI_OK;
 }
 
-/* x += in * W^T for a row-parallel W (attention output, FFN down): with TP, this
- * rank's partial sum is all-reduced over the group before the residual add (on one
- * node one kernel over peer memory does the sum, the add and, for decode-sized steps,
- * the next sub-layer's norm into h: comm_nccl.c, *normed then true); alone, the
- * residual is folded into the matmul, and the next sub-layer norms x itself. */
+/* x += in * W^T for a row-parallel W (attention output, FFN down), then h =
+ * rmsnorm(x) * norm when norm is given: with TP, this rank's partial sum is
+ * all-reduced over the group before the residual add (on one node one kernel over
+ * peer memory does the sum, the add and, for decode-sized steps, the norm:
+ * comm_nccl.c); alone, the residual is folded into the matmul. */
 static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
-                            const float *norm, bool *normed, struct tpi_error *err) {
+                            const float *norm, struct tpi_error *err) {
     struct model_state *s = &m->s;
     const int n_embd = m->cfg.n_embd;
     const int64_t n_x = (int64_t)n * n_embd;
-    *normed = false;
+    bool normed = false;
     if (!m->tp_comm) {
         m->ops->matmul_add(m->octx, w, in, s->x, n);
     } else {
@@ -88,13 +88,14 @@ static int row_parallel_add(struct model *m, const struct tpi_weight *w, const f
             m->ops->add(m->octx, s->x, s->o, n_x);
         } else if (norm) {
             int rc = comm_allreduce_add_norm(m->tp_comm, s->o, s->x, n, n_embd, norm,
-                                             m->cfg.rms_eps, s->h, normed, err);
+                                             m->cfg.rms_eps, s->h, &normed, err);
             if (rc) return rc;
         } else {
             int rc = comm_allreduce_add(m->tp_comm, s->o, s->x, (size_t)n_x, err);
             if (rc) return rc;
         }
     }
+    if (norm && !normed) m->ops->rmsnorm(m->octx, s->x, norm, s->h, n, n_embd, m->cfg.rms_eps);
     return TPI_OK;
 }
 
@@ -108,7 +109,7 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     const struct model_config *c = &m->cfg;
     const struct model_plan *p = &m->plan;
     struct model_state *s = &m->s;
-    const int hd = c->head_dim;
+    const int n_embd = c->n_embd, hd = c->head_dim;
     const int n_head = p->n_head_local, n_kv = p->n_kv_local;
     const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
     const float eps = c->rms_eps, scale = 1.0f / sqrtf((float)hd);
@@ -116,11 +117,10 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     int rc;
 
     if (p->is_first) ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
+    ops->rmsnorm(octx, s->x, m->w.layers[0].attn_norm, s->h, n, n_embd, eps);
 
-    // Each sub-layer's input is rmsnorm(x) * its norm: already in h when the all-reduce
-    // before it wrote it (normed), else made by the sub-layer's first products
-    // (rmsnorm_matmul_n / rmsnorm_matmul_silu_mul, which may never write h).
-    bool normed = false;
+    // h holds each sub-layer's normed input: the first here, the others from the
+    // row-parallel update before them.
     for (int il = 0; il < p->n_layer_stage; il++) {
         const struct model_layer *L = &m->w.layers[il];
         const float *next_norm = il + 1 < p->n_layer_stage ? m->w.layers[il + 1].attn_norm : NULL;
@@ -128,10 +128,7 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
         const struct tpi_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->k, s->v};
-        if (normed)
-            ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
-        else
-            ops->rmsnorm_matmul_n(octx, s->x, L->attn_norm, eps, s->h, 3, wqkv, yqkv, n);
+        ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
         if (L->bq) { // qwen2
             ops->add_bias(octx, s->q, L->bq, n, q_dim);
             ops->add_bias(octx, s->k, L->bk, n, kv_dim);
@@ -142,16 +139,12 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
                           c->rope_base, eps);
         ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
         // partial sums over this rank's heads, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, &normed, err))) return rc;
+        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
-        if (normed)
-            ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
-        else
-            ops->rmsnorm_matmul_silu_mul(octx, s->x, L->ffn_norm, eps, s->h, &L->w_gate,
-                                         &L->w_up, s->g, s->u, n);
+        ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, &normed, err))) return rc;
+        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
     return TPI_OK;
 }
