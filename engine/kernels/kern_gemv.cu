@@ -1038,21 +1038,10 @@ template <int TYPE, int NR, bool PERM, int RW> constexpr auto gv_quant_kernel_fo
  * (16 bytes) first, first + step, ... in batches of GV_UNROLL whose loads go out before
  * the first dot; each item's x is read once for the RW rows. Items past the row end are
  * zero weights against the batch's first x (exact zeros). */
-#ifndef GV_ELEM_UNIT
-#define GV_ELEM_UNIT 8
-#endif
 template <int TYPE, int NR, int RW>
-__device__ __forceinline__ void gv_elem_rows4(const uint8_t *const (&wb)[RW], int n_units,
+__device__ __forceinline__ void gv_elem_rows8(const uint8_t *const (&wb)[RW], int n_items,
                                               int first, int step, const float *x, int ne0,
-                                              int nr, float (&acc)[RW][NR]);
-template <int TYPE, int NR, int RW>
-__device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int n_items,
-                                             int first, int step, const float *x, int ne0,
-                                             int nr, float (&acc)[RW][NR]) {
-    if constexpr (GV_ELEM_UNIT == 4) {
-        gv_elem_rows4<TYPE, NR, RW>(wb, 2 * n_items, first, step, x, ne0, nr, acc);
-        return;
-    }
+                                              int nr, float (&acc)[RW][NR]) {
     for (int it = first; it < n_items; it += GV_UNROLL * step) {
         int4 wv[GV_UNROLL][RW];
 #pragma unroll
@@ -1116,6 +1105,21 @@ __device__ __forceinline__ void gv_elem_rows4(const uint8_t *const (&wb)[RW], in
             }
         }
     }
+}
+
+/* A warp's share of RW BF16/F16 rows in the build's unit (GV_ELEM_UNIT: 8, the default,
+ * or 4), items given as 8-value counts either way. */
+#ifndef GV_ELEM_UNIT
+#define GV_ELEM_UNIT 8
+#endif
+template <int TYPE, int NR, int RW>
+__device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int n_items,
+                                             int first, int step, const float *x, int ne0,
+                                             int nr, float (&acc)[RW][NR]) {
+    if constexpr (GV_ELEM_UNIT == 4)
+        gv_elem_rows4<TYPE, NR, RW>(wb, 2 * n_items, first, step, x, ne0, nr, acc);
+    else
+        gv_elem_rows8<TYPE, NR, RW>(wb, n_items, first, step, x, ne0, nr, acc);
 }
 
 /* kind a, BF16/F16 weights: warp (group, part) takes the RW rows from group*RW on
