@@ -759,10 +759,11 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
 
 /* matmul_n, TPI_GEMV_MERGE auto: quantized weights of rows up to this many bytes all
  * share one decode launch (Q4_K's 4096-value rows, 2304 bytes: tg128 Q4_K_M +4 %; Q8_0's
- * 4352 and BF16's 8192 were 2-3 % slower that way; bench/NOTES.md change 16). BF16/F16
- * weights stay branches: their several-weight kernel needs 38 registers where the
- * one-weight kernel has 32, and BF16 was measured fast (tg128 208-210) only with the
- * one-weight kernels. */
+ * 4352 were 2-3 % slower that way; bench/NOTES.md change 16), and so do BF16/F16
+ * weights of any row length: their several-weight kernel needs 38 registers where the
+ * one-weight kernel has 32, which made it the slower form while their weights went
+ * through L1 (tg128 208-210 as branches), and the faster one since they do not (change
+ * 29: 224.3 as branches, 225.8 in one launch). */
 #define GEMV_MERGE_ROW_BYTES 4096
 
 void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
@@ -801,14 +802,13 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
             float *my[OPS_MAX_FUSED];
             int idx[OPS_MAX_FUSED], n_m = 0;
             const bool all = ctx->gemv_merge == 2 ||
-                             (ctx->gemv_merge == 1 && ws[0]->row_bytes <= GEMV_MERGE_ROW_BYTES);
-            /* auto leaves BF16/F16 weights as branches (GEMV_MERGE_ROW_BYTES) */
-            const bool none = ctx->gemv_merge == 1 && is_elem16(ws[0]->type);
+                             (ctx->gemv_merge == 1 && (ws[0]->row_bytes <= GEMV_MERGE_ROW_BYTES ||
+                                                       is_elem16(ws[0]->type)));
             for (int i = 0; i < n_w; i++)
                 if (i == 0 || (kern_wtype(ws[i]) == kern_wtype(ws[0]) && ws[i]->row_bytes == ws[0]->row_bytes &&
                                (all || 2 * ws[i]->ne1 <= ws[0]->ne1)))
                     mw[n_m] = ws[i], my[n_m] = ys[i], idx[n_m++] = i;
-            if (!none && n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream)) {
+            if (n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream)) {
                 if (!LAUNCH_OK(ctx, op)) return;
                 for (int k = 0; k < n_m; k++)
                     done[idx[k]] = true;

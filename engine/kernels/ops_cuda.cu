@@ -238,7 +238,7 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
      * running as parallel branches on side streams, among those of weight 0's type and row
      * length. TPI_GEMV_MERGE: 1 (default) auto: for quantized weights all of them for
      * rows of <= 4096 bytes, else those with at most half weight 0's rows (K and V with
-     * Q; gate and up stay two branches), none for BF16/F16 (kern_matmul.cu,
+     * Q; gate and up stay two branches), all for BF16/F16 (kern_matmul.cu,
      * GEMV_MERGE_ROW_BYTES); 2 all; 3 those with at most half its rows; 0 none. H200
      * tg128 (bench/NOTES.md change 16), none / half the rows / all: Q4_K_M 352 / 364 /
      * 379, Q8_0 294 / 299 / 293. */
