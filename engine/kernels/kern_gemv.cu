@@ -82,43 +82,40 @@ __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
     return gv_ldg<int4>(p);
 }
-/* 16 bytes of BF16/F16 weights: read once, so kept out of L1, where they would evict the
- * f32 x every warp reads whole (GV_WLOAD 1, the default: ld.global.nc.L1::no_allocate; 2:
- * L1::evict_first; 0: __ldg, which allocates). tg128 BF16 on the H200, one build each:
- * 221.2 with __ldg, 224.2 without allocating (bench/NOTES.md change 28). The quantized
- * kernels keep __ldg: without allocating, Q8_0 lost 3 % and Q4_K_M 7 % (their scales
- * and the neighbouring words of a block share lines with the 16-byte loads). */
-#ifndef GV_WLOAD
-#define GV_WLOAD 1
-#endif
-__host__ __device__ __forceinline__ int2 gv_ldw8(const void *p) {
-#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
-    int2 v;
-    asm("ld.global.nc.L1::no_allocate.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-#elif defined(__CUDA_ARCH__) && GV_WLOAD == 2
-    int2 v;
-    asm("ld.global.nc.L1::evict_first.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-#else
-    return gv_ldg<int2>(p);
-#endif
-}
-__host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
-#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
+/* 16 (8) bytes of weights through the read-only path without allocating in L1. */
+__device__ __forceinline__ int4 gv_ld_na128(const void *p) {
     int4 v;
     asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
     return v;
-#elif defined(__CUDA_ARCH__) && GV_WLOAD == 2
-    int4 v;
-    asm("ld.global.nc.L1::evict_first.v4.s32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+}
+__device__ __forceinline__ int2 gv_ld_na64(const void *p) {
+    int2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
+}
+/* 16 bytes of BF16/F16 weights: read once, so kept out of L1, where they would evict the
+ * f32 x every warp reads whole (GV_WLOAD 1, the default: no allocation; 0: __ldg, which
+ * allocates). tg128 BF16 on the H200, one build each: 221.2 with __ldg, 224.2 without
+ * allocating (bench/NOTES.md change 28). The quantized kernels keep __ldg: without
+ * allocating, Q8_0 lost 3 % and Q4_K_M 7 % (their scales and the neighbouring words of a
+ * block share lines with the 16-byte loads). */
+#ifndef GV_WLOAD
+#define GV_WLOAD 1
+#endif
+__host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
+#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
+    return gv_ld_na128(p);
 #else
     return gv_ldg<int4>(p);
+#endif
+}
+__host__ __device__ __forceinline__ int2 gv_ldw8(const void *p) {
+#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
+    return gv_ld_na64(p);
+#else
+    return gv_ldg<int2>(p);
 #endif
 }
 __host__ __device__ __forceinline__ int4 gv_ldx128(const void *p) {
@@ -137,6 +134,29 @@ __host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
 }
 __host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
     return gv_ldg<unsigned short>(p);
+}
+/* The loads of Q8_0's regrouped items: __ldg (GV_Q8_NA 0, the default), or all of them,
+ * the 2-byte scale too, without allocating in L1 (GV_Q8_NA 1, a build option: run 30
+ * found the 16-byte loads alone without allocation 3 % slower, the scale's line then
+ * fetched into L1 again; bench/NOTES.md change 28). */
+#ifndef GV_Q8_NA
+#define GV_Q8_NA 0
+#endif
+__host__ __device__ __forceinline__ int4 gv_ldq128(const void *p) {
+#if defined(__CUDA_ARCH__) && GV_Q8_NA == 1
+    return gv_ld_na128(p);
+#else
+    return gv_ld128(p);
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t gv_ldq16(const uint8_t *p) {
+#if defined(__CUDA_ARCH__) && GV_Q8_NA == 1
+    unsigned short v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+#else
+    return gv_ld16(p);
+#endif
 }
 __host__ __device__ __forceinline__ int gv_dp4a(uint32_t a, int b, int c) {
 #ifdef __CUDA_ARCH__
@@ -257,11 +277,11 @@ template <> struct gv<KERN_TYPE_Q8_0X8> {
     static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, IPB = 8;
     using raw = gv<TPI_TYPE_Q8_0>::raw;
     static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
-        const int4 a = gv_ld128(b + 32 * c), e = gv_ld128(b + 32 * c + 16);
+        const int4 a = gv_ldq128(b + 32 * c), e = gv_ldq128(b + 32 * c + 16);
         w.q[0] = (uint32_t)a.x, w.q[1] = (uint32_t)a.y, w.q[2] = (uint32_t)a.z;
         w.q[3] = (uint32_t)a.w, w.q[4] = (uint32_t)e.x, w.q[5] = (uint32_t)e.y;
         w.q[6] = (uint32_t)e.z, w.q[7] = (uint32_t)e.w;
-        w.d = gv_ld16(b + 256 + 2 * c);
+        w.d = gv_ldq16(b + 256 + 2 * c);
     }
     /* x, ds: the group's first (kind a; item c's are 32c values and c pairs on) or the
      * item's own (kind p: x from gv_item_rows, ds as kind a) */
