@@ -138,8 +138,9 @@ if has_step test && [ -n "$VTEST_ENV" ]; then
         ctest --test-dir "$BUILD" -R "test_model_gpu|test_ops_fused" -j 4 -V --timeout 110
 fi
 
+# wait for the models while a bench could still run after them (WAIT_LEFT_S seconds left)
 wait_models() {
-    while kill -0 $MK_PID 2>/dev/null && [ "$(left)" -gt 150 ]; do sleep 2; done
+    while kill -0 $MK_PID 2>/dev/null && [ "$(left)" -gt "${WAIT_LEFT_S:-60}" ]; do sleep 2; done
 }
 model_of() { echo "$MODELS_DIR/$PRESET-$1.gguf"; }
 BENCH="$OUT/bench.log"

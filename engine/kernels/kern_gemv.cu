@@ -82,17 +82,12 @@ __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
     return gv_ldg<int4>(p);
 }
-/* 16 (8) bytes of weights through the read-only path without allocating in L1. */
+/* 16 bytes of weights through the read-only path without allocating in L1. */
 __device__ __forceinline__ int4 gv_ld_na128(const void *p) {
     int4 v;
     asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
         : "l"(p));
-    return v;
-}
-__device__ __forceinline__ int2 gv_ld_na64(const void *p) {
-    int2 v;
-    asm("ld.global.nc.L1::no_allocate.v2.s32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
     return v;
 }
 /* 16 bytes of BF16/F16 weights: read once, so kept out of L1, where they would evict the
@@ -109,13 +104,6 @@ __host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
     return gv_ld_na128(p);
 #else
     return gv_ldg<int4>(p);
-#endif
-}
-__host__ __device__ __forceinline__ int2 gv_ldw8(const void *p) {
-#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
-    return gv_ld_na64(p);
-#else
-    return gv_ldg<int2>(p);
 #endif
 }
 __host__ __device__ __forceinline__ int4 gv_ldx128(const void *p) {
@@ -497,11 +485,11 @@ template <> struct gv<TPI_TYPE_Q6_K> {
 /* Kind p's permuted copies of x and where prepare puts them: kern_xq.cuh. */
 
 /* BF16/F16 weights, f32 x: an item is 8 values (16 bytes), a "block" of one item. */
-template <int TYPE, int NW>
-__host__ __device__ __forceinline__ void gv_elem_unpack_w(const uint32_t (&u)[NW],
-                                                          float (&f)[2 * NW]) {
+template <int TYPE>
+__host__ __device__ __forceinline__ void gv_elem_unpack(const int4 v, float (&f)[8]) {
+    const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
 #pragma unroll
-    for (int i = 0; i < NW; i++) {
+    for (int i = 0; i < 4; i++) {
         if constexpr (TYPE == TPI_TYPE_BF16) {
             const uint32_t lo = u[i] << 16, hi = u[i] & 0xFFFF0000u;
 #ifdef __CUDA_ARCH__
@@ -516,11 +504,6 @@ __host__ __device__ __forceinline__ void gv_elem_unpack_w(const uint32_t (&u)[NW
             f[2 * i + 1] = gv_h2f((uint16_t)(u[i] >> 16));
         }
     }
-}
-template <int TYPE>
-__host__ __device__ __forceinline__ void gv_elem_unpack(const int4 v, float (&f)[8]) {
-    const uint32_t u[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
-    gv_elem_unpack_w<TYPE, 4>(u, f);
 }
 
 template <int TYPE> struct gv_elem {
@@ -1059,9 +1042,9 @@ template <int TYPE, int NR, bool PERM, int RW> constexpr auto gv_quant_kernel_fo
  * the first dot; each item's x is read once for the RW rows. Items past the row end are
  * zero weights against the batch's first x (exact zeros). */
 template <int TYPE, int NR, int RW>
-__device__ __forceinline__ void gv_elem_rows8(const uint8_t *const (&wb)[RW], int n_items,
-                                              int first, int step, const float *x, int ne0,
-                                              int nr, float (&acc)[RW][NR]) {
+__device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int n_items,
+                                             int first, int step, const float *x, int ne0,
+                                             int nr, float (&acc)[RW][NR]) {
     for (int it = first; it < n_items; it += GV_UNROLL * step) {
         int4 wv[GV_UNROLL][RW];
 #pragma unroll
@@ -1081,65 +1064,6 @@ __device__ __forceinline__ void gv_elem_rows8(const uint8_t *const (&wb)[RW], in
                     wv[u][rw], x + 8 * (size_t)(u == 0 || i < n_items ? i : it), ne0, nr, acc[rw]);
         }
     }
-}
-
-/* The same in units of 4 values (8 bytes of weights: GV_ELEM_UNIT 4, a build option):
- * a warp's x loads then read 512 contiguous bytes (4 L1 wavefronts) where 8-value items
- * spread one over 1 KB (8), for twice the weight load instructions; batches of
- * 2 * GV_UNROLL units keep the bytes in flight. */
-template <int TYPE, int NR, int RW>
-__device__ __forceinline__ void gv_elem_rows4(const uint8_t *const (&wb)[RW], int n_units,
-                                              int first, int step, const float *x, int ne0,
-                                              int nr, float (&acc)[RW][NR]) {
-    constexpr int U = 2 * GV_UNROLL;
-    for (int it = first; it < n_units; it += U * step) {
-        int2 wv[U][RW];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = it + u * step;
-#pragma unroll
-            for (int rw = 0; rw < RW; rw++)
-                wv[u][rw] = u == 0 || i < n_units ? gv_ldw8((const int2 *)wb[rw] + i)
-                                                  : make_int2(0, 0);
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = it + u * step;
-            const float *xi = x + 4 * (size_t)(u == 0 || i < n_units ? i : it);
-#pragma unroll
-            for (int rw = 0; rw < RW; rw++) {
-                const uint32_t w2[2] = {(uint32_t)wv[u][rw].x, (uint32_t)wv[u][rw].y};
-                float f[4];
-                gv_elem_unpack_w<TYPE, 2>(w2, f);
-#pragma unroll
-                for (int r = 0; r < NR; r++)
-                    if (r == 0 || r < nr) {
-                        const float4 a = gv_ldf4(xi + (size_t)r * ne0);
-                        float sm = acc[rw][r];
-                        sm = fmaf(f[0], a.x, sm);
-                        sm = fmaf(f[1], a.y, sm);
-                        sm = fmaf(f[2], a.z, sm);
-                        sm = fmaf(f[3], a.w, sm);
-                        acc[rw][r] = sm;
-                    }
-            }
-        }
-    }
-}
-
-/* A warp's share of RW BF16/F16 rows in the build's unit (GV_ELEM_UNIT: 8, the default,
- * or 4), items given as 8-value counts either way. */
-#ifndef GV_ELEM_UNIT
-#define GV_ELEM_UNIT 8
-#endif
-template <int TYPE, int NR, int RW>
-__device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int n_items,
-                                             int first, int step, const float *x, int ne0,
-                                             int nr, float (&acc)[RW][NR]) {
-    if constexpr (GV_ELEM_UNIT == 4)
-        gv_elem_rows4<TYPE, NR, RW>(wb, 2 * n_items, first, step, x, ne0, nr, acc);
-    else
-        gv_elem_rows8<TYPE, NR, RW>(wb, n_items, first, step, x, ne0, nr, acc);
 }
 
 /* kind a, BF16/F16 weights: warp (group, part) takes the RW rows from group*RW on
