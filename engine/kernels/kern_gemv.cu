@@ -82,13 +82,27 @@ __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
     return gv_ldg<int4>(p);
 }
-/* 16 bytes of weights through the read-only path without allocating in L1. */
-__device__ __forceinline__ int4 gv_ld_na128(const void *p) {
-    int4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
+/* Build options of the weight loads: GV_WLOAD (BF16/F16, gv_ldw16) and GV_Q8_NA (Q8_0's
+ * regrouped items, gv_ldq128 / gv_ldq16), below. */
+#ifndef GV_WLOAD
+#define GV_WLOAD 1
+#endif
+#ifndef GV_Q8_NA
+#define GV_Q8_NA 0
+#endif
+/* 16 bytes of weights through the read-only path, without allocating in L1 when NA
+ * (device code; the host reads them as gv_ld128 does). */
+template <bool NA> __host__ __device__ __forceinline__ int4 gv_ld128_na(const void *p) {
+#ifdef __CUDA_ARCH__
+    if constexpr (NA) {
+        int4 v;
+        asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+        return v;
+    }
+#endif
+    return gv_ld128(p);
 }
 /* 16 bytes of BF16/F16 weights: read once, so kept out of L1, where they would evict the
  * f32 x every warp reads whole (GV_WLOAD 1, the default: no allocation; 0: __ldg, which
@@ -96,15 +110,8 @@ __device__ __forceinline__ int4 gv_ld_na128(const void *p) {
  * allocating (bench/NOTES.md change 28). The quantized kernels keep __ldg: without
  * allocating, Q8_0 lost 3 % and Q4_K_M 7 % (their scales and the neighbouring words of a
  * block share lines with the 16-byte loads). */
-#ifndef GV_WLOAD
-#define GV_WLOAD 1
-#endif
 __host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
-#if defined(__CUDA_ARCH__) && GV_WLOAD == 1
-    return gv_ld_na128(p);
-#else
-    return gv_ldg<int4>(p);
-#endif
+    return gv_ld128_na<GV_WLOAD == 1>(p);
 }
 __host__ __device__ __forceinline__ int4 gv_ldx128(const void *p) {
     return gv_ldx<int4>(p);
@@ -127,15 +134,8 @@ __host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
  * the 2-byte scale too, without allocating in L1 (GV_Q8_NA 1, a build option: run 30
  * found the 16-byte loads alone without allocation 3 % slower, the scale's line then
  * fetched into L1 again; bench/NOTES.md change 28). */
-#ifndef GV_Q8_NA
-#define GV_Q8_NA 0
-#endif
 __host__ __device__ __forceinline__ int4 gv_ldq128(const void *p) {
-#if defined(__CUDA_ARCH__) && GV_Q8_NA == 1
-    return gv_ld_na128(p);
-#else
-    return gv_ld128(p);
-#endif
+    return gv_ld128_na<GV_Q8_NA == 1>(p);
 }
 __host__ __device__ __forceinline__ uint32_t gv_ldq16(const uint8_t *p) {
 #if defined(__CUDA_ARCH__) && GV_Q8_NA == 1
