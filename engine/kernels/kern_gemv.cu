@@ -1022,19 +1022,25 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * makes ptxas take far more registers (Q4_K 40 -> 154: tg128 Q4_K_M 406 -> 337), so
  * they keep the one-argument form. */
 #define GV_X8_MIN_BLOCKS 4
-template <int TYPE, int NR, bool PERM, int RW>
-__global__ void __launch_bounds__(GV_WARPS * 32, GV_X8_MIN_BLOCKS)
+template <int TYPE, int NR, bool PERM, int RW, int MINB>
+__global__ void __launch_bounds__(GV_WARPS * 32, MINB)
     gv_quant_kernel_held(const gv_segs sg, size_t row_bytes, int ne0,
                          const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
                          int nr, bool accumulate) {
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
-/* The kind a/p kernel a launch of type TYPE with NR x rows takes. */
-template <int TYPE, int NR, bool PERM, int RW> constexpr auto gv_quant_kernel_for() {
+/* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
+ * knob: 0, 6, 8 or 10) holds Q4_K's and Q6_K's one-row kernels to that many blocks a
+ * multiprocessor (85, 64 or 51 registers where ptxas gives them 40 unbounded). */
+template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1)
-        return gv_quant_kernel_held<TYPE, NR, PERM, RW>;
-    else
-        return gv_quant_kernel<TYPE, NR, PERM, RW>;
+        return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS>;
+    if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && NR == 1 && RW == 1) {
+        if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
+        if (kbound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
+        if (kbound == 10) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 10>;
+    }
+    return gv_quant_kernel<TYPE, NR, PERM, RW>;
 }
 
 /* BF16/F16 weights, kind a: one warp's share of RW weight rows (wb[]), items of 8 values
@@ -1154,20 +1160,26 @@ __global__ void __launch_bounds__(W * 32)
  * gives the kernel 62 registers, fewer than a batch's 8 weight items (72) and their x
  * need to be in flight at once (gv_quant_kernel_held: the same effect for one row). */
 #define GV_GLU_X8_MIN_BLOCKS 3
-template <int TYPE, bool PERM, int W>
-__global__ void __launch_bounds__(W * 32, GV_GLU_X8_MIN_BLOCKS)
+template <int TYPE, bool PERM, int W, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
     gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                              const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
                              gv_xlayout olay) {
     gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
-/* The gate/up kernel of type TYPE with W warps a block. */
-template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
+/* The gate/up kernel of type TYPE with W warps a block; glubound (the glubound knob: 0,
+ * 4, 5 or 6, with W 4) holds Q4_K's and Q6_K's to that many blocks a multiprocessor
+ * (128, 102 or 85 registers). */
+template <int TYPE, bool PERM, int W> auto gv_glu_kernel_for(int glubound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && W == 8)
-        return gv_glu_quant_kernel_held<TYPE, PERM, W>;
-    else
-        return gv_glu_quant_kernel<TYPE, PERM, W>;
+        return gv_glu_quant_kernel_held<TYPE, PERM, W, GV_GLU_X8_MIN_BLOCKS>;
+    if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && W == 4) {
+        if (glubound == 4) return gv_glu_quant_kernel_held<TYPE, PERM, W, 4>;
+        if (glubound == 5) return gv_glu_quant_kernel_held<TYPE, PERM, W, 5>;
+        if (glubound == 6) return gv_glu_quant_kernel_held<TYPE, PERM, W, 6>;
+    }
+    return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
@@ -1253,8 +1265,10 @@ struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
     int batch, pdl, wps; /* wps 0: auto */
     int rpw;             /* 1, 2, 4, or 0: auto */
+    int kbound;          /* Q4_K/Q6_K one-row kernels held to 6, 8 or 10 blocks an SM; 0 none */
+    int glubound;        /* their gate/up kernels: 4 warps, held to 4, 5 or 6 blocks; 0 none */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, 0};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
@@ -1301,6 +1315,14 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
                 c->rpw = *v - '0';
             else
                 return false;
+        } else if (strcmp(key, "kbound") == 0 || strcmp(key, "glubound") == 0) {
+            const bool k = key[0] == 'k';
+            char *end;
+            const long n = strtol(v, &end, 10);
+            if (end != spec || spec == v || (k ? n != 0 && n != 6 && n != 8 && n != 10
+                                               : n != 0 && (n < 4 || n > 6)))
+                return false;
+            *(k ? &c->kbound : &c->glubound) = (int)n;
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
@@ -1317,7 +1339,9 @@ static gv_cfg gv_cfg_from_env(void) {
                                           {"batch", "TPI_GEMV_BATCH"},
                                           {"pdl", "TPI_GEMV_PDL"},
                                           {"wps", "TPI_GEMV_WPS"},
-                                          {"rpw", "TPI_GEMV_RPW"}};
+                                          {"rpw", "TPI_GEMV_RPW"},
+                                          {"kbound", "TPI_GEMV_KBOUND"},
+                                          {"glubound", "TPI_GEMV_GLUBOUND"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1350,7 +1374,8 @@ void kern_gemv_describe(char *buf, size_t n) {
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
     if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
-    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s", kind, c.batch, c.pdl, wps, rpw);
+    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,glubound=%d", kind, c.batch,
+             c.pdl, wps, rpw, c.kbound, c.glubound);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1499,13 +1524,13 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(),
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(c.kbound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(),
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(c.kbound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xq, ne0, gx->ds, nr, accumulate);
             });
@@ -1597,10 +1622,10 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
 template <int T, bool PERM> static int gv_glu_warps(const struct ops_ctx *ctx, int n_blocks, int want) {
     if (want == 4 || want == 8 || want == 16 || want == 32) return want;
     static int per_sm[4] = {-1, -1, -1, -1}; /* W = 4, 8, 16, 32 */
-    const void *fn[4] = {(const void *)gv_glu_kernel_for<T, PERM, 4>(),
-                         (const void *)gv_glu_kernel_for<T, PERM, 8>(),
-                         (const void *)gv_glu_kernel_for<T, PERM, 16>(),
-                         (const void *)gv_glu_kernel_for<T, PERM, 32>()};
+    const void *fn[4] = {(const void *)gv_glu_kernel_for<T, PERM, 4>(0),
+                         (const void *)gv_glu_kernel_for<T, PERM, 8>(0),
+                         (const void *)gv_glu_kernel_for<T, PERM, 16>(0),
+                         (const void *)gv_glu_kernel_for<T, PERM, 32>(0)};
     for (int k = 3; k >= 1; k--) {
         if (per_sm[k] < 0 &&
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[k], fn[k], 32 << (k + 2), 0) !=
@@ -1648,9 +1673,10 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             const unsigned blocks = (unsigned)(n_ff / 32);
             auto go = [&](auto perm_c, const int8_t *x, int xs) {
                 constexpr bool P = decltype(perm_c)::value;
-                const int w = gv_glu_warps<T, P>(ctx, (int)blocks, warps);
+                const bool held = c.glubound && (T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K);
+                const int w = held ? 4 : gv_glu_warps<T, P>(ctx, (int)blocks, warps);
                 auto launch = [&](auto w_c) {
-                    kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
+                    kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(c.glubound),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
                                 wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };
