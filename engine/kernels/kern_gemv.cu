@@ -1031,7 +1031,11 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
 }
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
  * knob: 0, 6, 8 or 10) holds Q4_K's and Q6_K's one-row kernels to that many blocks a
- * multiprocessor (85, 64 or 51 registers where ptxas gives them 40 unbounded). */
+ * multiprocessor (85, 64 or 51 registers where ptxas gives them 40 unbounded). The knob
+ * applies to rows of at least GV_KBOUND_MIN_NE0 values (the down products): run 34
+ * measured it on every shape, which lost (lm_head Q6_K 160 -> 215 us), while the 12288-value
+ * rows gained (Q6_K 21.1 -> 18.5 us, Q4_K 11.6 -> 10.3; bench/NOTES.md change 30). */
+#define GV_KBOUND_MIN_NE0 8192
 template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1)
         return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS>;
@@ -1265,7 +1269,8 @@ struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
     int batch, pdl, wps; /* wps 0: auto */
     int rpw;             /* 1, 2, 4, or 0: auto */
-    int kbound;          /* Q4_K/Q6_K one-row kernels held to 6, 8 or 10 blocks an SM; 0 none */
+    int kbound;          /* Q4_K/Q6_K one-row kernels of long rows held to 6, 8 or 10 blocks
+                          * an SM; 0 none */
     int glubound;        /* their gate/up kernels: 4 warps, held to 4, 5 or 6 blocks; 0 none */
 };
 static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, 0};
@@ -1516,6 +1521,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         using Q = gv<T>;
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
         const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_QUANT, n_items, &blocks);
+        const int kb = ne0 >= GV_KBOUND_MIN_NE0 ? c.kbound : 0;
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
@@ -1524,13 +1530,13 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(c.kbound),
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(c.kbound),
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xq, ne0, gx->ds, nr, accumulate);
             });
