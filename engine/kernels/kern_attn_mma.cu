@@ -109,7 +109,6 @@ struct mma_args {
     int8_t *xq;
     float2 *ds;
     gv_xlayout xlay;
-    kern_pf pf; /* decode shape: weight bytes to ask L2 for before the wait (ops prefetch) */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -408,7 +407,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     __shared__ int last_s;
     __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
 
-    if (DEC) kern_pf_issue(a.pf); /* the next product's first weight bytes, toward L2 */
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
@@ -885,7 +883,6 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     const bool q8 =
         DEC && n_tokens <= 8 && kern_xq_claim(ctx, XQ_BY_ATTN, n_tokens, ne0, &a->xq, &a->ds);
     a->xlay = gv_xlayout_of(n_tokens, ne0);
-    a->pf = kern_pf_take(ctx, DEC); /* the first launch asks for them */
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
@@ -893,7 +890,6 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         kern_launch(DEC && ctx->pdl, attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS), smem,
                     ctx->stream, *a);
         if (!LAUNCH_OK(ctx, op)) return;
-        a->pf = kern_pf{};
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
     if (!DEC && n_split > 1) {

@@ -21,14 +21,6 @@ extern "C" {
 #include "kernels/quant.h"
 }
 
-/* Byte ranges of weights a small decode kernel asks L2 for before its wait (ops
- * `prefetch`; kern_pf_issue): n[i] bytes from p[i], both multiples of 16; n[i] 0: none. */
-#define KERN_PF_MAX OPS_MAX_FUSED
-struct kern_pf {
-    const uint8_t *p[KERN_PF_MAX];
-    uint32_t n[KERN_PF_MAX];
-};
-
 /* A device buffer that only grows; reused by ops that need temporary space. */
 struct kern_scratch {
     void *p;
@@ -86,10 +78,6 @@ struct ops_ctx {
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
-    /* the weights the next matrix product reads (ops `prefetch`), for the next decode-row
-     * rmsnorm or decode attention to ask L2 for; cleared by those and by every matmul */
-    struct kern_pf pf;
-    size_t pf_budget; /* bytes a prefetch hint covers at most (TPI_L2_PREFETCH, MB); 0: off */
 };
 
 /* Record the first failure of an op ("op: what (file:line)"); later ones are dropped
@@ -129,39 +117,6 @@ __device__ __forceinline__ void kern_dep_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-/* Ask L2 for the ranges of pf, spread over every thread of the grid in pieces of
- * KERN_PF_PIECE bytes (cp.async.bulk.prefetch: no registers held, nothing waited for).
- * Weights are no kernel's output, so a kernel calls this before kern_dep_wait: the bytes
- * move while it and its predecessor's tail run. A hint: results never depend on it. */
-#define KERN_PF_PIECE 4096
-__device__ __forceinline__ void kern_pf_issue(const kern_pf &pf) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t n_thr = gridDim.x * gridDim.y * gridDim.z * blockDim.x;
-    const uint32_t tid =
-        ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < KERN_PF_MAX; r++) {
-        const uint64_t n = pf.n[r];
-        for (uint64_t off = (uint64_t)tid * KERN_PF_PIECE; off < n;
-             off += (uint64_t)n_thr * KERN_PF_PIECE) {
-            const uint32_t len = (uint32_t)(n - off < KERN_PF_PIECE ? n - off : KERN_PF_PIECE);
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(pf.p[r] + off), "r"(len)
-                         : "memory");
-        }
-    }
-#else
-    (void)pf;
-#endif
-}
-
-/* The pending prefetch plan for a kernel about to be launched (cleared: one kernel takes
- * it); an empty plan when `take` is false (the launch is not a decode-row one). */
-static inline kern_pf kern_pf_take(struct ops_ctx *ctx, bool take) {
-    kern_pf pf = ctx->pf;
-    ctx->pf = kern_pf{};
-    return take ? pf : kern_pf{};
-}
-
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the
  * j-th of its block): d = amax / 127, q = round(v / d) clamped to +-127; writes xq[i]
  * and, from lane 0, ds[i / 32] = (d, d * sum q); returns q. Every x quantization of the

@@ -82,13 +82,9 @@ __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
     return gv_ldg<int4>(p);
 }
-/* Build options of the weight loads: GV_WLOAD (BF16/F16, gv_ldw16) and GV_Q8_NA (Q8_0's
- * regrouped items, gv_ldq128 / gv_ldq16), below. */
+/* Build option of the BF16/F16 weight loads (gv_ldw16, below). */
 #ifndef GV_WLOAD
 #define GV_WLOAD 1
-#endif
-#ifndef GV_Q8_NA
-#define GV_Q8_NA 0
 #endif
 /* 16 bytes of weights through the read-only path, without allocating in L1 when NA
  * (device code; the host reads them as gv_ld128 does). */
@@ -130,22 +126,10 @@ __host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
 __host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
     return gv_ldg<unsigned short>(p);
 }
-/* The loads of Q8_0's regrouped items: __ldg (GV_Q8_NA 0, the default), or all of them,
- * the 2-byte scale too, without allocating in L1 (GV_Q8_NA 1, a build option: run 30
- * found the 16-byte loads alone without allocation 3 % slower, the scale's line then
- * fetched into L1 again; bench/NOTES.md change 28). */
-__host__ __device__ __forceinline__ int4 gv_ldq128(const void *p) {
-    return gv_ld128_na<GV_Q8_NA == 1>(p);
-}
-__host__ __device__ __forceinline__ uint32_t gv_ldq16(const uint8_t *p) {
-#if defined(__CUDA_ARCH__) && GV_Q8_NA == 1
-    unsigned short v;
-    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
-    return v;
-#else
-    return gv_ld16(p);
+/* Build option of the BF16/F16 weight loads (gv_ldw16, below). */
+#ifndef GV_WLOAD
+#define GV_WLOAD 1
 #endif
-}
 __host__ __device__ __forceinline__ int gv_dp4a(uint32_t a, int b, int c) {
 #ifdef __CUDA_ARCH__
     return __dp4a((int)a, b, c);
@@ -265,11 +249,13 @@ template <> struct gv<KERN_TYPE_Q8_0X8> {
     static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, IPB = 8;
     using raw = gv<TPI_TYPE_Q8_0>::raw;
     static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
-        const int4 a = gv_ldq128(b + 32 * c), e = gv_ldq128(b + 32 * c + 16);
+        /* __ldg: without allocating in L1 these lost 3 % (the 16-byte loads alone, run 30)
+         * and 5 % (the scale too, run 34; bench/NOTES.md changes 28 and 30) */
+        const int4 a = gv_ld128(b + 32 * c), e = gv_ld128(b + 32 * c + 16);
         w.q[0] = (uint32_t)a.x, w.q[1] = (uint32_t)a.y, w.q[2] = (uint32_t)a.z;
         w.q[3] = (uint32_t)a.w, w.q[4] = (uint32_t)e.x, w.q[5] = (uint32_t)e.y;
         w.q[6] = (uint32_t)e.z, w.q[7] = (uint32_t)e.w;
-        w.d = gv_ldq16(b + 256 + 2 * c);
+        w.d = gv_ld16(b + 256 + 2 * c);
     }
     /* x, ds: the group's first (kind a; item c's are 32c values and c pairs on) or the
      * item's own (kind p: x from gv_item_rows, ds as kind a) */
@@ -1030,11 +1016,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
- * knob: 0, 6, 8 or 10) holds Q4_K's and Q6_K's one-row kernels to that many blocks a
- * multiprocessor (85, 64 or 51 registers where ptxas gives them 40 unbounded). The knob
- * applies to rows of at least GV_KBOUND_MIN_NE0 values (the down products): run 34
- * measured it on every shape, which lost (lm_head Q6_K 160 -> 215 us), while the 12288-value
- * rows gained (Q6_K 21.1 -> 18.5 us, Q4_K 11.6 -> 10.3; bench/NOTES.md change 30). */
+ * knob: 0, 6, 8 or 10, default 10) holds Q4_K's and Q6_K's one-row kernels to that many
+ * blocks a multiprocessor (ptxas then takes 80, 64 and 48 registers, 40 unbounded) for
+ * rows of at least GV_KBOUND_MIN_NE0 values (the down products). On every shape it
+ * lost (run 34: lm_head Q6_K 160 -> 215 us at 8); on the 12288-value rows it gains (Q6_K
+ * 21.1 -> 18.5 us at 10, Q4_K 11.6 -> 10.5; tg128 Q4_K_M +1.2 %, run 35; bench/NOTES.md
+ * change 30). */
 #define GV_KBOUND_MIN_NE0 8192
 template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1)
@@ -1172,18 +1159,13 @@ __global__ void __launch_bounds__(W * 32, MINB)
                              gv_xlayout olay) {
     gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
-/* The gate/up kernel of type TYPE with W warps a block; glubound (the glubound knob: 0,
- * 4, 5 or 6, with W 4) holds Q4_K's and Q6_K's to that many blocks a multiprocessor
- * (128, 102 or 85 registers). */
-template <int TYPE, bool PERM, int W> auto gv_glu_kernel_for(int glubound) {
+/* The gate/up kernel of type TYPE with W warps a block. (Q4_K's held to 4-6 blocks of 4
+ * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.) */
+template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && W == 8)
         return gv_glu_quant_kernel_held<TYPE, PERM, W, GV_GLU_X8_MIN_BLOCKS>;
-    if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && W == 4) {
-        if (glubound == 4) return gv_glu_quant_kernel_held<TYPE, PERM, W, 4>;
-        if (glubound == 5) return gv_glu_quant_kernel_held<TYPE, PERM, W, 5>;
-        if (glubound == 6) return gv_glu_quant_kernel_held<TYPE, PERM, W, 6>;
-    }
-    return gv_glu_quant_kernel<TYPE, PERM, W>;
+    else
+        return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
@@ -1271,9 +1253,8 @@ struct gv_cfg {
     int rpw;             /* 1, 2, 4, or 0: auto */
     int kbound;          /* Q4_K/Q6_K one-row kernels of long rows held to 6, 8 or 10 blocks
                           * an SM; 0 none */
-    int glubound;        /* their gate/up kernels: 4 warps, held to 4, 5 or 6 blocks; 0 none */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, 0};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
@@ -1320,14 +1301,11 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
                 c->rpw = *v - '0';
             else
                 return false;
-        } else if (strcmp(key, "kbound") == 0 || strcmp(key, "glubound") == 0) {
-            const bool k = key[0] == 'k';
+        } else if (strcmp(key, "kbound") == 0) {
             char *end;
             const long n = strtol(v, &end, 10);
-            if (end != spec || spec == v || (k ? n != 0 && n != 6 && n != 8 && n != 10
-                                               : n != 0 && (n < 4 || n > 6)))
-                return false;
-            *(k ? &c->kbound : &c->glubound) = (int)n;
+            if (end != spec || spec == v || (n != 0 && n != 6 && n != 8 && n != 10)) return false;
+            c->kbound = (int)n;
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
@@ -1345,8 +1323,7 @@ static gv_cfg gv_cfg_from_env(void) {
                                           {"pdl", "TPI_GEMV_PDL"},
                                           {"wps", "TPI_GEMV_WPS"},
                                           {"rpw", "TPI_GEMV_RPW"},
-                                          {"kbound", "TPI_GEMV_KBOUND"},
-                                          {"glubound", "TPI_GEMV_GLUBOUND"}};
+                                          {"kbound", "TPI_GEMV_KBOUND"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1379,8 +1356,8 @@ void kern_gemv_describe(char *buf, size_t n) {
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
     if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
-    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,glubound=%d", kind, c.batch,
-             c.pdl, wps, rpw, c.kbound, c.glubound);
+    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d", kind, c.batch, c.pdl, wps,
+             rpw, c.kbound);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1628,10 +1605,10 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
 template <int T, bool PERM> static int gv_glu_warps(const struct ops_ctx *ctx, int n_blocks, int want) {
     if (want == 4 || want == 8 || want == 16 || want == 32) return want;
     static int per_sm[4] = {-1, -1, -1, -1}; /* W = 4, 8, 16, 32 */
-    const void *fn[4] = {(const void *)gv_glu_kernel_for<T, PERM, 4>(0),
-                         (const void *)gv_glu_kernel_for<T, PERM, 8>(0),
-                         (const void *)gv_glu_kernel_for<T, PERM, 16>(0),
-                         (const void *)gv_glu_kernel_for<T, PERM, 32>(0)};
+    const void *fn[4] = {(const void *)gv_glu_kernel_for<T, PERM, 4>(),
+                         (const void *)gv_glu_kernel_for<T, PERM, 8>(),
+                         (const void *)gv_glu_kernel_for<T, PERM, 16>(),
+                         (const void *)gv_glu_kernel_for<T, PERM, 32>()};
     for (int k = 3; k >= 1; k--) {
         if (per_sm[k] < 0 &&
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[k], fn[k], 32 << (k + 2), 0) !=
@@ -1679,10 +1656,9 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             const unsigned blocks = (unsigned)(n_ff / 32);
             auto go = [&](auto perm_c, const int8_t *x, int xs) {
                 constexpr bool P = decltype(perm_c)::value;
-                const bool held = c.glubound && (T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K);
-                const int w = held ? 4 : gv_glu_warps<T, P>(ctx, (int)blocks, warps);
+                const int w = gv_glu_warps<T, P>(ctx, (int)blocks, warps);
                 auto launch = [&](auto w_c) {
-                    kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(c.glubound),
+                    kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
                                 wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };

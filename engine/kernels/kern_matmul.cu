@@ -634,7 +634,6 @@ static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals);
 
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows) {
-    ctx->pf = kern_pf{}; /* a prefetch hint lasts until the next product */
     if (n_rows <= 0 || w->ne1 <= 0) return;
     if (!matmul_ok(ctx, w, n_rows, "cuda matmul")) return;
     if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3) {
@@ -770,7 +769,6 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
 void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
                    float *const *ys, int64_t n_rows) {
     const char *op = "cuda matmul_n";
-    ctx->pf = kern_pf{};
     if (n_w < 0 || n_w > OPS_MAX_FUSED) {
         kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__, "%d weights (at most %d)", n_w,
                   OPS_MAX_FUSED);
@@ -874,7 +872,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows) {
     const char *op = "cuda matmul_add";
-    ctx->pf = kern_pf{};
     if (n_rows <= 0 || w->ne1 <= 0) return;
     if (!matmul_ok(ctx, w, n_rows, op)) return;
     xq_written(ctx, y, n_rows * w->ne1); /* y changes; x's memo (if any) stays */
@@ -904,7 +901,6 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const float *x, float *g, float *u,
                           int64_t n_rows) {
     const char *op = "cuda matmul_silu_mul";
-    ctx->pf = kern_pf{};
     const int64_t n_ff = wg->ne1, n_vals = n_rows * n_ff, nx = n_rows * wg->ne0;
     const bool apart = (g + n_vals <= u || u + n_vals <= g) && (g + n_vals <= x || x + nx <= g) &&
                        (u + n_vals <= x || x + nx <= u);

@@ -184,13 +184,6 @@ struct ops {
      * queued work (0 when not waiting); safe to ask from another thread (the watchdog).
      * NULL: the backend never waits that way (CPU). */
     double (*wait_s)(struct ops_ctx *ctx);
-
-    /* A hint, optional (NULL where no cache is worth warming, e.g. the CPU): the next
-     * matrix product reads the n (<= OPS_MAX_FUSED) weights ws, so the small ops queued
-     * before it (a decode row's rmsnorm, decode attention) may start moving their first
-     * bytes toward the device's cache. Good until the next matrix product; never changes
-     * a result. */
-    void (*prefetch)(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws);
 };
 
 /* The CPU reference backend (always built). */

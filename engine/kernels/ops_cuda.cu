@@ -265,20 +265,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         if (!ok)
             TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
-    /* Weight bytes a prefetch hint covers (ops `prefetch`: the next product's first bytes
-     * asked of L2 by the decode-row rmsnorm or attention before it; bench/NOTES.md change
-     * 31): TPI_L2_PREFETCH in MB, 0 off; default 16, at most half the L2. */
-    const char *pf = getenv("TPI_L2_PREFETCH");
-    long pf_mb = 16;
-    if (pf && *pf) {
-        char *end;
-        const long v = strtol(pf, &end, 10);
-        if (*end == 0 && v >= 0 && v <= 1024)
-            pf_mb = v;
-        else
-            TPI_LOGW("TPI_L2_PREFETCH=%s is not a number of MB in 0..1024: ignored", pf);
-    }
-    ctx->pf_budget = TPI_MIN((size_t)pf_mb << 20, (size_t)prop.l2CacheSize / 2);
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
     ctx->n_sm = prop.multiProcessorCount;
@@ -554,39 +540,6 @@ static void op_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *id
     kern_xq_forget(ctx);
     kern_get_rows(ctx, src, idx_host, n_idx, n_cols, dst);
 }
-/* ops `prefetch`: ctx->pf for the next decode-row rmsnorm or attention. The budget is
- * shared out so that small weights are taken whole and the rest split evenly (Q/K/V:
- * all of K and V, then Q's first rows; gate/up: the first rows of each, which the same
- * blocks of their launch read first). */
-static void op_prefetch(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws) {
-    ctx->pf = kern_pf{};
-    if (ctx->pf_budget == 0 || n < 1 || n > KERN_PF_MAX) return;
-    size_t want[KERN_PF_MAX], left = ctx->pf_budget;
-    int open = 0;
-    for (int i = 0; i < n; i++) {
-        /* whole 16-byte units inside the tensor, from its first aligned byte */
-        const uintptr_t p = (uintptr_t)ws[i]->data, p16 = (p + 15) & ~(uintptr_t)15;
-        const size_t bytes = (size_t)ws[i]->ne1 * ws[i]->row_bytes;
-        want[i] = ws[i]->data && bytes > p16 - p ? (bytes - (p16 - p)) & ~(size_t)15 : 0;
-        ctx->pf.p[i] = (const uint8_t *)p16;
-        if (want[i]) open++;
-    }
-    while (open > 0 && left >= 16) { /* smallest first: each takes min(its need, fair share) */
-        const size_t share = (left / (size_t)open) & ~(size_t)15;
-        int progressed = 0;
-        for (int i = 0; i < n; i++) {
-            const size_t need = want[i] - ctx->pf.n[i];
-            if (need == 0 || need > share) continue;
-            ctx->pf.n[i] += (uint32_t)need, left -= need, open--, progressed = 1;
-        }
-        if (!progressed) { /* every one needs more than its share: give each the share */
-            for (int i = 0; i < n; i++)
-                if (want[i] > ctx->pf.n[i]) ctx->pf.n[i] += (uint32_t)share;
-            break;
-        }
-    }
-}
-
 static void op_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                             const float *k_norm, const struct ops_batch *b, int n_head,
                             int n_kv_head, int head_dim, int n_rot, float freq_base, float eps) {
@@ -644,7 +597,6 @@ static const struct ops ops_cuda_table = {
     /* .graph_launch = */ op_graph_launch,
     /* .graph_free = */ kern_graph_free,
     /* .wait_s = */ cuda_wait_s,
-    /* .prefetch = */ op_prefetch,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

@@ -69,21 +69,13 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     return TPI_OK;
 }
 
-/* Tell the backend which weights the next product reads (ops `prefetch`, a hint for the
- * small ops queued before it; absent on the CPU). */
-static void hint_next(const struct model *m, int n, const struct tpi_weight *const *ws) {
-    if (m->ops->prefetch) m->ops->prefetch(m->octx, n, ws);
-}
-
 /* x += in * W^T for a row-parallel W (attention output, FFN down), then h =
- * rmsnorm(x) * norm when norm is given (the next product reads the n_next weights
- * next, a hint for the norm): with TP, this rank's partial sum is
+ * rmsnorm(x) * norm when norm is given: with TP, this rank's partial sum is
  * all-reduced over the group before the residual add (on one node one kernel over
  * peer memory does the sum, the add and, for decode-sized steps, the norm:
  * comm_nccl.c); alone, the residual is folded into the matmul. */
 static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
-                            const float *norm, int n_next, const struct tpi_weight *const *next,
-                            struct tpi_error *err) {
+                            const float *norm, struct tpi_error *err) {
     struct model_state *s = &m->s;
     const int n_embd = m->cfg.n_embd;
     const int64_t n_x = (int64_t)n * n_embd;
@@ -103,10 +95,7 @@ static int row_parallel_add(struct model *m, const struct tpi_weight *w, const f
             if (rc) return rc;
         }
     }
-    if (norm && !normed) {
-        hint_next(m, n_next, next);
-        m->ops->rmsnorm(m->octx, s->x, norm, s->h, n, n_embd, m->cfg.rms_eps);
-    }
+    if (norm && !normed) m->ops->rmsnorm(m->octx, s->x, norm, s->h, n, n_embd, m->cfg.rms_eps);
     return TPI_OK;
 }
 
@@ -128,22 +117,13 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     int rc;
 
     if (p->is_first) ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
-    if (p->n_layer_stage > 0) {
-        const struct model_layer *L0 = &m->w.layers[0];
-        const struct tpi_weight *wqkv0[3] = {&L0->wq, &L0->wk, &L0->wv};
-        hint_next(m, 3, wqkv0);
-    }
     ops->rmsnorm(octx, s->x, m->w.layers[0].attn_norm, s->h, n, n_embd, eps);
 
     // h holds each sub-layer's normed input: the first here, the others from the
     // row-parallel update before them.
     for (int il = 0; il < p->n_layer_stage; il++) {
         const struct model_layer *L = &m->w.layers[il];
-        const bool more = il + 1 < p->n_layer_stage;
-        const float *next_norm = more ? m->w.layers[il + 1].attn_norm : NULL;
-        const struct model_layer *N = more ? &m->w.layers[il + 1] : L;
-        const struct tpi_weight *next_qkv[3] = {&N->wq, &N->wk, &N->wv};
-        const struct tpi_weight *gate_up[2] = {&L->w_gate, &L->w_up};
+        const float *next_norm = il + 1 < p->n_layer_stage ? m->w.layers[il + 1].attn_norm : NULL;
 
         // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
         const struct tpi_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -157,17 +137,14 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         // qwen3: rmsnorm over each head's head_dim values (q_norm/k_norm), then RoPE
         ops->qk_norm_rope(octx, s->q, s->k, L->q_norm, L->k_norm, &b, n_head, n_kv, hd, c->n_rot,
                           c->rope_base, eps);
-        const struct tpi_weight *wo = &L->wo;
-        hint_next(m, 1, &wo);
         ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
         // partial sums over this rank's heads, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, 2, gate_up, err))) return rc;
+        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
         ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, 3, next_qkv, err)))
-            return rc;
+        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
     return TPI_OK;
 }
