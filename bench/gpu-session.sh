@@ -11,7 +11,8 @@
 #   4. tpinfer bench -p 512 -n 128 -r 3 on each model in a process of its own (the default
 #      paths)
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
-#   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 of one model each;
+#   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 (VARIANT_ARGS) of
+#      one model each;
 #      a name starting with "alt" runs a second tpinfer built with ALT_CUDA_FLAGS, and
 #      TYPE=t among the assignments benches that model instead
 #   6b. profile: ncu's kernel durations over PROFILE_N decode steps of PROFILE_TYPES,
@@ -40,6 +41,7 @@ TYPES=${TYPES:-"bf16 q8_0 q4_k_m"}
 STEPS=${STEPS:-"test bench depth variants profile batch"}
 DEPTH_TYPES=${DEPTH_TYPES:-"q4_k_m q8_0 bf16"}
 VARIANT_MODEL=${VARIANT_MODEL:-q4_k_m} # one or more types, space-separated
+VARIANT_ARGS=${VARIANT_ARGS:-"-p 512 -n 128"} # the tests each variant runs (e.g. "-d 8192 -p 0 -n 128")
 # one variant per line: a name, then environment assignments
 VARIANTS=${VARIANTS:-"default
 memo-silu TPI_XQ_MEMO=silu
@@ -200,7 +202,7 @@ if has_step variants; then
             ;;
         esac
         # shellcheck disable=SC2086
-        bounded "variant-$name" 60 "$BENCH" env $envs "$bin" bench -m "$vm" -p 512 -n 128 \
+        bounded "variant-$name" 60 "$BENCH" env $envs "$bin" bench -m "$vm" $VARIANT_ARGS \
             -r 2 -o md --roofline-gbps 4000
     done <<<"$VARIANTS"
 fi
