@@ -88,6 +88,9 @@ static int g_dec_bps = 1;
 /* Decode shape: K/V tiles in flight + 1 (3 or 5), from TPI_ATTN_DEC_STAGES at init. On
  * the H200 5 gained nothing for one token (16.7 vs 16.4 us at depth 8192) and 8% for 4. */
 static int g_dec_stages = 3;
+/* Decode shape: key ranges per KV head group when > 0 (TPI_ATTN_DEC_SPLIT at init, a
+ * tuning knob; still at most one range per tile and MMA_MAX_SPLIT); 0: from g_dec_bps. */
+static int g_dec_split = 0;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -827,6 +830,8 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (bps && *bps) g_dec_bps = TPI_MAX(1, TPI_MIN(atoi(bps), 16));
     const char *nst = getenv("TPI_ATTN_DEC_STAGES");
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
+    const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
+    if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
     return mma_set_smem<64, false, 2>(ctx) && mma_set_smem<64, true, 3>(ctx) &&
            mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
            mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx);
@@ -856,7 +861,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
      * tiles (a 64-row partial is 1/8 of the K/V bytes its range reads) */
     const long min_keys = DEC ? MMA_TILE : 8 * MMA_TILE;
     if (base <= MMA_COUNTERS && (DEC ? base < want : base < ctx->n_sm)) {
-        const long by_grid = (want + base - 1) / base;
+        const long by_grid = DEC && g_dec_split > 0 ? g_dec_split : (want + base - 1) / base;
         const long by_keys = TPI_MAX(1L, max_pos / min_keys);
         long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
         if (n > 1) { /* drop ranges the tile rounding would leave empty */
