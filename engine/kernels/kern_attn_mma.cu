@@ -89,7 +89,9 @@ static int g_dec_bps = 1;
  * the H200 5 gained nothing for one token (16.7 vs 16.4 us at depth 8192) and 8% for 4. */
 static int g_dec_stages = 3;
 /* Decode shape: key ranges per KV head group when > 0 (TPI_ATTN_DEC_SPLIT at init, a
- * tuning knob; still at most one range per tile and MMA_MAX_SPLIT); 0: from g_dec_bps. */
+ * tuning knob; still at most one range per tile and MMA_MAX_SPLIT); 0: from g_dec_bps.
+ * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
+ * 354.0, 8 339.1, 12 354.5, 16 351.4, 24 345.4, 32 345.8, 48 328.2 (bench/NOTES.md). */
 static int g_dec_split = 0;
 
 struct mma_args {
