@@ -1023,9 +1023,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
  * 21.1 -> 18.5 us at 10, Q4_K 11.6 -> 10.5; tg128 Q4_K_M +1.2 %, run 35; bench/NOTES.md
  * change 30). */
 #define GV_KBOUND_MIN_NE0 8192
-template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound) {
-    if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1)
+template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound, int x8bound) {
+    if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1) {
+        if constexpr (RW == 1) { /* the x8bound knob (4 by default) */
+            if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
+            if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
+            if (x8bound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
+        }
         return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS>;
+    }
     if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && NR == 1 && RW == 1) {
         if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
         if (kbound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
@@ -1253,8 +1259,9 @@ struct gv_cfg {
     int rpw;             /* 1, 2, 4, or 0: auto */
     int kbound;          /* Q4_K/Q6_K one-row kernels of long rows held to 6, 8 or 10 blocks
                           * an SM; 0 none */
+    int x8bound;         /* Q8_0 groups' one-row kernel held to 4, 5, 6 or 8 blocks an SM */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_MIN_BLOCKS};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
@@ -1301,11 +1308,14 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
                 c->rpw = *v - '0';
             else
                 return false;
-        } else if (strcmp(key, "kbound") == 0) {
+        } else if (strcmp(key, "kbound") == 0 || strcmp(key, "x8bound") == 0) {
+            const bool k = key[0] == 'k';
             char *end;
             const long n = strtol(v, &end, 10);
-            if (end != spec || spec == v || (n != 0 && n != 6 && n != 8 && n != 10)) return false;
-            c->kbound = (int)n;
+            if (end != spec || spec == v ||
+                (k ? n != 0 && n != 6 && n != 8 && n != 10 : n != 4 && n != 5 && n != 6 && n != 8))
+                return false;
+            *(k ? &c->kbound : &c->x8bound) = (int)n;
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
@@ -1323,7 +1333,8 @@ static gv_cfg gv_cfg_from_env(void) {
                                           {"pdl", "TPI_GEMV_PDL"},
                                           {"wps", "TPI_GEMV_WPS"},
                                           {"rpw", "TPI_GEMV_RPW"},
-                                          {"kbound", "TPI_GEMV_KBOUND"}};
+                                          {"kbound", "TPI_GEMV_KBOUND"},
+                                          {"x8bound", "TPI_GEMV_X8BOUND"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1356,8 +1367,8 @@ void kern_gemv_describe(char *buf, size_t n) {
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
     if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
-    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d", kind, c.batch, c.pdl, wps,
-             rpw, c.kbound);
+    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d", kind, c.batch,
+             c.pdl, wps, rpw, c.kbound, c.x8bound);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1507,13 +1518,13 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb),
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb),
+                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xq, ne0, gx->ds, nr, accumulate);
             });
