@@ -998,16 +998,20 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
                     int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
-/* The same held to GV_X8_MIN_BLOCKS blocks a multiprocessor, which lets ptxas take up to
- * 128 registers: Q8_0's 8-block groups with one x row. Unbounded, ptxas gives that
- * kernel 48 registers; at 4 blocks it takes 96 and keeps more of a batch's 16-byte loads
- * ahead of its dots; held to 32 (16 blocks) it interleaves them. tg128 Q8_0 on one H200
- * (two runs each, bench/NOTES.md change 22): 312.7 at 32, 336.7 / 336.2 at 48, 351.6 /
- * 351.2 at 96, against 329.7 / 329.7 for the GGUF blocks' kernel (32 registers; 329.3 /
- * 332.0 at 110). A second argument to __launch_bounds__ for the other kernels, even 1,
+/* The same held to MINB blocks a multiprocessor: Q8_0's 8-block groups with one x row
+ * (GV_X8_MIN_BLOCKS for 2-4 weight rows a warp, the x8bound knob for one), Q4_K's and
+ * Q6_K's long rows (kbound). Unbounded, ptxas gives the Q8_0 kernel 48 registers; at 4
+ * blocks it takes 96 and keeps more of a batch's 16-byte loads ahead of its dots; held
+ * to 32 (16 blocks) it interleaves them. tg128 Q8_0 on one H200 (two runs each,
+ * bench/NOTES.md change 22): 312.7 at 32, 336.7 / 336.2 at 48, 351.6 / 351.2 at 96,
+ * against 329.7 / 329.7 for the GGUF blocks' kernel (32 registers; 329.3 / 332.0 at
+ * 110). At 8 blocks (64 registers) a 4096-row product is one wave of 1056 blocks instead
+ * of 1.94 waves: 364.5 / 366.6 against 360.1 / 361.9 at 4 (change 32), so 8 is the
+ * one-row default. A second argument to __launch_bounds__ for the other kernels, even 1,
  * makes ptxas take far more registers (Q4_K 40 -> 154: tg128 Q4_K_M 406 -> 337), so
  * they keep the one-argument form. */
 #define GV_X8_MIN_BLOCKS 4
+#define GV_X8_BOUND_DEFAULT 8
 template <int TYPE, int NR, bool PERM, int RW, int MINB>
 __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
     gv_quant_kernel_held(const gv_segs sg, size_t row_bytes, int ne0,
@@ -1025,7 +1029,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
 #define GV_KBOUND_MIN_NE0 8192
 template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound, int x8bound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1) {
-        if constexpr (RW == 1) { /* the x8bound knob (4 by default) */
+        if constexpr (RW == 1) { /* the x8bound knob (GV_X8_BOUND_DEFAULT by default) */
             if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
             if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
             if (x8bound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
@@ -1259,9 +1263,9 @@ struct gv_cfg {
     int rpw;             /* 1, 2, 4, or 0: auto */
     int kbound;          /* Q4_K/Q6_K one-row kernels of long rows held to 6, 8 or 10 blocks
                           * an SM; 0 none */
-    int x8bound;         /* Q8_0 groups' one-row kernel held to 4, 5, 6 or 8 blocks an SM */
+    int x8bound;         /* Q8_0 groups' one-row kernel held to 4, 5, 6 or 8 (default) blocks */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_MIN_BLOCKS};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_BOUND_DEFAULT};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
