@@ -126,10 +126,6 @@ __host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
 __host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
     return gv_ldg<unsigned short>(p);
 }
-/* Build option of the BF16/F16 weight loads (gv_ldw16, below). */
-#ifndef GV_WLOAD
-#define GV_WLOAD 1
-#endif
 __host__ __device__ __forceinline__ int gv_dp4a(uint32_t a, int b, int c) {
 #ifdef __CUDA_ARCH__
     return __dp4a((int)a, b, c);
@@ -1522,13 +1518,15 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
+                kern_launch(pdl,
+                            gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
-                kern_launch(pdl, gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound),
+                kern_launch(pdl,
+                            gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xq, ne0, gx->ds, nr, accumulate);
             });
