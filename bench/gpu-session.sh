@@ -22,6 +22,7 @@
 #      source tree, e.g. `git archive` of an earlier commit) its test_gemv_cuda is built
 #      beside step 1 and its gemv bench runs too, for a before/after on one machine
 #   7b. ncu sections of single matrix-vector kernels (STEPS="... ncu-gemv", NCU_GEMV)
+#   7c. ncu of one decode attention call at depth (STEPS="... ncu-attn", NCU_ATTN_*)
 #   8. batch prompt files (bench/batch-bench.sh, BATCH_MODEL, --parallel 32, greedy and
 #      temperature 0.8: the host sampler's share of a step shows as the difference)
 #   9. summary.txt: test results, bench rows, variant rows, microbench lines
@@ -259,6 +260,24 @@ if has_step ncu-gemv && command -v ncu >/dev/null && [ -x "$BUILD/tests/test_gem
             --section Occupancy --section LaunchStats --section SchedulerStats \
             --section InstructionStats "$BUILD/tests/test_gemv_cuda" bench
     done <<<"$NCU_GEMV"
+fi
+
+# ---- 7c. ncu of the decode attention (STEPS="... ncu-attn"): the microbench's first
+# tensor-core decode call of one token at NCU_ATTN_DEPTH (default 8192), every section,
+# then the report's details and its per-SASS-line source counters (ncu-attn.log) ----
+if has_step ncu-attn && command -v ncu >/dev/null && [ -x "$BUILD/tests/test_ops_cuda_elem" ]; then
+    for st in ${NCU_ATTN_STAGES:-3}; do
+        rep="$OUT/ncu-attn-s$st"
+        TPI_ATTN_DEC_STAGES=$st TPI_BENCH_TYPES=NONE TPI_BENCH_ATTN=decode \
+            TPI_BENCH_ATTN_DEPTH=${NCU_ATTN_DEPTH:-8192} TPI_BENCH_ATTN_REPS=1 \
+            bounded "ncu-attn-s$st" 120 "$OUT/ncu-attn.log" ncu --clock-control none \
+            -k regex:"attn_mma_kernel" --launch-skip 1 --launch-count 1 --set full \
+            --import-source yes -f -o "$rep" "$BUILD/tests/test_ops_cuda_elem" bench
+        echo "== ncu attention, stages $st" >>"$OUT/ncu-attn.log"
+        ncu -i "$rep.ncu-rep" --page details >>"$OUT/ncu-attn.log" 2>&1
+        ncu -i "$rep.ncu-rep" --page source --csv --print-source sass \
+            >"$OUT/ncu-attn-s$st-sass.csv" 2>&1
+    done
 fi
 
 # ---- 8. batch prompt files ----

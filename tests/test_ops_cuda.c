@@ -924,15 +924,17 @@ START_TEST(test_bench) {
     /* {tokens, depth}: the last token sits at position depth - 1 */
     const int lines[][2] = {{512, 512}, {512, 4096}, {512, 8000}, {64, 8000}, {16, 8000}, {1, 64},
                             {1, 512},   {1, 2048},   {1, 4096},   {1, 8192},  {4, 8192}};
-    /* TPI_BENCH_ATTN: "prefill" or "decode" keeps those lines only; TPI_BENCH_ATTN_REPS:
-     * calls per timed batch (1 under a profiler) */
+    /* TPI_BENCH_ATTN: "prefill" or "decode" keeps those lines only; TPI_BENCH_ATTN_DEPTH:
+     * that depth only; TPI_BENCH_ATTN_REPS: calls per timed batch (1 under a profiler) */
     const char *only_at = getenv("TPI_BENCH_ATTN"), *reps_at = getenv("TPI_BENCH_ATTN_REPS");
+    const char *depth_at = getenv("TPI_BENCH_ATTN_DEPTH");
     const int reps_fix = reps_at ? atoi(reps_at) : 0;
     for (size_t li = 0; li < sizeof lines / sizeof lines[0]; li++)
         for (int path = 0; path < 2; path++) {
             ops_cuda_set_attn_mma(path == 0 ? 3 : 0);
             const int n_tok = lines[li][0], depth = lines[li][1], p0 = depth - n_tok;
             if (only_at && strcmp(only_at, n_tok > 8 ? "prefill" : "decode") != 0) continue;
+            if (depth_at && atoi(depth_at) != depth) continue;
             for (int t = 0; t < n_tok; t++)
                 pos[t] = p0 + t, seq[t] = 0;
             int32_t *gpos = bdup(G, gctx, pos, (size_t)n_tok * 4),
