@@ -32,8 +32,7 @@
  * fragments by ldmatrix), the causal mask per row (only on tiles that reach past the
  * smallest position of the warp's rows, or past the split's end), online softmax in
  * base 2 (log2(e) folded into the Q scale; -inf safe: a row with nothing visible yet
- * keeps m = -inf, l = 0, O = 0; the running max moves only by more than MMA_LAZY, so
- * O is rarely rescaled), P rounded to f16 straight from the S accumulators into
+ * keeps m = -inf, l = 0, O = 0), P rounded to f16 straight from the S accumulators into
  * A fragments (the FA2 register reuse), O += P V (V B fragments by ldmatrix.trans).
  *
  * Split-K. When the (query block x KV head) grid cannot fill the GPU (decode, short
@@ -69,7 +68,6 @@
 #define MMA_COUNTERS 4096  /* split-K arrival counters: blocks of one launch, at most */
 #define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
 #define MMA_LOG2E 1.4426950408889634f
-#define MMA_LAZY 8.0f /* log2 units a row's max may rise before O is rescaled */
 /* floats per partial record: m, l, 2 spare, O (16-byte aligned) */
 #define MMA_PART(hd) ((hd) + 4)
 
@@ -129,10 +127,6 @@ __device__ __forceinline__ uint32_t mma_smem_u32(const void *p) {
 __device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src, int n_src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n_src)
                  : "memory");
-}
-/* the same for a source known to be whole (no size operand to select) */
-__device__ __forceinline__ void mma_cp16_whole(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 __device__ __forceinline__ void mma_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -549,39 +543,22 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
 
     /* copy tile `it` of the range into stage `st`; rows past k_end are zero-filled so
      * that P (0 there) times V never meets a stale NaN */
-    /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile. A whole
-     * tile (all but a range's last) walks one pointer by a fixed byte step: ~3
-     * instructions a copy, against ~11 for the general form, in a loop whose instruction
-     * latency (one warp a scheduler), not DRAM, set the pace at depth (ncu, run 42) */
+    /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile */
     constexpr int CP_STEP = MMA_THREADS / CPR;
     const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
-    const char *cp_k = (const char *)(kb + (size_t)(k_begin + cp_j) * row + 8 * cp_c);
-    const ptrdiff_t cp_dv = (const char *)vb - (const char *)kb;
-    const size_t cp_row = (size_t)CP_STEP * row * sizeof(__half); /* a thread's next row */
     auto issue = [&](int it, int st) {
         const int kt = k_begin + it * MMA_TILE;
         const int nk = min(MMA_TILE, k_end - kt);
         const uint32_t ks = smem0 + (uint32_t)(st * STAGE + cp_j * KS + 8 * cp_c) * 2u;
         const uint32_t vs = ks + (uint32_t)(MMA_TILE * KS) * 2u;
-        if (nk == MMA_TILE) {
-            const char *p = cp_k + (size_t)it * MMA_TILE * row * sizeof(__half);
+        const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
 #pragma unroll
-            for (int k = 0; k < CP_ITERS; k++) {
-                const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
-                mma_cp16_whole(ks + off, p);
-                mma_cp16_whole(vs + off, p + cp_dv);
-                p += cp_row;
-            }
-        } else {
-            const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
-#pragma unroll
-            for (int k = 0; k < CP_ITERS; k++) {
-                const bool in = cp_j + k * CP_STEP < nk;
-                const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
-                const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
-                mma_cp16(ks + off, kb + at, in ? 16 : 0);
-                mma_cp16(vs + off, vb + at, in ? 16 : 0);
-            }
+        for (int k = 0; k < CP_ITERS; k++) {
+            const bool in = cp_j + k * CP_STEP < nk;
+            const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
+            const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
+            mma_cp16(ks + off, kb + at, in ? 16 : 0);
+            mma_cp16(vs + off, vb + at, in ? 16 : 0);
         }
         mma_commit();
     };
@@ -649,41 +626,26 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
                 }
         }
 
-        /* online softmax, base 2; rows g (q = 0, 1) and g + 8 (q = 2, 3). A row's
-         * running max m moves only when the tile's max exceeds it by more than MMA_LAZY
-         * (and on its first visible key): P = 2^(s - m) then stays below 2^MMA_LAZY, which
-         * f16 holds at the same relative precision, and a warp whose rows all kept their
-         * max skips the rescale of O (64 multiplies a lane), nearly every tile after a
-         * range's first. Any m gives the same softmax; the merges take each state's own. */
+        /* online softmax, base 2; rows g (q = 0, 1) and g + 8 (q = 2, 3) */
         float mx[2] = {m[0], m[1]};
 #pragma unroll
         for (int j = 0; j < 2 * NJ; j++) {
             mx[0] = fmaxf(mx[0], fmaxf(sc[j][0], sc[j][1]));
             mx[1] = fmaxf(mx[1], fmaxf(sc[j][2], sc[j][3]));
         }
-        float mu[2], corr[2];
-        bool grow = false;
+        float mu[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            corr[i] = 1.0f;
-            if (mx[i] > m[i] + MMA_LAZY) { /* false while nothing is visible (both -inf) */
-                corr[i] = exp2f(m[i] - mx[i]); /* 0 while m is -inf */
-                m[i] = mx[i];
-                grow = true;
-            }
-            mu[i] = m[i] == -INFINITY ? 0.0f : m[i]; /* nothing visible yet: no inf - inf */
-        }
-        if (__any_sync(0xffffffffu, grow)) {
+            mu[i] = mx[i] == -INFINITY ? 0.0f : mx[i]; /* nothing visible yet: no inf - inf */
+            const float corr = exp2f(m[i] - mu[i]);    /* 0 while m is -inf */
+            m[i] = mx[i];
+            l[i] *= corr;
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                l[i] *= corr[i];
-#pragma unroll
-                for (int d = 0; d < ND; d++) {
-                    o[d][2 * i] *= corr[i];
-                    o[d][2 * i + 1] *= corr[i];
-                }
+            for (int d = 0; d < ND; d++) {
+                o[d][2 * i] *= corr;
+                o[d][2 * i + 1] *= corr;
             }
         }
         /* P in f16 as A fragments of the P V product (k = keys): for 16-key group jp,
