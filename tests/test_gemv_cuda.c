@@ -185,7 +185,7 @@ START_TEST(test_host) {
     tu_rng_seed(&r, 11);
     /* (ne0, ne1): one block, a segment and a bit (partial last segment for every type),
      * several segments with odd row counts */
-    const int64_t shapes[][2] = {{256, 1}, {256, 7}, {4352, 5}, {2304, 33}, {8448, 3}};
+    const int64_t shapes[][2] = {{256, 1}, {256, 7}, {4352, 5}, {2304, 33}, {8448, 3}, {6144, 3}};
     const int64_t rows[] = {1, 2, 3, 8};
     for (int ti = 0; ti < N_TYPES; ti++) {
         const int type = TYPES[ti];
@@ -216,21 +216,23 @@ START_TEST(test_host) {
                              (long long)nr, wpr);
                     ck_assert_msg(check(label, got, want, NULL, bound, (size_t)ny) == 0, "%s",
                                   label);
-                    /* Q8_0 as the CUDA backend keeps it (8-block groups): the same sums
-                     * in the same order, so the same bits */
-                    if (type == TPI_TYPE_Q8_0 && ne0 % 256 == 0) {
+                    /* Q8_0 and Q6_K as the CUDA backend keeps them (8-block groups): the
+                     * same sums in the same order, so the same bits */
+                    if ((type == TPI_TYPE_Q8_0 && ne0 % 256 == 0) ||
+                        (type == TPI_TYPE_Q6_K && ne0 % 2048 == 0)) {
                         const size_t n_bytes = quant_row_size(type, ne0) * (size_t)ne1;
                         uint8_t *qg = malloc(n_bytes);
                         float *gg = malloc((size_t)ny * 4);
                         memcpy(qg, q, n_bytes);
-                        const int id = kern_gemv_host_regroup(qg, n_bytes);
+                        const int id = kern_gemv_host_regroup(type, qg, n_bytes);
                         ck_assert_int_gt(id, 0);
                         ck_assert_int_eq(kern_gemv_host_emulate(id, qg, quant_row_size(type, ne0),
                                                                 ne0, ne1, xq, ds, (int)nr, gg,
                                                                 kind, wpr),
                                          0);
                         ck_assert_msg(memcmp(gg, got, (size_t)ny * 4) == 0,
-                                      "%s: regrouped Q8_0 differs", label);
+                                      "%s: regrouped %s differs", label,
+                                      quant_type_name(type));
                         free(qg), free(gg);
                     }
                 }

@@ -69,6 +69,7 @@ struct ops_ctx {
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
+    bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
@@ -229,16 +230,50 @@ __host__ __device__ __forceinline__ void kern_q8_0_x8_regroup(const uint32_t (&i
         out[64 + k] = half_at(17 * (2 * k)) | (half_at(17 * (2 * k + 1)) << 16);
 }
 
+/* Q6_K weights with rows of whole 2048 values are kept on the device in groups of 8
+ * blocks too (1680 bytes, as 8 GGUF blocks take): GGUF's 210-byte blocks leave a block's
+ * quants 2-byte aligned, so a lane read an item (64 values: 16 bytes each of ql's low
+ * and high halves and of qh, 4 scales, d) with 19 loads. In a group, item l = 4c + it
+ * (block c, item it = 2n + l0/16 of Q6_K's decoders: half n, lanes l0..l0+15) has
+ *   bytes 16l ..        ql[64n + l0 .. +16] of block c       (its "A" piece)
+ *   bytes 512 + 16l ..  ql[64n + 32 + l0 .. +16]             ("C")
+ *   bytes 1024 + 16l .. qh[32n + l0 .. +16]                  ("H")
+ *   bytes 1536 + 4l ..  scales[8n + l0/16 + 2k], k = 0..3    (one word)
+ * and block c's f16 d is at 1664 + 2c: an item is three 16-byte loads, a word and a
+ * halfword, and a warp's 32 lanes (one group) read 512 contiguous bytes per 16-byte load.
+ * Rows and row_bytes stay as they are; weight_upload repacks in place; the kernels see
+ * KERN_TYPE_Q6_KX8 (kern_wtype). TPI_Q6_REPACK=0 keeps the GGUF blocks. */
+#define KERN_LAYOUT_Q6_KX8 2
+#define KERN_TYPE_Q6_KX8 1014 /* no ggml type id: the kernels' name for that layout */
+#define KERN_Q6_KX8_BYTES 1680
+
+/* The byte of a group of 8 GGUF Q6_K blocks that byte o of its KERN_LAYOUT_Q6_KX8 form
+ * holds (the repack kernel and the host emulation's test share it). */
+__host__ __device__ __forceinline__ int kern_q6_k_x8_src(int o) {
+    if (o >= 1664) return 210 * ((o - 1664) >> 1) + 208 + (o & 1); /* d */
+    if (o >= 1536) {                                                /* scales */
+        const int l = (o - 1536) >> 2, k = o & 3, c = l >> 2, it = l & 3;
+        return 210 * c + 192 + 8 * (it >> 1) + (it & 1) + 2 * k;
+    }
+    const int part = o >> 9, l = (o & 511) >> 4, j = o & 15, c = l >> 2, it = l & 3;
+    const int n = it >> 1, l0 = 16 * (it & 1);
+    return 210 * c + (part == 2 ? 128 + 32 * n : 64 * n + 32 * part) + l0 + j;
+}
+
 /* The type id the kernels dispatch on: w's type, or the id of its device layout. */
 static inline int kern_wtype(const struct tpi_weight *w) {
-    return w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8 ? KERN_TYPE_Q8_0X8
-                                                                       : w->type;
+    if (w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8) return KERN_TYPE_Q8_0X8;
+    if (w->type == TPI_TYPE_Q6_K && w->layout == KERN_LAYOUT_Q6_KX8) return KERN_TYPE_Q6_KX8;
+    return w->type;
 }
 
 /* ---- launchers (kern_elem.cu) ---- */
 /* n_groups groups of 8 GGUF Q8_0 blocks at data (16-byte aligned) rearranged in place as
  * KERN_LAYOUT_Q8_0X8 (stream-ordered; failures recorded in ctx) */
 void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
+/* n_groups groups of 8 GGUF Q6_K blocks at data (16-byte aligned) rearranged in place as
+ * KERN_LAYOUT_Q6_KX8 (stream-ordered; failures recorded in ctx) */
+void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
                 float *out);
 /* rows [row0, row0+n_rows) of w dequantized to bf16, n_rows * ne0 values at dst */

@@ -405,6 +405,47 @@ template <> struct gv<TPI_TYPE_Q4_K> {
  * k = 0..3 (A low, C low, A high, C high nibbles with 2-bit pairs k of H), q - 32,
  * times d * scales[8n + l0/16 + 2k]. 210-byte blocks: 2-byte aligned loads. The four
  * x blocks' (d, d*sum) pairs 4n..4n+3 are two 16-byte loads. */
+/* One Q6_K item's dot (64 values: units k = 0..3 of 16, value j of unit k at 128n + l0 +
+ * 32k + j of its block): A, C, H its 16 bytes of ql's low half, ql's high half and qh,
+ * sk[k] = d * scale of unit k (times keep); x, ds at the item's block (kind a) as gv's
+ * dot takes them. */
+template <int NR, bool PERM>
+__host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], const uint32_t (&C)[4],
+                                                    const uint32_t (&H)[4], const float (&sk)[4],
+                                                    int n, int l0, const int8_t *x, int xs,
+                                                    const float2 *ds, int dss, int nr,
+                                                    float (&acc)[NR]) {
+    uint32_t q[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        q[0][i] = gv_vsub4((A[i] & 0x0F0F0F0Fu) | ((H[i] & 0x03030303u) << 4), 0x20202020u);
+        q[1][i] = gv_vsub4((C[i] & 0x0F0F0F0Fu) | ((H[i] & 0x0C0C0C0Cu) << 2), 0x20202020u);
+        q[2][i] = gv_vsub4(((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u), 0x20202020u);
+        q[3][i] = gv_vsub4(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2), 0x20202020u);
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int8_t *xr = x + (size_t)r * xs;
+            const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
+            const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
+            const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
+                int s = gv_dp4a(q[k][0], xv.x, 0);
+                s = gv_dp4a(q[k][1], xv.y, s);
+                s = gv_dp4a(q[k][2], xv.z, s);
+                s = gv_dp4a(q[k][3], xv.w, s);
+                t = fmaf(sk[k] * dx[k], (float)s, t);
+            }
+            acc[r] += t;
+        }
+}
+
+/* Q6_K: an item is a quarter block (it = 2n + l0/16: half n, lanes l0..l0+15), read with
+ * 2-byte-aligned loads (gv_ld_a2) */
 template <> struct gv<TPI_TYPE_Q6_K> {
     static constexpr int BLK = 256, BYTES = 210, IPB = 4;
     struct raw {
@@ -424,43 +465,54 @@ template <> struct gv<TPI_TYPE_Q6_K> {
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
         const int n = it >> 1, l0 = (it & 1) * 16;
-        const uint32_t *A = wr.A, *C = wr.C, *H = wr.H, *S = wr.S;
         const float d = gv_h2f((uint16_t)wr.d) * keep;
-        const int is = l0 / 16;
         float sk[4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const int idx = is + 2 * k; /* 0..7 */
-            sk[k] = d * (float)(int8_t)((S[idx >> 2] >> (8 * (idx & 3))) & 0xFFu);
+            const int idx = l0 / 16 + 2 * k; /* 0..7 */
+            sk[k] = d * (float)(int8_t)((wr.S[idx >> 2] >> (8 * (idx & 3))) & 0xFFu);
         }
-        uint32_t q[4][4];
+        gv_q6_item<NR, PERM>(wr.A, wr.C, wr.H, sk, n, l0, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q6_K in groups of 8 blocks (KERN_LAYOUT_Q6_KX8): item l = 4c + it of the group is Q6_K's
+ * item it of block c; its A, C and H pieces are 16-byte loads at 16l, 512 + 16l and
+ * 1024 + 16l, its 4 scales one word at 1536 + 4l, block c's d at 1664 + 2c. The dot is
+ * Q6_K's (the same items in the same order: bitwise the GGUF blocks' results). */
+template <> struct gv<KERN_TYPE_Q6_KX8> {
+    static constexpr int BLK = 2048, BYTES = KERN_Q6_KX8_BYTES, IPB = 32;
+    struct raw {
+        int4 A, C, H;
+        uint32_t S, d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int l) {
+        w.A = gv_ld128(b + 16 * l);
+        w.C = gv_ld128(b + 512 + 16 * l);
+        w.H = gv_ld128(b + 1024 + 16 * l);
+        w.S = gv_ld32(b + 1536 + 4 * l);
+        w.d = gv_ld16(b + 1664 + 2 * (l >> 2));
+    }
+    /* x, ds: the group's first (kind a; block c's are 256c values and 8c pairs on) or the
+     * item's own x (kind p, from gv_item_rows) */
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int l, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int c = l >> 2, it = l & 3, n = it >> 1, l0 = (it & 1) * 16;
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        float sk[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            q[0][i] = gv_vsub4((A[i] & 0x0F0F0F0Fu) | ((H[i] & 0x03030303u) << 4), 0x20202020u);
-            q[1][i] = gv_vsub4((C[i] & 0x0F0F0F0Fu) | ((H[i] & 0x0C0C0C0Cu) << 2), 0x20202020u);
-            q[2][i] = gv_vsub4(((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u), 0x20202020u);
-            q[3][i] =
-                gv_vsub4(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2), 0x20202020u);
-        }
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (r == 0 || r < nr) {
-                const int8_t *xr = x + (size_t)r * xs;
-                const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
-                const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
-                const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
-                float t = 0.0f;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
-                    int s = gv_dp4a(q[k][0], xv.x, 0);
-                    s = gv_dp4a(q[k][1], xv.y, s);
-                    s = gv_dp4a(q[k][2], xv.z, s);
-                    s = gv_dp4a(q[k][3], xv.w, s);
-                    t = fmaf(sk[k] * dx[k], (float)s, t);
-                }
-                acc[r] += t;
-            }
+        for (int k = 0; k < 4; k++)
+            sk[k] = d * (float)(int8_t)((wr.S >> (8 * k)) & 0xFFu);
+        const uint32_t A[4] = {(uint32_t)wr.A.x, (uint32_t)wr.A.y, (uint32_t)wr.A.z,
+                               (uint32_t)wr.A.w};
+        const uint32_t C[4] = {(uint32_t)wr.C.x, (uint32_t)wr.C.y, (uint32_t)wr.C.z,
+                               (uint32_t)wr.C.w};
+        const uint32_t H[4] = {(uint32_t)wr.H.x, (uint32_t)wr.H.y, (uint32_t)wr.H.z,
+                               (uint32_t)wr.H.w};
+        gv_q6_item<NR, PERM>(A, C, H, sk, n, l0, PERM ? x : x + 256 * c, xs, ds + 8 * c, dss, nr,
+                             acc);
     }
 };
 
@@ -745,17 +797,55 @@ template <> struct gu<TPI_TYPE_Q6_K> {
     static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
                                                         const float2 *ds, int xs, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const int k = (u >> 1) & 3;
-        uint32_t l[4], h[4], q[4];
+        uint32_t l[4], h[4];
         gv_win_get(w.ql, l);
         gv_win_get(w.qh, h);
+        unit<NR>(l, h, (u >> 1) & 3, w.sd, x, ds, xs, nr, keep, acc);
+    }
+    /* unit k (of 4) of 16 ql bytes l and 16 qh bytes h; sd: scale (bits 0..7) and d */
+    template <int NR>
+    static __host__ __device__ __forceinline__ void unit(const uint32_t (&l)[4],
+                                                         const uint32_t (&h)[4], int k, uint32_t sd,
+                                                         const int8_t *x, const float2 *ds, int xs,
+                                                         int nr, float keep, float (&acc)[NR]) {
+        uint32_t q[4];
         const int shl = 4 * (k >> 1), shh = 2 * k;
 #pragma unroll
         for (int i = 0; i < 4; i++)
             q[i] = gv_vsub4(((l[i] >> shl) & 0x0F0F0F0Fu) | (((h[i] >> shh) & 0x03030303u) << 4),
                             0x20202020u);
-        const float scale = gv_h2f((uint16_t)(w.sd >> 16)) * keep * (float)(int8_t)(w.sd & 0xFFu);
+        const float scale = gv_h2f((uint16_t)(sd >> 16)) * keep * (float)(int8_t)(sd & 0xFFu);
         gu_dot16<NR>(q, scale, x, ds, xs, nr, acc);
+    }
+};
+
+/* Q6_K in groups of 8 blocks (KERN_LAYOUT_Q6_KX8): unit u = Q6_K's unit uu = u % 16 of
+ * block c = u / 16, in item l = 4c + 2n + (uu & 1) (n = uu / 8): ql's 16 bytes are the
+ * item's A piece (k = (uu >> 1) & 3 even) or C piece (odd), qh's its H piece, the scale
+ * byte k of its scales word; all aligned loads. */
+template <> struct gu<KERN_TYPE_Q6_KX8> {
+    static constexpr int BLK = 2048, BYTES = KERN_Q6_KX8_BYTES, UPB = 128;
+    struct raw {
+        int4 ql, qh;
+        uint32_t sd; /* scale (bits 0..7) and d (bits 16..31) */
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        const int c = u >> 4, uu = u & 15, k = (uu >> 1) & 3;
+        const int l = 4 * c + 2 * (uu >> 3) + (uu & 1);
+        w.ql = gv_ld128(b + 512 * (k & 1) + 16 * l);
+        w.qh = gv_ld128(b + 1024 + 16 * l);
+        w.sd = (gv_ld32(b + 1536 + 4 * l) >> (8 * k)) & 0xFFu;
+        w.sd |= gv_ld16(b + 1664 + 2 * c) << 16;
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const uint32_t l[4] = {(uint32_t)w.ql.x, (uint32_t)w.ql.y, (uint32_t)w.ql.z,
+                               (uint32_t)w.ql.w};
+        const uint32_t h[4] = {(uint32_t)w.qh.x, (uint32_t)w.qh.y, (uint32_t)w.qh.z,
+                               (uint32_t)w.qh.w};
+        gu<TPI_TYPE_Q6_K>::unit<NR>(l, h, ((u & 15) >> 1) & 3, w.sd, x, ds, xs, nr, keep, acc);
     }
 };
 
@@ -778,7 +868,9 @@ __device__ __forceinline__ float gv_warp_sum(float v) {
 
 /* kind b: units per lane in one batch (all loads of a batch go out before its first
  * dot), by the registers a unit's loads take (8-20), times the `batch` knob (1, 2) */
-template <int TYPE> struct gu_batch { static constexpr int U = TYPE == TPI_TYPE_Q6_K ? 2 : 4; };
+template <int TYPE> struct gu_batch {
+    static constexpr int U = TYPE == TPI_TYPE_Q6_K || TYPE == KERN_TYPE_Q6_KX8 ? 2 : 4;
+};
 
 /* One warp's share of a row for kind b: units part*32 + lane, stepping 32*wpr, in
  * batches of U. Units past the row end redo the batch's first unit with weight 0 (adds
@@ -995,8 +1087,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The same held to MINB blocks a multiprocessor: Q8_0's 8-block groups with one x row
- * (GV_X8_MIN_BLOCKS for 2-4 weight rows a warp, the x8bound knob for one), Q4_K's and
- * Q6_K's long rows (kbound). Unbounded, ptxas gives the Q8_0 kernel 48 registers; at 4
+ * (GV_X8_MIN_BLOCKS for 2-4 weight rows a warp, the x8bound knob for one), Q6_K's groups
+ * with one x row and weight row (x8bound), Q4_K's and GGUF Q6_K's long rows (kbound). Unbounded, ptxas gives the Q8_0 kernel 48 registers; at 4
  * blocks it takes 96 and keeps more of a batch's 16-byte loads ahead of its dots; held
  * to 32 (16 blocks) it interleaves them. tg128 Q8_0 on one H200 (two runs each,
  * bench/NOTES.md change 22): 312.7 at 32, 336.7 / 336.2 at 48, 351.6 / 351.2 at 96,
@@ -1031,6 +1123,13 @@ template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbou
             if (x8bound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
         }
         return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS>;
+    }
+    if constexpr (TYPE == KERN_TYPE_Q6_KX8 && NR == 1 && RW == 1) {
+        /* Q6_K's groups: the x8bound knob on every shape (52 registers unbounded) */
+        if (x8bound == 4) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4>;
+        if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
+        if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
+        return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
     }
     if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && NR == 1 && RW == 1) {
         if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
@@ -1259,7 +1358,8 @@ struct gv_cfg {
     int rpw;             /* 1, 2, 4, or 0: auto */
     int kbound;          /* Q4_K/Q6_K one-row kernels of long rows held to 6, 8 or 10 blocks
                           * an SM; 0 none */
-    int x8bound;         /* Q8_0 groups' one-row kernel held to 4, 5, 6 or 8 (default) blocks */
+    int x8bound;         /* the one-row kernels of Q8_0's and Q6_K's 8-block groups held to 4,
+                          * 5, 6 or 8 (default) blocks an SM */
 };
 static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_BOUND_DEFAULT};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
@@ -1378,8 +1478,10 @@ void kern_gemv_describe(char *buf, size_t n) {
 template <int T>
 constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 ||
                                  T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
-                                 T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K || T == TPI_TYPE_BF16 ||
-                                 T == TPI_TYPE_F16;
+                                 T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K ||
+                                 T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
+/* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6) */
+template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
     bool taken = false;
     kq_dispatch(type, [&](auto type_c, auto) {
@@ -1410,7 +1512,8 @@ static bool gv_covers(const struct tpi_weight *w, int n_rows) {
         } else {
             if (w->ne0 % gv<T>::BLK != 0) return;
             /* 16-byte loads in the blocks */
-            if ((T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q8_0X8) && !a16) return;
+            if ((T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q8_0X8 || T == KERN_TYPE_Q6_KX8) && !a16)
+                return;
             /* gv_ld_a2 rounds down to 4 bytes, gv_win_load to 16 */
             ok = (data & 15) == 0;
         }
@@ -1435,7 +1538,7 @@ static int gv_wpr(const struct ops_ctx *ctx, int wps, int64_t ne1, int64_t n_ite
  * x quantized elsewhere may lack). BF16/F16 always take the kind-a kernel. */
 template <int T, int NR> static int gv_kind_of(const struct kern_gemv_x *gx, const gv_cfg &c) {
     if (gv_is_elem(T)) return 'a';
-    const bool kq = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K;
+    const bool kq = T == TPI_TYPE_Q4_K || gv_is_q6<T>;
     int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'p';
     if (kind == 'p' && !gx->xp) kind = 'a';
     return kind;
@@ -1514,7 +1617,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
             const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
-                               : T == TPI_TYPE_Q6_K ? lay.q6_off
+                               : gv_is_q6<T> ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
@@ -1687,7 +1790,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             if (gv_kind_of<T, 1>(gx, c) == 'p') {
                 const gv_xlayout lay = gv_xlayout_of(1, ne0);
                 const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
-                                   : T == TPI_TYPE_Q6_K ? lay.q6_off
+                                   : gv_is_q6<T> ? lay.q6_off
                                                         : lay.b32_off;
                 const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
                 go(std::true_type{}, gx->xp + (off - lay.b32_off), xs);
@@ -1743,8 +1846,18 @@ int kern_gemv_test_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *co
                : 0;
 }
 
-int kern_gemv_host_regroup(void *w, size_t n_bytes) {
-    if (n_bytes % KERN_Q8_0X8_BYTES != 0) return -1;
+int kern_gemv_host_regroup(int type, void *w, size_t n_bytes) {
+    if (type == TPI_TYPE_Q6_K) {
+        if (n_bytes % KERN_Q6_KX8_BYTES != 0) return -1;
+        for (size_t g = 0; g < n_bytes / KERN_Q6_KX8_BYTES; g++) {
+            uint8_t *p = (uint8_t *)w + g * KERN_Q6_KX8_BYTES, in[KERN_Q6_KX8_BYTES];
+            memcpy(in, p, sizeof in);
+            for (int o = 0; o < KERN_Q6_KX8_BYTES; o++)
+                p[o] = in[kern_q6_k_x8_src(o)];
+        }
+        return KERN_TYPE_Q6_KX8;
+    }
+    if (type != TPI_TYPE_Q8_0 || n_bytes % KERN_Q8_0X8_BYTES != 0) return -1;
     for (size_t g = 0; g < n_bytes / KERN_Q8_0X8_BYTES; g++) {
         uint8_t *p = (uint8_t *)w + g * KERN_Q8_0X8_BYTES;
         uint32_t in[68], out[68];
@@ -1790,7 +1903,7 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < ne0; v++) {
             const int at = T == TPI_TYPE_Q4_K   ? gv_perm_k4(v)
-                           : T == TPI_TYPE_Q6_K ? gv_perm_q6(v)
+                           : gv_is_q6<T>        ? gv_perm_q6(v)
                                                 : gv_perm_b32(v);
             xp[(size_t)r * xs + at] = xq[(size_t)r * ne0 + v];
         }

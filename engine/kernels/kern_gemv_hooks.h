@@ -24,9 +24,10 @@
  * d*sum pairs).
  * kern_gemv_host_emulate: the kernel of kind 'a', 'b' or 'p' for a quantized type run on
  * the host with wpr (1, 2, 4) warps per row; -1 when not covered.
- * kern_gemv_host_regroup: w (n_bytes of Q8_0 rows of whole 256 values) rearranged in
- * place as the CUDA backend keeps them; returns the type id kern_gemv_host_emulate
- * takes for that layout, -1 when n_bytes is not whole 8-block groups. */
+ * kern_gemv_host_regroup: w (n_bytes of `type` rows: Q8_0 of whole 256 values, Q6_K of
+ * whole 2048) rearranged in place as the CUDA backend keeps them; returns the type id
+ * kern_gemv_host_emulate takes for that layout, -1 for other types or when n_bytes is
+ * not whole 8-block groups. */
 int kern_gemv_configure(const char *spec);
 void kern_gemv_describe(char *buf, size_t n);
 void *kern_gemv_test_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
@@ -39,6 +40,6 @@ void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *
 int kern_gemv_host_emulate(int type, const void *w, size_t row_bytes, int64_t ne0, int64_t ne1,
                            const int8_t *xq, const float *ds, int n_rows, float *y, int kind,
                            int wpr);
-int kern_gemv_host_regroup(void *w, size_t n_bytes);
+int kern_gemv_host_regroup(int type, void *w, size_t n_bytes);
 
 #endif /* KERN_GEMV_HOOKS_H */

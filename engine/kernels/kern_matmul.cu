@@ -212,6 +212,9 @@ template <int TYPE> struct mvq_generic {
 template <> struct mvq<TPI_TYPE_Q4_1> : mvq_generic<TPI_TYPE_Q4_1> {};
 template <> struct mvq<TPI_TYPE_Q5_1> : mvq_generic<TPI_TYPE_Q5_1> {};
 template <> struct mvq<TPI_TYPE_Q5_K> : mvq_generic<TPI_TYPE_Q5_K> {};
+/* Q6_K's 8-block groups: more units a block than a stage holds, so never staged
+ * (matvec_launch); the generic decoder serves the per-row kernel */
+template <> struct mvq<KERN_TYPE_Q6_KX8> : mvq_generic<KERN_TYPE_Q6_KX8> {};
 
 /* Q4_0: a unit is a whole block (16 quant bytes, 32 values). */
 template <> struct mvq<TPI_TYPE_Q4_0> {
@@ -420,7 +423,8 @@ template <> struct mvq<TPI_TYPE_F32> {
 /* Shared-memory bytes of one feature's stage: the window may start up to 14 bytes
  * before the stage and end 15 after it; mv_ld_a2 reads one word past the end. */
 template <int TYPE> struct mv_shape {
-    static constexpr int SB = MV_UNITS / mvq<TYPE>::UPB; /* blocks per feature per stage */
+    /* blocks per feature per stage (0: a block has more units than a stage: not staged) */
+    static constexpr int SB = MV_UNITS / mvq<TYPE>::UPB;
     static constexpr int FB = (SB * mvq<TYPE>::BYTES + 30 + 4 + 15) / 16 * 16;
     static constexpr size_t SMEM = (size_t)MV_WARPS * 2 * MV_FEATS * FB;
 };
@@ -537,16 +541,18 @@ static void matvec_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const
     const bool x_ok = ((uintptr_t)x & 15) == 0 && w->ne0 % 4 == 0;
     kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
-        if (x_ok && w->ne0 % mvq<T>::BLK == 0) {
-            using S = mv_shape<T>;
-            const int n_stage = (int)((w->ne0 / mvq<T>::BLK + S::SB - 1) / S::SB);
-            const int wpf = mv_wpf(ctx, w->ne1, n_stage);
-            const int64_t groups = (w->ne1 + MV_FEATS - 1) / MV_FEATS;
-            const int64_t gpb = MV_WARPS / wpf;
-            mv_staged_kernel<T, NR><<<(unsigned)((groups + gpb - 1) / gpb), MV_WARPS * 32,
-                                      S::SMEM, ctx->stream>>>(
-                data, w->row_bytes, (int)w->ne0, (int)w->ne1, x, y, n_rows, wpf);
-            return;
+        if constexpr (mv_shape<T>::SB > 0) {
+            if (x_ok && w->ne0 % mvq<T>::BLK == 0) {
+                using S = mv_shape<T>;
+                const int n_stage = (int)((w->ne0 / mvq<T>::BLK + S::SB - 1) / S::SB);
+                const int wpf = mv_wpf(ctx, w->ne1, n_stage);
+                const int64_t groups = (w->ne1 + MV_FEATS - 1) / MV_FEATS;
+                const int64_t gpb = MV_WARPS / wpf;
+                mv_staged_kernel<T, NR><<<(unsigned)((groups + gpb - 1) / gpb), MV_WARPS * 32,
+                                          S::SMEM, ctx->stream>>>(
+                    data, w->row_bytes, (int)w->ne0, (int)w->ne1, x, y, n_rows, wpf);
+                return;
+            }
         }
         if constexpr (decltype(block_c)::value)
             matvec_block_kernel<T, NR><<<blocks, MATVEC_WARPS * 32, 0, ctx->stream>>>(

@@ -239,6 +239,37 @@ template <> struct kq<TPI_TYPE_Q6_K> {
     }
 };
 
+/* Q6_K in groups of 8 blocks (KERN_LAYOUT_Q6_KX8, kern_common.cuh): unit u = Q6_K's unit
+ * uu = u % 16 of block c = u / 16, its item it = 2n + l0/16 at l = 4c + it: the words at
+ * byte l0 % 16 of the item's A, C and H pieces, its scales word, block c's d. */
+template <> struct kq<KERN_TYPE_Q6_KX8> {
+    static constexpr int BLK = 2048, BYTES = KERN_Q6_KX8_BYTES, UPB = 128, G = 4;
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
+                                                int (&off)[4]) {
+        const int c = u >> 4, n = (u >> 3) & 1, l0 = (u & 7) * 4;
+        const int l = 4 * c + 2 * n + (l0 >> 4), j = l0 & 15;
+        const float d = kq_f16(b + 1664 + 2 * c);
+        const uint32_t a = kq_u32_a4(b + 16 * l + j), cc = kq_u32_a4(b + 512 + 16 * l + j);
+        const uint32_t h = kq_u32_a4(b + 1024 + 16 * l + j), sw = kq_u32_a4(b + 1536 + 4 * l);
+        const float s0 = d * (float)(int8_t)(sw & 0xFF), s1 = d * (float)(int8_t)((sw >> 8) & 0xFF);
+        const float s2 = d * (float)(int8_t)((sw >> 16) & 0xFF), s3 = d * (float)(int8_t)(sw >> 24);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int xa = (a >> (8 * i)) & 0xFF, xc = (cc >> (8 * i)) & 0xFF;
+            const int hh = (h >> (8 * i)) & 0xFF;
+            v[i] = s0 * (float)(((xa & 0xF) | ((hh & 3) << 4)) - 32);
+            v[4 + i] = s1 * (float)(((xc & 0xF) | (((hh >> 2) & 3) << 4)) - 32);
+            v[8 + i] = s2 * (float)(((xa >> 4) | (((hh >> 4) & 3) << 4)) - 32);
+            v[12 + i] = s3 * (float)(((xc >> 4) | (((hh >> 6) & 3) << 4)) - 32);
+        }
+        const int base = 256 * c + 128 * n + l0;
+        off[0] = base;
+        off[1] = base + 32;
+        off[2] = base + 64;
+        off[3] = base + 96;
+    }
+};
+
 /* Element types: value j of a row. */
 template <int TYPE> struct kf;
 template <> struct kf<TPI_TYPE_F32> {
@@ -279,6 +310,7 @@ template <typename F> bool kq_dispatch(int type, F &&f) {
         KQ_CASE(TPI_TYPE_Q4_K, true)
         KQ_CASE(TPI_TYPE_Q5_K, true)
         KQ_CASE(TPI_TYPE_Q6_K, true)
+        KQ_CASE(KERN_TYPE_Q6_KX8, true)
     default:
         return false;
     }
