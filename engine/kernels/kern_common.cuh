@@ -70,7 +70,6 @@ struct ops_ctx {
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
-    bool q4_repack; /* Q4_K weights uploaded as KERN_LAYOUT_Q4_KX8 (TPI_Q4_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
@@ -261,31 +260,10 @@ __host__ __device__ __forceinline__ int kern_q6_k_x8_src(int o) {
     return 210 * c + (part == 2 ? 128 + 32 * n : 64 * n + 32 * part) + l0 + j;
 }
 
-/* Q4_K weights with rows of whole 2048 values, in groups of 8 blocks likewise (1152
- * bytes): Q4_K's 144-byte blocks are 16-byte aligned, but a warp whose lanes take the
- * items (64 values: 32 quant bytes and the block's 16-byte header) of 8 blocks spreads
- * each 16-byte load over 1152 bytes. In a group, item l = 4k + c (block k, 64-value
- * chunk c) has its quant bytes qs[32c .. +16] at 16l and qs[32c + 16 .. +16] at
- * 512 + 16l, and block k's header (d, dmin, the 12 scale bytes) is at 1024 + 16k: a
- * warp's quant loads read 512 contiguous bytes, its header loads 128
- * (KERN_TYPE_Q4_KX8; TPI_Q4_REPACK=0 keeps the GGUF blocks). */
-#define KERN_LAYOUT_Q4_KX8 3
-#define KERN_TYPE_Q4_KX8 1012 /* no ggml type id: the kernels' name for that layout */
-#define KERN_Q4_KX8_BYTES 1152
-
-/* The byte of a group of 8 GGUF Q4_K blocks that byte o of its KERN_LAYOUT_Q4_KX8 form
- * holds. */
-__host__ __device__ __forceinline__ int kern_q4_k_x8_src(int o) {
-    if (o >= 1024) return 144 * ((o - 1024) >> 4) + (o & 15); /* headers */
-    const int l = (o & 511) >> 4;
-    return 144 * (l >> 2) + 16 + 32 * (l & 3) + 16 * (o >> 9) + (o & 15);
-}
-
 /* The type id the kernels dispatch on: w's type, or the id of its device layout. */
 static inline int kern_wtype(const struct tpi_weight *w) {
     if (w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8) return KERN_TYPE_Q8_0X8;
     if (w->type == TPI_TYPE_Q6_K && w->layout == KERN_LAYOUT_Q6_KX8) return KERN_TYPE_Q6_KX8;
-    if (w->type == TPI_TYPE_Q4_K && w->layout == KERN_LAYOUT_Q4_KX8) return KERN_TYPE_Q4_KX8;
     return w->type;
 }
 
@@ -293,10 +271,9 @@ static inline int kern_wtype(const struct tpi_weight *w) {
 /* n_groups groups of 8 GGUF Q8_0 blocks at data (16-byte aligned) rearranged in place as
  * KERN_LAYOUT_Q8_0X8 (stream-ordered; failures recorded in ctx) */
 void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
-/* n_groups groups of 8 GGUF Q6_K (type TPI_TYPE_Q6_K) or Q4_K blocks at data (16-byte
- * aligned) rearranged in place as KERN_LAYOUT_Q6_KX8 / KERN_LAYOUT_Q4_KX8
- * (stream-ordered; failures recorded in ctx) */
-void kern_k_x8_repack(struct ops_ctx *ctx, int type, uint8_t *data, int64_t n_groups);
+/* n_groups groups of 8 GGUF Q6_K blocks at data (16-byte aligned) rearranged in place as
+ * KERN_LAYOUT_Q6_KX8 (stream-ordered; failures recorded in ctx) */
+void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
                 float *out);
 /* rows [row0, row0+n_rows) of w dequantized to bf16, n_rows * ne0 values at dst */

@@ -448,21 +448,19 @@ void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
     LAUNCH_OK(ctx, "cuda q8_0 repack");
 }
 
-/* A warp per group of 8 K-quant blocks (BYTES: 1680 for Q6_K, 1152 for Q4_K; 16-byte
- * aligned): the group copied to shared memory, then every byte of its regrouped form
- * gathered from there (kern_q6_k_x8_src / kern_q4_k_x8_src) and written back 16 bytes at
- * a time. */
-#define KX8_WARPS 4
-template <int BYTES>
-__global__ void __launch_bounds__(KX8_WARPS * 32)
-    k_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
-    constexpr int PIECES = BYTES / 16;
-    __shared__ uint4 grp4[KX8_WARPS][PIECES];
+/* A warp per group of 8 Q6_K blocks (1680 bytes, 16-byte aligned): the group copied to
+ * shared memory, then every byte of its KERN_LAYOUT_Q6_KX8 form gathered from there
+ * (kern_q6_k_x8_src) and written back 16 bytes at a time. */
+#define Q6X8_WARPS 4
+__global__ void __launch_bounds__(Q6X8_WARPS * 32)
+    q6_k_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
+    constexpr int PIECES = KERN_Q6_KX8_BYTES / 16;
+    __shared__ uint4 grp4[Q6X8_WARPS][PIECES];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint8_t *grp = (const uint8_t *)grp4[warp];
-    for (int64_t g = blockIdx.x * (int64_t)KX8_WARPS + warp; g < n_groups;
-         g += (int64_t)gridDim.x * KX8_WARPS) {
-        uint4 *p = (uint4 *)(data + g * BYTES);
+    for (int64_t g = blockIdx.x * (int64_t)Q6X8_WARPS + warp; g < n_groups;
+         g += (int64_t)gridDim.x * Q6X8_WARPS) {
+        uint4 *p = (uint4 *)(data + g * KERN_Q6_KX8_BYTES);
         for (int i = lane; i < PIECES; i += 32)
             grp4[warp][i] = p[i];
         __syncwarp();
@@ -472,12 +470,8 @@ __global__ void __launch_bounds__(KX8_WARPS * 32)
             for (int k = 0; k < 4; k++) {
                 uint32_t v = 0;
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const int o = 16 * i + 4 * k + b;
-                    const int src = BYTES == KERN_Q6_KX8_BYTES ? kern_q6_k_x8_src(o)
-                                                               : kern_q4_k_x8_src(o);
-                    v |= (uint32_t)grp[src] << (8 * b);
-                }
+                for (int b = 0; b < 4; b++)
+                    v |= (uint32_t)grp[kern_q6_k_x8_src(16 * i + 4 * k + b)] << (8 * b);
                 w[k] = v;
             }
             p[i] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -486,23 +480,17 @@ __global__ void __launch_bounds__(KX8_WARPS * 32)
     }
 }
 
-void kern_k_x8_repack(struct ops_ctx *ctx, int type, uint8_t *data, int64_t n_groups) {
+void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
     if (n_groups <= 0) return;
-    if (((uintptr_t)data & 15) != 0 || (type != TPI_TYPE_Q6_K && type != TPI_TYPE_Q4_K)) {
-        kern_fail(ctx, TPI_ERR_INVALID, "cuda k-quant repack", __FILE__, __LINE__,
-                  "weight data at %p (%s) is not 16-byte aligned Q4_K/Q6_K", (void *)data,
-                  quant_type_name(type));
+    if (((uintptr_t)data & 15) != 0) {
+        kern_fail(ctx, TPI_ERR_INVALID, "cuda q6_k repack", __FILE__, __LINE__,
+                  "weight data at %p is not 16-byte aligned", (void *)data);
         return;
     }
-    const int64_t blocks = (n_groups + KX8_WARPS - 1) / KX8_WARPS;
-    const unsigned grid = grid_for(ctx, blocks * KX8_WARPS * 32, KX8_WARPS * 32);
-    if (type == TPI_TYPE_Q6_K)
-        k_x8_repack_kernel<KERN_Q6_KX8_BYTES>
-            <<<grid, KX8_WARPS * 32, 0, ctx->stream>>>(data, n_groups);
-    else
-        k_x8_repack_kernel<KERN_Q4_KX8_BYTES>
-            <<<grid, KX8_WARPS * 32, 0, ctx->stream>>>(data, n_groups);
-    LAUNCH_OK(ctx, "cuda k-quant repack");
+    const int64_t blocks = (n_groups + Q6X8_WARPS - 1) / Q6X8_WARPS;
+    q6_k_x8_repack_kernel<<<grid_for(ctx, blocks * Q6X8_WARPS * 32, Q6X8_WARPS * 32),
+                            Q6X8_WARPS * 32, 0, ctx->stream>>>(data, n_groups);
+    LAUNCH_OK(ctx, "cuda q6_k repack");
 }
 
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,

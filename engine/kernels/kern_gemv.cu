@@ -400,29 +400,6 @@ template <> struct gv<TPI_TYPE_Q4_K> {
     }
 };
 
-/* Q4_K in groups of 8 blocks (KERN_LAYOUT_Q4_KX8): item l = 4k + c of the group is Q4_K's
- * item c of block k; its quant pieces are 16-byte loads at 16l and 512 + 16l, block k's
- * header at 1024 + 16k. The dot is Q4_K's (same items, same order: the same bits). */
-template <> struct gv<KERN_TYPE_Q4_KX8> {
-    static constexpr int BLK = 2048, BYTES = KERN_Q4_KX8_BYTES, IPB = 32;
-    using raw = gv<TPI_TYPE_Q4_K>::raw;
-    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int l) {
-        w.qa = gv_ld128(b + 16 * l);
-        w.qb = gv_ld128(b + 512 + 16 * l);
-        w.hd = gv_ld128(b + 1024 + 16 * (l >> 2));
-    }
-    /* x, ds: the group's first (kind a; block k's are 256k values and 8k pairs on) or the
-     * item's own x (kind p) */
-    template <int NR, bool PERM>
-    static __host__ __device__ __forceinline__ void dot(const raw &w, int l, const int8_t *x,
-                                                        int xs, const float2 *ds, int dss, int nr,
-                                                        float keep, float (&acc)[NR]) {
-        const int k = l >> 2;
-        gv<TPI_TYPE_Q4_K>::dot<NR, PERM>(w, l & 3, PERM ? x : x + 256 * k, xs, ds + 8 * k, dss,
-                                         nr, keep, acc);
-    }
-};
-
 /* Q6_K: an item is (half n, l0 in {0, 16}): 16 bytes of ql at 64n+l0 (A) and at
  * 64n+32+l0 (C), 16 of qh at 128+32n+l0 (H); they give values 128n+32k+l0..+15 for
  * k = 0..3 (A low, C low, A high, C high nibbles with 2-bit pairs k of H), q - 32,
@@ -797,24 +774,6 @@ template <> struct gu<TPI_TYPE_Q4_K> {
     }
 };
 
-/* Q4_K in groups of 8 blocks: unit u = Q4_K's unit uu = u % 16 of block k = u / 16, its
- * 16 quant bytes item l = 4k + uu / 4's piece uu & 1, its header block k's. */
-template <> struct gu<KERN_TYPE_Q4_KX8> {
-    static constexpr int BLK = 2048, BYTES = KERN_Q4_KX8_BYTES, UPB = 128;
-    using raw = gu<TPI_TYPE_Q4_K>::raw;
-    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
-        const int k = u >> 4, l = 4 * k + ((u >> 2) & 3);
-        w.q = gv_ld128(b + 512 * (u & 1) + 16 * l);
-        w.hd = gv_ld128(b + 1024 + 16 * k);
-    }
-    template <int NR>
-    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
-                                                        const float2 *ds, int xs, int nr,
-                                                        float keep, float (&acc)[NR]) {
-        gu<TPI_TYPE_Q4_K>::dot<NR>(w, u & 15, x, ds, xs, nr, keep, acc);
-    }
-};
-
 /* Q6_K: ql[128] at 0, qh[64] at 128, int8 scales[16] at 192, f16 d at 208 (2-byte
  * aligned blocks). Unit u = values 16u..16u+15 = 128n + 32k + l0.. with n = u >> 3,
  * k = (u >> 1) & 3, l0 = 16 (u & 1): low (k < 2) or high nibbles of the 16 ql bytes at
@@ -1151,7 +1110,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
  * knob: 0, 6, 8 or 10, default 10) holds Q4_K's and Q6_K's one-row kernels to that many
  * blocks a multiprocessor (ptxas then takes 80, 64 and 48 registers, 40 unbounded) for
- * rows of at least GV_KBOUND_MIN_NE0 values (the down products). On every shape it
+ * rows of at least GV_KBOUND_MIN_NE0 values (the down products; Q6_K's groups: 4 blocks
+ * whenever kbound is not 0). On every shape it
  * lost (run 34: lm_head Q6_K 160 -> 215 us at 8); on the 12288-value rows it gains (Q6_K
  * 21.1 -> 18.5 us at 10, Q4_K 11.6 -> 10.5; tg128 Q4_K_M +1.2 %, run 35; bench/NOTES.md
  * change 30). */
@@ -1166,14 +1126,16 @@ template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbou
         return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS>;
     }
     if constexpr (TYPE == KERN_TYPE_Q6_KX8 && NR == 1 && RW == 1) {
-        /* Q6_K's groups: the x8bound knob on every shape (52 registers unbounded) */
+        /* Q6_K's groups (52 registers unbounded): long rows (kbound given, the down
+         * products) held to 4 blocks (128 registers; run 44: 12288x4096 13.71 us against
+         * 14.33 at 8), other shapes by the x8bound knob (lm_head 130.0 us at 8, 139.3 at 4) */
+        if (kbound != 0) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4>;
         if (x8bound == 4) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4>;
         if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
         if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
         return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
     }
-    if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == KERN_TYPE_Q4_KX8 || TYPE == TPI_TYPE_Q6_K) &&
-                  NR == 1 && RW == 1) {
+    if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && NR == 1 && RW == 1) {
         if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
         if (kbound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
         if (kbound == 10) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 10>;
@@ -1520,11 +1482,8 @@ void kern_gemv_describe(char *buf, size_t n) {
 template <int T>
 constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 ||
                                  T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
-                                 T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q4_KX8 ||
-                                 T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8 ||
-                                 T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
-/* Q4_K's layouts share its item numbering, so its permuted x copy (gv_perm_k4) */
-template <int T> constexpr bool gv_is_k4 = T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q4_KX8;
+                                 T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K ||
+                                 T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
 /* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6) */
 template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
@@ -1557,7 +1516,7 @@ static bool gv_covers(const struct tpi_weight *w, int n_rows) {
         } else {
             if (w->ne0 % gv<T>::BLK != 0) return;
             /* 16-byte loads in the blocks */
-            if ((gv_is_k4<T> || T == KERN_TYPE_Q8_0X8 || T == KERN_TYPE_Q6_KX8) && !a16)
+            if ((T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q8_0X8 || T == KERN_TYPE_Q6_KX8) && !a16)
                 return;
             /* gv_ld_a2 rounds down to 4 bytes, gv_win_load to 16 */
             ok = (data & 15) == 0;
@@ -1583,7 +1542,7 @@ static int gv_wpr(const struct ops_ctx *ctx, int wps, int64_t ne1, int64_t n_ite
  * x quantized elsewhere may lack). BF16/F16 always take the kind-a kernel. */
 template <int T, int NR> static int gv_kind_of(const struct kern_gemv_x *gx, const gv_cfg &c) {
     if (gv_is_elem(T)) return 'a';
-    const bool kq = gv_is_k4<T> || gv_is_q6<T>;
+    const bool kq = T == TPI_TYPE_Q4_K || gv_is_q6<T>;
     int kind = c.kind ? c.kind : kq && NR == 8 ? 'b' : 'p';
     if (kind == 'p' && !gx->xp) kind = 'a';
     return kind;
@@ -1661,7 +1620,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
-            const size_t off = gv_is_k4<T>          ? lay.k4_off
+            const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
                                : gv_is_q6<T> ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
@@ -1834,7 +1793,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             };
             if (gv_kind_of<T, 1>(gx, c) == 'p') {
                 const gv_xlayout lay = gv_xlayout_of(1, ne0);
-                const size_t off = gv_is_k4<T>          ? lay.k4_off
+                const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
                                    : gv_is_q6<T> ? lay.q6_off
                                                         : lay.b32_off;
                 const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
@@ -1892,17 +1851,15 @@ int kern_gemv_test_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *co
 }
 
 int kern_gemv_host_regroup(int type, void *w, size_t n_bytes) {
-    if (type == TPI_TYPE_Q6_K || type == TPI_TYPE_Q4_K) {
-        const bool q6 = type == TPI_TYPE_Q6_K;
-        const size_t gb = q6 ? KERN_Q6_KX8_BYTES : KERN_Q4_KX8_BYTES;
-        if (n_bytes % gb != 0) return -1;
-        for (size_t g = 0; g < n_bytes / gb; g++) {
-            uint8_t *p = (uint8_t *)w + g * gb, in[KERN_Q6_KX8_BYTES];
-            memcpy(in, p, gb);
-            for (int o = 0; o < (int)gb; o++)
-                p[o] = in[q6 ? kern_q6_k_x8_src(o) : kern_q4_k_x8_src(o)];
+    if (type == TPI_TYPE_Q6_K) {
+        if (n_bytes % KERN_Q6_KX8_BYTES != 0) return -1;
+        for (size_t g = 0; g < n_bytes / KERN_Q6_KX8_BYTES; g++) {
+            uint8_t *p = (uint8_t *)w + g * KERN_Q6_KX8_BYTES, in[KERN_Q6_KX8_BYTES];
+            memcpy(in, p, sizeof in);
+            for (int o = 0; o < KERN_Q6_KX8_BYTES; o++)
+                p[o] = in[kern_q6_k_x8_src(o)];
         }
-        return q6 ? KERN_TYPE_Q6_KX8 : KERN_TYPE_Q4_KX8;
+        return KERN_TYPE_Q6_KX8;
     }
     if (type != TPI_TYPE_Q8_0 || n_bytes % KERN_Q8_0X8_BYTES != 0) return -1;
     for (size_t g = 0; g < n_bytes / KERN_Q8_0X8_BYTES; g++) {
@@ -1949,7 +1906,7 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
     int8_t *xp = (int8_t *)calloc((size_t)nr * xs, 1);
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < ne0; v++) {
-            const int at = gv_is_k4<T>          ? gv_perm_k4(v)
+            const int at = T == TPI_TYPE_Q4_K   ? gv_perm_k4(v)
                            : gv_is_q6<T>        ? gv_perm_q6(v)
                                                 : gv_perm_b32(v);
             xp[(size_t)r * xs + at] = xq[(size_t)r * ne0 + v];

@@ -239,34 +239,6 @@ template <> struct kq<TPI_TYPE_Q6_K> {
     }
 };
 
-/* Q4_K in groups of 8 blocks (KERN_LAYOUT_Q4_KX8, kern_common.cuh): unit u = Q4_K's unit
- * uu = u % 32 of block k = u / 32 (chunk c = uu / 8, quant bytes l0 = 4 (uu % 8) ..),
- * whose word sits in item l = 4k + c's first (l0 < 16) or second piece; the header is
- * block k's. */
-template <> struct kq<KERN_TYPE_Q4_KX8> {
-    static constexpr int BLK = 2048, BYTES = KERN_Q4_KX8_BYTES, UPB = 256, G = 2;
-    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
-                                                int (&off)[2]) {
-        const int k = u >> 5, c = (u >> 3) & 3, l0 = (u & 7) * 4, l = 4 * k + c;
-        const uint8_t *h = b + 1024 + 16 * k;
-        const float d = kq_f16(h), dmin = kq_f16(h + 2);
-        int sc0, m0, sc1, m1;
-        kq_scale_min_k4(2 * c, h + 4, &sc0, &m0);
-        kq_scale_min_k4(2 * c + 1, h + 4, &sc1, &m1);
-        const float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
-        const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
-        const uint32_t q = kq_u32_a4(b + 512 * (l0 >> 4) + 16 * l + (l0 & 15));
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int x = (q >> (8 * i)) & 0xFF;
-            v[i] = d0 * (float)(x & 0xF) - mm0;
-            v[4 + i] = d1 * (float)(x >> 4) - mm1;
-        }
-        off[0] = 256 * k + 64 * c + l0;
-        off[1] = 256 * k + 64 * c + 32 + l0;
-    }
-};
-
 /* Q6_K in groups of 8 blocks (KERN_LAYOUT_Q6_KX8, kern_common.cuh): unit u = Q6_K's unit
  * uu = u % 16 of block c = u / 16, its item it = 2n + l0/16 at l = 4c + it: the words at
  * byte l0 % 16 of the item's A, C and H pieces, its scales word, block c's d. */
@@ -339,7 +311,6 @@ template <typename F> bool kq_dispatch(int type, F &&f) {
         KQ_CASE(TPI_TYPE_Q5_K, true)
         KQ_CASE(TPI_TYPE_Q6_K, true)
         KQ_CASE(KERN_TYPE_Q6_KX8, true)
-        KQ_CASE(KERN_TYPE_Q4_KX8, true)
     default:
         return false;
     }
