@@ -249,16 +249,30 @@ fi
 # line; the microbench's first graph launch of that kernel, after the warm-up) ----
 NCU_GEMV=${NCU_GEMV:-"Q4_K 4096x12288 kind=p
 Q6_K 12288x4096 kind=p"}
+# NCU_GEMV_FULL=1: every section and the per-SASS-line source counters instead
+# (ncu-gemv-N.ncu-rep and ncu-gemv-N-sass.csv per line)
 if has_step ncu-gemv && command -v ncu >/dev/null && [ -x "$BUILD/tests/test_gemv_cuda" ]; then
+    n=0
     while read -r ty shape cfg; do
         [ -n "$cfg" ] || continue
+        n=$((n + 1))
         echo "== ncu $ty $shape $cfg" >>"$OUT/ncu-gemv.log"
+        if [ "${NCU_GEMV_FULL:-0}" = 1 ]; then
+            sel=(--set full --import-source yes -f -o "$OUT/ncu-gemv-$n")
+        else
+            sel=(--section SpeedOfLight --section MemoryWorkloadAnalysis
+                --section WarpStateStats --section Occupancy --section LaunchStats
+                --section SchedulerStats --section InstructionStats)
+        fi
         TPI_BENCH_TYPES=$ty TPI_BENCH_SHAPES=$shape TPI_BENCH_ROWS=1 TPI_BENCH_CFGS=$cfg \
-            bounded "ncu-gemv-$ty-$shape-$cfg" 60 "$OUT/ncu-gemv.log" ncu --clock-control none \
-            -k regex:"gv_(quant|elem|unit)_kernel" --launch-skip 2 --launch-count 1 \
-            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-            --section Occupancy --section LaunchStats --section SchedulerStats \
-            --section InstructionStats "$BUILD/tests/test_gemv_cuda" bench
+            bounded "ncu-gemv-$ty-$shape-$cfg" 90 "$OUT/ncu-gemv.log" ncu --clock-control none \
+            -k regex:"gv_(quant|elem|unit|glu_quant)_kernel" --launch-skip 2 --launch-count 1 \
+            "${sel[@]}" "$BUILD/tests/test_gemv_cuda" bench
+        if [ "${NCU_GEMV_FULL:-0}" = 1 ] && [ -s "$OUT/ncu-gemv-$n.ncu-rep" ]; then
+            ncu -i "$OUT/ncu-gemv-$n.ncu-rep" --page details >>"$OUT/ncu-gemv.log" 2>&1
+            ncu -i "$OUT/ncu-gemv-$n.ncu-rep" --page source --csv --print-source sass \
+                >"$OUT/ncu-gemv-$n-sass.csv" 2>&1
+        fi
     done <<<"$NCU_GEMV"
 fi
 
