@@ -400,15 +400,12 @@ template <> struct gv<TPI_TYPE_Q4_K> {
     }
 };
 
-/* Q6_K: an item is (half n, l0 in {0, 16}): 16 bytes of ql at 64n+l0 (A) and at
- * 64n+32+l0 (C), 16 of qh at 128+32n+l0 (H); they give values 128n+32k+l0..+15 for
- * k = 0..3 (A low, C low, A high, C high nibbles with 2-bit pairs k of H), q - 32,
- * times d * scales[8n + l0/16 + 2k]. 210-byte blocks: 2-byte aligned loads. The four
- * x blocks' (d, d*sum) pairs 4n..4n+3 are two 16-byte loads. */
-/* One Q6_K item's dot (64 values: units k = 0..3 of 16, value j of unit k at 128n + l0 +
- * 32k + j of its block): A, C, H its 16 bytes of ql's low half, ql's high half and qh,
- * sk[k] = d * scale of unit k (times keep); x, ds at the item's block (kind a) as gv's
- * dot takes them. */
+/* One Q6_K item's dot. An item is (half n, l0 in {0, 16}): 16 bytes of ql at 64n+l0 (A)
+ * and at 64n+32+l0 (C), 16 of qh at 128+32n+l0 (H); they give values 128n+32k+l0..+15 for
+ * k = 0..3 (A low, C low, A high, C high nibbles with 2-bit pairs k of H), q - 32, times
+ * sk[k] = d * scales[8n + l0/16 + 2k] (times keep). x, ds at the item's block (kind a) as
+ * gv's dot takes them; the four x blocks' (d, d*sum) pairs 4n..4n+3 are two 16-byte
+ * loads. */
 template <int NR, bool PERM>
 __host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], const uint32_t (&C)[4],
                                                     const uint32_t (&H)[4], const float (&sk)[4],
@@ -1088,7 +1085,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 }
 /* The same held to MINB blocks a multiprocessor: Q8_0's 8-block groups with one x row
  * (GV_X8_MIN_BLOCKS for 2-4 weight rows a warp, the x8bound knob for one), Q6_K's groups
- * with one x row and weight row (x8bound), Q4_K's and GGUF Q6_K's long rows (kbound). Unbounded, ptxas gives the Q8_0 kernel 48 registers; at 4
+ * with one x row and weight row (4 on long rows, else x8bound), Q4_K's and GGUF Q6_K's
+ * long rows (kbound). Unbounded, ptxas gives the Q8_0 kernel 48 registers; at 4
  * blocks it takes 96 and keeps more of a batch's 16-byte loads ahead of its dots; held
  * to 32 (16 blocks) it interleaves them. tg128 Q8_0 on one H200 (two runs each,
  * bench/NOTES.md change 22): 312.7 at 32, 336.7 / 336.2 at 48, 351.6 / 351.2 at 96,
@@ -1620,8 +1618,8 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
-            const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
-                               : gv_is_q6<T> ? lay.q6_off
+            const size_t off = T == TPI_TYPE_Q4_K ? lay.k4_off
+                               : gv_is_q6<T>        ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
@@ -1793,8 +1791,8 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             };
             if (gv_kind_of<T, 1>(gx, c) == 'p') {
                 const gv_xlayout lay = gv_xlayout_of(1, ne0);
-                const size_t off = T == TPI_TYPE_Q4_K   ? lay.k4_off
-                                   : gv_is_q6<T> ? lay.q6_off
+                const size_t off = T == TPI_TYPE_Q4_K ? lay.k4_off
+                                   : gv_is_q6<T>        ? lay.q6_off
                                                         : lay.b32_off;
                 const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
                 go(std::true_type{}, gx->xp + (off - lay.b32_off), xs);
