@@ -13,8 +13,8 @@
 #   5. depth 8192 (-d 8192 -p 512 -n 128 -r 2) on DEPTH_TYPES, while time allows
 #   6. knob variants (VARIANTS: "name ENV=V ..." per line): tg128 + pp512 (VARIANT_ARGS) of
 #      one model each;
-#      a name starting with "alt" runs a second tpinfer built with ALT_CUDA_FLAGS, and
-#      TYPE=t among the assignments benches that model instead
+#      a name starting with "alt" runs a second tpinfer built with ALT_CUDA_FLAGS,
+#      TYPE=t among the assignments benches that model instead, D=n adds -d n
 #   6b. profile: ncu's kernel durations over PROFILE_N decode steps of PROFILE_TYPES,
 #      summed per kernel by bench/ncu-steps.py (profile.txt; ~70 s a step)
 #   7. kernel microbenches, not in the defaults (test_gemv_cuda bench, test_ops_cuda_elem
@@ -194,6 +194,15 @@ if has_step variants; then
             vm=$(model_of "$vt")
             ;;
         esac
+        # D=n among the assignments: at depth n (-d n) as well
+        vargs=$VARIANT_ARGS
+        case " $envs " in *" D="*)
+            vd=${envs##*D=}
+            vd=${vd%% *}
+            envs=$(echo " $envs " | sed "s/ D=$vd / /")
+            vargs="$vargs -d $vd"
+            ;;
+        esac
         bin=$TPINFER
         case $name in alt*)
             [ -n "$ALT_PID" ] && wait "$ALT_PID"
@@ -203,7 +212,7 @@ if has_step variants; then
             ;;
         esac
         # shellcheck disable=SC2086
-        bounded "variant-$name" 60 "$BENCH" env $envs "$bin" bench -m "$vm" $VARIANT_ARGS \
+        bounded "variant-$name" 60 "$BENCH" env $envs "$bin" bench -m "$vm" $vargs \
             -r 2 -o md --roofline-gbps 4000
     done <<<"$VARIANTS"
 fi

@@ -849,9 +849,20 @@ template <> struct gu<KERN_TYPE_Q6_KX8> {
 /* Programmatic dependent launch: wait for the previous kernel's results (a no-op when
  * this kernel was launched without the attribute). Everything before it may only read
  * memory no earlier kernel writes (the weights). */
-/* PDL: wait for the previous kernel (its outputs are this one's inputs). */
 __device__ __forceinline__ void gv_grid_dep_wait() {
     kern_dep_wait();
+}
+
+/* Before the PDL wait: asks L2 for the first `bytes` of a weight row, 128-byte lines
+ * first, first + step, ... (prefetch.global.L2: no register, no wait). A kernel launched
+ * while a short kernel before it still runs (kern_dep_trigger) then streams its first
+ * weights meanwhile, and its loads after the wait hit L2. Loads into registers there
+ * instead were sunk below the wait by the compiler (they read memory it knows to be
+ * read-only), which also took the Q4_K one-row kernel from 40 to 84 registers. */
+__device__ __forceinline__ void gv_prefetch_l2(const uint8_t *row, size_t bytes, int first,
+                                               int step) {
+    for (size_t off = (size_t)first * 128; off < bytes; off += (size_t)step * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(row + off));
 }
 
 
@@ -1065,8 +1076,17 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    /* The wait comes first: x is read with plain loads (so that the RW rows share them),
-     * which the compiler may move up to, but not above, the branch that guards them. */
+    /* This warp's share of its rows' first bytes (the batch its lanes load first: at most
+     * 32 items a lane ahead) asked of L2 before the wait; then the wait: x is read with
+     * plain loads (so that the RW rows share them), which the compiler may move up to, but
+     * not above, the branch that guards them. */
+    if (row0 < ne1) {
+        const size_t pf = gv_imin((int)row_bytes, 32 * 4 * wpr * (Q::BYTES / Q::IPB + 1));
+#pragma unroll
+        for (int rw = 0; rw < RW; rw++)
+            gv_prefetch_l2(w + (size_t)gv_imin(row0 + rw, ne1 - 1) * row_bytes, pf,
+                           part * 32 + lane, 32 * wpr);
+    }
     gv_grid_dep_wait();
     if (row0 < ne1) {
         const uint8_t *wr[RW];
@@ -1218,13 +1238,19 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
                                                   const uint8_t *__restrict__ wu, size_t row_bytes,
                                                   int ne0, int n_ff, const int8_t *x, int xs,
                                                   const float2 *ds, float *g, float *u, int8_t *oq,
-                                                  float2 *ods, const gv_xlayout &olay) {
+                                                  float2 *ods, const gv_xlayout &olay, bool early) {
     using Q = gv<TYPE>;
     constexpr int PER = 32 / W; /* outputs a warp */
     __shared__ float sv[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_items = (ne0 / Q::BLK) * Q::IPB;
-    gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
+    if (early) kern_dep_trigger(); /* one wave: the down matmul may take SMs as blocks end */
+    { /* the warp's first gate and up rows asked of L2 before the wait (gv_prefetch_l2) */
+        const size_t j0 = (size_t)blockIdx.x * 32 + warp * PER;
+        gv_prefetch_l2(wg + j0 * row_bytes, row_bytes, lane, 32);
+        gv_prefetch_l2(wu + j0 * row_bytes, row_bytes, lane, 32);
+    }
+    gv_grid_dep_wait(); /* then the wait: x is read with plain loads (see gv_quant_kernel) */
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
         const int o = warp * PER + k, j = (int)blockIdx.x * 32 + o;
@@ -1250,8 +1276,9 @@ __global__ void __launch_bounds__(W * 32)
     gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                         size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                         const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                        gv_xlayout olay) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
+                        gv_xlayout olay, bool early) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
+                                     early);
 }
 /* Q8_0's 8-block groups with 8 warps a block, held to 3 blocks a multiprocessor (up to 85
  * registers; 384 blocks of the 8B model's FFN still fit one wave): unbounded, ptxas
@@ -1263,8 +1290,9 @@ __global__ void __launch_bounds__(W * 32, MINB)
     gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                              const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                             gv_xlayout olay) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
+                             gv_xlayout olay, bool early) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
+                                     early);
 }
 /* The gate/up kernel of type TYPE with W warps a block. (Q4_K's held to 4-6 blocks of 4
  * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.) */
@@ -1778,7 +1806,8 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                 auto launch = [&](auto w_c) {
                     kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
-                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
+                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay,
+                                (ctx->pdl_early & KERN_EARLY_GLU) != 0);
                 };
                 if (w == 32)
                     launch(std::integral_constant<int, 32>{});
