@@ -49,7 +49,8 @@
  *
  * Knobs, read at context init: TPI_ATTN_MMA (0: off, "prefill" / "decode": that shape
  * only), TPI_ATTN_DEC_BPS (decode split-K target, blocks per multiprocessor; 1),
- * TPI_ATTN_DEC_STAGES (3 or 5).
+ * TPI_ATTN_DEC_STAGES (3 or 5), TPI_ATTN_DEC_SPLIT (key ranges), TPI_ATTN_DEC_PRE (0: no
+ * K/V tile copied before the PDL wait).
  *
  * Precision: Q and P are rounded to f16 (K and V are f16 in the cache already), sums
  * in f32; against the f32 CPU reference the normalized MSE is ~1e-7 (tests/test_ops_cuda.c
@@ -96,6 +97,9 @@ static int g_dec_stages = 3;
  * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
  * 354.0, 8 339.1, 12 354.5, 16 351.4, 24 345.4, 32 345.8, 48 328.2 (bench/NOTES.md). */
 static int g_dec_split = 0;
+/* Decode shape: K/V tiles below the batch's positions copied before the PDL wait (1) or
+ * after it (0; TPI_ATTN_DEC_PRE at init, a tuning knob). */
+static int g_dec_pre = 1;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -118,6 +122,7 @@ struct mma_args {
     float2 *ds;
     gv_xlayout xlay;
     int early; /* decode shape: trigger the next kernel after the K/V stream (KERN_EARLY_ATTN) */
+    int pre;   /* decode shape: tiles below the batch's positions copied before the wait */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -466,8 +471,10 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         const int p = __ldcg(a.pos + t0 + threadIdx.x);
         pv = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
     }
-    if (DEC && (int)threadIdx.x < a.n_tokens && __ldcg(a.seq + threadIdx.x) == s)
-        pn = __ldcg(a.pos + threadIdx.x);
+    if (DEC && (int)threadIdx.x < a.n_tokens) { /* both loads at once, not one after the other */
+        const int ts = __ldcg(a.seq + threadIdx.x), tp = __ldcg(a.pos + threadIdx.x);
+        if (ts == s) pn = tp;
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
@@ -539,13 +546,24 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     int n_pre = 0;
 #pragma unroll
     for (int st = 0; st < NSTAGE - 1; st++)
-        if (n_pre == st && st < n_tiles &&
+        if (a.pre && n_pre == st && st < n_tiles &&
             k_begin + st * MMA_TILE + min(MMA_TILE, k_end - k_begin - st * MMA_TILE) <= p_new) {
             issue(st, st);
             n_pre++;
         }
 
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
+    /* decode shape: the batch's k/v for the store below, fetched with Q */
+    float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
+#pragma unroll
+    for (int u = 0; u < ST_ITEMS; u++) {
+        const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
+        st_k[u] = st_v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (st_s[u] >= 0) {
+            st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+            st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+        }
+    }
     /* Q as f16 A fragments, scaled by scale * log2(e): for k step kk, registers
      * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..} */
     uint32_t qf[NK][4];
@@ -576,9 +594,8 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         for (int u = 0; u < ST_ITEMS; u++) {
             const int p = st_p[u];
             if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
-                const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
-                const float4 kv4 = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
-                const float4 vv4 = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+                const int d4 = (threadIdx.x + u * MMA_THREADS) % (HD / 4);
+                const float4 kv4 = st_k[u], vv4 = st_v[u];
                 const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
                 const __half2 k01 = __floats2half2_rn(kv4.x, kv4.y);
                 const __half2 k23 = __floats2half2_rn(kv4.z, kv4.w);
@@ -869,6 +886,8 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
+    const char *pre = getenv("TPI_ATTN_DEC_PRE");
+    if (pre && *pre) g_dec_pre = strcmp(pre, "0") != 0;
     return mma_set_smem<64, false, 2>(ctx) && mma_set_smem<64, true, 3>(ctx) &&
            mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
            mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx);
@@ -986,6 +1005,7 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.early = (ctx->pdl_early & KERN_EARLY_ATTN) != 0;
+    a.pre = g_dec_pre;
     a.ds = NULL;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {

@@ -133,7 +133,6 @@ __device__ __forceinline__ void kern_dep_trigger() {
 #define KERN_EARLY_NORM 1 /* rmsnorm, at its start */
 #define KERN_EARLY_ROPE 2 /* qk_norm_rope, at its start */
 #define KERN_EARLY_ATTN 4 /* the decode attention, after its K/V stream */
-#define KERN_EARLY_GLU 8  /* the gate/up/silu launch, at its start */
 #define KERN_EARLY_DEFAULT (KERN_EARLY_NORM | KERN_EARLY_ROPE | KERN_EARLY_ATTN)
 
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the

@@ -52,34 +52,9 @@
 /* ---------------------------------------------------------------- helpers
  * __host__ __device__ so the per-type dot products can be run (emulated) on the host. */
 
-/* Build option: the one-batch rows of the quantized one-row and gate/up kernels load their
- * weights before the PDL wait (1) or after it (0, the default); see gv_item_rows. */
-#ifndef GV_PREWAIT
-#define GV_PREWAIT 0
-#endif
-/* A T at p through the read-only cache (host: an unaligned-safe copy): weights. With
- * GV_PREWAIT a plain load in a volatile asm, which the compilers keep above the wait:
- * __ldg and volatile ld.global.nc loads were both sunk below it (bench/NOTES.md change
- * 37). */
+/* A T at p through the read-only cache (host: an unaligned-safe copy): weights. */
 template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p) {
 #ifdef __CUDA_ARCH__
-    if constexpr (GV_PREWAIT && sizeof(T) == 16) {
-        int4 v;
-        asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(p));
-        T t;
-        memcpy(&t, &v, sizeof t);
-        return t;
-    } else if constexpr (GV_PREWAIT && sizeof(T) == 4) {
-        unsigned int v;
-        asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
-        return (T)v;
-    } else if constexpr (GV_PREWAIT && sizeof(T) == 2) {
-        unsigned short v;
-        asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
-        return (T)v;
-    }
     return __ldg((const T *)p);
 #else
     T v;
@@ -999,22 +974,17 @@ __device__ __forceinline__ void gv_rows_of(const uint8_t *w, size_t row_bytes, i
  * x traffic per weight byte falls by RW. Rows of <= 2 items per lane (4096 values of
  * Q4_K/Q6_K) take batches of 2, so half the work is not thrown away. x: plain int8 x
  * (kind a) or the type's permuted copy (kind p, xs its padded row stride). A batch's
- * weights are loaded into registers (Q::load) before its first dot. wait() is called
- * once: for rows of <= 2 items a lane between the batch's weight loads and its first dot,
- * for longer rows before the first load (every batch's weights held across it took the
- * Q4_K kernel from 40 to 84 registers), at the end when this lane has no item. The
- * kernels pass the PDL wait there with GV_PREWAIT, and wait before calling this
- * (passing a no-op) without it. __host__ __device__: the host
- * emulation runs it per lane (RW 1: one row's sums do not depend on RW). */
-template <int TYPE, int NR, bool PERM, int RW, typename Wait>
+ * weights are loaded into registers (Q::load) before its first dot. __host__
+ * __device__: the host emulation runs it per lane (RW 1: one row's sums do not depend
+ * on RW). */
+template <int TYPE, int NR, bool PERM, int RW>
 __host__ __device__ __forceinline__ void
 gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
-             int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR], Wait wait) {
+             int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
     using Q = gv<TYPE>;
     constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4; /* values an item */
     auto rows = [&](auto u_c) {
         constexpr int U = decltype(u_c)::value;
-        if (U != 2 && first < n_items) wait(); /* long rows: before any load */
         for (int it = first; it < n_items; it += U * step) {
             typename Q::raw w[U][RW];
 #pragma unroll
@@ -1024,7 +994,6 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
                 for (int rw = 0; rw < RW; rw++)
                     Q::load(w[u][rw], wr[rw] + (size_t)(i / Q::IPB) * Q::BYTES, i % Q::IPB);
             }
-            if (U == 2 && it == first) wait();
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int i0 = it + u * step;
@@ -1044,28 +1013,7 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
         rows(std::integral_constant<int, 2>{});
     else
         rows(std::integral_constant<int, GV_UNROLL>{});
-    if (first >= n_items) wait();
 }
-
-/* The kernels' PDL wait and the functor they give gv_item_rows: with GV_PREWAIT the
- * wait happens there (after the first weight loads), else before (gv_wait_first) and the
- * functor does nothing. x and its scales are read with plain loads of pointers that are
- * not __restrict__ with GV_PREWAIT (GV_XR), so none moves above the wait's clobber. */
-#if GV_PREWAIT
-#define GV_XR
-#else
-#define GV_XR __restrict__
-#endif
-__device__ __forceinline__ void gv_grid_dep_wait();
-__device__ __forceinline__ void gv_wait_first() {
-    if (!GV_PREWAIT) gv_grid_dep_wait();
-}
-struct gv_wait_in {
-    bool on; /* this call's first batch is the kernel's first (gate/up: output 0) */
-    __device__ __forceinline__ void operator()() const {
-        if (GV_PREWAIT && on) gv_grid_dep_wait();
-    }
-};
 
 /* The weights of one launch (kern_gemv_v3_run_n): up to OPS_MAX_FUSED weights that share
  * x, type and row length. Weight s owns blocks b0[s] .. b0[s + 1] - 1 of the grid, laid
@@ -1101,8 +1049,9 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
 template <int TYPE, int NR, bool PERM, int RW>
 __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
-                                              const int8_t *GV_XR x, int xs,
-                                              const float2 *GV_XR ds, int nr, bool accumulate) {
+                                              const int8_t *__restrict__ x, int xs,
+                                              const float2 *__restrict__ ds, int nr,
+                                              bool accumulate) {
     using Q = gv<TYPE>;
     const gv_seg me = gv_seg_of(sg);
     const uint8_t *__restrict__ w = me.w;
@@ -1115,25 +1064,22 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    /* The wait comes first (GV_PREWAIT: after the first weight loads): x is read with
-     * plain loads (so that the RW rows share them), which the compiler may move up to, but
-     * not above, the branch that guards them. */
-    gv_wait_first();
+    /* The wait comes first: x is read with plain loads (so that the RW rows share them),
+     * which the compiler may move up to, but not above, the branch that guards them. */
+    gv_grid_dep_wait();
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
         gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
-                                         x, xs, ds, ne0, nr, acc, gv_wait_in{true});
-    } else {
-        gv_wait_in{true}();
+                                         x, xs, ds, ne0, nr, acc);
     }
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
 }
 
 template <int TYPE, int NR, bool PERM, int RW>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *GV_XR x, int xs,
-                    const float2 *GV_XR ds, int nr, bool accumulate) {
+    gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
+                    int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The same held to MINB blocks a multiprocessor: Q8_0's 8-block groups with one x row
@@ -1153,8 +1099,9 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #define GV_X8_BOUND_DEFAULT 8
 template <int TYPE, int NR, bool PERM, int RW, int MINB>
 __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
-    gv_quant_kernel_held(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *GV_XR x,
-                         int xs, const float2 *GV_XR ds, int nr, bool accumulate) {
+    gv_quant_kernel_held(const gv_segs sg, size_t row_bytes, int ne0,
+                         const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
+                         int nr, bool accumulate) {
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
@@ -1270,21 +1217,19 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
                                                   const uint8_t *__restrict__ wu, size_t row_bytes,
                                                   int ne0, int n_ff, const int8_t *x, int xs,
                                                   const float2 *ds, float *g, float *u, int8_t *oq,
-                                                  float2 *ods, const gv_xlayout &olay, bool early) {
+                                                  float2 *ods, const gv_xlayout &olay) {
     using Q = gv<TYPE>;
     constexpr int PER = 32 / W; /* outputs a warp */
     __shared__ float sv[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_items = (ne0 / Q::BLK) * Q::IPB;
-    if (early) kern_dep_trigger(); /* one wave: the down matmul may take SMs as blocks end */
-    gv_wait_first(); /* first: x is read with plain loads (see gv_quant_kernel) */
+    gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
         const int o = warp * PER + k, j = (int)blockIdx.x * 32 + o;
         const uint8_t *wr[2] = {wg + (size_t)j * row_bytes, wu + (size_t)j * row_bytes};
         float acc[2][1] = {{0.0f}, {0.0f}};
-        gv_item_rows<TYPE, 1, PERM, 2>(wr, n_items, lane, 32, x, xs, ds, ne0, 1, acc,
-                                       gv_wait_in{k == 0});
+        gv_item_rows<TYPE, 1, PERM, 2>(wr, n_items, lane, 32, x, xs, ds, ne0, 1, acc);
         const float gs = gv_warp_sum(acc[0][0]), us = gv_warp_sum(acc[1][0]);
         if (lane == 0) {
             u[j] = us;
@@ -1304,9 +1249,8 @@ __global__ void __launch_bounds__(W * 32)
     gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                         size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                         const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                        gv_xlayout olay, bool early) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     early);
+                        gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* Q8_0's 8-block groups with 8 warps a block, held to 3 blocks a multiprocessor (up to 85
  * registers; 384 blocks of the 8B model's FFN still fit one wave): unbounded, ptxas
@@ -1318,9 +1262,8 @@ __global__ void __launch_bounds__(W * 32, MINB)
     gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                              const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                             gv_xlayout olay, bool early) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     early);
+                             gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* The gate/up kernel of type TYPE with W warps a block. (Q4_K's held to 4-6 blocks of 4
  * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.) */
@@ -1834,8 +1777,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                 auto launch = [&](auto w_c) {
                     kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
-                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay,
-                                (ctx->pdl_early & KERN_EARLY_GLU) != 0);
+                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };
                 if (w == 32)
                     launch(std::integral_constant<int, 32>{});
@@ -1980,10 +1922,10 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
                                                  [] {});
                 else if (kind == 'p')
                     gv_item_rows<T, 8, true, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xp, xs, ds,
-                                                ne0, nr, acc, [] {});
+                                                ne0, nr, acc);
                 else
                     gv_item_rows<T, 8, false, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xq, ne0,
-                                                 ds, ne0, nr, acc, [] {});
+                                                 ds, ne0, nr, acc);
                 for (int r = 0; r < 8; r++)
                     v[r][lane] = acc[0][r];
             }
