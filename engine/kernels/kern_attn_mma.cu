@@ -28,9 +28,6 @@
  *   int8 form for the next matmul (out is the x of the wo matmul): blocks of 32 with
  *   kind p's permuted copies, kern_xq.cuh's layout, made by kern_q8_block as the
  *   matmul's own quantization makes them (bitwise), which that matmul then skips.
- *   Launched with PDL: before its wait it derives its key range from the batch's
- *   positions and copies the first tiles that lie below them, and after its K/V stream it
- *   lets the next kernel launch (kern_dep_trigger, TPI_PDL_EARLY's attn).
  * Per tile and warp: S = Q K^T (Q held as f16 A fragments for the whole run, K as B
  * fragments by ldmatrix), the causal mask per row (only on tiles that reach past the
  * smallest position of the warp's rows, or past the split's end), online softmax in
@@ -49,8 +46,7 @@
  *
  * Knobs, read at context init: TPI_ATTN_MMA (0: off, "prefill" / "decode": that shape
  * only), TPI_ATTN_DEC_BPS (decode split-K target, blocks per multiprocessor; 1),
- * TPI_ATTN_DEC_STAGES (3 or 5), TPI_ATTN_DEC_SPLIT (key ranges), TPI_ATTN_DEC_PRE (0: no
- * K/V tile copied before the PDL wait).
+ * TPI_ATTN_DEC_STAGES (3 or 5).
  *
  * Precision: Q and P are rounded to f16 (K and V are f16 in the cache already), sums
  * in f32; against the f32 CPU reference the normalized MSE is ~1e-7 (tests/test_ops_cuda.c
@@ -97,9 +93,6 @@ static int g_dec_stages = 3;
  * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
  * 354.0, 8 339.1, 12 354.5, 16 351.4, 24 345.4, 32 345.8, 48 328.2 (bench/NOTES.md). */
 static int g_dec_split = 0;
-/* Decode shape: K/V tiles below the batch's positions copied before the PDL wait (1) or
- * after it (0; TPI_ATTN_DEC_PRE at init, a tuning knob). */
-static int g_dec_pre = 1;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -121,8 +114,6 @@ struct mma_args {
     int8_t *xq;
     float2 *ds;
     gv_xlayout xlay;
-    int early; /* decode shape: trigger the next kernel after the K/V stream (KERN_EARLY_ATTN) */
-    int pre;   /* decode shape: tiles below the batch's positions copied before the wait */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -417,10 +408,11 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     constexpr int CP_ITERS = MMA_TILE * CPR / MMA_THREADS;
     static_assert(MMA_TILE * CPR % MMA_THREADS == 0, "tile copy must split evenly");
     extern __shared__ float4 mma_smem4[];
-    __shared__ int red_s[MMA_THREADS / 32], red_n[MMA_THREADS / 32];
+    __shared__ int red_s[MMA_THREADS / 32];
     __shared__ int last_s;
     __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
 
+    kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
     const int e = a.blk[blockIdx.x];
@@ -428,17 +420,11 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
     const int kvh = blockIdx.y / a.head_chunks;
     const int h0 = kvh * a.group + (blockIdx.y % a.head_chunks) * (1 << hp_log2);
-
-    /* Before the wait for the previous kernel (PDL): the batch's slots and positions are
-     * uploaded before the step and no kernel writes them, and the cache rows below the
-     * batch's positions were written by earlier steps, so the key range and the first K/V
-     * tiles that lie wholly below this slot's batch positions go out first. Read through
-     * L2 (__ldcg, cp.async.cg): this block may start while the kernel before still runs. */
-    const int s = __ldcg(a.seq + t0); /* every token of the block has this slot */
+    const int s = a.seq[t0]; /* every token of the block has this slot (kern_attn_blocks) */
     const bool slot_ok = s >= 0 && s < a.n_slot;
 
     /* this lane's two rows (fragment rows g and g + 8 of the warp's 16): (token, head)
-     * index, -1 past the block */
+     * index, -1 past the block; the Q loads go out before anything waits on positions */
     int th[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
@@ -446,41 +432,53 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         const int tl = r >> hp_log2;
         th[i] = tl < nt ? (t0 + tl) * a.n_head + h0 + (r & hp_mask) : -1;
     }
-
-    /* decode shape: the slots and positions of the batch's k/v for the store below.
-     * Item u of a thread: token it / (HD/4), dims 4 (it % (HD/4)) .. +3 */
-    constexpr int ST_ITEMS =
-        DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + MMA_THREADS - 1) / MMA_THREADS : 1;
-    int st_s[ST_ITEMS], st_p[ST_ITEMS];
+    /* Q as f16 A fragments, scaled by scale * log2(e): for k step kk, registers
+     * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..} */
+    uint32_t qf[NK][4];
 #pragma unroll
-    for (int u = 0; u < ST_ITEMS; u++) {
-        const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4);
-        st_s[u] = -1;
-        st_p[u] = -1;
-        if (DEC && a.k && t < a.n_tokens) {
-            st_s[u] = __ldcg(a.seq + t);
-            st_p[u] = __ldcg(a.pos + t);
+    for (int i = 0; i < 2; i++) {
+        const float *qr = a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+            if (th[i] >= 0) {
+                x0 = *(const float2 *)(qr + 16 * kk + 2 * c);
+                x1 = *(const float2 *)(qr + 16 * kk + 8 + 2 * c);
+            }
+            qf[kk][i] = mma_pack(__floats2half2_rn(x0.x * a.qscale, x0.y * a.qscale));
+            qf[kk][2 + i] = mma_pack(__floats2half2_rn(x1.x * a.qscale, x1.y * a.qscale));
         }
     }
 
-    /* the block's largest visible position: tokens t0 .. t0+nt-1, nt <= 64 < threads;
-     * decode shape: the smallest position of this slot's batch tokens (n_tokens < 16 <
-     * threads), below which the cache holds earlier steps' keys only */
-    int pv = -1, pn = INT_MAX;
+    /* decode shape: the batch's k/v for the store below, fetched with everything else.
+     * Item u of a thread: token it / (HD/4), dims 4 (it % (HD/4)) .. +3 */
+    constexpr int ST_ITEMS =
+        DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + MMA_THREADS - 1) / MMA_THREADS : 1;
+    float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
+    int st_s[ST_ITEMS], st_p[ST_ITEMS];
+#pragma unroll
+    for (int u = 0; u < ST_ITEMS; u++) {
+        const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
+        st_s[u] = -1;
+        st_p[u] = -1;
+        if (DEC && a.k && t < a.n_tokens) {
+            st_s[u] = a.seq[t];
+            st_p[u] = a.pos[t];
+            st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+            st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+        }
+    }
+
+    /* the block's largest visible position: tokens t0 .. t0+nt-1, nt <= 64 < threads */
+    int pv = -1;
     if ((int)threadIdx.x < nt) {
-        const int p = __ldcg(a.pos + t0 + threadIdx.x);
+        const int p = a.pos[t0 + threadIdx.x];
         pv = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
     }
-    if (DEC && (int)threadIdx.x < a.n_tokens) { /* both loads at once, not one after the other */
-        const int ts = __ldcg(a.seq + threadIdx.x), tp = __ldcg(a.pos + threadIdx.x);
-        if (ts == s) pn = tp;
-    }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = 16; o > 0; o >>= 1)
         pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
-        pn = min(pn, __shfl_xor_sync(0xffffffffu, pn, o));
-    }
-    if (lane == 0) red_s[warp] = pv, red_n[warp] = pn;
+    if (lane == 0) red_s[warp] = pv;
 
     /* the rows' positions (-1: sees nothing, written as zeros) and the warp's range */
     int prow[2];
@@ -490,7 +488,7 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         prow[i] = -1;
         if (th[i] >= 0) {
             const int tl = ((DEC ? 0 : 16 * warp) + g + 8 * i) >> hp_log2;
-            const int p = __ldcg(a.pos + t0 + tl);
+            const int p = a.pos[t0 + tl];
             prow[i] = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
             wmax = max(wmax, prow[i]);
             wmin = min(wmin, prow[i]);
@@ -503,9 +501,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     }
     __syncthreads();
     const int p_max = max(max(red_s[0], red_s[1]), max(red_s[2], red_s[3]));
-    /* keys below p_new are no batch token's of this slot (prefill: stored already by the
-     * store kernel, which runs before without PDL) */
-    const int p_new = DEC ? min(min(red_n[0], red_n[1]), min(red_n[2], red_n[3])) : INT_MAX;
 
     /* this split's keys [k_begin, k_end): tile-aligned ranges of the block's n_keys */
     const int n_keys = p_max + 1;
@@ -516,6 +511,32 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + MMA_TILE - 1) / MMA_TILE : 0;
 
     const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
+    if (DEC && a.k) {
+        /* The store, fused: this block writes the k/v (its KV head) of every batch token of
+         * its slot whose position lies in its key range, then reads them back with the
+         * rest. Every valid token is covered by its own block's range; a position written
+         * by several blocks (other head chunks or query blocks of the slot) gets the same
+         * bytes from each, and no block reads a batch position it has not written itself,
+         * so any slot pattern is safe, also when a graph replays other slots. */
+        bool wrote = false;
+#pragma unroll
+        for (int u = 0; u < ST_ITEMS; u++) {
+            const int p = st_p[u];
+            if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
+                const int d4 = (threadIdx.x + u * MMA_THREADS) % (HD / 4);
+                const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
+                const __half2 k01 = __floats2half2_rn(st_k[u].x, st_k[u].y);
+                const __half2 k23 = __floats2half2_rn(st_k[u].z, st_k[u].w);
+                const __half2 v01 = __floats2half2_rn(st_v[u].x, st_v[u].y);
+                const __half2 v23 = __floats2half2_rn(st_v[u].z, st_v[u].w);
+                *(uint2 *)(a.kc + at) = make_uint2(mma_pack(k01), mma_pack(k23));
+                *(uint2 *)(a.vc + at) = make_uint2(mma_pack(v01), mma_pack(v23));
+                wrote = true;
+            }
+        }
+        if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
+        __syncthreads();
+    }
     const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
     const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
     const uint32_t smem0 = mma_smem_u32(mma_smem4);
@@ -541,74 +562,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         }
         mma_commit();
     };
-    /* the first NSTAGE - 1 tiles, as far as they lie below p_new (block-uniform: a prefix,
-     * so the copy groups stay in tile order) */
-    int n_pre = 0;
-#pragma unroll
-    for (int st = 0; st < NSTAGE - 1; st++)
-        if (a.pre && n_pre == st && st < n_tiles &&
-            k_begin + st * MMA_TILE + min(MMA_TILE, k_end - k_begin - st * MMA_TILE) <= p_new) {
-            issue(st, st);
-            n_pre++;
-        }
-
-    kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
-    /* decode shape: the batch's k/v for the store below, fetched with Q */
-    float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
-#pragma unroll
-    for (int u = 0; u < ST_ITEMS; u++) {
-        const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
-        st_k[u] = st_v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (st_s[u] >= 0) {
-            st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
-            st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
-        }
-    }
-    /* Q as f16 A fragments, scaled by scale * log2(e): for k step kk, registers
-     * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..} */
-    uint32_t qf[NK][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const float *qr = a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) {
-            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
-            if (th[i] >= 0) {
-                x0 = *(const float2 *)(qr + 16 * kk + 2 * c);
-                x1 = *(const float2 *)(qr + 16 * kk + 8 + 2 * c);
-            }
-            qf[kk][i] = mma_pack(__floats2half2_rn(x0.x * a.qscale, x0.y * a.qscale));
-            qf[kk][2 + i] = mma_pack(__floats2half2_rn(x1.x * a.qscale, x1.y * a.qscale));
-        }
-    }
-
-    if (DEC && a.k) {
-        /* The store, fused: this block writes the k/v (its KV head) of every batch token of
-         * its slot whose position lies in its key range, then reads them back with the
-         * rest. Every valid token is covered by its own block's range; a position written
-         * by several blocks (other head chunks or query blocks of the slot) gets the same
-         * bytes from each, and no block reads a batch position it has not written itself,
-         * so any slot pattern is safe, also when a graph replays other slots. */
-        bool wrote = false;
-#pragma unroll
-        for (int u = 0; u < ST_ITEMS; u++) {
-            const int p = st_p[u];
-            if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
-                const int d4 = (threadIdx.x + u * MMA_THREADS) % (HD / 4);
-                const float4 kv4 = st_k[u], vv4 = st_v[u];
-                const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
-                const __half2 k01 = __floats2half2_rn(kv4.x, kv4.y);
-                const __half2 k23 = __floats2half2_rn(kv4.z, kv4.w);
-                const __half2 v01 = __floats2half2_rn(vv4.x, vv4.y);
-                const __half2 v23 = __floats2half2_rn(vv4.z, vv4.w);
-                *(uint2 *)(a.kc + at) = make_uint2(mma_pack(k01), mma_pack(k23));
-                *(uint2 *)(a.vc + at) = make_uint2(mma_pack(v01), mma_pack(v23));
-                wrote = true;
-            }
-        }
-        if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
-        __syncthreads();
-    }
 
     float o[ND][4];
 #pragma unroll
@@ -624,10 +577,8 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     const uint32_t k_lane = (uint32_t)((kw + r8 + 8 * (q8 >> 1)) * KS + 8 * (q8 & 1)) * 2u;
     const uint32_t v_lane = (uint32_t)((kw + r8 + 8 * (q8 & 1)) * KS + 8 * (q8 >> 1)) * 2u;
 
-    /* the rest of the first NSTAGE - 1 tiles, after the store */
 #pragma unroll
     for (int st = 0; st < NSTAGE - 1; st++) {
-        if (st < n_pre) continue;
         if (st < n_tiles)
             issue(st, st);
         else
@@ -727,9 +678,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
             }
     }
     mma_wait<0>(); /* only empty groups can be pending; the smem is reused below */
-    /* decode shape: the K/V stream is over; what is left (the merges, the int8 form) is
-     * short, so the next kernel may launch now and take the room this one leaves */
-    if (DEC && a.early) kern_dep_trigger();
 #pragma unroll
     for (int i = 0; i < 2; i++) { /* the row sums over the quad's columns */
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -886,8 +834,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
-    const char *pre = getenv("TPI_ATTN_DEC_PRE");
-    if (pre && *pre) g_dec_pre = strcmp(pre, "0") != 0;
     return mma_set_smem<64, false, 2>(ctx) && mma_set_smem<64, true, 3>(ctx) &&
            mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
            mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx);
@@ -1004,8 +950,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.n_split = 1;
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
-    a.early = (ctx->pdl_early & KERN_EARLY_ATTN) != 0;
-    a.pre = g_dec_pre;
     a.ds = NULL;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {

@@ -197,11 +197,9 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
 template <bool TAB>
 __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
-                                    int n_rot, float freq_base, float eps, const double *inv_tab,
-                                    bool early) {
+                                    int n_rot, float freq_base, float eps, const double *inv_tab) {
     extern __shared__ float xs[];
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
-    if (early) kern_dep_trigger(); /* decode: the attention may start its K/V stream */
     const bool is_q = hh < n_head;
     const float *w = is_q ? q_norm : k_norm;
     /* the norm weights of this thread's first QKR_VPT values: no kernel's output, so
@@ -330,7 +328,7 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
                          int8_t *xq, float2 *ds, gv_xlayout lay, bool early) {
     const int64_t row = blockIdx.x;
     const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
-    if (early) kern_dep_trigger(); /* a decode row's few blocks: the next matmul may load */
+    if (early) kern_dep_trigger(); /* one wave: the next matmul's blocks may launch */
     const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
     kern_dep_wait();
     const float4 *xr4 = (const float4 *)(x + row * n_cols);
@@ -568,8 +566,7 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
         kern_launch(ctx->pdl, rmsnorm_split_kernel,
                     dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)), dim3(RMS_SPLIT_T), 0,
-                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay,
-                    (ctx->pdl_early & KERN_EARLY_NORM) != 0);
+                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay, ctx->pdl_early);
     else
         kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
                     x, w, y, n_cols, eps, xq, ds, lay);
@@ -650,9 +647,7 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
     const double *tab = rope_inv_table(ctx, n_rot, freq_base);
     kern_launch(ctx->pdl, tab ? qk_norm_rope_kernel<true> : qk_norm_rope_kernel<false>, grid,
                 dim3(threads), (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
-                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab,
-                /* early only where the grid is one wave (decode batches) */
-                (ctx->pdl_early & KERN_EARLY_ROPE) != 0 && b->n_tokens < 16);
+                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab);
     LAUNCH_OK(ctx, op);
 }
 

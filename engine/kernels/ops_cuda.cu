@@ -252,34 +252,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     }
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = !(pd && strcmp(pd, "0") == 0);
-    /* Which kernels let the next one launch before they end (kern_dep_trigger):
-     * TPI_PDL_EARLY=0 none, or a comma list of norm, rope, attn; default all three. The
-     * gate/up launch (one wave too) triggering at its start lost 1 % (bench/NOTES.md
-     * change 37). */
-    ctx->pdl_early = KERN_EARLY_DEFAULT;
+    /* The decode rows' rmsnorm lets the next kernel launch at its start (kern_dep_trigger;
+     * TPI_PDL_EARLY=0: not; bench/NOTES.md change 37). */
     const char *pe = getenv("TPI_PDL_EARLY");
-    if (pe && *pe) {
-        static const char *const names[] = {"norm", "rope", "attn"};
-        int bits = 0;
-        bool ok = true;
-        if (strcmp(pe, "0") != 0) {
-            for (const char *q = pe; *q && ok;) {
-                const size_t n = strcspn(q, ",");
-                int k = 0;
-                while (k < 3 && !(strlen(names[k]) == n && strncmp(q, names[k], n) == 0))
-                    k++;
-                if (k < 3)
-                    bits |= 1 << k;
-                else
-                    ok = false;
-                q += n + (q[n] == ',');
-            }
-        }
-        if (ok)
-            ctx->pdl_early = bits;
-        else
-            TPI_LOGW("TPI_PDL_EARLY=%s is not 0 or a list of norm, rope, attn: ignored", pe);
-    }
+    ctx->pdl_early = !(pe && strcmp(pe, "0") == 0);
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
      * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, anything
      * else auto (the most warps that keep the launch in one wave). */
