@@ -68,8 +68,6 @@ struct ops_ctx {
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
-    bool pdl_early; /* decode rows' rmsnorm lets the next kernel launch at its start
-                     * (TPI_PDL_EARLY, default on; kern_dep_trigger) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
@@ -107,26 +105,17 @@ void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_byt
 
 /* ---- programmatic dependent launch (PDL, sm_90) ----
  * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
- * it on the stream drains (its blocks have exited), or earlier where that kernel calls
- * kern_dep_trigger; it must call kern_dep_wait, which returns when the previous kernel
- * has completed and its writes are visible, before it touches memory another kernel
- * writes or reads (what it does before its wait reads only weights). Every
+ * it on the stream drains (its blocks have exited; no kernel here triggers earlier); it
+ * must call kern_dep_wait, which returns when the previous kernel has completed and its
+ * writes are visible, before it touches memory another kernel writes or reads. Every
  * kernel launched with pdl calls kern_dep_wait before it can finish, so completion stays
- * transitive along the stream. In a kernel launched without pdl the wait is a no-op. */
+ * transitive along the stream. In a kernel launched without pdl the wait is a no-op.
+ * (Triggering the next kernel at the start of each decode kernel was tried: no clear
+ * gain, and test_xq_memo_cuda then saw a kind-b GEMV read stale x; bench/NOTES.md
+ * change 15.) */
 __device__ __forceinline__ void kern_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-/* Lets the next kernel on the stream launch once every block of this one has called this
- * or exited (a no-op for a next kernel launched without pdl). Called only by the decode
- * rows' rmsnorm (32 blocks, all resident at once), so the next matmul's blocks take only
- * the room it leaves and sit at their wait, ready, instead of launching after it ends.
- * Every decode kernel triggering at its start, GEMVs of several waves included, lost
- * (bench/NOTES.md changes 15 and 26); the change 37 forms are in bench/NOTES.md. */
-__device__ __forceinline__ void kern_dep_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the

@@ -325,10 +325,9 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 #define RMS_SPLIT_T 128
 __global__ void __launch_bounds__(RMS_SPLIT_T)
     rmsnorm_split_kernel(const float *x, const float *w, float *y, int n_cols, float eps,
-                         int8_t *xq, float2 *ds, gv_xlayout lay, bool early) {
+                         int8_t *xq, float2 *ds, gv_xlayout lay) {
     const int64_t row = blockIdx.x;
     const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
-    if (early) kern_dep_trigger(); /* one wave: the next matmul's blocks may launch */
     const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
     kern_dep_wait();
     const float4 *xr4 = (const float4 *)(x + row * n_cols);
@@ -566,7 +565,7 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
         kern_launch(ctx->pdl, rmsnorm_split_kernel,
                     dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)), dim3(RMS_SPLIT_T), 0,
-                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay, ctx->pdl_early);
+                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
     else
         kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
                     x, w, y, n_cols, eps, xq, ds, lay);

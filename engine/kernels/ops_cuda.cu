@@ -252,10 +252,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     }
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = !(pd && strcmp(pd, "0") == 0);
-    /* The decode rows' rmsnorm lets the next kernel launch at its start (kern_dep_trigger;
-     * TPI_PDL_EARLY=0: not; bench/NOTES.md change 37). */
-    const char *pe = getenv("TPI_PDL_EARLY");
-    ctx->pdl_early = !(pe && strcmp(pe, "0") == 0);
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
      * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, anything
      * else auto (the most warps that keep the launch in one wave). */
