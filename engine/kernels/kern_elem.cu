@@ -437,13 +437,17 @@ __global__ void q8_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
     }
 }
 
+/* Whether the repack kernels may take the weight data at `data` (16-byte aligned: they
+ * move it 16 bytes at a time); records the failure under `op` when not. */
+static bool repack_aligned(struct ops_ctx *ctx, const uint8_t *data, const char *op) {
+    if (((uintptr_t)data & 15) == 0) return true;
+    kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
+              "weight data at %p is not 16-byte aligned", (const void *)data);
+    return false;
+}
+
 void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
-    if (n_groups <= 0) return;
-    if (((uintptr_t)data & 15) != 0) {
-        kern_fail(ctx, TPI_ERR_INVALID, "cuda q8_0 repack", __FILE__, __LINE__,
-                  "weight data at %p is not 16-byte aligned", (void *)data);
-        return;
-    }
+    if (n_groups <= 0 || !repack_aligned(ctx, data, "cuda q8_0 repack")) return;
     q8_0_x8_repack_kernel<<<grid_for(ctx, n_groups, 128), 128, 0, ctx->stream>>>(data, n_groups);
     LAUNCH_OK(ctx, "cuda q8_0 repack");
 }
@@ -481,12 +485,7 @@ __global__ void __launch_bounds__(Q6X8_WARPS * 32)
 }
 
 void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
-    if (n_groups <= 0) return;
-    if (((uintptr_t)data & 15) != 0) {
-        kern_fail(ctx, TPI_ERR_INVALID, "cuda q6_k repack", __FILE__, __LINE__,
-                  "weight data at %p is not 16-byte aligned", (void *)data);
-        return;
-    }
+    if (n_groups <= 0 || !repack_aligned(ctx, data, "cuda q6_k repack")) return;
     const int64_t blocks = (n_groups + Q6X8_WARPS - 1) / Q6X8_WARPS;
     q6_k_x8_repack_kernel<<<grid_for(ctx, blocks * Q6X8_WARPS * 32, Q6X8_WARPS * 32),
                             Q6X8_WARPS * 32, 0, ctx->stream>>>(data, n_groups);

@@ -208,6 +208,22 @@ template <> struct kq<TPI_TYPE_Q5_K> {
     }
 };
 
+/* The 16 values of one Q6_K unit from its words: a (4 ql bytes: low nibbles values 0-3,
+ * high nibbles 8-11), c (the ql bytes 32 on: 4-7, 12-15) and h (their 2-bit high parts,
+ * pairs k = 0..3 for the four runs), q - 32 times the runs' scales s0..s3. Shared by the
+ * GGUF blocks and their 8-block groups (kq<KERN_TYPE_Q6_KX8>). */
+__device__ __forceinline__ void kq_q6_values(uint32_t a, uint32_t c, uint32_t h, float s0,
+                                             float s1, float s2, float s3, float (&v)[16]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int xa = (a >> (8 * i)) & 0xFF, xc = (c >> (8 * i)) & 0xFF;
+        const int hh = (h >> (8 * i)) & 0xFF;
+        v[i] = s0 * (float)(((xa & 0xF) | ((hh & 3) << 4)) - 32);
+        v[4 + i] = s1 * (float)(((xc & 0xF) | (((hh >> 2) & 3) << 4)) - 32);
+        v[8 + i] = s2 * (float)(((xa >> 4) | (((hh >> 4) & 3) << 4)) - 32);
+        v[12 + i] = s3 * (float)(((xc >> 4) | (((hh >> 6) & 3) << 4)) - 32);
+    }
+}
 /* Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, f16 d. Each 128-value half n uses
  * ql[64n..], qh[32n..], scales[8n..]: byte l gives values l, l+32, l+64, l+96 of the half
  * (low/high nibbles of ql[l], ql[l+32], 2-bit pairs of qh[l]), q-32, times d*scale[l/16 + 2i]. */
@@ -223,15 +239,7 @@ template <> struct kq<TPI_TYPE_Q6_K> {
         const uint32_t a = kq_u32_a2(ql + l0), c = kq_u32_a2(ql + 32 + l0), h = kq_u32_a2(qh + l0);
         const float s0 = d * (float)sc[is], s1 = d * (float)sc[is + 2];
         const float s2 = d * (float)sc[is + 4], s3 = d * (float)sc[is + 6];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int xa = (a >> (8 * i)) & 0xFF, xc = (c >> (8 * i)) & 0xFF;
-            const int hh = (h >> (8 * i)) & 0xFF;
-            v[i] = s0 * (float)(((xa & 0xF) | ((hh & 3) << 4)) - 32);
-            v[4 + i] = s1 * (float)(((xc & 0xF) | (((hh >> 2) & 3) << 4)) - 32);
-            v[8 + i] = s2 * (float)(((xa >> 4) | (((hh >> 4) & 3) << 4)) - 32);
-            v[12 + i] = s3 * (float)(((xc >> 4) | (((hh >> 6) & 3) << 4)) - 32);
-        }
+        kq_q6_values(a, c, h, s0, s1, s2, s3, v);
         off[0] = 128 * n + l0;
         off[1] = 128 * n + 32 + l0;
         off[2] = 128 * n + 64 + l0;
@@ -253,15 +261,7 @@ template <> struct kq<KERN_TYPE_Q6_KX8> {
         const uint32_t h = kq_u32_a4(b + 1024 + 16 * l + j), sw = kq_u32_a4(b + 1536 + 4 * l);
         const float s0 = d * (float)(int8_t)(sw & 0xFF), s1 = d * (float)(int8_t)((sw >> 8) & 0xFF);
         const float s2 = d * (float)(int8_t)((sw >> 16) & 0xFF), s3 = d * (float)(int8_t)(sw >> 24);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int xa = (a >> (8 * i)) & 0xFF, xc = (cc >> (8 * i)) & 0xFF;
-            const int hh = (h >> (8 * i)) & 0xFF;
-            v[i] = s0 * (float)(((xa & 0xF) | ((hh & 3) << 4)) - 32);
-            v[4 + i] = s1 * (float)(((xc & 0xF) | (((hh >> 2) & 3) << 4)) - 32);
-            v[8 + i] = s2 * (float)(((xa >> 4) | (((hh >> 4) & 3) << 4)) - 32);
-            v[12 + i] = s3 * (float)(((xc >> 4) | (((hh >> 6) & 3) << 4)) - 32);
-        }
+        kq_q6_values(a, cc, h, s0, s1, s2, s3, v);
         const int base = 256 * c + 128 * n + l0;
         off[0] = base;
         off[1] = base + 32;
