@@ -79,15 +79,6 @@ struct ops_ctx {
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
-    /* The L2 read-ahead branch of recorded decode graphs (kern_gemv.cu, TPI_L2_AHEAD):
-     * its stream (greatest priority) and fork/join events; l2_stream NULL: off */
-    cudaStream_t l2_stream;
-    cudaEvent_t ev_l2_fork, ev_l2_join;
-    void *l2_front;     /* the device word products publish in (gv_l2_front) */
-    size_t l2_window;   /* bytes ahead of the running product */
-    int l2_blocks;      /* blocks of the branch's kernel */
-    struct kern_l2_plan *l2_rec; /* the plan of the graph being recorded, in which the
-                                  * products note their weights; NULL when none */
 };
 
 /* Record the first failure of an op ("op: what (file:line)"); later ones are dropped
@@ -350,30 +341,6 @@ struct kern_gemv_x {
     const int8_t *xp;   /* kind p's permuted copies of xq (prepare writes them), or NULL:
                          * kind p then runs as kind a */
 };
-/* ---- L2 read-ahead of recorded decode graphs (kern_gemv.cu) ----
- * While a graph is recorded, the v3 products note the weights they read (l2_rec); a
- * branch beside the step asks L2 for them in that order, a window ahead of the product
- * running (each product's blocks publish where they read). The branch changes no value
- * and nothing waits for it but the graph's end. */
-struct kern_l2_plan;
-/* Read TPI_L2_AHEAD / TPI_L2_AHEAD_BLOCKS and create the branch's stream and events
- * (nothing when the window is 0); false on a CUDA failure (recorded). */
-bool kern_l2_init(struct ops_ctx *ctx);
-/* Release what kern_l2_init created. */
-void kern_l2_free(struct ops_ctx *ctx);
-/* Called right after the capture on ctx->stream began: fork the branch with a new plan
- * (ctx->l2_rec) that the products recorded next note their weights in; nothing when off
- * (a failure is recorded and leaves it off for this graph). */
-void kern_l2_begin(struct ops_ctx *ctx);
-/* Called right before the capture ends: mark the step's end, join the branch, and hand
- * over the plan (NULL when kern_l2_begin made none); ctx->l2_rec is NULL after. */
-struct kern_l2_plan *kern_l2_join(struct ops_ctx *ctx);
-/* After the capture: copy the weights noted while recording into plan (the device's
- * copy the branch reads); false on a CUDA failure (recorded). */
-bool kern_l2_fill(struct ops_ctx *ctx, struct kern_l2_plan *plan);
-/* Free a plan from kern_l2_begin (NULL is fine). */
-void kern_l2_plan_free(struct kern_l2_plan *plan);
-
 /* Queue the quantization of x on `stream` into ctx's q8 scratch and describe it in *gx;
  * false (nothing queued) when ne0 % 32 != 0, n_rows is not 1..8, or scratch allocation
  * failed (failure recorded). The scratch stays valid until the next kern_gemv_v3_prepare

@@ -853,103 +853,6 @@ __device__ __forceinline__ void gv_grid_dep_wait() {
     kern_dep_wait();
 }
 
-/* ---------------------------------------------------------------- L2 read-ahead
- * (kern_common.cuh kern_l2_*): the weights of a recorded step in the order its launches
- * read them, as a stream of GV_L2_CHUNK-byte chunks. Each block of a launch publishes
- * (launch's entry << 32 | its block index) in gv_l2_front; the branch kernel keeps L2
- * asked for the chunks up to a window past the one that block reads. */
-#define GV_L2_MAX 1024           /* launches a plan notes (more: the rest are not read ahead) */
-#define GV_L2_CHUNK (64u << 10)  /* bytes one bulk prefetch asks for */
-#define GV_L2_LOOK 16            /* entries past the current one a published entry may be */
-#define GV_L2_IDLE_NS 20000000ull /* the branch gives up after this long without progress */
-struct gv_l2_ent {
-    const uint8_t *p[OPS_MAX_FUSED];            /* the weights a launch reads */
-    unsigned long long nch_of[OPS_MAX_FUSED];   /* ... in chunks each */
-    int n;          /* weights */
-    int pair;       /* 1: read side by side (gate and up, equal sizes), chunks taken in turn;
-                     * 0: one after another (block order) */
-    unsigned blocks;                /* of the launch */
-    unsigned long long c0, nch;     /* its first chunk in the step's stream, its chunks */
-};
-struct kern_l2_plan {
-    struct kern_l2_plan *dev; /* the device's copy (the host's: this struct) */
-    int n;
-    unsigned long long n_chunks;
-    gv_l2_ent e[GV_L2_MAX];
-};
-/* (entry << 32 | block) of the newest block of a noted launch to start; 0 at a recorded
- * step's start, ~0 at its end (memset nodes of the graph). */
-__device__ unsigned long long gv_l2_front;
-
-/* Publish this block as the newest of launch entry `id` (thread 0; one store a block;
- * id < 0: a launch no plan noted, nothing). Its operands are a kernel parameter and
- * blockIdx, so no register stays live for it (an address computed from the row, stored
- * at the start or at the end, cost Q4_K's one-row kernel 8 registers: 40 -> 48). */
-__device__ __forceinline__ void gv_l2_publish(int id) {
-    if (id >= 0 && threadIdx.x == 0)
-        *(volatile unsigned long long *)&gv_l2_front =
-            (unsigned long long)(unsigned)id << 32 | blockIdx.x;
-}
-
-__device__ __forceinline__ unsigned long long gv_l2_now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-/* Ask L2 for chunk i (of e's) of entry e. */
-__device__ __forceinline__ void gv_l2_chunk(const gv_l2_ent &e, unsigned long long i) {
-    int r = 0;
-    if (e.pair) {
-        r = (int)(i % (unsigned)e.n);
-        i /= (unsigned)e.n;
-    } else {
-        while (r + 1 < e.n && i >= e.nch_of[r]) i -= e.nch_of[r++];
-    }
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(e.p[r] + i * GV_L2_CHUNK),
-                 "r"(GV_L2_CHUNK)
-                 : "memory");
-}
-
-/* The branch: thread 0 of block b takes chunks b, b + gridDim.x, ... of the plan, each
- * once it lies within `ahead` chunks of the chunk the newest published block reads
- * (entries sought from the last one found on, so a stale value matches nothing). Ends
- * when its chunks are asked for, at the step's end, or after GV_L2_IDLE_NS without the
- * published position moving on. */
-__global__ void __launch_bounds__(32) gv_l2_ahead_kernel(const kern_l2_plan *pl,
-                                                         unsigned long long ahead) {
-    if (threadIdx.x != 0) return;
-    const int n = pl->n;
-    const unsigned long long total = pl->n_chunks;
-    unsigned long long k = blockIdx.x, cons = 0;
-    int ek = 0, c = 0;
-    unsigned long long last = gv_l2_now_ns();
-    while (k < total) {
-        const unsigned long long a = *(volatile unsigned long long *)&gv_l2_front;
-        if (a == ~0ull) break;
-        const int id = (int)(a >> 32);
-        const unsigned blk = (unsigned)a;
-        if (id >= c && id < n && id < c + GV_L2_LOOK && blk < pl->e[id].blocks) {
-            const gv_l2_ent &e = pl->e[id];
-            const unsigned long long at = e.c0 + e.nch * blk / e.blocks;
-            if (at > cons) {
-                cons = at;
-                c = id;
-                last = gv_l2_now_ns();
-            }
-        }
-        const unsigned long long target = min(total, cons + ahead);
-        if (k >= target) {
-            if (gv_l2_now_ns() - last > GV_L2_IDLE_NS) break;
-            __nanosleep(256);
-            continue;
-        }
-        for (; k < target; k += gridDim.x) {
-            while (ek + 1 < n && pl->e[ek + 1].c0 <= k)
-                ek++;
-            gv_l2_chunk(pl->e[ek], k - pl->e[ek].c0);
-        }
-    }
-}
 
 /* Sum v over the 32 lanes with a fixed xor tree. */
 __device__ __forceinline__ float gv_warp_sum(float v) {
@@ -1121,7 +1024,6 @@ struct gv_segs {
     float *y[OPS_MAX_FUSED];
     int ne1[OPS_MAX_FUSED], wpr[OPS_MAX_FUSED], b0[OPS_MAX_FUSED];
     int n;
-    int l2; /* the launch's L2 read-ahead entry, or -1 (gv_l2_publish) */
 };
 /* This block's weight: its data, output, rows, warps per row and block index in it. */
 struct gv_seg {
@@ -1162,7 +1064,6 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    gv_l2_publish(sg.l2);
     /* The wait comes first: x is read with plain loads (so that the RW rows share them),
      * which the compiler may move up to, but not above, the branch that guards them. */
     gv_grid_dep_wait();
@@ -1289,7 +1190,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
 #pragma unroll
         for (int r = 0; r < NR; r++)
             acc[rw][r] = 0.0f;
-    gv_l2_publish(sg.l2);
     gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
     if (row0 < ne1) {
         const uint8_t *wb[RW];
@@ -1317,14 +1217,12 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
                                                   const uint8_t *__restrict__ wu, size_t row_bytes,
                                                   int ne0, int n_ff, const int8_t *x, int xs,
                                                   const float2 *ds, float *g, float *u, int8_t *oq,
-                                                  float2 *ods, const gv_xlayout &olay,
-                                                  int l2) {
+                                                  float2 *ods, const gv_xlayout &olay) {
     using Q = gv<TYPE>;
     constexpr int PER = 32 / W; /* outputs a warp */
     __shared__ float sv[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_items = (ne0 / Q::BLK) * Q::IPB;
-    gv_l2_publish(l2);
     gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
@@ -1351,9 +1249,8 @@ __global__ void __launch_bounds__(W * 32)
     gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                         size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                         const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                        gv_xlayout olay, int l2) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     l2);
+                        gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* Q8_0's 8-block groups with 8 warps a block, held to 3 blocks a multiprocessor (up to 85
  * registers; 384 blocks of the 8B model's FFN still fit one wave): unbounded, ptxas
@@ -1365,9 +1262,8 @@ __global__ void __launch_bounds__(W * 32, MINB)
     gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                              const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                             gv_xlayout olay, int l2) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     l2);
+                             gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* The gate/up kernel of type TYPE with W warps a block. (Q4_K's held to 4-6 blocks of 4
  * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.) */
@@ -1384,10 +1280,9 @@ template <int TYPE>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_glu_elem_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                        size_t row_bytes, int ne0, int n_ff, const float *__restrict__ x, float *g,
-                       float *u, int l2) {
+                       float *u) {
     const int lane = threadIdx.x & 31, j = (int)blockIdx.x * GV_WARPS + (threadIdx.x >> 5);
     float acc[2][1] = {{0.0f}, {0.0f}};
-    gv_l2_publish(l2);
     gv_grid_dep_wait();
     if (j >= n_ff) return; /* whole warps */
     const uint8_t *wb[2] = {wg + (size_t)j * row_bytes, wu + (size_t)j * row_bytes};
@@ -1405,14 +1300,13 @@ template <int TYPE, int NR, int U>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_unit_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
                    const int8_t *xq, const float2 *ds, float *__restrict__ y, int nr, int wpr,
-                   bool accumulate, int l2) {
+                   bool accumulate) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row = blockIdx.x * (GV_WARPS / wpr) + warp / wpr, part = warp % wpr;
     float acc[1][NR];
 #pragma unroll
     for (int r = 0; r < NR; r++)
         acc[0][r] = 0.0f;
-    gv_l2_publish(l2);
     if (row < ne1)
         gu_row<TYPE, NR, U>(w + (size_t)row * row_bytes, ne0 / 16, part * 32 + lane, 32 * wpr, xq,
                             ds, ne0, nr, acc[0], [] { gv_grid_dep_wait(); });
@@ -1651,147 +1545,6 @@ template <int T, int NR> static int gv_kind_of(const struct kern_gemv_x *gx, con
     return kind;
 }
 
-/* ------------------------------------------------- L2 read-ahead (host side) */
-
-/* Note that the launch being recorded reads the n weights ws (one after another in block
- * order, or side by side when pair) in the plan of the graph being recorded: its entry,
- * or -1 when none is recorded, the plan is full or a weight is not 16-byte aligned (not
- * read ahead). gv_l2_blocks completes the entry. */
-static int gv_l2_note(struct ops_ctx *ctx, const struct tpi_weight *const *ws, int n, bool pair) {
-    kern_l2_plan *pl = ctx->l2_rec;
-    if (!pl || pl->n >= GV_L2_MAX || n < 1 || n > OPS_MAX_FUSED) return -1;
-    gv_l2_ent e = {};
-    e.n = n;
-    e.pair = pair;
-    for (int i = 0; i < n; i++) {
-        if (((uintptr_t)ws[i]->data & 15) != 0) return -1;
-        e.p[i] = (const uint8_t *)ws[i]->data;
-        e.nch_of[i] = ((unsigned long long)ws[i]->row_bytes * (unsigned long long)ws[i]->ne1) /
-                      GV_L2_CHUNK; /* whole chunks: a prefetch never passes the data's end */
-        e.nch += e.nch_of[i];
-    }
-    if (pair)
-        for (int i = 0; i < n; i++)
-            e.nch_of[i] = e.nch_of[0], e.nch = e.nch_of[0] * (unsigned long long)n;
-    pl->e[pl->n] = e;
-    return pl->n++;
-}
-/* The noted launch `id` (gv_l2_note) has `blocks` blocks; an entry without any is
- * never matched. */
-static void gv_l2_blocks(struct ops_ctx *ctx, int id, unsigned blocks) {
-    if (id >= 0 && ctx->l2_rec) ctx->l2_rec->e[id].blocks = blocks;
-}
-
-bool kern_l2_init(struct ops_ctx *ctx) {
-    const char *op = "cuda init (L2 read-ahead)";
-    /* TPI_L2_AHEAD: megabytes ahead of the running product (default 16; 0: no branch);
-     * TPI_L2_AHEAD_BLOCKS: the branch's blocks (default 16) */
-    long mb = 16, nb = 16;
-    const char *v = getenv("TPI_L2_AHEAD");
-    if (v && *v) {
-        char *end;
-        const long x = strtol(v, &end, 10);
-        if (*end || x < 0 || x > 4096)
-            TPI_LOGW("TPI_L2_AHEAD=%s is not 0..4096 (megabytes): 16 taken", v);
-        else
-            mb = x;
-    }
-    v = getenv("TPI_L2_AHEAD_BLOCKS");
-    if (v && *v) {
-        char *end;
-        const long x = strtol(v, &end, 10);
-        if (*end || x < 1 || x > 1024)
-            TPI_LOGW("TPI_L2_AHEAD_BLOCKS=%s is not 1..1024: 16 taken", v);
-        else
-            nb = x;
-    }
-    ctx->l2_window = (size_t)mb << 20;
-    ctx->l2_blocks = (int)nb;
-    if (mb == 0) return true;
-    int least = 0, greatest = 0;
-    return CUDA_OK(ctx, op, cudaGetSymbolAddress(&ctx->l2_front, gv_l2_front)) &&
-           CUDA_OK(ctx, op, cudaDeviceGetStreamPriorityRange(&least, &greatest)) &&
-           CUDA_OK(ctx, op,
-                   cudaStreamCreateWithPriority(&ctx->l2_stream, cudaStreamNonBlocking,
-                                                greatest)) &&
-           CUDA_OK(ctx, op, cudaEventCreateWithFlags(&ctx->ev_l2_fork, cudaEventDisableTiming)) &&
-           CUDA_OK(ctx, op, cudaEventCreateWithFlags(&ctx->ev_l2_join, cudaEventDisableTiming));
-}
-
-void kern_l2_free(struct ops_ctx *ctx) {
-    if (ctx->l2_stream) cudaStreamDestroy(ctx->l2_stream);
-    if (ctx->ev_l2_fork) cudaEventDestroy(ctx->ev_l2_fork);
-    if (ctx->ev_l2_join) cudaEventDestroy(ctx->ev_l2_join);
-    ctx->l2_stream = NULL;
-    ctx->ev_l2_fork = ctx->ev_l2_join = NULL;
-}
-
-void kern_l2_plan_free(struct kern_l2_plan *plan) {
-    if (!plan) return;
-    if (plan->dev) cudaFree(plan->dev);
-    free(plan);
-}
-
-void kern_l2_begin(struct ops_ctx *ctx) {
-    const char *op = "cuda graph_begin (L2 read-ahead)";
-    ctx->l2_rec = NULL;
-    if (!ctx->l2_stream || ctx->l2_window < GV_L2_CHUNK) return;
-    kern_l2_plan *pl = (kern_l2_plan *)calloc(1, sizeof *pl);
-    if (!pl) {
-        kern_fail(ctx, TPI_ERR_NOMEM, op, __FILE__, __LINE__, "out of host memory");
-        return;
-    }
-    if (!CUDA_OK(ctx, op, cudaMalloc((void **)&pl->dev, sizeof *pl)) ||
-        !CUDA_OK(ctx, op, cudaMemsetAsync(ctx->l2_front, 0, 8, ctx->stream)) ||
-        !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_l2_fork, ctx->stream)) ||
-        !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->l2_stream, ctx->ev_l2_fork, 0))) {
-        kern_l2_plan_free(pl);
-        return;
-    }
-    int least = 0, greatest = 0;
-    cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    cudaLaunchConfig_t lc = {};
-    lc.gridDim = dim3((unsigned)ctx->l2_blocks);
-    lc.blockDim = dim3(32);
-    lc.stream = ctx->l2_stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributePriority;
-    at[0].val.priority = greatest;
-    lc.attrs = at;
-    lc.numAttrs = 1;
-    const kern_l2_plan *dev = pl->dev;
-    const unsigned long long ahead = ctx->l2_window / GV_L2_CHUNK;
-    if (!CUDA_OK(ctx, op, cudaLaunchKernelEx(&lc, gv_l2_ahead_kernel, dev, ahead)) ||
-        !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_l2_join, ctx->l2_stream))) {
-        kern_l2_plan_free(pl);
-        return;
-    }
-    ctx->l2_rec = pl;
-}
-
-struct kern_l2_plan *kern_l2_join(struct ops_ctx *ctx) {
-    kern_l2_plan *pl = ctx->l2_rec;
-    ctx->l2_rec = NULL;
-    if (!pl) return NULL;
-    const char *op = "cuda graph_end (L2 read-ahead)";
-    /* the end mark first: the branch stops asking even if the join were refused */
-    CUDA_OK(ctx, op, cudaMemsetAsync(ctx->l2_front, 0xff, 8, ctx->stream));
-    CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_l2_join, 0));
-    return pl;
-}
-
-bool kern_l2_fill(struct ops_ctx *ctx, struct kern_l2_plan *pl) {
-    if (!pl) return true;
-    unsigned long long c = 0;
-    for (int i = 0; i < pl->n; i++) {
-        pl->e[i].c0 = c;
-        c += pl->e[i].nch;
-    }
-    pl->n_chunks = c;
-    return CUDA_OK(ctx, "cuda graph_end (L2 read-ahead)",
-                   cudaMemcpy(pl->dev, pl, sizeof *pl, cudaMemcpyHostToDevice));
-}
-
 /* One launch for the n weights ws (type T, one row length; n > 1 only for kinds a and p:
  * kern_gemv_v3_run_n checks) into ys. */
 template <int T, int NR>
@@ -1803,7 +1556,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
     const bool pdl = c.pdl != 0;
     const int kind = gv_kind_of<T, NR>(gx, c);
-    const int l2 = gv_l2_note(ctx, ws, n, false);
     /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob (auto: 1) */
     const int rpw = NR > 4 ? 1 : c.rpw ? c.rpw : 1;
     auto by_rpw = [&](auto f) {
@@ -1818,7 +1570,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     auto segs = [&](int wps, int64_t n_items, unsigned *blocks) {
         gv_segs sg = {};
         sg.n = n;
-        sg.l2 = l2;
         int64_t b0 = 0;
         for (int i = 0; i < n; i++) {
             const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;
@@ -1854,11 +1605,10 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         if (c.batch == 2)
             kern_launch(pdl, gv_unit_kernel<T, NR, 2 * U>, dim3(blocks), dim3(GV_WARPS * 32), 0,
                         stream, data, w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr,
-                        accumulate, l2);
+                        accumulate);
         else
             kern_launch(pdl, gv_unit_kernel<T, NR, U>, dim3(blocks), dim3(GV_WARPS * 32), 0, stream,
-                        data, w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr, accumulate,
-                        l2);
+                        data, w->row_bytes, ne0, ne1, gx->xq, gx->ds, y, nr, wpr, accumulate);
     } else {
         using Q = gv<T>;
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
@@ -1886,7 +1636,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             });
         }
     }
-    gv_l2_blocks(ctx, l2, blocks);
 }
 
 bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,
@@ -2012,14 +1761,12 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
     const bool pdl = c.pdl != 0;
     const uint8_t *dg = (const uint8_t *)wg->data, *du = (const uint8_t *)wu->data;
     const int ne0 = (int)wg->ne0, n_ff = (int)wg->ne1;
-    const struct tpi_weight *const gu[2] = {wg, wu};
-    const int l2 = gv_l2_note(ctx, gu, 2, true);
     gv_dispatch(kern_wtype(wg), [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
             kern_launch(pdl, gv_glu_elem_kernel<T>, dim3((unsigned)(n_ff / GV_WARPS)),
                         dim3(GV_WARPS * 32), 0, stream, dg, du, wg->row_bytes, ne0, n_ff, gx->x,
-                        g, u, l2);
+                        g, u);
         } else {
             using Q = gv<T>;
             const gv_xlayout olay = gv_xlayout_of(1, n_ff);
@@ -2030,7 +1777,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                 auto launch = [&](auto w_c) {
                     kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
-                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay, l2);
+                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };
                 if (w == 32)
                     launch(std::integral_constant<int, 32>{});
@@ -2053,7 +1800,6 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             }
         }
     });
-    gv_l2_blocks(ctx, l2, gv_is_elem(kern_wtype(wg)) ? (unsigned)(n_ff / GV_WARPS) : (unsigned)(n_ff / 32));
     LAUNCH_OK(ctx, "cuda matmul_silu_mul (v3)");
     return true;
 }

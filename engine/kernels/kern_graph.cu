@@ -24,7 +24,6 @@
 struct kern_graph {
     cudaGraphExec_t exec;
     void *scratch[GRAPH_N_SCRATCH]; /* ctx scratch pointers when recorded */
-    struct kern_l2_plan *l2;        /* the weights its read-ahead branch asks for, or NULL */
 };
 
 static void scratch_now(const struct ops_ctx *ctx, void **out) {
@@ -50,8 +49,6 @@ int kern_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {
         tpi_err_clear(&ctx->err);
         return status;
     }
-    /* the read-ahead branch beside the step (a failure here is graph_end's to report) */
-    kern_l2_begin(ctx);
     return TPI_OK;
 }
 
@@ -59,7 +56,6 @@ int kern_graph_end(struct ops_ctx *ctx, void **out, struct tpi_error *err) {
     const char *op = "cuda graph_end";
     *out = NULL;
     cudaGraph_t graph = NULL;
-    struct kern_l2_plan *l2 = kern_l2_join(ctx);
     const cudaError_t e_end = cudaStreamEndCapture(ctx->stream, &graph);
     /* errors recorded while capturing (an op that synchronized, a bad launch) come
      * first: they explain an invalidated capture better than EndCapture's code */
@@ -72,18 +68,12 @@ int kern_graph_end(struct ops_ctx *ctx, void **out, struct tpi_error *err) {
         if (!g) {
             cudaGraphExecDestroy(exec);
             kern_fail(ctx, TPI_ERR_NOMEM, op, __FILE__, __LINE__, "out of host memory");
-        } else if (!kern_l2_fill(ctx, l2)) {
-            cudaGraphExecDestroy(exec);
-            free(g);
         } else {
             g->exec = exec;
             scratch_now(ctx, g->scratch);
-            g->l2 = l2;
-            l2 = NULL;
             *out = g;
         }
     }
-    kern_l2_plan_free(l2); /* not taken by a graph */
     if (graph) cudaGraphDestroy(graph);
     const int status = ctx->err.status;
     if (status != TPI_OK && err) *err = ctx->err;
@@ -116,6 +106,5 @@ void kern_graph_free(struct ops_ctx *ctx, void *graph) {
      * but wait anyway so the graph's buffers can be freed right after */
     if (ctx) CUDA_OK(ctx, "cuda graph_free", cudaStreamSynchronize(ctx->stream));
     if (g->exec) cudaGraphExecDestroy(g->exec);
-    kern_l2_plan_free(g->l2);
     free(g);
 }

@@ -108,7 +108,6 @@ static void cuda_free(struct ops_ctx **pctx) {
         if (ctx->ev_join[i]) cudaEventDestroy(ctx->ev_join[i]);
     }
     if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
-    kern_l2_free(ctx);
     if (ctx->rope_inv) cudaFree(ctx->rope_inv);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -218,12 +217,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             cuda_free(&ctx);
             return err->status;
         }
-    }
-    /* the L2 read-ahead branch of recorded decode graphs (TPI_L2_AHEAD; kern_gemv.cu) */
-    if (!kern_l2_init(ctx)) {
-        *err = ctx->err;
-        cuda_free(&ctx);
-        return err->status;
     }
     ctx->gemv = gemv_from_env();
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
