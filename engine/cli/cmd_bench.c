@@ -527,8 +527,7 @@ int cmd_bench(int argc, char **argv) {
                     s ^= s << 13, s ^= s >> 7, s ^= s << 17;
                     br.tokens[i] = (int32_t)(s % (uint64_t)m->cfg.n_vocab);
                 }
-                br.logits = model_has_logits(m) ? malloc(sizeof(float) * (size_t)m->cfg.n_vocab)
-                                                : NULL;
+                br.logits = model_has_logits(m) ? model_logits_alloc(m, 1) : NULL;
                 if (model_has_logits(m) && !br.logits) {
                     tpi_err(&err, TPI_ERR_NOMEM, "out of memory for logits");
                     return die_rank(&g, &err);
@@ -661,7 +660,7 @@ int cmd_bench(int argc, char **argv) {
                     bench_print_result(stdout, o.fmt, &r, first_row);
                     first_row = false;
                 }
-                free(br.logits);
+                model_logits_free(m, br.logits);
                 br.logits = NULL;
                 model_free(&m);
             }

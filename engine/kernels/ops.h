@@ -184,6 +184,12 @@ struct ops {
      * queued work (0 when not waiting); safe to ask from another thread (the watchdog).
      * NULL: the backend never waits that way (CPU). */
     double (*wait_s)(struct ops_ctx *ctx);
+
+    /* ---- host memory for results (optional: NULL means plain malloc/free) ---- */
+    /* n_bytes of host memory that to_host copies into at the device's full speed (pinned
+     * on CUDA); NULL when out of memory. Free with host_free on the same context. */
+    void *(*host_alloc)(struct ops_ctx *ctx, size_t n_bytes);
+    void (*host_free)(struct ops_ctx *ctx, void *p);
 };
 
 /* The CPU reference backend (always built). */

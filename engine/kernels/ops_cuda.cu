@@ -219,6 +219,8 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         }
     }
     ctx->gemv = gemv_from_env();
+    const char *hp = getenv("TPI_PINNED_HOST");
+    ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
      * silu*mul and the decode attention by default (TPI_XQ_MEMO=1). Once rmsnorm ran over
      * many blocks (its split kernel), norm and silu pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0
@@ -349,6 +351,27 @@ static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t
                 cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyDeviceToHost, ctx->stream)))
         CUDA_OK(ctx, "cuda to_host", cudaStreamSynchronize(ctx->stream));
     wait_end(ctx);
+}
+
+/* Pinned host memory (TPI_PINNED_HOST=0: malloc, for comparison): a copy of the logits
+ * into it is one DMA, where a copy into pageable memory goes through the driver's
+ * staging buffers. */
+static void *cuda_host_alloc(struct ops_ctx *ctx, size_t n_bytes) {
+    if (!ctx->host_pinned) return malloc(n_bytes);
+    void *p = NULL;
+    if (cudaHostAlloc(&p, n_bytes, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError(); /* out of pinned memory: not a failure of queued work */
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(struct ops_ctx *ctx, void *p) {
+    if (!p) return;
+    if (ctx->host_pinned)
+        cudaFreeHost(p);
+    else
+        free(p);
 }
 
 static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
@@ -604,6 +627,8 @@ static const struct ops ops_cuda_table = {
     /* .graph_launch = */ op_graph_launch,
     /* .graph_free = */ kern_graph_free,
     /* .wait_s = */ cuda_wait_s,
+    /* .host_alloc = */ cuda_host_alloc,
+    /* .host_free = */ cuda_host_free,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

@@ -103,7 +103,7 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     float *msg_f = malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
     res->tokens = malloc(sizeof(int32_t) * (size_t)(gp->n_predict + 1));
     const int n_out_prefill = PK > 0 ? n_prompt : 1;
-    if (has_logits) logits = malloc(sizeof(float) * (size_t)n_out_prefill * n_vocab);
+    if (has_logits) logits = model_logits_alloc(m, (size_t)n_out_prefill);
     if (K > 0) {
         res->lp_ids = malloc(sizeof(int32_t) * (size_t)(gp->n_predict + 1) * K);
         res->lp_vals = malloc(sizeof(float) * (size_t)(gp->n_predict + 1) * K);
@@ -218,7 +218,7 @@ nomem:
 done:
     if (is_decider) sampler_free(&smp);
     tok_stream_free(&ts);
-    free(logits);
+    model_logits_free(m, logits);
     free(pos);
     free(seq);
     free(rows);

@@ -29,6 +29,19 @@ int model_decider_rank(const struct model *m) {
 
 bool model_has_logits(const struct model *m) { return m->plan.is_last; }
 
+float *model_logits_alloc(const struct model *m, size_t n_rows) {
+    const size_t n_bytes = sizeof(float) * n_rows * (size_t)m->cfg.n_vocab;
+    return m->ops->host_alloc ? m->ops->host_alloc(m->octx, n_bytes) : malloc(n_bytes);
+}
+
+void model_logits_free(const struct model *m, float *logits) {
+    if (!logits) return;
+    if (m->ops->host_free)
+        m->ops->host_free(m->octx, logits);
+    else
+        free(logits);
+}
+
 /* The watchdog's probe: how long this rank's host has been blocked on its device. */
 static double model_wait_s(void *arg) {
     const struct model *m = arg;

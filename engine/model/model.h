@@ -231,6 +231,13 @@ int model_decider_rank(const struct model *m);
 /* True when this rank gets logits from model_forward. */
 bool model_has_logits(const struct model *m);
 
+/* Host memory for n_rows rows of logits (model_forward's `logits`), from the backend's
+ * host_alloc (pinned on CUDA: the copy out of the device is one DMA) or malloc; NULL
+ * when out of memory. Free with model_logits_free before model_free. */
+float *model_logits_alloc(const struct model *m, size_t n_rows);
+/* Free memory from model_logits_alloc (NULL is fine). */
+void model_logits_free(const struct model *m, float *logits);
+
 /* Broadcast n int32 from world rank `root` to every rank (host memory; no-op
  * without a grid or with one rank). */
 int model_bcast_i32(const struct model *m, int32_t *buf, int n, int root, struct tpi_error *err);

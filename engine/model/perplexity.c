@@ -37,7 +37,7 @@ int model_perplexity(struct model *m, const int32_t *tokens, int n_tokens, int n
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_ctx);
     int32_t *seq = calloc((size_t)n_ctx, sizeof(int32_t));
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_score);
-    float *logits = model_has_logits(m) ? malloc(sizeof(float) * (size_t)n_score * n_vocab) : NULL;
+    float *logits = model_has_logits(m) ? model_logits_alloc(m, (size_t)n_score) : NULL;
     if (!win || !pos || !seq || !rows || (model_has_logits(m) && !logits))
         rc = tpi_err(err, TPI_ERR_NOMEM, "out of memory for a perplexity window of %d", n_ctx);
     if ((rc = model_agree(m, rc, err))) goto done;
@@ -79,6 +79,6 @@ done:
     free(pos);
     free(seq);
     free(rows);
-    free(logits);
+    model_logits_free(m, logits);
     return rc;
 }

@@ -359,7 +359,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     int *out_score = malloc(sizeof(int) * (size_t)(NP + SCHED_SCORE_ROWS));
     int *order_idx = malloc(sizeof(int) * (size_t)NP);
     float *logits =
-        has_logits ? malloc(sizeof(float) * (size_t)(NP + SCHED_SCORE_ROWS) * n_vocab) : NULL;
+        has_logits ? model_logits_alloc(m, (size_t)(NP + SCHED_SCORE_ROWS)) : NULL;
     int32_t *msg_i = NULL;
     float *msg_f = NULL;
     size_t cap_msg = 0;
@@ -636,7 +636,7 @@ done:
     free(out_slot);
     free(out_score);
     free(order_idx);
-    free(logits);
+    model_logits_free(m, logits);
     free(msg_i);
     free(msg_f);
     free(adm.p);
