@@ -80,8 +80,6 @@ struct ops_ctx {
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
     bool host_pinned; /* host_alloc gives pinned memory (default; TPI_PINNED_HOST=0: malloc) */
-    bool small_to_dev; /* small to_dev copies as a kernel's parameter (default; TPI_SMALL_TO_DEV=0:
-                        * cudaMemcpyAsync) */
 };
 
 /* Record the first failure of an op ("op: what (file:line)"); later ones are dropped
@@ -294,14 +292,6 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
                        int head_dim, int n_rot, float freq_base, float eps);
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
 void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n);
-/* Bytes a host-to-device copy may have to travel as a kernel's parameter (kern_to_dev_small). */
-#define KERN_SMALL_TO_DEV 1024
-/* Queue the copy of n_bytes (<= KERN_SMALL_TO_DEV) from host src to device dst on
- * ctx->stream as one small kernel that carries the bytes in its parameter: src may be
- * reused at once, and no copy engine transfer (several microseconds of latency in the
- * stream) is needed. Not for a stream being captured (the bytes would be frozen into
- * the graph). */
-void kern_to_dev_small(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes);
 void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
                    int64_t n_cols, float *dst);
 

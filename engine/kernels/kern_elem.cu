@@ -667,22 +667,6 @@ void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n) {
     LAUNCH_OK(ctx, "cuda add");
 }
 
-/* The bytes of a small host-to-device copy, passed by value. */
-struct small_bytes {
-    unsigned char b[KERN_SMALL_TO_DEV];
-};
-__global__ void to_dev_small_kernel(const small_bytes p, unsigned char *dst, int n) {
-    for (int i = (int)threadIdx.x; i < n; i += (int)blockDim.x)
-        dst[i] = p.b[i];
-}
-
-void kern_to_dev_small(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
-    small_bytes p;
-    memcpy(p.b, src, n_bytes);
-    to_dev_small_kernel<<<1, 256, 0, ctx->stream>>>(p, (unsigned char *)dst, (int)n_bytes);
-    LAUNCH_OK(ctx, "cuda to_dev");
-}
-
 void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
                    int64_t n_cols, float *dst) {
     for (int r0 = 0; r0 < n_idx; r0 += GET_ROWS_PER_LAUNCH) {

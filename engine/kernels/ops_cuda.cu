@@ -221,8 +221,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->gemv = gemv_from_env();
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
-    const char *sd = getenv("TPI_SMALL_TO_DEV");
-    ctx->small_to_dev = !(sd && strcmp(sd, "0") == 0);
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
      * silu*mul and the decode attention by default (TPI_XQ_MEMO=1). Once rmsnorm ran over
      * many blocks (its split kernel), norm and silu pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0
@@ -325,22 +323,11 @@ static void cuda_dealloc(struct ops_ctx *ctx, void *p) {
 
 /* From pageable memory, cudaMemcpyAsync returns once the bytes are staged, so src may
  * be reused at once; from pinned memory the caller keeps src valid until sync (ops.h). */
-/* A few bytes (a step's token ids, positions, slots) go as a kernel's parameter instead
- * (kern_to_dev_small): a copy engine transfer adds microseconds of latency to every
- * decode step (bench/NOTES.md change 40); not while capturing, where a memcpy from
- * pageable memory fails the recording as before rather than freezing the bytes. */
 static void cuda_to_dev(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
     kern_xq_forget(ctx);
-    if (!n_bytes) return;
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (ctx->small_to_dev && n_bytes <= KERN_SMALL_TO_DEV &&
-        cudaStreamIsCapturing(ctx->stream, &cap) == cudaSuccess &&
-        cap == cudaStreamCaptureStatusNone) {
-        kern_to_dev_small(ctx, dst, src, n_bytes);
-        return;
-    }
-    CUDA_OK(ctx, "cuda to_dev",
-            cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, ctx->stream));
+    if (n_bytes)
+        CUDA_OK(ctx, "cuda to_dev",
+                cudaMemcpyAsync(dst, src, n_bytes, cudaMemcpyHostToDevice, ctx->stream));
 }
 
 /* Mark the host as blocked on the stream from now (visible to ops->wait_s), and not. */
