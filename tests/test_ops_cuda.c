@@ -191,6 +191,40 @@ START_TEST(test_rope) {
 }
 END_TEST
 
+/* host_alloc's memory (pinned on CUDA) as the target of to_host and the source of
+ * to_dev: the bytes arrive intact, at an odd size the size of Qwen3's logits and more. */
+START_TEST(test_host_alloc) {
+    ck_assert_ptr_nonnull(G->host_alloc);
+    ck_assert_ptr_nonnull(G->host_free);
+    const size_t n = 151936 + 37; /* floats */
+    float *want = malloc(n * sizeof(float));
+    ck_assert_ptr_nonnull(want);
+    for (size_t i = 0; i < n; i++)
+        want[i] = (float)i * 0.25f - 1000.0f;
+    float *d = bdup(G, gctx, want, n * sizeof(float));
+    float *h = G->host_alloc(gctx, n * sizeof(float));
+    ck_assert_ptr_nonnull(h);
+    memset(h, 0xff, n * sizeof(float));
+    bget(G, gctx, h, d, n * sizeof(float));
+    ck_assert_int_eq(memcmp(h, want, n * sizeof(float)), 0);
+    /* back the other way from the pinned buffer, into a second device buffer */
+    for (size_t i = 0; i < n; i++)
+        h[i] = -want[i];
+    float *d2 = G->alloc(gctx, n * sizeof(float));
+    ck_assert_ptr_nonnull(d2);
+    G->to_dev(gctx, d2, h, n * sizeof(float));
+    G->sync(gctx);
+    bget(G, gctx, want, d2, n * sizeof(float));
+    ck_assert_int_eq(memcmp(want, h, n * sizeof(float)), 0);
+    assert_ok(G, gctx, "host_alloc");
+    G->host_free(gctx, h);
+    G->host_free(gctx, NULL);
+    G->dealloc(gctx, d);
+    G->dealloc(gctx, d2);
+    free(want);
+}
+END_TEST
+
 START_TEST(test_get_rows) {
     struct tu_rng r;
     tu_rng_seed(&r, 4);
@@ -1017,6 +1051,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_bias_add_silu);
         tcase_add_test(tc, test_rope);
         tcase_add_test(tc, test_get_rows);
+        tcase_add_test(tc, test_host_alloc);
         n_added++;
     }
     if (all || strcmp(group, "embed") == 0) tcase_add_test(tc, test_embed), n_added++;
