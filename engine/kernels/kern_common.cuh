@@ -79,7 +79,7 @@ struct ops_ctx {
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
-    bool host_pinned; /* host_alloc gives pinned memory (default; TPI_PINNED_HOST=0: malloc) */
+    bool host_pinned; /* host_alloc tries pinned memory (default; TPI_PINNED_HOST=0: malloc) */
 };
 
 /* Record the first failure of an op ("op: what (file:line)"); later ones are dropped

@@ -187,7 +187,8 @@ struct ops {
 
     /* ---- host memory for results (optional: NULL means plain malloc/free) ---- */
     /* n_bytes of host memory that to_host copies into at the device's full speed (pinned
-     * on CUDA); NULL when out of memory. Free with host_free on the same context. */
+     * on CUDA where it can be; else plain); NULL when out of memory. Free with host_free
+     * on the same context. */
     void *(*host_alloc)(struct ops_ctx *ctx, size_t n_bytes);
     void (*host_free)(struct ops_ctx *ctx, void *p);
 };

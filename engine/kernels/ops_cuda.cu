@@ -355,23 +355,25 @@ static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t
 
 /* Pinned host memory (TPI_PINNED_HOST=0: malloc, for comparison): a copy of the logits
  * into it is one DMA, where a copy into pageable memory goes through the driver's
- * staging buffers. */
+ * staging buffers. Where pinning fails (a large perplexity window), plain malloc. */
 static void *cuda_host_alloc(struct ops_ctx *ctx, size_t n_bytes) {
-    if (!ctx->host_pinned) return malloc(n_bytes);
     void *p = NULL;
-    if (cudaHostAlloc(&p, n_bytes, cudaHostAllocDefault) != cudaSuccess) {
-        cudaGetLastError(); /* out of pinned memory: not a failure of queued work */
-        return NULL;
-    }
-    return p;
+    if (ctx->host_pinned && cudaHostAlloc(&p, n_bytes, cudaHostAllocDefault) == cudaSuccess)
+        return p;
+    cudaGetLastError(); /* a refused pinning is not a failure of queued work */
+    return malloc(n_bytes);
 }
 
 static void cuda_host_free(struct ops_ctx *ctx, void *p) {
+    (void)ctx;
     if (!p) return;
-    if (ctx->host_pinned)
+    unsigned int flags = 0;
+    if (cudaHostGetFlags(&flags, p) == cudaSuccess) {
         cudaFreeHost(p);
-    else
+    } else {
+        cudaGetLastError(); /* not pinned: from the malloc fallback */
         free(p);
+    }
 }
 
 static void cuda_copy(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
