@@ -99,10 +99,6 @@ static int g_dec_stages = 3;
  * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
  * 354.0, 8 339.1, 12 354.5, 16 351.4, 24 345.4, 32 345.8, 48 328.2 (bench/NOTES.md). */
 static int g_dec_split = 0;
-/* Queued early (tuning knobs, read at init): K/V stages (TPI_ATTN_EARLY_STAGES, 3 or
- * MMA_EARLY_STAGES) and tiles copied before the wait at most (TPI_ATTN_EARLY_PRE). */
-static int g_early_stages = MMA_EARLY_STAGES;
-static int g_early_pre = MMA_MAX_SPLIT;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -129,7 +125,6 @@ struct mma_args {
      * past that wait (n_blocks in all). NULL: q, k, v are the previous kernel's (PDL) */
     unsigned int *ready;
     unsigned int ready_target, n_blocks;
-    int pre_max; /* queued early: at most this many tiles copied before the wait */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -606,8 +601,7 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         int p_new = INT_MAX;
         for (int t = 0; t < a.n_tokens; t++)
             if (a.seq[t] == s) p_new = min(p_new, a.pos[t]);
-        if (p_new > k_begin)
-            n_pre = min(min((p_new - k_begin) / MMA_TILE, n_tiles), min(NSTAGE - 1, a.pre_max));
+        if (p_new > k_begin) n_pre = min(min((p_new - k_begin) / MMA_TILE, n_tiles), NSTAGE - 1);
         for (int st = 0; st < n_pre; st++)
             issue(st, st);
         mma_early_wait(a.ready, a.ready_target, a.n_blocks);
@@ -918,10 +912,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
      * attention early (kern_attention_mma_early); 0: never */
     const char *ea = getenv("TPI_ATTN_EARLY");
     ctx->attn_early_min = ea && *ea ? TPI_MAX(0, atoi(ea)) : MMA_EARLY_MIN_DEFAULT;
-    const char *es = getenv("TPI_ATTN_EARLY_STAGES");
-    if (es && *es) g_early_stages = atoi(es) == 3 ? 3 : MMA_EARLY_STAGES;
-    const char *ep = getenv("TPI_ATTN_EARLY_PRE");
-    if (ep && *ep) g_early_pre = TPI_MAX(0, atoi(ep));
     if (ctx->attn_early_min > 0) {
         const char *op = "cuda init (attention queued early)";
         if (!CUDA_OK(ctx, op, cudaStreamCreateWithFlags(&ctx->early, cudaStreamNonBlocking)) ||
@@ -936,8 +926,7 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
            mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
            mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx) &&
            mma_set_smem<64, true, MMA_EARLY_STAGES, true>(ctx) &&
-           mma_set_smem<128, true, MMA_EARLY_STAGES, true>(ctx) &&
-           mma_set_smem<64, true, 3, true>(ctx) && mma_set_smem<128, true, 3, true>(ctx);
+           mma_set_smem<128, true, MMA_EARLY_STAGES, true>(ctx);
 }
 
 /* Key ranges per block (split-K) for a launch of `base` blocks before splitting: decode
@@ -1002,7 +991,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     bool q8 = false;
     if (EARLY) {
         struct kern_xq_form f;
-        q8 = n_tokens <= 8 && ctx->early_q8_room &&
+        q8 = n_tokens <= 8 &&
              kern_xq_reserve(ctx, &ctx->q8_out, XQ_BY_ATTN, n_tokens, ne0, &f);
         if (q8) {
             f.x = a->out;
@@ -1071,7 +1060,6 @@ static bool mma_args_for(mma_args *a, const struct ops_kv *kv, __half *kc, __hal
     a->ready = NULL;
     a->ready_target = 0;
     a->n_blocks = 0;
-    a->pre_max = 0;
     return true;
 }
 
@@ -1118,10 +1106,8 @@ bool kern_attention_mma_early(struct ops_ctx *ctx, const struct ops_kv *kv, __ha
     const int n_tokens = b->n_tokens, hd = kv->head_dim;
     if (n_tokens < 1 || n_tokens > 8 || !(g_mma_mode & 2) || !ctx->early || !ctx->early_ready)
         return false;
-    const size_t smem = (size_t)g_early_stages * 2 * MMA_TILE * (hd + 8) * sizeof(__half);
+    const size_t smem = (size_t)MMA_EARLY_STAGES * 2 * MMA_TILE * (hd + 8) * sizeof(__half);
     if (smem > ctx->smem_optin || ((uintptr_t)k & 15) || ((uintptr_t)v & 15)) return false;
-    /* its int8 output only in q8_out as it is: growing it would wait for the device */
-    const bool q8_room = gv_xlayout_of(n_tokens, (int64_t)n_head * hd).n_bytes <= ctx->q8_out.n_bytes;
     mma_args a;
     if (!mma_args_for(&a, kv, kc, vc, q, k, v, out, b, n_head, scale, true)) return false;
     /* every block resident at once (one a multiprocessor): it waits for kernels that run
@@ -1133,20 +1119,14 @@ bool kern_attention_mma_early(struct ops_ctx *ctx, const struct ops_kv *kv, __ha
     if (base > ctx->n_sm || base > MMA_COUNTERS) return false;
     a.ready = ctx->early_ready;
     a.ready_target = (unsigned)(n_tokens * (n_head + kv->n_kv_head));
-    a.pre_max = g_early_pre;
-    ctx->early_q8_room = q8_room;
     if (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_early_fork, ctx->stream)) ||
         !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->early, ctx->ev_early_fork, 0)))
         return true; /* recorded: the step fails */
     ctx->early_req.pending = true;
     ctx->early_req.target = a.ready_target;
     ctx->early_req.q8 = false;
-    if (hd == 64 && g_early_stages == 3)
-        mma_launch<64, true, 3, true>(ctx, &a, b, tpb, max_pos);
-    else if (hd == 64)
+    if (hd == 64)
         mma_launch<64, true, MMA_EARLY_STAGES, true>(ctx, &a, b, tpb, max_pos);
-    else if (g_early_stages == 3)
-        mma_launch<128, true, 3, true>(ctx, &a, b, tpb, max_pos);
     else
         mma_launch<128, true, MMA_EARLY_STAGES, true>(ctx, &a, b, tpb, max_pos);
     CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_early_join, ctx->early));

@@ -102,7 +102,6 @@ struct ops_ctx {
     unsigned int *early_ready;
     int attn_early_min;
     int64_t n_attn_early; /* attention launches queued early (ops_cuda_attn_early_count) */
-    bool early_q8_room;   /* the launch being queued early may write its int8 form */
     struct {
         bool pending;        /* queued: the next qk_norm_rope signals and joins it */
         unsigned int target; /* the blocks that signal: qk_norm_rope's (n_tokens x heads) */

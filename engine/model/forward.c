@@ -69,34 +69,19 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     return TPI_OK;
 }
 
-/* Queue layer il's attention for the n tokens of b ahead of its Q/K/V products (ops
- * attention_early) where the backend takes it: true when it did, and the caller then
- * queues Q/K/V, qk_norm_rope and no attention of its own. */
-static bool attention_early(struct model *m, int il, const struct ops_batch *b) {
-    struct model_state *s = &m->s;
-    return m->ops->attention_early &&
-           m->ops->attention_early(m->octx, &m->kv, il, s->q, s->k, s->v, s->att, b,
-                                   m->plan.n_head_local, 1.0f / sqrtf((float)m->cfg.head_dim));
-}
-
 /* x += in * W^T for a row-parallel W (attention output, FFN down), then h =
  * rmsnorm(x) * norm when norm is given: with TP, this rank's partial sum is
  * all-reduced over the group before the residual add (on one node one kernel over
  * peer memory does the sum, the add and, for decode-sized steps, the norm:
- * comm_nccl.c); alone, the residual is folded into the matmul. early_il >= 0 (no TP):
- * that layer's attention is queued early (attention_early) between the matmul and the
- * norm, *early saying whether it was, so that it may take the multiprocessors before
- * the norm and the Q/K/V products do. */
+ * comm_nccl.c); alone, the residual is folded into the matmul. */
 static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
-                            const float *norm, int early_il, const struct ops_batch *b,
-                            bool *early, struct tpi_error *err) {
+                            const float *norm, struct tpi_error *err) {
     struct model_state *s = &m->s;
     const int n_embd = m->cfg.n_embd;
     const int64_t n_x = (int64_t)n * n_embd;
     bool normed = false;
     if (!m->tp_comm) {
         m->ops->matmul_add(m->octx, w, in, s->x, n);
-        if (early_il >= 0) *early = attention_early(m, early_il, b);
     } else {
         m->ops->matmul(m->octx, w, in, s->o, n);
         if (m->tp_skip_allreduce) {
@@ -132,10 +117,6 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     int rc;
 
     if (p->is_first) ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
-    // A layer's attention may be queued ahead of its Q/K/V products (the backend then
-    // copies cached keys meanwhile): before the norm that starts the layer, where the
-    // residual add needs no all-reduce; else at the layer's start.
-    bool early = !m->tp_comm && attention_early(m, 0, &b);
     ops->rmsnorm(octx, s->x, m->w.layers[0].attn_norm, s->h, n, n_embd, eps);
 
     // h holds each sub-layer's normed input: the first here, the others from the
@@ -147,7 +128,10 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
         const struct tpi_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->k, s->v};
-        if (m->tp_comm) early = attention_early(m, il, &b);
+        // the attention may be queued first: it then copies cached keys meanwhile
+        const bool early = ops->attention_early &&
+                           ops->attention_early(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b,
+                                                n_head, scale);
         ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
         if (L->bq) { // qwen2
             ops->add_bias(octx, s->q, L->bq, n, q_dim);
@@ -159,16 +143,12 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
                           c->rope_base, eps);
         if (!early) ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
         // partial sums over this rank's heads, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, -1, &b, NULL, err)))
-            return rc;
+        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
         ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
-        early = false;
-        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm,
-                                   il + 1 < p->n_layer_stage ? il + 1 : -1, &b, &early, err)))
-            return rc;
+        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
     return TPI_OK;
 }
