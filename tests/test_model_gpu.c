@@ -267,7 +267,7 @@ static double decode_run(struct model *m, int slot, int pos0, int n_steps, int f
     return n_steps / (tpi_time_s() - t0);
 }
 
-static void graphs_check(bool early) {
+START_TEST(test_graphs) {
     struct model *mg = load("cuda", 1024, 2);
     if (!mg->use_graphs) {
         fprintf(stderr, "%s: graphs are off (TPI_NO_GRAPH set?): graph test not run\n", g_name);
@@ -294,10 +294,6 @@ static void graphs_check(bool early) {
     const int64_t launches0 = mg->n_graph_launches;
     decode_run(mg, 0, n, N_GRAPH_STEPS, first, toks, NULL, la);
     const int64_t launches = mg->n_graph_launches - launches0;
-    const int64_t n_early = ops_cuda_attn_early_count(mg->octx);
-    fprintf(stderr, "%s: %lld attention launches recorded queued early\n", g_name,
-            (long long)n_early);
-    if (early) ck_assert_msg(n_early > 0, "%s: no attention was queued early", g_name);
     mg->use_graphs = false;
     decode_run(mg, 1, n, N_GRAPH_STEPS, first, NULL, toks, lb);
     mg->use_graphs = true;
@@ -345,26 +341,12 @@ static void graphs_check(bool early) {
     free(lb);
     model_free(&mg);
 }
-
-START_TEST(test_graphs) {
-    graphs_check(false);
-}
-END_TEST
-
-/* The CUDA backend queues a recorded step's attention ahead of its Q/K/V products from
- * the depth TPI_ATTN_EARLY (read at context init; 1: every recorded step): the graph
- * test again with every step so, against plain steps, which never are. */
-START_TEST(test_graphs_early) {
-    setenv("TPI_ATTN_EARLY", "1", 1);
-    graphs_check(true);
-    unsetenv("TPI_ATTN_EARLY");
-}
 END_TEST
 
 #define N_SEQ 3
 #define N_BATCH_STEPS 16
 
-static void batch_check(bool early) {
+START_TEST(test_batch_decode) {
     // Slots 0..2 decode together, slots 3..5 hold the same sequences decoded alone.
     struct model *mg = load("cuda", 256, 2 * N_SEQ);
     const int n_vocab = mg->cfg.n_vocab;
@@ -407,30 +389,14 @@ static void batch_check(bool early) {
     }
     fprintf(stderr,
             "%s: %d sequences decoded together (depths %d, %d, %d) vs alone, %d steps: max abs "
-            "diff %.3g, / range %.3g; graph launches %lld, attention launches queued early %lld\n",
+            "diff %.3g, / range %.3g; graph launches %lld\n",
             g_name, N_SEQ, len[0], len[1], len[2], N_BATCH_STEPS, e.max_abs, e.max_rel,
-            (long long)mg->n_graph_launches, (long long)ops_cuda_attn_early_count(mg->octx));
-    if (early)
-        ck_assert_msg(ops_cuda_attn_early_count(mg->octx) > 0, "%s: no attention was queued early",
-                      g_name);
+            (long long)mg->n_graph_launches);
     ck_assert_int_eq(n_bad, 0);
     free(last);
     free(lb);
     free(la);
     model_free(&mg);
-}
-
-START_TEST(test_batch_decode) {
-    batch_check(false);
-}
-END_TEST
-
-/* The same with the attention of every recorded step queued early: three slots at
- * different depths in one step against each alone. */
-START_TEST(test_batch_decode_early) {
-    setenv("TPI_ATTN_EARLY", "1", 1);
-    batch_check(true);
-    unsetenv("TPI_ATTN_EARLY");
 }
 END_TEST
 
@@ -514,8 +480,6 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_logits_vs_cpu);
     tcase_add_test(tc, test_graphs);
     tcase_add_test(tc, test_batch_decode);
-    tcase_add_test(tc, test_graphs_early);
-    tcase_add_test(tc, test_batch_decode_early);
     tcase_add_test(tc, test_kv_copy);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);

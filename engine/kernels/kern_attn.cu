@@ -479,31 +479,6 @@ bool kern_attention_init(struct ops_ctx *ctx) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)want));
 }
 
-bool kern_attention_early(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
-                          const float *k, const float *v, float *out, const struct ops_batch *b,
-                          int n_head, float scale) {
-    const int n_tokens = b->n_tokens, n_kv = kv->n_kv_head, hd = kv->head_dim;
-    if (ctx->attn_early_min <= 0 || ctx->early_req.pending || n_tokens <= 0 ||
-        kv->type != TPI_TYPE_F16 || layer < 0 || layer >= kv->n_layer || n_head <= 0 ||
-        n_kv <= 0 || n_head % n_kv != 0)
-        return false;
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess ||
-        cap != cudaStreamCaptureStatusActive)
-        return false;
-    int max_pos = 0; /* bad tokens: the plain path reports them */
-    for (int t = 0; t < n_tokens; t++) {
-        const int s = b->seq_host[t], p = b->pos_host[t];
-        if (s < 0 || s >= kv->n_slot || p < 0 || p >= kv->n_ctx) return false;
-        max_pos = TPI_MAX(max_pos, p + 1);
-    }
-    if (max_pos < ctx->attn_early_min) return false;
-    const size_t layer_elems = (size_t)kv->n_slot * kv->n_ctx * n_kv * hd;
-    __half *kc = (__half *)kv->k + (size_t)layer * layer_elems;
-    __half *vc = (__half *)kv->v + (size_t)layer * layer_elems;
-    return kern_attention_mma_early(ctx, kv, kc, vc, q, k, v, out, b, n_head, scale, max_pos);
-}
-
 void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
                     const float *k, const float *v, float *out, const struct ops_batch *b,
                     int n_head, float scale) {

@@ -68,12 +68,6 @@
 #define MMA_COUNTERS 4096  /* split-K arrival counters: blocks of one launch, at most */
 #define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
 #define MMA_LOG2E 1.4426950408889634f
-/* Queued early (kern_attention_mma_early): K/V stages of the decode kernel, so up to
- * MMA_EARLY_STAGES - 1 tiles (5 x 34 KB for head_dim 128) are copied while the Q/K/V
- * products run; and the depth (1 + largest position) from which recorded steps queue it
- * unless TPI_ATTN_EARLY says otherwise. */
-#define MMA_EARLY_STAGES 6
-#define MMA_EARLY_MIN_DEFAULT 1024
 /* floats per partial record: m, l, 2 spare, O (16-byte aligned) */
 #define MMA_PART(hd) ((hd) + 4)
 
@@ -120,11 +114,6 @@ struct mma_args {
     int8_t *xq;
     float2 *ds;
     gv_xlayout xlay;
-    /* queued early (decode shape, kern_attention_mma_early): ready[0] counts the blocks of
-     * the q/k/v producer that are done, up to ready_target; ready[1] this launch's blocks
-     * past that wait (n_blocks in all). NULL: q, k, v are the previous kernel's (PDL) */
-    unsigned int *ready;
-    unsigned int ready_target, n_blocks;
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -169,45 +158,6 @@ __device__ __forceinline__ uint32_t mma_pack(__half2 h) {
     uint32_t u;
     memcpy(&u, &h, sizeof u);
     return u;
-}
-/* A T of q, k or v: through L2 only when CG (the early launch: kernels running beside it
- * on the same multiprocessor may have left older copies of those lines in L1), else a
- * plain load. */
-template <bool CG, typename T> __device__ __forceinline__ T mma_ldact(const T *p) {
-    if constexpr (CG)
-        return __ldcg(p);
-    else
-        return *p;
-}
-/* Nanoseconds on the GPU's global timer. */
-__device__ __forceinline__ unsigned long long mma_now_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-/* The early launch's wait (thread 0, then the block): until ready[0] reaches target, the
- * producer's blocks having each made its writes visible before counting. A wait longer
- * than MMA_EARLY_TIMEOUT_NS means the producer was never queued (a bug): the kernel traps,
- * so the failure reaches the host as a launch error instead of a hang. The last of the
- * n_blocks blocks past the wait resets both counters for the next launch. */
-#define MMA_EARLY_TIMEOUT_NS 5000000000ull
-__device__ __forceinline__ void mma_early_wait(unsigned int *ready, unsigned int target,
-                                               unsigned int n_blocks) {
-    if (threadIdx.x == 0) {
-        const unsigned long long t0 = mma_now_ns();
-        for (;;) {
-            unsigned int v;
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ready) : "memory");
-            if (v >= target) break;
-            __nanosleep(64);
-            if (mma_now_ns() - t0 > MMA_EARLY_TIMEOUT_NS) __trap();
-        }
-        if (atomicAdd(ready + 1, 1u) == n_blocks - 1) { /* every block is past the wait */
-            atomicExch(ready + 1, 0u);
-            atomicExch(ready, 0u);
-        }
-    }
-    __syncthreads();
 }
 
 /* Merge the n_split partial records of rows r < R of a block (row r: token t0 + r / hp,
@@ -445,10 +395,9 @@ __global__ void __launch_bounds__(MMA_THREADS)
  * Dynamic shared memory: NSTAGE x [K tile, V tile], each MMA_TILE x (HD + 8) halves (the
  * 16-byte pad puts the 8 rows an ldmatrix reads in 8 different bank quads); the decode
  * shape reuses it for the warp merge. */
-template <int HD, bool DEC, int NSTAGE, bool EARLY = false>
+template <int HD, bool DEC, int NSTAGE>
 __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     attn_mma_kernel(const __grid_constant__ mma_args a) {
-    static_assert(DEC || !EARLY, "only the decode shape is queued early");
     constexpr int KS = HD + 8; /* halves per shared K/V row */
     static_assert(NSTAGE >= 2, "NSTAGE - 1 tiles ahead");
     constexpr int STAGE = 2 * MMA_TILE * KS; /* halves per stage: K tile, then V tile */
@@ -463,7 +412,7 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     __shared__ int last_s;
     __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
 
-    if (!EARLY) kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
+    kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
     const int e = a.blk[blockIdx.x];
@@ -484,46 +433,41 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         th[i] = tl < nt ? (t0 + tl) * a.n_head + h0 + (r & hp_mask) : -1;
     }
     /* Q as f16 A fragments, scaled by scale * log2(e): for k step kk, registers
-     * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..};
-     * and (decode shape) the batch's k/v for the store below, item u of a thread: token
-     * it / (HD/4), dims 4 (it % (HD/4)) .. +3. Loaded first, with everything else, or
-     * (queued early) once the wait says they are written. */
+     * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..} */
     uint32_t qf[NK][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const float *qr = a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+            if (th[i] >= 0) {
+                x0 = *(const float2 *)(qr + 16 * kk + 2 * c);
+                x1 = *(const float2 *)(qr + 16 * kk + 8 + 2 * c);
+            }
+            qf[kk][i] = mma_pack(__floats2half2_rn(x0.x * a.qscale, x0.y * a.qscale));
+            qf[kk][2 + i] = mma_pack(__floats2half2_rn(x1.x * a.qscale, x1.y * a.qscale));
+        }
+    }
+
+    /* decode shape: the batch's k/v for the store below, fetched with everything else.
+     * Item u of a thread: token it / (HD/4), dims 4 (it % (HD/4)) .. +3 */
     constexpr int ST_ITEMS =
         DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + MMA_THREADS - 1) / MMA_THREADS : 1;
     float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
     int st_s[ST_ITEMS], st_p[ST_ITEMS];
-    auto load_q_kv = [&]() {
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float *qr = a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++) {
-                float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
-                if (th[i] >= 0) {
-                    x0 = mma_ldact<EARLY>((const float2 *)(qr + 16 * kk + 2 * c));
-                    x1 = mma_ldact<EARLY>((const float2 *)(qr + 16 * kk + 8 + 2 * c));
-                }
-                qf[kk][i] = mma_pack(__floats2half2_rn(x0.x * a.qscale, x0.y * a.qscale));
-                qf[kk][2 + i] = mma_pack(__floats2half2_rn(x1.x * a.qscale, x1.y * a.qscale));
-            }
+    for (int u = 0; u < ST_ITEMS; u++) {
+        const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
+        st_s[u] = -1;
+        st_p[u] = -1;
+        if (DEC && a.k && t < a.n_tokens) {
+            st_s[u] = a.seq[t];
+            st_p[u] = a.pos[t];
+            st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+            st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
         }
-#pragma unroll
-        for (int u = 0; u < ST_ITEMS; u++) {
-            const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
-            st_s[u] = -1;
-            st_p[u] = -1;
-            if (DEC && a.k && t < a.n_tokens) {
-                st_s[u] = a.seq[t];
-                st_p[u] = a.pos[t];
-                st_k[u] = mma_ldact<EARLY>(
-                    (const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4));
-                st_v[u] = mma_ldact<EARLY>(
-                    (const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4));
-            }
-        }
-    };
-    if (!EARLY) load_q_kv();
+    }
 
     /* the block's largest visible position: tokens t0 .. t0+nt-1, nt <= 64 < threads */
     int pv = -1;
@@ -567,47 +511,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + MMA_TILE - 1) / MMA_TILE : 0;
 
     const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
-    const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
-    const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
-    const uint32_t smem0 = mma_smem_u32(mma_smem4);
-
-    /* copy tile `it` of the range into stage `st`; rows past k_end are zero-filled so
-     * that P (0 there) times V never meets a stale NaN */
-    /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile */
-    constexpr int CP_STEP = MMA_THREADS / CPR;
-    const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
-    auto issue = [&](int it, int st) {
-        const int kt = k_begin + it * MMA_TILE;
-        const int nk = min(MMA_TILE, k_end - kt);
-        const uint32_t ks = smem0 + (uint32_t)(st * STAGE + cp_j * KS + 8 * cp_c) * 2u;
-        const uint32_t vs = ks + (uint32_t)(MMA_TILE * KS) * 2u;
-        const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
-#pragma unroll
-        for (int k = 0; k < CP_ITERS; k++) {
-            const bool in = cp_j + k * CP_STEP < nk;
-            const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
-            const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
-            mma_cp16(ks + off, kb + at, in ? 16 : 0);
-            mma_cp16(vs + off, vb + at, in ? 16 : 0);
-        }
-        mma_commit();
-    };
-
-    /* Queued early: the first tiles that lie wholly below every batch position of this
-     * slot (cache rows of earlier steps, which no kernel of this step writes) go out
-     * before the wait for q, k, v; the tile with a batch position waits for the store. */
-    int n_pre = 0;
-    if constexpr (EARLY) {
-        int p_new = INT_MAX;
-        for (int t = 0; t < a.n_tokens; t++)
-            if (a.seq[t] == s) p_new = min(p_new, a.pos[t]);
-        if (p_new > k_begin) n_pre = min(min((p_new - k_begin) / MMA_TILE, n_tiles), NSTAGE - 1);
-        for (int st = 0; st < n_pre; st++)
-            issue(st, st);
-        mma_early_wait(a.ready, a.ready_target, a.n_blocks);
-        load_q_kv();
-    }
-
     if (DEC && a.k) {
         /* The store, fused: this block writes the k/v (its KV head) of every batch token of
          * its slot whose position lies in its key range, then reads them back with the
@@ -634,6 +537,31 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
         __syncthreads();
     }
+    const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
+    const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
+    const uint32_t smem0 = mma_smem_u32(mma_smem4);
+
+    /* copy tile `it` of the range into stage `st`; rows past k_end are zero-filled so
+     * that P (0 there) times V never meets a stale NaN */
+    /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile */
+    constexpr int CP_STEP = MMA_THREADS / CPR;
+    const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
+    auto issue = [&](int it, int st) {
+        const int kt = k_begin + it * MMA_TILE;
+        const int nk = min(MMA_TILE, k_end - kt);
+        const uint32_t ks = smem0 + (uint32_t)(st * STAGE + cp_j * KS + 8 * cp_c) * 2u;
+        const uint32_t vs = ks + (uint32_t)(MMA_TILE * KS) * 2u;
+        const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
+#pragma unroll
+        for (int k = 0; k < CP_ITERS; k++) {
+            const bool in = cp_j + k * CP_STEP < nk;
+            const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
+            const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
+            mma_cp16(ks + off, kb + at, in ? 16 : 0);
+            mma_cp16(vs + off, vb + at, in ? 16 : 0);
+        }
+        mma_commit();
+    };
 
     float o[ND][4];
 #pragma unroll
@@ -651,7 +579,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
 
 #pragma unroll
     for (int st = 0; st < NSTAGE - 1; st++) {
-        if (st < n_pre) continue; /* issued before the wait */
         if (st < n_tiles)
             issue(st, st);
         else
@@ -882,12 +809,11 @@ template <int HD, int NST> static size_t mma_smem_bytes() {
     return (size_t)NST * 2 * MMA_TILE * (HD + 8) * sizeof(__half);
 }
 
-template <int HD, bool DEC, int NST, bool EARLY = false>
-static bool mma_set_smem(struct ops_ctx *ctx) {
+template <int HD, bool DEC, int NST> static bool mma_set_smem(struct ops_ctx *ctx) {
     const size_t n = mma_smem_bytes<HD, NST>();
     if (n > ctx->smem_optin) return true; /* not used on this device (launch checks too) */
     return CUDA_OK(ctx, "cuda init (attention)",
-                   cudaFuncSetAttribute(attn_mma_kernel<HD, DEC, NST, EARLY>,
+                   cudaFuncSetAttribute(attn_mma_kernel<HD, DEC, NST>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)n));
 }
 
@@ -908,56 +834,12 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
-    /* TPI_ATTN_EARLY: recorded decode steps with 1 + largest position >= this queue their
-     * attention early (kern_attention_mma_early); 0: never */
-    const char *ea = getenv("TPI_ATTN_EARLY");
-    ctx->attn_early_min = ea && *ea ? TPI_MAX(0, atoi(ea)) : MMA_EARLY_MIN_DEFAULT;
-    if (ctx->attn_early_min > 0) {
-        const char *op = "cuda init (attention queued early)";
-        if (!CUDA_OK(ctx, op, cudaStreamCreateWithFlags(&ctx->early, cudaStreamNonBlocking)) ||
-            !CUDA_OK(ctx, op, cudaEventCreateWithFlags(&ctx->ev_early_fork, cudaEventDisableTiming)) ||
-            !CUDA_OK(ctx, op, cudaEventCreateWithFlags(&ctx->ev_early_join, cudaEventDisableTiming)) ||
-            !CUDA_OK(ctx, op, cudaMalloc((void **)&ctx->early_ready, 2 * sizeof(unsigned int))) ||
-            !CUDA_OK(ctx, op, cudaMemsetAsync(ctx->early_ready, 0, 2 * sizeof(unsigned int), ctx->stream)) ||
-            !CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream)))
-            return false;
-    }
     return mma_set_smem<64, false, 2>(ctx) && mma_set_smem<64, true, 3>(ctx) &&
            mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
-           mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx) &&
-           mma_set_smem<64, true, MMA_EARLY_STAGES, true>(ctx) &&
-           mma_set_smem<128, true, MMA_EARLY_STAGES, true>(ctx);
+           mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx);
 }
 
-/* Key ranges per block (split-K) for a launch of `base` blocks before splitting: decode
- * splits whenever the grid is short of a full wave (g_dec_bps blocks an SM; queued early:
- * as many as fit one block an SM, every block resident at once), ranges of >= 1 tile;
- * prefill only when it is short of one block per multiprocessor, ranges of >= 8 tiles (a
- * 64-row partial is 1/8 of the K/V bytes its range reads). per_sm: the prefill blocks a
- * multiprocessor holds. */
-static int mma_split(const struct ops_ctx *ctx, long base, int max_pos, bool dec, bool early,
-                     long per_sm) {
-    if (dec) per_sm = g_dec_bps;
-    const long want = per_sm * ctx->n_sm;
-    const long min_keys = dec ? MMA_TILE : 8 * MMA_TILE;
-    if (!(base <= MMA_COUNTERS && (dec ? base < want || early : base < ctx->n_sm))) return 1;
-    long by_grid = dec && g_dec_split > 0 ? g_dec_split : (want + base - 1) / base;
-    if (early) by_grid = TPI_MIN(by_grid, ctx->n_sm / base);
-    const long by_keys = TPI_MAX(1L, max_pos / min_keys);
-    long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
-    if (n > 1) { /* drop ranges the tile rounding would leave empty */
-        long chunk = (max_pos + n - 1) / n;
-        chunk = (chunk + MMA_TILE - 1) / MMA_TILE * MMA_TILE;
-        n = (max_pos + chunk - 1) / chunk;
-    }
-    return (int)TPI_MAX(1L, n);
-}
-
-/* Queue the kernel for a (fields other than the split's and the int8 output's set). EARLY
- * (decode shape, kern_attention_mma_early): on ctx->early, one launch whose blocks all fit
- * at once (the caller checked), waiting on ctx->early_ready for the next qk_norm_rope;
- * its int8 output goes to q8_out and becomes the memo when that rope joins it. */
-template <int HD, bool DEC, int NST, bool EARLY = false>
+template <int HD, bool DEC, int NST>
 static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch *b, int tpb,
                        int max_pos) {
     const char *op = "cuda attention (mma)";
@@ -973,7 +855,24 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     const long base = n_qblocks * a->n_kv * a->head_chunks;
     long per_sm = (long)(ctx->smem_optin + 1024) / (long)(smem + 4096);
     per_sm = TPI_MAX(1L, TPI_MIN(per_sm, 4L));
-    const int n_split = mma_split(ctx, base, max_pos, DEC, EARLY, per_sm);
+    if (DEC) per_sm = g_dec_bps;
+    const long want = per_sm * ctx->n_sm;
+    int n_split = 1;
+    /* decode: split whenever the grid is short of a full wave, ranges of >= 1 tile;
+     * prefill: only when it is short of one block per multiprocessor, ranges of >= 8
+     * tiles (a 64-row partial is 1/8 of the K/V bytes its range reads) */
+    const long min_keys = DEC ? MMA_TILE : 8 * MMA_TILE;
+    if (base <= MMA_COUNTERS && (DEC ? base < want : base < ctx->n_sm)) {
+        const long by_grid = DEC && g_dec_split > 0 ? g_dec_split : (want + base - 1) / base;
+        const long by_keys = TPI_MAX(1L, max_pos / min_keys);
+        long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
+        if (n > 1) { /* drop ranges the tile rounding would leave empty */
+            long chunk = (max_pos + n - 1) / n;
+            chunk = (chunk + MMA_TILE - 1) / MMA_TILE * MMA_TILE;
+            n = (max_pos + chunk - 1) / chunk;
+        }
+        n_split = (int)TPI_MAX(1L, n);
+    }
     a->n_split = n_split;
     a->part = NULL;
     if (n_split > 1) {
@@ -988,32 +887,18 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     const int64_t ne0 = (int64_t)a->n_head * HD;
     a->xq = NULL;
     a->ds = NULL;
-    bool q8 = false;
-    if (EARLY) {
-        struct kern_xq_form f;
-        q8 = n_tokens <= 8 &&
-             kern_xq_reserve(ctx, &ctx->q8_out, XQ_BY_ATTN, n_tokens, ne0, &f);
-        if (q8) {
-            f.x = a->out;
-            a->xq = f.xq;
-            a->ds = f.ds;
-            ctx->early_req.form = f;
-        }
-        ctx->early_req.q8 = q8;
-    } else {
-        q8 = DEC && n_tokens <= 8 && kern_xq_claim(ctx, XQ_BY_ATTN, n_tokens, ne0, &a->xq, &a->ds);
-    }
+    const bool q8 =
+        DEC && n_tokens <= 8 && kern_xq_claim(ctx, XQ_BY_ATTN, n_tokens, ne0, &a->xq, &a->ds);
     a->xlay = gv_xlayout_of(n_tokens, ne0);
-    a->n_blocks = (unsigned)(base * n_split);
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
         const dim3 grid((unsigned)nb, (unsigned)(a->n_kv * a->head_chunks), (unsigned)n_split);
-        kern_launch(DEC && ctx->pdl && !EARLY, attn_mma_kernel<HD, DEC, NST, EARLY>, grid,
-                    dim3(MMA_THREADS), smem, EARLY ? ctx->early : ctx->stream, *a);
+        kern_launch(DEC && ctx->pdl, attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS), smem,
+                    ctx->stream, *a);
         if (!LAUNCH_OK(ctx, op)) return;
     }
-    if (q8 && !EARLY) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
+    if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;
         attn_mma_combine_kernel<HD><<<(unsigned)((n_rows + 3) / 4), MMA_THREADS, 0, ctx->stream>>>(
@@ -1022,53 +907,17 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     }
 }
 
-/* The fields of a launch of b common to both entries below; false for shapes the kernels
- * do not take (head_dim other than 64 or 128, unaligned cache, too many rows). */
-static bool mma_args_for(mma_args *a, const struct ops_kv *kv, __half *kc, __half *vc,
-                         const float *q, const float *k, const float *v, float *out,
-                         const struct ops_batch *b, int n_head, float scale, bool fuse) {
+bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
+                        const float *q, const float *k, const float *v, float *out,
+                        const struct ops_batch *b, int n_head, float scale, int max_pos) {
     const int n_tokens = b->n_tokens, n_kv = kv->n_kv_head, hd = kv->head_dim;
+    const bool dec = n_tokens < MMA_MIN_PREFILL;
+    if (!(g_mma_mode & (dec ? 2 : 1))) return false;
     if ((hd != 64 && hd != 128) || n_head % n_kv != 0 || n_tokens >= (1 << 24) ||
         (long)n_tokens * n_head > INT_MAX)
         return false;
     /* 16-byte copies: every row offset is a multiple of hd halves, so the bases decide */
     if (((uintptr_t)kc & 15) || ((uintptr_t)vc & 15)) return false;
-    a->q = q;
-    a->kc = kc;
-    a->vc = vc;
-    a->k = fuse ? k : NULL;
-    a->v = fuse ? v : NULL;
-    a->n_tokens = n_tokens;
-    a->seq = b->seq;
-    a->pos = b->pos;
-    a->out = out;
-    a->part = NULL;
-    a->n_slot = kv->n_slot;
-    a->n_ctx = kv->n_ctx;
-    a->n_kv = n_kv;
-    a->n_head = n_head;
-    a->group = n_head / n_kv;
-    int hp_log2 = 0; /* the largest power of two dividing the group, at most MMA_MAX_HP */
-    while ((2 << hp_log2) <= MMA_MAX_HP && a->group % (2 << hp_log2) == 0)
-        hp_log2++;
-    a->hp_log2 = hp_log2;
-    a->head_chunks = a->group >> hp_log2;
-    a->n_split = 1;
-    a->qscale = scale * MMA_LOG2E;
-    a->xq = NULL; /* mma_launch claims the int8 output for decode rows */
-    a->ds = NULL;
-    a->ready = NULL;
-    a->ready_target = 0;
-    a->n_blocks = 0;
-    return true;
-}
-
-bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
-                        const float *q, const float *k, const float *v, float *out,
-                        const struct ops_batch *b, int n_head, float scale, int max_pos) {
-    const int n_tokens = b->n_tokens, hd = kv->head_dim;
-    const bool dec = n_tokens < MMA_MIN_PREFILL;
-    if (!(g_mma_mode & (dec ? 2 : 1))) return false;
     const int nst = dec ? g_dec_stages : 2;
     const size_t smem = (size_t)nst * 2 * MMA_TILE * (hd + 8) * sizeof(__half);
     if (smem > ctx->smem_optin) return false;
@@ -1076,10 +925,33 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     /* the prefill shape reads k/v stored by the store kernel; the decode kernel stores
      * them itself (one launch less per decode step; k, v 16-byte aligned for its loads) */
     const bool fuse = dec && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
-    mma_args a;
-    if (!mma_args_for(&a, kv, kc, vc, q, k, v, out, b, n_head, scale, fuse)) return false;
     if (!fuse && !kern_attn_store(ctx, kv, kc, vc, k, v, b)) return true;
-    const int tpb = (dec ? 16 : 64) >> a.hp_log2; /* tokens per query block */
+    mma_args a;
+    a.q = q;
+    a.kc = kc;
+    a.vc = vc;
+    a.k = fuse ? k : NULL;
+    a.v = fuse ? v : NULL;
+    a.n_tokens = n_tokens;
+    a.seq = b->seq;
+    a.pos = b->pos;
+    a.out = out;
+    a.part = NULL;
+    a.n_slot = kv->n_slot;
+    a.n_ctx = kv->n_ctx;
+    a.n_kv = n_kv;
+    a.n_head = n_head;
+    a.group = n_head / n_kv;
+    int hp_log2 = 0; /* the largest power of two dividing the group, at most MMA_MAX_HP */
+    while ((2 << hp_log2) <= MMA_MAX_HP && a.group % (2 << hp_log2) == 0)
+        hp_log2++;
+    a.hp_log2 = hp_log2;
+    a.head_chunks = a.group >> hp_log2;
+    a.n_split = 1;
+    a.qscale = scale * MMA_LOG2E;
+    a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
+    a.ds = NULL;
+    const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {
         if (!dec)
             mma_launch<64, false, 2>(ctx, &a, b, tpb, max_pos);
@@ -1096,44 +968,4 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
             mma_launch<128, true, 5>(ctx, &a, b, tpb, max_pos);
     }
     return true;
-}
-
-bool kern_attention_mma_early(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc,
-                              __half *vc, const float *q, const float *k, const float *v,
-                              float *out, const struct ops_batch *b, int n_head, float scale,
-                              int max_pos) {
-    const char *op = "cuda attention (queued early)";
-    const int n_tokens = b->n_tokens, hd = kv->head_dim;
-    if (n_tokens < 1 || n_tokens > 8 || !(g_mma_mode & 2) || !ctx->early || !ctx->early_ready)
-        return false;
-    const size_t smem = (size_t)MMA_EARLY_STAGES * 2 * MMA_TILE * (hd + 8) * sizeof(__half);
-    if (smem > ctx->smem_optin || ((uintptr_t)k & 15) || ((uintptr_t)v & 15)) return false;
-    mma_args a;
-    if (!mma_args_for(&a, kv, kc, vc, q, k, v, out, b, n_head, scale, true)) return false;
-    /* every block resident at once (one a multiprocessor): it waits for kernels that run
-     * beside it */
-    const int tpb = 16 >> a.hp_log2;
-    int t = 0;
-    const long base = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, NULL, 0) * (long)a.n_kv *
-                      a.head_chunks;
-    if (base > ctx->n_sm || base > MMA_COUNTERS) return false;
-    a.ready = ctx->early_ready;
-    a.ready_target = (unsigned)(n_tokens * (n_head + kv->n_kv_head));
-    if (!CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_early_fork, ctx->stream)) ||
-        !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->early, ctx->ev_early_fork, 0)))
-        return true; /* recorded: the step fails */
-    ctx->early_req.pending = true;
-    ctx->early_req.target = a.ready_target;
-    ctx->early_req.q8 = false;
-    if (hd == 64)
-        mma_launch<64, true, MMA_EARLY_STAGES, true>(ctx, &a, b, tpb, max_pos);
-    else
-        mma_launch<128, true, MMA_EARLY_STAGES, true>(ctx, &a, b, tpb, max_pos);
-    CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_early_join, ctx->early));
-    ctx->n_attn_early++;
-    return true;
-}
-
-extern "C" int64_t ops_cuda_attn_early_count(struct ops_ctx *ctx) {
-    return ctx ? ctx->n_attn_early : 0;
 }

@@ -27,17 +27,6 @@ struct kern_scratch {
     size_t n_bytes;
 };
 
-/* An int8 form of a decode activation reserved by kern_xq_reserve (kern_matmul.cu): for
- * n_vals values of x, in rows of ne0. */
-struct kern_xq_form {
-    const float *x;
-    int64_t n_vals;
-    int8_t *xq;
-    float2 *ds;
-    const int8_t *xp; /* kind p's permuted copies */
-    int64_t ne0;
-};
-
 struct ops_ctx {
     int device;
     uint64_t wait_since_ns;   /* host blocked on `stream` since (tpi_time_s in ns), 0: not
@@ -91,23 +80,6 @@ struct ops_ctx {
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
     bool host_pinned; /* host_alloc tries pinned memory (default; TPI_PINNED_HOST=0: malloc) */
-    /* The decode attention queued ahead of the q, k, v it reads (kern_attention_early): it
-     * runs on `early`, forked from `stream` where it was queued, copies cached keys while
-     * the Q/K/V products run, waits on early_ready (device: [0] blocks of the q/k/v
-     * producer done, [1] its own blocks past that wait) and is signalled and joined back
-     * by the next qk_norm_rope (early_req). attn_early_min: the smallest 1 + largest
-     * position of a recorded decode step that queues it (TPI_ATTN_EARLY; 0: never). */
-    cudaStream_t early;
-    cudaEvent_t ev_early_fork, ev_early_join;
-    unsigned int *early_ready;
-    int attn_early_min;
-    int64_t n_attn_early; /* attention launches queued early (ops_cuda_attn_early_count) */
-    struct {
-        bool pending;        /* queued: the next qk_norm_rope signals and joins it */
-        unsigned int target; /* the blocks that signal: qk_norm_rope's (n_tokens x heads) */
-        bool q8;             /* it writes its output's int8 form (form): the memo after */
-        struct kern_xq_form form;
-    } early_req;
 };
 
 /* Record the first failure of an op ("op: what (file:line)"); later ones are dropped
@@ -341,13 +313,6 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
 bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
                       int64_t ne0, int8_t **xq, float2 **ds);
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* kern_xq_claim_in's scratch and layout for producer `by` without touching the memo (false
- * where claim would be); f->x is left NULL for the caller. For a producer queued before
- * the matmul that still reads the memo's x: kern_xq_adopt(f) later makes f the memo
- * (claim + remember in one). */
-bool kern_xq_reserve(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
-                     int64_t ne0, struct kern_xq_form *f);
-void kern_xq_adopt(struct ops_ctx *ctx, const struct kern_xq_form *f);
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows);
 /* ops.h matmul_n: several weights reading one x (x quantized / converted once). */
@@ -430,21 +395,6 @@ bool kern_attention_init(struct ops_ctx *ctx);
 bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
                         const float *q, const float *k, const float *v, float *out,
                         const struct ops_batch *b, int n_head, float scale, int max_pos);
-/* ops.h attention_early: queue the decode attention of b now, on ctx->early, before the
- * kernels that write q, k and v; the next kern_qk_norm_rope signals and joins it. Taken
- * only while a decode step is being recorded into a graph (a launch that fails between
- * here and the rope then discards the whole recording), with 1 + the largest position
- * >= ctx->attn_early_min, valid tokens and the tensor-core decode kernel's shapes; false
- * (nothing queued) otherwise. */
-bool kern_attention_early(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
-                          const float *k, const float *v, float *out, const struct ops_batch *b,
-                          int n_head, float scale);
-/* Its tensor-core part (kern_attn_mma.cu): false (nothing queued) for shapes whose blocks
- * do not all fit at once, one a multiprocessor, or that the decode kernel does not take. */
-bool kern_attention_mma_early(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc,
-                              __half *vc, const float *q, const float *k, const float *v,
-                              float *out, const struct ops_batch *b, int n_head, float scale,
-                              int max_pos);
 /* Queue the store of the batch's k, v (n_tokens, n_kv_head, head_dim) into this layer's
  * cache at (seq[t], pos[t]) (tokens outside the cache are skipped); false on a launch error. */
 bool kern_attn_store(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,

@@ -192,14 +192,12 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
  * rope_neox_kernel, written back in place. The head's loads go out first (up to
  * QKR_VPT per thread at once, their norm weights before the wait for the previous
  * kernel), and thread i's first angle, a long chain of double operations, is computed
- * while they are in flight. ready non-NULL: each block, once its writes are visible,
- * adds 1 there (the decode attention queued early waits for the count). */
+ * while they are in flight. */
 #define QKR_VPT 4
 template <bool TAB>
 __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
-                                    int n_rot, float freq_base, float eps, const double *inv_tab,
-                                    unsigned int *ready) {
+                                    int n_rot, float freq_base, float eps, const double *inv_tab) {
     extern __shared__ float xs[];
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
     const bool is_q = hh < n_head;
@@ -256,11 +254,6 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
                                                       : kern_rope_inv(i, n_rot, freq_base)));
     for (int c = n_rot + threadIdx.x; c < head_dim; c += blockDim.x)
         xh[c] = xs[c]; /* dims past n_rot: normalized only */
-    if (ready) { /* uniform */
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(ready, 1u);
-    }
 }
 
 /* ---- producers that also quantize their output for the v3 matrix-vector path ----
@@ -650,25 +643,10 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
     threads = TPI_MIN(TPI_MAX(threads, 32), 256);
     dim3 grid((unsigned)b->n_tokens, (unsigned)(n_head + n_kv_head));
     const double *tab = rope_inv_table(ctx, n_rot, freq_base);
-    /* an attention queued early (kern_attention_early) waits for every block of this one */
-    unsigned int *ready = NULL;
-    if (ctx->early_req.pending) {
-        ready = ctx->early_ready;
-        if (grid.x * grid.y != ctx->early_req.target)
-            kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
-                      "%u blocks signal the attention queued early, which waits for %u",
-                      grid.x * grid.y, ctx->early_req.target);
-    }
     kern_launch(ctx->pdl, tab ? qk_norm_rope_kernel<true> : qk_norm_rope_kernel<false>, grid,
                 dim3(threads), (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
-                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab,
-                ready);
+                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab);
     LAUNCH_OK(ctx, op);
-    if (ctx->early_req.pending) { /* join it: what comes next reads its output */
-        ctx->early_req.pending = false;
-        CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->stream, ctx->ev_early_join, 0));
-        if (ctx->early_req.q8) kern_xq_adopt(ctx, &ctx->early_req.form);
-    }
 }
 
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n) {

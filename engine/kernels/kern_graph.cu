@@ -56,11 +56,6 @@ int kern_graph_end(struct ops_ctx *ctx, void **out, struct tpi_error *err) {
     const char *op = "cuda graph_end";
     *out = NULL;
     cudaGraph_t graph = NULL;
-    if (ctx->early_req.pending) { /* its wait would never end: the recording is dropped */
-        kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
-                  "an attention was queued early and no qk_norm_rope came after it");
-        ctx->early_req.pending = false;
-    }
     const cudaError_t e_end = cudaStreamEndCapture(ctx->stream, &graph);
     /* errors recorded while capturing (an op that synchronized, a bad launch) come
      * first: they explain an invalidated capture better than EndCapture's code */

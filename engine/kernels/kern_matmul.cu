@@ -694,8 +694,9 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
     return kern_xq_claim_in(ctx, &ctx->q8, by, n_rows, ne0, xq, ds);
 }
 
-bool kern_xq_reserve(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
-                     int64_t ne0, struct kern_xq_form *f) {
+bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
+                      int64_t ne0, int8_t **xq, float2 **ds) {
+    ctx->xq_memo.valid = false;
     const int64_t n_vals = n_rows * ne0;
     if (!(ctx->xq_produce & by) || !ctx->xq_quant_seen || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
         n_vals > XQ_MAX_VALS)
@@ -704,31 +705,13 @@ bool kern_xq_reserve(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64
     const gv_xlayout lay = gv_xlayout_of((int)n_rows, ne0);
     uint8_t *s = (uint8_t *)kern_scratch_get(ctx, sc, lay.n_bytes, "cuda x quantization");
     if (!s) return false;
-    *f = (struct kern_xq_form){NULL, n_vals, (int8_t *)s, (float2 *)(s + lay.ds_off),
-                               (const int8_t *)(s + lay.b32_off), ne0};
-    return true;
-}
-
-bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
-                      int64_t ne0, int8_t **xq, float2 **ds) {
-    ctx->xq_memo.valid = false;
-    struct kern_xq_form f;
-    if (!kern_xq_reserve(ctx, sc, by, n_rows, ne0, &f)) return false;
-    *xq = f.xq;
-    *ds = f.ds;
-    ctx->xq_memo.xq = f.xq;
-    ctx->xq_memo.ds = f.ds;
-    ctx->xq_memo.xp = f.xp;
+    *xq = (int8_t *)s;
+    *ds = (float2 *)(s + lay.ds_off);
+    ctx->xq_memo.xq = *xq;
+    ctx->xq_memo.ds = *ds;
+    ctx->xq_memo.xp = (const int8_t *)(s + lay.b32_off);
     ctx->xq_memo.ne0 = ne0;
     return true;
-}
-
-void kern_xq_adopt(struct ops_ctx *ctx, const struct kern_xq_form *f) {
-    ctx->xq_memo.xq = f->xq;
-    ctx->xq_memo.ds = f->ds;
-    ctx->xq_memo.xp = f->xp;
-    ctx->xq_memo.ne0 = f->ne0;
-    kern_xq_remember(ctx, f->x, f->n_vals);
 }
 
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {

@@ -191,18 +191,6 @@ struct ops {
      * on the same context. */
     void *(*host_alloc)(struct ops_ctx *ctx, size_t n_bytes);
     void (*host_free)(struct ops_ctx *ctx, void *p);
-
-    /* ---- attention queued ahead of its inputs (optional: NULL where absent) ----
-     * attention(kv, layer, q, k, v, out, b, n_head, scale) queued now, before the ops that
-     * write q, k and v: it runs once the next qk_norm_rope (queued with the same b and
-     * n_head) is done, and what is queued after that rope sees out. The caller queues
-     * the producers of q, k, v, then that rope, and no attention of its own. Returns
-     * false when the backend does not take it (nothing queued: call attention after the
-     * rope as usual). The CUDA backend takes decode steps recorded at depth
-     * (TPI_ATTN_EARLY), whose attention copies cached keys while the Q/K/V products run. */
-    bool (*attention_early)(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
-                            const float *k, const float *v, float *out,
-                            const struct ops_batch *b, int n_head, float scale);
 };
 
 /* The CPU reference backend (always built). */
@@ -228,9 +216,6 @@ int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* CUDA builds only (tests): attention launches the context has queued early
- * (attention_early) since init; recordings count, replays do not. */
-int64_t ops_cuda_attn_early_count(struct ops_ctx *ctx);
 
 #ifdef __CUDACC__
 /* The CUDA backend's graph entries (kern_graph.cu), declared here so ops_cuda.cu's

@@ -108,10 +108,6 @@ static void cuda_free(struct ops_ctx **pctx) {
         if (ctx->ev_join[i]) cudaEventDestroy(ctx->ev_join[i]);
     }
     if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
-    if (ctx->early) cudaStreamDestroy(ctx->early);
-    if (ctx->ev_early_fork) cudaEventDestroy(ctx->ev_early_fork);
-    if (ctx->ev_early_join) cudaEventDestroy(ctx->ev_early_join);
-    if (ctx->early_ready) cudaFree(ctx->early_ready);
     if (ctx->rope_inv) cudaFree(ctx->rope_inv);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -635,7 +631,6 @@ static const struct ops ops_cuda_table = {
     /* .wait_s = */ cuda_wait_s,
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
-    /* .attention_early = */ kern_attention_early, /* keeps the memo: Q/K/V read it next */
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

@@ -128,10 +128,6 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
         const struct tpi_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->k, s->v};
-        // the attention may be queued first: it then copies cached keys meanwhile
-        const bool early = ops->attention_early &&
-                           ops->attention_early(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b,
-                                                n_head, scale);
         ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
         if (L->bq) { // qwen2
             ops->add_bias(octx, s->q, L->bq, n, q_dim);
@@ -141,7 +137,7 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         // qwen3: rmsnorm over each head's head_dim values (q_norm/k_norm), then RoPE
         ops->qk_norm_rope(octx, s->q, s->k, L->q_norm, L->k_norm, &b, n_head, n_kv, hd, c->n_rot,
                           c->rope_base, eps);
-        if (!early) ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
+        ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
         // partial sums over this rank's heads, summed over the TP group
         if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
