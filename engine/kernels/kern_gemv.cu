@@ -1217,8 +1217,7 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
                                                   const uint8_t *__restrict__ wu, size_t row_bytes,
                                                   int ne0, int n_ff, const int8_t *x, int xs,
                                                   const float2 *ds, float *g, float *u, int8_t *oq,
-                                                  float2 *ods, const gv_xlayout &olay,
-                                                  bool by_step) {
+                                                  float2 *ods, const gv_xlayout &olay) {
     using Q = gv<TYPE>;
     constexpr int PER = 32 / W; /* outputs a warp */
     __shared__ float sv[32];
@@ -1227,7 +1226,7 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
     gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
-        const int o = by_step ? k * W + warp : warp * PER + k, j = (int)blockIdx.x * 32 + o;
+        const int o = warp * PER + k, j = (int)blockIdx.x * 32 + o;
         const uint8_t *wr[2] = {wg + (size_t)j * row_bytes, wu + (size_t)j * row_bytes};
         float acc[2][1] = {{0.0f}, {0.0f}};
         gv_item_rows<TYPE, 1, PERM, 2>(wr, n_items, lane, 32, x, xs, ds, ne0, 1, acc);
@@ -1250,9 +1249,8 @@ __global__ void __launch_bounds__(W * 32)
     gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                         size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                         const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                        gv_xlayout olay, bool by_step) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     by_step);
+                        gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* Q8_0's 8-block groups with 8 warps a block, held to 3 blocks a multiprocessor (up to 85
  * registers; 384 blocks of the 8B model's FFN still fit one wave): unbounded, ptxas
@@ -1264,9 +1262,8 @@ __global__ void __launch_bounds__(W * 32, MINB)
     gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                              const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                             gv_xlayout olay, bool by_step) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     by_step);
+                             gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* The gate/up kernel of type TYPE with W warps a block. (Q4_K's held to 4-6 blocks of 4
  * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.) */
@@ -1764,9 +1761,6 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
     const bool pdl = c.pdl != 0;
     const uint8_t *dg = (const uint8_t *)wg->data, *du = (const uint8_t *)wu->data;
     const int ne0 = (int)wg->ne0, n_ff = (int)wg->ne1;
-    static int glu_order = -1; /* TPI_GLU_ORDER (experiment) */
-    if (glu_order < 0) glu_order = getenv("TPI_GLU_ORDER") ? atoi(getenv("TPI_GLU_ORDER")) : 0;
-    const bool glu_by_step = glu_order == 1;
     gv_dispatch(kern_wtype(wg), [&](auto type_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (T == TPI_TYPE_BF16 || T == TPI_TYPE_F16) {
@@ -1783,8 +1777,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                 auto launch = [&](auto w_c) {
                     kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
                                 dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
-                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay,
-                                glu_by_step);
+                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };
                 if (w == 32)
                     launch(std::integral_constant<int, 32>{});
