@@ -27,17 +27,6 @@ struct kern_scratch {
     size_t n_bytes;
 };
 
-/* An int8 form of a decode activation reserved by kern_xq_reserve (kern_matmul.cu): for
- * n_vals values of x, in rows of ne0. */
-struct kern_xq_form {
-    const float *x;
-    int64_t n_vals;
-    int8_t *xq;
-    float2 *ds;
-    const int8_t *xp; /* kind p's permuted copies */
-    int64_t ne0;
-};
-
 struct ops_ctx {
     int device;
     uint64_t wait_since_ns;   /* host blocked on `stream` since (tpi_time_s in ns), 0: not
@@ -91,17 +80,6 @@ struct ops_ctx {
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
     bool host_pinned; /* host_alloc tries pinned memory (default; TPI_PINNED_HOST=0: malloc) */
-    /* matmul_add_norm (kern_matmul.cu): on (TPI_NORM_FUSE, default 1); its scratch (sums
-     * of squares, counters); the h whose int8 form alone it wrote, with what rmsnorm
-     * needs to write it (h NULL: none), dropped by any op but the matmuls */
-    bool norm_fuse;
-    struct kern_scratch norm_aux;
-    struct h_virtual_t {
-        float *h;
-        const float *x, *w;
-        int64_t n_cols;
-        float eps;
-    } h_virtual;
 };
 
 /* Record the first failure of an op ("op: what (file:line)"); later ones are dropped
@@ -335,13 +313,6 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
 bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
                       int64_t ne0, int8_t **xq, float2 **ds);
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* kern_xq_claim_in's scratch and layout for producer `by` without touching the memo (false
- * where claim would be); f->x is left NULL for the caller. For a producer whose launch
- * still reads the memo's x: kern_xq_adopt(f) afterwards makes f the memo (claim +
- * remember in one). */
-bool kern_xq_reserve(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
-                     int64_t ne0, struct kern_xq_form *f);
-void kern_xq_adopt(struct ops_ctx *ctx, const struct kern_xq_form *f);
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows);
 /* ops.h matmul_n: several weights reading one x (x quantized / converted once). */
@@ -351,10 +322,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const float *x, float *g, float *u,
                           int64_t n_rows);
-/* ops.h matmul_add_norm: y += x W^T, then h = rmsnorm(y) * norm (one launch for a decode
- * row of a quantized W, which writes only h's int8 form until h is read as floats). */
-void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
-                          float *y, int64_t n_rows, const float *norm, float eps, float *h);
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
@@ -388,15 +355,6 @@ bool kern_gemv_v3_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64
  * thread after a fixed-order sum (race-free y +=, deterministic results). */
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
                       float *y, bool accumulate, cudaStream_t stream);
-/* y += x W^T for one row (kinds a and p of a quantized W, ne1 % 32 == 0) on `stream`, and
- * h = rmsnorm(y) * norm (eps) in the int8 layout of kern_xq.cuh for one row of ne1 at
- * hq / hds, with no norm launch (gv_norm_tail): ss (ne1 / 32 floats) and count (ne1 / 32
- * + 1 counters, 0 before, 0 after) are its scratch. false (nothing queued) where it does
- * not apply. */
-bool kern_gemv_v3_run_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
-                           const struct kern_gemv_x *gx, float *y, const float *norm, float eps,
-                           int8_t *hq, float2 *hds, float *ss, unsigned int *count,
-                           cudaStream_t stream);
 /* ys[i] = x ws[i]^T for the n (<= OPS_MAX_FUSED) weights in one launch on `stream`, each
  * output computed exactly as kern_gemv_v3_run computes it; false (nothing queued) unless
  * all n share a type and row length the v3 path covers, and (n > 1) take kinds a/p/BF16. */

@@ -1140,108 +1140,6 @@ template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbou
     return gv_quant_kernel<TYPE, NR, PERM, RW>;
 }
 
-/* ---------------------------------- the residual update with the next sub-layer's norm
- * One decode row of y += x W^T (a one-row kernel of kind a or p, RW 1) that also leaves
- * h = rmsnorm(y) * w in the int8 form the next products read (kern_xq.cuh's layout, kind
- * p's copies included), with no norm launch. The blocks of a 32-row group count
- * themselves in after their stores; the last of them (no block waits for another) reads
- * the group's 32 new y values back from L2 and writes the int8 form of y * w, which
- * differs from h's only by the row's factor 1/rms, and the group's sum of squares of y.
- * The last group to finish sums those 32-value sums in group order and multiplies
- * every block's d and d * sum by 1/rms (rmsnorm's formula in double), so the int8 form
- * is h's up to where the float products round. count: n_groups + 1 counters, each set
- * back to 0 by the block that completes it, so they are 0 between launches. */
-struct gv_norm_epi {
-    const float *w; /* the norm's weights (ne1) */
-    float eps;
-    int8_t *xq;     /* h's int8 form: blocks, (d, d * sum) pairs, lay's permuted copies */
-    float2 *ds;
-    gv_xlayout lay;
-    float *ss;      /* ne1 / 32 sums of squares, one a group */
-    unsigned int *count;
-};
-
-__device__ __forceinline__ void gv_norm_tail(const float *y, int ne1, int rows_per_block,
-                                             const gv_norm_epi &ep) {
-    __shared__ unsigned int gv_last;
-    const int grp = (int)blockIdx.x * rows_per_block / 32, n_grp = ne1 / 32;
-    __threadfence(); /* this block's y stores, before it counts in */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned int prev = atomicAdd(ep.count + grp, 1u);
-        gv_last = prev == (unsigned)(32 / rows_per_block) - 1;
-        if (gv_last) ep.count[grp] = 0;
-    }
-    __syncthreads();
-    if (!gv_last || threadIdx.x >= 32) return;
-    __threadfence();
-    const int lane = threadIdx.x, j = grp * 32 + lane;
-    const float v = __ldcg(y + j);
-    const int q = kern_q8_block(v * ep.w[j], j, ep.xq, ep.ds);
-    gv_perm_store(q, j, ne1, ep.lay, ep.xq);
-    const float ss = gv_warp_sum(v * v);
-    if (lane == 0) ep.ss[grp] = ss;
-    __threadfence();
-    unsigned int last = 0;
-    if (lane == 0) {
-        last = atomicAdd(ep.count + n_grp, 1u) == (unsigned)n_grp - 1;
-        if (last) ep.count[n_grp] = 0;
-    }
-    if (!__shfl_sync(0xffffffffu, last, 0)) return;
-    __threadfence();
-    float t = 0.0f;
-    for (int g = lane; g < n_grp; g += 32) /* fixed order: deterministic */
-        t += __ldcg(ep.ss + g);
-    t = gv_warp_sum(t);
-    const float inv = (float)(1.0 / sqrt((double)t / (double)ne1 + (double)ep.eps));
-    for (int g = lane; g < n_grp; g += 32) {
-        const float2 d = __ldcg(ep.ds + g);
-        ep.ds[g] = make_float2(d.x * inv, d.y * inv);
-    }
-}
-
-/* The one-row kernels of gv_quant_kernel_for with the norm's tail (one weight: sg.n 1,
- * accumulate); held to MINB blocks an SM where those are. */
-template <int TYPE, bool PERM>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_quant_norm_kernel(const gv_segs sg, size_t row_bytes, int ne0,
-                         const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
-                         const gv_norm_epi ep) {
-    gv_quant_body<TYPE, 1, PERM, 1>(sg, row_bytes, ne0, x, xs, ds, 1, true);
-    gv_norm_tail(sg.y[0], sg.ne1[0], GV_WARPS / sg.wpr[0], ep);
-}
-template <int TYPE, bool PERM, int MINB>
-__global__ void __launch_bounds__(GV_WARPS * 32, MINB)
-    gv_quant_norm_kernel_held(const gv_segs sg, size_t row_bytes, int ne0,
-                              const int8_t *__restrict__ x, int xs,
-                              const float2 *__restrict__ ds, const gv_norm_epi ep) {
-    gv_quant_body<TYPE, 1, PERM, 1>(sg, row_bytes, ne0, x, xs, ds, 1, true);
-    gv_norm_tail(sg.y[0], sg.ne1[0], GV_WARPS / sg.wpr[0], ep);
-}
-/* The norm form of gv_quant_kernel_for<TYPE, 1, PERM, 1>(kbound, x8bound): the same
- * bounds. */
-template <int TYPE, bool PERM> auto gv_quant_norm_kernel_for(int kbound, int x8bound) {
-    if constexpr (TYPE == KERN_TYPE_Q8_0X8) {
-        if (x8bound == 5) return gv_quant_norm_kernel_held<TYPE, PERM, 5>;
-        if (x8bound == 6) return gv_quant_norm_kernel_held<TYPE, PERM, 6>;
-        if (x8bound == 8) return gv_quant_norm_kernel_held<TYPE, PERM, 8>;
-        return gv_quant_norm_kernel_held<TYPE, PERM, GV_X8_MIN_BLOCKS>;
-    }
-    if constexpr (TYPE == KERN_TYPE_Q6_KX8) {
-        if (kbound != 0) return gv_quant_norm_kernel_held<TYPE, PERM, 4>;
-        if (x8bound == 4) return gv_quant_norm_kernel_held<TYPE, PERM, 4>;
-        if (x8bound == 5) return gv_quant_norm_kernel_held<TYPE, PERM, 5>;
-        if (x8bound == 6) return gv_quant_norm_kernel_held<TYPE, PERM, 6>;
-        return gv_quant_norm_kernel_held<TYPE, PERM, 8>;
-    }
-    if constexpr (TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) {
-        if (kbound == 6) return gv_quant_norm_kernel_held<TYPE, PERM, 6>;
-        if (kbound == 8) return gv_quant_norm_kernel_held<TYPE, PERM, 8>;
-        if (kbound == 10) return gv_quant_norm_kernel_held<TYPE, PERM, 10>;
-    }
-    return gv_quant_norm_kernel<TYPE, PERM>;
-}
-
 /* BF16/F16 weights, kind a: one warp's share of RW weight rows (wb[]), items of 8 values
  * (16 bytes) first, first + step, ... in batches of GV_UNROLL whose loads go out before
  * the first dot; each item's x is read once for the RW rows. Items past the row end are
@@ -1648,12 +1546,11 @@ template <int T, int NR> static int gv_kind_of(const struct kern_gemv_x *gx, con
 }
 
 /* One launch for the n weights ws (type T, one row length; n > 1 only for kinds a and p:
- * kern_gemv_v3_run_n checks) into ys. ep: the norm's tail (one row and weight, kinds a
- * and p, one weight row a warp, accumulate: kern_gemv_v3_run_norm checks). */
+ * kern_gemv_v3_run_n checks) into ys. */
 template <int T, int NR>
 static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                      const struct kern_gemv_x *gx, float *const *ys, bool accumulate,
-                     cudaStream_t stream, const gv_cfg &c, const gv_norm_epi *ep = nullptr) {
+                     cudaStream_t stream, const gv_cfg &c) {
     const struct tpi_weight *w = ws[0];
     const uint8_t *data = (const uint8_t *)w->data;
     const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
@@ -1724,14 +1621,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                : gv_is_q6<T>        ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
-            if constexpr (NR == 1) {
-                if (ep) {
-                    kern_launch(pdl, gv_quant_norm_kernel_for<T, true>(kb, c.x8bound), dim3(blocks),
-                                dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
-                                gx->xp + (off - lay.b32_off), xs, gx->ds, *ep);
-                    return;
-                }
-            }
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
                             gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
@@ -1739,14 +1628,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
-            if constexpr (NR == 1) {
-                if (ep) {
-                    kern_launch(pdl, gv_quant_norm_kernel_for<T, false>(kb, c.x8bound),
-                                dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes,
-                                ne0, gx->xq, ne0, gx->ds, *ep);
-                    return;
-                }
-            }
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
                             gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound),
@@ -1812,28 +1693,6 @@ bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const str
     gv_run(ctx, 1, &w, gx, &y, accumulate, stream, gv_config());
     LAUNCH_OK(ctx, "cuda matmul (v3)");
     return true;
-}
-
-bool kern_gemv_v3_run_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
-                           const struct kern_gemv_x *gx, float *y, const float *norm, float eps,
-                           int8_t *hq, float2 *hds, float *ss, unsigned int *count,
-                           cudaStream_t stream) {
-    if (gx->n_rows != 1 || w->ne1 % 32 != 0 || w->ne1 > INT32_MAX || !gv_x_suits(w, gx))
-        return false;
-    const gv_cfg c = gv_config();
-    if (c.rpw > 1) return false;
-    bool ok = false;
-    gv_dispatch(kern_wtype(w), [&](auto type_c) {
-        constexpr int T = decltype(type_c)::value;
-        if constexpr (T != TPI_TYPE_BF16 && T != TPI_TYPE_F16) {
-            if (gv_kind_of<T, 1>(gx, c) == 'b') return;
-            const gv_norm_epi ep = {norm, eps, hq, hds, gv_xlayout_of(1, w->ne1), ss, count};
-            gv_run_t<T, 1>(ctx, 1, &w, gx, &y, true, stream, c, &ep);
-            ok = true;
-        }
-    });
-    if (ok) LAUNCH_OK(ctx, "cuda matmul_add_norm (v3)");
-    return ok;
 }
 
 bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,

@@ -637,14 +637,11 @@ static bool matmul_ok(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n
 static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, int n_w,
                        const float *x, int n_rows, struct kern_gemv_x *gx);
 static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals);
-static void h_before_read(struct ops_ctx *ctx, const float *x, const struct tpi_weight *const *ws,
-                          int n_w, int64_t n_rows);
 
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows) {
     if (n_rows <= 0 || w->ne1 <= 0) return;
     if (!matmul_ok(ctx, w, n_rows, "cuda matmul")) return;
-    h_before_read(ctx, x, &w, 1, n_rows);
     if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3) {
         struct kern_gemv_x gx;
         if (gemv_x_for(ctx, &w, 1, x, (int)n_rows, &gx) &&
@@ -690,7 +687,6 @@ static bool is_elem16(int type) {
 
 void kern_xq_forget(struct ops_ctx *ctx) {
     ctx->xq_memo.valid = false;
-    ctx->h_virtual.h = NULL; /* matmul_add_norm's h is for the next matmul only (ops.h) */
 }
 
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
@@ -698,8 +694,9 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
     return kern_xq_claim_in(ctx, &ctx->q8, by, n_rows, ne0, xq, ds);
 }
 
-bool kern_xq_reserve(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
-                     int64_t ne0, struct kern_xq_form *f) {
+bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
+                      int64_t ne0, int8_t **xq, float2 **ds) {
+    ctx->xq_memo.valid = false;
     const int64_t n_vals = n_rows * ne0;
     if (!(ctx->xq_produce & by) || !ctx->xq_quant_seen || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
         n_vals > XQ_MAX_VALS)
@@ -708,31 +705,13 @@ bool kern_xq_reserve(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64
     const gv_xlayout lay = gv_xlayout_of((int)n_rows, ne0);
     uint8_t *s = (uint8_t *)kern_scratch_get(ctx, sc, lay.n_bytes, "cuda x quantization");
     if (!s) return false;
-    *f = (struct kern_xq_form){NULL, n_vals, (int8_t *)s, (float2 *)(s + lay.ds_off),
-                               (const int8_t *)(s + lay.b32_off), ne0};
-    return true;
-}
-
-bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
-                      int64_t ne0, int8_t **xq, float2 **ds) {
-    ctx->xq_memo.valid = false;
-    struct kern_xq_form f;
-    if (!kern_xq_reserve(ctx, sc, by, n_rows, ne0, &f)) return false;
-    *xq = f.xq;
-    *ds = f.ds;
-    ctx->xq_memo.xq = f.xq;
-    ctx->xq_memo.ds = f.ds;
-    ctx->xq_memo.xp = f.xp;
+    *xq = (int8_t *)s;
+    *ds = (float2 *)(s + lay.ds_off);
+    ctx->xq_memo.xq = *xq;
+    ctx->xq_memo.ds = *ds;
+    ctx->xq_memo.xp = (const int8_t *)(s + lay.b32_off);
     ctx->xq_memo.ne0 = ne0;
     return true;
-}
-
-void kern_xq_adopt(struct ops_ctx *ctx, const struct kern_xq_form *f) {
-    ctx->xq_memo.xq = f->xq;
-    ctx->xq_memo.ds = f->ds;
-    ctx->xq_memo.xp = f->xp;
-    ctx->xq_memo.ne0 = f->ne0;
-    kern_xq_remember(ctx, f->x, f->n_vals);
 }
 
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
@@ -751,36 +730,6 @@ static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals) {
     const float *mx = ctx->xq_memo.x;
     if (ctx->xq_memo.valid && y < mx + ctx->xq_memo.n_vals && mx < y + n_vals)
         ctx->xq_memo.valid = false;
-    const float *hv = ctx->h_virtual.h;
-    if (hv && y < hv + ctx->h_virtual.n_cols && hv < y + n_vals) ctx->h_virtual.h = NULL;
-}
-
-/* The x-quantization scratch (q8 or q8_out) that does not hold xq: where a launch that
- * reads the int8 form at xq writes its output's. */
-static struct kern_scratch *xq_other(struct ops_ctx *ctx, const int8_t *xq) {
-    const uint8_t *p = (const uint8_t *)ctx->q8_out.p;
-    const bool in_out = p && (const uint8_t *)xq >= p && (const uint8_t *)xq < p + ctx->q8_out.n_bytes;
-    return in_out ? &ctx->q8 : &ctx->q8_out;
-}
-
-/* ---- matmul_add_norm's h ----
- * When matmul_add_norm wrote only h's int8 form (h_virtual), the next matmul of h reads
- * that form through the memo. A read of h's floats (BF16/F16 weights, paths without the
- * int8 form) runs the norm first. */
-static void h_materialize(struct ops_ctx *ctx) {
-    const struct ops_ctx::h_virtual_t v = ctx->h_virtual;
-    ctx->h_virtual.h = NULL;
-    kern_rmsnorm(ctx, v.x, v.w, v.h, 1, v.n_cols, v.eps);
-}
-/* Before a matmul of x(n_rows) by ws reads x: h's floats made where that path needs them. */
-static void h_before_read(struct ops_ctx *ctx, const float *x, const struct tpi_weight *const *ws,
-                          int n_w, int64_t n_rows) {
-    if (!ctx->h_virtual.h || ctx->h_virtual.h != x) return;
-    bool quant = n_rows >= 1 && n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && ctx->xq_memo.valid &&
-                 ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_rows * ws[0]->ne0;
-    for (int i = 0; i < n_w; i++)
-        quant = quant && !is_elem16(ws[i]->type);
-    if (!quant) h_materialize(ctx);
 }
 
 /* x for the v3 path of these weights: BF16/F16 weights read the f32 x directly; for
@@ -841,7 +790,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
             return;
         }
     }
-    h_before_read(ctx, x, ws, n_w, n_rows);
     bool done[OPS_MAX_FUSED] = {false};
     struct kern_gemv_x gx;
     if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && gemv_x_for(ctx, ws, n_w, x, (int)n_rows, &gx)) {
@@ -932,7 +880,6 @@ void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const floa
     const char *op = "cuda matmul_add";
     if (n_rows <= 0 || w->ne1 <= 0) return;
     if (!matmul_ok(ctx, w, n_rows, op)) return;
-    h_before_read(ctx, x, &w, 1, n_rows);
     xq_written(ctx, y, n_rows * w->ne1); /* y changes; x's memo (if any) stays */
     if (n_rows > MATVEC_MAX_ROWS) { /* cuBLAS adds: beta = 1 */
         gemm_launch(ctx, w, x, NULL, y, n_rows, 1.0f);
@@ -952,60 +899,6 @@ void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const floa
     kern_add(ctx, y, t, (int64_t)n);
 }
 
-/* matmul_add_norm's device scratch for rows of n_cols: the groups' sums of squares and
- * n_cols / 32 + 1 counters, zeroed when (re)allocated, never while a step is recorded;
- * false (nothing to use) otherwise. */
-static bool norm_scratch(struct ops_ctx *ctx, int64_t n_cols, float **ss, unsigned int **count) {
-    const int64_t n_grp = n_cols / 32;
-    const size_t need = (size_t)(2 * n_grp + 1) * 4;
-    if (ctx->norm_aux.n_bytes < need) {
-        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-        if (cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess ||
-            cap != cudaStreamCaptureStatusNone)
-            return false;
-        void *p = kern_scratch_get(ctx, &ctx->norm_aux, need, "cuda matmul_add_norm");
-        if (!p || !CUDA_OK(ctx, "cuda matmul_add_norm",
-                           cudaMemsetAsync(p, 0, ctx->norm_aux.n_bytes, ctx->stream)))
-            return false;
-    }
-    *ss = (float *)ctx->norm_aux.p;
-    *count = (unsigned int *)ctx->norm_aux.p + n_grp;
-    return true;
-}
-
-/* One decode row of a quantized W the v3 path takes (kinds a and p, ne1 % 32 == 0), with
- * the norm's producer on: one launch (kern_gemv_v3_run_norm) that leaves only h's int8
- * form, in the scratch this launch does not read, and the memo; h itself is written when
- * something reads it as floats (h_before_read). Anything else: matmul_add, then rmsnorm.
- * TPI_NORM_FUSE=0: always the latter. */
-void kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
-                          float *y, int64_t n_rows, const float *norm, float eps, float *h) {
-    const char *op = "cuda matmul_add_norm";
-    if (n_rows <= 0 || w->ne1 <= 0) return;
-    if (ctx->norm_fuse && n_rows == 1 && ctx->gemv == 3 && !is_elem16(w->type) &&
-        w->ne1 % 32 == 0 && (ctx->xq_produce & XQ_BY_NORM) && ctx->xq_quant_seen &&
-        matmul_ok(ctx, w, n_rows, op)) {
-        h_before_read(ctx, x, &w, 1, n_rows);
-        xq_written(ctx, y, w->ne1);
-        struct kern_gemv_x gx;
-        struct kern_xq_form f;
-        float *ss = NULL;
-        unsigned int *count = NULL;
-        if (gemv_x_for(ctx, &w, 1, x, 1, &gx) &&
-            kern_xq_reserve(ctx, xq_other(ctx, gx.xq), XQ_BY_NORM, 1, w->ne1, &f) &&
-            norm_scratch(ctx, w->ne1, &ss, &count) &&
-            kern_gemv_v3_run_norm(ctx, w, &gx, y, norm, eps, f.xq, f.ds, ss, count,
-                                  ctx->stream)) {
-            f.x = h;
-            kern_xq_adopt(ctx, &f);
-            ctx->h_virtual = (struct ops_ctx::h_virtual_t){h, y, norm, w->ne1, eps};
-            return;
-        }
-    }
-    kern_matmul_add(ctx, w, x, y, n_rows);
-    kern_rmsnorm(ctx, y, norm, h, n_rows, w->ne1, eps);
-}
-
 /* One decode row of a gate/up pair the v3 path takes (kern_gemv_v3_glu_ok) runs as one
  * launch (kern_gemv_v3_run_glu), which also writes g's int8 form for the down matmul
  * (into q8_out: the launch reads x's form from q8) when the memo's silu producer is on.
@@ -1020,15 +913,14 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
     const struct tpi_weight *ws[2] = {wg, wu};
     float *ys[2] = {g, u};
     struct kern_gemv_x gx;
-    h_before_read(ctx, x, ws, 2, n_rows);
     if (ctx->glu && ctx->gemv == 3 && n_rows == 1 && apart && wu->ne1 == n_ff &&
         matmul_ok(ctx, wg, n_rows, op) && matmul_ok(ctx, wu, n_rows, op) &&
         gemv_x_for(ctx, ws, 2, x, 1, &gx) && kern_gemv_v3_glu_ok(wg, wu, &gx)) {
         int8_t *oq = NULL;
         float2 *ods = NULL;
-        const bool q8 = !is_elem16(wg->type) && kern_xq_claim_in(ctx, xq_other(ctx, gx.xq),
-                                                                 XQ_BY_SILU, 1, n_ff, &oq, &ods);
-        ctx->xq_memo.valid = false; /* g and u are written; x's form stays where it is */
+        const bool q8 = !is_elem16(wg->type) &&
+                        kern_xq_claim_in(ctx, &ctx->q8_out, XQ_BY_SILU, 1, n_ff, &oq, &ods);
+        ctx->xq_memo.valid = false; /* g and u are written; x's form is in q8 still */
         if (kern_gemv_v3_run_glu(ctx, wg, wu, &gx, g, u, oq, ods, ctx->glu, ctx->stream)) {
             if (q8 && LAUNCH_OK(ctx, op)) kern_xq_remember(ctx, g, n_ff);
             return;

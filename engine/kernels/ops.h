@@ -191,15 +191,6 @@ struct ops {
      * on the same context. */
     void *(*host_alloc)(struct ops_ctx *ctx, size_t n_bytes);
     void (*host_free)(struct ops_ctx *ctx, void *p);
-
-    /* ---- a sub-layer's end with the next one's norm (optional: NULL where absent) ----
-     * y(n_rows, w->ne1) += x * W^T, then h = rmsnorm(y) * norm (eps): matmul_add, then
-     * rmsnorm. h may be read only by the matmuls (matmul, matmul_n, matmul_silu_mul,
-     * matmul_add) queued before any other op: a backend may keep h in the form those
-     * read and write its floats only for a matmul that reads them (the CUDA backend, for
-     * one decode row of quantized weights: one launch instead of two). */
-    void (*matmul_add_norm)(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
-                            float *y, int64_t n_rows, const float *norm, float eps, float *h);
 };
 
 /* The CPU reference backend (always built). */

@@ -96,7 +96,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx, &ctx->q8,
-                                   &ctx->q8_out, &ctx->acc, &ctx->norm_aux};
+                                   &ctx->q8_out, &ctx->acc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -221,8 +221,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->gemv = gemv_from_env();
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
-    const char *nf2 = getenv("TPI_NORM_FUSE");
-    ctx->norm_fuse = !(nf2 && strcmp(nf2, "0") == 0);
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
      * silu*mul and the decode attention by default (TPI_XQ_MEMO=1). Once rmsnorm ran over
      * many blocks (its split kernel), norm and silu pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0
@@ -633,7 +631,6 @@ static const struct ops ops_cuda_table = {
     /* .wait_s = */ cuda_wait_s,
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
-    /* .matmul_add_norm = */ kern_matmul_add_norm,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

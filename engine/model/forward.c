@@ -81,10 +81,6 @@ static int row_parallel_add(struct model *m, const struct tpi_weight *w, const f
     const int64_t n_x = (int64_t)n * n_embd;
     bool normed = false;
     if (!m->tp_comm) {
-        if (norm && m->ops->matmul_add_norm) {
-            m->ops->matmul_add_norm(m->octx, w, in, s->x, n, norm, m->cfg.rms_eps, s->h);
-            return TPI_OK;
-        }
         m->ops->matmul_add(m->octx, w, in, s->x, n);
     } else {
         m->ops->matmul(m->octx, w, in, s->o, n);
