@@ -890,6 +890,10 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     const bool q8 =
         DEC && n_tokens <= 8 && kern_xq_claim(ctx, XQ_BY_ATTN, n_tokens, ne0, &a->xq, &a->ds);
     a->xlay = gv_xlayout_of(n_tokens, ne0);
+    if (DEC && (ctx->diag_skip & DIAG_SKIP_ATTN) && q8) { /* measuring only: out not written */
+        kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
+        return;
+    }
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);

@@ -80,7 +80,16 @@ struct ops_ctx {
     size_t pinned_bytes;
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
     bool host_pinned; /* host_alloc tries pinned memory (default; TPI_PINNED_HOST=0: malloc) */
+    int diag_skip;    /* DIAG_SKIP_*: decode kernels left out (TPI_DIAG_SKIP; wrong outputs) */
 };
+
+/* A measuring knob, TPI_DIAG_SKIP (a list of norm, rope, attn): decode steps (<= 8 rows)
+ * leave those kernels out, so that a bench shows what they cost inside a real step. The
+ * outputs are wrong; the int8 form the next matmul would have read from the norm or the
+ * attention is taken as written (stale scratch), so no quantization launch stands in. */
+#define DIAG_SKIP_NORM 1
+#define DIAG_SKIP_ROPE 2
+#define DIAG_SKIP_ATTN 4
 
 /* Record the first failure of an op ("op: what (file:line)"); later ones are dropped
  * because they are usually consequences of the first. */

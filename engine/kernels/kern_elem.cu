@@ -559,6 +559,10 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     int8_t *xq = NULL;
     float2 *ds = NULL;
     const bool q8 = n_rows <= 8 && kern_xq_claim(ctx, XQ_BY_NORM, n_rows, n_cols, &xq, &ds);
+    if ((ctx->diag_skip & DIAG_SKIP_NORM) && q8) { /* measuring only: y is not written */
+        kern_xq_remember(ctx, y, n_rows * n_cols);
+        return;
+    }
     const gv_xlayout lay = gv_xlayout_of((int)TPI_MIN(n_rows, (int64_t)8), n_cols);
     const bool apart = y + n_rows * n_cols <= x || x + n_rows * n_cols <= y;
     if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
@@ -639,6 +643,7 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
         return;
     }
     if (b->n_tokens <= 0 || n_head + n_kv_head <= 0) return;
+    if ((ctx->diag_skip & DIAG_SKIP_ROPE) && b->n_tokens <= 8) return; /* measuring only */
     int threads = ((TPI_MAX(n_rot / 2, head_dim / 2) + 31) / 32) * 32;
     threads = TPI_MIN(TPI_MAX(threads, 32), 256);
     dim3 grid((unsigned)b->n_tokens, (unsigned)(n_head + n_kv_head));

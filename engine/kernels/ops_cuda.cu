@@ -221,6 +221,15 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->gemv = gemv_from_env();
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
+    const char *ds = getenv("TPI_DIAG_SKIP");
+    if (ds && *ds) {
+        ctx->diag_skip = (strstr(ds, "norm") ? DIAG_SKIP_NORM : 0) |
+                         (strstr(ds, "rope") ? DIAG_SKIP_ROPE : 0) |
+                         (strstr(ds, "attn") ? DIAG_SKIP_ATTN : 0);
+        if (ctx->diag_skip)
+            TPI_LOGW("TPI_DIAG_SKIP=%s: decode steps leave those kernels out; outputs are wrong "
+                     "(for measuring what they cost)", ds);
+    }
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
      * silu*mul and the decode attention by default (TPI_XQ_MEMO=1). Once rmsnorm ran over
      * many blocks (its split kernel), norm and silu pay: tg128 Q4_K_M 330.7 -> 352.1, Q8_0
