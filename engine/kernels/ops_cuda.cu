@@ -167,6 +167,25 @@ static int xq_produce_from(const char *v) {
     }
 }
 
+/* TPI_DIAG_SKIP: a comma-separated list of norm, rope, attn -> DIAG_SKIP_* bits; -1 for
+ * anything else. */
+static int diag_skip_from(const char *v) {
+    int bits = 0;
+    for (const char *p = v;;) {
+        const size_t n = strcspn(p, ",");
+        if (n == 4 && strncmp(p, "norm", 4) == 0)
+            bits |= DIAG_SKIP_NORM;
+        else if (n == 4 && strncmp(p, "rope", 4) == 0)
+            bits |= DIAG_SKIP_ROPE;
+        else if (n == 4 && strncmp(p, "attn", 4) == 0)
+            bits |= DIAG_SKIP_ATTN;
+        else
+            return -1;
+        if (!p[n]) return bits;
+        p += n + 1;
+    }
+}
+
 static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct tpi_error *err) {
     *out = NULL;
     const int device = cfg ? cfg->device : 0;
@@ -223,12 +242,14 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
     if (ds && *ds) {
-        ctx->diag_skip = (strstr(ds, "norm") ? DIAG_SKIP_NORM : 0) |
-                         (strstr(ds, "rope") ? DIAG_SKIP_ROPE : 0) |
-                         (strstr(ds, "attn") ? DIAG_SKIP_ATTN : 0);
-        if (ctx->diag_skip)
+        ctx->diag_skip = diag_skip_from(ds);
+        if (ctx->diag_skip < 0) {
+            TPI_LOGW("TPI_DIAG_SKIP=%s is not a list of norm, rope, attn: ignored", ds);
+            ctx->diag_skip = 0;
+        } else {
             TPI_LOGW("TPI_DIAG_SKIP=%s: decode steps leave those kernels out; outputs are wrong "
                      "(for measuring what they cost)", ds);
+        }
     }
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
      * silu*mul and the decode attention by default (TPI_XQ_MEMO=1). Once rmsnorm ran over
