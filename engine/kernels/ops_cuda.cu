@@ -144,46 +144,39 @@ int ops_cuda_set_glu(struct ops_ctx *ctx, int mode) {
     return old;
 }
 
+/* The bits a comma-separated list of names (names[i] -> bits[i], n of them) sets; -1 when
+ * an item is none of the names. */
+static int bits_from_list(const char *v, const char *const *names, const int *bits, int n) {
+    int r = 0;
+    for (const char *p = v;;) {
+        const size_t len = strcspn(p, ",");
+        int i = 0;
+        while (i < n && !(strlen(names[i]) == len && strncmp(p, names[i], len) == 0))
+            i++;
+        if (i == n) return -1;
+        r |= bits[i];
+        if (!p[len]) return r;
+        p += len + 1;
+    }
+}
+
 /* The memo producers (XQ_BY_*) TPI_XQ_MEMO names: unset, empty or "1" all three, "0"
  * none, else a comma-separated list of "norm", "silu", "attn" ("norm,silu": the default
  * before the attention produced); -1 when it is none of these. */
 static int xq_produce_from(const char *v) {
-    const int all = XQ_BY_NORM | XQ_BY_SILU | XQ_BY_ATTN;
-    if (!v || !*v || strcmp(v, "1") == 0) return all;
+    static const char *const names[] = {"norm", "silu", "attn"};
+    static const int bits[] = {XQ_BY_NORM, XQ_BY_SILU, XQ_BY_ATTN};
+    if (!v || !*v || strcmp(v, "1") == 0) return XQ_BY_NORM | XQ_BY_SILU | XQ_BY_ATTN;
     if (strcmp(v, "0") == 0) return 0;
-    int by = 0;
-    for (const char *p = v;;) {
-        const size_t n = strcspn(p, ",");
-        if (n == 4 && strncmp(p, "norm", 4) == 0)
-            by |= XQ_BY_NORM;
-        else if (n == 4 && strncmp(p, "silu", 4) == 0)
-            by |= XQ_BY_SILU;
-        else if (n == 4 && strncmp(p, "attn", 4) == 0)
-            by |= XQ_BY_ATTN;
-        else
-            return -1;
-        if (!p[n]) return by;
-        p += n + 1;
-    }
+    return bits_from_list(v, names, bits, 3);
 }
 
 /* TPI_DIAG_SKIP: a comma-separated list of norm, rope, attn -> DIAG_SKIP_* bits; -1 for
  * anything else. */
 static int diag_skip_from(const char *v) {
-    int bits = 0;
-    for (const char *p = v;;) {
-        const size_t n = strcspn(p, ",");
-        if (n == 4 && strncmp(p, "norm", 4) == 0)
-            bits |= DIAG_SKIP_NORM;
-        else if (n == 4 && strncmp(p, "rope", 4) == 0)
-            bits |= DIAG_SKIP_ROPE;
-        else if (n == 4 && strncmp(p, "attn", 4) == 0)
-            bits |= DIAG_SKIP_ATTN;
-        else
-            return -1;
-        if (!p[n]) return bits;
-        p += n + 1;
-    }
+    static const char *const names[] = {"norm", "rope", "attn"};
+    static const int bits[] = {DIAG_SKIP_NORM, DIAG_SKIP_ROPE, DIAG_SKIP_ATTN};
+    return bits_from_list(v, names, bits, 3);
 }
 
 static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct tpi_error *err) {
