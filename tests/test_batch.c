@@ -327,6 +327,44 @@ START_TEST(test_inputs) {
         cJSON_Delete(j);
     }
     free(norm);
+
+    // An output that is the prompt file or the model, spelled another way: refused with
+    // one line before anything is opened for writing, both files left as they were. The
+    // model is a copy in the test's folder (root may write over a read-only file).
+    const char *prompts = "{\"id\": \"k\", \"prompt\": \"Keep me\"}\n";
+    write_file(path_in("keep.jsonl"), prompts);
+    size_t n_model = 0;
+    char *model = tu_read_file(g_model, &n_model);
+    ck_assert_ptr_nonnull(model);
+    FILE *mf = fopen(path_in("copy.gguf"), "wb");
+    ck_assert_ptr_nonnull(mf);
+    ck_assert_uint_eq(fwrite(model, 1, n_model, mf), n_model);
+    fclose(mf);
+    const char *model0 = g_model;
+    g_model = path_in("copy.gguf");
+    const char *same[2] = {path_in("./keep.jsonl"), path_in("sub/../copy.gguf")};
+    const char *what[2] = {"is the prompt file", "is the model"};
+    ck_assert_int_eq(mkdir(path_in("sub"), 0755), 0);
+    for (int i = 0; i < 2; i++) {
+        g_stderr_to = path_in("apart.err");
+        const char *aargs[] = {"-f", path_in("keep.jsonl"), "-o", same[i], "-n", "2", NULL};
+        const int st = run(1, aargs);
+        g_stderr_to = NULL;
+        char *e = tu_read_file(path_in("apart.err"), NULL);
+        fprintf(stderr, "-o %s: exit %d: %s", same[i], st, e ? e : "(no stderr)\n");
+        ck_assert_int_ne(st, 0);
+        ck_assert_msg(e && strstr(e, what[i]) && strstr(e, same[i]), "unclear error: %s", e);
+        free(e);
+        char *kept = tu_read_file(path_in("keep.jsonl"), NULL);
+        ck_assert_str_eq(kept, prompts);
+        free(kept);
+        size_t n_now = 0;
+        char *now = tu_read_file(g_model, &n_now);
+        ck_assert(now && n_now == n_model && memcmp(now, model, n_model) == 0);
+        free(now);
+    }
+    g_model = model0;
+    free(model);
 }
 END_TEST
 

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli_common.h"
@@ -166,6 +167,23 @@ struct run_ctx {
     struct tpi_error err;
 };
 
+/* TPI_OK unless the output path names the prompt file or the model, however spelled (the
+ * same device and inode): opening it for the results would truncate what the run reads. A
+ * path that does not exist yet is apart from both. */
+static int output_apart(const char *out, const char *prompts, const char *model,
+                        struct tpi_error *err) {
+    struct stat so, s;
+    if (!out || stat(out, &so) != 0) return TPI_OK;
+    const char *paths[2] = {prompts, model}, *what[2] = {"prompt file", "model"};
+    for (int i = 0; i < 2; i++)
+        if (paths[i] && stat(paths[i], &s) == 0 && s.st_dev == so.st_dev && s.st_ino == so.st_ino)
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "the output %s is the %s %s: the results would overwrite it; give -o "
+                           "another file",
+                           out, what[i], paths[i]);
+    return TPI_OK;
+}
+
 static int cb_next(void *user, struct sched_request *rq) {
     struct run_ctx *c = user;
     while (c->next < c->in.n_reqs) {
@@ -280,7 +298,8 @@ int cmd_run_batch(int argc, char **argv) {
                                  .chat = o.chat,
                                  .n_ctx = m->n_ctx,
                                  .n_vocab = m->cfg.n_vocab};
-        rc = batch_input_load(o.file, tok, &d, &ctx.in, &err);
+        rc = output_apart(o.output, o.file, o.c.model, &err);
+        if (!rc) rc = batch_input_load(o.file, tok, &d, &ctx.in, &err);
         if (!rc && o.resume) rc = batch_resume_scan(o.output, &ctx.in, &n_resumed, &err);
         if (!rc)
             rc = batch_out_open(&ctx.out, o.output, o.resume, o.ordered, o.fsync, &ctx.in, tok,
