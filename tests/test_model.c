@@ -5,6 +5,8 @@
  * Usage (one ctest test per model and mode, so ctest -j spreads them):
  *   test_model logits NAME          top-1 / top-10 / last_logits / greedy vs NAME.ref.json
  *   test_model ppl NAME PPL_REF     perplexity of ppl-text.txt with -c 128 vs llama.cpp
+ *   test_model ppl_cli NAME PPL_REF the same through `tpinfer perplexity`, and its
+ *                                   argument errors
  *   test_model unit                 config, plan and sampling checks (no reference data)
  *
  * Tolerances. llama.cpp's reference quantizes activations to 8 bits (Q8_0/Q8_K)
@@ -20,10 +22,12 @@
  * TIE_TOL of the 10th logit, greedy tokens up to the first step whose reference
  * margin is under 0.1 (README of the data).
  */
+#define _POSIX_C_SOURCE 200809L /* popen */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "gguf.h"
 #include "model/model.h"
@@ -241,6 +245,54 @@ START_TEST(test_perplexity_vs_llamacpp) {
     free(text);
     tok_free(&tok);
     model_free(&m);
+}
+END_TEST
+
+/* Run a shell command; its stdout (or, with "2>&1 >/dev/null" in cmd, its stderr) into
+ * buf; returns the exit status (128 + signal when killed). */
+static int run_capture(const char *cmd, char *buf, size_t cap) {
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(buf, 1, cap - 1, p);
+    buf[n] = '\0';
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* `tpinfer perplexity` end to end: stdout is exactly the one PPL line, within the library
+ * test's bound of llama.cpp's value; a window under 4 tokens and a missing text file stop
+ * with a non-zero exit, one line that names the problem, and nothing on stdout. */
+START_TEST(test_perplexity_cli) {
+    char file[256];
+    snprintf(file, sizeof file, "%s.gguf", g_name);
+    const char *gguf = tu_data_path(file), *textp = tu_data_path("ppl-text.txt");
+    ck_assert(gguf && textp);
+    static char out[1 << 16], cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' -c 128 -t 2 2>/dev/null",
+             tu_binary(), gguf, textp);
+    int st = run_capture(cmd, out, sizeof out);
+    fprintf(stderr, "perplexity: exit %d, stdout: %s", st, out);
+    ck_assert_int_eq(st, 0);
+    double ppl = 0, ppl_err = 0;
+    ck_assert_int_eq(sscanf(out, "PPL = %lf +/- %lf", &ppl, &ppl_err), 2);
+    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "stdout is not one line: %s", out);
+    const double d = fabs(log(ppl) - log(g_ppl_ref));
+    ck_assert_msg(d < 0.01 && ppl_err > 0, "PPL %.4f +/- %.4f against llama.cpp %.2f", ppl,
+                  ppl_err, g_ppl_ref);
+
+    const char *bad[2][2] = {{"-c 2", "at least 4"}, {"-c 128 -f /nonexistent/text.txt", "/nonexistent/text.txt"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' %s 2>&1 >/dev/null",
+                 tu_binary(), gguf, textp, bad[i][0]);
+        st = run_capture(cmd, out, sizeof out);
+        fprintf(stderr, "perplexity %s: exit %d: %s", bad[i][0], st, out);
+        ck_assert_int_ne(st, 0);
+        ck_assert_msg(strstr(out, bad[i][1]), "unclear error for %s: %s", bad[i][0], out);
+        snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' %s 2>/dev/null", tu_binary(),
+                 gguf, textp, bad[i][0]);
+        st = run_capture(cmd, out, sizeof out);
+        ck_assert_msg(st != 0 && out[0] == '\0', "%s: stdout '%s'", bad[i][0], out);
+    }
 }
 END_TEST
 
@@ -662,12 +714,13 @@ int main(int argc, char **argv) {
     TCase *tc = tcase_create("model");
     tcase_set_timeout(tc, 300);
     char file[256];
-    if ((!strcmp(mode, "logits") || !strcmp(mode, "ppl")) && argc > 2) {
+    const bool ppl_mode = !strcmp(mode, "ppl") || !strcmp(mode, "ppl_cli");
+    if ((!strcmp(mode, "logits") || ppl_mode) && argc > 2) {
         snprintf(file, sizeof file, "%s.gguf", argv[2]);
         if (!tu_data_or_skip(file)) return TU_SKIP;
         snprintf(file, sizeof file, "%s.ref.json", argv[2]);
         if (!strcmp(mode, "logits") && !tu_data_or_skip(file)) return TU_SKIP;
-        if (!strcmp(mode, "ppl") && !tu_data_or_skip("ppl-text.txt")) return TU_SKIP;
+        if (ppl_mode && !tu_data_or_skip("ppl-text.txt")) return TU_SKIP;
     }
     if (!strcmp(mode, "logits") && argc > 2) {
         g_name = argv[2];
@@ -676,6 +729,10 @@ int main(int argc, char **argv) {
         g_name = argv[2];
         g_ppl_ref = atof(argv[3]);
         tcase_add_test(tc, test_perplexity_vs_llamacpp);
+    } else if (!strcmp(mode, "ppl_cli") && argc > 3) {
+        g_name = argv[2];
+        g_ppl_ref = atof(argv[3]);
+        tcase_add_test(tc, test_perplexity_cli);
     } else {
         tcase_add_test(tc, test_plan);
         tcase_add_test(tc, test_sampling);

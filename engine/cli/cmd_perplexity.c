@@ -82,6 +82,11 @@ int cmd_perplexity(int argc, char **argv) {
         return 2;
     }
     if (c.n_ctx == 0) c.n_ctx = 512; // llama-perplexity's default window
+    if (c.n_ctx < 4) { // before any rank loads the model: the window scores its second half
+        fprintf(stderr, "tpinfer perplexity: -c is the window and must be at least 4 tokens, got %d\n",
+                c.n_ctx);
+        return 2;
+    }
     const int n_window = c.n_ctx;
 
     struct cli_run r;

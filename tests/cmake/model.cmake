@@ -37,6 +37,9 @@ foreach(pair "qwen3-tiny-bf16=3151032.72" "qwen3-tiny-q8_0=3158560.69"
   list(GET kv 1 ppl)
   tpi_model_test(test_model_ppl_${m} test_model TIMEOUT 300 ARGS ppl ${m} ${ppl})
 endforeach()
+# The same through `tpinfer perplexity` (stdout, exit codes, argument errors).
+tpi_model_test(test_perplexity_cli test_model TIMEOUT 300 ARGS ppl_cli qwen3-tiny-q4_k_m 3206870.95)
+add_dependencies(test_model tpinfer)
 
 # Multi-rank runs against the single-rank model (CPU backend, MPI communicator).
 # TPxPP lists: every configuration whose tp*pp equals NP runs on the models given
