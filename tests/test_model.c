@@ -22,12 +22,10 @@
  * TIE_TOL of the 10th logit, greedy tokens up to the first step whose reference
  * margin is under 0.1 (README of the data).
  */
-#define _POSIX_C_SOURCE 200809L /* popen */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include "gguf.h"
 #include "model/model.h"
@@ -248,17 +246,6 @@ START_TEST(test_perplexity_vs_llamacpp) {
 }
 END_TEST
 
-/* Run a shell command; its stdout (or, with "2>&1 >/dev/null" in cmd, its stderr) into
- * buf; returns the exit status (128 + signal when killed). */
-static int run_capture(const char *cmd, char *buf, size_t cap) {
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t n = fread(buf, 1, cap - 1, p);
-    buf[n] = '\0';
-    const int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
-
 /* `tpinfer perplexity` end to end: stdout is exactly the one PPL line, within the library
  * test's bound of llama.cpp's value; a window under 4 tokens and a missing text file stop
  * with a non-zero exit, one line that names the problem, and nothing on stdout. */
@@ -267,10 +254,11 @@ START_TEST(test_perplexity_cli) {
     snprintf(file, sizeof file, "%s.gguf", g_name);
     const char *gguf = tu_data_path(file), *textp = tu_data_path("ppl-text.txt");
     ck_assert(gguf && textp);
-    static char out[1 << 16], cmd[4096];
+    char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' -c 128 -t 2 2>/dev/null",
              tu_binary(), gguf, textp);
-    int st = run_capture(cmd, out, sizeof out);
+    int st = 0;
+    char *out = tu_run_capture(cmd, &st);
     fprintf(stderr, "perplexity: exit %d, stdout: %s", st, out);
     ck_assert_int_eq(st, 0);
     double ppl = 0, ppl_err = 0;
@@ -279,19 +267,22 @@ START_TEST(test_perplexity_cli) {
     const double d = fabs(log(ppl) - log(g_ppl_ref));
     ck_assert_msg(d < 0.01 && ppl_err > 0, "PPL %.4f +/- %.4f against llama.cpp %.2f", ppl,
                   ppl_err, g_ppl_ref);
+    free(out);
 
     const char *bad[2][2] = {{"-c 2", "at least 4"}, {"-c 128 -f /nonexistent/text.txt", "/nonexistent/text.txt"}};
     for (int i = 0; i < 2; i++) {
         snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' %s 2>&1 >/dev/null",
                  tu_binary(), gguf, textp, bad[i][0]);
-        st = run_capture(cmd, out, sizeof out);
+        out = tu_run_capture(cmd, &st);
         fprintf(stderr, "perplexity %s: exit %d: %s", bad[i][0], st, out);
         ck_assert_int_ne(st, 0);
         ck_assert_msg(strstr(out, bad[i][1]), "unclear error for %s: %s", bad[i][0], out);
+        free(out);
         snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' %s 2>/dev/null", tu_binary(),
                  gguf, textp, bad[i][0]);
-        st = run_capture(cmd, out, sizeof out);
+        out = tu_run_capture(cmd, &st);
         ck_assert_msg(st != 0 && out[0] == '\0', "%s: stdout '%s'", bad[i][0], out);
+        free(out);
     }
 }
 END_TEST

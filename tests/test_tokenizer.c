@@ -527,24 +527,6 @@ END_TEST
 
 /* ---- CLI -------------------------------------------------------------------------- */
 
-/* Run `cmd` through the shell, capture stdout into a malloc'd string; *status
- * gets the exit code. */
-static char *run_capture(const char *cmd, int *status) {
-    FILE *p = popen(cmd, "r");
-    ck_assert_ptr_nonnull(p);
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t k;
-    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += k;
-        if (cap - n < 2) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int st = pclose(p);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    return buf;
-}
-
 START_TEST(test_cli_tokenize) {
     const char *vocab = tu_data_path("qwen3-vocab.gguf");
     char dir[] = "/tmp/tpi_tok_XXXXXX";
@@ -561,7 +543,7 @@ START_TEST(test_cli_tokenize) {
 
     int status = 0;
     snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' --jsonl '%s'", tu_binary(), vocab, in_path);
-    char *out = run_capture(cmd, &status);
+    char *out = tu_run_capture(cmd, &status);
     const char *want = "{\"ids\":[9707,1879]}\n"
                        "{\"error\":\"line 2: not valid JSON\"}\n"
                        "{\"ids\":[151644,872,198,6023,151645]}\n"
@@ -571,21 +553,21 @@ START_TEST(test_cli_tokenize) {
     free(out);
 
     snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' --text 'Hello world'", tu_binary(), vocab);
-    out = run_capture(cmd, &status);
+    out = tu_run_capture(cmd, &status);
     ck_assert_str_eq(out, "[9707,1879]\n");
     ck_assert_int_eq(status, 0);
     free(out);
 
     snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' --no-special --text '<|im_end|>'", tu_binary(),
              vocab);
-    out = run_capture(cmd, &status);
+    out = tu_run_capture(cmd, &status);
     ck_assert_int_eq(status, 0);
     ck_assert_msg(strstr(out, "151645") == NULL, "got %s", out);
     free(out);
 
     snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s/nope.gguf' --text x 2>/dev/null", tu_binary(),
              dir);
-    out = run_capture(cmd, &status);
+    out = tu_run_capture(cmd, &status);
     ck_assert_int_eq(status, 1);
     ck_assert_str_eq(out, "");
     free(out);

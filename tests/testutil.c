@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 const char *tu_data_path(const char *name) {
@@ -50,6 +51,25 @@ void tu_tmpdir_remove(void) {
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmpdir);
     ck_assert_int_eq(system(cmd), 0);
+}
+
+char *tu_run_capture(const char *cmd, int *status) {
+    FILE *p = popen(cmd, "r");
+    ck_assert_msg(p != NULL, "popen(%s) failed", cmd);
+    size_t cap = 4096, n = 0, k;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (cap - n < 2) {
+            buf = realloc(buf, cap *= 2);
+            ck_assert_ptr_nonnull(buf);
+        }
+    }
+    buf[n] = '\0';
+    const int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+    return buf;
 }
 
 char *tu_read_file(const char *path, size_t *n_out) {

@@ -36,6 +36,10 @@ const char *tu_tmpdir(void);
 const char *tu_tmp_path(const char *name);
 void tu_tmpdir_remove(void);
 
+/* Run `cmd` through the shell; its stdout as a malloc'd NUL-terminated string (caller
+ * frees), its exit code in *status (128 + the signal when one ended it). */
+char *tu_run_capture(const char *cmd, int *status);
+
 /* Read a whole file (NUL-terminated, *n_out bytes); NULL on error. Caller frees. */
 char *tu_read_file(const char *path, size_t *n_out);
 /* Parse a JSON file; NULL on error. Caller frees with cJSON_Delete. */
