@@ -42,11 +42,18 @@
  * (m, l, O). Decode shape: each block then bumps an arrival counter and the last one
  * to arrive merges the splits of its rows (no second launch) and resets the counter;
  * prefill shape (up to 64 rows x n_split partials per block): a merge kernel with a
- * warp per row. Both add in split order (deterministic: no float atomics).
+ * warp per row. Both add in split order (deterministic: no float atomics). A decode
+ * launch of at most MMA_MAX_CLUSTER ranges (the split is capped there) that the device
+ * schedules as thread-block clusters runs the ranges of each block as one cluster
+ * instead: the partials stay in shared memory and, after a cluster barrier, the blocks
+ * merge them together, each taking some 32-value pieces of the rows through distributed
+ * shared memory (mma_cluster_merge): no global round trips, no counter, no last block
+ * merging alone.
  *
  * Knobs, read at context init: TPI_ATTN_MMA (0: off, "prefill" / "decode": that shape
  * only), TPI_ATTN_DEC_BPS (decode split-K target, blocks per multiprocessor; 1),
- * TPI_ATTN_DEC_STAGES (3 or 5).
+ * TPI_ATTN_DEC_STAGES (3 or 5), TPI_ATTN_DEC_SPLIT (decode ranges), TPI_ATTN_DEC_CLUSTER
+ * (the largest decode cluster: 0 off, 2..16).
  *
  * Precision: Q and P are rounded to f16 (K and V are f16 in the cache already), sums
  * in f32; against the f32 CPU reference the normalized MSE is ~1e-7 (tests/test_ops_cuda.c
@@ -56,6 +63,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cooperative_groups.h>
 
 #include "kern_common.cuh"
 #include "kern_xq.cuh"
@@ -67,6 +76,7 @@
 #define MMA_MAX_SPLIT 128  /* key ranges per block (split-K) */
 #define MMA_COUNTERS 4096  /* split-K arrival counters: blocks of one launch, at most */
 #define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
+#define MMA_MAX_CLUSTER 16 /* decode split-K: key ranges merged inside one thread-block cluster */
 #define MMA_LOG2E 1.4426950408889634f
 /* floats per partial record: m, l, 2 spare, O (16-byte aligned) */
 #define MMA_PART(hd) ((hd) + 4)
@@ -93,6 +103,17 @@ static int g_dec_stages = 3;
  * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
  * 354.0, 8 339.1, 12 354.5, 16 351.4, 24 345.4, 32 345.8, 48 328.2 (bench/NOTES.md). */
 static int g_dec_split = 0;
+/* Decode shape: the most key ranges of a (query block, head block) merged inside one
+ * thread-block cluster through distributed shared memory (TPI_ATTN_DEC_CLUSTER at init:
+ * 0 off, 2..MMA_MAX_CLUSTER; default MMA_MAX_CLUSTER). A split launch whose range count
+ * is at most this (and that the device can schedule as clusters) runs each (query block,
+ * head block)'s ranges as one cluster: no partials in global memory, no arrival counter,
+ * no last block that merges alone; the split count is capped at it. */
+static int g_dec_cluster = MMA_MAX_CLUSTER;
+/* Decode clusters: 1 puts each block of a cluster launch alone on its multiprocessor (its
+ * dynamic shared memory raised past half of what one holds), 0 lets two share one
+ * (TPI_ATTN_DEC_SOLO at init). */
+static int g_dec_solo = 0;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -107,6 +128,7 @@ struct mma_args {
     int hp_log2;     /* log2 of the heads packed per block */
     int head_chunks; /* group / hp */
     int n_split;
+    int cluster;  /* decode shape: 1 when the n_split ranges of a block are one cluster */
     float qscale; /* scale * log2(e) */
     /* decode shape: out's int8 form for the next matmul (NULL: none) in kern_xq.cuh's layout
      * for n_tokens rows of n_head * hd: blocks of 32, their (d, d * sum), and xlay, where the
@@ -323,6 +345,65 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
         const int q = kern_q8_block(a.out[i], i, a.xq, a.ds);
         gv_perm_store(q, i, ne0, a.xlay, a.xq);
     }
+}
+
+/* Decode shape, split-K inside a cluster (a.cluster): the n_split blocks of a (query
+ * block, head block) are one thread-block cluster, block rank sp holding split sp's
+ * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
+ * After a cluster barrier, warp w of rank k takes the 32-value blocks qb = k + S * w,
+ * k + S * (w + 4), ... of the rows (S = n_split): lane l reads the (m, l) and O value of
+ * its dim from every split in split order (distributed shared memory), merges them as
+ * mma_merge_rows does, writes out and, given a.xq, the value's int8 form (kern_q8_block,
+ * as mma_quantize_rows). A second barrier keeps every block's shared memory alive until
+ * its peers have read it. Every thread of every block of the cluster must call this. */
+template <int HD>
+__device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *cpart) {
+    namespace cg = cooperative_groups;
+    constexpr int OS = HD + 4, BPR = HD / 32;
+    static_assert(HD % 32 == 0, "a q8 block lies inside one head");
+    cg::cluster_group cl = cg::this_cluster();
+    const int S = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
+    const int n_blk = (nt << hp_log2) * BPR;
+    const int64_t ne0 = (int64_t)a.n_head * HD;
+    cl.sync(); /* every split's partial is in its block's shared memory */
+    for (int qb = rank + S * warp; qb < n_blk; qb += S * (MMA_THREADS / 32)) {
+        const int r = qb / BPR, d = 32 * (qb - r * BPR) + lane;
+        float mv[MMA_MAX_CLUSTER], lv[MMA_MAX_CLUSTER], xv[MMA_MAX_CLUSTER];
+#pragma unroll
+        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+            if (sp < S) {
+                const float *p = cl.map_shared_rank(cpart, (unsigned)sp) + r * OS;
+                mv[sp] = p[0];
+                lv[sp] = p[1];
+                xv[sp] = p[4 + d];
+            }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+            if (sp < S) mx = fmaxf(mx, mv[sp]);
+        float lsum = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+            if (sp < S) {
+                mv[sp] = mv[sp] == -INFINITY ? 0.0f : exp2f(mv[sp] - mx);
+                lsum = fmaf(mv[sp], lv[sp], lsum);
+            }
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        float o = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+            if (sp < S) o = fmaf(xv[sp], mv[sp] * inv, o);
+        const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
+        const int64_t i = th * HD + d; /* index in the (n_tokens x ne0) output */
+        a.out[i] = o;
+        if (a.xq) {
+            const int q = kern_q8_block(o, i, a.xq, a.ds);
+            gv_perm_store(q, i, ne0, a.xlay, a.xq);
+        }
+    }
+    cl.sync(); /* no block leaves while a peer may still read its partials */
 }
 
 /* grid (ceil(n_rows / 4)), MMA_THREADS threads: the prefill shape's split-K merge, one
@@ -708,6 +789,8 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         /* merge the 4 warps' states of the same 16 rows, warps in order */
         constexpr int OS = HD + 4;      /* f32 per merge row */
         float *mo = (float *)mma_smem4; /* [warp][16][OS] */
+        /* a cluster's split partial: [16][OS] after the warps' states */
+        float *cpart = a.cluster ? mo + 4 * 16 * OS : NULL;
         __syncthreads();                /* every warp is done with the K/V stages */
         if (c == 0) {
             mrg_m[warp][g] = m[0], mrg_m[warp][g + 8] = m[1];
@@ -736,8 +819,9 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
                 lt += wt[w] * mrg_l[w][r];
             }
             const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-            float *pp =
-                a.n_split > 1 ? a.part + (thr * a.n_split + blockIdx.z) * MMA_PART(HD) : NULL;
+            float *pp = cpart ? cpart + r * OS
+                        : a.n_split > 1 ? a.part + (thr * a.n_split + blockIdx.z) * MMA_PART(HD)
+                                        : NULL;
             if (pp && sub == 0) pp[0] = mw, pp[1] = lt;
             for (int d = 2 * sub; d < HD; d += 16) {
                 float2 acc = make_float2(0.0f, 0.0f);
@@ -755,6 +839,10 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         }
     }
     if (!DEC) return; /* the prefill shape's split-K merges in attn_mma_combine_kernel */
+    if (a.cluster) {
+        mma_cluster_merge<HD>(a, t0, nt, h0, (const float *)mma_smem4 + 4 * 16 * (HD + 4));
+        return;
+    }
 
     if (a.n_split > 1) {
         /* split-K, decode shape: the last block of this (query block, head block) to
@@ -809,12 +897,60 @@ template <int HD, int NST> static size_t mma_smem_bytes() {
     return (size_t)NST * 2 * MMA_TILE * (HD + 8) * sizeof(__half);
 }
 
+/* The dynamic shared memory of a decode cluster launch (g_dec_solo: past half of a
+ * multiprocessor's, so that two blocks never share one). */
+template <int HD, int NST> static size_t mma_cluster_smem(const struct ops_ctx *ctx) {
+    const size_t n = mma_smem_bytes<HD, NST>(), half = ctx->smem_optin / 2 + 2048;
+    return g_dec_solo && n < half && half <= ctx->smem_optin ? half : n;
+}
+
 template <int HD, bool DEC, int NST> static bool mma_set_smem(struct ops_ctx *ctx) {
-    const size_t n = mma_smem_bytes<HD, NST>();
+    const size_t n = DEC ? mma_cluster_smem<HD, NST>(ctx) : mma_smem_bytes<HD, NST>();
     if (n > ctx->smem_optin) return true; /* not used on this device (launch checks too) */
     return CUDA_OK(ctx, "cuda init (attention)",
                    cudaFuncSetAttribute(attn_mma_kernel<HD, DEC, NST>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)n));
+}
+
+/* ctx->attn_cluster[slot]: the largest cluster of decode blocks (HD, NST) this device
+ * schedules, at most g_dec_cluster (0: no clusters: the knob, a device without cluster
+ * launch, or not even 2 blocks). Sizes above 8 need the non-portable attribute; the
+ * occupancy query says whether one such cluster fits (a GPC's multiprocessors). Returns
+ * false only on a CUDA error of the attribute call. */
+template <int HD, int NST> static bool mma_cluster_init(struct ops_ctx *ctx, int slot) {
+    ctx->attn_cluster[slot] = 0;
+    const size_t smem = mma_cluster_smem<HD, NST>(ctx);
+    int ok = 0;
+    if (g_dec_cluster < 2 || smem > ctx->smem_optin ||
+        cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, ctx->device) != cudaSuccess || !ok) {
+        (void)cudaGetLastError();
+        return true;
+    }
+    auto kern = attn_mma_kernel<HD, true, NST>;
+    if (g_dec_cluster > 8 &&
+        !CUDA_OK(ctx, "cuda init (attention clusters)",
+                 cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))
+        return false;
+    for (int c = g_dec_cluster; c >= 2; c--) {
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3(1, 1, (unsigned)c);
+        lc.blockDim = dim3(MMA_THREADS);
+        lc.dynamicSmemBytes = smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1;
+        at[0].val.clusterDim.y = 1;
+        at[0].val.clusterDim.z = (unsigned)c;
+        lc.attrs = at;
+        lc.numAttrs = 1;
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, kern, &lc) == cudaSuccess && n >= 1) {
+            ctx->attn_cluster[slot] = c;
+            break;
+        }
+        (void)cudaGetLastError();
+    }
+    return true;
 }
 
 bool kern_attention_mma_init(struct ops_ctx *ctx) {
@@ -834,9 +970,18 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
+    const char *solo = getenv("TPI_ATTN_DEC_SOLO");
+    if (solo && *solo) g_dec_solo = atoi(solo) != 0;
+    const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
+    if (cls && *cls) {
+        const int n = atoi(cls);
+        g_dec_cluster = n < 2 ? 0 : TPI_MIN(n, MMA_MAX_CLUSTER);
+    }
     return mma_set_smem<64, false, 2>(ctx) && mma_set_smem<64, true, 3>(ctx) &&
            mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
-           mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx);
+           mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx) &&
+           mma_cluster_init<64, 3>(ctx, 0) && mma_cluster_init<64, 5>(ctx, 1) &&
+           mma_cluster_init<128, 3>(ctx, 2) && mma_cluster_init<128, 5>(ctx, 3);
 }
 
 template <int HD, bool DEC, int NST>
@@ -862,8 +1007,11 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
      * prefill: only when it is short of one block per multiprocessor, ranges of >= 8
      * tiles (a 64-row partial is 1/8 of the K/V bytes its range reads) */
     const long min_keys = DEC ? MMA_TILE : 8 * MMA_TILE;
+    /* decode: the cluster size this kernel may take (0: ranges merged through global memory) */
+    const int cmax = DEC ? ctx->attn_cluster[(HD == 128 ? 2 : 0) + (NST == 5 ? 1 : 0)] : 0;
     if (base <= MMA_COUNTERS && (DEC ? base < want : base < ctx->n_sm)) {
-        const long by_grid = DEC && g_dec_split > 0 ? g_dec_split : (want + base - 1) / base;
+        long by_grid = DEC && g_dec_split > 0 ? g_dec_split : (want + base - 1) / base;
+        if (cmax >= 2) by_grid = TPI_MIN(by_grid, (long)cmax);
         const long by_keys = TPI_MAX(1L, max_pos / min_keys);
         long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
         if (n > 1) { /* drop ranges the tile rounding would leave empty */
@@ -874,8 +1022,9 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         n_split = (int)TPI_MAX(1L, n);
     }
     a->n_split = n_split;
+    a->cluster = DEC && n_split > 1 && n_split <= cmax;
     a->part = NULL;
-    if (n_split > 1) {
+    if (n_split > 1 && !a->cluster) {
         a->part = (float *)kern_scratch_get(
             ctx, &ctx->attn, (size_t)n_tokens * a->n_head * n_split * MMA_PART(HD) * sizeof(float),
             op);
@@ -898,8 +1047,26 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
         const dim3 grid((unsigned)nb, (unsigned)(a->n_kv * a->head_chunks), (unsigned)n_split);
-        kern_launch(DEC && ctx->pdl, attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS), smem,
-                    ctx->stream, *a);
+        if (a->cluster) { /* a cluster per (query block, head block): its n_split ranges */
+            cudaLaunchConfig_t lc = {};
+            lc.gridDim = grid;
+            lc.blockDim = dim3(MMA_THREADS);
+            lc.dynamicSmemBytes = mma_cluster_smem<HD, NST>(ctx);
+            lc.stream = ctx->stream;
+            cudaLaunchAttribute at[2];
+            at[0].id = cudaLaunchAttributeClusterDimension;
+            at[0].val.clusterDim.x = 1;
+            at[0].val.clusterDim.y = 1;
+            at[0].val.clusterDim.z = (unsigned)n_split;
+            at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[1].val.programmaticStreamSerializationAllowed = 1;
+            lc.attrs = at;
+            lc.numAttrs = ctx->pdl ? 2 : 1;
+            cudaLaunchKernelEx(&lc, attn_mma_kernel<HD, DEC, NST>, *a);
+        } else {
+            kern_launch(DEC && ctx->pdl, attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS),
+                        smem, ctx->stream, *a);
+        }
         if (!LAUNCH_OK(ctx, op)) return;
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
@@ -952,6 +1119,7 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.hp_log2 = hp_log2;
     a.head_chunks = a.group >> hp_log2;
     a.n_split = 1;
+    a.cluster = 0;
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
