@@ -358,6 +358,7 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
  * its peers have read it. Every thread of every block of the cluster must call this. */
 template <int HD>
 __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *cpart) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
     constexpr int OS = HD + 4, BPR = HD / 32;
     static_assert(HD % 32 == 0, "a q8 block lies inside one head");
@@ -404,6 +405,11 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
         }
     }
     cl.sync(); /* no block leaves while a peer may still read its partials */
+#else
+    /* no clusters before sm_90: mma_cluster_init never sets a.cluster on such a device */
+    (void)a, (void)t0, (void)nt, (void)h0, (void)cpart;
+    __trap();
+#endif
 }
 
 /* grid (ceil(n_rows / 4)), MMA_THREADS threads: the prefill shape's split-K merge, one
