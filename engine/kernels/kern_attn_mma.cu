@@ -114,10 +114,6 @@ static int g_dec_cluster = MMA_MAX_CLUSTER;
  * dynamic shared memory raised past half of what one holds), 0 lets two share one
  * (TPI_ATTN_DEC_SOLO at init). */
 static int g_dec_solo = 0;
-/* Decode shape: 1 writes the batch's k/v rows into the shared tiles from registers (the
- * tiles' copies issued before the store, no fence), 0 stores, fences and reads them back
- * (TPI_ATTN_DEC_PATCH at init). */
-static int g_dec_patch = 1;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -133,9 +129,6 @@ struct mma_args {
     int head_chunks; /* group / hp */
     int n_split;
     int cluster;  /* decode shape: 1 when the n_split ranges of a block are one cluster */
-    int patch;    /* decode shape with k/v: the batch's rows go into the shared tiles from
-                   * registers (no fence, no read back of the store); 0: stored, fenced and
-                   * read back with the rest */
     float qscale; /* scale * log2(e) */
     /* decode shape: out's int8 form for the next matmul (NULL: none) in kern_xq.cuh's layout
      * for n_tokens rows of n_head * hd: blocks of 32, their (d, d * sum), and xlay, where the
@@ -573,8 +566,6 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     for (int o = 16; o > 0; o >>= 1)
         pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
     if (lane == 0) red_s[warp] = pv;
-    __shared__ int new_lo, new_hi; /* patch: the batch positions of this block's range */
-    if (threadIdx.x == 0) new_lo = INT_MAX, new_hi = -1;
 
     /* the rows' positions (-1: sees nothing, written as zeros) and the warp's range */
     int prow[2];
@@ -607,17 +598,13 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + MMA_TILE - 1) / MMA_TILE : 0;
 
     const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
-    /* The store, fused: this block writes the k/v (its KV head) of every batch token of
-     * its slot whose position lies in its key range. Every valid token is covered by its
-     * own block's range; a position written by several blocks (other head chunks or query
-     * blocks of the slot) gets the same bytes from each, and no block reads a batch
-     * position it has not written itself, so any slot pattern is safe, also when a graph
-     * replays other slots. Without patch the block then reads them back with the rest
-     * (fence, barrier, then the tiles); with patch the tiles are issued first, the stores
-     * follow unfenced (for later steps), and the batch's rows are written into a tile's
-     * shared rows from registers once its copies have landed (patch_tile below). */
-    const bool patch = DEC && a.k && a.patch;
-    auto store_kv = [&](bool fence) {
+    if (DEC && a.k) {
+        /* The store, fused: this block writes the k/v (its KV head) of every batch token of
+         * its slot whose position lies in its key range, then reads them back with the
+         * rest. Every valid token is covered by its own block's range; a position written
+         * by several blocks (other head chunks or query blocks of the slot) gets the same
+         * bytes from each, and no block reads a batch position it has not written itself,
+         * so any slot pattern is safe, also when a graph replays other slots. */
         bool wrote = false;
 #pragma unroll
         for (int u = 0; u < ST_ITEMS; u++) {
@@ -631,19 +618,12 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
                 const __half2 v23 = __floats2half2_rn(st_v[u].z, st_v[u].w);
                 *(uint2 *)(a.kc + at) = make_uint2(mma_pack(k01), mma_pack(k23));
                 *(uint2 *)(a.vc + at) = make_uint2(mma_pack(v01), mma_pack(v23));
-                if (!fence && d4 == 0) {
-                    atomicMin(&new_lo, p);
-                    atomicMax(&new_hi, p);
-                }
                 wrote = true;
             }
         }
-        if (fence) {
-            if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
-            __syncthreads();
-        }
-    };
-    if (DEC && a.k && !patch) store_kv(true);
+        if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
+        __syncthreads();
+    }
     const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
     const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
     const uint32_t smem0 = mma_smem_u32(mma_smem4);
@@ -691,37 +671,9 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         else
             mma_commit(); /* empty group: keeps the wait count uniform */
     }
-    if (patch) store_kv(false); /* new_lo / new_hi: ordered by the loop's first barrier */
-    /* patch: the batch's k/v rows of tile `it` (stage st) from registers, over what the
-     * copies brought (the cache there may not hold them yet) */
-    auto patch_tile = [&](int it, int st) {
-        const int kt = k_begin + it * MMA_TILE;
-        __half *ks = (__half *)mma_smem4 + st * STAGE, *vs = ks + MMA_TILE * KS;
-#pragma unroll
-        for (int u = 0; u < ST_ITEMS; u++) {
-            const int p = st_p[u];
-            if (slot_ok && st_s[u] == s && p >= kt && p < min(k_end, kt + MMA_TILE)) {
-                const int d4 = (threadIdx.x + u * MMA_THREADS) % (HD / 4);
-                const int at = (p - kt) * KS + 4 * d4;
-                const __half2 k01 = __floats2half2_rn(st_k[u].x, st_k[u].y);
-                const __half2 k23 = __floats2half2_rn(st_k[u].z, st_k[u].w);
-                const __half2 v01 = __floats2half2_rn(st_v[u].x, st_v[u].y);
-                const __half2 v23 = __floats2half2_rn(st_v[u].z, st_v[u].w);
-                *(uint2 *)(ks + at) = make_uint2(mma_pack(k01), mma_pack(k23));
-                *(uint2 *)(vs + at) = make_uint2(mma_pack(v01), mma_pack(v23));
-            }
-        }
-    };
     for (int it = 0; it < n_tiles; it++) {
         mma_wait<NSTAGE - 2>(); /* this thread's copies of tile `it` have landed */
         __syncthreads();        /* everyone's have; and tile it-1's stage is free */
-        if (patch) { /* block-uniform: new_lo / new_hi are shared */
-            const int kt = k_begin + it * MMA_TILE;
-            if (new_hi >= kt && new_lo < kt + MMA_TILE) {
-                patch_tile(it, it % NSTAGE);
-                __syncthreads();
-            }
-        }
         {
             const int nx = it + NSTAGE - 1;
             if (nx < n_tiles)
@@ -1024,8 +976,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
-    const char *pat = getenv("TPI_ATTN_DEC_PATCH");
-    if (pat && *pat) g_dec_patch = atoi(pat) != 0;
     const char *solo = getenv("TPI_ATTN_DEC_SOLO");
     if (solo && *solo) g_dec_solo = atoi(solo) != 0;
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
@@ -1176,7 +1126,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.head_chunks = a.group >> hp_log2;
     a.n_split = 1;
     a.cluster = 0;
-    a.patch = g_dec_patch;
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;

@@ -13,10 +13,9 @@ if(TARGET tpi_cuda)
     set_tests_properties(test_ops_cuda_${g} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu
                          ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive")
   endforeach()
-  # the decode attention's other forms: split-K merged through global memory (no cluster
-  # merge), the batch's k/v stored, fenced and read back from the cache (no patch)
-  add_test(NAME test_ops_cuda_attn_decode_global COMMAND test_ops_cuda_elem attn_decode)
-  set_tests_properties(test_ops_cuda_attn_decode_global PROPERTIES SKIP_RETURN_CODE 77
+  # the decode attention's split-K merged through global memory (the cluster merge off)
+  add_test(NAME test_ops_cuda_attn_decode_nocluster COMMAND test_ops_cuda_elem attn_decode)
+  set_tests_properties(test_ops_cuda_attn_decode_nocluster PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
-                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0;TPI_ATTN_DEC_PATCH=0")
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0")
 endif()
