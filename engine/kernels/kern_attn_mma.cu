@@ -96,8 +96,11 @@ static int g_mma_mode = 3;
  * from TPI_ATTN_DEC_BPS at context init (a tuning knob). */
 static int g_dec_bps = 1;
 /* Decode shape: K/V tiles in flight + 1 (3 or 5), from TPI_ATTN_DEC_STAGES at init. On
- * the H200 5 gained nothing for one token (16.7 vs 16.4 us at depth 8192) and 8% for 4. */
-static int g_dec_stages = 3;
+ * the H200, with the global split merge, 5 gained nothing for one token (16.7 vs 16.4 us
+ * at depth 8192) and 8 % for 4; with 8-block clusters (one block an SM at 5 stages: 174
+ * KB) tg128 Q4_K_M +1.5 % at depth 8192 and +3 % at 4096 over 16-block clusters at 3
+ * stages (bench/NOTES.md change 47). */
+static int g_dec_stages = 5;
 /* Decode shape: key ranges per KV head group when > 0 (TPI_ATTN_DEC_SPLIT at init, a
  * tuning knob; still at most one range per tile and MMA_MAX_SPLIT); 0: from g_dec_bps.
  * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
@@ -105,11 +108,13 @@ static int g_dec_stages = 3;
 static int g_dec_split = 0;
 /* Decode shape: the most key ranges of a (query block, head block) merged inside one
  * thread-block cluster through distributed shared memory (TPI_ATTN_DEC_CLUSTER at init:
- * 0 off, 2..MMA_MAX_CLUSTER; default MMA_MAX_CLUSTER). A split launch whose range count
- * is at most this (and that the device can schedule as clusters) runs each (query block,
- * head block)'s ranges as one cluster: no partials in global memory, no arrival counter,
- * no last block that merges alone; the split count is capped at it. */
-static int g_dec_cluster = MMA_MAX_CLUSTER;
+ * 0 off, 2..MMA_MAX_CLUSTER; default 8, the portable size). A split launch whose range
+ * count is at most this (and that the device can schedule as clusters) runs each (query
+ * block, head block)'s ranges as one cluster: no partials in global memory, no arrival
+ * counter, no last block that merges alone; the split count is capped at it. On the
+ * H200 clusters of 10-16 blocks place well only at two blocks an SM (3 stages), where
+ * 8 blocks at 5 stages stream faster (bench/NOTES.md changes 45 and 47). */
+static int g_dec_cluster = 8;
 /* Decode clusters: 1 puts each block of a cluster launch alone on its multiprocessor (its
  * dynamic shared memory raised past half of what one holds), 0 lets two share one
  * (TPI_ATTN_DEC_SOLO at init). */

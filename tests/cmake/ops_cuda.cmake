@@ -13,9 +13,10 @@ if(TARGET tpi_cuda)
     set_tests_properties(test_ops_cuda_${g} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu
                          ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive")
   endforeach()
-  # the decode attention's split-K merged through global memory (the cluster merge off)
+  # the decode attention's split-K merged through global memory (the cluster merge off),
+  # at 3 stages (the default is 5)
   add_test(NAME test_ops_cuda_attn_decode_nocluster COMMAND test_ops_cuda_elem attn_decode)
   set_tests_properties(test_ops_cuda_attn_decode_nocluster PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
-                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0")
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0;TPI_ATTN_DEC_STAGES=3")
 endif()
