@@ -9,6 +9,11 @@
 
 #include "cli.h"
 
+#if defined(__has_include)
+#if __has_include("tpi_build_commit.h")
+#include "tpi_build_commit.h" /* generated at every build (cmake/build_commit.cmake) */
+#endif
+#endif
 #ifndef TPI_BUILD_COMMIT
 #define TPI_BUILD_COMMIT "unknown"
 #endif
