@@ -77,8 +77,6 @@
 #define MMA_COUNTERS 4096  /* split-K arrival counters: blocks of one launch, at most */
 #define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
 #define MMA_MAX_CLUSTER 16 /* decode split-K: key ranges merged inside one thread-block cluster */
-/* floats per cluster-merged 32-value piece (two clusters a block): m, l, 2 spare, 32 O */
-#define MMA_PIECE 36
 #define MMA_LOG2E 1.4426950408889634f
 /* floats per partial record: m, l, 2 spare, O (16-byte aligned) */
 #define MMA_PART(hd) ((hd) + 4)
@@ -121,12 +119,6 @@ static int g_dec_cluster = 8;
  * dynamic shared memory raised past half of what one holds), 0 lets two share one
  * (TPI_ATTN_DEC_SOLO at init). */
 static int g_dec_solo = 0;
-/* Decode clusters: the most clusters one (query block, head block)'s ranges may take, 1
- * or 2 (TPI_ATTN_DEC_CLUSTERS at init). With 2, up to twice the cluster size of ranges
- * run as two clusters; each merges its own through distributed shared memory, and the
- * two merged pieces meet through global memory (a counter per 32-value piece: the second
- * to arrive adds both, cluster 0's first). */
-static int g_dec_ncl = 2;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -141,9 +133,7 @@ struct mma_args {
     int hp_log2;     /* log2 of the heads packed per block */
     int head_chunks; /* group / hp */
     int n_split;
-    int cluster;  /* decode shape: 1 when the n_split ranges of a block are n_cl clusters */
-    int n_cl;     /* clusters a (query block, head block) takes: 1, or 2 (then part holds
-                   * each cluster's merged 32-value pieces, MMA_PIECE floats each) */
+    int cluster;  /* decode shape: 1 when the n_split ranges of a block are one cluster */
     float qscale; /* scale * log2(e) */
     /* decode shape: out's int8 form for the next matmul (NULL: none) in kern_xq.cuh's layout
      * for n_tokens rows of n_head * hd: blocks of 32, their (d, d * sum), and xlay, where the
@@ -383,7 +373,6 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
     const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
     const int n_blk = (nt << hp_log2) * BPR;
     const int64_t ne0 = (int64_t)a.n_head * HD;
-    const int c = (int)blockIdx.z / S; /* this cluster of the block's n_cl */
     cl.sync(); /* every split's partial is in its block's shared memory */
     for (int qb = rank + S * warp; qb < n_blk; qb += S * (MMA_THREADS / 32)) {
         const int r = qb / BPR, d = 32 * (qb - r * BPR) + lane;
@@ -407,45 +396,13 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
                 mv[sp] = mv[sp] == -INFINITY ? 0.0f : exp2f(mv[sp] - mx);
                 lsum = fmaf(mv[sp], lv[sp], lsum);
             }
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        float o = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+            if (sp < S) o = fmaf(xv[sp], mv[sp] * inv, o);
         const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
         const int64_t i = th * HD + d; /* index in the (n_tokens x ne0) output */
-        float o = 0.0f;
-        if (a.n_cl == 1) {
-            const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-#pragma unroll
-            for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
-                if (sp < S) o = fmaf(xv[sp], mv[sp] * inv, o);
-        } else {
-            /* this cluster's piece (m, l, unnormalized O) to global memory; the second of
-             * the two clusters to arrive at the piece's counter adds both, 0's first */
-#pragma unroll
-            for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
-                if (sp < S) o = fmaf(xv[sp], mv[sp], o);
-            const int64_t pc = th * BPR + (d >> 5); /* the piece: < MMA_COUNTERS (host) */
-            float *rec = a.part + (size_t)(pc * 2) * MMA_PIECE;
-            float *mine = rec + c * MMA_PIECE;
-            mine[4 + lane] = o;
-            if (lane == 0) mine[0] = mx, mine[1] = lsum;
-            __threadfence();
-            __syncwarp();
-            unsigned prev = 0;
-            if (lane == 0) {
-                prev = atomicAdd(&mma_arrivals[pc], 1u);
-                if (prev == 1) mma_arrivals[pc] = 0; /* both are in: ready for the next launch */
-            }
-            prev = __shfl_sync(0xffffffffu, prev, 0);
-            if (prev != 1) continue; /* warp-uniform: the other cluster finishes the piece */
-            __threadfence();
-            const float m0 = __ldcg(rec), l0 = __ldcg(rec + 1), o0 = __ldcg(rec + 4 + lane);
-            const float *r1 = rec + MMA_PIECE;
-            const float m1 = __ldcg(r1), l1 = __ldcg(r1 + 1), o1 = __ldcg(r1 + 4 + lane);
-            const float mm = fmaxf(m0, m1);
-            const float w0 = m0 == -INFINITY ? 0.0f : exp2f(m0 - mm);
-            const float w1 = m1 == -INFINITY ? 0.0f : exp2f(m1 - mm);
-            const float lt = fmaf(w1, l1, w0 * l0);
-            const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-            o = fmaf(o1, w1, o0 * w0) * inv;
-        }
         a.out[i] = o;
         if (a.xq) {
             const int q = kern_q8_block(o, i, a.xq, a.ds);
@@ -1024,8 +981,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
-    const char *ncl = getenv("TPI_ATTN_DEC_CLUSTERS");
-    if (ncl && *ncl) g_dec_ncl = atoi(ncl) == 1 ? 1 : 2;
     const char *solo = getenv("TPI_ATTN_DEC_SOLO");
     if (solo && *solo) g_dec_solo = atoi(solo) != 0;
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
@@ -1067,7 +1022,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     const int cmax = DEC ? ctx->attn_cluster[(HD == 128 ? 2 : 0) + (NST == 5 ? 1 : 0)] : 0;
     if (base <= MMA_COUNTERS && (DEC ? base < want : base < ctx->n_sm)) {
         long by_grid = DEC && g_dec_split > 0 ? g_dec_split : (want + base - 1) / base;
-        if (cmax >= 2) by_grid = TPI_MIN(by_grid, (long)cmax * g_dec_ncl);
+        if (cmax >= 2) by_grid = TPI_MIN(by_grid, (long)cmax);
         const long by_keys = TPI_MAX(1L, max_pos / min_keys);
         long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
         if (n > 1) { /* drop ranges the tile rounding would leave empty */
@@ -1077,28 +1032,9 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         }
         n_split = (int)TPI_MAX(1L, n);
     }
-    /* decode clusters: one of n_split ranges, or two of n_split / 2 (an odd count gets one
-     * empty range more), with a counter a 32-value piece of the rows (MMA_COUNTERS) */
-    a->cluster = 0;
-    a->n_cl = 1;
-    if (DEC && n_split > 1 && cmax >= 2) {
-        const long pieces = (long)n_tokens * a->n_head * (HD / 32);
-        if (n_split <= cmax) {
-            a->cluster = 1;
-        } else if (n_split <= 2 * cmax && pieces <= MMA_COUNTERS) {
-            n_split += n_split & 1;
-            a->cluster = 1;
-            a->n_cl = 2;
-        }
-    }
     a->n_split = n_split;
+    a->cluster = DEC && n_split > 1 && n_split <= cmax;
     a->part = NULL;
-    if (a->n_cl == 2) {
-        a->part = (float *)kern_scratch_get(
-            ctx, &ctx->attn, (size_t)n_tokens * a->n_head * (HD / 32) * 2 * MMA_PIECE * sizeof(float),
-            op);
-        if (!a->part) return;
-    }
     if (n_split > 1 && !a->cluster) {
         a->part = (float *)kern_scratch_get(
             ctx, &ctx->attn, (size_t)n_tokens * a->n_head * n_split * MMA_PART(HD) * sizeof(float),
@@ -1132,7 +1068,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
             at[0].id = cudaLaunchAttributeClusterDimension;
             at[0].val.clusterDim.x = 1;
             at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = (unsigned)(n_split / a->n_cl);
+            at[0].val.clusterDim.z = (unsigned)n_split;
             at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
             at[1].val.programmaticStreamSerializationAllowed = 1;
             lc.attrs = at;
@@ -1195,7 +1131,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.head_chunks = a.group >> hp_log2;
     a.n_split = 1;
     a.cluster = 0;
-    a.n_cl = 1;
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
