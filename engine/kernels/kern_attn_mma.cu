@@ -115,10 +115,6 @@ static int g_dec_split = 0;
  * H200 clusters of 10-16 blocks place well only at two blocks an SM (3 stages), where
  * 8 blocks at 5 stages stream faster (bench/NOTES.md changes 45 and 47). */
 static int g_dec_cluster = 8;
-/* Decode clusters: 1 puts each block of a cluster launch alone on its multiprocessor (its
- * dynamic shared memory raised past half of what one holds), 0 lets two share one
- * (TPI_ATTN_DEC_SOLO at init). */
-static int g_dec_solo = 0;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -908,15 +904,8 @@ template <int HD, int NST> static size_t mma_smem_bytes() {
     return (size_t)NST * 2 * MMA_TILE * (HD + 8) * sizeof(__half);
 }
 
-/* The dynamic shared memory of a decode cluster launch (g_dec_solo: past half of a
- * multiprocessor's, so that two blocks never share one). */
-template <int HD, int NST> static size_t mma_cluster_smem(const struct ops_ctx *ctx) {
-    const size_t n = mma_smem_bytes<HD, NST>(), half = ctx->smem_optin / 2 + 2048;
-    return g_dec_solo && n < half && half <= ctx->smem_optin ? half : n;
-}
-
 template <int HD, bool DEC, int NST> static bool mma_set_smem(struct ops_ctx *ctx) {
-    const size_t n = DEC ? mma_cluster_smem<HD, NST>(ctx) : mma_smem_bytes<HD, NST>();
+    const size_t n = mma_smem_bytes<HD, NST>();
     if (n > ctx->smem_optin) return true; /* not used on this device (launch checks too) */
     return CUDA_OK(ctx, "cuda init (attention)",
                    cudaFuncSetAttribute(attn_mma_kernel<HD, DEC, NST>,
@@ -930,7 +919,7 @@ template <int HD, bool DEC, int NST> static bool mma_set_smem(struct ops_ctx *ct
  * false only on a CUDA error of the attribute call. */
 template <int HD, int NST> static bool mma_cluster_init(struct ops_ctx *ctx, int slot) {
     ctx->attn_cluster[slot] = 0;
-    const size_t smem = mma_cluster_smem<HD, NST>(ctx);
+    const size_t smem = mma_smem_bytes<HD, NST>();
     int ok = 0;
     if (g_dec_cluster < 2 || smem > ctx->smem_optin ||
         cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, ctx->device) != cudaSuccess || !ok) {
@@ -981,8 +970,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
-    const char *solo = getenv("TPI_ATTN_DEC_SOLO");
-    if (solo && *solo) g_dec_solo = atoi(solo) != 0;
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
     if (cls && *cls) {
         const int n = atoi(cls);
@@ -1058,26 +1045,10 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
         const dim3 grid((unsigned)nb, (unsigned)(a->n_kv * a->head_chunks), (unsigned)n_split);
-        if (a->cluster) { /* a cluster per (query block, head block): its n_split ranges */
-            cudaLaunchConfig_t lc = {};
-            lc.gridDim = grid;
-            lc.blockDim = dim3(MMA_THREADS);
-            lc.dynamicSmemBytes = mma_cluster_smem<HD, NST>(ctx);
-            lc.stream = ctx->stream;
-            cudaLaunchAttribute at[2];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = 1;
-            at[0].val.clusterDim.y = 1;
-            at[0].val.clusterDim.z = (unsigned)n_split;
-            at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[1].val.programmaticStreamSerializationAllowed = 1;
-            lc.attrs = at;
-            lc.numAttrs = ctx->pdl ? 2 : 1;
-            cudaLaunchKernelEx(&lc, attn_mma_kernel<HD, DEC, NST>, *a);
-        } else {
-            kern_launch(DEC && ctx->pdl, attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS),
-                        smem, ctx->stream, *a);
-        }
+        /* clusters: one per (query block, head block), its n_split ranges */
+        kern_launch_cl(DEC && ctx->pdl, a->cluster ? (unsigned)n_split : 1u,
+                       attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS), smem, ctx->stream,
+                       *a);
         if (!LAUNCH_OK(ctx, op)) return;
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);

@@ -185,11 +185,13 @@ __device__ __forceinline__ void kern_rope_pair(float x0, float x1, float *y, int
     kern_rope_apply(x0, x1, y, i, n_rot / 2, kern_rope_cs(pos, kern_rope_inv(i, n_rot, freq_base)));
 }
 
-/* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl. */
+/* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl and,
+ * when cluster_z > 1, as thread-block clusters of (1, 1, cluster_z) blocks. */
 template <typename... KArgs, typename... Args>
-static inline void kern_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
-                               size_t smem, cudaStream_t stream, Args... args) {
-    if (!pdl) {
+static inline void kern_launch_cl(bool pdl, unsigned cluster_z, void (*kernel)(KArgs...),
+                                  dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                  Args... args) {
+    if (!pdl && cluster_z <= 1) {
         kernel<<<grid, block, smem, stream>>>(args...);
         return;
     }
@@ -198,12 +200,28 @@ static inline void kern_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, di
     lc.blockDim = block;
     lc.dynamicSmemBytes = smem;
     lc.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute at[2];
+    unsigned n = 0;
+    if (pdl) {
+        at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z > 1) {
+        at[n].id = cudaLaunchAttributeClusterDimension;
+        at[n].val.clusterDim.x = 1;
+        at[n].val.clusterDim.y = 1;
+        at[n++].val.clusterDim.z = cluster_z;
+    }
     lc.attrs = at;
-    lc.numAttrs = 1;
+    lc.numAttrs = n;
     cudaLaunchKernelEx(&lc, kernel, ((KArgs)args)...);
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl. */
+template <typename... KArgs, typename... Args>
+static inline void kern_launch(bool pdl, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                               size_t smem, cudaStream_t stream, Args... args) {
+    kern_launch_cl(pdl, 1, kernel, grid, block, smem, stream, args...);
 }
 
 /* Spare bytes after every weight's data (weight_upload): kernels may read whole
