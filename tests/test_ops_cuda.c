@@ -779,10 +779,10 @@ START_TEST(test_attn_decode) {
     struct attn_case small_hd = {"decode hd64 gqa7", 14, 2, 64, 1, 3000, {2999}, {1}};
     run_attn(&small_hd, &r);
 
-    /* one token at depths around the tile edges and deep (split-K over many ranges):
-     * Qwen3-8B's 32/8 hd128, and 16/2 hd64 (group 8) */
-    const int deep[] = {0, 1, 63, 64, 65, 4096, 8192};
-    for (int i = 0; i < 7; i++)
+    /* one token at depths around the tile edges (64 and 128 keys) and deep (split-K over
+     * many ranges): Qwen3-8B's 32/8 hd128, and 16/2 hd64 (group 8) */
+    const int deep[] = {0, 1, 63, 64, 65, 127, 128, 129, 4096, 8192};
+    for (int i = 0; i < (int)(sizeof deep / sizeof deep[0]); i++)
         for (int s = 0; s < 2; s++) {
             char name[64];
             snprintf(name, sizeof name, "decode at depth %d", deep[i]);

@@ -15,15 +15,15 @@
  * cuts the batch into such runs: kern_attn_blocks); each row keeps its own position,
  * so positions need not be consecutive or sorted inside a block.
  *
- * Two shapes of one kernel template (attn_mma_kernel<HD, DEC, NSTAGE>):
+ * Two shapes of one kernel template (attn_mma_kernel<HD, DEC, NSTAGE, NW>):
  * - prefill (DEC false, batches of >= MMA_MIN_PREFILL tokens): 64 rows, 4 warps x 16
  *   rows; every warp sees all 64 keys of a tile. K/V tiles double buffered (cp.async).
  *   The k/v store is the store kernel's (kern_attn_store) before it.
  * - decode (DEC true, smaller batches, also inside CUDA graphs): 16 rows, shared by the
- *   4 warps; warp w takes keys 16w..16w+15 of each tile, so the block streams the cache
- *   four times faster than one warp could, NSTAGE - 1 tiles in flight. The warps'
- *   partial softmax states are merged through shared memory at the end in a fixed
- *   order. It also stores the batch's k/v itself (one launch less per layer and step),
+ *   NW warps (8 by default, or 4); a tile holds 16 * NW keys and warp w takes keys
+ *   16w..16w+15 of each, so the block streams the cache NW times faster than one warp
+ *   could, NSTAGE - 1 tiles in flight. The warps' partial softmax states are merged
+ *   through shared memory at the end in a fixed order. It also stores the batch's k/v itself (one launch less per layer and step),
  *   and, given an int8 buffer (kern_xq_claim, XQ_BY_ATTN), writes its output rows'
  *   int8 form for the next matmul (out is the x of the wo matmul): blocks of 32 with
  *   kind p's permuted copies, kern_xq.cuh's layout, made by kern_q8_block as the
@@ -43,17 +43,20 @@
  * to arrive merges the splits of its rows (no second launch) and resets the counter;
  * prefill shape (up to 64 rows x n_split partials per block): a merge kernel with a
  * warp per row. Both add in split order (deterministic: no float atomics). A decode
- * launch of at most MMA_MAX_CLUSTER ranges (the split is capped there) that the device
- * schedules as thread-block clusters runs the ranges of each block as one cluster
- * instead: the partials stay in shared memory and, after a cluster barrier, the blocks
- * merge them together, each taking some 32-value pieces of the rows through distributed
- * shared memory (mma_cluster_merge): no global round trips, no counter, no last block
- * merging alone.
+ * launch that the device schedules as thread-block clusters runs the ranges of each
+ * block as one or more clusters instead: the partials stay in shared memory and, after
+ * a cluster barrier, the blocks merge them together, each taking some 32-value pieces of
+ * the rows through distributed shared memory (mma_cluster_merge): no last block merging
+ * alone. With several clusters a block (deep ranges, when one cluster's blocks are too
+ * few for the GPU and more of them would not all be resident at once) each cluster's
+ * merged pieces meet the others' through global memory, the last to arrive adding them.
  *
  * Knobs, read at context init: TPI_ATTN_MMA (0: off, "prefill" / "decode": that shape
  * only), TPI_ATTN_DEC_BPS (decode split-K target, blocks per multiprocessor; 1),
- * TPI_ATTN_DEC_STAGES (3 or 5), TPI_ATTN_DEC_SPLIT (decode ranges), TPI_ATTN_DEC_CLUSTER
- * (the largest decode cluster: 0 off, 2..16).
+ * TPI_ATTN_DEC_STAGES (3 or 5, 4 warps only), TPI_ATTN_DEC_WARPS (4 or 8),
+ * TPI_ATTN_DEC_SPLIT (decode ranges), TPI_ATTN_DEC_CLUSTER (the largest decode cluster: 0
+ * off, 2..16), TPI_ATTN_DEC_CLUSTERS (clusters a block: 1..8), TPI_ATTN_DEC_VERBOSE (the
+ * clusters' occupancy table to stderr).
  *
  * Precision: Q and P are rounded to f16 (K and V are f16 in the cache already), sums
  * in f32; against the f32 CPU reference the normalized MSE is ~1e-7 (tests/test_ops_cuda.c
@@ -61,6 +64,7 @@
  */
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +81,10 @@
 #define MMA_COUNTERS 4096  /* split-K arrival counters: blocks of one launch, at most */
 #define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
 #define MMA_MAX_CLUSTER 16 /* decode split-K: key ranges merged inside one thread-block cluster */
+/* floats per cluster-merged 32-value piece (several clusters a block): m, l, 2 spare, 32 O */
+#define MMA_PIECE 36
+#define MMA_MAX_NCL 8 /* decode: clusters one (query block, head block)'s ranges may take */
+#define MMA_NCL_TILES 3 /* decode: tiles a block's range must lose to take several clusters */
 #define MMA_LOG2E 1.4426950408889634f
 /* floats per partial record: m, l, 2 spare, O (16-byte aligned) */
 #define MMA_PART(hd) ((hd) + 4)
@@ -101,6 +109,12 @@ static int g_dec_bps = 1;
  * KB) tg128 Q4_K_M +1.5 % at depth 8192 and +3 % at 4096 over 16-block clusters at 3
  * stages (bench/NOTES.md change 47). */
 static int g_dec_stages = 5;
+/* Decode shape: warps a block, 4 (64-key tiles, g_dec_stages) or 8 (128-key tiles, 3
+ * stages: two warps a scheduler on each tile's chain of dependent steps), from
+ * TPI_ATTN_DEC_WARPS at init. H200, Q4_K_M tg128, 8 against 4: depth 0 +1.1 %, 2048
+ * -1.1 %, 4096 +2.2 %, 8192 +0.7-1.6 %; a 4-token call at 8192 19.1 against 24.1 us
+ * (bench/NOTES.md change 49). */
+static int g_dec_warps = 8;
 /* Decode shape: key ranges per KV head group when > 0 (TPI_ATTN_DEC_SPLIT at init, a
  * tuning knob; still at most one range per tile and MMA_MAX_SPLIT); 0: from g_dec_bps.
  * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
@@ -115,6 +129,13 @@ static int g_dec_split = 0;
  * H200 clusters of 10-16 blocks place well only at two blocks an SM (3 stages), where
  * 8 blocks at 5 stages stream faster (bench/NOTES.md changes 45 and 47). */
 static int g_dec_cluster = 8;
+/* Decode clusters: the most clusters one (query block, head block)'s ranges may take,
+ * 1..MMA_MAX_NCL (TPI_ATTN_DEC_CLUSTERS at init). With n > 1 clusters, each merges its own
+ * ranges through distributed shared memory into a piece per 32 values of a row, and the n
+ * pieces meet through global memory (a counter per piece: the last to arrive adds them
+ * all, in cluster order). mma_launch takes the (cluster size, count) that puts the most
+ * blocks in one wave of co-resident clusters (ctx->attn_cl_fit). */
+static int g_dec_ncl = MMA_MAX_NCL;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -129,7 +150,9 @@ struct mma_args {
     int hp_log2;     /* log2 of the heads packed per block */
     int head_chunks; /* group / hp */
     int n_split;
-    int cluster;  /* decode shape: 1 when the n_split ranges of a block are one cluster */
+    int cluster;  /* decode shape: 1 when the n_split ranges of a block are n_cl clusters */
+    int n_cl;     /* clusters a (query block, head block) takes: 1..MMA_MAX_NCL (above 1,
+                   * part holds each cluster's merged 32-value pieces, MMA_PIECE floats) */
     float qscale; /* scale * log2(e) */
     /* decode shape: out's int8 form for the next matmul (NULL: none) in kern_xq.cuh's layout
      * for n_tokens rows of n_head * hd: blocks of 32, their (d, d * sum), and xlay, where the
@@ -184,17 +207,17 @@ __device__ __forceinline__ uint32_t mma_pack(__half2 h) {
 }
 
 /* Merge the n_split partial records of rows r < R of a block (row r: token t0 + r / hp,
- * head h0 + r % hp; R <= 16) into out, by the MMA_THREADS threads of one block. When all
+ * head h0 + r % hp; R <= 16) into out, by the NT threads of one block. When all
  * records fit in sm (sm_floats floats) they are copied in with one round trip; else the
  * (m, l) of every (row, split) pair first (independent loads), one warp per row for the
  * weights 2^(m_s - M) / L, then the O vectors, each thread a 4-float column over a
  * strided set of splits, several loads in flight, the column groups summed in a fixed
  * order. Either way the order of additions is fixed (deterministic). sm: >= 48 KB. */
-template <int HD>
+template <int HD, int NT>
 __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float *sm,
                                int sm_floats) {
     constexpr int PS = MMA_PART(HD), C4 = HD / 4; /* threads per column set */
-    constexpr int NG = MMA_THREADS / C4;          /* column groups: splits gi, gi + NG, ... */
+    constexpr int NG = NT / C4;                   /* column groups: splits gi, gi + NG, ... */
     const int n_split = a.n_split, hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
     const int n_rows = nt << hp_log2; /* <= 16 */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -207,7 +230,7 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
          * the weights (a warp per row) and the outputs (a thread per 4 dims of a row) */
         float *rec = sm, *wt = sm + n_rec * PS;
         const uint32_t rec0 = mma_smem_u32(rec);
-        for (int i = threadIdx.x; i < n_rec * (PS / 4); i += MMA_THREADS) {
+        for (int i = threadIdx.x; i < n_rec * (PS / 4); i += NT) {
             const int rr = i / (PS / 4), q4 = i - rr * (PS / 4);
             const int r = rr / n_split, sp = rr - r * n_split;
             mma_cp16(rec0 + (uint32_t)(rr * PS + 4 * q4) * 4u,
@@ -216,7 +239,7 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
         mma_commit();
         mma_wait<0>();
         __syncthreads();
-        for (int r = warp; r < n_rows; r += MMA_THREADS / 32) {
+        for (int r = warp; r < n_rows; r += NT / 32) {
             const float *rr = rec + (size_t)r * n_split * PS;
             float mx = -INFINITY;
             for (int sp = lane; sp < n_split; sp += 32)
@@ -240,7 +263,7 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
                 wt[r * n_split + sp] *= inv;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < n_rows * C4; i += MMA_THREADS) {
+        for (int i = threadIdx.x; i < n_rows * C4; i += NT) {
             const int r = i / C4, d4 = i - r * C4;
             float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             for (int sp = 0; sp < n_split; sp++) {
@@ -257,14 +280,14 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
     float *wm = sm;                         /* [16][MMA_MAX_SPLIT]: m, then the weight */
     float *wl = wm + 16 * MMA_MAX_SPLIT;    /* [16][MMA_MAX_SPLIT]: l */
     float *acc_s = wl + 16 * MMA_MAX_SPLIT; /* [NG][16][HD] */
-    for (int i = threadIdx.x; i < n_rows * n_split; i += MMA_THREADS) {
+    for (int i = threadIdx.x; i < n_rows * n_split; i += NT) {
         const int r = i / n_split, sp = i - r * n_split;
         const float2 ml = __ldcg((const float2 *)(a.part + (row_th(r) * n_split + sp) * PS));
         wm[r * MMA_MAX_SPLIT + sp] = ml.x;
         wl[r * MMA_MAX_SPLIT + sp] = ml.y;
     }
     __syncthreads();
-    for (int r = warp; r < n_rows; r += MMA_THREADS / 32) {
+    for (int r = warp; r < n_rows; r += NT / 32) {
         float *w = wm + r * MMA_MAX_SPLIT;
         float mx = -INFINITY;
         for (int sp = lane; sp < n_split; sp += 32)
@@ -312,7 +335,7 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
         *(float4 *)(acc_s + (gi * 16 + r) * HD + 4 * c4) = acc;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < n_rows * C4; i += MMA_THREADS) {
+    for (int i = threadIdx.x; i < n_rows * C4; i += NT) {
         const int r = i / C4, d4 = i - r * C4;
         float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
@@ -326,12 +349,12 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
 
 /* The int8 form of the rows r < nt << hp_log2 of a block (row r: token t0 + r / hp, head
  * h0 + r % hp), which this block has just written to out and made visible to all its
- * threads (__syncthreads), into a.xq / a.ds and the permuted copies: warp w takes the
- * 32-value blocks w, w + 4, ... of those rows (hd % 32 == 0: a block never straddles two
+ * threads (__syncthreads), into a.xq / a.ds and the permuted copies: warp w of the NT / 32
+ * takes the 32-value blocks w, w + NT / 32, ... of those rows (hd % 32 == 0: a block never straddles two
  * heads), one value per lane, read back from out, so the int8 form is made from exactly
  * the floats the next matmul's own quantization would read. The loop bound is
  * warp-uniform: all 32 lanes take part in kern_q8_block's shuffles. */
-template <int HD>
+template <int HD, int NT>
 __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int nt, int h0) {
     constexpr int BPR = HD / 32; /* q8 blocks per row */
     static_assert(HD % 32 == 0, "a q8 block lies inside one head");
@@ -339,7 +362,7 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
     const int n_blk = (nt << hp_log2) * BPR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t ne0 = (int64_t)a.n_head * HD;
-    for (int qb = warp; qb < n_blk; qb += MMA_THREADS / 32) {
+    for (int qb = warp; qb < n_blk; qb += NT / 32) {
         const int r = qb / BPR, j = qb - r * BPR;
         const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
         const int64_t i = th * HD + 32 * j + lane; /* index in the (n_tokens x ne0) output */
@@ -352,12 +375,12 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
  * block, head block) are one thread-block cluster, block rank sp holding split sp's
  * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
  * After a cluster barrier, warp w of rank k takes the 32-value blocks qb = k + S * w,
- * k + S * (w + 4), ... of the rows (S = n_split): lane l reads the (m, l) and O value of
+ * k + S * (w + NT / 32), ... of the rows (S: the cluster's blocks): lane l reads the (m, l) and O value of
  * its dim from every split in split order (distributed shared memory), merges them as
  * mma_merge_rows does, writes out and, given a.xq, the value's int8 form (kern_q8_block,
  * as mma_quantize_rows). A second barrier keeps every block's shared memory alive until
  * its peers have read it. Every thread of every block of the cluster must call this. */
-template <int HD>
+template <int HD, int NT>
 __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *cpart) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
@@ -369,8 +392,9 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
     const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
     const int n_blk = (nt << hp_log2) * BPR;
     const int64_t ne0 = (int64_t)a.n_head * HD;
+    const int c = (int)blockIdx.z / S; /* this cluster of the block's n_cl */
     cl.sync(); /* every split's partial is in its block's shared memory */
-    for (int qb = rank + S * warp; qb < n_blk; qb += S * (MMA_THREADS / 32)) {
+    for (int qb = rank + S * warp; qb < n_blk; qb += S * (NT / 32)) {
         const int r = qb / BPR, d = 32 * (qb - r * BPR) + lane;
         float mv[MMA_MAX_CLUSTER], lv[MMA_MAX_CLUSTER], xv[MMA_MAX_CLUSTER];
 #pragma unroll
@@ -392,13 +416,55 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
                 mv[sp] = mv[sp] == -INFINITY ? 0.0f : exp2f(mv[sp] - mx);
                 lsum = fmaf(mv[sp], lv[sp], lsum);
             }
-        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-        float o = 0.0f;
-#pragma unroll
-        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
-            if (sp < S) o = fmaf(xv[sp], mv[sp] * inv, o);
         const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
         const int64_t i = th * HD + d; /* index in the (n_tokens x ne0) output */
+        float o = 0.0f;
+        if (a.n_cl == 1) {
+            const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+#pragma unroll
+            for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+                if (sp < S) o = fmaf(xv[sp], mv[sp] * inv, o);
+        } else {
+            /* this cluster's piece (m, l, unnormalized O) to global memory; the last of the
+             * n_cl clusters to arrive at the piece's counter adds them all, 0's first */
+#pragma unroll
+            for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+                if (sp < S) o = fmaf(xv[sp], mv[sp], o);
+            const int64_t pc = th * BPR + (d >> 5); /* the piece: < MMA_COUNTERS (host) */
+            float *rec = a.part + (size_t)(pc * a.n_cl) * MMA_PIECE;
+            float *mine = rec + c * MMA_PIECE;
+            mine[4 + lane] = o;
+            if (lane == 0) mine[0] = mx, mine[1] = lsum;
+            __threadfence();
+            __syncwarp();
+            unsigned prev = 0;
+            if (lane == 0) {
+                prev = atomicAdd(&mma_arrivals[pc], 1u);
+                /* all are in: the counter is ready for the next launch */
+                if (prev == (unsigned)a.n_cl - 1) mma_arrivals[pc] = 0;
+            }
+            prev = __shfl_sync(0xffffffffu, prev, 0);
+            if (prev != (unsigned)a.n_cl - 1) continue; /* warp-uniform: another finishes it */
+            __threadfence();
+            float pm[MMA_MAX_NCL], pl[MMA_MAX_NCL], po[MMA_MAX_NCL];
+            float mm = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < MMA_MAX_NCL; k++)
+                if (k < a.n_cl) {
+                    const float *rk = rec + k * MMA_PIECE;
+                    pm[k] = __ldcg(rk), pl[k] = __ldcg(rk + 1), po[k] = __ldcg(rk + 4 + lane);
+                    mm = fmaxf(mm, pm[k]);
+                }
+            float lt = 0.0f, ot = 0.0f;
+#pragma unroll
+            for (int k = 0; k < MMA_MAX_NCL; k++)
+                if (k < a.n_cl) {
+                    const float w = pm[k] == -INFINITY ? 0.0f : exp2f(pm[k] - mm);
+                    lt = fmaf(w, pl[k], lt);
+                    ot = fmaf(w, po[k], ot);
+                }
+            o = lt > 0.0f ? ot / lt : 0.0f;
+        }
         a.out[i] = o;
         if (a.xq) {
             const int q = kern_q8_block(o, i, a.xq, a.ds);
@@ -479,26 +545,30 @@ __global__ void __launch_bounds__(MMA_THREADS)
             make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-/* grid (query blocks of this launch, n_kv * head_chunks, n_split), MMA_THREADS threads.
- * Dynamic shared memory: NSTAGE x [K tile, V tile], each MMA_TILE x (HD + 8) halves (the
- * 16-byte pad puts the 8 rows an ldmatrix reads in 8 different bank quads); the decode
- * shape reuses it for the warp merge. */
-template <int HD, bool DEC, int NSTAGE>
-__global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
+/* grid (query blocks of this launch, n_kv * head_chunks, n_split), 32 * NW threads (NW
+ * warps: 4 for the prefill shape; 4 or 8 for decode, where a tile holds 16 * NW keys).
+ * Dynamic shared memory: NSTAGE x [K tile, V tile], each mma_tile_keys x (HD + 8)
+ * halves (the 16-byte pad puts the 8 rows an ldmatrix reads in 8 different bank
+ * quads); the decode shape reuses it for the warp merge. */
+template <int HD, bool DEC, int NSTAGE, int NW>
+__global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     attn_mma_kernel(const __grid_constant__ mma_args a) {
     constexpr int KS = HD + 8; /* halves per shared K/V row */
     static_assert(NSTAGE >= 2, "NSTAGE - 1 tiles ahead");
-    constexpr int STAGE = 2 * MMA_TILE * KS; /* halves per stage: K tile, then V tile */
+    static_assert(DEC ? NW == 4 || NW == 8 : NW == 4, "decode 4 or 8 warps, prefill 4");
+    constexpr int NT = 32 * NW;              /* threads */
+    constexpr int TK = DEC ? 16 * NW : MMA_TILE; /* keys per tile */
+    constexpr int STAGE = 2 * TK * KS;       /* halves per stage: K tile, then V tile */
     constexpr int NJ = DEC ? 1 : 4;          /* 16-key groups a warp takes per tile */
     constexpr int ND = HD / 8;               /* 8-wide dim tiles of O */
     constexpr int NK = HD / 16;              /* 16-wide k steps of Q K^T */
     constexpr int CPR = HD / 8;              /* 16-byte pieces per K/V row */
-    constexpr int CP_ITERS = MMA_TILE * CPR / MMA_THREADS;
-    static_assert(MMA_TILE * CPR % MMA_THREADS == 0, "tile copy must split evenly");
+    constexpr int CP_ITERS = TK * CPR / NT;
+    static_assert(TK * CPR % NT == 0, "tile copy must split evenly");
     extern __shared__ float4 mma_smem4[];
-    __shared__ int red_s[MMA_THREADS / 32];
+    __shared__ int red_s[NW];
     __shared__ int last_s;
-    __shared__ float mrg_m[MMA_THREADS / 32][16], mrg_l[MMA_THREADS / 32][16];
+    __shared__ float mrg_m[NW][16], mrg_l[NW][16];
 
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -541,12 +611,12 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     /* decode shape: the batch's k/v for the store below, fetched with everything else.
      * Item u of a thread: token it / (HD/4), dims 4 (it % (HD/4)) .. +3 */
     constexpr int ST_ITEMS =
-        DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + MMA_THREADS - 1) / MMA_THREADS : 1;
+        DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + NT - 1) / NT : 1;
     float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
     int st_s[ST_ITEMS], st_p[ST_ITEMS];
 #pragma unroll
     for (int u = 0; u < ST_ITEMS; u++) {
-        const int it = threadIdx.x + u * MMA_THREADS, t = it / (HD / 4), d4 = it % (HD / 4);
+        const int it = threadIdx.x + u * NT, t = it / (HD / 4), d4 = it % (HD / 4);
         st_s[u] = -1;
         st_p[u] = -1;
         if (DEC && a.k && t < a.n_tokens) {
@@ -588,15 +658,18 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
     }
     __syncthreads();
-    const int p_max = max(max(red_s[0], red_s[1]), max(red_s[2], red_s[3]));
+    int p_max = red_s[0];
+#pragma unroll
+    for (int w = 1; w < NW; w++)
+        p_max = max(p_max, red_s[w]);
 
     /* this split's keys [k_begin, k_end): tile-aligned ranges of the block's n_keys */
     const int n_keys = p_max + 1;
     int chunk = (n_keys + a.n_split - 1) / a.n_split;
-    chunk = (chunk + MMA_TILE - 1) / MMA_TILE * MMA_TILE;
+    chunk = (chunk + TK - 1) / TK * TK;
     const int k_begin = blockIdx.z * chunk;
     const int k_end = min(n_keys, k_begin + chunk);
-    const int n_tiles = k_end > k_begin ? (k_end - k_begin + MMA_TILE - 1) / MMA_TILE : 0;
+    const int n_tiles = k_end > k_begin ? (k_end - k_begin + TK - 1) / TK : 0;
 
     const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
     if (DEC && a.k) {
@@ -611,7 +684,7 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         for (int u = 0; u < ST_ITEMS; u++) {
             const int p = st_p[u];
             if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
-                const int d4 = (threadIdx.x + u * MMA_THREADS) % (HD / 4);
+                const int d4 = (threadIdx.x + u * NT) % (HD / 4);
                 const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
                 const __half2 k01 = __floats2half2_rn(st_k[u].x, st_k[u].y);
                 const __half2 k23 = __floats2half2_rn(st_k[u].z, st_k[u].w);
@@ -632,13 +705,13 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     /* copy tile `it` of the range into stage `st`; rows past k_end are zero-filled so
      * that P (0 there) times V never meets a stale NaN */
     /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile */
-    constexpr int CP_STEP = MMA_THREADS / CPR;
+    constexpr int CP_STEP = NT / CPR;
     const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
     auto issue = [&](int it, int st) {
-        const int kt = k_begin + it * MMA_TILE;
-        const int nk = min(MMA_TILE, k_end - kt);
+        const int kt = k_begin + it * TK;
+        const int nk = min(TK, k_end - kt);
         const uint32_t ks = smem0 + (uint32_t)(st * STAGE + cp_j * KS + 8 * cp_c) * 2u;
-        const uint32_t vs = ks + (uint32_t)(MMA_TILE * KS) * 2u;
+        const uint32_t vs = ks + (uint32_t)(TK * KS) * 2u;
         const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
 #pragma unroll
         for (int k = 0; k < CP_ITERS; k++) {
@@ -682,11 +755,11 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
             else
                 mma_commit();
         }
-        const int kt = k_begin + it * MMA_TILE;
-        const int nk = min(MMA_TILE, k_end - kt);
+        const int kt = k_begin + it * TK;
+        const int nk = min(TK, k_end - kt);
         if (kt + kw > wmax || kw >= nk) continue; /* warp-uniform: nothing visible here */
         const uint32_t ks = smem0 + (uint32_t)((it % NSTAGE) * STAGE) * 2u;
-        const uint32_t vs = ks + (uint32_t)(MMA_TILE * KS) * 2u;
+        const uint32_t vs = ks + (uint32_t)(TK * KS) * 2u;
 
         /* S = Q K^T for the warp's 16 x 16*NJ block */
         float sc[2 * NJ][4];
@@ -793,11 +866,11 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
             }
         }
     } else {
-        /* merge the 4 warps' states of the same 16 rows, warps in order */
+        /* merge the NW warps' states of the same 16 rows, warps in order */
         constexpr int OS = HD + 4;      /* f32 per merge row */
         float *mo = (float *)mma_smem4; /* [warp][16][OS] */
         /* a cluster's split partial: [16][OS] after the warps' states */
-        float *cpart = a.cluster ? mo + 4 * 16 * OS : NULL;
+        float *cpart = a.cluster ? mo + NW * 16 * OS : NULL;
         __syncthreads();                /* every warp is done with the K/V stages */
         if (c == 0) {
             mrg_m[warp][g] = m[0], mrg_m[warp][g + 8] = m[1];
@@ -810,18 +883,19 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
                 make_float2(o[d][2], o[d][3]);
         }
         __syncthreads();
-        /* 8 threads per row, 2 dims each per step */
-        const int r = threadIdx.x >> 3, sub = threadIdx.x & 7;
+        /* NT / 16 threads per row, 2 dims each per step */
+        constexpr int TPR = NT / 16;
+        const int r = threadIdx.x / TPR, sub = threadIdx.x % TPR;
         const int tl = r >> hp_log2;
         if (tl < nt) {
             const size_t thr = (size_t)(t0 + tl) * a.n_head + h0 + (r & hp_mask);
             float mw = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < 4; w++)
+            for (int w = 0; w < NW; w++)
                 mw = fmaxf(mw, mrg_m[w][r]);
-            float wt[4], lt = 0.0f;
+            float wt[NW], lt = 0.0f;
 #pragma unroll
-            for (int w = 0; w < 4; w++) {
+            for (int w = 0; w < NW; w++) {
                 wt[w] = mrg_m[w][r] == -INFINITY ? 0.0f : exp2f(mrg_m[w][r] - mw);
                 lt += wt[w] * mrg_l[w][r];
             }
@@ -830,10 +904,10 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
                         : a.n_split > 1 ? a.part + (thr * a.n_split + blockIdx.z) * MMA_PART(HD)
                                         : NULL;
             if (pp && sub == 0) pp[0] = mw, pp[1] = lt;
-            for (int d = 2 * sub; d < HD; d += 16) {
+            for (int d = 2 * sub; d < HD; d += 2 * TPR) {
                 float2 acc = make_float2(0.0f, 0.0f);
 #pragma unroll
-                for (int w = 0; w < 4; w++) {
+                for (int w = 0; w < NW; w++) {
                     const float2 x = *(const float2 *)(mo + (w * 16 + r) * OS + d);
                     acc.x = fmaf(x.x, wt[w], acc.x);
                     acc.y = fmaf(x.y, wt[w], acc.y);
@@ -847,7 +921,7 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
     }
     if (!DEC) return; /* the prefill shape's split-K merges in attn_mma_combine_kernel */
     if (a.cluster) {
-        mma_cluster_merge<HD>(a, t0, nt, h0, (const float *)mma_smem4 + 4 * 16 * (HD + 4));
+        mma_cluster_merge<HD, NT>(a, t0, nt, h0, (const float *)mma_smem4 + NW * 16 * (HD + 4));
         return;
     }
 
@@ -866,14 +940,14 @@ __global__ void __launch_bounds__(MMA_THREADS, DEC ? 1 : 3)
         __syncthreads();
         if (!last_s) return; /* block-uniform (shared) */
         __threadfence();
-        mma_merge_rows<HD>(a, t0, nt, h0, (float *)mma_smem4, NSTAGE * STAGE / 2);
+        mma_merge_rows<HD, NT>(a, t0, nt, h0, (float *)mma_smem4, NSTAGE * STAGE / 2);
     }
     /* This block has written the final rows of its (tokens, head group) to out (the warp
      * merge above, or the split merge): their int8 form for the next matmul. The barrier
      * makes every thread's out stores visible to the whole block. */
     if (a.xq) {
         __syncthreads();
-        mma_quantize_rows<HD>(a, t0, nt, h0);
+        mma_quantize_rows<HD, NT>(a, t0, nt, h0);
     }
 }
 
@@ -900,33 +974,47 @@ extern "C" int ops_cuda_set_attn_mma(int mode) {
     return prev;
 }
 
-template <int HD, int NST> static size_t mma_smem_bytes() {
-    return (size_t)NST * 2 * MMA_TILE * (HD + 8) * sizeof(__half);
+/* Keys per K/V tile of a kernel of NW warps (the decode shape: 16 a warp). */
+template <bool DEC, int NW> static constexpr int mma_tile_keys() {
+    return DEC ? 16 * NW : MMA_TILE;
 }
 
-template <int HD, bool DEC, int NST> static bool mma_set_smem(struct ops_ctx *ctx) {
-    const size_t n = mma_smem_bytes<HD, NST>();
+template <int HD, bool DEC, int NST, int NW> static size_t mma_smem_bytes() {
+    return (size_t)NST * 2 * mma_tile_keys<DEC, NW>() * (HD + 8) * sizeof(__half);
+}
+
+template <int HD, bool DEC, int NST, int NW> static bool mma_set_smem(struct ops_ctx *ctx) {
+    const size_t n = mma_smem_bytes<HD, DEC, NST, NW>();
     if (n > ctx->smem_optin) return true; /* not used on this device (launch checks too) */
     return CUDA_OK(ctx, "cuda init (attention)",
-                   cudaFuncSetAttribute(attn_mma_kernel<HD, DEC, NST>,
+                   cudaFuncSetAttribute(attn_mma_kernel<HD, DEC, NST, NW>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)n));
+}
+
+/* The decode kernels' slot in ctx->attn_cluster / attn_cl_fit: head_dim x (4 warps at 3
+ * stages, 4 at 5, 8 at 3). */
+static int mma_dec_slot(int hd, int nst, int nw) {
+    return (hd == 128 ? 3 : 0) + (nw == 8 ? 2 : nst == 5 ? 1 : 0);
 }
 
 /* ctx->attn_cluster[slot]: the largest cluster of decode blocks (HD, NST) this device
  * schedules, at most g_dec_cluster (0: no clusters: the knob, a device without cluster
- * launch, or not even 2 blocks). Sizes above 8 need the non-portable attribute; the
- * occupancy query says whether one such cluster fits (a GPC's multiprocessors). Returns
- * false only on a CUDA error of the attribute call. */
-template <int HD, int NST> static bool mma_cluster_init(struct ops_ctx *ctx, int slot) {
+ * launch, or not even 2 blocks), and ctx->attn_cl_fit[slot][c]: how many clusters of c
+ * blocks the occupancy query says are resident at once (a GPC holds whole clusters
+ * only). Sizes above 8 need the non-portable attribute. With TPI_ATTN_DEC_VERBOSE set the
+ * table goes to stderr. Returns false only on a CUDA error of the attribute call. */
+template <int HD, int NST, int NW> static bool mma_cluster_init(struct ops_ctx *ctx) {
+    const int slot = mma_dec_slot(HD, NST, NW);
     ctx->attn_cluster[slot] = 0;
-    const size_t smem = mma_smem_bytes<HD, NST>();
+    memset(ctx->attn_cl_fit[slot], 0, sizeof ctx->attn_cl_fit[slot]);
+    const size_t smem = mma_smem_bytes<HD, true, NST, NW>();
     int ok = 0;
     if (g_dec_cluster < 2 || smem > ctx->smem_optin ||
         cudaDeviceGetAttribute(&ok, cudaDevAttrClusterLaunch, ctx->device) != cudaSuccess || !ok) {
         (void)cudaGetLastError();
         return true;
     }
-    auto kern = attn_mma_kernel<HD, true, NST>;
+    auto kern = attn_mma_kernel<HD, true, NST, NW>;
     if (g_dec_cluster > 8 &&
         !CUDA_OK(ctx, "cuda init (attention clusters)",
                  cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1)))
@@ -934,7 +1022,7 @@ template <int HD, int NST> static bool mma_cluster_init(struct ops_ctx *ctx, int
     for (int c = g_dec_cluster; c >= 2; c--) {
         cudaLaunchConfig_t lc = {};
         lc.gridDim = dim3(1, 1, (unsigned)c);
-        lc.blockDim = dim3(MMA_THREADS);
+        lc.blockDim = dim3(32 * NW);
         lc.dynamicSmemBytes = smem;
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeClusterDimension;
@@ -945,10 +1033,18 @@ template <int HD, int NST> static bool mma_cluster_init(struct ops_ctx *ctx, int
         lc.numAttrs = 1;
         int n = 0;
         if (cudaOccupancyMaxActiveClusters(&n, kern, &lc) == cudaSuccess && n >= 1) {
-            ctx->attn_cluster[slot] = c;
-            break;
+            if (!ctx->attn_cluster[slot]) ctx->attn_cluster[slot] = c;
+            ctx->attn_cl_fit[slot][c] = n;
         }
         (void)cudaGetLastError();
+    }
+    const char *vb = getenv("TPI_ATTN_DEC_VERBOSE");
+    if (vb && *vb) {
+        fprintf(stderr, "attention decode hd %d stages %d warps %d: clusters resident by size:",
+                HD, NST, NW);
+        for (int c = 2; c <= g_dec_cluster; c++)
+            fprintf(stderr, " %d:%d", c, ctx->attn_cl_fit[slot][c]);
+        fprintf(stderr, "\n");
     }
     return true;
 }
@@ -970,24 +1066,31 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
+    const char *nw = getenv("TPI_ATTN_DEC_WARPS");
+    if (nw && *nw) g_dec_warps = atoi(nw) == 8 ? 8 : 4;
+    const char *ncl = getenv("TPI_ATTN_DEC_CLUSTERS");
+    if (ncl && *ncl) g_dec_ncl = TPI_MAX(1, TPI_MIN(atoi(ncl), MMA_MAX_NCL));
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
     if (cls && *cls) {
         const int n = atoi(cls);
         g_dec_cluster = n < 2 ? 0 : TPI_MIN(n, MMA_MAX_CLUSTER);
     }
-    return mma_set_smem<64, false, 2>(ctx) && mma_set_smem<64, true, 3>(ctx) &&
-           mma_set_smem<64, true, 5>(ctx) && mma_set_smem<128, false, 2>(ctx) &&
-           mma_set_smem<128, true, 3>(ctx) && mma_set_smem<128, true, 5>(ctx) &&
-           mma_cluster_init<64, 3>(ctx, 0) && mma_cluster_init<64, 5>(ctx, 1) &&
-           mma_cluster_init<128, 3>(ctx, 2) && mma_cluster_init<128, 5>(ctx, 3);
+    return mma_set_smem<64, false, 2, 4>(ctx) && mma_set_smem<64, true, 3, 4>(ctx) &&
+           mma_set_smem<64, true, 5, 4>(ctx) && mma_set_smem<64, true, 3, 8>(ctx) &&
+           mma_set_smem<128, false, 2, 4>(ctx) && mma_set_smem<128, true, 3, 4>(ctx) &&
+           mma_set_smem<128, true, 5, 4>(ctx) && mma_set_smem<128, true, 3, 8>(ctx) &&
+           mma_cluster_init<64, 3, 4>(ctx) && mma_cluster_init<64, 5, 4>(ctx) &&
+           mma_cluster_init<64, 3, 8>(ctx) && mma_cluster_init<128, 3, 4>(ctx) &&
+           mma_cluster_init<128, 5, 4>(ctx) && mma_cluster_init<128, 3, 8>(ctx);
 }
 
-template <int HD, bool DEC, int NST>
+template <int HD, bool DEC, int NST, int NW>
 static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch *b, int tpb,
                        int max_pos) {
     const char *op = "cuda attention (mma)";
     const int n_tokens = b->n_tokens;
-    const size_t smem = mma_smem_bytes<HD, NST>();
+    constexpr int TK = mma_tile_keys<DEC, NW>();
+    const size_t smem = mma_smem_bytes<HD, DEC, NST, NW>();
     if (smem > ctx->smem_optin) { /* checked by the caller; a device with less opts out */
         kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__, "%zu bytes of shared memory", smem);
         return;
@@ -1004,24 +1107,60 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     /* decode: split whenever the grid is short of a full wave, ranges of >= 1 tile;
      * prefill: only when it is short of one block per multiprocessor, ranges of >= 8
      * tiles (a 64-row partial is 1/8 of the K/V bytes its range reads) */
-    const long min_keys = DEC ? MMA_TILE : 8 * MMA_TILE;
+    const long min_keys = DEC ? TK : 8 * TK;
     /* decode: the cluster size this kernel may take (0: ranges merged through global memory) */
-    const int cmax = DEC ? ctx->attn_cluster[(HD == 128 ? 2 : 0) + (NST == 5 ? 1 : 0)] : 0;
+    const int slot = mma_dec_slot(HD, NST, NW);
+    const int cmax = DEC ? ctx->attn_cluster[slot] : 0;
     if (base <= MMA_COUNTERS && (DEC ? base < want : base < ctx->n_sm)) {
         long by_grid = DEC && g_dec_split > 0 ? g_dec_split : (want + base - 1) / base;
-        if (cmax >= 2) by_grid = TPI_MIN(by_grid, (long)cmax);
+        if (cmax >= 2) by_grid = TPI_MIN(by_grid, (long)cmax * g_dec_ncl);
         const long by_keys = TPI_MAX(1L, max_pos / min_keys);
         long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
         if (n > 1) { /* drop ranges the tile rounding would leave empty */
             long chunk = (max_pos + n - 1) / n;
-            chunk = (chunk + MMA_TILE - 1) / MMA_TILE * MMA_TILE;
+            chunk = (chunk + TK - 1) / TK * TK;
             n = (max_pos + chunk - 1) / chunk;
         }
         n_split = (int)TPI_MAX(1L, n);
     }
+    /* decode clusters: n_cl clusters of cs ranges each, the (cs, n_cl) with the most
+     * ranges (at most n_split) whose base * n_cl clusters are resident at once, fewer
+     * clusters first; above one cluster a counter per 32-value piece of the rows
+     * (MMA_COUNTERS), and only where that takes at least MMA_NCL_TILES tiles off each
+     * block's range against one cluster (the global merge costs ~2 tiles' time). Nothing
+     * resident in one wave: one cluster of n_split, capped at cmax, as before. */
+    a->cluster = 0;
+    a->n_cl = 1;
+    if (DEC && n_split > 1 && cmax >= 2) {
+        const long pieces = (long)n_tokens * a->n_head * (HD / 32);
+        const int ncl_max = pieces <= MMA_COUNTERS ? g_dec_ncl : 1;
+        auto tiles = [&](long n) { return ((max_pos + n - 1) / n + TK - 1) / TK; };
+        int best_cs = 0, best_ncl = 1;
+        long one_tiles = tiles(1); /* a block's tiles with the best single cluster */
+        for (int ncl = 1; ncl <= ncl_max; ncl++)
+            for (int cs = 2; cs <= cmax && cs * ncl <= n_split; cs++)
+                if (base * ncl <= ctx->attn_cl_fit[slot][cs] && cs * ncl > best_cs * best_ncl &&
+                    (ncl == 1 || one_tiles - tiles(cs * ncl) >= MMA_NCL_TILES)) {
+                    best_cs = cs, best_ncl = ncl;
+                    if (ncl == 1) one_tiles = tiles(cs);
+                }
+        if (best_cs) {
+            n_split = best_cs * best_ncl;
+            a->n_cl = best_ncl;
+        } else {
+            n_split = TPI_MIN(n_split, cmax);
+        }
+        a->cluster = 1;
+    }
     a->n_split = n_split;
-    a->cluster = DEC && n_split > 1 && n_split <= cmax;
     a->part = NULL;
+    if (a->n_cl > 1) {
+        a->part = (float *)kern_scratch_get(ctx, &ctx->attn,
+                                            (size_t)n_tokens * a->n_head * (HD / 32) * a->n_cl *
+                                                MMA_PIECE * sizeof(float),
+                                            op);
+        if (!a->part) return;
+    }
     if (n_split > 1 && !a->cluster) {
         a->part = (float *)kern_scratch_get(
             ctx, &ctx->attn, (size_t)n_tokens * a->n_head * n_split * MMA_PART(HD) * sizeof(float),
@@ -1045,9 +1184,9 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
         const dim3 grid((unsigned)nb, (unsigned)(a->n_kv * a->head_chunks), (unsigned)n_split);
-        /* clusters: one per (query block, head block), its n_split ranges */
-        kern_launch_cl(DEC && ctx->pdl, a->cluster ? (unsigned)n_split : 1u,
-                       attn_mma_kernel<HD, DEC, NST>, grid, dim3(MMA_THREADS), smem, ctx->stream,
+        /* clusters: n_cl per (query block, head block), n_split / n_cl ranges each */
+        kern_launch_cl(DEC && ctx->pdl, a->cluster ? (unsigned)(n_split / a->n_cl) : 1u,
+                       attn_mma_kernel<HD, DEC, NST, NW>, grid, dim3(32 * NW), smem, ctx->stream,
                        *a);
         if (!LAUNCH_OK(ctx, op)) return;
     }
@@ -1071,8 +1210,11 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
         return false;
     /* 16-byte copies: every row offset is a multiple of hd halves, so the bases decide */
     if (((uintptr_t)kc & 15) || ((uintptr_t)vc & 15)) return false;
-    const int nst = dec ? g_dec_stages : 2;
-    const size_t smem = (size_t)nst * 2 * MMA_TILE * (hd + 8) * sizeof(__half);
+    /* decode: 8 warps (128-key tiles) at 3 stages, or 4 (64-key tiles) at g_dec_stages */
+    const int nw = dec ? g_dec_warps : 4;
+    const int nst = !dec ? 2 : nw == 8 ? 3 : g_dec_stages;
+    const int tk = dec ? 16 * nw : MMA_TILE;
+    const size_t smem = (size_t)nst * 2 * tk * (hd + 8) * sizeof(__half);
     if (smem > ctx->smem_optin) return false;
 
     /* the prefill shape reads k/v stored by the store kernel; the decode kernel stores
@@ -1102,24 +1244,29 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.head_chunks = a.group >> hp_log2;
     a.n_split = 1;
     a.cluster = 0;
+    a.n_cl = 1;
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {
         if (!dec)
-            mma_launch<64, false, 2>(ctx, &a, b, tpb, max_pos);
+            mma_launch<64, false, 2, 4>(ctx, &a, b, tpb, max_pos);
+        else if (nw == 8)
+            mma_launch<64, true, 3, 8>(ctx, &a, b, tpb, max_pos);
         else if (nst == 3)
-            mma_launch<64, true, 3>(ctx, &a, b, tpb, max_pos);
+            mma_launch<64, true, 3, 4>(ctx, &a, b, tpb, max_pos);
         else
-            mma_launch<64, true, 5>(ctx, &a, b, tpb, max_pos);
+            mma_launch<64, true, 5, 4>(ctx, &a, b, tpb, max_pos);
     } else {
         if (!dec)
-            mma_launch<128, false, 2>(ctx, &a, b, tpb, max_pos);
+            mma_launch<128, false, 2, 4>(ctx, &a, b, tpb, max_pos);
+        else if (nw == 8)
+            mma_launch<128, true, 3, 8>(ctx, &a, b, tpb, max_pos);
         else if (nst == 3)
-            mma_launch<128, true, 3>(ctx, &a, b, tpb, max_pos);
+            mma_launch<128, true, 3, 4>(ctx, &a, b, tpb, max_pos);
         else
-            mma_launch<128, true, 5>(ctx, &a, b, tpb, max_pos);
+            mma_launch<128, true, 5, 4>(ctx, &a, b, tpb, max_pos);
     }
     return true;
 }

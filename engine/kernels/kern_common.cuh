@@ -32,9 +32,11 @@ struct ops_ctx {
     uint64_t wait_since_ns;   /* host blocked on `stream` since (tpi_time_s in ns), 0: not
                                  waiting; written by the host thread, read by the watchdog */
     int n_sm;                 /* multiprocessors, to size split-K grids */
-    int attn_cluster[4];      /* decode attention: the largest thread-block cluster of each
-                                 kernel (head_dim 64/128 x 3/5 stages) the device schedules,
+    int attn_cluster[6];      /* decode attention: the largest thread-block cluster of each
+                                 kernel (head_dim 64/128 x 3 shapes) the device schedules,
                                  0: none (kern_attn_mma.cu) */
+    int attn_cl_fit[6][17];   /* ... and how many clusters of each size 0..16 of it fit on
+                                 the device at once (0: that size does not schedule) */
     size_t smem_optin;        /* largest dynamic shared memory a block may opt into */
     cudaStream_t stream;      /* every op is ordered on this one stream */
     cublasHandle_t cublas;    /* bound to `stream` */

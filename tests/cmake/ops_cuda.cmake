@@ -13,10 +13,19 @@ if(TARGET tpi_cuda)
     set_tests_properties(test_ops_cuda_${g} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu
                          ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive")
   endforeach()
-  # the decode attention's split-K merged through global memory (the cluster merge off),
-  # at 3 stages (the default is 5)
+  # the decode attention's split-K merged through global memory (the cluster merge off)
   add_test(NAME test_ops_cuda_attn_decode_nocluster COMMAND test_ops_cuda_elem attn_decode)
   set_tests_properties(test_ops_cuda_attn_decode_nocluster PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
-                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0;TPI_ATTN_DEC_STAGES=3")
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0")
+  # the decode attention's other block shape (4 warps, 64-key tiles) at 3 stages (two
+  # blocks an SM: other cluster sizes fit), then alone at 5 with global merging off
+  add_test(NAME test_ops_cuda_attn_decode_w4 COMMAND test_ops_cuda_elem attn_decode)
+  set_tests_properties(test_ops_cuda_attn_decode_w4 PROPERTIES SKIP_RETURN_CODE 77
+                       TIMEOUT 600 LABELS gpu ENVIRONMENT
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_WARPS=4;TPI_ATTN_DEC_STAGES=3")
+  add_test(NAME test_ops_cuda_attn_decode_w4_nocluster COMMAND test_ops_cuda_elem attn_decode)
+  set_tests_properties(test_ops_cuda_attn_decode_w4_nocluster PROPERTIES SKIP_RETURN_CODE 77
+                       TIMEOUT 600 LABELS gpu ENVIRONMENT
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_WARPS=4;TPI_ATTN_DEC_CLUSTER=0")
 endif()
