@@ -1127,12 +1127,17 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
      * ranges (at most n_split) whose base * n_cl clusters are resident at once, fewer
      * clusters first; above one cluster a counter per 32-value piece of the rows
      * (MMA_COUNTERS), and only where that takes at least MMA_NCL_TILES tiles off each
-     * block's range against one cluster (the global merge costs ~2 tiles' time). Nothing
-     * resident in one wave: one cluster of n_split, capped at cmax, as before. */
+     * block's range against one cluster (the global merge costs ~2 tiles' time) and
+     * each warp of a cluster merges at most one piece (a 4-token block's 64 pieces made
+     * a call at depth 8192 26.8 us against one cluster's 19.1: bench/NOTES.md change
+     * 49). Nothing resident in one wave: one cluster of n_split, capped at cmax. */
     a->cluster = 0;
     a->n_cl = 1;
     if (DEC && n_split > 1 && cmax >= 2) {
         const long pieces = (long)n_tokens * a->n_head * (HD / 32);
+        /* the most pieces of a block: its largest run of tokens, times hp rows, HD / 32 */
+        const long blk_pieces =
+            (TPI_MIN((long)tpb, (long)n_tokens - n_qblocks + 1) << a->hp_log2) * (HD / 32);
         const int ncl_max = pieces <= MMA_COUNTERS ? g_dec_ncl : 1;
         auto tiles = [&](long n) { return ((max_pos + n - 1) / n + TK - 1) / TK; };
         int best_cs = 0, best_ncl = 1;
@@ -1140,7 +1145,8 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         for (int ncl = 1; ncl <= ncl_max; ncl++)
             for (int cs = 2; cs <= cmax && cs * ncl <= n_split; cs++)
                 if (base * ncl <= ctx->attn_cl_fit[slot][cs] && cs * ncl > best_cs * best_ncl &&
-                    (ncl == 1 || one_tiles - tiles(cs * ncl) >= MMA_NCL_TILES)) {
+                    (ncl == 1 || (one_tiles - tiles(cs * ncl) >= MMA_NCL_TILES &&
+                                  blk_pieces <= (long)cs * NW))) {
                     best_cs = cs, best_ncl = ncl;
                     if (ncl == 1) one_tiles = tiles(cs);
                 }
