@@ -6,7 +6,8 @@
  * elem, embed, matmul_<TYPE> (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K),
  * attn_prefill, attn_decode; no argument runs them all; `bench` (not a ctest test)
  * prints rough kernel speeds. Without a usable GPU it
- * prints SKIP and exits 77.
+ * prints SKIP and exits 77, except for group `host`: the attention launchers' host-side
+ * planning (query blocks, the decode split's clusters), which needs no GPU.
  *
  * Error bounds (normalized MSE = sum (got-want)^2 / sum want^2), by path:
  * - elementwise, norm, rope, embed, get_rows: same f32 arithmetic, elementwise
@@ -478,6 +479,8 @@ END_TEST
 /* kern_attn_mma.cu (C linkage; this test is built with CUDA only). */
 int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t, int32_t *blk,
                      int cap);
+int kern_attn_dec_plan(const int *fit, int cmax, int ncl_max, long base, int n_split,
+                       long max_pos, int tk, long blk_pieces, int nw, int *n_cl);
 
 #define ATTN_MAX_SLOTS 8
 
@@ -698,10 +701,91 @@ static void check_attn_blocks(struct tu_rng *r) {
     }
 }
 
-START_TEST(test_attn_prefill) {
+/* Host check of the decode split's cluster plan (kern_attn_dec_plan) against the H200's
+ * occupancy tables (TPI_ATTN_DEC_VERBOSE=1, bench/RESULTS.md run 74): the choices that
+ * runs 73-77 measured, then invariants on random inputs: the ranges a multiple of the
+ * clusters, every cluster resident at once when a plan was found, no more than asked. */
+START_TEST(test_attn_plan) {
+    /* clusters of c blocks resident at once: one block an SM (hd128 at 5 stages of 4
+     * warps, or 8 warps at 3), and two (4 warps at 3 stages) */
+    const int one[17] = {0, 0, 66, 39, 30, 22, 17, 15, 15};
+    const int two[17] = {0, 0, 132, 79, 62, 47, 39, 32, 30};
+    int ncl = 0;
+    /* Qwen3-8B, one token (8 KV-head blocks of 4 rows: 16 pieces), 8 warps, 128-key tiles */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 8192, 128, 16, 8, &ncl), 16);
+    ck_assert_int_eq(ncl, 8); /* 8 clusters of 2: 128 blocks, 4 tiles each against 8 */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 1, 8, 16, 8192, 128, 16, 8, &ncl), 8);
+    ck_assert_int_eq(ncl, 1); /* one cluster allowed: 8 ranges */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 4096, 128, 16, 8, &ncl), 8);
+    ck_assert_int_eq(ncl, 1); /* 4 tiles against 2: not worth the global merge */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 2048, 128, 16, 8, &ncl), 8);
+    ck_assert_int_eq(ncl, 1);
+    /* 4 tokens of one slot: 64 pieces a block, more than a 2-block cluster's 16 warps */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 8192, 128, 64, 8, &ncl), 8);
+    ck_assert_int_eq(ncl, 1);
+    /* 4 warps, 64-key tiles at 5 stages: 2 clusters of 6 (2 x 8 never fits: 16 > 15) */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 8192, 64, 16, 4, &ncl), 12);
+    ck_assert_int_eq(ncl, 2);
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 2048, 64, 16, 4, &ncl), 8);
+    ck_assert_int_eq(ncl, 1); /* 4 tiles against 3 */
+    /* ... at 3 stages (two blocks an SM): 2 clusters of 8 */
+    ck_assert_int_eq(kern_attn_dec_plan(two, 8, 8, 8, 16, 8192, 64, 16, 4, &ncl), 16);
+    ck_assert_int_eq(ncl, 2);
+    /* 8 slots (64 head blocks): only clusters of 2 are all resident */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 64, 3, 8192, 128, 16, 8, &ncl), 2);
+    ck_assert_int_eq(ncl, 1);
+    /* nothing resident in one wave: one cluster of the wanted ranges, capped at cmax */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 200, 3, 8192, 128, 16, 8, &ncl), 3);
+    ck_assert_int_eq(ncl, 1);
+    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 200, 12, 8192, 128, 16, 8, &ncl), 8);
+    ck_assert_int_eq(ncl, 1);
+    /* the cluster-size knob below the table's sizes */
+    ck_assert_int_eq(kern_attn_dec_plan(one, 4, 8, 8, 16, 8192, 128, 16, 8, &ncl), 16);
+    ck_assert_int_eq(ncl, 8);
+
+    struct tu_rng r;
+    tu_rng_seed(&r, 11);
+    for (int trial = 0; trial < 5000; trial++) {
+        int fit[17] = {0};
+        const int per_sm = 1 + trial % 2;
+        for (int c = 2; c <= 16; c++) /* whole clusters of a GPC of 16-18 SMs, 7-8 GPCs */
+            fit[c] = (int)tu_uniform(&r, 7, 8.999f) * ((16 + trial % 3) * per_sm / c);
+        const int cmax = 2 + (int)tu_uniform(&r, 0, 14.999f);
+        const int ncl_max = 1 + (int)tu_uniform(&r, 0, 7.999f);
+        const long base = 1 + (long)tu_uniform(&r, 0, 150);
+        const int n_split = 2 + (int)tu_uniform(&r, 0, 30);
+        const long max_pos = 1 + (long)tu_uniform(&r, 0, 40000);
+        const int nw = trial % 3 ? 8 : 4;
+        const long blk_pieces = 4 * (1 + (long)tu_uniform(&r, 0, 15.999f));
+        const int n = kern_attn_dec_plan(fit, cmax, ncl_max, base, n_split, max_pos, 16 * nw,
+                                         blk_pieces, nw, &ncl);
+        ck_assert(ncl >= 1 && ncl <= ncl_max);
+        ck_assert(n >= 2 && n % ncl == 0);
+        const int cs = n / ncl;
+        ck_assert(cs >= 2 && cs <= cmax);
+        if (ncl > 1) {
+            ck_assert(n <= n_split);
+            ck_assert(base * ncl <= fit[cs]); /* every cluster resident at once */
+            ck_assert(blk_pieces <= (long)cs * nw);
+        } else if (base <= fit[cs]) {
+            ck_assert(n <= n_split);
+        } else { /* the fallback: nothing fit */
+            ck_assert_int_eq(n, n_split < cmax ? n_split : cmax);
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_attn_blocks) {
     struct tu_rng r;
     tu_rng_seed(&r, 7);
     check_attn_blocks(&r);
+}
+END_TEST
+
+START_TEST(test_attn_prefill) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 7);
     const struct attn_case cases[] = {
         {"prefill 37", 8, 4, 128, 1, 64, {0}, {37}},
         {"prefill 300", 8, 1, 64, 1, 320, {0}, {300}},
@@ -1020,6 +1104,14 @@ END_TEST
 /* ---- main: pick the group ---- */
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "host") == 0) { /* no GPU needed */
+        Suite *s = suite_create("ops_cuda_host");
+        TCase *tc = tcase_create("host");
+        tcase_add_test(tc, test_attn_blocks);
+        tcase_add_test(tc, test_attn_plan);
+        suite_add_tcase(s, tc);
+        return tu_run_suite(s);
+    }
     int n_devices = 0;
     G = ops_cuda_get();
     if (!G || !ops_cuda_available(&n_devices)) {

@@ -1084,6 +1084,33 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
            mma_cluster_init<128, 5, 4>(ctx) && mma_cluster_init<128, 3, 8>(ctx);
 }
 
+/* Decode clusters: n_cl clusters of cs ranges each, the (cs, n_cl) with the most ranges
+ * (at most n_split) whose base * n_cl clusters are resident at once, fewer clusters
+ * first; several clusters (a counter per 32-value piece of the rows: MMA_COUNTERS, the
+ * caller's ncl_max) only where that takes at least MMA_NCL_TILES tiles off each block's
+ * range against one cluster (the global merge costs ~2 tiles' time) and each warp of a
+ * cluster merges at most one piece (a 4-token block's 64 pieces made a call at depth
+ * 8192 26.8 us against one cluster's 19.1: bench/NOTES.md change 49). Nothing resident
+ * in one wave: one cluster of n_split, capped at cmax. */
+extern "C" int kern_attn_dec_plan(const int *fit, int cmax, int ncl_max, long base, int n_split,
+                                  long max_pos, int tk, long blk_pieces, int nw, int *n_cl) {
+    auto tiles = [&](long n) { return ((max_pos + n - 1) / n + tk - 1) / tk; };
+    int best_cs = 0, best_ncl = 1;
+    long one_tiles = tiles(1); /* a block's tiles with the best single cluster */
+    cmax = TPI_MIN(cmax, MMA_MAX_CLUSTER);
+    ncl_max = TPI_MAX(1, TPI_MIN(ncl_max, MMA_MAX_NCL));
+    for (int ncl = 1; ncl <= ncl_max; ncl++)
+        for (int cs = 2; cs <= cmax && cs * ncl <= n_split; cs++)
+            if (base * ncl <= fit[cs] && cs * ncl > best_cs * best_ncl &&
+                (ncl == 1 || (one_tiles - tiles(cs * ncl) >= MMA_NCL_TILES &&
+                              blk_pieces <= (long)cs * nw))) {
+                best_cs = cs, best_ncl = ncl;
+                if (ncl == 1) one_tiles = tiles(cs);
+            }
+    *n_cl = best_cs ? best_ncl : 1;
+    return best_cs ? best_cs * best_ncl : TPI_MIN(n_split, cmax);
+}
+
 template <int HD, bool DEC, int NST, int NW>
 static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch *b, int tpb,
                        int max_pos) {
@@ -1123,14 +1150,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         }
         n_split = (int)TPI_MAX(1L, n);
     }
-    /* decode clusters: n_cl clusters of cs ranges each, the (cs, n_cl) with the most
-     * ranges (at most n_split) whose base * n_cl clusters are resident at once, fewer
-     * clusters first; above one cluster a counter per 32-value piece of the rows
-     * (MMA_COUNTERS), and only where that takes at least MMA_NCL_TILES tiles off each
-     * block's range against one cluster (the global merge costs ~2 tiles' time) and
-     * each warp of a cluster merges at most one piece (a 4-token block's 64 pieces made
-     * a call at depth 8192 26.8 us against one cluster's 19.1: bench/NOTES.md change
-     * 49). Nothing resident in one wave: one cluster of n_split, capped at cmax. */
+    /* decode clusters: the ranges of a head block as n_cl clusters (kern_attn_dec_plan) */
     a->cluster = 0;
     a->n_cl = 1;
     if (DEC && n_split > 1 && cmax >= 2) {
@@ -1138,24 +1158,9 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         /* the most pieces of a block: its largest run of tokens, times hp rows, HD / 32 */
         const long blk_pieces =
             (TPI_MIN((long)tpb, (long)n_tokens - n_qblocks + 1) << a->hp_log2) * (HD / 32);
-        const int ncl_max = pieces <= MMA_COUNTERS ? g_dec_ncl : 1;
-        auto tiles = [&](long n) { return ((max_pos + n - 1) / n + TK - 1) / TK; };
-        int best_cs = 0, best_ncl = 1;
-        long one_tiles = tiles(1); /* a block's tiles with the best single cluster */
-        for (int ncl = 1; ncl <= ncl_max; ncl++)
-            for (int cs = 2; cs <= cmax && cs * ncl <= n_split; cs++)
-                if (base * ncl <= ctx->attn_cl_fit[slot][cs] && cs * ncl > best_cs * best_ncl &&
-                    (ncl == 1 || (one_tiles - tiles(cs * ncl) >= MMA_NCL_TILES &&
-                                  blk_pieces <= (long)cs * NW))) {
-                    best_cs = cs, best_ncl = ncl;
-                    if (ncl == 1) one_tiles = tiles(cs);
-                }
-        if (best_cs) {
-            n_split = best_cs * best_ncl;
-            a->n_cl = best_ncl;
-        } else {
-            n_split = TPI_MIN(n_split, cmax);
-        }
+        n_split = kern_attn_dec_plan(ctx->attn_cl_fit[slot], cmax,
+                                     pieces <= MMA_COUNTERS ? g_dec_ncl : 1, base, n_split,
+                                     max_pos, TK, blk_pieces, NW, &a->n_cl);
         a->cluster = 1;
     }
     a->n_split = n_split;

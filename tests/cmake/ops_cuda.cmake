@@ -13,6 +13,9 @@ if(TARGET tpi_cuda)
     set_tests_properties(test_ops_cuda_${g} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu
                          ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive")
   endforeach()
+  # the attention launchers' host-side planning: runs without a GPU (label unit)
+  add_test(NAME test_ops_cuda_host COMMAND test_ops_cuda_elem host)
+  set_tests_properties(test_ops_cuda_host PROPERTIES TIMEOUT 120 LABELS unit)
   # the decode attention's split-K merged through global memory (the cluster merge off)
   add_test(NAME test_ops_cuda_attn_decode_nocluster COMMAND test_ops_cuda_elem attn_decode)
   set_tests_properties(test_ops_cuda_attn_decode_nocluster PROPERTIES SKIP_RETURN_CODE 77
