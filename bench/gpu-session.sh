@@ -59,7 +59,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/gpu-lib.sh"
 
 {
-    echo "gpu-session: $(date -u +%FT%TZ) commit $(cat .dev/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) steps: $STEPS"
+    echo "gpu-session: $(date -u +%FT%TZ) commit ${TPI_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} steps: $STEPS"
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 ||
         echo "(no nvidia-smi)"
 } | tee -a "$SUM"

@@ -2,11 +2,15 @@
 # (cmake -DSRC=<source dir> -DOUT=<header> -P cmake/build_commit.cmake): writes OUT, a
 # header defining TPI_BUILD_COMMIT as the source tree's short commit, with "+dirty" when
 # tracked files differ from it, or "unknown" outside a git checkout. OUT is rewritten only
-# when that text changes, so a build at an unchanged commit recompiles nothing.
+# when that text changes, so a build at an unchanged commit recompiles nothing. The
+# environment's TPI_COMMIT, when set, is taken as it is instead: for a tree copied
+# without its own history (a copied working tree beside a stale .git).
 execute_process(COMMAND git rev-parse --short HEAD WORKING_DIRECTORY "${SRC}"
                 OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE
                 RESULT_VARIABLE rc ERROR_QUIET)
-if(NOT rc EQUAL 0 OR NOT commit)
+if(NOT "$ENV{TPI_COMMIT}" STREQUAL "")
+  string(REGEX REPLACE "[^A-Za-z0-9+._-]" "_" commit "$ENV{TPI_COMMIT}")
+elseif(NOT rc EQUAL 0 OR NOT commit)
   set(commit unknown)
 else()
   execute_process(COMMAND git diff --quiet HEAD -- WORKING_DIRECTORY "${SRC}"
