@@ -42,7 +42,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/gpu-lib.sh"
 
 {
-    echo "gpu-multi: $(date -u +%FT%TZ) commit $(cat .dev/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown) NP=$NP steps: $STEPS"
+    echo "gpu-multi: $(date -u +%FT%TZ) commit ${TPI_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)} NP=$NP steps: $STEPS"
     nvidia-smi --query-gpu=index,name,memory.total,pci.bus_id --format=csv 2>&1 || echo "(no nvidia-smi)"
 } | tee -a "$SUM"
 nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
