@@ -710,38 +710,46 @@ START_TEST(test_attn_plan) {
      * warps, or 8 warps at 3), and two (4 warps at 3 stages) */
     const int one[17] = {0, 0, 66, 39, 30, 22, 17, 15, 15};
     const int two[17] = {0, 0, 132, 79, 62, 47, 39, 32, 30};
+    /* Qwen3-8B one token: 8 KV-head blocks of 4 rows (16 pieces); 8 warps: 128-key tiles */
+    const struct {
+        const char *what;
+        const int *fit;
+        int cmax, ncl_max;
+        long base;
+        int n_split;
+        long max_pos;
+        int tk;
+        long blk_pieces;
+        int nw, want, want_ncl;
+    } cases[] = {
+        {"8192: 8 clusters of 2 (4 tiles a block against 8)", one, 8, 8, 8, 16, 8192, 128, 16,
+         8, 16, 8},
+        {"8192, one cluster allowed", one, 8, 1, 8, 16, 8192, 128, 16, 8, 8, 1},
+        {"4096: 4 tiles against 2 is not worth the merge", one, 8, 8, 8, 16, 4096, 128, 16, 8,
+         8, 1},
+        {"2048", one, 8, 8, 8, 16, 2048, 128, 16, 8, 8, 1},
+        {"4 tokens: 64 pieces, more than a 2-block cluster's 16 warps", one, 8, 8, 8, 16, 8192,
+         128, 64, 8, 8, 1},
+        {"4 warps, 5 stages: 2 clusters of 6 (16 of 8 never fit)", one, 8, 8, 8, 16, 8192, 64,
+         16, 4, 12, 2},
+        {"4 warps, 2048: 4 tiles against 3", one, 8, 8, 8, 16, 2048, 64, 16, 4, 8, 1},
+        {"4 warps, 3 stages (two blocks an SM): 2 clusters of 8", two, 8, 8, 8, 16, 8192, 64, 16,
+         4, 16, 2},
+        {"8 slots: only clusters of 2 are all resident", one, 8, 8, 64, 3, 8192, 128, 16, 8, 2,
+         1},
+        {"nothing resident: the wanted ranges", one, 8, 8, 200, 3, 8192, 128, 16, 8, 3, 1},
+        {"nothing resident: capped at cmax", one, 8, 8, 200, 12, 8192, 128, 16, 8, 8, 1},
+        {"the cluster-size knob at 4", one, 4, 8, 8, 16, 8192, 128, 16, 8, 16, 8},
+    };
     int ncl = 0;
-    /* Qwen3-8B, one token (8 KV-head blocks of 4 rows: 16 pieces), 8 warps, 128-key tiles */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 8192, 128, 16, 8, &ncl), 16);
-    ck_assert_int_eq(ncl, 8); /* 8 clusters of 2: 128 blocks, 4 tiles each against 8 */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 1, 8, 16, 8192, 128, 16, 8, &ncl), 8);
-    ck_assert_int_eq(ncl, 1); /* one cluster allowed: 8 ranges */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 4096, 128, 16, 8, &ncl), 8);
-    ck_assert_int_eq(ncl, 1); /* 4 tiles against 2: not worth the global merge */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 2048, 128, 16, 8, &ncl), 8);
-    ck_assert_int_eq(ncl, 1);
-    /* 4 tokens of one slot: 64 pieces a block, more than a 2-block cluster's 16 warps */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 8192, 128, 64, 8, &ncl), 8);
-    ck_assert_int_eq(ncl, 1);
-    /* 4 warps, 64-key tiles at 5 stages: 2 clusters of 6 (2 x 8 never fits: 16 > 15) */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 8192, 64, 16, 4, &ncl), 12);
-    ck_assert_int_eq(ncl, 2);
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 8, 16, 2048, 64, 16, 4, &ncl), 8);
-    ck_assert_int_eq(ncl, 1); /* 4 tiles against 3 */
-    /* ... at 3 stages (two blocks an SM): 2 clusters of 8 */
-    ck_assert_int_eq(kern_attn_dec_plan(two, 8, 8, 8, 16, 8192, 64, 16, 4, &ncl), 16);
-    ck_assert_int_eq(ncl, 2);
-    /* 8 slots (64 head blocks): only clusters of 2 are all resident */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 64, 3, 8192, 128, 16, 8, &ncl), 2);
-    ck_assert_int_eq(ncl, 1);
-    /* nothing resident in one wave: one cluster of the wanted ranges, capped at cmax */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 200, 3, 8192, 128, 16, 8, &ncl), 3);
-    ck_assert_int_eq(ncl, 1);
-    ck_assert_int_eq(kern_attn_dec_plan(one, 8, 8, 200, 12, 8192, 128, 16, 8, &ncl), 8);
-    ck_assert_int_eq(ncl, 1);
-    /* the cluster-size knob below the table's sizes */
-    ck_assert_int_eq(kern_attn_dec_plan(one, 4, 8, 8, 16, 8192, 128, 16, 8, &ncl), 16);
-    ck_assert_int_eq(ncl, 8);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int got = kern_attn_dec_plan(cases[i].fit, cases[i].cmax, cases[i].ncl_max,
+                                           cases[i].base, cases[i].n_split, cases[i].max_pos,
+                                           cases[i].tk, cases[i].blk_pieces, cases[i].nw, &ncl);
+        ck_assert_msg(got == cases[i].want && ncl == cases[i].want_ncl,
+                      "%s: %d ranges as %d clusters, want %d as %d", cases[i].what, got, ncl,
+                      cases[i].want, cases[i].want_ncl);
+    }
 
     struct tu_rng r;
     tu_rng_seed(&r, 11);

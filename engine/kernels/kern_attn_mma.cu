@@ -545,6 +545,16 @@ __global__ void __launch_bounds__(MMA_THREADS)
             make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
+/* Keys per K/V tile of a kernel of nw warps (the decode shape: 16 a warp). */
+__host__ __device__ static constexpr int mma_tile_keys(bool dec, int nw) {
+    return dec ? 16 * nw : MMA_TILE;
+}
+
+/* Dynamic shared memory of nst stages of K and V tiles of tk keys (head_dim hd). */
+static size_t mma_smem_size(int hd, int nst, int tk) {
+    return (size_t)nst * 2 * tk * (hd + 8) * sizeof(__half);
+}
+
 /* grid (query blocks of this launch, n_kv * head_chunks, n_split), 32 * NW threads (NW
  * warps: 4 for the prefill shape; 4 or 8 for decode, where a tile holds 16 * NW keys).
  * Dynamic shared memory: NSTAGE x [K tile, V tile], each mma_tile_keys x (HD + 8)
@@ -557,7 +567,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     static_assert(NSTAGE >= 2, "NSTAGE - 1 tiles ahead");
     static_assert(DEC ? NW == 4 || NW == 8 : NW == 4, "decode 4 or 8 warps, prefill 4");
     constexpr int NT = 32 * NW;              /* threads */
-    constexpr int TK = DEC ? 16 * NW : MMA_TILE; /* keys per tile */
+    constexpr int TK = mma_tile_keys(DEC, NW); /* keys per tile */
     constexpr int STAGE = 2 * TK * KS;       /* halves per stage: K tile, then V tile */
     constexpr int NJ = DEC ? 1 : 4;          /* 16-key groups a warp takes per tile */
     constexpr int ND = HD / 8;               /* 8-wide dim tiles of O */
@@ -974,13 +984,8 @@ extern "C" int ops_cuda_set_attn_mma(int mode) {
     return prev;
 }
 
-/* Keys per K/V tile of a kernel of NW warps (the decode shape: 16 a warp). */
-template <bool DEC, int NW> static constexpr int mma_tile_keys() {
-    return DEC ? 16 * NW : MMA_TILE;
-}
-
 template <int HD, bool DEC, int NST, int NW> static size_t mma_smem_bytes() {
-    return (size_t)NST * 2 * mma_tile_keys<DEC, NW>() * (HD + 8) * sizeof(__half);
+    return mma_smem_size(HD, NST, mma_tile_keys(DEC, NW));
 }
 
 template <int HD, bool DEC, int NST, int NW> static bool mma_set_smem(struct ops_ctx *ctx) {
@@ -1116,7 +1121,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
                        int max_pos) {
     const char *op = "cuda attention (mma)";
     const int n_tokens = b->n_tokens;
-    constexpr int TK = mma_tile_keys<DEC, NW>();
+    constexpr int TK = mma_tile_keys(DEC, NW);
     const size_t smem = mma_smem_bytes<HD, DEC, NST, NW>();
     if (smem > ctx->smem_optin) { /* checked by the caller; a device with less opts out */
         kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__, "%zu bytes of shared memory", smem);
@@ -1224,9 +1229,7 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     /* decode: 8 warps (128-key tiles) at 3 stages, or 4 (64-key tiles) at g_dec_stages */
     const int nw = dec ? g_dec_warps : 4;
     const int nst = !dec ? 2 : nw == 8 ? 3 : g_dec_stages;
-    const int tk = dec ? 16 * nw : MMA_TILE;
-    const size_t smem = (size_t)nst * 2 * tk * (hd + 8) * sizeof(__half);
-    if (smem > ctx->smem_optin) return false;
+    if (mma_smem_size(hd, nst, mma_tile_keys(dec, nw)) > ctx->smem_optin) return false;
 
     /* the prefill shape reads k/v stored by the store kernel; the decode kernel stores
      * them itself (one launch less per decode step; k, v 16-byte aligned for its loads) */
