@@ -20,6 +20,10 @@
  *   a matmul of g makes itself; every block size; replays of a recorded graph.
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
+ *   layer_tail (one persistent launch for wo through down and the next layer's Q/K/V)
+ *   against the plain CUDA ops (NMSE < 1e-7: another summation order) and the CPU
+ *   reference (NMSE < 1e-3), bitwise equal to itself on relaunch and graph replay, and
+ *   declining (false, nothing written) weights it does not cover.
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
  * gpu) the CUDA ones, and exits 77 without a usable GPU.
  */
@@ -709,6 +713,205 @@ START_TEST(test_silu_mul_cuda) {
 }
 END_TEST
 
+/* ---- layer_tail: the persistent decode-layer launch against the plain ops ---- */
+
+/* The shapes and weight types of one layer_tail case. types: wq, wk, wv, wo, gate/up, down. */
+struct tail_case {
+    int64_t n_embd, q_dim, kv_dim, n_ff;
+    int types[6];
+    bool next; /* with the next layer's norm and Q/K/V */
+};
+
+/* The weights and inputs of one case on one backend. */
+struct tail_io {
+    struct tpi_weight w[7]; /* wq wk wv wo gate up down */
+    float *att, *x, *g, *u, *h, *q, *k, *v, *ffn_norm, *attn_norm;
+};
+
+static void tail_setup(struct be b, const struct tail_case *tc, uint64_t seed,
+                       struct tail_io *io, const float *att, const float *x0, const float *fn,
+                       const float *an) {
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    const int64_t ne0[7] = {tc->n_embd, tc->n_embd, tc->n_embd, tc->q_dim,
+                            tc->n_embd, tc->n_embd, tc->n_ff};
+    const int64_t ne1[7] = {tc->q_dim, tc->kv_dim, tc->kv_dim, tc->n_embd,
+                            tc->n_ff,  tc->n_ff,   tc->n_embd};
+    const int ty[7] = {tc->types[0], tc->types[1], tc->types[2], tc->types[3],
+                       tc->types[4], tc->types[4], tc->types[5]};
+    for (int i = 0; i < 7; i++) /* the same seed on both backends: the same weights */
+        make_weight(b, &r, ty[i], ne0[i], ne1[i], &io->w[i]);
+    io->att = bdup(b, att, (size_t)tc->q_dim * 4);
+    io->x = bdup(b, x0, (size_t)tc->n_embd * 4);
+    io->ffn_norm = bdup(b, fn, (size_t)tc->n_embd * 4);
+    io->attn_norm = bdup(b, an, (size_t)tc->n_embd * 4);
+    io->g = b.o->alloc(b.ctx, (size_t)tc->n_ff * 4);
+    io->u = b.o->alloc(b.ctx, (size_t)tc->n_ff * 4);
+    io->h = b.o->alloc(b.ctx, (size_t)tc->n_embd * 4);
+    io->q = b.o->alloc(b.ctx, (size_t)tc->q_dim * 4);
+    io->k = b.o->alloc(b.ctx, (size_t)tc->kv_dim * 4);
+    io->v = b.o->alloc(b.ctx, (size_t)tc->kv_dim * 4);
+}
+
+static void tail_free(struct be b, struct tail_io *io) {
+    for (int i = 0; i < 7; i++)
+        b.o->weight_free(b.ctx, &io->w[i]);
+    float *bufs[] = {io->att, io->x, io->g, io->u, io->h, io->q, io->k, io->v, io->ffn_norm,
+                     io->attn_norm};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        b.o->dealloc(b.ctx, bufs[i]);
+}
+
+static struct ops_layer_tail tail_args(struct tail_io *io, bool next) {
+    return (struct ops_layer_tail){.att = io->att, .x = io->x, .g = io->g, .wo = &io->w[3],
+                                   .w_gate = &io->w[4], .w_up = &io->w[5], .w_down = &io->w[6],
+                                   .ffn_norm = io->ffn_norm, .attn_norm = next ? io->attn_norm : NULL,
+                                   .wq = next ? &io->w[0] : NULL, .wk = next ? &io->w[1] : NULL,
+                                   .wv = next ? &io->w[2] : NULL, .q = io->q, .k = io->k,
+                                   .v = io->v, .eps = 1e-6f};
+}
+
+/* The plain ops layer_tail stands for, in its order. */
+static void tail_plain(struct be b, const struct tail_case *tc, struct tail_io *io) {
+    b.o->matmul_add(b.ctx, &io->w[3], io->att, io->x, 1);
+    b.o->rmsnorm(b.ctx, io->x, io->ffn_norm, io->h, 1, tc->n_embd, 1e-6f);
+    b.o->matmul_silu_mul(b.ctx, &io->w[4], &io->w[5], io->h, io->g, io->u, 1);
+    b.o->matmul_add(b.ctx, &io->w[6], io->g, io->x, 1);
+    if (tc->next) {
+        b.o->rmsnorm(b.ctx, io->x, io->attn_norm, io->h, 1, tc->n_embd, 1e-6f);
+        const struct tpi_weight *ws[3] = {&io->w[0], &io->w[1], &io->w[2]};
+        float *ys[3] = {io->q, io->k, io->v};
+        b.o->matmul_n(b.ctx, 3, ws, io->h, ys, 1);
+    }
+}
+
+/* The outputs of a case: x - x0, g, q, k, v, laid end to end (n_out floats). */
+static float *tail_outputs(struct be b, const struct tail_case *tc, struct tail_io *io,
+                           const float *x0, size_t *n_out) {
+    const size_t ne = (size_t)tc->n_embd, nf = (size_t)tc->n_ff, nq = (size_t)tc->q_dim,
+                 nk = (size_t)tc->kv_dim;
+    const size_t n = ne + nf + (tc->next ? nq + 2 * nk : 0);
+    float *o = malloc(n * 4);
+    bget(b, o, io->x, ne * 4);
+    for (size_t i = 0; i < ne; i++)
+        o[i] -= x0[i];
+    bget(b, o + ne, io->g, nf * 4);
+    if (tc->next) {
+        bget(b, o + ne + nf, io->q, nq * 4);
+        bget(b, o + ne + nf + nq, io->k, nk * 4);
+        bget(b, o + ne + nf + nq + nk, io->v, nk * 4);
+    }
+    *n_out = n;
+    return o;
+}
+
+/* One case: layer_tail on the GPU against the plain GPU ops (the same int8 products, summed
+ * in another order, and h's sum of squares in another order: NMSE < 1e-7 on each output
+ * part) and against the CPU reference (f32 x: NMSE < 1e-3, the int8 x of two chained
+ * products); a second launch and two replays of a recorded graph bitwise equal to the
+ * first launch (the barriers reset themselves; the sums do not depend on timing). */
+static void check_layer_tail(const struct tail_case *tc, uint64_t seed) {
+    struct be g = {ops_cuda_get(), gctx}, c = {C, cctx_g};
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    float *att = rand_vec(&r, (size_t)tc->q_dim, -1, 1);
+    float *x0 = rand_vec(&r, (size_t)tc->n_embd, -2, 2);
+    float *fn = rand_vec(&r, (size_t)tc->n_embd, 0.5f, 1.5f);
+    float *an = rand_vec(&r, (size_t)tc->n_embd, 0.5f, 1.5f);
+    struct tail_io gf, gp, cp;
+    tail_setup(g, tc, seed + 1, &gf, att, x0, fn, an);
+    tail_setup(g, tc, seed + 1, &gp, att, x0, fn, an);
+    tail_setup(c, tc, seed + 1, &cp, att, x0, fn, an);
+    char label[200];
+    snprintf(label, sizeof label, "layer_tail %lld/%lld/%lld/%lld %s %s %s %s %s %s%s",
+             (long long)tc->n_embd, (long long)tc->q_dim, (long long)tc->kv_dim,
+             (long long)tc->n_ff, quant_type_name(tc->types[0]), quant_type_name(tc->types[1]),
+             quant_type_name(tc->types[2]), quant_type_name(tc->types[3]),
+             quant_type_name(tc->types[4]), quant_type_name(tc->types[5]),
+             tc->next ? " +next" : "");
+    const struct ops_layer_tail t = tail_args(&gf, tc->next);
+    ck_assert_msg(g.o->layer_tail(g.ctx, &t), "%s: not covered", label);
+    assert_ok(g, label);
+    tail_plain(g, tc, &gp);
+    assert_ok(g, label);
+    tail_plain(c, tc, &cp);
+    size_t n = 0;
+    float *got = tail_outputs(g, tc, &gf, x0, &n);
+    float *want = tail_outputs(g, tc, &gp, x0, &n);
+    float *ref = tail_outputs(c, tc, &cp, x0, &n);
+    const size_t part[5] = {(size_t)tc->n_embd, (size_t)tc->n_ff, (size_t)tc->q_dim,
+                            (size_t)tc->kv_dim, (size_t)tc->kv_dim};
+    static const char *const names[5] = {"x", "g", "q", "k", "v"};
+    size_t at = 0;
+    for (int i = 0; i < (tc->next ? 5 : 2); i++) {
+        const double eg = tu_nmse(got + at, want + at, part[i]);
+        const double ec = tu_nmse(got + at, ref + at, part[i]);
+        ck_assert_msg(eg < 1e-7, "%s: %s nmse %.3g against the plain CUDA ops", label, names[i],
+                      eg);
+        ck_assert_msg(ec < 1e-3, "%s: %s nmse %.3g against the CPU reference", label, names[i],
+                      ec);
+        at += part[i];
+    }
+    /* again, directly and as a graph's replays: bitwise the first launch */
+    for (int rep = 0; rep < 3; rep++) {
+        g.o->to_dev(g.ctx, gf.x, x0, (size_t)tc->n_embd * 4);
+        g.o->sync(g.ctx);
+        void *graph = NULL;
+        if (rep == 0) {
+            ck_assert(g.o->layer_tail(g.ctx, &t));
+        } else {
+            graph_start(g);
+            ck_assert(g.o->layer_tail(g.ctx, &t));
+            graph = graph_stop(g);
+            graph_replay(g, graph);
+        }
+        assert_ok(g, label);
+        size_t n2 = 0;
+        float *again = tail_outputs(g, tc, &gf, x0, &n2);
+        ck_assert_msg(n_diff(again, got, n) == 0, "%s: launch %d differs from the first", label,
+                      rep + 2);
+        free(again);
+        if (graph) g.o->graph_free(g.ctx, graph);
+    }
+    free(got), free(want), free(ref);
+    tail_free(g, &gf), tail_free(g, &gp), tail_free(c, &cp);
+    free(att), free(x0), free(fn), free(an);
+}
+
+/* Q4_K_M's mixes (V and down Q6_K in some layers, Q4_K in the others) on a small shape and
+ * on Qwen3-8B's (the ring sized for 12288 inputs), without and with the next layer; then
+ * weights the kernel does not cover: false, and nothing written. */
+START_TEST(test_layer_tail_cuda) {
+    const int K4 = TPI_TYPE_Q4_K, K6 = TPI_TYPE_Q6_K;
+    const struct tail_case cases[] = {
+        {2048, 2048, 512, 4096, {K4, K4, K6, K4, K4, K6}, true},
+        {2048, 2048, 512, 4096, {K4, K4, K4, K4, K4, K4}, true},
+        {2048, 2048, 512, 4096, {K4, K4, K6, K4, K4, K6}, false},
+        {2048, 4096, 1024, 6144, {K6, K6, K6, K6, K6, K6}, true},
+        {4096, 4096, 1024, 12288, {K4, K4, K6, K4, K4, K6}, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_layer_tail(&cases[i], 900 + 7 * i);
+
+    struct be g = {ops_cuda_get(), gctx};
+    const struct tail_case bf = {512, 512, 128, 1024, {K4, K4, K4, TPI_TYPE_BF16, K4, K4}, true};
+    struct tu_rng r;
+    tu_rng_seed(&r, 77);
+    float *att = rand_vec(&r, 512, -1, 1), *x0 = rand_vec(&r, 512, -1, 1);
+    float *fn = rand_vec(&r, 512, 0.5f, 1.5f);
+    struct tail_io io;
+    tail_setup(g, &bf, 78, &io, att, x0, fn, fn);
+    const struct ops_layer_tail t = tail_args(&io, true);
+    ck_assert_msg(!g.o->layer_tail(g.ctx, &t), "layer_tail took a BF16 wo");
+    float *x = malloc(512 * 4);
+    bget(g, x, io.x, 512 * 4);
+    ck_assert_msg(n_diff(x, x0, 512) == 0, "layer_tail wrote x while declining");
+    assert_ok(g, "layer_tail (declined)");
+    free(x), free(att), free(x0), free(fn);
+    tail_free(g, &io);
+}
+END_TEST
+
 static int run_cuda(void) {
     const struct ops *G = ops_cuda_get();
     int n_devices = 0;
@@ -733,6 +936,7 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_silu_mul_cuda);
+    tcase_add_test(tc, test_layer_tail_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

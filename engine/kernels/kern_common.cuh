@@ -86,6 +86,10 @@ struct ops_ctx {
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
     bool host_pinned; /* host_alloc tries pinned memory (default; TPI_PINNED_HOST=0: malloc) */
     int diag_skip;    /* DIAG_SKIP_*: decode kernels left out (TPI_DIAG_SKIP; wrong outputs) */
+    bool layer_tail;      /* layer_tail as one persistent launch (TPI_LAYER_TAIL; default on) */
+    unsigned *layer_bar;  /* device: its grid barrier (arrivals, generation) */
+    size_t layer_smem;    /* the launch shape last asked of the occupancy query ... */
+    int layer_blocks;     /* ... and the blocks it runs with (0: does not fit) */
 };
 
 /* A measuring knob, TPI_DIAG_SKIP (a list of norm, rope, attn): decode steps (<= 8 rows)
@@ -339,6 +343,12 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
  * on the v3 path, not a decode size, or no memory); remember that x (n_vals values) now
  * has its int8 form in the claimed scratch. */
 void kern_xq_forget(struct ops_ctx *ctx);
+/* ---- the persistent decode-layer tail (kern_layer.cu) ---- */
+/* Its barrier memory and shared-memory opt-in, at context init; false (recorded) on failure. */
+bool kern_layer_init(struct ops_ctx *ctx);
+void kern_layer_free(struct ops_ctx *ctx);
+/* ops->layer_tail: true when launched; false (nothing queued) when not covered. */
+bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t);
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
                    float2 **ds);
 /* kern_xq_claim in another scratch than q8 (a producer that reads q8 while it writes). */

@@ -65,6 +65,21 @@ struct ops_config {
 /* Most weights one matmul_n call takes. */
 #define OPS_MAX_FUSED 4
 
+/* The tail of one decode layer for one token and, optionally, the head of the next
+ * (ops->layer_tail). All pointers are backend memory; att, x, g, q, k, v are f32. */
+struct ops_layer_tail {
+    const float *att; /* (q_dim) attention output */
+    float *x;         /* (n_embd) residual stream, updated */
+    float *g;         /* (n_ff) scratch: silu(gate) * up */
+    const struct tpi_weight *wo, *w_gate, *w_up, *w_down;
+    const float *ffn_norm;
+    /* the next layer's norm and Q/K/V (wq NULL: none, the step's last layer) */
+    const float *attn_norm;
+    const struct tpi_weight *wq, *wk, *wv;
+    float *q, *k, *v;
+    float eps;
+};
+
 struct ops_ctx; /* backend state: thread count, stream, cuBLAS handle, scratch */
 
 struct ops {
@@ -191,6 +206,15 @@ struct ops {
      * on the same context. */
     void *(*host_alloc)(struct ops_ctx *ctx, size_t n_bytes);
     void (*host_free)(struct ops_ctx *ctx, void *p);
+
+    /* ---- a decode layer's tail in one launch (optional: NULL on backends without it) ----
+     * x += att * Wo^T; h = rmsnorm(x) * ffn_norm; g = silu(h * Wg^T) * (h * Wu^T);
+     * x += g * Wd^T; and when t->wq is given, h = rmsnorm(x) * attn_norm and q, k, v =
+     * h * Wq^T, Wk^T, Wv^T. Equal to the plain ops in that order up to the summation
+     * order and, on CUDA, the int8 x the decode products read. Returns false, with
+     * nothing queued, when the backend does not cover these weights (the caller then runs
+     * the plain ops); true when queued. */
+    bool (*layer_tail)(struct ops_ctx *ctx, const struct ops_layer_tail *t);
 };
 
 /* The CPU reference backend (always built). */

@@ -109,6 +109,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     }
     if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
     if (ctx->rope_inv) cudaFree(ctx->rope_inv);
+    kern_layer_free(ctx);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
@@ -297,7 +298,7 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->n_sm = prop.multiProcessorCount;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
-    if (!kern_attention_init(ctx)) {
+    if (!kern_attention_init(ctx) || !kern_layer_init(ctx)) {
         *err = ctx->err;
         cuda_free(&ctx);
         return err->status;
@@ -654,6 +655,7 @@ static const struct ops ops_cuda_table = {
     /* .wait_s = */ cuda_wait_s,
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
+    /* .layer_tail = */ kern_layer_tail,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

@@ -119,16 +119,24 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     if (p->is_first) ops->embed(octx, &m->w.token_embd, s->tok, n, s->x);
     ops->rmsnorm(octx, s->x, m->w.layers[0].attn_norm, s->h, n, n_embd, eps);
 
+    // A one-token step without a TP group may run each layer's tail (wo through down,
+    // and the next layer's norm and Q/K/V) as one backend launch (ops->layer_tail);
+    // qkv_ready: that launch already wrote this layer's q, k and v.
+    const bool tail_ok = ops->layer_tail && n == 1 && !m->tp_comm;
+    bool qkv_ready = false;
+
     // h holds each sub-layer's normed input: the first here, the others from the
     // row-parallel update before them.
     for (int il = 0; il < p->n_layer_stage; il++) {
         const struct model_layer *L = &m->w.layers[il];
-        const float *next_norm = il + 1 < p->n_layer_stage ? m->w.layers[il + 1].attn_norm : NULL;
+        const struct model_layer *N = il + 1 < p->n_layer_stage ? &m->w.layers[il + 1] : NULL;
+        const float *next_norm = N ? N->attn_norm : NULL;
 
         // ---- attention: column-parallel Q/K/V by heads, row-parallel output ----
         const struct tpi_weight *wqkv[3] = {&L->wq, &L->wk, &L->wv};
         float *yqkv[3] = {s->q, s->k, s->v};
-        ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
+        if (!qkv_ready) ops->matmul_n(octx, 3, wqkv, s->h, yqkv, n);
+        qkv_ready = false;
         if (L->bq) { // qwen2
             ops->add_bias(octx, s->q, L->bq, n, q_dim);
             ops->add_bias(octx, s->k, L->bk, n, kv_dim);
@@ -138,6 +146,17 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         ops->qk_norm_rope(octx, s->q, s->k, L->q_norm, L->k_norm, &b, n_head, n_kv, hd, c->n_rot,
                           c->rope_base, eps);
         ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
+        if (tail_ok && !L->bq && (!N || !N->bq)) {
+            const struct ops_layer_tail t = {
+                .att = s->att, .x = s->x, .g = s->g, .wo = &L->wo, .w_gate = &L->w_gate,
+                .w_up = &L->w_up, .w_down = &L->w_down, .ffn_norm = L->ffn_norm,
+                .attn_norm = next_norm, .wq = N ? &N->wq : NULL, .wk = N ? &N->wk : NULL,
+                .wv = N ? &N->wv : NULL, .q = s->q, .k = s->k, .v = s->v, .eps = eps};
+            if (ops->layer_tail(octx, &t)) {
+                qkv_ready = N != NULL;
+                continue;
+            }
+        }
         // partial sums over this rank's heads, summed over the TP group
         if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 

@@ -1,0 +1,483 @@
+/*
+ * kern_gemv_dot.cuh — the per-type dot products of the int8 decode path: how a weight
+ * block of each quantized type (Q8_0, Q4_0, Q5_0, Q4_K, Q6_K and the device layouts
+ * KERN_TYPE_Q8_0X8, KERN_TYPE_Q6_KX8) is loaded into registers and dotted with int8 x
+ * in blocks of 32 and their (d, d*sum) pairs (kern_xq.cuh). The matrix-vector kernels of
+ * kern_gemv.cu and the fused decode-layer kernel of kern_layer.cu share them, so both
+ * compute each item's products alike. Host and device (the host emulation runs them).
+ */
+#ifndef KERN_GEMV_DOT_CUH
+#define KERN_GEMV_DOT_CUH
+
+#include <string.h>
+
+#include "kern_common.cuh"
+#include "kern_xq.cuh"
+
+#define GV_QK 32 /* x values per int8 block */
+
+/* ---------------------------------------------------------------- helpers
+ * __host__ __device__ so the per-type dot products can be run (emulated) on the host. */
+
+/* A T at p through the read-only cache (host: an unaligned-safe copy): weights. */
+template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p) {
+#ifdef __CUDA_ARCH__
+    return __ldg((const T *)p);
+#else
+    T v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#endif
+}
+/* A T of x or of its (d, d*sum) pairs: a plain load, which the compiler may merge with
+ * another load of the same address, as it may not merge two __ldg: the dots of several
+ * weight rows against one x then read x once (gv_item_rows). The kernels' x pointers
+ * are not __restrict__: a load of memory declared read-only may be hoisted above the
+ * PDL wait (an asm with a memory clobber), and x is the previous kernel's output. */
+template <typename T> __host__ __device__ __forceinline__ T gv_ldx(const void *p) {
+#ifdef __CUDA_ARCH__
+    return *(const T *)p;
+#else
+    T v;
+    memcpy(&v, p, sizeof v);
+    return v;
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
+    return gv_ldg<unsigned int>(p);
+}
+__host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
+    return gv_ldg<int4>(p);
+}
+/* Build option of the BF16/F16 weight loads (gv_ldw16, below). */
+#ifndef GV_WLOAD
+#define GV_WLOAD 1
+#endif
+/* 16 bytes of weights through the read-only path, without allocating in L1 when NA
+ * (device code; the host reads them as gv_ld128 does). */
+template <bool NA> __host__ __device__ __forceinline__ int4 gv_ld128_na(const void *p) {
+#ifdef __CUDA_ARCH__
+    if constexpr (NA) {
+        int4 v;
+        asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p));
+        return v;
+    }
+#endif
+    return gv_ld128(p);
+}
+/* 16 bytes of BF16/F16 weights: read once, so kept out of L1, where they would evict the
+ * f32 x every warp reads whole (GV_WLOAD 1, the default: no allocation; 0: __ldg, which
+ * allocates). tg128 BF16 on the H200, one build each: 221.2 with __ldg, 224.2 without
+ * allocating (bench/NOTES.md change 28). The quantized kernels keep __ldg: without
+ * allocating, Q8_0 lost 3 % and Q4_K_M 7 % (their scales and the neighbouring words of a
+ * block share lines with the 16-byte loads). */
+__host__ __device__ __forceinline__ int4 gv_ldw16(const void *p) {
+    return gv_ld128_na<GV_WLOAD == 1>(p);
+}
+__host__ __device__ __forceinline__ int4 gv_ldx128(const void *p) {
+    return gv_ldx<int4>(p);
+}
+__host__ __device__ __forceinline__ float2 gv_ldf2(const float2 *p) {
+    return gv_ldx<float2>(p);
+}
+__host__ __device__ __forceinline__ float4 gv_ldf4(const float *p) {
+    return gv_ldx<float4>(p);
+}
+__host__ __device__ __forceinline__ float gv_h2f(uint16_t h) {
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+__host__ __device__ __forceinline__ uint32_t gv_ld16(const uint8_t *p) {
+    return gv_ldg<unsigned short>(p);
+}
+__host__ __device__ __forceinline__ int gv_dp4a(uint32_t a, int b, int c) {
+#ifdef __CUDA_ARCH__
+    return __dp4a((int)a, b, c);
+#else
+    for (int i = 0; i < 4; i++)
+        c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)((uint32_t)b >> (8 * i));
+    return c;
+#endif
+}
+/* per-byte a - b, wrapping (the results fit in a signed byte) */
+__host__ __device__ __forceinline__ uint32_t gv_vsub4(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+    return __vsub4(a, b);
+#else
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)(uint8_t)((a >> (8 * i)) - (b >> (8 * i))) << (8 * i);
+    return r;
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t gv_funnel(uint32_t lo, uint32_t hi, int sh) {
+#ifdef __CUDA_ARCH__
+    return __funnelshift_r(lo, hi, sh);
+#else
+    return sh ? (lo >> sh) | (hi << (32 - sh)) : lo;
+#endif
+}
+__host__ __device__ __forceinline__ int gv_imin(int a, int b) {
+    return a < b ? a : b;
+}
+
+/* N 32-bit words from a 2-byte aligned address: N+1 aligned loads (reads up to 3
+ * bytes past the end; weight_upload pads every weight). */
+template <int N>
+__host__ __device__ __forceinline__ void gv_ld_a2(const uint8_t *p, uint32_t (&w)[N]) {
+    const uintptr_t a = (uintptr_t)p;
+    const uint8_t *q = (const uint8_t *)(a & ~(uintptr_t)3);
+    const int sh = (int)(a & 3) * 8;
+    uint32_t t[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++)
+        t[i] = gv_ld32(q + 4 * i);
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        w[i] = gv_funnel(t[i], t[i + 1], sh);
+}
+
+/* Bits 0..3 of h to bit 4 of bytes 0..3. */
+__host__ __device__ __forceinline__ uint32_t gv_spread4(uint32_t h) {
+    return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
+
+/* ------------------------------------------------------ per-type dot products
+ *
+ * gv<T> (kinds a and p): BLK values and BYTES bytes per weight block, IPB items per
+ * block, and dot<NR, PERM>(b: the block, it: the item in the block, x, xs, ds, dss, nr,
+ * keep, acc). An item reads its x in 16-value *units* k = 0..NU-1. Kind a (PERM false):
+ * x is int8 x at the block's first value (row 0) and unit k of item `it` sits at the
+ * type's offset xoff(it, k) from it. Kind p (PERM true): x is the item's unit 0 in the
+ * type's permuted copy of x (gv_perm_* below) and unit k sits at x + 512k, so the 32
+ * lanes of a warp read 512 contiguous bytes per x load. xs: x row stride in values
+ * (ne0, or the permuted copy's padded stride); ds: the block's first (d, d*sum) pair
+ * (row 0, always the plain layout), dss = ne0/32 its row stride. */
+template <int TYPE> struct gv;
+
+template <bool PERM>
+__host__ __device__ __forceinline__ const int8_t *gv_xunit(const int8_t *x, int lin_off, int k) {
+    return PERM ? x + 512 * k : x + lin_off;
+}
+
+/* The rows of a 32-value block: acc[r] += d * dx_r * sum(w . x_r) for the block's 32
+ * int8 weights as 8 words (a: values 0..15, b: 16..31) against x row r's block. */
+template <int NR, bool PERM>
+__host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint32_t *b, float d,
+                                                  const int8_t *x, int xs, const float2 *ds,
+                                                  int dss, int nr, float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int8_t *xr = x + (size_t)r * xs;
+            const int4 x0 = gv_ldx128(gv_xunit<PERM>(xr, 0, 0));
+            const int4 x1 = gv_ldx128(gv_xunit<PERM>(xr, 16, 1));
+            int s = gv_dp4a(a[0], x0.x, 0);
+            s = gv_dp4a(a[1], x0.y, s);
+            s = gv_dp4a(a[2], x0.z, s);
+            s = gv_dp4a(a[3], x0.w, s);
+            s = gv_dp4a(b[0], x1.x, s);
+            s = gv_dp4a(b[1], x1.y, s);
+            s = gv_dp4a(b[2], x1.z, s);
+            s = gv_dp4a(b[3], x1.w, s);
+            acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
+        }
+}
+
+/* Q8_0: an item is a block: f16 d, 32 int8 at b+2 (2-byte aligned). */
+template <> struct gv<TPI_TYPE_Q8_0> {
+    static constexpr int BLK = 32, BYTES = 34, IPB = 1;
+    struct raw {
+        uint32_t q[8], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.d = gv_ld16(b);
+        gv_ld_a2<8>(b + 2, w.q);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const float d = gv_h2f((uint16_t)w.d) * keep;
+        gv_dot32<NR, PERM>(w.q, w.q + 4, d, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q8_0 in groups of 8 blocks (KERN_LAYOUT_Q8_0X8): an item is block c of the group, its
+ * 32 int8 two 16-byte loads at b+32c, its f16 d at b+256+2c; the dot is Q8_0's. */
+template <> struct gv<KERN_TYPE_Q8_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, IPB = 8;
+    using raw = gv<TPI_TYPE_Q8_0>::raw;
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
+        /* __ldg: without allocating in L1 these lost 3 % (the 16-byte loads alone, run 30)
+         * and 5 % (the scale too, run 34; bench/NOTES.md changes 28 and 30) */
+        const int4 a = gv_ld128(b + 32 * c), e = gv_ld128(b + 32 * c + 16);
+        w.q[0] = (uint32_t)a.x, w.q[1] = (uint32_t)a.y, w.q[2] = (uint32_t)a.z;
+        w.q[3] = (uint32_t)a.w, w.q[4] = (uint32_t)e.x, w.q[5] = (uint32_t)e.y;
+        w.q[6] = (uint32_t)e.z, w.q[7] = (uint32_t)e.w;
+        w.d = gv_ld16(b + 256 + 2 * c);
+    }
+    /* x, ds: the group's first (kind a; item c's are 32c values and c pairs on) or the
+     * item's own (kind p: x from gv_item_rows, ds as kind a) */
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int c, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const float d = gv_h2f((uint16_t)w.d) * keep;
+        gv_dot32<NR, PERM>(w.q, w.q + 4, d, PERM ? x : x + 32 * c, xs, ds + c, dss, nr, acc);
+    }
+};
+
+/* Q4_0: an item is a block: f16 d, 16 bytes; byte j = value j (low nibble), j+16
+ * (high), q - 8. */
+template <> struct gv<TPI_TYPE_Q4_0> {
+    static constexpr int BLK = 32, BYTES = 18, IPB = 1;
+    struct raw {
+        uint32_t q[4], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.d = gv_ld16(b);
+        gv_ld_a2<4>(b + 2, w.q);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        const uint32_t *w = wr.q;
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = gv_vsub4(w[i] & 0x0F0F0F0Fu, 0x08080808u);
+            hi[i] = gv_vsub4((w[i] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
+        }
+        gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q5_0: an item is a block: f16 d, 32 bits qh (bit j: fifth bit of value j), 16
+ * bytes as Q4_0; q - 16. qh and the quants are the 5 words at b+2. */
+template <> struct gv<TPI_TYPE_Q5_0> {
+    static constexpr int BLK = 32, BYTES = 22, IPB = 1;
+    struct raw {
+        uint32_t q[5], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.d = gv_ld16(b);
+        gv_ld_a2<5>(b + 2, w.q);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        const uint32_t *w = wr.q;
+        uint32_t lo[4], hi[4];
+        const uint32_t qh = w[0];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = w[1 + i];
+            lo[i] = gv_vsub4((q & 0x0F0F0F0Fu) | gv_spread4((qh >> (4 * i)) & 0xFu), 0x10101010u);
+            hi[i] = gv_vsub4(((q >> 4) & 0x0F0F0F0Fu) | gv_spread4((qh >> (16 + 4 * i)) & 0xFu),
+                             0x10101010u);
+        }
+        gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q4_K: an item is one 64-value chunk c of a block (16-byte aligned blocks): its 32
+ * quant bytes at b+16+32c (low nibbles: sub-block 2c = values 64c..64c+31, high:
+ * sub-block 2c+1), the 6-bit scales/mins of both sub-blocks from the 12 bytes at b+4
+ * (the block's 16-byte header is one load); value = d*sc*q - dmin*m, so a sub-block
+ * contributes d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq). The two sub-blocks' (d, d*sum)
+ * pairs are one 16-byte load. */
+template <> struct gv<TPI_TYPE_Q4_K> {
+    static constexpr int BLK = 256, BYTES = 144, IPB = 4;
+    struct raw {
+        int4 qa, qb, hd;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
+        w.qa = gv_ld128(b + 16 + 32 * c);
+        w.qb = gv_ld128(b + 16 + 32 * c + 16);
+        w.hd = gv_ld128(b);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int4 qa = wr.qa, qb = wr.qb, hd = wr.hd;
+        const uint32_t dm = (uint32_t)hd.x;
+        const float d = gv_h2f((uint16_t)(dm & 0xFFFFu)) * keep;
+        const float dmin = gv_h2f((uint16_t)(dm >> 16)) * keep;
+        /* sub-blocks j = 2c, 2c+1 (j < 4 for c < 2): bytes j & 3 (two adjacent bytes,
+         * 16 bits at 16*(c&1)) of the scale words s0 = b[4..7], s1 = b[8..11], s2 = b[12..15];
+         * sc_j = s0_j & 63, m_j = s1_j & 63 for j < 4, else sc_j = (s2_j & 15) | (s0_j >> 6) << 4,
+         * m_j = (s2_j >> 4) | (s1_j >> 6) << 4 (both sub-blocks at once, one per byte) */
+        const int sh = 16 * (c & 1);
+        const uint32_t a = ((uint32_t)hd.y >> sh) & 0xFFFFu, bb = ((uint32_t)hd.z >> sh) & 0xFFFFu;
+        const uint32_t e = ((uint32_t)hd.w >> sh) & 0xFFFFu;
+        const uint32_t scp = c < 2 ? (a & 0x3F3Fu) : ((e & 0x0F0Fu) | ((a >> 2) & 0x3030u));
+        const uint32_t mnp =
+            c < 2 ? (bb & 0x3F3Fu) : (((e >> 4) & 0x0F0Fu) | ((bb >> 2) & 0x3030u));
+        const float d0 = d * (float)(scp & 0xFFu), d1 = d * (float)(scp >> 8);
+        const float m0 = dmin * (float)(mnp & 0xFFu), m1 = dmin * (float)(mnp >> 8);
+        const uint32_t w[8] = {(uint32_t)qa.x, (uint32_t)qa.y, (uint32_t)qa.z, (uint32_t)qa.w,
+                               (uint32_t)qb.x, (uint32_t)qb.y, (uint32_t)qb.z, (uint32_t)qb.w};
+        uint32_t lo[8], hi[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            lo[i] = w[i] & 0x0F0F0F0Fu;
+            hi[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r == 0 || r < nr) {
+                const int8_t *xr = x + (size_t)r * xs;
+                const int4 a0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c, 0));
+                const int4 a1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
+                const int4 b0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
+                const int4 b1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
+                int sl = gv_dp4a(lo[0], a0.x, 0);
+                sl = gv_dp4a(lo[1], a0.y, sl);
+                sl = gv_dp4a(lo[2], a0.z, sl);
+                sl = gv_dp4a(lo[3], a0.w, sl);
+                sl = gv_dp4a(lo[4], a1.x, sl);
+                sl = gv_dp4a(lo[5], a1.y, sl);
+                sl = gv_dp4a(lo[6], a1.z, sl);
+                sl = gv_dp4a(lo[7], a1.w, sl);
+                int sh2 = gv_dp4a(hi[0], b0.x, 0);
+                sh2 = gv_dp4a(hi[1], b0.y, sh2);
+                sh2 = gv_dp4a(hi[2], b0.z, sh2);
+                sh2 = gv_dp4a(hi[3], b0.w, sh2);
+                sh2 = gv_dp4a(hi[4], b1.x, sh2);
+                sh2 = gv_dp4a(hi[5], b1.y, sh2);
+                sh2 = gv_dp4a(hi[6], b1.z, sh2);
+                sh2 = gv_dp4a(hi[7], b1.w, sh2);
+                /* (dx, dx*sum) of sub-blocks 2c and 2c+1: 16-byte aligned (2c even) */
+                const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
+                float t = d0 * f.x * (float)sl;
+                t = fmaf(d1 * f.z, (float)sh2, t);
+                t = fmaf(-m0, f.y, t);
+                t = fmaf(-m1, f.w, t);
+                acc[r] += t;
+            }
+    }
+};
+
+/* One Q6_K item's dot. An item is (half n, l0 in {0, 16}): 16 bytes of ql at 64n+l0 (A)
+ * and at 64n+32+l0 (C), 16 of qh at 128+32n+l0 (H); they give values 128n+32k+l0..+15 for
+ * k = 0..3 (A low, C low, A high, C high nibbles with 2-bit pairs k of H), q - 32, times
+ * sk[k] = d * scales[8n + l0/16 + 2k] (times keep). x, ds at the item's block (kind a) as
+ * gv's dot takes them; the four x blocks' (d, d*sum) pairs 4n..4n+3 are two 16-byte
+ * loads. */
+template <int NR, bool PERM>
+__host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], const uint32_t (&C)[4],
+                                                    const uint32_t (&H)[4], const float (&sk)[4],
+                                                    int n, int l0, const int8_t *x, int xs,
+                                                    const float2 *ds, int dss, int nr,
+                                                    float (&acc)[NR]) {
+    uint32_t q[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        q[0][i] = gv_vsub4((A[i] & 0x0F0F0F0Fu) | ((H[i] & 0x03030303u) << 4), 0x20202020u);
+        q[1][i] = gv_vsub4((C[i] & 0x0F0F0F0Fu) | ((H[i] & 0x0C0C0C0Cu) << 2), 0x20202020u);
+        q[2][i] = gv_vsub4(((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u), 0x20202020u);
+        q[3][i] = gv_vsub4(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2), 0x20202020u);
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int8_t *xr = x + (size_t)r * xs;
+            const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
+            const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
+            const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
+                int s = gv_dp4a(q[k][0], xv.x, 0);
+                s = gv_dp4a(q[k][1], xv.y, s);
+                s = gv_dp4a(q[k][2], xv.z, s);
+                s = gv_dp4a(q[k][3], xv.w, s);
+                t = fmaf(sk[k] * dx[k], (float)s, t);
+            }
+            acc[r] += t;
+        }
+}
+
+/* Q6_K: an item is a quarter block (it = 2n + l0/16: half n, lanes l0..l0+15), read with
+ * 2-byte-aligned loads (gv_ld_a2) */
+template <> struct gv<TPI_TYPE_Q6_K> {
+    static constexpr int BLK = 256, BYTES = 210, IPB = 4;
+    struct raw {
+        uint32_t A[4], C[4], H[4], S[2], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int it) {
+        const int n = it >> 1, l0 = (it & 1) * 16;
+        gv_ld_a2<4>(b + 64 * n + l0, w.A);
+        gv_ld_a2<4>(b + 64 * n + 32 + l0, w.C);
+        gv_ld_a2<4>(b + 128 + 32 * n + l0, w.H);
+        /* the 4 int8 scales sc[8n + l0/16 + 2k] (k = 0..3) sit at even offsets of 8 bytes */
+        gv_ld_a2<2>(b + 192 + 8 * n, w.S);
+        w.d = gv_ld16(b + 208);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int it, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int n = it >> 1, l0 = (it & 1) * 16;
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        float sk[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int idx = l0 / 16 + 2 * k; /* 0..7 */
+            sk[k] = d * (float)(int8_t)((wr.S[idx >> 2] >> (8 * (idx & 3))) & 0xFFu);
+        }
+        gv_q6_item<NR, PERM>(wr.A, wr.C, wr.H, sk, n, l0, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q6_K in groups of 8 blocks (KERN_LAYOUT_Q6_KX8): item l = 4c + it of the group is Q6_K's
+ * item it of block c; its A, C and H pieces are 16-byte loads at 16l, 512 + 16l and
+ * 1024 + 16l, its 4 scales one word at 1536 + 4l, block c's d at 1664 + 2c. The dot is
+ * Q6_K's (the same items in the same order: bitwise the GGUF blocks' results). */
+template <> struct gv<KERN_TYPE_Q6_KX8> {
+    static constexpr int BLK = 2048, BYTES = KERN_Q6_KX8_BYTES, IPB = 32;
+    struct raw {
+        int4 A, C, H;
+        uint32_t S, d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int l) {
+        w.A = gv_ld128(b + 16 * l);
+        w.C = gv_ld128(b + 512 + 16 * l);
+        w.H = gv_ld128(b + 1024 + 16 * l);
+        w.S = gv_ld32(b + 1536 + 4 * l);
+        w.d = gv_ld16(b + 1664 + 2 * (l >> 2));
+    }
+    /* x, ds: the group's first (kind a; block c's are 256c values and 8c pairs on) or the
+     * item's own x (kind p, from gv_item_rows) */
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int l, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int c = l >> 2, it = l & 3, n = it >> 1, l0 = (it & 1) * 16;
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        float sk[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            sk[k] = d * (float)(int8_t)((wr.S >> (8 * k)) & 0xFFu);
+        const uint32_t A[4] = {(uint32_t)wr.A.x, (uint32_t)wr.A.y, (uint32_t)wr.A.z,
+                               (uint32_t)wr.A.w};
+        const uint32_t C[4] = {(uint32_t)wr.C.x, (uint32_t)wr.C.y, (uint32_t)wr.C.z,
+                               (uint32_t)wr.C.w};
+        const uint32_t H[4] = {(uint32_t)wr.H.x, (uint32_t)wr.H.y, (uint32_t)wr.H.z,
+                               (uint32_t)wr.H.w};
+        gv_q6_item<NR, PERM>(A, C, H, sk, n, l0, PERM ? x : x + 256 * c, xs, ds + 8 * c, dss, nr,
+                             acc);
+    }
+};
+
+#endif /* KERN_GEMV_DOT_CUH */

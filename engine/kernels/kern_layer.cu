@@ -1,0 +1,470 @@
+/*
+ * kern_layer.cu — the tail of a decode layer for one token as one persistent launch
+ * (ops->layer_tail): the attention's output projection with its residual add, the FFN
+ * norm, gate/up with silu*mul, down with its residual add, and, when the next layer's
+ * weights are given, that layer's norm and Q/K/V products.
+ *
+ * Why: as separate launches every product starts with a fill and ends with a drain in
+ * which DRAM idles (~3 us each, seven a layer: bench/NOTES.md, "The next GPU run").
+ * Here one block a multiprocessor stays resident through all the phases; a producer
+ * warp streams the block's weight rows of every phase, in order, into a ring of
+ * shared-memory slots with bulk copies (cp.async.bulk, completion counted on an
+ * mbarrier per slot), and that stream does not stop at the grid-wide barriers between
+ * the phases: while the consumer warps wait for the other blocks' outputs, the ring
+ * fills with the next phase's rows. Only activations are synchronized.
+ *
+ * Work: block b of G owns a contiguous range of each phase's rows, balanced by weight
+ * bytes over the phase's weights laid end to end (Q, K, V; gate and up as pairs of
+ * rows). The range is cut into chunks of at most one slot (KL_SLOT bytes, KL_ROWS_MAX
+ * rows); the block's chunk k, counted over all phases, goes to slot k % ns. Consumer
+ * warp w computes the block's rows j of a phase with (j + rot) % KL_NC == w (rot carries
+ * the phases before, so no warp takes every phase's spare row): a whole row a warp,
+ * lane l taking the row's items l, l + 32, ... with kern_gemv_dot.cuh's per-type loads
+ * (here from shared memory) and dot products, summed over the lanes by a fixed xor tree,
+ * written by lane 0. Every output has one writer and the sums a fixed order: results do
+ * not depend on timing, and the residual adds need no atomics.
+ *
+ * A phase's input (the attention output; the residual stream, normed; g) is quantized
+ * to int8 blocks of 32 by every block into its own shared memory (kern_q8_block, as the
+ * matrix-vector path quantizes it; the norm as rmsnorm_split_kernel computes it, but its
+ * sum of squares in another order), once the barrier before the phase has made it
+ * complete. Activations written inside the launch are read through L2 (ld.global.cg):
+ * L1 is not coherent between multiprocessors.
+ *
+ * The barriers wait for all G blocks, so all must be resident at once: G is at most the
+ * multiprocessor count times what the occupancy query allows (a block takes more than
+ * half of a multiprocessor's shared memory: one each), and a warp that has waited ~10 s
+ * at a barrier or for a ring slot traps, which the next check reports as a launch failure, instead of
+ * hanging. The kernel is launched with PDL like the other decode kernels: the producer
+ * starts on the weights (no kernel writes them) before the wait, the consumers after it.
+ *
+ * Covered: one token; every weight Q4_K (rows of whole 256 values) or Q6_K regrouped
+ * (KERN_TYPE_Q6_KX8); gate and up of one type and shape. Anything else returns false
+ * and the caller runs the plain ops. TPI_LAYER_TAIL=0 turns it off.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kern_common.cuh"
+#include "kern_gemv_dot.cuh"
+
+#define KL_NC 16                      /* consumer warps a block */
+#define KL_THREADS (32 * (KL_NC + 1)) /* ... and one producer warp */
+#define KL_SLOT 40960                 /* bytes of one ring slot */
+#define KL_NS_MIN 2                   /* fewer slots than this: not covered */
+#define KL_NS_MAX 8
+#define KL_ROWS_MAX 16 /* rows of one chunk at most */
+#define KL_MAX_SEG 3   /* weights of one phase */
+#define KL_MAX_PH 4
+#define KL_TIMEOUT_NS 10000000000ull /* a barrier wait this long traps */
+
+enum { KL_OUT_STORE, KL_OUT_ADD, KL_OUT_GLU };
+
+/* One weight of a phase: its rows (and up's, for the GLU pair), output and chunking. */
+struct kl_seg {
+    const uint8_t *w;  /* device rows */
+    const uint8_t *w2; /* KL_OUT_GLU: up's rows (w is gate's), else NULL */
+    float *y;          /* output: rows floats */
+    int type;          /* kern_wtype: TPI_TYPE_Q4_K or KERN_TYPE_Q6_KX8 */
+    int rows, row_bytes, chunk_rows;
+};
+struct kl_phase {
+    kl_seg seg[KL_MAX_SEG];
+    int n_seg;
+    int ne0;           /* input values */
+    const float *src;  /* input (device, f32) */
+    const float *norm; /* rmsnorm weight for src, or NULL: src as it is */
+    int out;           /* KL_OUT_*: y = dot, y += dot, y = silu(gate) * up */
+    long long bytes;   /* the phase's weight bytes (a pair's both rows) */
+};
+struct kl_args {
+    kl_phase ph[KL_MAX_PH];
+    int n_ph;
+    int ns;        /* ring slots */
+    int xmax;      /* largest ne0 of the phases */
+    float eps;
+    unsigned *bar; /* grid barrier: arrivals, generation (device, zeroed once) */
+};
+
+/* ---------------------------------------------------------------- device helpers */
+
+__device__ __forceinline__ unsigned kl_saddr(const void *p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void kl_mbar_init(uint64_t *b, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(kl_saddr(b)), "r"(count)
+                 : "memory");
+}
+/* One arrival that also expects tx bytes of bulk copies on b. */
+__device__ __forceinline__ void kl_mbar_expect(uint64_t *b, unsigned tx) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(
+                     kl_saddr(b)),
+                 "r"(tx)
+                 : "memory");
+}
+__device__ __forceinline__ void kl_mbar_arrive(uint64_t *b) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(kl_saddr(b))
+                 : "memory");
+}
+__device__ __forceinline__ uint64_t kl_now_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+/* Wait until the phase of b with this parity has completed (trap after KL_TIMEOUT_NS). */
+__device__ __forceinline__ void kl_mbar_wait(uint64_t *b, unsigned parity) {
+    unsigned done;
+    uint64_t t0 = 0;
+    for (;;) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                     "selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(kl_saddr(b)), "r"(parity)
+                     : "memory");
+        if (done) return;
+        const uint64_t t = kl_now_ns();
+        if (!t0) t0 = t;
+        else if (t - t0 > KL_TIMEOUT_NS) __trap();
+    }
+}
+/* n bytes (n % 16 == 0, both addresses 16-byte aligned) from global src to shared dst,
+ * counted on b's tx when they have landed. */
+__device__ __forceinline__ void kl_bulk(void *dst, const void *src, unsigned n, uint64_t *b) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];" ::"r"(kl_saddr(dst)),
+                 "l"(src), "r"(n), "r"(kl_saddr(b))
+                 : "memory");
+}
+/* The consumer warps only (named barrier 1; the producer warp never joins it). */
+__device__ __forceinline__ void kl_consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(KL_NC * 32) : "memory");
+}
+/* All G blocks' consumers meet: what any of them stored before is visible to all after
+ * (a fence on each side of the counter, as a cooperative grid sync does). bar[0]
+ * counts arrivals and is reset by the last one, which then advances bar[1]. */
+__device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G) {
+    kl_consumers_sync();
+    if (threadIdx.x == 0) {
+        volatile unsigned *gen = bar + 1;
+        const unsigned g0 = *gen;
+        __threadfence();
+        if (atomicAdd(bar, 1u) == G - 1) {
+            atomicExch(bar, 0u);
+            __threadfence();
+            atomicAdd(bar + 1, 1u);
+        } else {
+            const uint64_t t0 = kl_now_ns();
+            while (*gen == g0)
+                if (kl_now_ns() - t0 > KL_TIMEOUT_NS) __trap(); /* a block never came */
+        }
+        __threadfence();
+    }
+    kl_consumers_sync();
+}
+
+__device__ __forceinline__ float kl_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Block b's rows [r0, r1) of segment s: the rows whose first byte, with the phase's
+ * weights laid end to end, falls in the block's share of the bytes. */
+__device__ __forceinline__ void kl_rows_of(const kl_phase &p, int s, int b, int G, int &r0,
+                                           int &r1) {
+    const long long lo = p.bytes * b / G, hi = p.bytes * (b + 1) / G;
+    long long c = 0;
+    for (int i = 0; i < s; i++)
+        c += (long long)p.seg[i].rows * p.seg[i].row_bytes * (p.seg[i].w2 ? 2 : 1);
+    const long long rb = (long long)p.seg[s].row_bytes * (p.seg[s].w2 ? 2 : 1);
+    auto first_at = [&](long long at) {
+        const long long d = at - c;
+        const long long r = d <= 0 ? 0 : (d + rb - 1) / rb;
+        return (int)(r < p.seg[s].rows ? r : p.seg[s].rows);
+    };
+    r0 = first_at(lo);
+    r1 = first_at(hi);
+}
+
+/* gv<T>'s register form of item it of the block at b, from shared memory. */
+template <int T> struct kl_lds;
+template <> struct kl_lds<TPI_TYPE_Q4_K> {
+    static __device__ __forceinline__ void load(gv<TPI_TYPE_Q4_K>::raw &w, const uint8_t *b,
+                                                int c) {
+        w.qa = *(const int4 *)(b + 16 + 32 * c);
+        w.qb = *(const int4 *)(b + 32 + 32 * c);
+        w.hd = *(const int4 *)b;
+    }
+};
+template <> struct kl_lds<KERN_TYPE_Q6_KX8> {
+    static __device__ __forceinline__ void load(gv<KERN_TYPE_Q6_KX8>::raw &w, const uint8_t *b,
+                                                int l) {
+        w.A = *(const int4 *)(b + 16 * l);
+        w.C = *(const int4 *)(b + 512 + 16 * l);
+        w.H = *(const int4 *)(b + 1024 + 16 * l);
+        w.S = *(const uint32_t *)(b + 1536 + 4 * l);
+        w.d = *(const uint16_t *)(b + 1664 + 2 * (l >> 2));
+    }
+};
+
+/* This lane's part of the dot of one weight row (shared memory) with x (int8 blocks xs,
+ * their pairs ds, in shared memory): items lane, lane + 32, ... */
+template <int T>
+__device__ __forceinline__ float kl_row_t(const uint8_t *row, int ne0, const int8_t *xs,
+                                          const float2 *ds, int lane) {
+    using Q = gv<T>;
+    const int n_items = ne0 / Q::BLK * Q::IPB;
+    float acc[1] = {0.0f};
+#pragma unroll 2
+    for (int it = lane; it < n_items; it += 32) {
+        const int blk = it / Q::IPB, c = it % Q::IPB;
+        typename Q::raw w;
+        kl_lds<T>::load(w, row + (size_t)blk * Q::BYTES, c);
+        Q::template dot<1, false>(w, c, xs + (size_t)blk * Q::BLK, 0,
+                                  ds + (size_t)blk * (Q::BLK / GV_QK), 0, 1, 1.0f, acc);
+    }
+    return acc[0];
+}
+__device__ __forceinline__ float kl_row(int type, const uint8_t *row, int ne0, const int8_t *xs,
+                                        const float2 *ds, int lane) {
+    const float a = type == TPI_TYPE_Q4_K ? kl_row_t<TPI_TYPE_Q4_K>(row, ne0, xs, ds, lane)
+                                          : kl_row_t<KERN_TYPE_Q6_KX8>(row, ne0, xs, ds, lane);
+    return kl_warp_sum(a);
+}
+
+/* The consumers quantize the phase's input into xs/ds (normed first when p.norm). */
+__device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_t *xs,
+                                             float2 *ds, float *red) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int ne0 = p.ne0;
+    float scale = 1.0f;
+    if (p.norm) {
+        const float4 *s4 = (const float4 *)p.src;
+        float ss = 0.0f;
+        for (int i = tid; i < ne0 / 4; i += KL_NC * 32) {
+            const float4 v = __ldcg(s4 + i);
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        ss = kl_warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        kl_consumers_sync();
+        float t = 0.0f;
+        for (int w = 0; w < KL_NC; w++) /* fixed order: every block gets the same scale */
+            t += red[w];
+        scale = (float)(1.0 / sqrt((double)t / (double)ne0 + (double)eps));
+    }
+    for (int blk = warp; blk < ne0 / GV_QK; blk += KL_NC) {
+        const int i = blk * GV_QK + lane;
+        float v = __ldcg(p.src + i);
+        if (p.norm) v = __fmul_rn(__fmul_rn(v, scale), __ldg(p.norm + i));
+        kern_q8_block(v, i, xs, ds);
+    }
+    kl_consumers_sync();
+}
+
+/* ---------------------------------------------------------------- the kernel */
+
+__global__ void __launch_bounds__(KL_THREADS, 1) kl_kernel(const kl_args a) {
+    extern __shared__ __align__(128) uint8_t kl_smem[];
+    const int ns = a.ns;
+    uint8_t *slots = kl_smem;
+    int8_t *xs = (int8_t *)(kl_smem + (size_t)ns * KL_SLOT);
+    float2 *ds = (float2 *)(xs + ((a.xmax + 15) & ~15));
+    float *red = (float *)(ds + a.xmax / GV_QK);
+    uint64_t *full = (uint64_t *)(((uintptr_t)(red + KL_NC) + 7) & ~(uintptr_t)7);
+    uint64_t *empty = full + ns;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int G = (int)gridDim.x, b = (int)blockIdx.x;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ns; s++) {
+            kl_mbar_init(&full[s], 1);       /* the producer's expect_tx arrival */
+            kl_mbar_init(&empty[s], KL_NC); /* every consumer warp, done with the slot */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == KL_NC) { /* the producer: every phase's chunks, in order */
+        if (lane != 0) return;
+        int k = 0;
+        for (int ph = 0; ph < a.n_ph; ph++) {
+            const kl_phase &p = a.ph[ph];
+            for (int s = 0; s < p.n_seg; s++) {
+                const kl_seg &sg = p.seg[s];
+                int r0, r1;
+                kl_rows_of(p, s, b, G, r0, r1);
+                for (int r = r0; r < r1; r += sg.chunk_rows, k++) {
+                    const int n = min(sg.chunk_rows, r1 - r), slot = k % ns, use = k / ns;
+                    if (use > 0) kl_mbar_wait(&empty[slot], (use - 1) & 1);
+                    const unsigned nb = (unsigned)n * (unsigned)sg.row_bytes;
+                    uint8_t *dst = slots + (size_t)slot * KL_SLOT;
+                    kl_mbar_expect(&full[slot], sg.w2 ? 2 * nb : nb);
+                    kl_bulk(dst, sg.w + (size_t)r * sg.row_bytes, nb, &full[slot]);
+                    if (sg.w2) kl_bulk(dst + nb, sg.w2 + (size_t)r * sg.row_bytes, nb, &full[slot]);
+                }
+            }
+        }
+        return;
+    }
+
+    /* the consumers */
+    kern_dep_wait(); /* the first phase's input is the previous kernel's output */
+    int k = 0, rot = 0;
+    for (int ph = 0; ph < a.n_ph; ph++) {
+        const kl_phase &p = a.ph[ph];
+        if (ph > 0) kl_grid_sync(a.bar, (unsigned)G);
+        kl_prepare_x(p, a.eps, xs, ds, red);
+        int j = 0; /* the block's rows of this phase so far */
+        for (int s = 0; s < p.n_seg; s++) {
+            const kl_seg &sg = p.seg[s];
+            int r0, r1;
+            kl_rows_of(p, s, b, G, r0, r1);
+            for (int r = r0; r < r1; r += sg.chunk_rows, k++) {
+                const int n = min(sg.chunk_rows, r1 - r), slot = k % ns;
+                const uint8_t *src = slots + (size_t)slot * KL_SLOT;
+                kl_mbar_wait(&full[slot], (k / ns) & 1);
+                for (int i = 0; i < n; i++)
+                    if ((j + i + rot) % KL_NC == warp) {
+                        const uint8_t *row = src + (size_t)i * sg.row_bytes;
+                        const float v = kl_row(sg.type, row, p.ne0, xs, ds, lane);
+                        float *y = sg.y + r + i;
+                        if (p.out == KL_OUT_GLU) {
+                            const float u = kl_row(sg.type, row + (size_t)n * sg.row_bytes, p.ne0,
+                                                   xs, ds, lane);
+                            if (lane == 0) __stcg(y, kern_silu_mul1(v, u));
+                        } else if (lane == 0) {
+                            __stcg(y, p.out == KL_OUT_ADD ? __ldcg(y) + v : v);
+                        }
+                    }
+                __syncwarp();
+                if (lane == 0) kl_mbar_arrive(&empty[slot]);
+                j += n;
+            }
+        }
+        rot = (rot + j) % KL_NC;
+    }
+}
+
+/* ---------------------------------------------------------------- host side */
+
+/* kl's type id of w, or -1 when the kernel does not cover it. */
+static int kl_type_of(const struct tpi_weight *w) {
+    if (!w || !w->data) return -1;
+    const int t = kern_wtype(w);
+    if (t == TPI_TYPE_Q4_K && w->ne0 % 256 == 0 && w->row_bytes % 16 == 0) return t;
+    if (t == KERN_TYPE_Q6_KX8 && w->ne0 % 2048 == 0 && w->row_bytes % 16 == 0) return t;
+    return -1;
+}
+
+/* Add weight w (and w2, gate's up) to phase p as its next segment; false when not covered. */
+static bool kl_add_seg(kl_phase &p, const struct tpi_weight *w, const struct tpi_weight *w2,
+                       float *y, int64_t ne0) {
+    const int t = kl_type_of(w);
+    if (t < 0 || p.n_seg >= KL_MAX_SEG || w->ne0 != ne0 || w->ne1 > (1 << 24) || !y) return false;
+    if (w2 && (kl_type_of(w2) != t || w2->ne0 != w->ne0 || w2->ne1 != w->ne1)) return false;
+    const int pair = w2 ? 2 : 1;
+    int cr = (int)(KL_SLOT / ((int64_t)w->row_bytes * pair));
+    if (cr < 1) return false;
+    if (cr > KL_ROWS_MAX) cr = KL_ROWS_MAX;
+    kl_seg &s = p.seg[p.n_seg++];
+    s.w = (const uint8_t *)w->data;
+    s.w2 = w2 ? (const uint8_t *)w2->data : NULL;
+    s.y = y;
+    s.type = t;
+    s.rows = (int)w->ne1;
+    s.row_bytes = (int)w->row_bytes;
+    s.chunk_rows = cr;
+    p.bytes += (long long)w->ne1 * (long long)w->row_bytes * pair;
+    return true;
+}
+
+static void kl_phase_in(kl_phase &p, const float *src, const float *norm, int64_t ne0, int out) {
+    memset(&p, 0, sizeof p);
+    p.src = src;
+    p.norm = norm;
+    p.ne0 = (int)ne0;
+    p.out = out;
+}
+
+/* Dynamic shared memory of a launch with ns slots and inputs of up to xmax values. */
+static size_t kl_smem_bytes(int ns, int xmax) {
+    return (size_t)ns * KL_SLOT + (size_t)((xmax + 15) & ~15) + (size_t)xmax / GV_QK * 8 +
+           KL_NC * 4 + 8 + 2 * (size_t)ns * 8;
+}
+
+bool kern_layer_init(struct ops_ctx *ctx) {
+    const char *e = getenv("TPI_LAYER_TAIL");
+    ctx->layer_tail = !(e && strcmp(e, "0") == 0);
+    if (!CUDA_OK(ctx, "cuda init", cudaMalloc(&ctx->layer_bar, 2 * sizeof(unsigned))) ||
+        !CUDA_OK(ctx, "cuda init", cudaMemset(ctx->layer_bar, 0, 2 * sizeof(unsigned)))) {
+        ctx->layer_bar = NULL;
+        return false;
+    }
+    if (cudaFuncSetAttribute(kl_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)ctx->smem_optin) != cudaSuccess) {
+        cudaGetLastError(); /* a device without the opt-in: the tail stays off */
+        ctx->layer_tail = 0;
+    }
+    return true;
+}
+
+void kern_layer_free(struct ops_ctx *ctx) {
+    if (ctx->layer_bar) cudaFree(ctx->layer_bar);
+    ctx->layer_bar = NULL;
+}
+
+bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
+    if (!ctx->layer_tail || !ctx->layer_bar || !t || !t->att || !t->x || !t->g) return false;
+    const int64_t n_embd = t->wo ? t->wo->ne1 : 0, n_ff = t->w_gate ? t->w_gate->ne1 : 0;
+    kl_args a;
+    memset(&a, 0, sizeof a);
+    if (!t->wo || !t->ffn_norm || !t->w_down || n_embd % GV_QK || n_ff % GV_QK) return false;
+    kl_phase_in(a.ph[0], t->att, NULL, t->wo->ne0, KL_OUT_ADD);
+    if (!kl_add_seg(a.ph[0], t->wo, NULL, t->x, t->wo->ne0)) return false;
+    kl_phase_in(a.ph[1], t->x, t->ffn_norm, n_embd, KL_OUT_GLU);
+    if (!kl_add_seg(a.ph[1], t->w_gate, t->w_up, t->g, n_embd)) return false;
+    kl_phase_in(a.ph[2], t->g, NULL, n_ff, KL_OUT_ADD);
+    if (!kl_add_seg(a.ph[2], t->w_down, NULL, t->x, n_ff) || t->w_down->ne1 != n_embd)
+        return false;
+    a.n_ph = 3;
+    if (t->wq) {
+        kl_phase &p = a.ph[3];
+        kl_phase_in(p, t->x, t->attn_norm, n_embd, KL_OUT_STORE);
+        if (!t->attn_norm || !kl_add_seg(p, t->wq, NULL, t->q, n_embd) ||
+            !kl_add_seg(p, t->wk, NULL, t->k, n_embd) || !kl_add_seg(p, t->wv, NULL, t->v, n_embd))
+            return false;
+        a.n_ph = 4;
+    }
+    int xmax = 0;
+    for (int i = 0; i < a.n_ph; i++) {
+        if (a.ph[i].ne0 % GV_QK || a.ph[i].ne0 % 4) return false;
+        xmax = a.ph[i].ne0 > xmax ? a.ph[i].ne0 : xmax;
+    }
+    int ns = KL_NS_MAX;
+    while (ns >= KL_NS_MIN && kl_smem_bytes(ns, xmax) > ctx->smem_optin)
+        ns--;
+    if (ns < KL_NS_MIN) return false;
+    const size_t smem = kl_smem_bytes(ns, xmax);
+    /* blocks that fit at once (the barriers need every block resident): asked once a shape */
+    if (ctx->layer_smem != smem) {
+        int per_sm = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kl_kernel, KL_THREADS, smem) !=
+            cudaSuccess) {
+            cudaGetLastError();
+            per_sm = 0;
+        }
+        ctx->layer_smem = smem;
+        ctx->layer_blocks = per_sm > 0 ? ctx->n_sm : 0; /* one a multiprocessor, no more */
+    }
+    if (ctx->layer_blocks <= 0) return false;
+    a.ns = ns;
+    a.xmax = xmax;
+    a.eps = t->eps;
+    a.bar = ctx->layer_bar;
+    kern_xq_forget(ctx);
+    kern_launch(ctx->pdl, kl_kernel, dim3(ctx->layer_blocks), dim3(KL_THREADS), smem, ctx->stream, a);
+    return LAUNCH_OK(ctx, "layer_tail");
+}
