@@ -15,9 +15,9 @@
  *
  * Work: block b of G owns a contiguous range of each phase's rows, balanced by weight
  * bytes over the phase's weights laid end to end (Q, K, V; gate and up as pairs of
- * rows). The range is cut into chunks of at most one slot (KL_SLOT bytes, KL_ROWS_MAX
+ * rows). The range is cut into chunks of at most one slot (40 KB, KL_ROWS_MAX
  * rows); the block's chunk k, counted over all phases, goes to slot k % ns. Consumer
- * warp w computes the block's rows j of a phase with (j + rot) % KL_NC == w (rot carries
+ * warp w of NC computes the block's rows j of a phase with (j + rot) % NC == w (rot carries
  * the phases before, so no warp takes every phase's spare row): a whole row a warp,
  * lane l taking the row's items l, l + 32, ... with kern_gemv_dot.cuh's per-type loads
  * (here from shared memory) and dot products, summed over the lanes by a fixed xor tree,
@@ -25,10 +25,12 @@
  * not depend on timing, and the residual adds need no atomics.
  *
  * A phase's input (the attention output; the residual stream, normed; g) is quantized
- * to int8 blocks of 32 by every block into its own shared memory (kern_q8_block, as the
- * matrix-vector path quantizes it; the norm as rmsnorm_split_kernel computes it, but its
- * sum of squares in another order), once the barrier before the phase has made it
- * complete. Activations written inside the launch are read through L2 (ld.global.cg):
+ * to int8 blocks of 32 by every block into its own shared memory (kern_q8_block's
+ * rounding; the norm as rmsnorm_split_kernel computes it, but its sum of squares in
+ * another order), once the barrier before the phase has made it complete. The int8
+ * values go to the permuted copies of kern_xq.cuh (one per weight type the phase has),
+ * in which a warp's 32 lanes read one 512-byte run per x load: in the plain layout
+ * their pieces sit 64 bytes apart and 16 lanes share a bank. Activations written inside the launch are read through L2 (ld.global.cg):
  * L1 is not coherent between multiprocessors.
  *
  * The barriers wait for all G blocks, so all must be resident at once: G is at most the
@@ -49,11 +51,11 @@
 #include "kern_common.cuh"
 #include "kern_gemv_dot.cuh"
 
-#define KL_NC 16                      /* consumer warps a block */
-#define KL_THREADS (32 * (KL_NC + 1)) /* ... and one producer warp */
-#define KL_SLOT 40960                 /* bytes of one ring slot */
-#define KL_NS_MIN 2                   /* fewer slots than this: not covered */
-#define KL_NS_MAX 8
+#define KL_NC_DEFAULT 16 /* consumer warps a block (TPI_LAYER_WARPS: 8, 16 or 20) */
+#define KL_NC_MAX 20
+#define KL_SLOT_DEFAULT 40960 /* bytes of one ring slot (TPI_LAYER_SLOT_KB: 8..64) */
+#define KL_NS_MIN 2           /* fewer slots than this: not covered */
+#define KL_NS_MAX 16
 #define KL_ROWS_MAX 16 /* rows of one chunk at most */
 #define KL_MAX_SEG 3   /* weights of one phase */
 #define KL_MAX_PH 4
@@ -76,13 +78,17 @@ struct kl_phase {
     const float *src;  /* input (device, f32) */
     const float *norm; /* rmsnorm weight for src, or NULL: src as it is */
     int out;           /* KL_OUT_*: y = dot, y += dot, y = silu(gate) * up */
+    int xk4, xq6;      /* where x's permuted copies for Q4_K and Q6_K start in the x
+                        * buffer (kern_xq.cuh's gv_perm_k4 / gv_perm_q6), -1: not needed */
     long long bytes;   /* the phase's weight bytes (a pair's both rows) */
 };
 struct kl_args {
     kl_phase ph[KL_MAX_PH];
     int n_ph;
     int ns;        /* ring slots */
-    int xmax;      /* largest ne0 of the phases */
+    int slot;      /* bytes a slot (a multiple of 128) */
+    int xmax;      /* largest ne0 of the phases (its (d, d*sum) pairs) */
+    int xbytes;    /* the x buffer: the largest sum of a phase's permuted copies */
     float eps;
     unsigned *bar; /* grid barrier: arrivals, generation (device, zeroed once) */
 };
@@ -136,15 +142,15 @@ __device__ __forceinline__ void kl_bulk(void *dst, const void *src, unsigned n, 
                  "l"(src), "r"(n), "r"(kl_saddr(b))
                  : "memory");
 }
-/* The consumer warps only (named barrier 1; the producer warp never joins it). */
-__device__ __forceinline__ void kl_consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(KL_NC * 32) : "memory");
+/* The NC consumer warps only (named barrier 1; the producer warp never joins it). */
+template <int NC> __device__ __forceinline__ void kl_consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(NC * 32) : "memory");
 }
 /* All G blocks' consumers meet: what any of them stored before is visible to all after
  * (a fence on each side of the counter, as a cooperative grid sync does). bar[0]
  * counts arrivals and is reset by the last one, which then advances bar[1]. */
-__device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G) {
-    kl_consumers_sync();
+template <int NC> __device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G) {
+    kl_consumers_sync<NC>();
     if (threadIdx.x == 0) {
         volatile unsigned *gen = bar + 1;
         const unsigned g0 = *gen;
@@ -160,7 +166,7 @@ __device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G) {
         }
         __threadfence();
     }
-    kl_consumers_sync();
+    kl_consumers_sync<NC>();
 }
 
 __device__ __forceinline__ float kl_warp_sum(float v) {
@@ -209,33 +215,73 @@ template <> struct kl_lds<KERN_TYPE_Q6_KX8> {
     }
 };
 
-/* This lane's part of the dot of one weight row (shared memory) with x (int8 blocks xs,
- * their pairs ds, in shared memory): items lane, lane + 32, ... */
-template <int T>
-__device__ __forceinline__ float kl_row_t(const uint8_t *row, int ne0, const int8_t *xs,
-                                          const float2 *ds, int lane) {
+/* This lane's part of the dots of RW weight rows (shared memory) with x: items lane,
+ * lane + 32, ... of each row (all RW rows' weights loaded before the dots; the x loads
+ * the rows share are one after common-subexpression elimination). xp: the type's
+ * permuted copy of x, where the 32 lanes' 16-byte pieces of one x unit are contiguous
+ * (kind p of kern_gemv.cu: no bank conflicts; the plain layout puts them 64 bytes apart,
+ * 16 lanes a bank); ds: the (d, d*sum) pairs in the plain layout. */
+template <int T, int RW>
+__device__ __forceinline__ void kl_rows_t(const uint8_t *const (&row)[RW], int ne0,
+                                          const int8_t *xp, const float2 *ds, int lane,
+                                          float (&acc)[RW]) {
     using Q = gv<T>;
     const int n_items = ne0 / Q::BLK * Q::IPB;
-    float acc[1] = {0.0f};
 #pragma unroll 2
     for (int it = lane; it < n_items; it += 32) {
         const int blk = it / Q::IPB, c = it % Q::IPB;
-        typename Q::raw w;
-        kl_lds<T>::load(w, row + (size_t)blk * Q::BYTES, c);
-        Q::template dot<1, false>(w, c, xs + (size_t)blk * Q::BLK, 0,
-                                  ds + (size_t)blk * (Q::BLK / GV_QK), 0, 1, 1.0f, acc);
+        typename Q::raw w[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+            kl_lds<T>::load(w[r], row[r] + (size_t)blk * Q::BYTES, c);
+        const int8_t *xi = xp + (size_t)GV_GS_K4 * (it >> 5) + 16 * (it & 31);
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            float a[1] = {acc[r]};
+            Q::template dot<1, true>(w[r], c, xi, 0, ds + (size_t)blk * (Q::BLK / GV_QK), 0, 1,
+                                     1.0f, a);
+            acc[r] = a[0];
+        }
     }
-    return acc[0];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+        acc[r] = kl_warp_sum(acc[r]);
 }
-__device__ __forceinline__ float kl_row(int type, const uint8_t *row, int ne0, const int8_t *xs,
-                                        const float2 *ds, int lane) {
-    const float a = type == TPI_TYPE_Q4_K ? kl_row_t<TPI_TYPE_Q4_K>(row, ne0, xs, ds, lane)
-                                          : kl_row_t<KERN_TYPE_Q6_KX8>(row, ne0, xs, ds, lane);
-    return kl_warp_sum(a);
+template <int RW>
+__device__ __forceinline__ void kl_rows(int type, const uint8_t *const (&row)[RW], int ne0,
+                                        const int8_t *xbuf, const kl_phase &p, const float2 *ds,
+                                        int lane, float (&acc)[RW]) {
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+        acc[r] = 0.0f;
+    if (type == TPI_TYPE_Q4_K)
+        kl_rows_t<TPI_TYPE_Q4_K, RW>(row, ne0, xbuf + p.xk4, ds, lane, acc);
+    else
+        kl_rows_t<KERN_TYPE_Q6_KX8, RW>(row, ne0, xbuf + p.xq6, ds, lane, acc);
 }
 
-/* The consumers quantize the phase's input into xs/ds (normed first when p.norm). */
-__device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_t *xs,
+/* kern_q8_block's rounding of the warp's 32 values (lane j: value i of block i / 32): the
+ * same d, q and d * sum; lane 0 writes ds[i / 32]. Returns q. */
+__device__ __forceinline__ int kl_q8(float v, int i, float2 *ds) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
+    q = max(-127, min(127, q));
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if ((threadIdx.x & 31) == 0) ds[i / GV_QK] = make_float2(d, d * (float)sum);
+    return q;
+}
+
+/* The consumers quantize the phase's input (normed first when p.norm) into the permuted
+ * copies its weights' types read, and its pairs into ds. */
+template <int NC>
+__device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_t *xbuf,
                                              float2 *ds, float *red) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int ne0 = p.ne0;
@@ -243,37 +289,39 @@ __device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_
     if (p.norm) {
         const float4 *s4 = (const float4 *)p.src;
         float ss = 0.0f;
-        for (int i = tid; i < ne0 / 4; i += KL_NC * 32) {
+        for (int i = tid; i < ne0 / 4; i += NC * 32) {
             const float4 v = __ldcg(s4 + i);
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         ss = kl_warp_sum(ss);
         if (lane == 0) red[warp] = ss;
-        kl_consumers_sync();
+        kl_consumers_sync<NC>();
         float t = 0.0f;
-        for (int w = 0; w < KL_NC; w++) /* fixed order: every block gets the same scale */
+        for (int w = 0; w < NC; w++) /* fixed order: every block gets the same scale */
             t += red[w];
         scale = (float)(1.0 / sqrt((double)t / (double)ne0 + (double)eps));
     }
-    for (int blk = warp; blk < ne0 / GV_QK; blk += KL_NC) {
+    for (int blk = warp; blk < ne0 / GV_QK; blk += NC) {
         const int i = blk * GV_QK + lane;
         float v = __ldcg(p.src + i);
         if (p.norm) v = __fmul_rn(__fmul_rn(v, scale), __ldg(p.norm + i));
-        kern_q8_block(v, i, xs, ds);
+        const int q = kl_q8(v, i, ds);
+        if (p.xk4 >= 0) xbuf[p.xk4 + gv_perm_k4(i)] = (int8_t)q;
+        if (p.xq6 >= 0) xbuf[p.xq6 + gv_perm_q6(i)] = (int8_t)q;
     }
-    kl_consumers_sync();
+    kl_consumers_sync<NC>();
 }
 
 /* ---------------------------------------------------------------- the kernel */
 
-__global__ void __launch_bounds__(KL_THREADS, 1) kl_kernel(const kl_args a) {
+template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(const kl_args a) {
     extern __shared__ __align__(128) uint8_t kl_smem[];
-    const int ns = a.ns;
+    const int ns = a.ns, SLOT = a.slot;
     uint8_t *slots = kl_smem;
-    int8_t *xs = (int8_t *)(kl_smem + (size_t)ns * KL_SLOT);
-    float2 *ds = (float2 *)(xs + ((a.xmax + 15) & ~15));
+    int8_t *xs = (int8_t *)(kl_smem + (size_t)ns * SLOT);
+    float2 *ds = (float2 *)(xs + a.xbytes);
     float *red = (float *)(ds + a.xmax / GV_QK);
-    uint64_t *full = (uint64_t *)(((uintptr_t)(red + KL_NC) + 7) & ~(uintptr_t)7);
+    uint64_t *full = (uint64_t *)(((uintptr_t)(red + NC) + 7) & ~(uintptr_t)7);
     uint64_t *empty = full + ns;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = (int)gridDim.x, b = (int)blockIdx.x;
@@ -281,13 +329,13 @@ __global__ void __launch_bounds__(KL_THREADS, 1) kl_kernel(const kl_args a) {
     if (threadIdx.x == 0) {
         for (int s = 0; s < ns; s++) {
             kl_mbar_init(&full[s], 1);       /* the producer's expect_tx arrival */
-            kl_mbar_init(&empty[s], KL_NC); /* every consumer warp, done with the slot */
+            kl_mbar_init(&empty[s], NC);   /* every consumer warp, done with the slot */
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    if (warp == KL_NC) { /* the producer: every phase's chunks, in order */
+    if (warp == NC) { /* the producer: every phase's chunks, in order */
         if (lane != 0) return;
         int k = 0;
         for (int ph = 0; ph < a.n_ph; ph++) {
@@ -300,7 +348,7 @@ __global__ void __launch_bounds__(KL_THREADS, 1) kl_kernel(const kl_args a) {
                     const int n = min(sg.chunk_rows, r1 - r), slot = k % ns, use = k / ns;
                     if (use > 0) kl_mbar_wait(&empty[slot], (use - 1) & 1);
                     const unsigned nb = (unsigned)n * (unsigned)sg.row_bytes;
-                    uint8_t *dst = slots + (size_t)slot * KL_SLOT;
+                    uint8_t *dst = slots + (size_t)slot * SLOT;
                     kl_mbar_expect(&full[slot], sg.w2 ? 2 * nb : nb);
                     kl_bulk(dst, sg.w + (size_t)r * sg.row_bytes, nb, &full[slot]);
                     if (sg.w2) kl_bulk(dst + nb, sg.w2 + (size_t)r * sg.row_bytes, nb, &full[slot]);
@@ -315,8 +363,8 @@ __global__ void __launch_bounds__(KL_THREADS, 1) kl_kernel(const kl_args a) {
     int k = 0, rot = 0;
     for (int ph = 0; ph < a.n_ph; ph++) {
         const kl_phase &p = a.ph[ph];
-        if (ph > 0) kl_grid_sync(a.bar, (unsigned)G);
-        kl_prepare_x(p, a.eps, xs, ds, red);
+        if (ph > 0) kl_grid_sync<NC>(a.bar, (unsigned)G);
+        kl_prepare_x<NC>(p, a.eps, xs, ds, red);
         int j = 0; /* the block's rows of this phase so far */
         for (int s = 0; s < p.n_seg; s++) {
             const kl_seg &sg = p.seg[s];
@@ -324,19 +372,22 @@ __global__ void __launch_bounds__(KL_THREADS, 1) kl_kernel(const kl_args a) {
             kl_rows_of(p, s, b, G, r0, r1);
             for (int r = r0; r < r1; r += sg.chunk_rows, k++) {
                 const int n = min(sg.chunk_rows, r1 - r), slot = k % ns;
-                const uint8_t *src = slots + (size_t)slot * KL_SLOT;
+                const uint8_t *src = slots + (size_t)slot * SLOT;
                 kl_mbar_wait(&full[slot], (k / ns) & 1);
                 for (int i = 0; i < n; i++)
-                    if ((j + i + rot) % KL_NC == warp) {
+                    if ((j + i + rot) % NC == warp) {
                         const uint8_t *row = src + (size_t)i * sg.row_bytes;
-                        const float v = kl_row(sg.type, row, p.ne0, xs, ds, lane);
                         float *y = sg.y + r + i;
-                        if (p.out == KL_OUT_GLU) {
-                            const float u = kl_row(sg.type, row + (size_t)n * sg.row_bytes, p.ne0,
-                                                   xs, ds, lane);
-                            if (lane == 0) __stcg(y, kern_silu_mul1(v, u));
-                        } else if (lane == 0) {
-                            __stcg(y, p.out == KL_OUT_ADD ? __ldcg(y) + v : v);
+                        if (p.out == KL_OUT_GLU) { /* gate row i, up row i after the n gates */
+                            const uint8_t *rows[2] = {row, row + (size_t)n * sg.row_bytes};
+                            float gu[2];
+                            kl_rows<2>(sg.type, rows, p.ne0, xs, p, ds, lane, gu);
+                            if (lane == 0) __stcg(y, kern_silu_mul1(gu[0], gu[1]));
+                        } else {
+                            const uint8_t *rows[1] = {row};
+                            float v[1];
+                            kl_rows<1>(sg.type, rows, p.ne0, xs, p, ds, lane, v);
+                            if (lane == 0) __stcg(y, p.out == KL_OUT_ADD ? __ldcg(y) + v[0] : v[0]);
                         }
                     }
                 __syncwarp();
@@ -344,7 +395,7 @@ __global__ void __launch_bounds__(KL_THREADS, 1) kl_kernel(const kl_args a) {
                 j += n;
             }
         }
-        rot = (rot + j) % KL_NC;
+        rot = (rot + j) % NC;
     }
 }
 
@@ -361,12 +412,12 @@ static int kl_type_of(const struct tpi_weight *w) {
 
 /* Add weight w (and w2, gate's up) to phase p as its next segment; false when not covered. */
 static bool kl_add_seg(kl_phase &p, const struct tpi_weight *w, const struct tpi_weight *w2,
-                       float *y, int64_t ne0) {
+                       float *y, int64_t ne0, int slot) {
     const int t = kl_type_of(w);
     if (t < 0 || p.n_seg >= KL_MAX_SEG || w->ne0 != ne0 || w->ne1 > (1 << 24) || !y) return false;
     if (w2 && (kl_type_of(w2) != t || w2->ne0 != w->ne0 || w2->ne1 != w->ne1)) return false;
     const int pair = w2 ? 2 : 1;
-    int cr = (int)(KL_SLOT / ((int64_t)w->row_bytes * pair));
+    int cr = (int)(slot / ((int64_t)w->row_bytes * pair));
     if (cr < 1) return false;
     if (cr > KL_ROWS_MAX) cr = KL_ROWS_MAX;
     kl_seg &s = p.seg[p.n_seg++];
@@ -387,26 +438,64 @@ static void kl_phase_in(kl_phase &p, const float *src, const float *norm, int64_
     p.norm = norm;
     p.ne0 = (int)ne0;
     p.out = out;
+    p.xk4 = p.xq6 = -1;
 }
 
-/* Dynamic shared memory of a launch with ns slots and inputs of up to xmax values. */
-static size_t kl_smem_bytes(int ns, int xmax) {
-    return (size_t)ns * KL_SLOT + (size_t)((xmax + 15) & ~15) + (size_t)xmax / GV_QK * 8 +
-           KL_NC * 4 + 8 + 2 * (size_t)ns * 8;
+/* Place the phase's permuted copies of x (each ne0 rounded up to whole groups) in the x
+ * buffer; returns the bytes they take. */
+static int kl_place_copies(kl_phase &p) {
+    const int pad = (p.ne0 + GV_GS_K4 - 1) / GV_GS_K4 * GV_GS_K4;
+    bool k4 = false, q6 = false;
+    for (int i = 0; i < p.n_seg; i++)
+        (p.seg[i].type == TPI_TYPE_Q4_K ? k4 : q6) = true;
+    int at = 0;
+    if (k4) p.xk4 = at, at += pad;
+    if (q6) p.xq6 = at, at += pad;
+    return at;
+}
+
+/* Dynamic shared memory of a launch with ns slots, an x buffer of xbytes (a multiple of
+ * 16) and inputs of up to xmax values. */
+static size_t kl_smem_bytes(int ns, int slot, int xbytes, int xmax) {
+    return (size_t)ns * slot + (size_t)xbytes + (size_t)xmax / GV_QK * 8 + KL_NC_MAX * 4 + 8 +
+           2 * (size_t)ns * 8;
+}
+
+/* The kernel of nc consumer warps. */
+static void (*kl_kernel_for(int nc))(const kl_args) {
+    return nc == 8 ? kl_kernel<8> : nc == 20 ? kl_kernel<20> : kl_kernel<16>;
 }
 
 bool kern_layer_init(struct ops_ctx *ctx) {
     const char *e = getenv("TPI_LAYER_TAIL");
     ctx->layer_tail = !(e && strcmp(e, "0") == 0);
+    ctx->layer_warps = KL_NC_DEFAULT;
+    const char *w = getenv("TPI_LAYER_WARPS");
+    if (w && *w) {
+        if (strcmp(w, "8") == 0 || strcmp(w, "16") == 0 || strcmp(w, "20") == 0)
+            ctx->layer_warps = atoi(w);
+        else
+            TPI_LOGW("TPI_LAYER_WARPS=%s is not 8, 16 or 20: ignored", w);
+    }
+    ctx->layer_slot = KL_SLOT_DEFAULT;
+    const char *sl = getenv("TPI_LAYER_SLOT_KB");
+    if (sl && *sl) {
+        const int kb = atoi(sl);
+        if (kb >= 8 && kb <= 64)
+            ctx->layer_slot = kb * 1024;
+        else
+            TPI_LOGW("TPI_LAYER_SLOT_KB=%s is not 8..64: ignored", sl);
+    }
     if (!CUDA_OK(ctx, "cuda init", cudaMalloc(&ctx->layer_bar, 2 * sizeof(unsigned))) ||
         !CUDA_OK(ctx, "cuda init", cudaMemset(ctx->layer_bar, 0, 2 * sizeof(unsigned)))) {
         ctx->layer_bar = NULL;
         return false;
     }
-    if (cudaFuncSetAttribute(kl_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(kl_kernel_for(ctx->layer_warps),
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)ctx->smem_optin) != cudaSuccess) {
         cudaGetLastError(); /* a device without the opt-in: the tail stays off */
-        ctx->layer_tail = 0;
+        ctx->layer_tail = false;
     }
     return true;
 }
@@ -419,39 +508,44 @@ void kern_layer_free(struct ops_ctx *ctx) {
 bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     if (!ctx->layer_tail || !ctx->layer_bar || !t || !t->att || !t->x || !t->g) return false;
     const int64_t n_embd = t->wo ? t->wo->ne1 : 0, n_ff = t->w_gate ? t->w_gate->ne1 : 0;
+    const int slot = ctx->layer_slot, nc = ctx->layer_warps;
     kl_args a;
     memset(&a, 0, sizeof a);
     if (!t->wo || !t->ffn_norm || !t->w_down || n_embd % GV_QK || n_ff % GV_QK) return false;
     kl_phase_in(a.ph[0], t->att, NULL, t->wo->ne0, KL_OUT_ADD);
-    if (!kl_add_seg(a.ph[0], t->wo, NULL, t->x, t->wo->ne0)) return false;
+    if (!kl_add_seg(a.ph[0], t->wo, NULL, t->x, t->wo->ne0, slot)) return false;
     kl_phase_in(a.ph[1], t->x, t->ffn_norm, n_embd, KL_OUT_GLU);
-    if (!kl_add_seg(a.ph[1], t->w_gate, t->w_up, t->g, n_embd)) return false;
+    if (!kl_add_seg(a.ph[1], t->w_gate, t->w_up, t->g, n_embd, slot)) return false;
     kl_phase_in(a.ph[2], t->g, NULL, n_ff, KL_OUT_ADD);
-    if (!kl_add_seg(a.ph[2], t->w_down, NULL, t->x, n_ff) || t->w_down->ne1 != n_embd)
+    if (!kl_add_seg(a.ph[2], t->w_down, NULL, t->x, n_ff, slot) || t->w_down->ne1 != n_embd)
         return false;
     a.n_ph = 3;
     if (t->wq) {
         kl_phase &p = a.ph[3];
         kl_phase_in(p, t->x, t->attn_norm, n_embd, KL_OUT_STORE);
-        if (!t->attn_norm || !kl_add_seg(p, t->wq, NULL, t->q, n_embd) ||
-            !kl_add_seg(p, t->wk, NULL, t->k, n_embd) || !kl_add_seg(p, t->wv, NULL, t->v, n_embd))
+        if (!t->attn_norm || !kl_add_seg(p, t->wq, NULL, t->q, n_embd, slot) ||
+            !kl_add_seg(p, t->wk, NULL, t->k, n_embd, slot) ||
+            !kl_add_seg(p, t->wv, NULL, t->v, n_embd, slot))
             return false;
         a.n_ph = 4;
     }
-    int xmax = 0;
+    int xmax = 0, xbytes = 0;
     for (int i = 0; i < a.n_ph; i++) {
         if (a.ph[i].ne0 % GV_QK || a.ph[i].ne0 % 4) return false;
         xmax = a.ph[i].ne0 > xmax ? a.ph[i].ne0 : xmax;
+        const int nb = kl_place_copies(a.ph[i]);
+        xbytes = nb > xbytes ? nb : xbytes;
     }
     int ns = KL_NS_MAX;
-    while (ns >= KL_NS_MIN && kl_smem_bytes(ns, xmax) > ctx->smem_optin)
+    while (ns >= KL_NS_MIN && kl_smem_bytes(ns, slot, xbytes, xmax) > ctx->smem_optin)
         ns--;
     if (ns < KL_NS_MIN) return false;
-    const size_t smem = kl_smem_bytes(ns, xmax);
+    const size_t smem = kl_smem_bytes(ns, slot, xbytes, xmax);
+    void (*kernel)(const kl_args) = kl_kernel_for(nc);
     /* blocks that fit at once (the barriers need every block resident): asked once a shape */
     if (ctx->layer_smem != smem) {
         int per_sm = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kl_kernel, KL_THREADS, smem) !=
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * (nc + 1), smem) !=
             cudaSuccess) {
             cudaGetLastError();
             per_sm = 0;
@@ -461,10 +555,13 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     }
     if (ctx->layer_blocks <= 0) return false;
     a.ns = ns;
+    a.slot = slot;
     a.xmax = xmax;
+    a.xbytes = xbytes;
     a.eps = t->eps;
     a.bar = ctx->layer_bar;
     kern_xq_forget(ctx);
-    kern_launch(ctx->pdl, kl_kernel, dim3(ctx->layer_blocks), dim3(KL_THREADS), smem, ctx->stream, a);
+    kern_launch(ctx->pdl, kernel, dim3(ctx->layer_blocks), dim3(32 * (nc + 1)), smem,
+                ctx->stream, a);
     return LAUNCH_OK(ctx, "layer_tail");
 }
