@@ -921,6 +921,7 @@ static int run_cuda(void) {
     }
     setenv("CK_FORK", "no", 1); /* a CUDA context does not survive fork */
     setenv("TPI_XQ_MEMO", "1", 1); /* the memo producers (the default: all) under test */
+    setenv("TPI_LAYER_TAIL", "1", 1); /* the persistent layer tail (opt-in) under test */
     struct ops_config cfg = {2, 0};
     struct tpi_error err;
     tpi_err_clear(&err);

@@ -86,9 +86,10 @@ struct ops_ctx {
     cudaEvent_t staged[2]; /* one per half of `pinned`: that half's copy is done */
     bool host_pinned; /* host_alloc tries pinned memory (default; TPI_PINNED_HOST=0: malloc) */
     int diag_skip;    /* DIAG_SKIP_*: decode kernels left out (TPI_DIAG_SKIP; wrong outputs) */
-    bool layer_tail;      /* layer_tail as one persistent launch (TPI_LAYER_TAIL; default on) */
+    bool layer_tail;      /* layer_tail as one persistent launch (TPI_LAYER_TAIL=1; default off) */
     int layer_warps;      /* ... its consumer warps a block (TPI_LAYER_WARPS) */
     int layer_slot;       /* ... the bytes of its ring slots (TPI_LAYER_SLOT_KB) */
+    int layer_diag;       /* ... parts left out to measure the rest (TPI_LAYER_DIAG) */
     unsigned *layer_bar;  /* device: its grid barrier (arrivals, generation) */
     size_t layer_smem;    /* the launch shape last asked of the occupancy query ... */
     int layer_blocks;     /* ... and the blocks it runs with (0: does not fit) */

@@ -42,7 +42,15 @@
  *
  * Covered: one token; every weight Q4_K (rows of whole 256 values) or Q6_K regrouped
  * (KERN_TYPE_Q6_KX8); gate and up of one type and shape. Anything else returns false
- * and the caller runs the plain ops. TPI_LAYER_TAIL=0 turns it off.
+ * and the caller runs the plain ops.
+ *
+ * Opt-in (TPI_LAYER_TAIL=1): on the H200 it is slower than the separate launches it
+ * replaces (tg128 Q4_K_M ~290 against ~446 t/s; bench/NOTES.md change 50 has the
+ * breakdown). Most of the loss is that every block quantizes each phase's whole input
+ * (132 copies of the work, ~20-29 us a layer); the slot handshakes (~6 us), the three
+ * barriers (~6 us) and dots that do not hide behind the weight stream (~15 us) make
+ * the rest. TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB and TPI_LAYER_DIAG (the
+ * KL_DIAG_* parts left out, wrong outputs) are the knobs that measured it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +99,18 @@ struct kl_args {
     int xbytes;    /* the x buffer: the largest sum of a phase's permuted copies */
     float eps;
     unsigned *bar; /* grid barrier: arrivals, generation (device, zeroed once) */
+    int diag;      /* KL_DIAG_*: parts left out to measure the rest (wrong outputs) */
 };
+/* TPI_LAYER_DIAG, a measuring knob (a sum of these; outputs are wrong): */
+#define KL_DIAG_NO_DOT 1  /* consumers take each slot and release it without its dots */
+#define KL_DIAG_NO_COPY 2 /* the producer marks slots full without copying (stale rows) */
+#define KL_DIAG_NO_SYNC 4 /* no grid barriers between the phases */
+#define KL_DIAG_NO_PREP 8 /* no quantization of the phases' inputs */
+#define KL_DIAG_NO_RING 16 /* no producer, no slot waits */
+#define KL_DIAG_SPIN 32    /* slot waits poll with test_wait instead of try_wait */
+#define KL_DIAG_PREP_NOLOAD 64   /* the inputs' quantization without their loads */
+#define KL_DIAG_PREP_NONORM 128  /* ... without the norm's sum of squares */
+#define KL_DIAG_PREP_NOSTORE 256 /* ... without the permuted copies' stores */
 
 /* ---------------------------------------------------------------- device helpers */
 
@@ -119,19 +138,28 @@ __device__ __forceinline__ uint64_t kl_now_ns() {
     return t;
 }
 /* Wait until the phase of b with this parity has completed (trap after KL_TIMEOUT_NS). */
-__device__ __forceinline__ void kl_mbar_wait(uint64_t *b, unsigned parity) {
-    unsigned done;
+__device__ __forceinline__ void kl_mbar_wait(uint64_t *b, unsigned parity, bool spin = false) {
+    unsigned done, n = 0;
     uint64_t t0 = 0;
     for (;;) {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                     "selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(kl_saddr(b)), "r"(parity)
-                     : "memory");
+        if (spin)
+            asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
+                         "selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done)
+                         : "r"(kl_saddr(b)), "r"(parity)
+                         : "memory");
+        else
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                         "selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done)
+                         : "r"(kl_saddr(b)), "r"(parity)
+                         : "memory");
         if (done) return;
-        const uint64_t t = kl_now_ns();
-        if (!t0) t0 = t;
-        else if (t - t0 > KL_TIMEOUT_NS) __trap();
+        if ((++n & 63) == 0) { /* the clock now and then: a failed try_wait has waited already */
+            const uint64_t t = kl_now_ns();
+            if (!t0) t0 = t;
+            else if (t - t0 > KL_TIMEOUT_NS) __trap();
+        }
     }
 }
 /* n bytes (n % 16 == 0, both addresses 16-byte aligned) from global src to shared dst,
@@ -279,19 +307,30 @@ __device__ __forceinline__ int kl_q8(float v, int i, float2 *ds) {
 }
 
 /* The consumers quantize the phase's input (normed first when p.norm) into the permuted
- * copies its weights' types read, and its pairs into ds. */
+ * copies its weights' types read, and its pairs into ds. Warp w takes x's 32-value blocks
+ * w, w + NC, ..., KL_XB at a time with all their loads issued before the first is used:
+ * the input comes from L2 (another block wrote it), and a round trip for each block in
+ * turn cost ~40 us a layer (bench/NOTES.md change 50). */
+#define KL_XB 8
 template <int NC>
 __device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_t *xbuf,
-                                             float2 *ds, float *red) {
+                                             float2 *ds, float *red, int diag) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int ne0 = p.ne0;
+    const int ne0 = p.ne0, nblk = ne0 / GV_QK;
     float scale = 1.0f;
-    if (p.norm) {
+    if (p.norm && !(diag & KL_DIAG_PREP_NONORM)) {
         const float4 *s4 = (const float4 *)p.src;
         float ss = 0.0f;
-        for (int i = tid; i < ne0 / 4; i += NC * 32) {
-            const float4 v = __ldcg(s4 + i);
-            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        for (int i0 = tid; i0 < ne0 / 4; i0 += KL_XB * NC * 32) {
+            float4 v[KL_XB];
+#pragma unroll
+            for (int u = 0; u < KL_XB; u++) {
+                const int i = i0 + u * NC * 32;
+                v[u] = i < ne0 / 4 ? __ldcg(s4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int u = 0; u < KL_XB; u++)
+                ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
         }
         ss = kl_warp_sum(ss);
         if (lane == 0) red[warp] = ss;
@@ -301,13 +340,25 @@ __device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_
             t += red[w];
         scale = (float)(1.0 / sqrt((double)t / (double)ne0 + (double)eps));
     }
-    for (int blk = warp; blk < ne0 / GV_QK; blk += NC) {
-        const int i = blk * GV_QK + lane;
-        float v = __ldcg(p.src + i);
-        if (p.norm) v = __fmul_rn(__fmul_rn(v, scale), __ldg(p.norm + i));
-        const int q = kl_q8(v, i, ds);
-        if (p.xk4 >= 0) xbuf[p.xk4 + gv_perm_k4(i)] = (int8_t)q;
-        if (p.xq6 >= 0) xbuf[p.xq6 + gv_perm_q6(i)] = (int8_t)q;
+    for (int b0 = warp; b0 < nblk; b0 += KL_XB * NC) {
+        float v[KL_XB], g[KL_XB];
+#pragma unroll
+        for (int u = 0; u < KL_XB; u++) {
+            const int blk = b0 + u * NC, i = blk * GV_QK + lane;
+            const bool ld = blk < nblk && !(diag & KL_DIAG_PREP_NOLOAD);
+            v[u] = ld ? __ldcg(p.src + i) : 0.5f;
+            g[u] = ld && p.norm ? __ldg(p.norm + i) : 1.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < KL_XB; u++) {
+            const int blk = b0 + u * NC, i = blk * GV_QK + lane;
+            if (blk >= nblk) break; /* warp-uniform */
+            const float x = p.norm ? __fmul_rn(__fmul_rn(v[u], scale), g[u]) : v[u];
+            const int q = kl_q8(x, i, ds);
+            if (diag & KL_DIAG_PREP_NOSTORE) continue;
+            if (p.xk4 >= 0) xbuf[p.xk4 + gv_perm_k4(i)] = (int8_t)q;
+            if (p.xq6 >= 0) xbuf[p.xq6 + gv_perm_q6(i)] = (int8_t)q;
+        }
     }
     kl_consumers_sync<NC>();
 }
@@ -335,8 +386,9 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
     }
     __syncthreads();
 
+    const bool spin = a.diag & KL_DIAG_SPIN, ring = !(a.diag & KL_DIAG_NO_RING);
     if (warp == NC) { /* the producer: every phase's chunks, in order */
-        if (lane != 0) return;
+        if (lane != 0 || !ring) return;
         int k = 0;
         for (int ph = 0; ph < a.n_ph; ph++) {
             const kl_phase &p = a.ph[ph];
@@ -346,9 +398,13 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                 kl_rows_of(p, s, b, G, r0, r1);
                 for (int r = r0; r < r1; r += sg.chunk_rows, k++) {
                     const int n = min(sg.chunk_rows, r1 - r), slot = k % ns, use = k / ns;
-                    if (use > 0) kl_mbar_wait(&empty[slot], (use - 1) & 1);
+                    if (use > 0) kl_mbar_wait(&empty[slot], (use - 1) & 1, spin);
                     const unsigned nb = (unsigned)n * (unsigned)sg.row_bytes;
                     uint8_t *dst = slots + (size_t)slot * SLOT;
+                    if (a.diag & KL_DIAG_NO_COPY) {
+                        kl_mbar_arrive(&full[slot]);
+                        continue;
+                    }
                     kl_mbar_expect(&full[slot], sg.w2 ? 2 * nb : nb);
                     kl_bulk(dst, sg.w + (size_t)r * sg.row_bytes, nb, &full[slot]);
                     if (sg.w2) kl_bulk(dst + nb, sg.w2 + (size_t)r * sg.row_bytes, nb, &full[slot]);
@@ -363,8 +419,8 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
     int k = 0, rot = 0;
     for (int ph = 0; ph < a.n_ph; ph++) {
         const kl_phase &p = a.ph[ph];
-        if (ph > 0) kl_grid_sync<NC>(a.bar, (unsigned)G);
-        kl_prepare_x<NC>(p, a.eps, xs, ds, red);
+        if (ph > 0 && !(a.diag & KL_DIAG_NO_SYNC)) kl_grid_sync<NC>(a.bar, (unsigned)G);
+        if (!(a.diag & KL_DIAG_NO_PREP)) kl_prepare_x<NC>(p, a.eps, xs, ds, red, a.diag);
         int j = 0; /* the block's rows of this phase so far */
         for (int s = 0; s < p.n_seg; s++) {
             const kl_seg &sg = p.seg[s];
@@ -373,8 +429,9 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
             for (int r = r0; r < r1; r += sg.chunk_rows, k++) {
                 const int n = min(sg.chunk_rows, r1 - r), slot = k % ns;
                 const uint8_t *src = slots + (size_t)slot * SLOT;
-                kl_mbar_wait(&full[slot], (k / ns) & 1);
-                for (int i = 0; i < n; i++)
+                if (!ring) continue;
+                kl_mbar_wait(&full[slot], (k / ns) & 1, spin);
+                for (int i = 0; i < n && !(a.diag & KL_DIAG_NO_DOT); i++)
                     if ((j + i + rot) % NC == warp) {
                         const uint8_t *row = src + (size_t)i * sg.row_bytes;
                         float *y = sg.y + r + i;
@@ -384,10 +441,12 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                             kl_rows<2>(sg.type, rows, p.ne0, xs, p, ds, lane, gu);
                             if (lane == 0) __stcg(y, kern_silu_mul1(gu[0], gu[1]));
                         } else {
+                            /* the residual's old value asked for before the dot, not after */
+                            const float y0 = p.out == KL_OUT_ADD && lane == 0 ? __ldcg(y) : 0.0f;
                             const uint8_t *rows[1] = {row};
                             float v[1];
                             kl_rows<1>(sg.type, rows, p.ne0, xs, p, ds, lane, v);
-                            if (lane == 0) __stcg(y, p.out == KL_OUT_ADD ? __ldcg(y) + v[0] : v[0]);
+                            if (lane == 0) __stcg(y, y0 + v[0]);
                         }
                     }
                 __syncwarp();
@@ -467,8 +526,9 @@ static void (*kl_kernel_for(int nc))(const kl_args) {
 }
 
 bool kern_layer_init(struct ops_ctx *ctx) {
+    /* opt-in: measured slower than the separate launches so far (bench/NOTES.md change 50) */
     const char *e = getenv("TPI_LAYER_TAIL");
-    ctx->layer_tail = !(e && strcmp(e, "0") == 0);
+    ctx->layer_tail = e && strcmp(e, "1") == 0;
     ctx->layer_warps = KL_NC_DEFAULT;
     const char *w = getenv("TPI_LAYER_WARPS");
     if (w && *w) {
@@ -477,6 +537,11 @@ bool kern_layer_init(struct ops_ctx *ctx) {
         else
             TPI_LOGW("TPI_LAYER_WARPS=%s is not 8, 16 or 20: ignored", w);
     }
+    const char *dg = getenv("TPI_LAYER_DIAG");
+    ctx->layer_diag = dg && *dg ? atoi(dg) & 511 : 0;
+    if (ctx->layer_diag)
+        TPI_LOGW("TPI_LAYER_DIAG=%d: the layer tail leaves parts out; outputs are wrong (for "
+                 "measuring)", ctx->layer_diag);
     ctx->layer_slot = KL_SLOT_DEFAULT;
     const char *sl = getenv("TPI_LAYER_SLOT_KB");
     if (sl && *sl) {
@@ -560,6 +625,7 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     a.xbytes = xbytes;
     a.eps = t->eps;
     a.bar = ctx->layer_bar;
+    a.diag = ctx->layer_diag;
     kern_xq_forget(ctx);
     kern_launch(ctx->pdl, kernel, dim3(ctx->layer_blocks), dim3(32 * (nc + 1)), smem,
                 ctx->stream, a);
