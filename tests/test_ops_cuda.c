@@ -7,7 +7,8 @@
  * attn_prefill, attn_decode; no argument runs them all; `bench` (not a ctest test)
  * prints rough kernel speeds. Without a usable GPU it
  * prints SKIP and exits 77, except for group `host`: the attention launchers' host-side
- * planning (query blocks, the decode split's clusters), which needs no GPU.
+ * planning (query blocks, the decode split's clusters) and the layer tail's split of rows
+ * among its blocks, which need no GPU.
  *
  * Error bounds (normalized MSE = sum (got-want)^2 / sum want^2), by path:
  * - elementwise, norm, rope, embed, get_rows: same f32 arithmetic, elementwise
@@ -481,6 +482,10 @@ int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t, in
                      int cap);
 int kern_attn_dec_plan(const int *fit, int cmax, int ncl_max, long base, int n_split,
                        long max_pos, int tk, long blk_pieces, int nw, int *n_cl);
+
+/* kern_layer.cu (C linkage): the layer tail's split of a phase's rows among its blocks. */
+int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int b, int G,
+                    int *r0, int *r1);
 
 #define ATTN_MAX_SLOTS 8
 
@@ -1109,14 +1114,82 @@ START_TEST(test_bench) {
 }
 END_TEST
 
+/* The layer tail's row split (kern_layer_rows) on Qwen3-8B's phases (wo; gate/up pairs;
+ * down in Q4_K and Q6_K; Q/K/V with V in Q6_K), odd shapes and random ones, for 1, 7 and
+ * 132 blocks: each weight's rows are cut into contiguous ranges, block after block, that
+ * cover every row once, and no block's bytes exceed its share by more than one row. */
+START_TEST(test_layer_rows) {
+    struct {
+        int n;
+        int rows[3];
+        long long rb[3];
+    } cases[16] = {
+        {1, {4096}, {2304}},                     /* wo, Q4_K 4096 */
+        {1, {12288}, {4608}},                    /* gate/up pairs */
+        {1, {4096}, {6912}},                     /* down, Q4_K 12288 */
+        {1, {4096}, {10080}},                    /* down, Q6_K 12288 */
+        {3, {4096, 1024, 1024}, {2304, 2304, 3360}}, /* Q, K, V (Q6_K) */
+        {3, {5, 0, 3}, {144, 144, 1680}},        /* fewer rows than blocks, an empty one */
+        {2, {1, 1}, {16, 1 << 20}},
+    };
+    int n_cases = 7;
+    struct tu_rng r;
+    tu_rng_seed(&r, 4242);
+    for (; n_cases < 16; n_cases++) {
+        cases[n_cases].n = 1 + (int)tu_uniform(&r, 0.0f, 2.999f);
+        for (int s = 0; s < cases[n_cases].n; s++) {
+            cases[n_cases].rows[s] = (int)tu_uniform(&r, 0.0f, 3000.0f);
+            cases[n_cases].rb[s] = 16 * (1 + (long long)tu_uniform(&r, 0.0f, 700.0f));
+        }
+    }
+    const int grids[] = {1, 7, 132};
+    for (int c = 0; c < n_cases; c++)
+        for (size_t gi = 0; gi < sizeof grids / sizeof grids[0]; gi++) {
+            const int G = grids[gi], n = cases[c].n;
+            long long total = 0, max_rb = 0;
+            for (int s = 0; s < n; s++) {
+                total += cases[c].rows[s] * cases[c].rb[s];
+                if (cases[c].rb[s] > max_rb) max_rb = cases[c].rb[s];
+            }
+            int next[3] = {0, 0, 0};
+            for (int b = 0; b < G; b++) {
+                int r0[3], r1[3];
+                ck_assert_int_eq(kern_layer_rows(n, cases[c].rows, cases[c].rb, b, G, r0, r1), 0);
+                long long bytes = 0;
+                for (int s = 0; s < n; s++) {
+                    ck_assert_msg(r0[s] == next[s] && r1[s] >= r0[s],
+                                  "case %d, %d blocks: block %d segment %d rows [%d, %d) after %d",
+                                  c, G, b, s, r0[s], r1[s], next[s]);
+                    next[s] = r1[s];
+                    bytes += (long long)(r1[s] - r0[s]) * cases[c].rb[s];
+                }
+                ck_assert_msg(bytes <= total / G + max_rb,
+                              "case %d, %d blocks: block %d takes %lld bytes of %lld", c, G, b,
+                              bytes, total);
+            }
+            for (int s = 0; s < n; s++)
+                ck_assert_msg(next[s] == cases[c].rows[s], "case %d, %d blocks: segment %d ends at "
+                              "row %d of %d", c, G, s, next[s], cases[c].rows[s]);
+        }
+    int r0[3], r1[3];
+    const int rows1[1] = {4};
+    const long long rb1[1] = {16};
+    ck_assert_int_eq(kern_layer_rows(1, rows1, rb1, 3, 3, r0, r1), -1); /* b outside the grid */
+    ck_assert_int_eq(kern_layer_rows(4, rows1, rb1, 0, 1, r0, r1), -1);
+}
+END_TEST
+
 /* ---- main: pick the group ---- */
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "host") == 0) { /* no GPU needed */
         Suite *s = suite_create("ops_cuda_host");
         TCase *tc = tcase_create("host");
+        tcase_set_timeout(tc, 60); /* Check's 4 s default: a cold first run of this 25 MB
+                                      binary on a loaded machine once took longer */
         tcase_add_test(tc, test_attn_blocks);
         tcase_add_test(tc, test_attn_plan);
+        tcase_add_test(tc, test_layer_rows);
         suite_add_tcase(s, tc);
         return tu_run_suite(s);
     }

@@ -350,6 +350,11 @@ void kern_xq_forget(struct ops_ctx *ctx);
 /* Its barrier memory and shared-memory opt-in, at context init; false (recorded) on failure. */
 bool kern_layer_init(struct ops_ctx *ctx);
 void kern_layer_free(struct ops_ctx *ctx);
+/* Block b of G's rows [r0[s], r1[s]) of each of a phase's n_seg weights (rows[s] rows of
+ * seg_bytes[s] bytes), as the layer-tail kernel splits them; -1 on bad arguments. Host
+ * side, for the tests. */
+extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int b,
+                               int G, int *r0, int *r1);
 /* ops->layer_tail: true when launched; false (nothing queued) when not covered. */
 bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t);
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,

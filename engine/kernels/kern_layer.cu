@@ -204,22 +204,29 @@ __device__ __forceinline__ float kl_warp_sum(float v) {
     return v;
 }
 
-/* Block b's rows [r0, r1) of segment s: the rows whose first byte, with the phase's
- * weights laid end to end, falls in the block's share of the bytes. */
+/* Block b of G's rows [r0, r1) of a segment of rows rows of rb bytes each (a GLU pair's
+ * two rows counted together) that starts c bytes into its phase's total bytes: the rows
+ * whose first byte, with the phase's segments laid end to end, falls in the block's share
+ * [total * b / G, total * (b + 1) / G). Host and device (kern_layer_rows, for the test). */
+__host__ __device__ __forceinline__ void kl_range(long long total, long long c, long long rb,
+                                                  int rows, int b, int G, int &r0, int &r1) {
+    const long long lo = total * b / G, hi = total * (b + 1) / G;
+    auto first_at = [&](long long at) {
+        const long long d = at - c;
+        const long long r = d <= 0 ? 0 : (d + rb - 1) / rb;
+        return (int)(r < rows ? r : rows);
+    };
+    r0 = first_at(lo);
+    r1 = first_at(hi);
+}
+/* kl_range for segment s of phase p. */
 __device__ __forceinline__ void kl_rows_of(const kl_phase &p, int s, int b, int G, int &r0,
                                            int &r1) {
-    const long long lo = p.bytes * b / G, hi = p.bytes * (b + 1) / G;
     long long c = 0;
     for (int i = 0; i < s; i++)
         c += (long long)p.seg[i].rows * p.seg[i].row_bytes * (p.seg[i].w2 ? 2 : 1);
     const long long rb = (long long)p.seg[s].row_bytes * (p.seg[s].w2 ? 2 : 1);
-    auto first_at = [&](long long at) {
-        const long long d = at - c;
-        const long long r = d <= 0 ? 0 : (d + rb - 1) / rb;
-        return (int)(r < p.seg[s].rows ? r : p.seg[s].rows);
-    };
-    r0 = first_at(lo);
-    r1 = first_at(hi);
+    kl_range(p.bytes, c, rb, p.seg[s].rows, b, G, r0, r1);
 }
 
 /* gv<T>'s register form of item it of the block at b, from shared memory. */
@@ -523,6 +530,22 @@ static size_t kl_smem_bytes(int ns, int slot, int xbytes, int xmax) {
 /* The kernel of nc consumer warps. */
 static void (*kl_kernel_for(int nc))(const kl_args) {
     return nc == 8 ? kl_kernel<8> : nc == 20 ? kl_kernel<20> : kl_kernel<16>;
+}
+
+extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int b,
+                               int G, int *r0, int *r1) {
+    if (n_seg < 1 || n_seg > KL_MAX_SEG || G < 1 || b < 0 || b >= G) return -1;
+    long long total = 0;
+    for (int i = 0; i < n_seg; i++) {
+        if (rows[i] < 0 || seg_bytes[i] < 1) return -1;
+        total += (long long)rows[i] * seg_bytes[i];
+    }
+    long long c = 0;
+    for (int s = 0; s < n_seg; s++) {
+        kl_range(total, c, seg_bytes[s], rows[s], b, G, r0[s], r1[s]);
+        c += (long long)rows[s] * seg_bytes[s];
+    }
+    return 0;
 }
 
 bool kern_layer_init(struct ops_ctx *ctx) {
