@@ -141,10 +141,9 @@ __device__ __forceinline__ void kern_dep_wait() {
 #endif
 }
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the
- * j-th of its block): d = amax / 127, q = round(v / d) clamped to +-127; writes xq[i]
- * and, from lane 0, ds[i / 32] = (d, d * sum q); returns q. Every x quantization of the
- * v3 path goes through this, so the forms made in different kernels are bitwise equal. */
-__device__ __forceinline__ int kern_q8_block(float v, int64_t i, int8_t *xq, float2 *ds) {
+ * j-th of its block): d = amax / 127, q = round(v / d) clamped to +-127; returns q and
+ * sets *pair = (d, d * sum q) on every lane. */
+__device__ __forceinline__ int kern_q8_quant(float v, float2 *pair) {
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -156,8 +155,24 @@ __device__ __forceinline__ int kern_q8_block(float v, int64_t i, int8_t *xq, flo
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    *pair = make_float2(d, d * (float)sum);
+    return q;
+}
+/* kern_q8_quant of value i; writes xq[i] and, from lane 0, ds[i / 32]; returns q. Every
+ * x quantization of the v3 path goes through this (the layer tail through kern_q8_pairs),
+ * so the forms made in different kernels are bitwise equal. */
+__device__ __forceinline__ int kern_q8_block(float v, int64_t i, int8_t *xq, float2 *ds) {
+    float2 pair;
+    const int q = kern_q8_quant(v, &pair);
     xq[i] = (int8_t)q;
-    if ((threadIdx.x & 31) == 0) ds[i / 32] = make_float2(d, d * (float)sum);
+    if ((threadIdx.x & 31) == 0) ds[i / 32] = pair;
+    return q;
+}
+/* kern_q8_block without the plain xq store (the caller places q, e.g. in permuted copies). */
+__device__ __forceinline__ int kern_q8_pairs(float v, int64_t i, float2 *ds) {
+    float2 pair;
+    const int q = kern_q8_quant(v, &pair);
+    if ((threadIdx.x & 31) == 0) ds[i / 32] = pair;
     return q;
 }
 

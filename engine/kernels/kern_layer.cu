@@ -25,9 +25,9 @@
  * not depend on timing, and the residual adds need no atomics.
  *
  * A phase's input (the attention output; the residual stream, normed; g) is quantized
- * to int8 blocks of 32 by every block into its own shared memory (kern_q8_block's
- * rounding; the norm as rmsnorm_split_kernel computes it, but its sum of squares in
- * another order), once the barrier before the phase has made it complete. The int8
+ * to int8 blocks of 32 by every block into its own shared memory (kern_q8_pairs, the
+ * rounding of kern_q8_block; the norm as rmsnorm_split_kernel computes it, but its sum
+ * of squares in another order), once the barrier before the phase has made it complete. The int8
  * values go to the permuted copies of kern_xq.cuh (one per weight type the phase has),
  * in which a warp's 32 lanes read one 512-byte run per x load: in the plain layout
  * their pieces sit 64 bytes apart and 16 lanes share a bank. Activations written inside the launch are read through L2 (ld.global.cg):
@@ -295,24 +295,6 @@ __device__ __forceinline__ void kl_rows(int type, const uint8_t *const (&row)[RW
         kl_rows_t<KERN_TYPE_Q6_KX8, RW>(row, ne0, xbuf + p.xq6, ds, lane, acc);
 }
 
-/* kern_q8_block's rounding of the warp's 32 values (lane j: value i of block i / 32): the
- * same d, q and d * sum; lane 0 writes ds[i / 32]. Returns q. */
-__device__ __forceinline__ int kl_q8(float v, int i, float2 *ds) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
-    q = max(-127, min(127, q));
-    int sum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if ((threadIdx.x & 31) == 0) ds[i / GV_QK] = make_float2(d, d * (float)sum);
-    return q;
-}
-
 /* The consumers quantize the phase's input (normed first when p.norm) into the permuted
  * copies its weights' types read, and its pairs into ds. Warp w takes x's 32-value blocks
  * w, w + NC, ..., KL_XB at a time with all their loads issued before the first is used:
@@ -361,7 +343,7 @@ __device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_
             const int blk = b0 + u * NC, i = blk * GV_QK + lane;
             if (blk >= nblk) break; /* warp-uniform */
             const float x = p.norm ? __fmul_rn(__fmul_rn(v[u], scale), g[u]) : v[u];
-            const int q = kl_q8(x, i, ds);
+            const int q = kern_q8_pairs(x, i, ds);
             if (diag & KL_DIAG_PREP_NOSTORE) continue;
             if (p.xk4 >= 0) xbuf[p.xk4 + gv_perm_k4(i)] = (int8_t)q;
             if (p.xq6 >= 0) xbuf[p.xq6 + gv_perm_q6(i)] = (int8_t)q;
