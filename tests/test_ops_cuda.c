@@ -484,8 +484,8 @@ int kern_attn_dec_plan(const int *fit, int cmax, int ncl_max, long base, int n_s
                        long max_pos, int tk, long blk_pieces, int nw, int *n_cl);
 
 /* kern_layer.cu (C linkage): the layer tail's split of a phase's rows among its blocks. */
-int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int b, int G,
-                    int *r0, int *r1);
+int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int unit, int b,
+                    int G, int *r0, int *r1);
 
 #define ATTN_MAX_SLOTS 8
 
@@ -1117,7 +1117,9 @@ END_TEST
 /* The layer tail's row split (kern_layer_rows) on Qwen3-8B's phases (wo; gate/up pairs;
  * down in Q4_K and Q6_K; Q/K/V with V in Q6_K), odd shapes and random ones, for 1, 7 and
  * 132 blocks: each weight's rows are cut into contiguous ranges, block after block, that
- * cover every row once, and no block's bytes exceed its share by more than one row. */
+ * cover every row once, and no block's bytes exceed its share by more than one row; split
+ * in 32-row units (a phase whose blocks quantize their own outputs), the ranges start on
+ * whole units and exceed the share by at most one unit. */
 START_TEST(test_layer_rows) {
     struct {
         int n;
@@ -1144,38 +1146,46 @@ START_TEST(test_layer_rows) {
     }
     const int grids[] = {1, 7, 132};
     for (int c = 0; c < n_cases; c++)
-        for (size_t gi = 0; gi < sizeof grids / sizeof grids[0]; gi++) {
-            const int G = grids[gi], n = cases[c].n;
-            long long total = 0, max_rb = 0;
-            for (int s = 0; s < n; s++) {
-                total += cases[c].rows[s] * cases[c].rb[s];
-                if (cases[c].rb[s] > max_rb) max_rb = cases[c].rb[s];
-            }
-            int next[3] = {0, 0, 0};
-            for (int b = 0; b < G; b++) {
-                int r0[3], r1[3];
-                ck_assert_int_eq(kern_layer_rows(n, cases[c].rows, cases[c].rb, b, G, r0, r1), 0);
-                long long bytes = 0;
+        for (int unit = 0; unit < 2; unit++) {
+            if (unit && (cases[c].n != 1 || cases[c].rows[0] % 32)) continue;
+            const int U = unit ? 32 : 1; /* whole units of 32 rows: one writer a q8 block */
+            for (size_t gi = 0; gi < sizeof grids / sizeof grids[0]; gi++) {
+                const int G = grids[gi], n = cases[c].n;
+                long long total = 0, max_rb = 0;
                 for (int s = 0; s < n; s++) {
-                    ck_assert_msg(r0[s] == next[s] && r1[s] >= r0[s],
-                                  "case %d, %d blocks: block %d segment %d rows [%d, %d) after %d",
-                                  c, G, b, s, r0[s], r1[s], next[s]);
-                    next[s] = r1[s];
-                    bytes += (long long)(r1[s] - r0[s]) * cases[c].rb[s];
+                    total += cases[c].rows[s] * cases[c].rb[s];
+                    if (cases[c].rb[s] > max_rb) max_rb = cases[c].rb[s];
                 }
-                ck_assert_msg(bytes <= total / G + max_rb,
-                              "case %d, %d blocks: block %d takes %lld bytes of %lld", c, G, b,
-                              bytes, total);
+                int next[3] = {0, 0, 0};
+                for (int b = 0; b < G; b++) {
+                    int r0[3], r1[3];
+                    ck_assert_int_eq(
+                        kern_layer_rows(n, cases[c].rows, cases[c].rb, unit, b, G, r0, r1), 0);
+                    long long bytes = 0;
+                    for (int s = 0; s < n; s++) {
+                        ck_assert_msg(r0[s] == next[s] && r1[s] >= r0[s] && r0[s] % U == 0 &&
+                                          (r1[s] % U == 0 || r1[s] == cases[c].rows[s]),
+                                      "case %d unit %d, %d blocks: block %d segment %d rows "
+                                      "[%d, %d) after %d", c, U, G, b, s, r0[s], r1[s], next[s]);
+                        next[s] = r1[s];
+                        bytes += (long long)(r1[s] - r0[s]) * cases[c].rb[s];
+                    }
+                    ck_assert_msg(bytes <= total / G + U * max_rb,
+                                  "case %d unit %d, %d blocks: block %d takes %lld bytes of %lld",
+                                  c, U, G, b, bytes, total);
+                }
+                for (int s = 0; s < n; s++)
+                    ck_assert_msg(next[s] == cases[c].rows[s], "case %d unit %d, %d blocks: "
+                                  "segment %d ends at row %d of %d", c, U, G, s, next[s],
+                                  cases[c].rows[s]);
             }
-            for (int s = 0; s < n; s++)
-                ck_assert_msg(next[s] == cases[c].rows[s], "case %d, %d blocks: segment %d ends at "
-                              "row %d of %d", c, G, s, next[s], cases[c].rows[s]);
         }
     int r0[3], r1[3];
     const int rows1[1] = {4};
     const long long rb1[1] = {16};
-    ck_assert_int_eq(kern_layer_rows(1, rows1, rb1, 3, 3, r0, r1), -1); /* b outside the grid */
-    ck_assert_int_eq(kern_layer_rows(4, rows1, rb1, 0, 1, r0, r1), -1);
+    ck_assert_int_eq(kern_layer_rows(1, rows1, rb1, 0, 3, 3, r0, r1), -1); /* b outside the grid */
+    ck_assert_int_eq(kern_layer_rows(4, rows1, rb1, 0, 0, 1, r0, r1), -1);
+    ck_assert_int_eq(kern_layer_rows(1, rows1, rb1, 1, 0, 1, r0, r1), -1); /* 4 rows: no unit */
 }
 END_TEST
 

@@ -91,6 +91,7 @@ struct ops_ctx {
     int layer_slot;       /* ... the bytes of its ring slots (TPI_LAYER_SLOT_KB) */
     int layer_diag;       /* ... parts left out to measure the rest (TPI_LAYER_DIAG) */
     unsigned *layer_bar;  /* device: its grid barrier (arrivals, generation) */
+    int8_t *layer_gx;     /* device: the phases' int8 inputs as their writers quantized them */
     size_t layer_smem;    /* the launch shape last asked of the occupancy query ... */
     int layer_blocks;     /* ... and the blocks it runs with (0: does not fit) */
 };
@@ -366,10 +367,11 @@ void kern_xq_forget(struct ops_ctx *ctx);
 bool kern_layer_init(struct ops_ctx *ctx);
 void kern_layer_free(struct ops_ctx *ctx);
 /* Block b of G's rows [r0[s], r1[s]) of each of a phase's n_seg weights (rows[s] rows of
- * seg_bytes[s] bytes), as the layer-tail kernel splits them; -1 on bad arguments. Host
- * side, for the tests. */
-extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int b,
-                               int G, int *r0, int *r1);
+ * seg_bytes[s] bytes), as the layer-tail kernel splits them (unit: one weight whose
+ * outputs the blocks quantize, in whole 32-row units); -1 on bad arguments. Host side,
+ * for the tests. */
+extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int unit,
+                               int b, int G, int *r0, int *r1);
 /* ops->layer_tail: true when launched; false (nothing queued) when not covered. */
 bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t);
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,

@@ -15,23 +15,30 @@
  *
  * Work: block b of G owns a contiguous range of each phase's rows, balanced by weight
  * bytes over the phase's weights laid end to end (Q, K, V; gate and up as pairs of
- * rows). The range is cut into chunks of at most one slot (40 KB, KL_ROWS_MAX
- * rows); the block's chunk k, counted over all phases, goes to slot k % ns. Consumer
- * warp w of NC computes the block's rows j of a phase with (j + rot) % NC == w (rot carries
- * the phases before, so no warp takes every phase's spare row): a whole row a warp,
- * lane l taking the row's items l, l + 32, ... with kern_gemv_dot.cuh's per-type loads
- * (here from shared memory) and dot products, summed over the lanes by a fixed xor tree,
- * written by lane 0. Every output has one writer and the sums a fixed order: results do
- * not depend on timing, and the residual adds need no atomics.
+ * rows); a phase whose outputs are the next phase's input (wo, gate/up, down before
+ * Q/K/V) is split in whole units of KL_UNIT = 32 rows instead, so that each int8 block
+ * of that input has one writing block. The range is cut into chunks of at most one slot
+ * (40 KB, KL_ROWS_MAX rows) that go to the slots in turn. Consumer warp w of NC computes
+ * the block's rows j of a phase with (j + rot) % NC == w (rot carries the phases before,
+ * so no warp takes every phase's spare row; each warp steps to its own rows of a chunk
+ * directly): a whole row a warp, lane l taking the row's items l, l + 32, ... with
+ * kern_gemv_dot.cuh's per-type loads (here from shared memory) and dot products, summed
+ * over the lanes by a fixed xor tree, written by lane 0. Every output has one writer and
+ * the sums a fixed order: results do not depend on timing, and the residual adds need no
+ * atomics.
  *
- * A phase's input (the attention output; the residual stream, normed; g) is quantized
- * to int8 blocks of 32 by every block into its own shared memory (kern_q8_pairs, the
- * rounding of kern_q8_block; the norm as rmsnorm_split_kernel computes it, but its sum
- * of squares in another order), once the barrier before the phase has made it complete. The int8
- * values go to the permuted copies of kern_xq.cuh (one per weight type the phase has),
- * in which a warp's 32 lanes read one 512-byte run per x load: in the plain layout
- * their pieces sit 64 bytes apart and 16 lanes share a bank. Activations written inside the launch are read through L2 (ld.global.cg):
- * L1 is not coherent between multiprocessors.
+ * A phase's input is in int8 blocks of 32 (the rounding of kern_q8_block) in shared
+ * memory, in the permuted copies of kern_xq.cuh (one per weight type the phase has), in
+ * which a warp's 32 lanes read one 512-byte run per x load: in the plain layout their
+ * pieces sit 64 bytes apart and 16 lanes share a bank. Phase 0's input (the attention
+ * output) is quantized by every block. Each later phase's input is quantized once, by the
+ * blocks that wrote it, after their last row of the phase before (kl_quant_out: the
+ * norm's weight applied first, into global copies laid out as in shared memory, with
+ * each block's sum of squares); after the barrier every block copies it from L2 and
+ * takes the norm's scale from the blocks' sums in one fixed order (kl_load_x), applied to
+ * each row's sum: q does not depend on a positive scale, and every term of a sum is
+ * linear in the pairs. Activations written inside the launch are read through L2
+ * (ld.global.cg): L1 is not coherent between multiprocessors.
  *
  * The barriers wait for all G blocks, so all must be resident at once: G is at most the
  * multiprocessor count times what the occupancy query allows (a block takes more than
@@ -44,13 +51,11 @@
  * (KERN_TYPE_Q6_KX8); gate and up of one type and shape. Anything else returns false
  * and the caller runs the plain ops.
  *
- * Opt-in (TPI_LAYER_TAIL=1): on the H200 it is slower than the separate launches it
- * replaces (tg128 Q4_K_M ~290 against ~446 t/s; bench/NOTES.md change 50 has the
- * breakdown). Most of the loss is that every block quantizes each phase's whole input
- * (132 copies of the work, ~20-29 us a layer); the slot handshakes (~6 us), the three
- * barriers (~6 us) and dots that do not hide behind the weight stream (~15 us) make
- * the rest. TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB and TPI_LAYER_DIAG (the
- * KL_DIAG_* parts left out, wrong outputs) are the knobs that measured it.
+ * Opt-in (TPI_LAYER_TAIL=1): on the H200 it is still slower than the separate launches
+ * it replaces (tg128 Q4_K_M ~400 against ~449 t/s; bench/NOTES.md changes 50 and 51 have
+ * the breakdowns): the consumers' dot products from shared memory do not keep up with
+ * the weight stream. TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB and TPI_LAYER_DIAG
+ * (the KL_DIAG_* parts left out, wrong outputs) are the knobs that measured it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +73,16 @@
 #define KL_MAX_SEG 3   /* weights of one phase */
 #define KL_MAX_PH 4
 #define KL_TIMEOUT_NS 10000000000ull /* a barrier wait this long traps */
+#define KL_UNIT 32           /* rows of a phase whose outputs its writers quantize: whole
+                              * int8 blocks of the next phase's input a block */
+#define KL_NE0_MAX 65536     /* inputs quantized by their writers: values at most */
+#define KL_G_MAX 1024        /* blocks at most (the norm's partial sums) */
+#define KL_STAGE_MAX 256     /* a block's staged outputs of a phase, at most */
+/* One phase's input as its writers quantized it (layer_gx, phases 1..3): the permuted
+ * copies (two at most), the (d, d*sum) pairs, each block's sum of squares. */
+#define KL_GX_DS (2 * KL_NE0_MAX)
+#define KL_GX_SS (KL_GX_DS + KL_NE0_MAX / GV_QK * 8)
+#define KL_GX_PHASE (KL_GX_SS + KL_G_MAX * 4)
 
 enum { KL_OUT_STORE, KL_OUT_ADD, KL_OUT_GLU };
 
@@ -88,7 +103,16 @@ struct kl_phase {
     int out;           /* KL_OUT_*: y = dot, y += dot, y = silu(gate) * up */
     int xk4, xq6;      /* where x's permuted copies for Q4_K and Q6_K start in the x
                         * buffer (kern_xq.cuh's gv_perm_k4 / gv_perm_q6), -1: not needed */
+    int xbytes;        /* the bytes of those copies */
     long long bytes;   /* the phase's weight bytes (a pair's both rows) */
+    int unit;          /* 1: the outputs are the next phase's input, which the block
+                        * quantizes from its own rows: rows split in KL_UNIT-row units */
+    /* the input as the previous phase's blocks quantized it (NULL: phase 0, quantized
+     * here by every block): copies laid out as in the x buffer, pairs without the norm's
+     * scale, and each block's sum of squares of src when norm */
+    int8_t *gx;
+    float2 *gds;
+    float *gss;
 };
 struct kl_args {
     kl_phase ph[KL_MAX_PH];
@@ -105,7 +129,7 @@ struct kl_args {
 #define KL_DIAG_NO_DOT 1  /* consumers take each slot and release it without its dots */
 #define KL_DIAG_NO_COPY 2 /* the producer marks slots full without copying (stale rows) */
 #define KL_DIAG_NO_SYNC 4 /* no grid barriers between the phases */
-#define KL_DIAG_NO_PREP 8 /* no quantization of the phases' inputs */
+#define KL_DIAG_NO_PREP 8 /* no quantization of the phases' inputs, no copies of it */
 #define KL_DIAG_NO_RING 16 /* no producer, no slot waits */
 #define KL_DIAG_SPIN 32    /* slot waits poll with test_wait instead of try_wait */
 #define KL_DIAG_PREP_NOLOAD 64   /* the inputs' quantization without their loads */
@@ -226,7 +250,13 @@ __device__ __forceinline__ void kl_rows_of(const kl_phase &p, int s, int b, int 
     for (int i = 0; i < s; i++)
         c += (long long)p.seg[i].rows * p.seg[i].row_bytes * (p.seg[i].w2 ? 2 : 1);
     const long long rb = (long long)p.seg[s].row_bytes * (p.seg[s].w2 ? 2 : 1);
-    kl_range(p.bytes, c, rb, p.seg[s].rows, b, G, r0, r1);
+    if (p.unit) { /* one segment of whole units (the host checks) */
+        kl_range(p.bytes, 0, rb * KL_UNIT, p.seg[s].rows / KL_UNIT, b, G, r0, r1);
+        r0 *= KL_UNIT;
+        r1 *= KL_UNIT;
+    } else {
+        kl_range(p.bytes, c, rb, p.seg[s].rows, b, G, r0, r1);
+    }
 }
 
 /* gv<T>'s register form of item it of the block at b, from shared memory. */
@@ -352,6 +382,69 @@ __device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_
     kl_consumers_sync<NC>();
 }
 
+/* Phases 1..3: the input as the previous phase's blocks quantized it (kl_quant_out),
+ * copied from L2 into this block's x buffer and pairs; *scl gets the norm's scale, which
+ * the dots apply to their sums (every term of a row's sum is linear in the pairs), or 1.
+ * The partial sums of squares are added in one fixed order, so every block gets the same
+ * scale. */
+template <int NC>
+__device__ __forceinline__ void kl_load_x(const kl_phase &p, float eps, int G, int8_t *xbuf,
+                                          float2 *ds, float *scl) {
+    const int tid = threadIdx.x;
+    const int4 *gx = (const int4 *)p.gx;
+    int4 *xs = (int4 *)xbuf;
+    for (int i = tid; i < p.xbytes / 16; i += NC * 32)
+        xs[i] = __ldcg(gx + i);
+    for (int i = tid; i < p.ne0 / GV_QK; i += NC * 32)
+        ds[i] = __ldcg(p.gds + i);
+    if (tid < 32) {
+        float t = 0.0f;
+        if (p.norm) {
+            for (int i = tid; i < G; i += 32)
+                t += __ldcg(p.gss + i);
+            t = kl_warp_sum(t);
+        }
+        if (tid == 0)
+            *scl = p.norm ? (float)(1.0 / sqrt((double)t / (double)p.ne0 + (double)eps)) : 1.0f;
+    }
+    kl_consumers_sync<NC>();
+}
+
+/* After the block's last row of phase p (nx the next phase): its staged outputs y[r0..r1)
+ * quantized as nx's input, into nx's global copies and pairs: warp w takes the units
+ * w, w + NC, ...; the norm's weight is applied before and its scale after (kl_load_x),
+ * as q does not depend on a positive scale. The block's sum of squares of y goes to
+ * nx.gss[b] (0 without rows), its order fixed. */
+template <int NC>
+__device__ __forceinline__ void kl_quant_out(const kl_phase &nx, const float *stage, int r0,
+                                             int r1, int b, float *red) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    kl_consumers_sync<NC>(); /* every warp's outputs staged */
+    float ss = 0.0f;
+    for (int u = warp; u < (r1 - r0) / KL_UNIT; u += NC) {
+        const int i = r0 + KL_UNIT * u + lane;
+        const float v = stage[KL_UNIT * u + lane];
+        ss = fmaf(v, v, ss);
+        const float x = nx.norm ? __fmul_rn(v, __ldg(nx.norm + i)) : v;
+        float2 pair;
+        const int q = kern_q8_quant(x, &pair);
+        if (nx.xk4 >= 0) nx.gx[nx.xk4 + gv_perm_k4(i)] = (int8_t)q;
+        if (nx.xq6 >= 0) nx.gx[nx.xq6 + gv_perm_q6(i)] = (int8_t)q;
+        if (lane == 0) nx.gds[i / GV_QK] = pair;
+    }
+    if (nx.norm) {
+        ss = kl_warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        kl_consumers_sync<NC>();
+        if (tid == 0) {
+            float t = 0.0f;
+            for (int w = 0; w < NC; w++)
+                t += red[w];
+            nx.gss[b] = t;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- the kernel */
 
 template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(const kl_args a) {
@@ -360,8 +453,10 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
     uint8_t *slots = kl_smem;
     int8_t *xs = (int8_t *)(kl_smem + (size_t)ns * SLOT);
     float2 *ds = (float2 *)(xs + a.xbytes);
-    float *red = (float *)(ds + a.xmax / GV_QK);
-    uint64_t *full = (uint64_t *)(((uintptr_t)(red + NC) + 7) & ~(uintptr_t)7);
+    float *stage = (float *)(ds + a.xmax / GV_QK); /* the block's outputs of a unit phase */
+    float *red = stage + KL_STAGE_MAX;
+    float *scl = red + KL_NC_MAX; /* the phase's norm scale (kl_load_x) */
+    uint64_t *full = (uint64_t *)(((uintptr_t)(scl + 1) + 7) & ~(uintptr_t)7);
     uint64_t *empty = full + ns;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = (int)gridDim.x, b = (int)blockIdx.x;
@@ -376,27 +471,30 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
     __syncthreads();
 
     const bool spin = a.diag & KL_DIAG_SPIN, ring = !(a.diag & KL_DIAG_NO_RING);
+    const bool prep = !(a.diag & KL_DIAG_NO_PREP);
     if (warp == NC) { /* the producer: every phase's chunks, in order */
         if (lane != 0 || !ring) return;
-        int k = 0;
+        int slot = 0, use = 0; /* chunk k's slot k % ns and round k / ns, kept running */
         for (int ph = 0; ph < a.n_ph; ph++) {
             const kl_phase &p = a.ph[ph];
             for (int s = 0; s < p.n_seg; s++) {
                 const kl_seg &sg = p.seg[s];
                 int r0, r1;
                 kl_rows_of(p, s, b, G, r0, r1);
-                for (int r = r0; r < r1; r += sg.chunk_rows, k++) {
-                    const int n = min(sg.chunk_rows, r1 - r), slot = k % ns, use = k / ns;
+                for (int r = r0; r < r1; r += sg.chunk_rows) {
+                    const int n = min(sg.chunk_rows, r1 - r);
                     if (use > 0) kl_mbar_wait(&empty[slot], (use - 1) & 1, spin);
                     const unsigned nb = (unsigned)n * (unsigned)sg.row_bytes;
                     uint8_t *dst = slots + (size_t)slot * SLOT;
                     if (a.diag & KL_DIAG_NO_COPY) {
                         kl_mbar_arrive(&full[slot]);
-                        continue;
+                    } else {
+                        kl_mbar_expect(&full[slot], sg.w2 ? 2 * nb : nb);
+                        kl_bulk(dst, sg.w + (size_t)r * sg.row_bytes, nb, &full[slot]);
+                        if (sg.w2)
+                            kl_bulk(dst + nb, sg.w2 + (size_t)r * sg.row_bytes, nb, &full[slot]);
                     }
-                    kl_mbar_expect(&full[slot], sg.w2 ? 2 * nb : nb);
-                    kl_bulk(dst, sg.w + (size_t)r * sg.row_bytes, nb, &full[slot]);
-                    if (sg.w2) kl_bulk(dst + nb, sg.w2 + (size_t)r * sg.row_bytes, nb, &full[slot]);
+                    if (++slot == ns) slot = 0, use++;
                 }
             }
         }
@@ -405,45 +503,61 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
 
     /* the consumers */
     kern_dep_wait(); /* the first phase's input is the previous kernel's output */
-    int k = 0, rot = 0;
+    int slot = 0, use = 0;
+    int base = 0; /* the warp that takes the chunk's row 0 (carried over the phases, so
+                   * no warp takes every phase's spare row) */
     for (int ph = 0; ph < a.n_ph; ph++) {
         const kl_phase &p = a.ph[ph];
         if (ph > 0 && !(a.diag & KL_DIAG_NO_SYNC)) kl_grid_sync<NC>(a.bar, (unsigned)G);
-        if (!(a.diag & KL_DIAG_NO_PREP)) kl_prepare_x<NC>(p, a.eps, xs, ds, red, a.diag);
-        int j = 0; /* the block's rows of this phase so far */
+        float sc = 1.0f; /* the norm's scale of an input its writers quantized */
+        if (prep && p.gx) {
+            kl_load_x<NC>(p, a.eps, G, xs, ds, scl);
+            sc = *scl;
+        } else if (prep) {
+            kl_prepare_x<NC>(p, a.eps, xs, ds, red, a.diag);
+        }
+        int r0 = 0, r1 = 0;
         for (int s = 0; s < p.n_seg; s++) {
             const kl_seg &sg = p.seg[s];
-            int r0, r1;
             kl_rows_of(p, s, b, G, r0, r1);
-            for (int r = r0; r < r1; r += sg.chunk_rows, k++) {
-                const int n = min(sg.chunk_rows, r1 - r), slot = k % ns;
+            for (int r = r0; r < r1; r += sg.chunk_rows) {
+                const int n = min(sg.chunk_rows, r1 - r);
                 const uint8_t *src = slots + (size_t)slot * SLOT;
                 if (!ring) continue;
-                kl_mbar_wait(&full[slot], (k / ns) & 1, spin);
-                for (int i = 0; i < n && !(a.diag & KL_DIAG_NO_DOT); i++)
-                    if ((j + i + rot) % NC == warp) {
-                        const uint8_t *row = src + (size_t)i * sg.row_bytes;
-                        float *y = sg.y + r + i;
-                        if (p.out == KL_OUT_GLU) { /* gate row i, up row i after the n gates */
-                            const uint8_t *rows[2] = {row, row + (size_t)n * sg.row_bytes};
-                            float gu[2];
-                            kl_rows<2>(sg.type, rows, p.ne0, xs, p, ds, lane, gu);
-                            if (lane == 0) __stcg(y, kern_silu_mul1(gu[0], gu[1]));
-                        } else {
-                            /* the residual's old value asked for before the dot, not after */
-                            const float y0 = p.out == KL_OUT_ADD && lane == 0 ? __ldcg(y) : 0.0f;
-                            const uint8_t *rows[1] = {row};
-                            float v[1];
-                            kl_rows<1>(sg.type, rows, p.ne0, xs, p, ds, lane, v);
-                            if (lane == 0) __stcg(y, y0 + v[0]);
-                        }
+                kl_mbar_wait(&full[slot], use & 1, spin);
+                int i = warp - base; /* this warp's rows of the chunk: i, i + NC, ... */
+                if (i < 0) i += NC;
+                for (; i < n && !(a.diag & KL_DIAG_NO_DOT); i += NC) {
+                    const uint8_t *row = src + (size_t)i * sg.row_bytes;
+                    float *y = sg.y + r + i;
+                    float out;
+                    if (p.out == KL_OUT_GLU) { /* gate row i, up row i after the n gates */
+                        const uint8_t *rows[2] = {row, row + (size_t)n * sg.row_bytes};
+                        float gu[2];
+                        kl_rows<2>(sg.type, rows, p.ne0, xs, p, ds, lane, gu);
+                        out = kern_silu_mul1(gu[0] * sc, gu[1] * sc);
+                    } else {
+                        /* the residual's old value asked for before the dot, not after */
+                        const float y0 = p.out == KL_OUT_ADD && lane == 0 ? __ldcg(y) : 0.0f;
+                        const uint8_t *rows[1] = {row};
+                        float v[1];
+                        kl_rows<1>(sg.type, rows, p.ne0, xs, p, ds, lane, v);
+                        out = y0 + v[0] * sc;
                     }
+                    if (lane == 0) {
+                        __stcg(y, out);
+                        if (p.unit) stage[r + i - r0] = out;
+                    }
+                }
                 __syncwarp();
                 if (lane == 0) kl_mbar_arrive(&empty[slot]);
-                j += n;
+                base += n;
+                while (base >= NC)
+                    base -= NC;
+                if (++slot == ns) slot = 0, use++;
             }
         }
-        rot = (rot + j) % NC;
+        if (p.unit && prep) kl_quant_out<NC>(a.ph[ph + 1], stage, r0, r1, b, red);
     }
 }
 
@@ -505,8 +619,8 @@ static int kl_place_copies(kl_phase &p) {
 /* Dynamic shared memory of a launch with ns slots, an x buffer of xbytes (a multiple of
  * 16) and inputs of up to xmax values. */
 static size_t kl_smem_bytes(int ns, int slot, int xbytes, int xmax) {
-    return (size_t)ns * slot + (size_t)xbytes + (size_t)xmax / GV_QK * 8 + KL_NC_MAX * 4 + 8 +
-           2 * (size_t)ns * 8;
+    return (size_t)ns * slot + (size_t)xbytes + (size_t)xmax / GV_QK * 8 +
+           (KL_STAGE_MAX + KL_NC_MAX + 1) * 4 + 8 + 2 * (size_t)ns * 8;
 }
 
 /* The kernel of nc consumer warps. */
@@ -514,13 +628,20 @@ static void (*kl_kernel_for(int nc))(const kl_args) {
     return nc == 8 ? kl_kernel<8> : nc == 20 ? kl_kernel<20> : kl_kernel<16>;
 }
 
-extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int b,
-                               int G, int *r0, int *r1) {
+extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes,
+                               int unit, int b, int G, int *r0, int *r1) {
     if (n_seg < 1 || n_seg > KL_MAX_SEG || G < 1 || b < 0 || b >= G) return -1;
     long long total = 0;
     for (int i = 0; i < n_seg; i++) {
         if (rows[i] < 0 || seg_bytes[i] < 1) return -1;
         total += (long long)rows[i] * seg_bytes[i];
+    }
+    if (unit) { /* as kl_rows_of splits a phase whose writers quantize their outputs */
+        if (n_seg != 1 || rows[0] % KL_UNIT) return -1;
+        kl_range(total, 0, seg_bytes[0] * KL_UNIT, rows[0] / KL_UNIT, b, G, r0[0], r1[0]);
+        r0[0] *= KL_UNIT;
+        r1[0] *= KL_UNIT;
+        return 0;
     }
     long long c = 0;
     for (int s = 0; s < n_seg; s++) {
@@ -561,6 +682,12 @@ bool kern_layer_init(struct ops_ctx *ctx) {
         ctx->layer_bar = NULL;
         return false;
     }
+    /* the quantized inputs of phases 1..3 (~0.45 MB), only when the tail is on */
+    if (ctx->layer_tail &&
+        !CUDA_OK(ctx, "cuda init", cudaMalloc(&ctx->layer_gx, 3 * (size_t)KL_GX_PHASE))) {
+        ctx->layer_gx = NULL;
+        return false;
+    }
     if (cudaFuncSetAttribute(kl_kernel_for(ctx->layer_warps),
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)ctx->smem_optin) != cudaSuccess) {
@@ -572,11 +699,14 @@ bool kern_layer_init(struct ops_ctx *ctx) {
 
 void kern_layer_free(struct ops_ctx *ctx) {
     if (ctx->layer_bar) cudaFree(ctx->layer_bar);
+    if (ctx->layer_gx) cudaFree(ctx->layer_gx);
     ctx->layer_bar = NULL;
+    ctx->layer_gx = NULL;
 }
 
 bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
-    if (!ctx->layer_tail || !ctx->layer_bar || !t || !t->att || !t->x || !t->g) return false;
+    if (!ctx->layer_tail || !ctx->layer_bar || !ctx->layer_gx || !t || !t->att || !t->x || !t->g)
+        return false;
     const int64_t n_embd = t->wo ? t->wo->ne1 : 0, n_ff = t->w_gate ? t->w_gate->ne1 : 0;
     const int slot = ctx->layer_slot, nc = ctx->layer_warps;
     kl_args a;
@@ -604,6 +734,7 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
         if (a.ph[i].ne0 % GV_QK || a.ph[i].ne0 % 4) return false;
         xmax = a.ph[i].ne0 > xmax ? a.ph[i].ne0 : xmax;
         const int nb = kl_place_copies(a.ph[i]);
+        a.ph[i].xbytes = nb;
         xbytes = nb > xbytes ? nb : xbytes;
     }
     int ns = KL_NS_MAX;
@@ -623,7 +754,22 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
         ctx->layer_smem = smem;
         ctx->layer_blocks = per_sm > 0 ? ctx->n_sm : 0; /* one a multiprocessor, no more */
     }
-    if (ctx->layer_blocks <= 0) return false;
+    const int G = ctx->layer_blocks;
+    if (G <= 0 || G > KL_G_MAX) return false;
+    /* phases 1.. read their input as the blocks of the phase before quantized it: that
+     * phase's rows go in whole units, staged in shared memory */
+    for (int i = 1; i < a.n_ph; i++) {
+        kl_phase &w = a.ph[i - 1], &p = a.ph[i];
+        if (w.n_seg != 1 || w.seg[0].rows % KL_UNIT || p.ne0 > KL_NE0_MAX ||
+            p.xbytes > 2 * KL_NE0_MAX || w.seg[0].rows != p.ne0)
+            return false;
+        const int units = w.seg[0].rows / KL_UNIT;
+        if ((long long)KL_UNIT * ((units + G - 1) / G) > KL_STAGE_MAX) return false;
+        w.unit = 1;
+        p.gx = ctx->layer_gx + (size_t)(i - 1) * KL_GX_PHASE;
+        p.gds = (float2 *)(p.gx + KL_GX_DS);
+        p.gss = (float *)(p.gx + KL_GX_SS);
+    }
     a.ns = ns;
     a.slot = slot;
     a.xmax = xmax;
