@@ -294,6 +294,22 @@ template <> struct gv<TPI_TYPE_Q5_0> {
  * (the block's 16-byte header is one load); value = d*sc*q - dmin*m, so a sub-block
  * contributes d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq). The two sub-blocks' (d, d*sum)
  * pairs are one 16-byte load. */
+/* dp4a of unsigned bytes a with signed bytes b (PTX's mixed form; the host emulates). */
+__host__ __device__ __forceinline__ int gv_dp4a_us(uint32_t a, int b, int c) {
+#ifdef __CUDA_ARCH__
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    for (int i = 0; i < 4; i++)
+        c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)((uint32_t)b >> (8 * i));
+    return c;
+#endif
+}
+
+/* Q4_K. HI16 (the layer tail): the high nibbles dotted in place, as 16 times their values
+ * (unsigned bytes against signed x), the sum scaled back by 1/16: the same floats (an
+ * integer times a power of two), one shift a word fewer. */
 template <> struct gv<TPI_TYPE_Q4_K> {
     static constexpr int BLK = 256, BYTES = 144, IPB = 4;
     struct raw {
@@ -304,7 +320,7 @@ template <> struct gv<TPI_TYPE_Q4_K> {
         w.qb = gv_ld128(b + 16 + 32 * c + 16);
         w.hd = gv_ld128(b);
     }
-    template <int NR, bool PERM>
+    template <int NR, bool PERM, bool HI16 = false>
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
@@ -330,7 +346,7 @@ template <> struct gv<TPI_TYPE_Q4_K> {
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             lo[i] = w[i] & 0x0F0F0F0Fu;
-            hi[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
+            hi[i] = HI16 ? w[i] & 0xF0F0F0F0u : (w[i] >> 4) & 0x0F0F0F0Fu;
         }
 #pragma unroll
         for (int r = 0; r < NR; r++)
@@ -348,18 +364,30 @@ template <> struct gv<TPI_TYPE_Q4_K> {
                 sl = gv_dp4a(lo[5], a1.y, sl);
                 sl = gv_dp4a(lo[6], a1.z, sl);
                 sl = gv_dp4a(lo[7], a1.w, sl);
-                int sh2 = gv_dp4a(hi[0], b0.x, 0);
-                sh2 = gv_dp4a(hi[1], b0.y, sh2);
-                sh2 = gv_dp4a(hi[2], b0.z, sh2);
-                sh2 = gv_dp4a(hi[3], b0.w, sh2);
-                sh2 = gv_dp4a(hi[4], b1.x, sh2);
-                sh2 = gv_dp4a(hi[5], b1.y, sh2);
-                sh2 = gv_dp4a(hi[6], b1.z, sh2);
-                sh2 = gv_dp4a(hi[7], b1.w, sh2);
+                int sh2;
+                if (HI16) {
+                    sh2 = gv_dp4a_us(hi[0], b0.x, 0);
+                    sh2 = gv_dp4a_us(hi[1], b0.y, sh2);
+                    sh2 = gv_dp4a_us(hi[2], b0.z, sh2);
+                    sh2 = gv_dp4a_us(hi[3], b0.w, sh2);
+                    sh2 = gv_dp4a_us(hi[4], b1.x, sh2);
+                    sh2 = gv_dp4a_us(hi[5], b1.y, sh2);
+                    sh2 = gv_dp4a_us(hi[6], b1.z, sh2);
+                    sh2 = gv_dp4a_us(hi[7], b1.w, sh2);
+                } else {
+                    sh2 = gv_dp4a(hi[0], b0.x, 0);
+                    sh2 = gv_dp4a(hi[1], b0.y, sh2);
+                    sh2 = gv_dp4a(hi[2], b0.z, sh2);
+                    sh2 = gv_dp4a(hi[3], b0.w, sh2);
+                    sh2 = gv_dp4a(hi[4], b1.x, sh2);
+                    sh2 = gv_dp4a(hi[5], b1.y, sh2);
+                    sh2 = gv_dp4a(hi[6], b1.z, sh2);
+                    sh2 = gv_dp4a(hi[7], b1.w, sh2);
+                }
                 /* (dx, dx*sum) of sub-blocks 2c and 2c+1: 16-byte aligned (2c even) */
                 const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
                 float t = d0 * f.x * (float)sl;
-                t = fmaf(d1 * f.z, (float)sh2, t);
+                t = fmaf(d1 * f.z, HI16 ? (float)sh2 * 0.0625f : (float)sh2, t);
                 t = fmaf(-m0, f.y, t);
                 t = fmaf(-m1, f.w, t);
                 acc[r] += t;
@@ -372,8 +400,14 @@ template <> struct gv<TPI_TYPE_Q4_K> {
  * k = 0..3 (A low, C low, A high, C high nibbles with 2-bit pairs k of H), q - 32, times
  * sk[k] = d * scales[8n + l0/16 + 2k] (times keep). x, ds at the item's block (kind a) as
  * gv's dot takes them; the four x blocks' (d, d*sum) pairs 4n..4n+3 are two 16-byte
- * loads. */
-template <int NR, bool PERM>
+ * loads. SUMX: the 6-bit values dotted as they are (0..63: the same as signed bytes) and
+ * 32 times x's sum (a dp4a with ones) taken off: the same integer sums with fewer
+ * instructions than the per-byte subtraction, which sm_90 has no single instruction for
+ * (3 a word); where x is shared by several rows its sum is taken once. */
+template <bool SUMX> __host__ __device__ __forceinline__ uint32_t gv_q6_ofs(uint32_t v) {
+    return SUMX ? v : gv_vsub4(v, 0x20202020u); /* four 6-bit values, less 32 unless SUMX */
+}
+template <int NR, bool PERM, bool SUMX = false>
 __host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], const uint32_t (&C)[4],
                                                     const uint32_t (&H)[4], const float (&sk)[4],
                                                     int n, int l0, const int8_t *x, int xs,
@@ -382,10 +416,10 @@ __host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], cons
     uint32_t q[4][4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        q[0][i] = gv_vsub4((A[i] & 0x0F0F0F0Fu) | ((H[i] & 0x03030303u) << 4), 0x20202020u);
-        q[1][i] = gv_vsub4((C[i] & 0x0F0F0F0Fu) | ((H[i] & 0x0C0C0C0Cu) << 2), 0x20202020u);
-        q[2][i] = gv_vsub4(((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u), 0x20202020u);
-        q[3][i] = gv_vsub4(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2), 0x20202020u);
+        q[0][i] = gv_q6_ofs<SUMX>((A[i] & 0x0F0F0F0Fu) | ((H[i] & 0x03030303u) << 4));
+        q[1][i] = gv_q6_ofs<SUMX>((C[i] & 0x0F0F0F0Fu) | ((H[i] & 0x0C0C0C0Cu) << 2));
+        q[2][i] = gv_q6_ofs<SUMX>(((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u));
+        q[3][i] = gv_q6_ofs<SUMX>(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2));
     }
 #pragma unroll
     for (int r = 0; r < NR; r++)
@@ -402,6 +436,13 @@ __host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], cons
                 s = gv_dp4a(q[k][1], xv.y, s);
                 s = gv_dp4a(q[k][2], xv.z, s);
                 s = gv_dp4a(q[k][3], xv.w, s);
+                if (SUMX) {
+                    int sx = gv_dp4a(0x01010101u, xv.x, 0);
+                    sx = gv_dp4a(0x01010101u, xv.y, sx);
+                    sx = gv_dp4a(0x01010101u, xv.z, sx);
+                    sx = gv_dp4a(0x01010101u, xv.w, sx);
+                    s -= 32 * sx;
+                }
                 t = fmaf(sk[k] * dx[k], (float)s, t);
             }
             acc[r] += t;
@@ -459,7 +500,7 @@ template <> struct gv<KERN_TYPE_Q6_KX8> {
     }
     /* x, ds: the group's first (kind a; block c's are 256c values and 8c pairs on) or the
      * item's own x (kind p, from gv_item_rows) */
-    template <int NR, bool PERM>
+    template <int NR, bool PERM, bool SUMX = false>
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int l, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
@@ -475,8 +516,8 @@ template <> struct gv<KERN_TYPE_Q6_KX8> {
                                (uint32_t)wr.C.w};
         const uint32_t H[4] = {(uint32_t)wr.H.x, (uint32_t)wr.H.y, (uint32_t)wr.H.z,
                                (uint32_t)wr.H.w};
-        gv_q6_item<NR, PERM>(A, C, H, sk, n, l0, PERM ? x : x + 256 * c, xs, ds + 8 * c, dss, nr,
-                             acc);
+        gv_q6_item<NR, PERM, SUMX>(A, C, H, sk, n, l0, PERM ? x : x + 256 * c, xs, ds + 8 * c,
+                                   dss, nr, acc);
     }
 };
 
