@@ -118,6 +118,7 @@ struct kl_args {
     kl_phase ph[KL_MAX_PH];
     int n_ph;
     int ns;        /* ring slots */
+    int nr;        /* full barriers a slot, used round after round (kl_kernel) */
     int slot;      /* bytes a slot (a multiple of 128) */
     int xmax;      /* largest ne0 of the phases (its (d, d*sum) pairs) */
     int xbytes;    /* the x buffer: the largest sum of a phase's permuted copies */
@@ -154,6 +155,13 @@ __device__ __forceinline__ void kl_mbar_expect(uint64_t *b, unsigned tx) {
 }
 __device__ __forceinline__ void kl_mbar_arrive(uint64_t *b) {
     asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(kl_saddr(b))
+                 : "memory");
+}
+/* n arrivals at once on b. */
+__device__ __forceinline__ void kl_mbar_arrive_n(uint64_t *b, unsigned n) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0], %1; }" ::"r"(
+                     kl_saddr(b)),
+                 "r"(n)
                  : "memory");
 }
 __device__ __forceinline__ uint64_t kl_now_ns() {
@@ -303,8 +311,10 @@ __device__ __forceinline__ void kl_rows_t(const uint8_t *const (&row)[RW], int n
 #pragma unroll
         for (int r = 0; r < RW; r++) {
             float a[1] = {acc[r]};
-            Q::template dot<1, true>(w[r], c, xi, 0, ds + (size_t)blk * (Q::BLK / GV_QK), 0, 1,
-                                     1.0f, a);
+            /* the dots' short forms: Q6_K's SUMX (x's sums instead of the 32 offsets), Q4_K's
+             * HI16 (the high nibbles in place); the same sums */
+            Q::template dot<1, true, true>(w[r], c, xi, 0, ds + (size_t)blk * (Q::BLK / GV_QK), 0,
+                                           1, 1.0f, a);
             acc[r] = a[0];
         }
     }
@@ -456,16 +466,23 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
     float *stage = (float *)(ds + a.xmax / GV_QK); /* the block's outputs of a unit phase */
     float *red = stage + KL_STAGE_MAX;
     float *scl = red + KL_NC_MAX; /* the phase's norm scale (kl_load_x) */
+    /* Slot s's round u is full when full[nr * s + u % nr] completes its phase u / nr, and
+     * free again when empty[s] completes its phase u. Only the warps with rows in a chunk
+     * (its users: min(n, NC)) wait for it and arrive; the producer arrives for the
+     * others. A warp is a user at least once in any NC chunks in a row (each chunk has a
+     * row, dealt to the warps in turn), so when it waits for round u of a slot, round
+     * u - nr of that slot has completed as long as (nr - 1) * ns >= NC (the host's nr):
+     * a parity wait cannot take an older phase for the one it asks for. */
     uint64_t *full = (uint64_t *)(((uintptr_t)(scl + 1) + 7) & ~(uintptr_t)7);
-    uint64_t *empty = full + ns;
+    uint64_t *empty = full + ns * a.nr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = (int)gridDim.x, b = (int)blockIdx.x;
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < ns; s++) {
-            kl_mbar_init(&full[s], 1);       /* the producer's expect_tx arrival */
-            kl_mbar_init(&empty[s], NC);   /* every consumer warp, done with the slot */
-        }
+        for (int s = 0; s < ns * a.nr; s++)
+            kl_mbar_init(&full[s], 1); /* the producer's expect_tx arrival */
+        for (int s = 0; s < ns; s++)
+            kl_mbar_init(&empty[s], NC); /* the users, and the producer for the others */
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -474,7 +491,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
     const bool prep = !(a.diag & KL_DIAG_NO_PREP);
     if (warp == NC) { /* the producer: every phase's chunks, in order */
         if (lane != 0 || !ring) return;
-        int slot = 0, use = 0; /* chunk k's slot k % ns and round k / ns, kept running */
+        int slot = 0, use = 0, ur = 0; /* chunk k's slot k % ns, round k / ns, round % nr */
         for (int ph = 0; ph < a.n_ph; ph++) {
             const kl_phase &p = a.ph[ph];
             for (int s = 0; s < p.n_seg; s++) {
@@ -486,15 +503,19 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                     if (use > 0) kl_mbar_wait(&empty[slot], (use - 1) & 1, spin);
                     const unsigned nb = (unsigned)n * (unsigned)sg.row_bytes;
                     uint8_t *dst = slots + (size_t)slot * SLOT;
+                    uint64_t *f = &full[a.nr * slot + ur];
                     if (a.diag & KL_DIAG_NO_COPY) {
-                        kl_mbar_arrive(&full[slot]);
+                        kl_mbar_arrive(f);
                     } else {
-                        kl_mbar_expect(&full[slot], sg.w2 ? 2 * nb : nb);
-                        kl_bulk(dst, sg.w + (size_t)r * sg.row_bytes, nb, &full[slot]);
-                        if (sg.w2)
-                            kl_bulk(dst + nb, sg.w2 + (size_t)r * sg.row_bytes, nb, &full[slot]);
+                        kl_mbar_expect(f, sg.w2 ? 2 * nb : nb);
+                        kl_bulk(dst, sg.w + (size_t)r * sg.row_bytes, nb, f);
+                        if (sg.w2) kl_bulk(dst + nb, sg.w2 + (size_t)r * sg.row_bytes, nb, f);
                     }
-                    if (++slot == ns) slot = 0, use++;
+                    if (n < NC) kl_mbar_arrive_n(&empty[slot], NC - n); /* the non-users */
+                    if (++slot == ns) {
+                        slot = 0, use++;
+                        if (++ur == a.nr) ur = 0;
+                    }
                 }
             }
         }
@@ -503,7 +524,8 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
 
     /* the consumers */
     kern_dep_wait(); /* the first phase's input is the previous kernel's output */
-    int slot = 0, use = 0;
+    int slot = 0, use = 0, ur = 0; /* as the producer's, and the parity of use / nr */
+    unsigned up = 0;
     int base = 0; /* the warp that takes the chunk's row 0 (carried over the phases, so
                    * no warp takes every phase's spare row) */
     for (int ph = 0; ph < a.n_ph; ph++) {
@@ -523,11 +545,11 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
             for (int r = r0; r < r1; r += sg.chunk_rows) {
                 const int n = min(sg.chunk_rows, r1 - r);
                 const uint8_t *src = slots + (size_t)slot * SLOT;
-                if (!ring) continue;
-                kl_mbar_wait(&full[slot], use & 1, spin);
                 int i = warp - base; /* this warp's rows of the chunk: i, i + NC, ... */
                 if (i < 0) i += NC;
-                for (; i < n && !(a.diag & KL_DIAG_NO_DOT); i += NC) {
+                const bool user = ring && i < n;
+                if (user) kl_mbar_wait(&full[a.nr * slot + ur], up, spin);
+                for (; user && i < n && !(a.diag & KL_DIAG_NO_DOT); i += NC) {
                     const uint8_t *row = src + (size_t)i * sg.row_bytes;
                     float *y = sg.y + r + i;
                     float out;
@@ -549,12 +571,17 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                         if (p.unit) stage[r + i - r0] = out;
                     }
                 }
-                __syncwarp();
-                if (lane == 0) kl_mbar_arrive(&empty[slot]);
+                if (user) {
+                    __syncwarp();
+                    if (lane == 0) kl_mbar_arrive(&empty[slot]);
+                }
                 base += n;
                 while (base >= NC)
                     base -= NC;
-                if (++slot == ns) slot = 0, use++;
+                if (++slot == ns) {
+                    slot = 0, use++;
+                    if (++ur == a.nr) ur = 0, up ^= 1;
+                }
             }
         }
         if (p.unit && prep) kl_quant_out<NC>(a.ph[ph + 1], stage, r0, r1, b, red);
@@ -616,11 +643,15 @@ static int kl_place_copies(kl_phase &p) {
     return at;
 }
 
+/* Full barriers a slot for ns slots and nc consumer warps: (nr - 1) * ns >= nc (kl_kernel). */
+static int kl_full_rounds(int ns, int nc) {
+    return nc / ns + 2;
+}
 /* Dynamic shared memory of a launch with ns slots, an x buffer of xbytes (a multiple of
- * 16) and inputs of up to xmax values. */
-static size_t kl_smem_bytes(int ns, int slot, int xbytes, int xmax) {
+ * 16) and inputs of up to xmax values, for nc consumer warps. */
+static size_t kl_smem_bytes(int ns, int slot, int xbytes, int xmax, int nc) {
     return (size_t)ns * slot + (size_t)xbytes + (size_t)xmax / GV_QK * 8 +
-           (KL_STAGE_MAX + KL_NC_MAX + 1) * 4 + 8 + 2 * (size_t)ns * 8;
+           (KL_STAGE_MAX + KL_NC_MAX + 1) * 4 + 8 + (size_t)ns * (kl_full_rounds(ns, nc) + 1) * 8;
 }
 
 /* The kernel of nc consumer warps. */
@@ -738,10 +769,10 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
         xbytes = nb > xbytes ? nb : xbytes;
     }
     int ns = KL_NS_MAX;
-    while (ns >= KL_NS_MIN && kl_smem_bytes(ns, slot, xbytes, xmax) > ctx->smem_optin)
+    while (ns >= KL_NS_MIN && kl_smem_bytes(ns, slot, xbytes, xmax, nc) > ctx->smem_optin)
         ns--;
     if (ns < KL_NS_MIN) return false;
-    const size_t smem = kl_smem_bytes(ns, slot, xbytes, xmax);
+    const size_t smem = kl_smem_bytes(ns, slot, xbytes, xmax, nc);
     void (*kernel)(const kl_args) = kl_kernel_for(nc);
     /* blocks that fit at once (the barriers need every block resident): asked once a shape */
     if (ctx->layer_smem != smem) {
@@ -771,6 +802,7 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
         p.gss = (float *)(p.gx + KL_GX_SS);
     }
     a.ns = ns;
+    a.nr = kl_full_rounds(ns, nc);
     a.slot = slot;
     a.xmax = xmax;
     a.xbytes = xbytes;
