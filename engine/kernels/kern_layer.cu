@@ -55,8 +55,9 @@
  * it replaces (tg128 Q4_K_M ~398 against ~448 t/s; bench/NOTES.md changes 50 and 51 have
  * the breakdowns): each phase boundary is a chain of latency (the writers' quantization,
  * the grid barrier, every block's copy of the input from L2; ~25 us a layer alone) that
- * the ring does not cover, and the dots add ~7 us to the ~25 us of the weight stream. TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB and TPI_LAYER_DIAG
- * (the KL_DIAG_* parts left out, wrong outputs) are the knobs that measured it.
+ * the ring does not cover, and the dots add ~7 us to the ~25 us of the weight stream.
+ * TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB and TPI_LAYER_DIAG (the KL_DIAG_* parts
+ * left out, wrong outputs) are the knobs that measured it.
  */
 #include <stdio.h>
 #include <stdlib.h>
