@@ -43,9 +43,10 @@
  * The barriers wait for all G blocks, so all must be resident at once: G is at most the
  * multiprocessor count times what the occupancy query allows (a block takes more than
  * half of a multiprocessor's shared memory: one each), and a warp that has waited ~10 s
- * at a barrier or for a ring slot traps, which the next check reports as a launch failure, instead of
- * hanging. The kernel is launched with PDL like the other decode kernels: the producer
- * starts on the weights (no kernel writes them) before the wait, the consumers after it.
+ * at a barrier or for a ring slot traps, which the next check reports as a launch
+ * failure, instead of hanging. The kernel is launched with PDL like the other decode
+ * kernels: the producer starts on the weights (no kernel writes them) before the wait,
+ * the consumers after it.
  *
  * Covered: one token; every weight Q4_K (rows of whole 256 values) or Q6_K regrouped
  * (KERN_TYPE_Q6_KX8); gate and up of one type and shape. Anything else returns false
