@@ -527,7 +527,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
 
     /* the consumers */
     kern_dep_wait(); /* the first phase's input is the previous kernel's output */
-    int slot = 0, use = 0, ur = 0; /* as the producer's, and the parity of use / nr */
+    int slot = 0, ur = 0; /* as the producer's, and up the parity of its round / nr */
     unsigned up = 0;
     int base = 0; /* the warp that takes the chunk's row 0 (carried over the phases, so
                    * no warp takes every phase's spare row) */
@@ -582,7 +582,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                 while (base >= NC)
                     base -= NC;
                 if (++slot == ns) {
-                    slot = 0, use++;
+                    slot = 0;
                     if (++ur == a.nr) ur = 0, up ^= 1;
                 }
             }
