@@ -364,26 +364,18 @@ template <> struct gv<TPI_TYPE_Q4_K> {
                 sl = gv_dp4a(lo[5], a1.y, sl);
                 sl = gv_dp4a(lo[6], a1.z, sl);
                 sl = gv_dp4a(lo[7], a1.w, sl);
-                int sh2;
-                if (HI16) {
-                    sh2 = gv_dp4a_us(hi[0], b0.x, 0);
-                    sh2 = gv_dp4a_us(hi[1], b0.y, sh2);
-                    sh2 = gv_dp4a_us(hi[2], b0.z, sh2);
-                    sh2 = gv_dp4a_us(hi[3], b0.w, sh2);
-                    sh2 = gv_dp4a_us(hi[4], b1.x, sh2);
-                    sh2 = gv_dp4a_us(hi[5], b1.y, sh2);
-                    sh2 = gv_dp4a_us(hi[6], b1.z, sh2);
-                    sh2 = gv_dp4a_us(hi[7], b1.w, sh2);
-                } else {
-                    sh2 = gv_dp4a(hi[0], b0.x, 0);
-                    sh2 = gv_dp4a(hi[1], b0.y, sh2);
-                    sh2 = gv_dp4a(hi[2], b0.z, sh2);
-                    sh2 = gv_dp4a(hi[3], b0.w, sh2);
-                    sh2 = gv_dp4a(hi[4], b1.x, sh2);
-                    sh2 = gv_dp4a(hi[5], b1.y, sh2);
-                    sh2 = gv_dp4a(hi[6], b1.z, sh2);
-                    sh2 = gv_dp4a(hi[7], b1.w, sh2);
-                }
+                /* HI16: the high nibbles are unsigned bytes (16 times their value) */
+                auto dph = [](uint32_t w, int xv, int c) {
+                    return HI16 ? gv_dp4a_us(w, xv, c) : gv_dp4a(w, xv, c);
+                };
+                int sh2 = dph(hi[0], b0.x, 0);
+                sh2 = dph(hi[1], b0.y, sh2);
+                sh2 = dph(hi[2], b0.z, sh2);
+                sh2 = dph(hi[3], b0.w, sh2);
+                sh2 = dph(hi[4], b1.x, sh2);
+                sh2 = dph(hi[5], b1.y, sh2);
+                sh2 = dph(hi[6], b1.z, sh2);
+                sh2 = dph(hi[7], b1.w, sh2);
                 /* (dx, dx*sum) of sub-blocks 2c and 2c+1: 16-byte aligned (2c even) */
                 const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
                 float t = d0 * f.x * (float)sl;
