@@ -809,7 +809,8 @@ static float *tail_outputs(struct be b, const struct tail_case *tc, struct tail_
  * in another order, and h's sum of squares in another order: NMSE < 1e-7 on each output
  * part) and against the CPU reference (f32 x: NMSE < 1e-3, the int8 x of two chained
  * products); a second launch and two replays of a recorded graph bitwise equal to the
- * first launch (the barriers reset themselves; the sums do not depend on timing). */
+ * first launch (the barriers reset themselves; the sums do not depend on timing); the
+ * first phase fed from the x-quantization memo bitwise equal to it fed in the launch. */
 static void check_layer_tail(const struct tail_case *tc, uint64_t seed) {
     struct be g = {ops_cuda_get(), gctx}, c = {C, cctx_g};
     struct tu_rng r;
@@ -873,6 +874,26 @@ static void check_layer_tail(const struct tail_case *tc, uint64_t seed) {
         free(again);
         if (graph) g.o->graph_free(g.ctx, graph);
     }
+    /* the first phase's input from the int8 form another kernel wrote (the memo; here
+     * rmsnorm's, as the attention's is in a step): bitwise what the launch's own
+     * quantization of the same values gives */
+    float *ones = rand_vec(&r, (size_t)tc->q_dim, 1, 1);
+    float *src = bdup(g, att, (size_t)tc->q_dim * 4), *w1 = bdup(g, ones, (size_t)tc->q_dim * 4);
+    float *outs[2];
+    for (int memo = 1; memo >= 0; memo--) {
+        g.o->to_dev(g.ctx, gf.x, x0, (size_t)tc->n_embd * 4);
+        g.o->rmsnorm(g.ctx, src, w1, memo ? gf.att : gf.g, 1, tc->q_dim, 1e-6f);
+        if (!memo) g.o->copy(g.ctx, gf.att, gf.g, (size_t)tc->q_dim * 4); /* forgets it */
+        ck_assert_msg(ops_cuda_xq_memo_holds(g.ctx, gf.att, tc->q_dim) == (memo == 1),
+                      "%s: the memo %s att", label, memo ? "does not hold" : "holds");
+        ck_assert(g.o->layer_tail(g.ctx, &t));
+        assert_ok(g, label);
+        size_t n2 = 0;
+        outs[memo] = tail_outputs(g, tc, &gf, x0, &n2);
+    }
+    ck_assert_msg(n_diff(outs[0], outs[1], n) == 0, "%s: phase 0 from the memo differs", label);
+    free(outs[0]), free(outs[1]), free(ones);
+    g.o->dealloc(g.ctx, src), g.o->dealloc(g.ctx, w1);
     free(got), free(want), free(ref);
     tail_free(g, &gf), tail_free(g, &gp), tail_free(c, &cp);
     free(att), free(x0), free(fn), free(an);

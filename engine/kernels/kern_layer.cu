@@ -31,7 +31,8 @@
  * memory, in the permuted copies of kern_xq.cuh (one per weight type the phase has), in
  * which a warp's 32 lanes read one 512-byte run per x load: in the plain layout their
  * pieces sit 64 bytes apart and 16 lanes share a bank. Phase 0's input (the attention
- * output) is quantized by every block. Each later phase's input is quantized once, by the
+ * output) is copied from the int8 form the attention wrote when the x-quantization memo
+ * holds it (kern_matmul.cu), else quantized by every block. Each later phase's input is quantized once, by the
  * blocks that wrote it, after their last row of the phase before (kl_quant_out: the
  * norm's weight applied first, into global copies laid out as in shared memory, with
  * each block's sum of squares); after the barrier every block copies it from L2 and
@@ -81,6 +82,7 @@
 #define KL_NE0_MAX 65536     /* inputs quantized by their writers: values at most */
 #define KL_G_MAX 1024        /* blocks at most (the norm's partial sums) */
 #define KL_STAGE_MAX 256     /* a block's staged outputs of a phase, at most */
+#define KL_NW 2              /* phases whose outputs are normed as the next one's input */
 /* One phase's input as its writers quantized it (layer_gx, phases 1..3): the permuted
  * copies (two at most), the (d, d*sum) pairs, each block's sum of squares. */
 #define KL_GX_DS (2 * KL_NE0_MAX)
@@ -209,6 +211,11 @@ __device__ __forceinline__ void kl_bulk(void *dst, const void *src, unsigned n, 
 template <int NC> __device__ __forceinline__ void kl_consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NC * 32) : "memory");
 }
+/* Release/acquire at GPU scope (message passing through the counters needs no more than
+ * this; __threadfence is sequentially consistent, MEMBAR.SC, and slower). */
+__device__ __forceinline__ void kl_fence_gpu() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
 /* All G blocks' consumers meet: what any of them stored before is visible to all after
  * (a fence on each side of the counter, as a cooperative grid sync does). bar[0]
  * counts arrivals and is reset by the last one, which then advances bar[1]. */
@@ -217,17 +224,17 @@ template <int NC> __device__ __forceinline__ void kl_grid_sync(unsigned *bar, un
     if (threadIdx.x == 0) {
         volatile unsigned *gen = bar + 1;
         const unsigned g0 = *gen;
-        __threadfence();
+        kl_fence_gpu();
         if (atomicAdd(bar, 1u) == G - 1) {
             atomicExch(bar, 0u);
-            __threadfence();
+            kl_fence_gpu();
             atomicAdd(bar + 1, 1u);
         } else {
             const uint64_t t0 = kl_now_ns();
             while (*gen == g0)
                 if (kl_now_ns() - t0 > KL_TIMEOUT_NS) __trap(); /* a block never came */
         }
-        __threadfence();
+        kl_fence_gpu();
     }
     kl_consumers_sync<NC>();
 }
@@ -426,11 +433,12 @@ __device__ __forceinline__ void kl_load_x(const kl_phase &p, float eps, int G, i
 /* After the block's last row of phase p (nx the next phase): its staged outputs y[r0..r1)
  * quantized as nx's input, into nx's global copies and pairs: warp w takes the units
  * w, w + NC, ...; the norm's weight is applied before and its scale after (kl_load_x),
- * as q does not depend on a positive scale. The block's sum of squares of y goes to
- * nx.gss[b] (0 without rows), its order fixed. */
+ * as q does not depend on a positive scale (nw: its values for the rows, staged at the
+ * kernel's start). The block's sum of squares of y goes to nx.gss[b] (0 without rows),
+ * its order fixed. */
 template <int NC>
-__device__ __forceinline__ void kl_quant_out(const kl_phase &nx, const float *stage, int r0,
-                                             int r1, int b, float *red) {
+__device__ __forceinline__ void kl_quant_out(const kl_phase &nx, const float *stage,
+                                             const float *nw, int r0, int r1, int b, float *red) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     kl_consumers_sync<NC>(); /* every warp's outputs staged */
     float ss = 0.0f;
@@ -438,7 +446,7 @@ __device__ __forceinline__ void kl_quant_out(const kl_phase &nx, const float *st
         const int i = r0 + KL_UNIT * u + lane;
         const float v = stage[KL_UNIT * u + lane];
         ss = fmaf(v, v, ss);
-        const float x = nx.norm ? __fmul_rn(v, __ldg(nx.norm + i)) : v;
+        const float x = nx.norm ? __fmul_rn(v, nw[KL_UNIT * u + lane]) : v;
         float2 pair;
         const int q = kern_q8_quant(x, &pair);
         if (nx.xk4 >= 0) nx.gx[nx.xk4 + gv_perm_k4(i)] = (int8_t)q;
@@ -469,6 +477,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
     float *stage = (float *)(ds + a.xmax / GV_QK); /* the block's outputs of a unit phase */
     float *red = stage + KL_STAGE_MAX;
     float *scl = red + KL_NC_MAX; /* the phase's norm scale (kl_load_x) */
+    float *nws = scl + 1;         /* the norm weights kl_quant_out applies, KL_NW phases */
     /* Slot s's round u is full when full[nr * s + u % nr] completes its phase u / nr, and
      * free again when empty[s] completes its phase u. Only the warps with rows in a chunk
      * (its users: min(n, NC)) wait for it and arrive; the producer arrives for the
@@ -476,7 +485,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
      * row, dealt to the warps in turn), so when it waits for round u of a slot, round
      * u - nr of that slot has completed as long as (nr - 1) * ns >= NC (the host's nr):
      * a parity wait cannot take an older phase for the one it asks for. */
-    uint64_t *full = (uint64_t *)(((uintptr_t)(scl + 1) + 7) & ~(uintptr_t)7);
+    uint64_t *full = (uint64_t *)(((uintptr_t)(nws + KL_NW * KL_STAGE_MAX) + 7) & ~(uintptr_t)7);
     uint64_t *empty = full + ns * a.nr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int G = (int)gridDim.x, b = (int)blockIdx.x;
@@ -525,8 +534,18 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
         return;
     }
 
-    /* the consumers */
+    /* the consumers: first the norm weights of the rows they will quantize (no kernel
+     * writes them, so before the wait), as the phases use them */
+    for (int ph = 0, k = 0; ph + 1 < a.n_ph && k < KL_NW; ph++)
+        if (a.ph[ph].unit && a.ph[ph + 1].norm && prep) {
+            int r0, r1;
+            kl_rows_of(a.ph[ph], 0, b, G, r0, r1);
+            for (int i = threadIdx.x; i < r1 - r0; i += NC * 32)
+                nws[KL_STAGE_MAX * k + i] = __ldg(a.ph[ph + 1].norm + r0 + i);
+            k++;
+        }
     kern_dep_wait(); /* the first phase's input is the previous kernel's output */
+    int nwk = 0; /* the next phase to take its norm weights from nws */
     int slot = 0, ur = 0; /* as the producer's, and up the parity of its round / nr */
     unsigned up = 0;
     int base = 0; /* the warp that takes the chunk's row 0 (carried over the phases, so
@@ -587,7 +606,11 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                 }
             }
         }
-        if (p.unit && prep) kl_quant_out<NC>(a.ph[ph + 1], stage, r0, r1, b, red);
+        if (p.unit && prep) {
+            const bool nw = a.ph[ph + 1].norm != NULL;
+            kl_quant_out<NC>(a.ph[ph + 1], stage, nws + KL_STAGE_MAX * nwk, r0, r1, b, red);
+            nwk += nw;
+        }
     }
 }
 
@@ -654,7 +677,8 @@ static int kl_full_rounds(int ns, int nc) {
  * 16) and inputs of up to xmax values, for nc consumer warps. */
 static size_t kl_smem_bytes(int ns, int slot, int xbytes, int xmax, int nc) {
     return (size_t)ns * slot + (size_t)xbytes + (size_t)xmax / GV_QK * 8 +
-           (KL_STAGE_MAX + KL_NC_MAX + 1) * 4 + 8 + (size_t)ns * (kl_full_rounds(ns, nc) + 1) * 8;
+           ((1 + KL_NW) * KL_STAGE_MAX + KL_NC_MAX + 1) * 4 + 8 +
+           (size_t)ns * (kl_full_rounds(ns, nc) + 1) * 8;
 }
 
 /* The kernel of nc consumer warps. */
@@ -792,17 +816,28 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     if (G <= 0 || G > KL_G_MAX) return false;
     /* phases 1.. read their input as the blocks of the phase before quantized it: that
      * phase's rows go in whole units, staged in shared memory */
+    int n_nw = 0; /* phases whose outputs are normed for the next (staged weights) */
     for (int i = 1; i < a.n_ph; i++) {
         kl_phase &w = a.ph[i - 1], &p = a.ph[i];
         if (w.n_seg != 1 || w.seg[0].rows % KL_UNIT || p.ne0 > KL_NE0_MAX ||
             p.xbytes > 2 * KL_NE0_MAX || w.seg[0].rows != p.ne0)
             return false;
-        const int units = w.seg[0].rows / KL_UNIT;
-        if ((long long)KL_UNIT * ((units + G - 1) / G) > KL_STAGE_MAX) return false;
+        const int units = w.seg[0].rows / KL_UNIT; /* a block's share: one unit over at most */
+        if ((long long)KL_UNIT * ((units + G - 1) / G + 1) > KL_STAGE_MAX) return false;
+        if (p.norm && ++n_nw > KL_NW) return false;
         w.unit = 1;
         p.gx = ctx->layer_gx + (size_t)(i - 1) * KL_GX_PHASE;
         p.gds = (float2 *)(p.gx + KL_GX_DS);
         p.gss = (float *)(p.gx + KL_GX_SS);
+    }
+    /* phase 0's input: the attention's int8 form when the memo holds it (its permuted
+     * copy of the one type wo has, kern_xq.cuh's layout), else quantized by every block */
+    const kl_phase &p0 = a.ph[0];
+    if (ctx->xq_memo.valid && ctx->xq_memo.x == t->att && ctx->xq_memo.n_vals == p0.ne0 &&
+        ctx->xq_memo.ne0 == p0.ne0 && p0.n_seg == 1 && ctx->xq_memo.xq && ctx->xq_memo.ds) {
+        const gv_xlayout lay = gv_xlayout_of(1, p0.ne0);
+        a.ph[0].gx = (int8_t *)ctx->xq_memo.xq + (p0.xk4 >= 0 ? lay.k4_off : lay.q6_off); /* read */
+        a.ph[0].gds = (float2 *)ctx->xq_memo.ds;
     }
     a.ns = ns;
     a.nr = kl_full_rounds(ns, nc);
