@@ -58,8 +58,10 @@
  * the breakdowns): each phase boundary is a chain of latency (the writers' quantization,
  * the grid barrier, every block's copy of the input from L2; ~25 us a layer alone) that
  * the ring does not cover, and the dots add ~7 us to the ~25 us of the weight stream.
- * TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB and TPI_LAYER_DIAG (the KL_DIAG_* parts
- * left out, wrong outputs) are the knobs that measured it.
+ * TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB, TPI_LAYER_L2AHEAD_KB (each phase's rows
+ * beyond the ring asked of L2 as the producer reaches it; 0, the default: none) and
+ * TPI_LAYER_DIAG (the KL_DIAG_* parts left out, wrong outputs) are the knobs that
+ * measured it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +132,7 @@ struct kl_args {
     float eps;
     unsigned *bar; /* grid barrier: arrivals, generation (device, zeroed once) */
     int diag;      /* KL_DIAG_*: parts left out to measure the rest (wrong outputs) */
+    int l2ahead;   /* bytes of each phase's rows asked of L2 beyond the ring, a block */
 };
 /* TPI_LAYER_DIAG, a measuring knob (a sum of these; outputs are wrong): */
 #define KL_DIAG_NO_DOT 1  /* consumers take each slot and release it without its dots */
@@ -207,6 +210,10 @@ __device__ __forceinline__ void kl_bulk(void *dst, const void *src, unsigned n, 
                  "l"(src), "r"(n), "r"(kl_saddr(b))
                  : "memory");
 }
+/* n bytes at src (n % 16 == 0, 16-byte aligned) asked of L2, nothing waited for. */
+__device__ __forceinline__ void kl_prefetch_l2(const void *src, unsigned n) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(n) : "memory");
+}
 /* The NC consumer warps only (named barrier 1; the producer warp never joins it). */
 template <int NC> __device__ __forceinline__ void kl_consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NC * 32) : "memory");
@@ -274,6 +281,34 @@ __device__ __forceinline__ void kl_rows_of(const kl_phase &p, int s, int b, int 
         r1 *= KL_UNIT;
     } else {
         kl_range(p.bytes, c, rb, p.seg[s].rows, b, G, r0, r1);
+    }
+}
+
+/* Block b's rows of phase p from `skip` bytes into its range to skip + len asked of L2
+ * (TPI_LAYER_L2AHEAD_KB): while the consumers wait at a phase's boundary the ring is full
+ * and the producer idle, and DRAM with it; these rows then come from L2. */
+__device__ __forceinline__ void kl_prefetch_phase(const kl_phase &p, int b, int G, long long skip,
+                                                  long long len) {
+    for (int s = 0; s < p.n_seg && len > 0; s++) {
+        const kl_seg &sg = p.seg[s];
+        int r0, r1;
+        kl_rows_of(p, s, b, G, r0, r1);
+        const long long rb = (long long)sg.row_bytes * (sg.w2 ? 2 : 1);
+        const long long have = (long long)(r1 - r0) * rb;
+        if (skip >= have) {
+            skip -= have;
+            continue;
+        }
+        const int rs = r0 + (int)(skip / rb);
+        const int re = min(r1, rs + (int)((len + rb - 1) / rb));
+        len -= (long long)(re - rs) * rb;
+        skip = 0;
+        for (int w = 0; w < (sg.w2 ? 2 : 1); w++) {
+            const uint8_t *base = (w ? sg.w2 : sg.w) + (size_t)rs * sg.row_bytes;
+            const long long n = (long long)(re - rs) * sg.row_bytes;
+            for (long long o = 0; o < n; o += 32768)
+                kl_prefetch_l2(base + o, (unsigned)min(n - o, 32768ll));
+        }
     }
 }
 
@@ -506,6 +541,8 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
         int slot = 0, use = 0, ur = 0; /* chunk k's slot k % ns, round k / ns, round % nr */
         for (int ph = 0; ph < a.n_ph; ph++) {
             const kl_phase &p = a.ph[ph];
+            /* the phase's rows beyond what the ring takes before its consumers start */
+            if (a.l2ahead) kl_prefetch_phase(p, b, G, (long long)ns * SLOT, a.l2ahead);
             for (int s = 0; s < p.n_seg; s++) {
                 const kl_seg &sg = p.seg[s];
                 int r0, r1;
@@ -727,6 +764,15 @@ bool kern_layer_init(struct ops_ctx *ctx) {
         TPI_LOGW("TPI_LAYER_DIAG=%d: the layer tail leaves parts out; outputs are wrong (for "
                  "measuring)", ctx->layer_diag);
     ctx->layer_slot = KL_SLOT_DEFAULT;
+    const char *l2 = getenv("TPI_LAYER_L2AHEAD_KB");
+    ctx->layer_l2ahead = 0;
+    if (l2 && *l2) {
+        const int kb = atoi(l2);
+        if (kb >= 0 && kb <= 4096)
+            ctx->layer_l2ahead = kb * 1024;
+        else
+            TPI_LOGW("TPI_LAYER_L2AHEAD_KB=%s is not 0..4096: ignored", l2);
+    }
     const char *sl = getenv("TPI_LAYER_SLOT_KB");
     if (sl && *sl) {
         const int kb = atoi(sl);
@@ -847,6 +893,7 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     a.eps = t->eps;
     a.bar = ctx->layer_bar;
     a.diag = ctx->layer_diag;
+    a.l2ahead = ctx->layer_l2ahead;
     kern_xq_forget(ctx);
     kern_launch(ctx->pdl, kernel, dim3(ctx->layer_blocks), dim3(32 * (nc + 1)), smem,
                 ctx->stream, a);
