@@ -32,14 +32,14 @@
  * which a warp's 32 lanes read one 512-byte run per x load: in the plain layout their
  * pieces sit 64 bytes apart and 16 lanes share a bank. Phase 0's input (the attention
  * output) is copied from the int8 form the attention wrote when the x-quantization memo
- * holds it (kern_matmul.cu), else quantized by every block. Each later phase's input is quantized once, by the
- * blocks that wrote it, after their last row of the phase before (kl_quant_out: the
- * norm's weight applied first, into global copies laid out as in shared memory, with
- * each block's sum of squares); after the barrier every block copies it from L2 and
- * takes the norm's scale from the blocks' sums in one fixed order (kl_load_x), applied to
- * each row's sum: q does not depend on a positive scale, and every term of a sum is
- * linear in the pairs. Activations written inside the launch are read through L2
- * (ld.global.cg): L1 is not coherent between multiprocessors.
+ * holds it (kern_matmul.cu), else quantized by every block. Each later phase's input is
+ * quantized once, by the blocks that wrote it, after their last row of the phase before
+ * (kl_quant_out: the norm's weight applied first, into global copies laid out as in
+ * shared memory, with each block's sum of squares); after the barrier every block copies
+ * it from L2 and takes the norm's scale from the blocks' sums in one fixed order
+ * (kl_load_x), applied to each row's sum: q does not depend on a positive scale, and
+ * every term of a sum is linear in the pairs. Activations written inside the launch are
+ * read through L2 (ld.global.cg): L1 is not coherent between multiprocessors.
  *
  * The barriers wait for all G blocks, so all must be resident at once: G is at most the
  * multiprocessor count times what the occupancy query allows (a block takes more than
