@@ -90,8 +90,9 @@ struct ops_ctx {
     int layer_warps;      /* ... its consumer warps a block (TPI_LAYER_WARPS) */
     int layer_slot;       /* ... the bytes of its ring slots (TPI_LAYER_SLOT_KB) */
     int layer_diag;       /* ... parts left out to measure the rest (TPI_LAYER_DIAG) */
-    int layer_l2ahead;    /* ... bytes a block asked of L2 beyond its ring (TPI_LAYER_L2AHEAD_KB) */
-    unsigned *layer_bar;  /* device: its grid barrier (arrivals, generation) */
+    int layer_ns_max;     /* ... its ring's slots at most (TPI_LAYER_NS) */
+    unsigned long long *layer_trace; /* device: its last launch's times (TPI_LAYER_TRACE=1) */
+    unsigned *layer_bar;  /* device: its grid barrier (the arrivals word) */
     int8_t *layer_gx;     /* device: the phases' int8 inputs as their writers quantized them */
     size_t layer_smem;    /* the launch shape last asked of the occupancy query ... */
     int layer_blocks;     /* ... and the blocks it runs with (0: does not fit) */

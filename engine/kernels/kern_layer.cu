@@ -54,14 +54,16 @@
  * and the caller runs the plain ops.
  *
  * Opt-in (TPI_LAYER_TAIL=1): on the H200 it is still slower than the separate launches
- * it replaces (tg128 Q4_K_M ~398 against ~448 t/s; bench/NOTES.md changes 50 and 51 have
- * the breakdowns): each phase boundary is a chain of latency (the writers' quantization,
- * the grid barrier, every block's copy of the input from L2; ~25 us a layer alone) that
- * the ring does not cover, and the dots add ~7 us to the ~25 us of the weight stream.
- * TPI_LAYER_WARPS (8, 16, 20), TPI_LAYER_SLOT_KB, TPI_LAYER_L2AHEAD_KB (each phase's rows
- * beyond the ring asked of L2 as the producer reaches it; 0, the default: none) and
- * TPI_LAYER_DIAG (the KL_DIAG_* parts left out, wrong outputs) are the knobs that
- * measured it.
+ * it replaces (tg128 Q4_K_M ~395 against ~447 t/s; bench/NOTES.md changes 50-54 have the
+ * breakdowns). TPI_LAYER_TRACE=1 prints, at exit, one launch's per-block times (barrier
+ * arrival and leaving, input ready, first chunk, last dot, the producer's first and last
+ * copy of each phase): a boundary is ~5 us, about five round trips through L2 in a chain
+ * (the stores before the barrier's fence, the arrival, the poll that sees the last one,
+ * the input's copy, its scale), each ~1 us while DRAM is saturated; DRAM then idles ~4 us
+ * once the ring (4 x 40 KB a block) has landed. TPI_LAYER_WARPS (8, 16, 20),
+ * TPI_LAYER_SLOT_KB, TPI_LAYER_NS (the ring's slots at most) and TPI_LAYER_DIAG (the
+ * KL_DIAG_* parts left out, wrong outputs; or earlier forms of three parts) are the
+ * knobs that measured it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,10 +132,20 @@ struct kl_args {
     int xmax;      /* largest ne0 of the phases (its (d, d*sum) pairs) */
     int xbytes;    /* the x buffer: the largest sum of a phase's permuted copies */
     float eps;
-    unsigned *bar; /* grid barrier: arrivals, generation (device, zeroed once) */
+    unsigned *bar; /* grid barrier: its arrivals word (device, zeroed once) */
     int diag;      /* KL_DIAG_*: parts left out to measure the rest (wrong outputs) */
-    int l2ahead;   /* bytes of each phase's rows asked of L2 beyond the ring, a block */
+    unsigned long long *trace; /* TPI_LAYER_TRACE: KL_TR_N times a block (NULL: none) */
 };
+/* TPI_LAYER_TRACE's times (globaltimer, ns), a row of KL_TR_N a block, the last launch's:
+ * the consumers' start and PDL wait, then per phase ph its barrier's arrival and
+ * leaving, its input ready, warp 0's first chunk, warp 0's last dot; the producer's
+ * first and last copy of each phase. */
+#define KL_TR_N 32
+#define KL_TR_START 0
+#define KL_TR_WAITED 1
+#define KL_TR_PH(ph, k) (2 + 5 * (ph) + (k)) /* k: 0 arrive 1 leave 2 input 3 first 4 dots */
+#define KL_TR_PROD(ph, k) (22 + 2 * (ph) + (k)) /* k: 0 first copy 1 last copy */
+#define KL_TR_END 30
 /* TPI_LAYER_DIAG, a measuring knob (a sum of these; outputs are wrong): */
 #define KL_DIAG_NO_DOT 1  /* consumers take each slot and release it without its dots */
 #define KL_DIAG_NO_COPY 2 /* the producer marks slots full without copying (stale rows) */
@@ -144,6 +156,10 @@ struct kl_args {
 #define KL_DIAG_PREP_NOLOAD 64   /* the inputs' quantization without their loads */
 #define KL_DIAG_PREP_NONORM 128  /* ... without the norm's sum of squares */
 #define KL_DIAG_PREP_NOSTORE 256 /* ... without the permuted copies' stores */
+/* and three that keep the outputs right, each an earlier form of a part: */
+#define KL_DIAG_SC_FENCE 512 /* the grid barriers' fences sequentially consistent */
+#define KL_DIAG_NO_MEMO 1024 /* phase 0's input quantized by every block, memo or not */
+#define KL_DIAG_NO_NWS 2048  /* the norm weights read from global where they are applied */
 
 /* ---------------------------------------------------------------- device helpers */
 
@@ -210,10 +226,6 @@ __device__ __forceinline__ void kl_bulk(void *dst, const void *src, unsigned n, 
                  "l"(src), "r"(n), "r"(kl_saddr(b))
                  : "memory");
 }
-/* n bytes at src (n % 16 == 0, 16-byte aligned) asked of L2, nothing waited for. */
-__device__ __forceinline__ void kl_prefetch_l2(const void *src, unsigned n) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(n) : "memory");
-}
 /* The NC consumer warps only (named barrier 1; the producer warp never joins it). */
 template <int NC> __device__ __forceinline__ void kl_consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NC * 32) : "memory");
@@ -224,24 +236,33 @@ __device__ __forceinline__ void kl_fence_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 /* All G blocks' consumers meet: what any of them stored before is visible to all after
- * (a fence on each side of the counter, as a cooperative grid sync does). bar[0]
- * counts arrivals and is reset by the last one, which then advances bar[1]. */
-template <int NC> __device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G) {
+ * (a fence on each side of the counter, as a cooperative grid sync does): one atomic
+ * add a block on bar[0] and a poll of it, no reset (sc: __threadfence's sequentially
+ * consistent fences, TPI_LAYER_DIAG's KL_DIAG_SC_FENCE; tr: arrival and leaving times). */
+template <int NC>
+__device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G, bool sc,
+                                             unsigned long long *tr) {
     kl_consumers_sync<NC>();
     if (threadIdx.x == 0) {
-        volatile unsigned *gen = bar + 1;
-        const unsigned g0 = *gen;
-        kl_fence_gpu();
-        if (atomicAdd(bar, 1u) == G - 1) {
-            atomicExch(bar, 0u);
-            kl_fence_gpu();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            const uint64_t t0 = kl_now_ns();
-            while (*gen == g0)
-                if (kl_now_ns() - t0 > KL_TIMEOUT_NS) __trap(); /* a block never came */
-        }
-        kl_fence_gpu();
+        if (tr) tr[0] = kl_now_ns();
+        /* one add a block: block 0 adds 2^31 - (G - 1), the others 1, so the word's top
+         * bit flips when the last one arrives and its low bits return to 0 */
+        const unsigned inc = blockIdx.x == 0 ? 0x80000000u - (G - 1) : 1u;
+        if (sc) __threadfence();
+        else kl_fence_gpu();
+        const unsigned old = atomicAdd(bar, inc);
+        volatile unsigned *v = bar;
+        unsigned n = 0;
+        uint64_t t0 = 0;
+        while (((old ^ *v) & 0x80000000u) == 0)
+            if ((++n & 255) == 0) { /* the clock now and then, off the poll's path */
+                const uint64_t t = kl_now_ns();
+                if (!t0) t0 = t;
+                else if (t - t0 > KL_TIMEOUT_NS) __trap(); /* a block never came */
+            }
+        if (sc) __threadfence();
+        else kl_fence_gpu();
+        if (tr) tr[1] = kl_now_ns();
     }
     kl_consumers_sync<NC>();
 }
@@ -281,34 +302,6 @@ __device__ __forceinline__ void kl_rows_of(const kl_phase &p, int s, int b, int 
         r1 *= KL_UNIT;
     } else {
         kl_range(p.bytes, c, rb, p.seg[s].rows, b, G, r0, r1);
-    }
-}
-
-/* Block b's rows of phase p from `skip` bytes into its range to skip + len asked of L2
- * (TPI_LAYER_L2AHEAD_KB): while the consumers wait at a phase's boundary the ring is full
- * and the producer idle, and DRAM with it; these rows then come from L2. */
-__device__ __forceinline__ void kl_prefetch_phase(const kl_phase &p, int b, int G, long long skip,
-                                                  long long len) {
-    for (int s = 0; s < p.n_seg && len > 0; s++) {
-        const kl_seg &sg = p.seg[s];
-        int r0, r1;
-        kl_rows_of(p, s, b, G, r0, r1);
-        const long long rb = (long long)sg.row_bytes * (sg.w2 ? 2 : 1);
-        const long long have = (long long)(r1 - r0) * rb;
-        if (skip >= have) {
-            skip -= have;
-            continue;
-        }
-        const int rs = r0 + (int)(skip / rb);
-        const int re = min(r1, rs + (int)((len + rb - 1) / rb));
-        len -= (long long)(re - rs) * rb;
-        skip = 0;
-        for (int w = 0; w < (sg.w2 ? 2 : 1); w++) {
-            const uint8_t *base = (w ? sg.w2 : sg.w) + (size_t)rs * sg.row_bytes;
-            const long long n = (long long)(re - rs) * sg.row_bytes;
-            for (long long o = 0; o < n; o += 32768)
-                kl_prefetch_l2(base + o, (unsigned)min(n - o, 32768ll));
-        }
     }
 }
 
@@ -481,7 +474,8 @@ __device__ __forceinline__ void kl_quant_out(const kl_phase &nx, const float *st
         const int i = r0 + KL_UNIT * u + lane;
         const float v = stage[KL_UNIT * u + lane];
         ss = fmaf(v, v, ss);
-        const float x = nx.norm ? __fmul_rn(v, nw[KL_UNIT * u + lane]) : v;
+        const float x =
+            nx.norm ? __fmul_rn(v, nw ? nw[KL_UNIT * u + lane] : __ldg(nx.norm + i)) : v;
         float2 pair;
         const int q = kern_q8_quant(x, &pair);
         if (nx.xk4 >= 0) nx.gx[nx.xk4 + gv_perm_k4(i)] = (int8_t)q;
@@ -536,13 +530,12 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
 
     const bool spin = a.diag & KL_DIAG_SPIN, ring = !(a.diag & KL_DIAG_NO_RING);
     const bool prep = !(a.diag & KL_DIAG_NO_PREP);
+    unsigned long long *tr = a.trace ? a.trace + (size_t)KL_TR_N * b : NULL;
     if (warp == NC) { /* the producer: every phase's chunks, in order */
         if (lane != 0 || !ring) return;
         int slot = 0, use = 0, ur = 0; /* chunk k's slot k % ns, round k / ns, round % nr */
         for (int ph = 0; ph < a.n_ph; ph++) {
             const kl_phase &p = a.ph[ph];
-            /* the phase's rows beyond what the ring takes before its consumers start */
-            if (a.l2ahead) kl_prefetch_phase(p, b, G, (long long)ns * SLOT, a.l2ahead);
             for (int s = 0; s < p.n_seg; s++) {
                 const kl_seg &sg = p.seg[s];
                 int r0, r1;
@@ -550,6 +543,10 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                 for (int r = r0; r < r1; r += sg.chunk_rows) {
                     const int n = min(sg.chunk_rows, r1 - r);
                     if (use > 0) kl_mbar_wait(&empty[slot], (use - 1) & 1, spin);
+                    if (tr && ph < 4) {
+                        if (s == 0 && r == r0) tr[KL_TR_PROD(ph, 0)] = kl_now_ns();
+                        tr[KL_TR_PROD(ph, 1)] = kl_now_ns();
+                    }
                     const unsigned nb = (unsigned)n * (unsigned)sg.row_bytes;
                     uint8_t *dst = slots + (size_t)slot * SLOT;
                     uint64_t *f = &full[a.nr * slot + ur];
@@ -573,7 +570,10 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
 
     /* the consumers: first the norm weights of the rows they will quantize (no kernel
      * writes them, so before the wait), as the phases use them */
-    for (int ph = 0, k = 0; ph + 1 < a.n_ph && k < KL_NW; ph++)
+    const bool t0 = tr && threadIdx.x == 0; /* the thread that writes the trace */
+    if (t0) tr[KL_TR_START] = kl_now_ns();
+    const bool nwsd = !(a.diag & KL_DIAG_NO_NWS);
+    for (int ph = 0, k = 0; ph + 1 < a.n_ph && k < KL_NW && nwsd; ph++)
         if (a.ph[ph].unit && a.ph[ph + 1].norm && prep) {
             int r0, r1;
             kl_rows_of(a.ph[ph], 0, b, G, r0, r1);
@@ -582,6 +582,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
             k++;
         }
     kern_dep_wait(); /* the first phase's input is the previous kernel's output */
+    if (t0) tr[KL_TR_WAITED] = kl_now_ns();
     int nwk = 0; /* the next phase to take its norm weights from nws */
     int slot = 0, ur = 0; /* as the producer's, and up the parity of its round / nr */
     unsigned up = 0;
@@ -589,14 +590,17 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                    * no warp takes every phase's spare row) */
     for (int ph = 0; ph < a.n_ph; ph++) {
         const kl_phase &p = a.ph[ph];
-        if (ph > 0 && !(a.diag & KL_DIAG_NO_SYNC)) kl_grid_sync<NC>(a.bar, (unsigned)G);
+        unsigned long long *trp = tr && ph < 4 ? tr + KL_TR_PH(ph, 0) : NULL;
+        if (ph > 0 && !(a.diag & KL_DIAG_NO_SYNC))
+            kl_grid_sync<NC>(a.bar, (unsigned)G, a.diag & KL_DIAG_SC_FENCE, trp);
         float sc = 1.0f; /* the norm's scale of an input its writers quantized */
-        if (prep && p.gx) {
+        if (prep && p.gx && !(ph == 0 && (a.diag & KL_DIAG_NO_MEMO))) {
             kl_load_x<NC>(p, a.eps, G, xs, ds, scl);
             sc = *scl;
         } else if (prep) {
             kl_prepare_x<NC>(p, a.eps, xs, ds, red, a.diag);
         }
+        if (t0 && trp) trp[2] = kl_now_ns();
         int r0 = 0, r1 = 0;
         for (int s = 0; s < p.n_seg; s++) {
             const kl_seg &sg = p.seg[s];
@@ -608,6 +612,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                 if (i < 0) i += NC;
                 const bool user = ring && i < n;
                 if (user) kl_mbar_wait(&full[a.nr * slot + ur], up, spin);
+                if (t0 && trp && r == r0 && s == 0) trp[3] = kl_now_ns();
                 for (; user && i < n && !(a.diag & KL_DIAG_NO_DOT); i += NC) {
                     const uint8_t *row = src + (size_t)i * sg.row_bytes;
                     float *y = sg.y + r + i;
@@ -643,10 +648,20 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                 }
             }
         }
+        if (t0 && trp) trp[4] = kl_now_ns();
         if (p.unit && prep) {
             const bool nw = a.ph[ph + 1].norm != NULL;
-            kl_quant_out<NC>(a.ph[ph + 1], stage, nws + KL_STAGE_MAX * nwk, r0, r1, b, red);
+            kl_quant_out<NC>(a.ph[ph + 1], stage, nwsd ? nws + KL_STAGE_MAX * nwk : NULL, r0,
+                             r1, b, red);
             nwk += nw;
+        }
+    }
+    if (t0) {
+        tr[KL_TR_END] = kl_now_ns();
+        for (int ph = a.n_ph; ph < 4; ph++) { /* a shorter launch's: none */
+            for (int k = 0; k < 5; k++)
+                tr[KL_TR_PH(ph, k)] = 0;
+            tr[KL_TR_PROD(ph, 0)] = tr[KL_TR_PROD(ph, 1)] = 0;
         }
     }
 }
@@ -759,20 +774,11 @@ bool kern_layer_init(struct ops_ctx *ctx) {
             TPI_LOGW("TPI_LAYER_WARPS=%s is not 8, 16 or 20: ignored", w);
     }
     const char *dg = getenv("TPI_LAYER_DIAG");
-    ctx->layer_diag = dg && *dg ? atoi(dg) & 511 : 0;
-    if (ctx->layer_diag)
+    ctx->layer_diag = dg && *dg ? atoi(dg) & 4095 : 0;
+    if (ctx->layer_diag & 511)
         TPI_LOGW("TPI_LAYER_DIAG=%d: the layer tail leaves parts out; outputs are wrong (for "
                  "measuring)", ctx->layer_diag);
     ctx->layer_slot = KL_SLOT_DEFAULT;
-    const char *l2 = getenv("TPI_LAYER_L2AHEAD_KB");
-    ctx->layer_l2ahead = 0;
-    if (l2 && *l2) {
-        const int kb = atoi(l2);
-        if (kb >= 0 && kb <= 4096)
-            ctx->layer_l2ahead = kb * 1024;
-        else
-            TPI_LOGW("TPI_LAYER_L2AHEAD_KB=%s is not 0..4096: ignored", l2);
-    }
     const char *sl = getenv("TPI_LAYER_SLOT_KB");
     if (sl && *sl) {
         const int kb = atoi(sl);
@@ -792,6 +798,25 @@ bool kern_layer_init(struct ops_ctx *ctx) {
         ctx->layer_gx = NULL;
         return false;
     }
+    const char *nm = getenv("TPI_LAYER_NS");
+    ctx->layer_ns_max = KL_NS_MAX;
+    if (nm && *nm) {
+        const int n = atoi(nm);
+        if (n >= KL_NS_MIN && n <= KL_NS_MAX)
+            ctx->layer_ns_max = n;
+        else
+            TPI_LOGW("TPI_LAYER_NS=%s is not %d..%d: ignored", nm, KL_NS_MIN, KL_NS_MAX);
+    }
+    const char *tv = getenv("TPI_LAYER_TRACE");
+    ctx->layer_trace = NULL;
+    if (ctx->layer_tail && tv && *tv && strcmp(tv, "0") != 0) {
+        const size_t nb = (size_t)KL_G_MAX * KL_TR_N * sizeof(unsigned long long);
+        if (!CUDA_OK(ctx, "cuda init", cudaMalloc(&ctx->layer_trace, nb)) ||
+            !CUDA_OK(ctx, "cuda init", cudaMemset(ctx->layer_trace, 0, nb))) {
+            ctx->layer_trace = NULL;
+            return false;
+        }
+    }
     if (cudaFuncSetAttribute(kl_kernel_for(ctx->layer_warps),
                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                              (int)ctx->smem_optin) != cudaSuccess) {
@@ -801,7 +826,55 @@ bool kern_layer_init(struct ops_ctx *ctx) {
     return true;
 }
 
+static int kl_cmp_u64(const void *x, const void *y) {
+    const unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
+    return a < b ? -1 : a > b;
+}
+
+/* TPI_LAYER_TRACE: the last launch's times on stderr, per trace point the blocks' min,
+ * median and max in us from the earliest PDL wait's end. */
+static void kl_trace_dump(struct ops_ctx *ctx) {
+    const int G = ctx->layer_blocks;
+    if (G <= 0 || G > KL_G_MAX) return;
+    unsigned long long *h = (unsigned long long *)malloc((size_t)G * KL_TR_N * 8);
+    unsigned long long *col = (unsigned long long *)malloc((size_t)G * 8);
+    if (!h || !col || cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpy(h, ctx->layer_trace, (size_t)G * KL_TR_N * 8, cudaMemcpyDeviceToHost) !=
+            cudaSuccess) {
+        free(h), free(col);
+        return;
+    }
+    unsigned long long ref = ~0ull;
+    for (int b = 0; b < G; b++)
+        if (h[KL_TR_N * b + KL_TR_WAITED] && h[KL_TR_N * b + KL_TR_WAITED] < ref)
+            ref = h[KL_TR_N * b + KL_TR_WAITED];
+    static const char *const pk[5] = {"barrier arrive", "barrier leave", "input ready",
+                                      "first chunk", "last dot"};
+    fprintf(stderr, "layer tail trace (%d blocks, %zu bytes of shared memory each, us from "
+                    "the first PDL wait's end: min median max)\n", G, ctx->layer_smem);
+    for (int k = 0; k < KL_TR_N; k++) {
+        int n = 0;
+        for (int b = 0; b < G; b++)
+            if (h[KL_TR_N * b + k]) col[n++] = h[KL_TR_N * b + k];
+        if (!n) continue;
+        qsort(col, (size_t)n, 8, kl_cmp_u64);
+        char name[64];
+        if (k == KL_TR_START) snprintf(name, sizeof name, "start");
+        else if (k == KL_TR_WAITED) snprintf(name, sizeof name, "PDL wait done");
+        else if (k == KL_TR_END) snprintf(name, sizeof name, "end");
+        else if (k >= KL_TR_PROD(0, 0)) snprintf(name, sizeof name, "phase %d producer %s",
+                                                 (k - KL_TR_PROD(0, 0)) / 2,
+                                                 (k - KL_TR_PROD(0, 0)) % 2 ? "last" : "first");
+        else snprintf(name, sizeof name, "phase %d %s", (k - 2) / 5, pk[(k - 2) % 5]);
+        fprintf(stderr, "  %-28s %9.2f %9.2f %9.2f  (%d)\n", name, ((double)col[0] - ref) / 1e3,
+                ((double)col[n / 2] - ref) / 1e3, ((double)col[n - 1] - ref) / 1e3, n);
+    }
+    free(h), free(col);
+}
+
 void kern_layer_free(struct ops_ctx *ctx) {
+    if (ctx->layer_trace) kl_trace_dump(ctx), cudaFree(ctx->layer_trace);
+    ctx->layer_trace = NULL;
     if (ctx->layer_bar) cudaFree(ctx->layer_bar);
     if (ctx->layer_gx) cudaFree(ctx->layer_gx);
     ctx->layer_bar = NULL;
@@ -841,7 +914,7 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
         a.ph[i].xbytes = nb;
         xbytes = nb > xbytes ? nb : xbytes;
     }
-    int ns = KL_NS_MAX;
+    int ns = ctx->layer_ns_max;
     while (ns >= KL_NS_MIN && kl_smem_bytes(ns, slot, xbytes, xmax, nc) > ctx->smem_optin)
         ns--;
     if (ns < KL_NS_MIN) return false;
@@ -893,7 +966,7 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     a.eps = t->eps;
     a.bar = ctx->layer_bar;
     a.diag = ctx->layer_diag;
-    a.l2ahead = ctx->layer_l2ahead;
+    a.trace = ctx->layer_trace;
     kern_xq_forget(ctx);
     kern_launch(ctx->pdl, kernel, dim3(ctx->layer_blocks), dim3(32 * (nc + 1)), smem,
                 ctx->stream, a);
