@@ -91,6 +91,7 @@ struct ops_ctx {
     int layer_slot;       /* ... the bytes of its ring slots (TPI_LAYER_SLOT_KB) */
     int layer_diag;       /* ... parts left out to measure the rest (TPI_LAYER_DIAG) */
     int layer_ns_max;     /* ... its ring's slots at most (TPI_LAYER_NS) */
+    int layer_trace_nph;  /* ... only launches of this many phases traced (TPI_LAYER_TRACE=3, 4) */
     unsigned long long *layer_trace; /* device: its last launch's times (TPI_LAYER_TRACE=1) */
     unsigned *layer_bar;  /* device: its grid barrier (the arrivals word) */
     int8_t *layer_gx;     /* device: the phases' int8 inputs as their writers quantized them */

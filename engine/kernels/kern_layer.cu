@@ -54,13 +54,15 @@
  * and the caller runs the plain ops.
  *
  * Opt-in (TPI_LAYER_TAIL=1): on the H200 it is still slower than the separate launches
- * it replaces (tg128 Q4_K_M ~395 against ~447 t/s; bench/NOTES.md changes 50-54 have the
- * breakdowns). TPI_LAYER_TRACE=1 prints, at exit, one launch's per-block times (barrier
- * arrival and leaving, input ready, first chunk, last dot, the producer's first and last
- * copy of each phase): a boundary is ~5 us, about five round trips through L2 in a chain
- * (the stores before the barrier's fence, the arrival, the poll that sees the last one,
- * the input's copy, its scale), each ~1 us while DRAM is saturated; DRAM then idles ~4 us
- * once the ring (4 x 40 KB a block) has landed. TPI_LAYER_WARPS (8, 16, 20),
+ * it replaces (tg128 Q4_K_M ~395 against ~447 t/s; bench/NOTES.md changes 50-55 have the
+ * breakdowns). TPI_LAYER_TRACE=1 (3, 4: only the launches with as many phases) prints,
+ * at exit, the last launch's per-block times (barrier arrival and leaving, input ready,
+ * first chunk, last dot, the producer's first and last copy of each phase): a boundary
+ * is ~5 us, a chain of round trips through L2 (the stores before the barrier's fence,
+ * the arrival, the poll that sees the last one, the input's copy), each ~1-1.5 us while
+ * DRAM is saturated; DRAM then idles ~4 us once the ring (4 x 40 KB a block) has landed.
+ * Boundaries without the barrier (flagged words, change 55) were no faster: the latency
+ * is L2's under the stream, not the barrier's. TPI_LAYER_WARPS (8, 16, 20),
  * TPI_LAYER_SLOT_KB, TPI_LAYER_NS (the ring's slots at most) and TPI_LAYER_DIAG (the
  * KL_DIAG_* parts left out, wrong outputs; or earlier forms of three parts) are the
  * knobs that measured it.
@@ -525,6 +527,9 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
         for (int s = 0; s < ns; s++)
             kl_mbar_init(&empty[s], NC); /* the users, and the producer for the others */
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (a.trace) /* this launch's points only (a block without rows in a phase skips some) */
+            for (int k = 0; k < KL_TR_N; k++)
+                a.trace[(size_t)KL_TR_N * blockIdx.x + k] = 0;
     }
     __syncthreads();
 
@@ -656,14 +661,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
             nwk += nw;
         }
     }
-    if (t0) {
-        tr[KL_TR_END] = kl_now_ns();
-        for (int ph = a.n_ph; ph < 4; ph++) { /* a shorter launch's: none */
-            for (int k = 0; k < 5; k++)
-                tr[KL_TR_PH(ph, k)] = 0;
-            tr[KL_TR_PROD(ph, 0)] = tr[KL_TR_PROD(ph, 1)] = 0;
-        }
-    }
+    if (t0) tr[KL_TR_END] = kl_now_ns();
 }
 
 /* ---------------------------------------------------------------- host side */
@@ -809,6 +807,7 @@ bool kern_layer_init(struct ops_ctx *ctx) {
     }
     const char *tv = getenv("TPI_LAYER_TRACE");
     ctx->layer_trace = NULL;
+    ctx->layer_trace_nph = tv && *tv ? atoi(tv) : 0; /* 3 or 4: only launches of as many phases */
     if (ctx->layer_tail && tv && *tv && strcmp(tv, "0") != 0) {
         const size_t nb = (size_t)KL_G_MAX * KL_TR_N * sizeof(unsigned long long);
         if (!CUDA_OK(ctx, "cuda init", cudaMalloc(&ctx->layer_trace, nb)) ||
@@ -966,7 +965,7 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     a.eps = t->eps;
     a.bar = ctx->layer_bar;
     a.diag = ctx->layer_diag;
-    a.trace = ctx->layer_trace;
+    a.trace = ctx->layer_trace_nph < 3 || ctx->layer_trace_nph == a.n_ph ? ctx->layer_trace : NULL;
     kern_xq_forget(ctx);
     kern_launch(ctx->pdl, kernel, dim3(ctx->layer_blocks), dim3(32 * (nc + 1)), smem,
                 ctx->stream, a);
