@@ -150,11 +150,7 @@ __host__ __device__ __forceinline__ void gv_win_get(const gv_win &w, uint32_t (&
  * after the wait's memory clobber. Through __ldg they were not: the SASS of the 2-row
  * Q8_0 kernel had an x load above the wait (bench/NOTES.md change 26). */
 __host__ __device__ __forceinline__ int gu_dp16(const uint32_t (&q)[4], const int8_t *x) {
-    const int4 xv = gv_ldx128(x);
-    int s = gv_dp4a(q[0], xv.x, 0);
-    s = gv_dp4a(q[1], xv.y, s);
-    s = gv_dp4a(q[2], xv.z, s);
-    return gv_dp4a(q[3], xv.w, s);
+    return gv_dp4a_x4(q, gv_ldx128(x), 0);
 }
 
 /* acc[r] += scale * dx_r * (the 4 words q . x row r's unit) for the first nr rows */

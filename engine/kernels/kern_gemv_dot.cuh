@@ -102,6 +102,27 @@ __host__ __device__ __forceinline__ int gv_dp4a(uint32_t a, int b, int c) {
     return c;
 #endif
 }
+/* dp4a of unsigned bytes a with signed bytes b (PTX's mixed form; the host emulates). */
+__host__ __device__ __forceinline__ int gv_dp4a_us(uint32_t a, int b, int c) {
+#ifdef __CUDA_ARCH__
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#else
+    for (int i = 0; i < 4; i++)
+        c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)((uint32_t)b >> (8 * i));
+    return c;
+#endif
+}
+/* c plus the 16 byte products of the words w[0..3] with x's 16 bytes, one dp4a chain in
+ * order (US: w's bytes unsigned, gv_dp4a_us). */
+template <bool US = false>
+__host__ __device__ __forceinline__ int gv_dp4a_x4(const uint32_t *w, const int4 x, int c) {
+    c = US ? gv_dp4a_us(w[0], x.x, c) : gv_dp4a(w[0], x.x, c);
+    c = US ? gv_dp4a_us(w[1], x.y, c) : gv_dp4a(w[1], x.y, c);
+    c = US ? gv_dp4a_us(w[2], x.z, c) : gv_dp4a(w[2], x.z, c);
+    return US ? gv_dp4a_us(w[3], x.w, c) : gv_dp4a(w[3], x.w, c);
+}
 /* per-byte a - b, wrapping (the results fit in a signed byte) */
 __host__ __device__ __forceinline__ uint32_t gv_vsub4(uint32_t a, uint32_t b) {
 #ifdef __CUDA_ARCH__
@@ -175,14 +196,7 @@ __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint3
             const int8_t *xr = x + (size_t)r * xs;
             const int4 x0 = gv_ldx128(gv_xunit<PERM>(xr, 0, 0));
             const int4 x1 = gv_ldx128(gv_xunit<PERM>(xr, 16, 1));
-            int s = gv_dp4a(a[0], x0.x, 0);
-            s = gv_dp4a(a[1], x0.y, s);
-            s = gv_dp4a(a[2], x0.z, s);
-            s = gv_dp4a(a[3], x0.w, s);
-            s = gv_dp4a(b[0], x1.x, s);
-            s = gv_dp4a(b[1], x1.y, s);
-            s = gv_dp4a(b[2], x1.z, s);
-            s = gv_dp4a(b[3], x1.w, s);
+            const int s = gv_dp4a_x4(b, x1, gv_dp4a_x4(a, x0, 0));
             acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
         }
 }
@@ -294,18 +308,6 @@ template <> struct gv<TPI_TYPE_Q5_0> {
  * (the block's 16-byte header is one load); value = d*sc*q - dmin*m, so a sub-block
  * contributes d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq). The two sub-blocks' (d, d*sum)
  * pairs are one 16-byte load. */
-/* dp4a of unsigned bytes a with signed bytes b (PTX's mixed form; the host emulates). */
-__host__ __device__ __forceinline__ int gv_dp4a_us(uint32_t a, int b, int c) {
-#ifdef __CUDA_ARCH__
-    int d;
-    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-    return d;
-#else
-    for (int i = 0; i < 4; i++)
-        c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)((uint32_t)b >> (8 * i));
-    return c;
-#endif
-}
 
 /* Q4_K. HI16 (the layer tail): the high nibbles dotted in place, as 16 times their values
  * (unsigned bytes against signed x), the sum scaled back by 1/16: the same floats (an
@@ -356,26 +358,9 @@ template <> struct gv<TPI_TYPE_Q4_K> {
                 const int4 a1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
                 const int4 b0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
                 const int4 b1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
-                int sl = gv_dp4a(lo[0], a0.x, 0);
-                sl = gv_dp4a(lo[1], a0.y, sl);
-                sl = gv_dp4a(lo[2], a0.z, sl);
-                sl = gv_dp4a(lo[3], a0.w, sl);
-                sl = gv_dp4a(lo[4], a1.x, sl);
-                sl = gv_dp4a(lo[5], a1.y, sl);
-                sl = gv_dp4a(lo[6], a1.z, sl);
-                sl = gv_dp4a(lo[7], a1.w, sl);
+                const int sl = gv_dp4a_x4(lo + 4, a1, gv_dp4a_x4(lo, a0, 0));
                 /* HI16: the high nibbles are unsigned bytes (16 times their value) */
-                auto dph = [](uint32_t w, int xv, int c) {
-                    return HI16 ? gv_dp4a_us(w, xv, c) : gv_dp4a(w, xv, c);
-                };
-                int sh2 = dph(hi[0], b0.x, 0);
-                sh2 = dph(hi[1], b0.y, sh2);
-                sh2 = dph(hi[2], b0.z, sh2);
-                sh2 = dph(hi[3], b0.w, sh2);
-                sh2 = dph(hi[4], b1.x, sh2);
-                sh2 = dph(hi[5], b1.y, sh2);
-                sh2 = dph(hi[6], b1.z, sh2);
-                sh2 = dph(hi[7], b1.w, sh2);
+                const int sh2 = gv_dp4a_x4<HI16>(hi + 4, b1, gv_dp4a_x4<HI16>(hi, b0, 0));
                 /* (dx, dx*sum) of sub-blocks 2c and 2c+1: 16-byte aligned (2c even) */
                 const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
                 float t = d0 * f.x * (float)sl;
@@ -424,16 +409,11 @@ __host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], cons
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
-                int s = gv_dp4a(q[k][0], xv.x, 0);
-                s = gv_dp4a(q[k][1], xv.y, s);
-                s = gv_dp4a(q[k][2], xv.z, s);
-                s = gv_dp4a(q[k][3], xv.w, s);
+                int s = gv_dp4a_x4(q[k], xv, 0);
                 if (SUMX) {
-                    int sx = gv_dp4a(0x01010101u, xv.x, 0);
-                    sx = gv_dp4a(0x01010101u, xv.y, sx);
-                    sx = gv_dp4a(0x01010101u, xv.z, sx);
-                    sx = gv_dp4a(0x01010101u, xv.w, sx);
-                    s -= 32 * sx;
+                    const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u,
+                                              0x01010101u};
+                    s -= 32 * gv_dp4a_x4(ones, xv, 0);
                 }
                 t = fmaf(sk[k] * dx[k], (float)s, t);
             }
