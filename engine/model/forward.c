@@ -161,6 +161,9 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
+        // (TPI_DIAG_SKIP_FFN, timing only: decode steps leave it out; h keeps the FFN's
+        // input, and its int8 form, as the next layer's)
+        if (m->diag_skip_ffn && n <= 8) continue;
         ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
         if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;

@@ -295,6 +295,12 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     if (m->tp_skip_allreduce && world_rank == 0)
         TPI_LOGW("TPI_TP_SKIP_ALLREDUCE is set: the tensor-parallel all-reduces are skipped, so "
                  "outputs are wrong; use it only to time the rest of a step");
+    // Another: decode steps without their FFN sub-layers show what the FFN costs in a step.
+    const char *skip_ffn = getenv("TPI_DIAG_SKIP_FFN");
+    m->diag_skip_ffn = skip_ffn && *skip_ffn && strcmp(skip_ffn, "0");
+    if (m->diag_skip_ffn && world_rank == 0)
+        TPI_LOGW("TPI_DIAG_SKIP_FFN is set: decode steps skip their FFN sub-layers, so outputs "
+                 "are wrong; use it only to time the rest of a step");
 
     rc = model_weights_load(m, err);
     if (!rc) rc = m->ops->check(m->octx, err);

@@ -149,6 +149,8 @@ struct model {
      * TPI_NO_GRAPH is unset or 0; callers may turn it off (or on again) between calls. */
     bool use_graphs;
     bool tp_skip_allreduce; /* TPI_TP_SKIP_ALLREDUCE=1: timing only, logits wrong */
+    bool diag_skip_ffn;     /* TPI_DIAG_SKIP_FFN=1: decode steps without their FFN sub-layers
+                             * (timing only, logits wrong) */
     struct model_graphs *graphs;  /* recorded steps (forward.c), owned */
     int64_t n_graph_launches;     /* steps run as one graph launch */
     int64_t n_graph_records;      /* graphs recorded (first use of a step shape, or stale) */
