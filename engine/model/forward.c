@@ -33,6 +33,8 @@
 
 #include "model.h"
 
+#define GRAPH_MAX_TOKENS 8 /* decode steps: at most this many tokens (recorded as graphs) */
+
 /* Logits of the wanted rows of one micro-batch: output norm on those rows only,
  * this rank's vocab slice of lm_head, then an all-gather over the TP group and the
  * full vocabulary reassembled on the host. */
@@ -163,7 +165,7 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         // ---- FFN: column-parallel gate/up, row-parallel down ----
         // (TPI_DIAG_SKIP_FFN, timing only: decode steps leave it out; h keeps the FFN's
         // input, and its int8 form, as the next layer's)
-        if (m->diag_skip_ffn && n <= 8) continue;
+        if (m->diag_skip_ffn && n <= GRAPH_MAX_TOKENS) continue;
         ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
         if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
@@ -173,7 +175,6 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
 
 /* ---- decode-step graphs ---- */
 
-#define GRAPH_MAX_TOKENS 8  /* steps of at most this many tokens are recorded */
 #define GRAPH_MAX_SHAPES 64 /* recorded shapes kept (least recently used evicted) */
 #define GRAPH_MAX_FAILS 2   /* recordings tried per shape before it stays plain */
 

@@ -243,6 +243,12 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
     free(all);
 }
 
+/* Whether the switch `name` is on in the environment: set, not empty and not "0". */
+static bool env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
 int model_load(struct model **out, const struct model_params *p, const struct tpi_grid *grid,
                struct tpi_error *err) {
     *out = NULL;
@@ -287,17 +293,14 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     rc = m->ops->init(&m->octx, &oc, err);
     if (!rc) rc = check_fits(m, n_ubatch, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
-    const char *no_graph = getenv("TPI_NO_GRAPH");
-    m->use_graphs = m->ops->graph_begin && !(no_graph && *no_graph && strcmp(no_graph, "0"));
+    m->use_graphs = m->ops->graph_begin && !env_on("TPI_NO_GRAPH");
     // A measuring knob: the step without its all-reduces shows their share of it.
-    const char *skip_ar = getenv("TPI_TP_SKIP_ALLREDUCE");
-    m->tp_skip_allreduce = tp > 1 && skip_ar && *skip_ar && strcmp(skip_ar, "0");
+    m->tp_skip_allreduce = tp > 1 && env_on("TPI_TP_SKIP_ALLREDUCE");
     if (m->tp_skip_allreduce && world_rank == 0)
         TPI_LOGW("TPI_TP_SKIP_ALLREDUCE is set: the tensor-parallel all-reduces are skipped, so "
                  "outputs are wrong; use it only to time the rest of a step");
     // Another: decode steps without their FFN sub-layers show what the FFN costs in a step.
-    const char *skip_ffn = getenv("TPI_DIAG_SKIP_FFN");
-    m->diag_skip_ffn = skip_ffn && *skip_ffn && strcmp(skip_ffn, "0");
+    m->diag_skip_ffn = env_on("TPI_DIAG_SKIP_FFN");
     if (m->diag_skip_ffn && world_rank == 0)
         TPI_LOGW("TPI_DIAG_SKIP_FFN is set: decode steps skip their FFN sub-layers, so outputs "
                  "are wrong; use it only to time the rest of a step");
