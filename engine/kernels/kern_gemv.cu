@@ -807,6 +807,162 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
         return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
+/* ---------------------------- the FFN's norm inside the gate/up launch (one decode row)
+ * h = rmsnorm(x) * nw, then the gate/up launch above, with no norm launch between the
+ * residual update and gate/up: every block makes the int8 form of h itself, in its
+ * shared memory (kind p's permuted copy for its type and the (d, d*sum) pairs), exactly
+ * as rmsnorm_split_kernel makes it (kern_elem.cu: the sum of squares over threads 0..127
+ * in that kernel's order and kern_block_sum, whose extra warps add zeros; the same
+ * products; kern_q8_quant's blocks), so g, u and g's int8 form are bitwise those of
+ * rmsnorm + matmul_silu_mul. Block 0 also writes h. npf: outputs of each warp whose
+ * weight rows are asked of L2 (prefetch) before the prep, so the weight stream starts
+ * while the block makes its x. */
+/* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6) */
+template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;
+template <int TYPE> __device__ __forceinline__ int gv_perm_of(int v) {
+    using Q = gv<TYPE>;
+    if constexpr (TYPE == TPI_TYPE_Q4_K)
+        return gv_perm_k4(v);
+    else if constexpr (gv_is_q6<TYPE>)
+        return gv_perm_q6(v);
+    else {
+        static_assert(Q::BLK / Q::IPB == 32, "32-value items");
+        return gv_perm_b32(v);
+    }
+}
+/* The padded row length of TYPE's permuted copy for rows of ne0 values. */
+template <int TYPE> __host__ __device__ __forceinline__ int gv_perm_stride(int ne0) {
+    using Q = gv<TYPE>;
+    constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4;
+    return (ne0 + GS - 1) / GS * GS;
+}
+#define GV_NORM_QN 4  /* 32-value blocks a warp quantizes at once */
+#define GV_NORM_QR 16 /* ... and holds in registers from the start */
+template <int TYPE, int W>
+__device__ __forceinline__ void
+gv_glu_norm_body(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu, size_t row_bytes,
+                 int ne0, int n_ff, const float *x, const float *__restrict__ nw, float eps,
+                 float *h, int npf, float *g, float *u, int8_t *oq, float2 *ods,
+                 const gv_xlayout &olay) {
+    using Q = gv<TYPE>;
+    constexpr int PER = 32 / W;
+    extern __shared__ __align__(16) uint8_t gv_norm_smem[];
+    const int xs = gv_perm_stride<TYPE>(ne0);
+    int8_t *sx = (int8_t *)gv_norm_smem;
+    float2 *sds = (float2 *)(gv_norm_smem + xs);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_items = (ne0 / Q::BLK) * Q::IPB;
+    for (int k = 0; k < npf && k < PER; k++) { /* weights: no kernel's output */
+        const int j = (int)blockIdx.x * 32 + warp * PER + k;
+        for (int i = lane; i < n_items; i += 32) {
+            const size_t off = (size_t)j * row_bytes + (size_t)(i / Q::IPB) * Q::BYTES +
+                               (size_t)(i % Q::IPB) * (Q::BYTES / Q::IPB);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wg + off));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(wu + off));
+        }
+    }
+    for (int c = xs - 16 * (int)threadIdx.x - 16; c >= ne0; c -= 16 * W * 32) /* padding */
+        *(int4 *)(sx + c) = make_int4(0, 0, 0, 0);
+    /* warp w quantizes 32-value blocks w, w + W, ...: the first GV_NORM_QR of them from
+     * registers, loaded together (the norm weights before the wait: no kernel's output),
+     * the rest (rows longer than W * GV_NORM_QR blocks) in a loop after them */
+    const int n_blk = ne0 / 32;
+    float wv[GV_NORM_QR], xv[GV_NORM_QR];
+#pragma unroll
+    for (int k = 0; k < GV_NORM_QR; k++) {
+        const int b = warp + k * W;
+        wv[k] = b < n_blk ? nw[32 * b + lane] : 0.0f;
+    }
+    gv_grid_dep_wait(); /* x is the previous kernel's output */
+#pragma unroll
+    for (int k = 0; k < GV_NORM_QR; k++) {
+        const int b = warp + k * W;
+        xv[k] = b < n_blk ? x[32 * b + lane] : 0.0f;
+    }
+    /* rmsnorm_split_kernel's sum of squares: its 128 threads' float4 loads and order */
+    float ss = 0.0f;
+    if (threadIdx.x < 128) {
+        const float4 *x4 = (const float4 *)x;
+        const int n4 = ne0 / 4;
+        int i = threadIdx.x;
+        for (; i + 7 * 128 < n4; i += 8 * 128) {
+            float4 v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = x4[i + j * 128];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+        }
+        for (; i < n4; i += 128) {
+            const float4 v = x4[i];
+            ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    }
+    ss = kern_block_sum(ss);
+    const float scale = (float)(1.0 / sqrt((double)ss / (double)ne0 + (double)eps));
+    /* h's int8 blocks, GV_NORM_QN at once */
+    auto put = [&](const float (&v)[GV_NORM_QN], int b0, int stride) {
+        int q[GV_NORM_QN];
+        float2 pr[GV_NORM_QN];
+        kern_q8_quant_n<GV_NORM_QN>(v, q, pr);
+#pragma unroll
+        for (int k = 0; k < GV_NORM_QN; k++) {
+            const int b = b0 + k * stride, c = 32 * b + lane;
+            if (b >= n_blk) continue; /* warp-uniform */
+            sx[gv_perm_of<TYPE>(c)] = (int8_t)q[k];
+            if (lane == 0) sds[b] = pr[k];
+            if (blockIdx.x == 0) h[c] = v[k];
+        }
+    };
+#pragma unroll
+    for (int k0 = 0; k0 < GV_NORM_QR; k0 += GV_NORM_QN) {
+        float v[GV_NORM_QN];
+#pragma unroll
+        for (int k = 0; k < GV_NORM_QN; k++)
+            v[k] = __fmul_rn(__fmul_rn(xv[k0 + k], scale), wv[k0 + k]);
+        put(v, warp + k0 * W, W);
+    }
+    for (int b0 = warp + GV_NORM_QR * W; b0 < n_blk; b0 += W * GV_NORM_QN) {
+        float v[GV_NORM_QN];
+#pragma unroll
+        for (int k = 0; k < GV_NORM_QN; k++) {
+            const int b = b0 + k * W < n_blk ? b0 + k * W : b0, c = 32 * b + lane;
+            v[k] = __fmul_rn(__fmul_rn(x[c], scale), nw[c]);
+        }
+        put(v, b0, W);
+    }
+    __syncthreads();
+    gv_glu_quant_body<TYPE, true, W>(wg, wu, row_bytes, ne0, n_ff, sx, xs, sds, g, u, oq, ods,
+                                     olay);
+}
+template <int TYPE, int W>
+__global__ void __launch_bounds__(W * 32)
+    gv_glu_norm_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                       size_t row_bytes, int ne0, int n_ff, const float *x,
+                       const float *__restrict__ nw, float eps, float *h, int npf, float *g,
+                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay) {
+    gv_glu_norm_body<TYPE, W>(wg, wu, row_bytes, ne0, n_ff, x, nw, eps, h, npf, g, u, oq, ods,
+                              olay);
+}
+template <int TYPE, int W, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
+    gv_glu_norm_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                            size_t row_bytes, int ne0, int n_ff, const float *x,
+                            const float *__restrict__ nw, float eps, float *h, int npf, float *g,
+                            float *u, int8_t *oq, float2 *ods, gv_xlayout olay) {
+    gv_glu_norm_body<TYPE, W>(wg, wu, row_bytes, ne0, n_ff, x, nw, eps, h, npf, g, u, oq, ods,
+                              olay);
+}
+/* The norm-inside gate/up kernel of type TYPE with W warps a block (held as
+ * gv_glu_kernel_for holds the plain one). */
+template <int TYPE, int W> constexpr auto gv_glu_norm_kernel_for() {
+    if constexpr (TYPE == KERN_TYPE_Q8_0X8 && W == 8)
+        return gv_glu_norm_kernel_held<TYPE, W, GV_GLU_X8_MIN_BLOCKS>;
+    else
+        return gv_glu_norm_kernel<TYPE, W>;
+}
+
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
  * takes output GV_WARPS * b + w. */
 template <int TYPE>
@@ -1014,8 +1170,6 @@ constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 ||
                                  T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
                                  T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K ||
                                  T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
-/* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6) */
-template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
     bool taken = false;
     kq_dispatch(type, [&](auto type_c, auto) {
@@ -1335,6 +1489,71 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
     });
     LAUNCH_OK(ctx, "cuda matmul_silu_mul (v3)");
     return true;
+}
+
+/* Warps a block of the norm-inside gate/up kernel (gv_glu_warps' rule, asked with its
+ * shared memory). */
+template <int T> static int gv_glu_norm_warps(const struct ops_ctx *ctx, int n_blocks, int want,
+                                              size_t smem) {
+    if (want == 4 || want == 8 || want == 16 || want == 32) return want;
+    static int per_sm[4] = {-1, -1, -1, -1}; /* W = 4, 8, 16, 32 */
+    static size_t asked = 0;
+    if (asked != smem) per_sm[0] = per_sm[1] = per_sm[2] = per_sm[3] = -1, asked = smem;
+    const void *fn[4] = {(const void *)gv_glu_norm_kernel_for<T, 4>(),
+                         (const void *)gv_glu_norm_kernel_for<T, 8>(),
+                         (const void *)gv_glu_norm_kernel_for<T, 16>(),
+                         (const void *)gv_glu_norm_kernel_for<T, 32>()};
+    for (int k = 3; k >= 1; k--) {
+        if (per_sm[k] < 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                 &per_sm[k], fn[k], 32 << (k + 2), smem) != cudaSuccess) {
+            cudaGetLastError();
+            per_sm[k] = 0;
+        }
+        if ((int64_t)per_sm[k] * ctx->n_sm >= n_blocks) return 4 << k;
+    }
+    return 4;
+}
+
+bool kern_gemv_v3_run_glu_norm(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                               const struct tpi_weight *wu, const float *x, const float *nw,
+                               float eps, float *h, int npf, float *g, float *u, int8_t *oq,
+                               float2 *ods, int warps, cudaStream_t stream) {
+    if (kern_wtype(wg) != kern_wtype(wu) || wg->row_bytes != wu->row_bytes || wg->ne0 != wu->ne0 ||
+        wg->ne1 != wu->ne1 || gv_is_elem(wg->type) || !gv_covers(wg, 1) || !gv_covers(wu, 1) ||
+        wg->ne1 % 32 != 0 || wg->ne0 % 128 != 0 || ((uintptr_t)x & 15) != 0)
+        return false;
+    const gv_cfg c = gv_config();
+    if (c.kind == 'a' || c.kind == 'b') return false; /* the kernel reads kind p's copies */
+    const bool pdl = c.pdl != 0;
+    const uint8_t *dg = (const uint8_t *)wg->data, *du = (const uint8_t *)wu->data;
+    const int ne0 = (int)wg->ne0, n_ff = (int)wg->ne1;
+    bool ok = false;
+    gv_dispatch(kern_wtype(wg), [&](auto type_c) {
+        constexpr int T = decltype(type_c)::value;
+        if constexpr (T != TPI_TYPE_BF16 && T != TPI_TYPE_F16) {
+            const size_t smem = (size_t)gv_perm_stride<T>(ne0) + (size_t)(ne0 / 32) * sizeof(float2);
+            if (smem > 48 * 1024) return; /* no opt-in */
+            const gv_xlayout olay = gv_xlayout_of(1, n_ff);
+            const unsigned blocks = (unsigned)(n_ff / 32);
+            const int w = gv_glu_norm_warps<T>(ctx, (int)blocks, warps, smem);
+            auto launch = [&](auto w_c) {
+                kern_launch(pdl, gv_glu_norm_kernel_for<T, decltype(w_c)::value>(), dim3(blocks),
+                            dim3(decltype(w_c)::value * 32), smem, stream, dg, du, wg->row_bytes,
+                            ne0, n_ff, x, nw, eps, h, npf, g, u, oq, ods, olay);
+            };
+            if (w == 32)
+                launch(std::integral_constant<int, 32>{});
+            else if (w == 16)
+                launch(std::integral_constant<int, 16>{});
+            else if (w == 8)
+                launch(std::integral_constant<int, 8>{});
+            else
+                launch(std::integral_constant<int, 4>{});
+            ok = true;
+        }
+    });
+    if (ok) LAUNCH_OK(ctx, "cuda rmsnorm_matmul_silu_mul (v3)");
+    return ok;
 }
 
 bool kern_gemv_v3(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
