@@ -1,6 +1,6 @@
 /*
  * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
- * matmul_silu_mul, rmsnorm_matmul_silu_mul, qk_norm_rope) against the plain ops they replace, on both backends.
+ * matmul_silu_mul, qk_norm_rope) against the plain ops they replace, on both backends.
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
@@ -18,9 +18,6 @@
  *   g and u bitwise where matmul_n gives each row one warp (the model's FFN shapes),
  *   within 1e-5 (NMSE 1e-10) where it splits rows among warps; g's int8 form bitwise what
  *   a matmul of g makes itself; every block size; replays of a recorded graph.
- *   rmsnorm_matmul_silu_mul (one decode row: the FFN norm made by every block of the
- *   gate/up launch, TPI_GLU_NORM) against rmsnorm + matmul_silu_mul: h, g and u bitwise,
- *   g's int8 form bitwise, replays; the shapes it leaves to the two ops run them.
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
  *   layer_tail (one persistent launch for wo through down and the next layer's Q/K/V)
@@ -346,125 +343,6 @@ static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int
     free(xh);
 }
 
-/* rmsnorm_matmul_silu_mul of a gate/up pair of `type` (n_ff x ne0) on nr rows against
- * rmsnorm then matmul_silu_mul on the same backend: h, g and u bitwise (the CPU runs the
- * two; CUDA, for one row of quantized weights, one launch that repeats the decode norm's
- * arithmetic), for each TPI_GLU_NORM mode and block size on CUDA; `launched`: that launch
- * must have run (one row of a shape it takes), and then g's int8 form (check_int8_form)
- * and graph replays are checked too. */
-static void check_norm_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int64_t nr,
-                                bool launched, uint64_t seed) {
-    struct tu_rng r;
-    tu_rng_seed(&r, seed);
-    const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * n_ff);
-    struct tpi_weight w[2];
-    make_weight(b, &r, type, ne0, n_ff, &w[0]);
-    make_weight(b, &r, type, ne0, n_ff, &w[1]);
-    float *xh = rand_vec(&r, nx, -2, 2), *nh = rand_vec(&r, (size_t)ne0, 0.5f, 1.5f);
-    float *x = bdup(b, xh, nx * 4), *nw = bdup(b, nh, (size_t)ne0 * 4);
-    float *h = b.o->alloc(b.ctx, nx * 4);
-    float *g = b.o->alloc(b.ctx, ny * 4), *u = b.o->alloc(b.ctx, ny * 4);
-    float *hr = malloc(nx * 4), *gr = malloc(ny * 4), *ur = malloc(ny * 4);
-    float *hf = malloc(nx * 4), *gf = malloc(ny * 4), *uf = malloc(ny * 4);
-    const float eps = 1e-6f;
-#ifdef TPI_HAVE_CUDA
-    const int norm0 = b.o == C ? 0 : ops_cuda_set_glu_norm(b.ctx, 0);
-#endif
-    b.o->rmsnorm(b.ctx, x, nw, h, nr, ne0, eps);
-    b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], h, g, u, nr);
-    bget(b, hr, h, nx * 4);
-    bget(b, gr, g, ny * 4);
-    bget(b, ur, u, ny * 4);
-#ifdef TPI_HAVE_CUDA
-    static const int norm_modes[] = {1, 2, 5}, glu_modes[] = {-1, 4, 8, 16, 32};
-    const int n_norm = b.o == C ? 1 : 3, n_glu = b.o == C ? 1 : 5;
-#else
-    const int n_norm = 1, n_glu = 1;
-#endif
-    for (int ni = 0; ni < n_norm; ni++)
-        for (int gi = 0; gi < n_glu; gi++) {
-#ifdef TPI_HAVE_CUDA
-            const int nm = b.o == C ? 0 : norm_modes[ni], gm = b.o == C ? 0 : glu_modes[gi];
-            const int glu0 = b.o == C ? 0 : ops_cuda_set_glu(b.ctx, gm);
-            if (b.o != C) ops_cuda_set_glu_norm(b.ctx, nm);
-            const long n0 = b.o == C ? 0 : ops_cuda_glu_norm_launches(b.ctx);
-#else
-            const int nm = 0, gm = 0;
-#endif
-            char label[200];
-            snprintf(label, sizeof label,
-                     "%s rmsnorm_matmul_silu_mul (%s %lldx%lld) rows %lld, norm mode %d, glu %d",
-                     b.o->name, quant_type_name(type), (long long)n_ff, (long long)ne0,
-                     (long long)nr, nm, gm);
-            b.o->to_dev(b.ctx, h, xh, nx * 4); /* something else in h, g and u first */
-            b.o->to_dev(b.ctx, g, ur, ny * 4);
-            b.o->to_dev(b.ctx, u, gr, ny * 4);
-            b.o->rmsnorm_matmul_silu_mul(b.ctx, x, nw, eps, h, &w[0], &w[1], g, u, nr);
-            bget(b, hf, h, nx * 4);
-            bget(b, gf, g, ny * 4);
-            bget(b, uf, u, ny * 4);
-            size_t d = n_diff(hf, hr, nx);
-            ck_assert_msg(d == 0, "%s: %zu of %zu h differ from rmsnorm", label, d, nx);
-            d = n_diff(gf, gr, ny);
-            ck_assert_msg(d == 0, "%s: %zu of %zu g differ from rmsnorm + matmul_silu_mul", label,
-                          d, ny);
-            d = n_diff(uf, ur, ny);
-            ck_assert_msg(d == 0, "%s: %zu of %zu u differ", label, d, ny);
-#ifdef TPI_HAVE_CUDA
-            if (b.o != C) {
-                const long ran = ops_cuda_glu_norm_launches(b.ctx) - n0;
-                ck_assert_msg(ran == (launched ? 1 : 0), "%s: %ld norm-inside launches, want %d",
-                              label, ran, launched ? 1 : 0);
-                if (launched) {
-                    check_int8_form(b, &r, g, nr, n_ff, label);
-                    graph_start(b);
-                    b.o->rmsnorm_matmul_silu_mul(b.ctx, x, nw, eps, h, &w[0], &w[1], g, u, nr);
-                    void *graph = graph_stop(b);
-                    for (int k = 0; k < 2; k++) {
-                        b.o->to_dev(b.ctx, g, ur, ny * 4);
-                        graph_replay(b, graph);
-                        bget(b, gf, g, ny * 4);
-                        d = n_diff(gf, gr, ny);
-                        ck_assert_msg(d == 0, "%s: replay %d: %zu of %zu g differ", label, k, d,
-                                      ny);
-                    }
-                    b.o->graph_free(b.ctx, graph);
-                }
-                ops_cuda_set_glu(b.ctx, glu0);
-            }
-#endif
-            assert_ok(b, label);
-        }
-#ifdef TPI_HAVE_CUDA
-    if (b.o != C) ops_cuda_set_glu_norm(b.ctx, norm0);
-#endif
-    b.o->dealloc(b.ctx, g), b.o->dealloc(b.ctx, u), b.o->dealloc(b.ctx, h);
-    b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, nw);
-    free(hr), free(gr), free(ur), free(hf), free(gf), free(uf), free(xh), free(nh);
-    b.o->weight_free(b.ctx, &w[0]), b.o->weight_free(b.ctx, &w[1]);
-}
-
-/* rmsnorm_matmul_silu_mul: the model's FFN (Q4_K, Q8_0 4096 -> 12288 when `big`), the other
- * quantized types of the v3 path at 2048 -> 6144 (CPU: 512 -> 1536), a K-quant row whose
- * permuted copy has padding (1280), and shapes the one launch leaves to the two ops: 3
- * rows, rows not a multiple of 128 values, BF16 and Q5_K weights. */
-static void norm_silu_mul_cases(struct be b, bool big) {
-    static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q8_0, TPI_TYPE_Q6_K, TPI_TYPE_Q4_0,
-                                TPI_TYPE_Q5_0};
-    const bool cpu = b.o == C;
-    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-        const bool model = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q8_0;
-        const int64_t ne0 = !big ? 512 : model ? 4096 : 2048;
-        check_norm_silu_mul(b, types[t], ne0, 3 * ne0, 1, !cpu, 1000 + 10 * t);
-        check_norm_silu_mul(b, types[t], 1024, 2048, 3, false, 1001 + 10 * t);
-    }
-    check_norm_silu_mul(b, TPI_TYPE_Q4_K, 1280, 640, 1, !cpu, 1100);
-    check_norm_silu_mul(b, TPI_TYPE_Q6_K, 1280, 640, 1, !cpu, 1101);
-    check_norm_silu_mul(b, TPI_TYPE_Q8_0, 1056, 640, 1, false, 1102);
-    check_norm_silu_mul(b, TPI_TYPE_BF16, 1024, 2048, 1, false, 1103);
-    check_norm_silu_mul(b, TPI_TYPE_Q5_K, 1024, 2048, 1, false, 1104);
-}
-
 /* The quantized types of the v3 path and Q5_K (matmul_n + silu_mul) and BF16: for one row
  * the model's FFN (`big`: 4096 -> 12288 for Q4_K and Q8_0, 2048 -> 6144 for the others,
  * with graph replays; the CPU takes 512 -> 1536): bitwise; then 1024 -> 2048 on 1 and 3
@@ -496,7 +374,6 @@ START_TEST(test_fused_matmul_cpu) {
     ck_assert_int_eq(C->init(&b.ctx, &cfg, &err), TPI_OK);
     fused_matmul_cases(b);
     silu_mul_cases(b, false);
-    norm_silu_mul_cases(b, false);
     C->free(&b.ctx);
 }
 END_TEST
@@ -836,12 +713,6 @@ START_TEST(test_silu_mul_cuda) {
 }
 END_TEST
 
-/* rmsnorm_matmul_silu_mul on every case of norm_silu_mul_cases, each mode and block size. */
-START_TEST(test_norm_silu_mul_cuda) {
-    norm_silu_mul_cases((struct be){ops_cuda_get(), gctx}, true);
-}
-END_TEST
-
 /* ---- layer_tail: the persistent decode-layer launch against the plain ops ---- */
 
 /* The shapes and weight types of one layer_tail case. types: wq, wk, wv, wo, gate/up, down. */
@@ -1087,7 +958,6 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_silu_mul_cuda);
-    tcase_add_test(tc, test_norm_silu_mul_cuda);
     tcase_add_test(tc, test_layer_tail_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);

@@ -77,9 +77,6 @@ struct ops_ctx {
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
-    int glu_norm;   /* rmsnorm_matmul_silu_mul's norm inside that launch (TPI_GLU_NORM): 0 off;
-                       1 + n: on, each warp's first n outputs' weights asked of L2 first */
-    long glu_norm_launches; /* ... calls queued as that one launch (tests) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -147,67 +144,23 @@ __device__ __forceinline__ void kern_dep_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-/* The int8 blocks of 32 x values held by the 32 lanes of a warp, N at once (lane j has
- * value v[k] of block k, the j-th of it): d = amax / 127, q = round(v / d) clamped to
- * +-127; sets q[k] and pair[k] = (d, d * sum q) on every lane. The N blocks' shuffles are
- * independent, so they overlap; each block's result is kern_q8_quant's. */
-template <int N>
-__device__ __forceinline__ void kern_q8_quant_n(const float (&v)[N], int (&q)[N],
-                                                float2 (&pair)[N]) {
-    float amax[N];
-#pragma unroll
-    for (int k = 0; k < N; k++)
-        amax[k] = fabsf(v[k]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < N; k++)
-            amax[k] = fmaxf(amax[k], __shfl_xor_sync(0xffffffffu, amax[k], o));
-    int sum[N];
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-        const int t = amax[k] > 0.0f ? __float2int_rn(v[k] * (127.0f / amax[k])) : 0;
-        q[k] = max(-127, min(127, t));
-        sum[k] = q[k];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < N; k++)
-            sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
-#pragma unroll
-    for (int k = 0; k < N; k++) {
-        const float d = amax[k] / 127.0f;
-        pair[k] = make_float2(d, d * (float)sum[k]);
-    }
-}
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the
- * j-th of its block): kern_q8_quant_n for one block; returns q and sets *pair. */
+ * j-th of its block): d = amax / 127, q = round(v / d) clamped to +-127; returns q and
+ * sets *pair = (d, d * sum q) on every lane. */
 __device__ __forceinline__ int kern_q8_quant(float v, float2 *pair) {
-    const float vv[1] = {v};
-    int q[1];
-    float2 p[1];
-    kern_q8_quant_n<1>(vv, q, p);
-    *pair = p[0];
-    return q[0];
-}
-/* The sum of v over the block (blockDim.x a multiple of 32, at most 1024): a warp's xor
- * tree, then the warps' sums (zeros past the last warp) through one more; every thread
- * gets the same value. Contains __syncthreads: every thread of the block must call it. */
-__device__ __forceinline__ float kern_block_sum(float v) {
-    __shared__ float part[32];
+    float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    __syncthreads(); /* part[] may still be read by a previous call */
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? part[lane] : 0.0f;
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
+    q = max(-127, min(127, q));
+    int sum = q;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    *pair = make_float2(d, d * (float)sum);
+    return q;
 }
 /* kern_q8_quant of value i; writes xq[i] and, from lane 0, ds[i / 32]; returns q. Every
  * x quantization of the v3 path goes through this (the layer tail through kern_q8_pairs),
@@ -439,12 +392,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const float *x, float *g, float *u,
                           int64_t n_rows);
-/* ops.h rmsnorm_matmul_silu_mul: the FFN's norm, gate, up and silu*mul (one launch for a
- * decode row when ctx->glu_norm is on; else kern_rmsnorm, then kern_matmul_silu_mul). */
-void kern_rmsnorm_matmul_silu_mul(struct ops_ctx *ctx, const float *x, const float *nw, float eps,
-                                  float *h, const struct tpi_weight *wg,
-                                  const struct tpi_weight *wu, float *g, float *u,
-                                  int64_t n_rows);
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
@@ -497,17 +444,6 @@ bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *w
 bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
                           float *u, int8_t *oq, float2 *ods, int warps, cudaStream_t stream);
-/* h = rmsnorm(x) * nw (one row of wg->ne0, eps) and kern_gemv_v3_run_glu's outputs for
- * x = h, in one launch on `stream` with no int8 x prepared: each block quantizes h
- * itself as the decode rmsnorm (rmsnorm_split_kernel) and its int8 form would, so g, u,
- * g's int8 form (oq non-NULL) and h are bitwise those of that rmsnorm and
- * kern_gemv_v3_run_glu; npf: each warp's first outputs whose weights are asked of L2
- * before the norm. false (nothing queued) for BF16/F16, other shapes than the glu launch
- * takes, rows not a multiple of 128 values, an unaligned x, or kinds a and b. */
-bool kern_gemv_v3_run_glu_norm(struct ops_ctx *ctx, const struct tpi_weight *wg,
-                               const struct tpi_weight *wu, const float *x, const float *nw,
-                               float eps, float *h, int npf, float *g, float *u, int8_t *oq,
-                               float2 *ods, int warps, cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

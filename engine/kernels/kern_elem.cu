@@ -148,6 +148,25 @@ __global__ void f32_to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) 
         y[i] = __float2bfloat16_rn(x[i]);
 }
 
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? part[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+
+
 __global__ void add_bias_kernel(float *y, const float *b, int64_t n_rows, int64_t n_cols) {
     const int64_t n = n_rows * n_cols;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -217,7 +236,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
         }
     }
     if (w) { /* uniform per block */
-        ss = kern_block_sum(ss); /* also orders the xs writes before the reads below */
+        ss = block_sum(ss); /* also orders the xs writes before the reads below */
         const float scale = (float)(1.0 / sqrt((double)ss / (double)head_dim + (double)eps));
 #pragma unroll
         for (int j = 0; j < QKR_VPT; j++) {
@@ -269,7 +288,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
         for (int j = 0; j < RMS_VPT; j++)
             ss += v[j] * v[j];
     }
-    ss = kern_block_sum(ss);
+    ss = block_sum(ss);
     const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
     const bool held = n_cols <= chunk; /* v[] still holds this thread's values */
     for (int64_t c0 = threadIdx.x; c0 < n_cols; c0 += chunk) {
@@ -328,7 +347,7 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
         const float4 v = xr4[i];
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
-    ss = kern_block_sum(ss);
+    ss = block_sum(ss);
     const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
     const int64_t at = row * n_cols + c;
     const float o = __fmul_rn(__fmul_rn(x[at], scale), wc);

@@ -929,37 +929,3 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
     kern_matmul_n(ctx, 2, ws, x, ys, n_rows);
     kern_silu_mul(ctx, g, u, g, n_vals);
 }
-
-void kern_rmsnorm_matmul_silu_mul(struct ops_ctx *ctx, const float *x, const float *nw, float eps,
-                                  float *h, const struct tpi_weight *wg,
-                                  const struct tpi_weight *wu, float *g, float *u,
-                                  int64_t n_rows) {
-    const char *op = "cuda rmsnorm_matmul_silu_mul";
-    const int64_t ne0 = wg->ne0, n_ff = wg->ne1;
-    const auto apart = [](const float *a, int64_t na, const float *b, int64_t nb) {
-        return a + na <= b || b + nb <= a;
-    };
-    /* the conditions under which kern_rmsnorm takes its split kernel (whose arithmetic the
-     * launch repeats) and matmul_silu_mul its one decode launch; the norm measured apart
-     * (TPI_DIAG_SKIP=norm) keeps its own launch */
-    if (ctx->glu_norm && ctx->glu && ctx->gemv == 3 && ctx->rms_split && n_rows == 1 &&
-        !(ctx->diag_skip & DIAG_SKIP_NORM) && ne0 % 128 == 0 && ne0 <= 65536 &&
-        wu->ne1 == n_ff && apart(x, ne0, h, ne0) && apart(g, n_ff, u, n_ff) &&
-        apart(g, n_ff, x, ne0) && apart(u, n_ff, x, ne0) && apart(g, n_ff, h, ne0) &&
-        apart(u, n_ff, h, ne0) && matmul_ok(ctx, wg, n_rows, op) &&
-        matmul_ok(ctx, wu, n_rows, op)) {
-        int8_t *oq = NULL;
-        float2 *ods = NULL;
-        const bool q8 = kern_xq_claim_in(ctx, &ctx->q8_out, XQ_BY_SILU, 1, n_ff, &oq, &ods);
-        ctx->xq_memo.valid = false; /* h, g and u are written */
-        if (kern_gemv_v3_run_glu_norm(ctx, wg, wu, x, nw, eps, h, ctx->glu_norm - 1, g, u, oq,
-                                      ods, ctx->glu, ctx->stream)) {
-            ctx->xq_quant_seen = true;
-            ctx->glu_norm_launches++;
-            if (q8 && LAUNCH_OK(ctx, op)) kern_xq_remember(ctx, g, n_ff);
-            return;
-        }
-    }
-    kern_rmsnorm(ctx, x, nw, h, n_rows, ne0, eps);
-    kern_matmul_silu_mul(ctx, wg, wu, h, g, u, n_rows);
-}

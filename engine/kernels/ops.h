@@ -175,15 +175,6 @@ struct ops {
                             const struct tpi_weight *wu, const float *x, float *g, float *u,
                             int64_t n_rows);
 
-    /* h(n_rows, wg->ne0) = rmsnorm(x) * norm (eps), then matmul_silu_mul of h into g and
-     * u: a residual stream's FFN norm and the FFN's first products. Equal to rmsnorm, then
-     * matmul_silu_mul (the CUDA backend may run both as one decode launch, bitwise the
-     * same). x must not overlap h, g or u. */
-    void (*rmsnorm_matmul_silu_mul)(struct ops_ctx *ctx, const float *x, const float *norm,
-                                    float eps, float *h, const struct tpi_weight *wg,
-                                    const struct tpi_weight *wu, float *g, float *u,
-                                    int64_t n_rows);
-
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between
      * graph_begin and graph_end are recorded, not run; replay reads whatever the
@@ -246,14 +237,6 @@ int ops_cuda_set_attn_mma(int mode);
  * -1: one launch, warps chosen per kernel), which TPI_GLU sets at init. Returns the
  * previous mode, or -2 for an unknown one (nothing changed). */
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
-/* CUDA builds only: how a context runs rmsnorm_matmul_silu_mul for one decode row (0: rmsnorm,
- * then matmul_silu_mul; 1 + n: the norm inside the gate/up launch, each warp's first n
- * outputs' weights asked of L2 before it), which TPI_GLU_NORM sets at init. Returns the
- * previous mode, or -1 for a mode outside 0..33 (nothing changed). */
-int ops_cuda_set_glu_norm(struct ops_ctx *ctx, int mode);
-/* CUDA builds only (tests): how many rmsnorm_matmul_silu_mul calls of the context ran as one
- * launch (the norm inside it). */
-long ops_cuda_glu_norm_launches(struct ops_ctx *ctx);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);

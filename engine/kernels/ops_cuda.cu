@@ -137,17 +137,6 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
     return old;
 }
 
-long ops_cuda_glu_norm_launches(struct ops_ctx *ctx) {
-    return ctx ? ctx->glu_norm_launches : 0;
-}
-
-int ops_cuda_set_glu_norm(struct ops_ctx *ctx, int mode) {
-    if (!ctx || mode < 0 || mode > 33) return -1;
-    const int old = ctx->glu_norm;
-    ctx->glu_norm = mode;
-    return old;
-}
-
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode) {
     if (!ctx || !(mode == -1 || mode == 0 || mode == 4 || mode == 8 || mode == 16 || mode == 32))
         return -2;
@@ -301,19 +290,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
         if (!ok)
             TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
-    }
-    /* The FFN's norm inside its gate/up launch (rmsnorm_matmul_silu_mul, one decode row of
-     * quantized weights; kern_gemv.cu): TPI_GLU_NORM=0 off (the default until measured),
-     * 1 on, 1 + n on with each warp's first n outputs' weights asked of L2 before the norm. */
-    const char *gn = getenv("TPI_GLU_NORM");
-    ctx->glu_norm = 0;
-    if (gn && *gn) {
-        char *end = NULL;
-        const long v = strtol(gn, &end, 10);
-        if (*end == 0 && v >= 0 && v <= 33)
-            ctx->glu_norm = (int)v;
-        else
-            TPI_LOGW("TPI_GLU_NORM=%s is not 0..33: ignored", gn);
     }
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
@@ -672,7 +648,6 @@ static const struct ops ops_cuda_table = {
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
     /* .matmul_silu_mul = */ kern_matmul_silu_mul,
-    /* .rmsnorm_matmul_silu_mul = */ kern_rmsnorm_matmul_silu_mul,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,

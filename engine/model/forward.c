@@ -75,10 +75,9 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
  * rmsnorm(x) * norm when norm is given: with TP, this rank's partial sum is
  * all-reduced over the group before the residual add (on one node one kernel over
  * peer memory does the sum, the add and, for decode-sized steps, the norm:
- * comm_nccl.c); alone, the residual is folded into the matmul. normed non-NULL: the
- * norm is left to the caller unless the all-reduce did it (*normed then true). */
+ * comm_nccl.c); alone, the residual is folded into the matmul. */
 static int row_parallel_add(struct model *m, const struct tpi_weight *w, const float *in, int n,
-                            const float *norm, bool *normed_out, struct tpi_error *err) {
+                            const float *norm, struct tpi_error *err) {
     struct model_state *s = &m->s;
     const int n_embd = m->cfg.n_embd;
     const int64_t n_x = (int64_t)n * n_embd;
@@ -98,10 +97,7 @@ static int row_parallel_add(struct model *m, const struct tpi_weight *w, const f
             if (rc) return rc;
         }
     }
-    if (normed_out)
-        *normed_out = normed;
-    else if (norm && !normed)
-        m->ops->rmsnorm(m->octx, s->x, norm, s->h, n, n_embd, m->cfg.rms_eps);
+    if (norm && !normed) m->ops->rmsnorm(m->octx, s->x, norm, s->h, n, n_embd, m->cfg.rms_eps);
     return TPI_OK;
 }
 
@@ -163,26 +159,16 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
                 continue;
             }
         }
-        // partial sums over this rank's heads, summed over the TP group; the FFN's norm
-        // is the all-reduce's or rmsnorm_matmul_silu_mul's
-        bool ffn_normed = false;
-        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, &ffn_normed, err)))
-            return rc;
+        // partial sums over this rank's heads, summed over the TP group
+        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
         // (TPI_DIAG_SKIP_FFN, timing only: decode steps leave it out; h keeps the FFN's
         // input, and its int8 form, as the next layer's)
-        if (m->diag_skip_ffn && n <= GRAPH_MAX_TOKENS) {
-            if (!ffn_normed) ops->rmsnorm(octx, s->x, L->ffn_norm, s->h, n, n_embd, eps);
-            continue;
-        }
-        if (ffn_normed)
-            ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
-        else
-            ops->rmsnorm_matmul_silu_mul(octx, s->x, L->ffn_norm, eps, s->h, &L->w_gate,
-                                         &L->w_up, s->g, s->u, n);
+        if (m->diag_skip_ffn && n <= GRAPH_MAX_TOKENS) continue;
+        ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
-        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, NULL, err))) return rc;
+        if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
     return TPI_OK;
 }
