@@ -76,7 +76,7 @@ struct ops_ctx {
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
-                       block, -1 auto (the default), 1 the layer tail's ring (kern_layer_glu) */
+                       block, -1 auto (the default) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -377,14 +377,6 @@ extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_
                                int b, int G, int *r0, int *r1);
 /* ops->layer_tail: true when launched; false (nothing queued) when not covered. */
 bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t);
-struct kern_gemv_x;
-/* matmul_silu_mul of one row as the layer tail's gate/up phase alone (TPI_GLU=ring): one
- * block a multiprocessor, weight rows streamed into a shared-memory ring by bulk copies,
- * x from gx's permuted copy; g, u and (oq non-NULL) g's int8 form as
- * kern_gemv_v3_run_glu writes them. false (nothing queued) when not covered (Q4_K or
- * Q6_K-regrouped pairs, n_ff a multiple of 32, gx with kind p's copies). */
-bool kern_layer_glu(struct ops_ctx *ctx, const struct tpi_weight *wg, const struct tpi_weight *wu,
-                    const struct kern_gemv_x *gx, float *g, float *u, int8_t *oq, float2 *ods);
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
                    float2 **ds);
 /* kern_xq_claim in another scratch than q8 (a producer that reads q8 while it writes). */

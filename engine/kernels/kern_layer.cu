@@ -102,7 +102,6 @@ struct kl_seg {
     const uint8_t *w;  /* device rows */
     const uint8_t *w2; /* KL_OUT_GLU: up's rows (w is gate's), else NULL */
     float *y;          /* output: rows floats */
-    float *y2;         /* KL_OUT_GLU: up's products (x Wu^T), or NULL: not written */
     int type;          /* kern_wtype: TPI_TYPE_Q4_K or KERN_TYPE_Q6_KX8 */
     int rows, row_bytes, chunk_rows;
 };
@@ -125,11 +124,6 @@ struct kl_phase {
     int8_t *gx;
     float2 *gds;
     float *gss;
-    /* the launch's last phase only (a unit phase): its outputs' int8 form for the next
-     * launch's matmul, kern_xq.cuh's layout at oq / ods for one row of olay (NULL: none) */
-    int8_t *oq;
-    float2 *ods;
-    gv_xlayout olay;
 };
 struct kl_args {
     kl_phase ph[KL_MAX_PH];
@@ -633,7 +627,6 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
                         float gu[2];
                         kl_rows<2>(sg.type, rows, p.ne0, xs, p, ds, lane, gu);
                         out = kern_silu_mul1(gu[0] * sc, gu[1] * sc);
-                        if (lane == 0 && sg.y2) __stcg(sg.y2 + r + i, gu[1] * sc);
                     } else {
                         /* the residual's old value asked for before the dot, not after */
                         const float y0 = p.out == KL_OUT_ADD && lane == 0 ? __ldcg(y) : 0.0f;
@@ -661,17 +654,7 @@ template <int NC> __global__ void __launch_bounds__(32 * (NC + 1), 1) kl_kernel(
             }
         }
         if (t0 && trp) trp[4] = kl_now_ns();
-        if (p.unit && prep && p.oq && ph + 1 == a.n_ph) {
-            /* the last phase's outputs in the next launch's int8 form: kern_q8_block and
-             * the permuted copies, as the gate/up launch of kern_gemv.cu writes them */
-            kl_consumers_sync<NC>(); /* every warp's outputs staged */
-            const int n_out = p.seg[0].rows;
-            for (int u = warp; u < (r1 - r0) / KL_UNIT; u += NC) {
-                const int i = r0 + KL_UNIT * u + lane;
-                gv_perm_store(kern_q8_block(stage[KL_UNIT * u + lane], i, p.oq, p.ods), i, n_out,
-                              p.olay, p.oq);
-            }
-        } else if (p.unit && prep && ph + 1 < a.n_ph) {
+        if (p.unit && prep) {
             const bool nw = a.ph[ph + 1].norm != NULL;
             kl_quant_out<NC>(a.ph[ph + 1], stage, nwsd ? nws + KL_STAGE_MAX * nwk : NULL, r0,
                              r1, b, red);
@@ -987,59 +970,4 @@ bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t) {
     kern_launch(ctx->pdl, kernel, dim3(ctx->layer_blocks), dim3(32 * (nc + 1)), smem,
                 ctx->stream, a);
     return LAUNCH_OK(ctx, "layer_tail");
-}
-
-bool kern_layer_glu(struct ops_ctx *ctx, const struct tpi_weight *wg, const struct tpi_weight *wu,
-                    const struct kern_gemv_x *gx, float *g, float *u, int8_t *oq, float2 *ods) {
-    if (!ctx->layer_bar || !gx || gx->n_rows != 1 || !gx->xq || !gx->ds || !gx->xp || !g)
-        return false;
-    const int slot = ctx->layer_slot, nc = ctx->layer_warps;
-    const int64_t ne0 = wg->ne0, n_ff = wg->ne1;
-    if (gx->ne0 != ne0 || n_ff % KL_UNIT || ne0 % GV_QK || ne0 % 4 || wu->ne1 != n_ff)
-        return false;
-    kl_args a;
-    memset(&a, 0, sizeof a);
-    kl_phase &p = a.ph[0];
-    kl_phase_in(p, gx->x, NULL, ne0, KL_OUT_GLU);
-    if (!kl_add_seg(p, wg, wu, g, ne0, slot)) return false;
-    p.seg[0].y2 = u;
-    a.n_ph = 1;
-    p.xbytes = kl_place_copies(p);
-    int ns = ctx->layer_ns_max;
-    while (ns >= KL_NS_MIN && kl_smem_bytes(ns, slot, p.xbytes, (int)ne0, nc) > ctx->smem_optin)
-        ns--;
-    if (ns < KL_NS_MIN) return false;
-    const size_t smem = kl_smem_bytes(ns, slot, p.xbytes, (int)ne0, nc);
-    void (*kernel)(const kl_args) = kl_kernel_for(nc);
-    if (ctx->layer_smem != smem) {
-        int per_sm = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * (nc + 1), smem) !=
-            cudaSuccess) {
-            cudaGetLastError();
-            per_sm = 0;
-        }
-        ctx->layer_smem = smem;
-        ctx->layer_blocks = per_sm > 0 ? ctx->n_sm : 0;
-    }
-    const int G = ctx->layer_blocks;
-    if (G <= 0 || G > KL_G_MAX) return false;
-    const int units = (int)(n_ff / KL_UNIT);
-    if ((long long)KL_UNIT * ((units + G - 1) / G + 1) > KL_STAGE_MAX) return false;
-    p.unit = 1; /* whole 32-output units a block: their int8 blocks have one writer */
-    /* the input: prepare's (or a producer's) int8 form, its permuted copy of the type */
-    const gv_xlayout lay = gv_xlayout_of(1, ne0);
-    p.gx = (int8_t *)gx->xp + ((p.xk4 >= 0 ? lay.k4_off : lay.q6_off) - lay.b32_off);
-    p.gds = (float2 *)gx->ds;
-    p.oq = oq;
-    p.ods = ods;
-    p.olay = gv_xlayout_of(1, n_ff);
-    a.ns = ns;
-    a.nr = kl_full_rounds(ns, nc);
-    a.slot = slot;
-    a.xmax = (int)ne0;
-    a.xbytes = p.xbytes;
-    a.bar = ctx->layer_bar;
-    a.diag = ctx->layer_diag; /* TPI_LAYER_DIAG's parts left out apply here too */
-    kern_launch(ctx->pdl, kernel, dim3(G), dim3(32 * (nc + 1)), smem, ctx->stream, a);
-    return LAUNCH_OK(ctx, "matmul_silu_mul (ring)");
 }

@@ -921,12 +921,7 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
         const bool q8 = !is_elem16(wg->type) &&
                         kern_xq_claim_in(ctx, &ctx->q8_out, XQ_BY_SILU, 1, n_ff, &oq, &ods);
         ctx->xq_memo.valid = false; /* g and u are written; x's form is in q8 still */
-        if (ctx->glu == 1 && kern_layer_glu(ctx, wg, wu, &gx, g, u, oq, ods)) {
-            if (q8 && LAUNCH_OK(ctx, op)) kern_xq_remember(ctx, g, n_ff);
-            return;
-        }
-        if (kern_gemv_v3_run_glu(ctx, wg, wu, &gx, g, u, oq, ods, ctx->glu == 1 ? -1 : ctx->glu,
-                                 ctx->stream)) {
+        if (kern_gemv_v3_run_glu(ctx, wg, wu, &gx, g, u, oq, ods, ctx->glu, ctx->stream)) {
             if (q8 && LAUNCH_OK(ctx, op)) kern_xq_remember(ctx, g, n_ff);
             return;
         }

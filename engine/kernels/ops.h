@@ -234,8 +234,7 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path);
 int ops_cuda_set_attn_mma(int mode);
 /* CUDA builds only: how a context runs matmul_silu_mul for one decode row (0: matmul_n then
  * silu_mul; 4, 8, 16, 32: one launch with that many warps a block for quantized weights;
- * -1: one launch, warps chosen per kernel; 1: one launch of the layer tail's weight ring,
- * Q4_K / Q6_K pairs, else as -1), which TPI_GLU sets at init (ring: 1). Returns the
+ * -1: one launch, warps chosen per kernel), which TPI_GLU sets at init. Returns the
  * previous mode, or -2 for an unknown one (nothing changed). */
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form

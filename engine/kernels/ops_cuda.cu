@@ -138,8 +138,7 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
 }
 
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode) {
-    if (!ctx || !(mode == -1 || mode == 0 || mode == 1 || mode == 4 || mode == 8 || mode == 16 ||
-                  mode == 32))
+    if (!ctx || !(mode == -1 || mode == 0 || mode == 4 || mode == 8 || mode == 16 || mode == 32))
         return -2;
     const int old = ctx->glu;
     ctx->glu = mode;
@@ -287,11 +286,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     if (gl && *gl) {
         static const char *const known[] = {"0", "4", "8", "16", "32"};
         bool ok = strcmp(gl, "auto") == 0;
-        if (strcmp(gl, "ring") == 0) ok = true, ctx->glu = 1;
         for (int i = 0; i < 5 && !ok; i++)
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
         if (!ok)
-            TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32, ring or auto: ignored", gl);
+            TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
