@@ -20,6 +20,8 @@
  *   f32 reference, and NMSE < 1e-4 over >= 256 outputs (see check_v3).
  * - matmul n_rows > 8, F32 weights (f32 SGEMM): NMSE < 1e-9; other types (x and W
  *   rounded to bf16, f32 accumulation): NMSE < 5e-5 (about 2 x (2^-9)^2 / 3 expected).
+ *   Block types run both paths (ops_cuda_set_mmq): up to 64 rows the fused kernel
+ *   (kern_mmq.cu, the default), and the dequantize + cuBLAS path.
  * - attention (f16 K/V cache on CUDA, f32 on the CPU; history pre-rounded to f16 on
  *   both, the batch's own k/v rounded by the CUDA store only; the tensor-core path also
  *   rounds q and the softmax weights to f16, derived at the attention tests): NMSE < 1e-5.
@@ -380,11 +382,13 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
         ne0s[0] = blk, ne0s[1] = 3 * blk, ne0s[2] = blk == 32 ? 1056 : 2304,
         ne0s[3] = blk == 32 ? 4096 : 8192;
     const int64_t ne1s[] = {1, 37, 301, 4500};
-    const int64_t nrows[] = {1, 2, 3, 5, 8, 9, 37};
+    const int64_t nrows[] = {1, 2, 3, 5, 8, 9, 17, 37, 64};
     double worst_mv = 0, worst_v3 = 0, worst_gemm = 0;
     /* both decode paths on the same context: v2 (f32 x) and v3 (int8 x for the types in
      * v3_quantizes_x, f32 x otherwise); the env default is restored at the end */
     const int path0 = ops_cuda_set_gemv(gctx, 2);
+    const int mmq0 = ops_cuda_set_mmq(gctx, 64); /* the env's limit (TPI_MMQ), restored below */
+    ops_cuda_set_mmq(gctx, mmq0);
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 4; b++) {
             const int64_t ne0 = ne0s[a], ne1 = ne1s[b];
@@ -404,7 +408,7 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                 wd = malloc((size_t)(ne0 * ne1) * sizeof(float));
                 quant_traits(type)->to_f32(q, wd, ne0 * ne1);
             }
-            for (int c = 0; c < 7; c++) {
+            for (int c = 0; c < 9; c++) {
                 const int64_t nr = nrows[c];
                 const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * ne1);
                 float *x = rand_vec(&r, nx, -1, 1);
@@ -415,14 +419,21 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                 bget(C, cctx, want, cy, ny * 4);
                 const bool gemm = nr > 8, exact = !gemm || type == TPI_TYPE_F32;
                 const double scale = rms(want, ny) + 1e-30;
-                for (int path = 2; path <= (gemm ? 2 : 3); path++) {
-                    ops_cuda_set_gemv(gctx, path);
+                /* decode rows: path 2 and 3 are the matrix-vector paths v2 and v3; more
+                 * rows of a block type: 2 the fused kernel (kern_mmq), 3 cuBLAS */
+                for (int path = 2; path <= (gemm && blk == 1 ? 2 : 3); path++) {
+                    if (gemm)
+                        ops_cuda_set_mmq(gctx, path == 2 ? mmq0 : 0);
+                    else
+                        ops_cuda_set_gemv(gctx, path);
                     G->matmul(gctx, &gw, gx, gy, nr);
                     bget(G, gctx, got, gy, ny * 4);
                     char label[112];
                     snprintf(label, sizeof label, "matmul %s ne0 %lld ne1 %lld rows %lld%s",
                              quant_type_name(type), (long long)ne0, (long long)ne1, (long long)nr,
-                             gemm ? "" : path == 3 ? " v3" : " v2");
+                             gemm ? (blk == 1 ? "" : path == 2 ? " mmq" : " cublas")
+                             : path == 3 ? " v3"
+                                         : " v2");
                     if (path == 3 && v3_quantizes_x(type)) {
                         const double e =
                             check_v3(label, got, want, wd, x, ne0, ne1, nr, 1e-4 * scale);
@@ -446,6 +457,7 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
             free(q), free(wd);
         }
     ops_cuda_set_gemv(gctx, path0);
+    ops_cuda_set_mmq(gctx, mmq0);
     fprintf(stderr, "matmul %s: worst nmse matvec %.3g (v2, and v3 with f32 x), v3 int8 x %.3g, "
             "gemm %.3g\n",
             quant_type_name(type), worst_mv, worst_v3, worst_gemm);
@@ -1018,8 +1030,8 @@ START_TEST(test_bench) {
                 G->copy(gctx, a.w[c].data, a.w[0].data, n_bytes);
             }
             a.x = gx, a.y = gy;
-            const int64_t rows[] = {1, 2, 4, 8, 512};
-            for (int k = 0; k < 5; k++) {
+            const int64_t rows[] = {1, 2, 4, 8, 16, 32, 64, 512};
+            for (int k = 0; k < 8; k++) {
                 a.n_rows = rows[k];
                 const double t = time_op(rows[k] > 8 ? 5 : 20, mm_fn, &a);
                 const double tbs = (double)n_bytes / t / 1e12;

@@ -50,6 +50,8 @@ struct ops_ctx {
     struct kern_scratch q8_out; /* the same for the gate/up launch's output, written while
                                    that launch still reads x's form in q8 */
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
+    struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
+    int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
     cudaStream_t side[OPS_MAX_FUSED - 1];
@@ -128,6 +130,18 @@ bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const
  * with the failure recorded under `op`. Growing frees the old buffer, which waits for
  * the device, so callers size it once early where they can. */
 void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes, const char *op);
+
+/* ---- tensor-core fragments (kern_attn_mma.cu, kern_mmq.cu) ---- */
+/* The shared-memory address of p (a pointer into shared memory). */
+__device__ __forceinline__ uint32_t mma_smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+/* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. */
+__device__ __forceinline__ void mma_ldsm4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
 
 /* ---- programmatic dependent launch (PDL, sm_90) ----
  * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
@@ -339,6 +353,16 @@ void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *
 void kern_dequant_bf16(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t row0,
                        int64_t n_rows, __nv_bfloat16 *dst);
 void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n);
+/* kern_mmq's row limit: n_rows <= 16 MT for MT m-tiles of 16 rows, MT <= 4. */
+#define MMQ_MAX_ROWS 64
+/* Whether kern_mmq takes w with n_rows rows of x (block type, rows of whole blocks,
+ * 1 <= n_rows <= min(ctx->mmq_rows, MMQ_MAX_ROWS)). */
+bool kern_mmq_ok(const struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n_rows);
+/* y (n_rows, ne1) = x16 (n_rows, ne0, bf16) * W^T, plus beta * y (beta 0 or 1), queued on
+ * ctx->stream with W decoded in registers (kern_mmq.cu); false (nothing queued) when
+ * kern_mmq_ok says no. Launch failures are recorded in ctx. */
+bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
+              int64_t n_rows, float beta);
 void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,
                   int64_t n_cols, float eps);
 void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols);

@@ -9,7 +9,9 @@
  * kernels take the types and shapes they cover first.
  *
  * Prefill (more rows): W is dequantized to bf16 in slabs of rows, x converted to
- * bf16, and cuBLAS multiplies with f32 accumulation (tensor cores). F32 weights
+ * bf16, and cuBLAS multiplies with f32 accumulation (tensor cores); block-quantized W
+ * with up to ctx->mmq_rows rows goes to kern_mmq.cu instead (W decoded in registers,
+ * the same roundings, each weight byte read once). F32 weights
  * use an f32 SGEMM and BF16 weights are used as stored. The bf16 roundings of x and
  * W give a normalized squared error around 1e-5 against the f32 reference.
  *
@@ -587,6 +589,7 @@ static void gemm_launch_h(struct ops_ctx *ctx, cublasHandle_t h, const struct tp
         kern_f32_to_bf16(ctx, x, t, n_rows * w->ne0);
         x16 = t;
     }
+    if (h == ctx->cublas && kern_mmq(ctx, w, x16, y, n_rows, beta)) return;
     if (w->type == TPI_TYPE_BF16) {
         CUBLAS_OK(ctx, op,
                   cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, ldc, n, k, &one, w->data,

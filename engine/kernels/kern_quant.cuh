@@ -51,6 +51,10 @@ template <int TYPE> struct kq;
 /* Q4_0: f16 d, 16 bytes; byte j holds elements j (low nibble) and j+16 (high), q-8. */
 template <> struct kq<TPI_TYPE_Q4_0> {
     static constexpr int BLK = 32, BYTES = 18, UPB = 4, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 16 * g + 4 * u;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
                                                 int (&off)[2]) {
         const float d = kq_f16(b);
@@ -61,14 +65,18 @@ template <> struct kq<TPI_TYPE_Q4_0> {
             v[i] = (float)((x & 0xF) - 8) * d;
             v[4 + i] = (float)((x >> 4) - 8) * d;
         }
-        off[0] = 4 * u;
-        off[1] = 16 + 4 * u;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
     }
 };
 
 /* Q4_1: f16 d, f16 m, 16 bytes; value q*d + m. 20-byte blocks: 4-byte aligned. */
 template <> struct kq<TPI_TYPE_Q4_1> {
     static constexpr int BLK = 32, BYTES = 20, UPB = 4, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 16 * g + 4 * u;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
                                                 int (&off)[2]) {
         const float d = kq_f16(b), m = kq_f16(b + 2);
@@ -79,14 +87,18 @@ template <> struct kq<TPI_TYPE_Q4_1> {
             v[i] = (float)(x & 0xF) * d + m;
             v[4 + i] = (float)(x >> 4) * d + m;
         }
-        off[0] = 4 * u;
-        off[1] = 16 + 4 * u;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
     }
 };
 
 /* Q5_0: f16 d, 32 high bits qh, 16 bytes; element j's fifth bit is qh bit j, q-16. */
 template <> struct kq<TPI_TYPE_Q5_0> {
     static constexpr int BLK = 32, BYTES = 22, UPB = 4, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 16 * g + 4 * u;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
                                                 int (&off)[2]) {
         const float d = kq_f16(b);
@@ -100,14 +112,18 @@ template <> struct kq<TPI_TYPE_Q5_0> {
             v[i] = (float)(((x & 0xF) | h0) - 16) * d;
             v[4 + i] = (float)(((x >> 4) | h1) - 16) * d;
         }
-        off[0] = 4 * u;
-        off[1] = 16 + 4 * u;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
     }
 };
 
 /* Q5_1: f16 d, f16 m, qh, 16 bytes; value q*d + m. 24-byte blocks: 4-byte aligned. */
 template <> struct kq<TPI_TYPE_Q5_1> {
     static constexpr int BLK = 32, BYTES = 24, UPB = 4, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 16 * g + 4 * u;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
                                                 int (&off)[2]) {
         const float d = kq_f16(b), m = kq_f16(b + 2);
@@ -121,14 +137,18 @@ template <> struct kq<TPI_TYPE_Q5_1> {
             v[i] = (float)((x & 0xF) | h0) * d + m;
             v[4 + i] = (float)((x >> 4) | h1) * d + m;
         }
-        off[0] = 4 * u;
-        off[1] = 16 + 4 * u;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
     }
 };
 
 /* Q8_0: f16 d, 32 int8. */
 template <> struct kq<TPI_TYPE_Q8_0> {
     static constexpr int BLK = 32, BYTES = 34, UPB = 8, G = 1;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return (void)g, 4 * u;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[4],
                                                 int (&off)[1]) {
         const float d = kq_f16(b);
@@ -136,7 +156,7 @@ template <> struct kq<TPI_TYPE_Q8_0> {
 #pragma unroll
         for (int i = 0; i < 4; i++)
             v[i] = (float)(int8_t)((q >> (8 * i)) & 0xFF) * d;
-        off[0] = 4 * u;
+        off[0] = goff(u, 0);
     }
 };
 
@@ -144,6 +164,10 @@ template <> struct kq<TPI_TYPE_Q8_0> {
  * 4 quants (4-byte aligned); the scale of values 32j..32j+31 is at b + 256 + 2j. */
 template <> struct kq<KERN_TYPE_Q8_0X8> {
     static constexpr int BLK = 256, BYTES = KERN_Q8_0X8_BYTES, UPB = 64, G = 1;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return (void)g, 4 * u;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[4],
                                                 int (&off)[1]) {
         const float d = kq_f16(b + 256 + 2 * (u >> 3));
@@ -151,7 +175,7 @@ template <> struct kq<KERN_TYPE_Q8_0X8> {
 #pragma unroll
         for (int i = 0; i < 4; i++)
             v[i] = (float)(int8_t)((q >> (8 * i)) & 0xFF) * d;
-        off[0] = 4 * u;
+        off[0] = goff(u, 0);
     }
 };
 
@@ -160,6 +184,10 @@ template <> struct kq<KERN_TYPE_Q8_0X8> {
  * (sub-block 2c+1); value = d*sc*q - dmin*m. 144-byte blocks: 16-byte aligned. */
 template <> struct kq<TPI_TYPE_Q4_K> {
     static constexpr int BLK = 256, BYTES = 144, UPB = 32, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 64 * (u >> 3) + 32 * g + (u & 7) * 4;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
                                                 int (&off)[2]) {
         const float d = kq_f16(b), dmin = kq_f16(b + 2);
@@ -176,8 +204,8 @@ template <> struct kq<TPI_TYPE_Q4_K> {
             v[i] = d0 * (float)(x & 0xF) - mm0;
             v[4 + i] = d1 * (float)(x >> 4) - mm1;
         }
-        off[0] = 64 * c + l0;
-        off[1] = 64 * c + 32 + l0;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
     }
 };
 
@@ -185,6 +213,10 @@ template <> struct kq<TPI_TYPE_Q4_K> {
  * 2c+1 that of 64c+32+l. 176-byte blocks: 16-byte aligned. */
 template <> struct kq<TPI_TYPE_Q5_K> {
     static constexpr int BLK = 256, BYTES = 176, UPB = 32, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 64 * (u >> 3) + 32 * g + (u & 7) * 4;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
                                                 int (&off)[2]) {
         const float d = kq_f16(b), dmin = kq_f16(b + 2);
@@ -203,8 +235,8 @@ template <> struct kq<TPI_TYPE_Q5_K> {
             v[i] = d0 * (float)((x & 0xF) + (((hb >> (2 * c)) & 1) << 4)) - mm0;
             v[4 + i] = d1 * (float)((x >> 4) + (((hb >> (2 * c + 1)) & 1) << 4)) - mm1;
         }
-        off[0] = 64 * c + l0;
-        off[1] = 64 * c + 32 + l0;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
     }
 };
 
@@ -212,8 +244,8 @@ template <> struct kq<TPI_TYPE_Q5_K> {
  * high nibbles 8-11), c (the ql bytes 32 on: 4-7, 12-15) and h (their 2-bit high parts,
  * pairs k = 0..3 for the four runs), q - 32 times the runs' scales s0..s3. Shared by the
  * GGUF blocks and their 8-block groups (kq<KERN_TYPE_Q6_KX8>). */
-__device__ __forceinline__ void kq_q6_values(uint32_t a, uint32_t c, uint32_t h, float s0,
-                                             float s1, float s2, float s3, float (&v)[16]) {
+__device__ __forceinline__ void kq_q6_values(uint32_t a, uint32_t c, uint32_t h, float s0, float s1,
+                                             float s2, float s3, float (&v)[16]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int xa = (a >> (8 * i)) & 0xFF, xc = (c >> (8 * i)) & 0xFF;
@@ -229,6 +261,10 @@ __device__ __forceinline__ void kq_q6_values(uint32_t a, uint32_t c, uint32_t h,
  * (low/high nibbles of ql[l], ql[l+32], 2-bit pairs of qh[l]), q-32, times d*scale[l/16 + 2i]. */
 template <> struct kq<TPI_TYPE_Q6_K> {
     static constexpr int BLK = 256, BYTES = 210, UPB = 16, G = 4;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 128 * (u >> 3) + 32 * g + (u & 7) * 4;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
                                                 int (&off)[4]) {
         const float d = kq_f16(b + 208);
@@ -240,10 +276,10 @@ template <> struct kq<TPI_TYPE_Q6_K> {
         const float s0 = d * (float)sc[is], s1 = d * (float)sc[is + 2];
         const float s2 = d * (float)sc[is + 4], s3 = d * (float)sc[is + 6];
         kq_q6_values(a, c, h, s0, s1, s2, s3, v);
-        off[0] = 128 * n + l0;
-        off[1] = 128 * n + 32 + l0;
-        off[2] = 128 * n + 64 + l0;
-        off[3] = 128 * n + 96 + l0;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
+        off[2] = goff(u, 2);
+        off[3] = goff(u, 3);
     }
 };
 
@@ -252,6 +288,10 @@ template <> struct kq<TPI_TYPE_Q6_K> {
  * byte l0 % 16 of the item's A, C and H pieces, its scales word, block c's d. */
 template <> struct kq<KERN_TYPE_Q6_KX8> {
     static constexpr int BLK = 2048, BYTES = KERN_Q6_KX8_BYTES, UPB = 128, G = 4;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 256 * (u >> 4) + 128 * ((u >> 3) & 1) + (u & 7) * 4 + 32 * g;
+    }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
                                                 int (&off)[4]) {
         const int c = u >> 4, n = (u >> 3) & 1, l0 = (u & 7) * 4;
@@ -262,11 +302,10 @@ template <> struct kq<KERN_TYPE_Q6_KX8> {
         const float s0 = d * (float)(int8_t)(sw & 0xFF), s1 = d * (float)(int8_t)((sw >> 8) & 0xFF);
         const float s2 = d * (float)(int8_t)((sw >> 16) & 0xFF), s3 = d * (float)(int8_t)(sw >> 24);
         kq_q6_values(a, cc, h, s0, s1, s2, s3, v);
-        const int base = 256 * c + 128 * n + l0;
-        off[0] = base;
-        off[1] = base + 32;
-        off[2] = base + 64;
-        off[3] = base + 96;
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
+        off[2] = goff(u, 2);
+        off[3] = goff(u, 3);
     }
 };
 

@@ -228,6 +228,10 @@ bool ops_cuda_available(int *n_devices);
  * v2 path; 3: x quantized to int8 blocks, dp4a, the default), which TPI_GEMV sets at init; returns
  * the previous path, or -1 for a path other than 2 or 3 (nothing changed). */
 int ops_cuda_set_gemv(struct ops_ctx *ctx, int path);
+/* CUDA builds only: block-quantized products of 9..max_rows rows take the fused kernel
+ * (kern_mmq.cu; at most 64, 0: the dequantize + cuBLAS path), which TPI_MMQ sets at init
+ * (default 64); returns the previous limit, or -1 for a negative one (nothing changed). */
+int ops_cuda_set_mmq(struct ops_ctx *ctx, int max_rows);
 /* CUDA builds only: which attention shapes take the tensor-core kernels, for this process
  * (bit 0: prefill, batches of >= 16 tokens; bit 1: decode); TPI_ATTN_MMA sets it at
  * context init. Returns the previous mode; a mode outside 0..3 changes nothing. */

@@ -95,8 +95,8 @@ static void cuda_free(struct ops_ctx **pctx) {
     struct ops_ctx *ctx = *pctx;
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx, &ctx->q8,
-                                   &ctx->q8_out, &ctx->acc};
+    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->mmq_part, &ctx->attn,
+                                   &ctx->idx, &ctx->q8,  &ctx->q8_out,   &ctx->acc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -134,6 +134,13 @@ int ops_cuda_set_gemv(struct ops_ctx *ctx, int path) {
     if (!ctx || (path != 2 && path != 3)) return -1;
     const int old = ctx->gemv;
     ctx->gemv = path;
+    return old;
+}
+
+int ops_cuda_set_mmq(struct ops_ctx *ctx, int max_rows) {
+    if (!ctx || max_rows < 0) return -1;
+    const int old = ctx->mmq_rows;
+    ctx->mmq_rows = TPI_MIN(max_rows, MMQ_MAX_ROWS);
     return old;
 }
 
@@ -232,6 +239,19 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         }
     }
     ctx->gemv = gemv_from_env();
+    /* Block-quantized products of 9..64 rows (a batch's decode steps) in kern_mmq: each
+     * weight byte read once, against the bf16 slab the prefill path writes and reads
+     * back. TPI_MMQ=N: up to N rows (0: never, the dequantize + cuBLAS path). */
+    const char *mq = getenv("TPI_MMQ");
+    ctx->mmq_rows = MMQ_MAX_ROWS;
+    if (mq && *mq) {
+        char *end;
+        const long n = strtol(mq, &end, 10);
+        if (*end || n < 0)
+            TPI_LOGW("TPI_MMQ=%s is not a row count: using %d", mq, MMQ_MAX_ROWS);
+        else
+            ctx->mmq_rows = (int)TPI_MIN(n, (long)MMQ_MAX_ROWS);
+    }
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
@@ -242,7 +262,8 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             ctx->diag_skip = 0;
         } else {
             TPI_LOGW("TPI_DIAG_SKIP=%s: decode steps leave those kernels out; outputs are wrong "
-                     "(for measuring what they cost)", ds);
+                     "(for measuring what they cost)",
+                     ds);
         }
     }
     /* Producers of the next matmul's int8 x (bench/NOTES.md, changes 12 and 14): rmsnorm,
@@ -288,8 +309,7 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         bool ok = strcmp(gl, "auto") == 0;
         for (int i = 0; i < 5 && !ok; i++)
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
-        if (!ok)
-            TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
+        if (!ok) TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
@@ -472,9 +492,9 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
      * 16-byte pieces rounded out from the row's bytes, which may reach past the end */
     if (!CUDA_OK(ctx, "cuda weight_upload", cudaMalloc(&data, n_bytes + KERN_WEIGHT_PAD))) {
         data = NULL;
-    } else if (!CUDA_OK(ctx, "cuda weight_upload",
-                        cudaMemsetAsync((uint8_t *)data + n_bytes, 0, KERN_WEIGHT_PAD,
-                                        ctx->stream)) ||
+    } else if (!CUDA_OK(
+                   ctx, "cuda weight_upload",
+                   cudaMemsetAsync((uint8_t *)data + n_bytes, 0, KERN_WEIGHT_PAD, ctx->stream)) ||
                !upload_staged(ctx, data, host_data, n_bytes)) {
         cudaFree(data);
         data = NULL;
@@ -616,7 +636,6 @@ static int op_graph_launch(struct ops_ctx *ctx, void *graph, bool *launched,
     kern_xq_forget(ctx);
     return kern_graph_launch(ctx, graph, launched, err);
 }
-
 
 static const struct ops ops_cuda_table = {
     /* .name = */ "cuda",

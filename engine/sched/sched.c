@@ -461,6 +461,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             b_out[n_out++] = n++;
             s->has_next = false;
         }
+        const int n_dec = n; // decode rows; prompt chunks follow
         int budget = TPI_MAX(UB - n, 1); // a prefill never starves completely
         int score_left = SCHED_SCORE_ROWS; // scored prompt rows this step
         for (int a = 0; a < n_active && budget > 0; a++) {
@@ -498,8 +499,11 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         }
 
         // ---- 3. one forward for everyone ----
+        const double t_fwd = tpi_time_s();
         if ((rc = model_forward(m, b_tok, b_pos, b_seq, n, b_out, n_out, logits, err))) goto done;
+        st->t_forward_s += tpi_time_s() - t_fwd;
         st->n_steps++;
+        st->n_decode_steps += n == n_dec;
         if (n_out == 0) continue; // prefill chunks only: nothing to sample yet
 
         // ---- 4. the decider samples; ids (and logprobs) go to every rank ----

@@ -75,6 +75,8 @@ struct sched_stats {
     int64_t n_prompt_shared;   /* prompt tokens taken from another sequence's KV instead */
     int64_t n_gen_tokens;      /* tokens sampled */
     int64_t n_steps;           /* model_forward calls */
+    int64_t n_decode_steps;    /* ... of them with decode rows only (no prompt chunk) */
+    double t_forward_s;        /* time in model_forward (the logits on the host included) */
     int n_active;              /* sequences in flight now (at the end: abandoned by a stop) */
     double t_start_s, t_now_s;
 };

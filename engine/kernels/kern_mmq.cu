@@ -1,0 +1,289 @@
+/*
+ * kern_mmq.cu — y(n_rows, ne1) = x(n_rows, ne0) * W^T (or y +=) for block-quantized W and
+ * a few dozen rows of x: the steps of a batch that decode many sequences at once.
+ *
+ * The prefill path (kern_matmul.cu) dequantizes W to bf16 in global memory and lets cuBLAS
+ * multiply: for every step it writes and reads back twice W's bytes in bf16 (16 GB for an
+ * 8B model against 4.7 GB of Q4_K_M), whatever the row count. Here each weight byte is
+ * read once, decoded to bf16 in registers and multiplied on the tensor cores (mma.sync
+ * m16n8k16, bf16 in, f32 accumulators): x and W rounded to bf16 as on the cuBLAS path, so
+ * the two agree to the same bound against the f32 reference (test_ops_cuda).
+ *
+ * Layout of the work. A warp owns MMQ_NT n-tiles of 8 output features; lane l holds the
+ * B fragment of feature l / 4 of each tile. The k order inside a 16-value step is ours to
+ * choose, as long as x's A fragments follow it: quad lane q = l % 4 decodes unit
+ * 4 i + q of its rows (kq<T>::unit, 4 consecutive values per group), and group gi of
+ * that unit is its part of step i * G + gi (fragment k slots 2q, 2q+1 and 2q+8, 2q+9).
+ * The block's 4 warps share x: each chunk of 16 steps is staged in shared memory in that
+ * order (bf16, rows padded so ldmatrix reads the 8 rows of a matrix from 8 bank groups),
+ * and read as A fragments with ldmatrix. MT m-tiles of 16 rows (n_rows <= 16 MT).
+ * Each chunk first copies the block's 128 rows' bytes of it into shared memory with
+ * 16-byte loads, and the unit decoders read from there (decoding from global memory,
+ * their scattered 1-4 byte reads ran L1 out of wavefronts: bench/NOTES.md change 61).
+ * Types whose 256-value chunk is one byte range of a row only: the 8-block groups
+ * (KERN_TYPE_Q8_0X8, KERN_TYPE_Q6_KX8) stay on the cuBLAS path.
+ * Long rows over few features split k over the grid's y blocks: partial sums in a
+ * scratch buffer, then one launch adds them in a fixed order (results do not depend on
+ * timing).
+ * H200, Q4_K 4096->12288 (run 115): 43 / 55 / 87 us at 16 / 32 / 64 rows, against 89-91
+ * for the dequantize + cuBLAS path.
+ */
+#include "kern_common.cuh"
+#include "kern_quant.cuh"
+
+#define MMQ_WARPS 4
+#define MMQ_NT 4                           /* n-tiles (8 features) a warp */
+#define MMQ_FEATS (MMQ_WARPS * MMQ_NT * 8) /* 128 features a block */
+#define MMQ_STEPS 16                       /* 16-value steps a staged chunk: 256 values */
+#define MMQ_LD (MMQ_STEPS * 16 + 8)        /* bf16 a staged row: 528 bytes */
+#define MMQ_MAX_SPLIT 16
+
+/* c(16x8, f32) += a(16x16, bf16, row-major) * b(16x8, bf16, b[k][n] with k inner). */
+__device__ __forceinline__ void mmq_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* lo in the low 16 bits (the lower k slot of the pair). */
+__device__ __forceinline__ uint32_t mmq_pack(float lo, float hi) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &h, sizeof u);
+    return u;
+}
+
+/* The row offset of the 4 values quad lane q gives to step s of a row of type T. */
+template <int T> __device__ __forceinline__ int mmq_k(int s, int q) {
+    using Q = kq<T>;
+    const int unit = 4 * (s / Q::G) + q;
+    return unit / Q::UPB * Q::BLK + Q::goff(unit % Q::UPB, s % Q::G);
+}
+
+/* Bytes of one row's 256 values (a chunk) of type T. */
+template <int T> __host__ __device__ constexpr int mmq_chunk_bytes() {
+    return MMQ_STEPS * 16 / kq<T>::BLK * kq<T>::BYTES;
+}
+/* Dynamic shared memory of mmq_kernel<T, MT>: x's chunk, then the block's rows' chunk. */
+template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {
+    return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS * mmq_chunk_bytes<T>();
+}
+
+/* Block (x, y): features [MMQ_FEATS x, +MMQ_FEATS), steps [y spb, (y+1) spb) of the row.
+ * part NULL: y = acc + beta y; else part[y][row][feature] = acc (mmq_reduce adds).
+ * Each chunk: the block's rows' bytes copied into shared memory with wide loads (the
+ * unit decoders' small scattered reads then hit shared memory, not L1), x's chunk staged,
+ * then the units decoded and multiplied. */
+template <int T, int MT, bool UNR>
+__global__ void __launch_bounds__(MMQ_WARPS * 32)
+    mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
+               const __nv_bfloat16 *__restrict__ x, int n_rows, float *__restrict__ y, float beta,
+               float *__restrict__ part, int spb) {
+    using Q = kq<T>;
+    constexpr int CB = mmq_chunk_bytes<T>();
+    extern __shared__ __align__(16) uint8_t mmq_sm[];
+    __nv_bfloat16(*xs)[MMQ_LD] = (__nv_bfloat16(*)[MMQ_LD])mmq_sm;
+    uint8_t *ws = mmq_sm + (size_t)MT * 16 * MMQ_LD * 2;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, q = lane & 3;
+    const int n_steps = ne0 / 16;
+    const int s0 = blockIdx.y * spb, s1 = min(n_steps, s0 + spb);
+    const int fb = blockIdx.x * MMQ_FEATS, f0 = fb + warp * (MMQ_NT * 8);
+    float acc[MT][MMQ_NT][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int t = 0; t < MMQ_NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[m][t][e] = 0.0f;
+    /* ldmatrix row address of this lane: row l % 16, k half l / 16 */
+    const uint32_t a_base = mma_smem_u32(&xs[lane & 15][(lane >> 4) * 8]);
+    /* rows of 16-byte aligned chunks are copied in 16-byte pieces, others in 2-byte ones */
+    const bool wide = CB % 16 == 0 && row_bytes % 16 == 0 && ((uintptr_t)w & 15) == 0;
+
+    for (int c0 = s0; c0 < s1; c0 += MMQ_STEPS) {
+        const int ns = min(MMQ_STEPS, s1 - c0);
+        const int nbytes = ns * 16 / Q::BLK * Q::BYTES; /* whole blocks: ns * 16 % BLK == 0 */
+        const uint8_t *src = w + (size_t)(c0 / MMQ_STEPS) * CB;
+        __syncthreads(); /* the last chunk's bytes and fragments are read */
+        if (wide) {
+            constexpr int PR = CB / 16; /* pieces a row */
+            constexpr int NP = MMQ_FEATS * PR;
+            constexpr int PER = (NP + MMQ_WARPS * 32 - 1) / (MMQ_WARPS * 32);
+            uint4 v[PER];
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                const int p = threadIdx.x + k * MMQ_WARPS * 32, r = p / PR, o = (p % PR) * 16;
+                v[k] = make_uint4(0u, 0u, 0u, 0u);
+                if (p < NP && o < nbytes && fb + r < ne1)
+                    v[k] = __ldg((const uint4 *)(src + (size_t)(fb + r) * row_bytes + o));
+            }
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                const int p = threadIdx.x + k * MMQ_WARPS * 32;
+                if (p < NP) *(uint4 *)(ws + (p / PR) * CB + (p % PR) * 16) = v[k];
+            }
+        } else {
+            for (int p = threadIdx.x; p < MMQ_FEATS * (CB / 2); p += MMQ_WARPS * 32) {
+                const int r = p / (CB / 2), o = (p % (CB / 2)) * 2;
+                uint16_t v = 0;
+                if (o < nbytes && fb + r < ne1)
+                    v = *(const uint16_t *)(src + (size_t)(fb + r) * row_bytes + o);
+                *(uint16_t *)(ws + r * CB + o) = v;
+            }
+        }
+        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
+            const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
+            uint2 v = make_uint2(0u, 0u);
+            if (r < n_rows && s < ns)
+                v = *(const uint2 *)(x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq));
+            uint32_t *d = (uint32_t *)&xs[r][16 * s + 2 * iq];
+            d[0] = v.x; /* values k, k+1 at slots 2q, 2q+1 */
+            d[4] = v.y; /* values k+2, k+3 at slots 2q+8, 2q+9 */
+        }
+        __syncthreads();
+        /* one unit of each tile's row per G steps (units counted from the chunk's start);
+         * a whole chunk fully unrolled, so the units of one block share their scale loads */
+        auto units = [&](int s) {
+            const int unit = 4 * (s / Q::G) + q;
+            const int blk = unit / Q::UPB, u = unit % Q::UPB;
+            uint32_t b[MMQ_NT][Q::G][2];
+#pragma unroll
+            for (int t = 0; t < MMQ_NT; t++) {
+                float v[4 * Q::G];
+                int off[Q::G];
+                const uint8_t *row = ws + (warp * (MMQ_NT * 8) + 8 * t + g) * CB;
+                Q::unit(row + blk * Q::BYTES, u, v, off);
+#pragma unroll
+                for (int gi = 0; gi < Q::G; gi++) {
+                    b[t][gi][0] = mmq_pack(v[4 * gi], v[4 * gi + 1]);
+                    b[t][gi][1] = mmq_pack(v[4 * gi + 2], v[4 * gi + 3]);
+                }
+            }
+#pragma unroll
+            for (int gi = 0; gi < Q::G; gi++)
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    uint32_t a[4];
+                    mma_ldsm4(a, a_base + (uint32_t)((m * 16 * MMQ_LD + 16 * (s + gi)) * 2));
+#pragma unroll
+                    for (int t = 0; t < MMQ_NT; t++)
+                        mmq_mma(acc[m][t], a, b[t][gi][0], b[t][gi][1]);
+                }
+        };
+        if (UNR && ns == MMQ_STEPS) {
+#pragma unroll
+            for (int s = 0; s < MMQ_STEPS; s += Q::G)
+                units(s);
+        } else {
+            for (int s = 0; s < ns; s += Q::G)
+                units(s);
+        }
+    }
+    /* c0, c1: row g, features 2q, 2q+1 of the tile; c2, c3: row g + 8 */
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int t = 0; t < MMQ_NT; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = m * 16 + g + (e >> 1) * 8, f = f0 + 8 * t + 2 * q + (e & 1);
+                if (r >= n_rows || f >= ne1) continue;
+                const size_t at = (size_t)r * ne1 + f;
+                if (part)
+                    part[(size_t)blockIdx.y * n_rows * ne1 + at] = acc[m][t][e];
+                else
+                    y[at] = beta != 0.0f ? y[at] + acc[m][t][e] : acc[m][t][e];
+            }
+}
+
+/* y = beta y + sum over the n_part slices of part (n values each), in slice order. */
+__global__ void mmq_reduce(const float *__restrict__ part, int n_part, size_t n, float *y,
+                           float beta) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float s = beta != 0.0f ? y[i] : 0.0f;
+        for (int p = 0; p < n_part; p++)
+            s += part[(size_t)p * n + i];
+        y[i] = s;
+    }
+}
+
+template <int T, int MT>
+static void mmq_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16,
+                       float *y, int n_rows, float beta, const char *op) {
+    const int ne0 = (int)w->ne0, ne1 = (int)w->ne1;
+    const int n_steps = ne0 / 16, n_chunks = (n_steps + MMQ_STEPS - 1) / MMQ_STEPS;
+    const int bx = (ne1 + MMQ_FEATS - 1) / MMQ_FEATS;
+    /* k split over y blocks until about 3 blocks a multiprocessor, each >= one chunk */
+    int split = (3 * ctx->n_sm + bx - 1) / bx;
+    split = TPI_MAX(1, TPI_MIN(TPI_MIN(split, n_chunks), MMQ_MAX_SPLIT));
+    const int cpb = (n_chunks + split - 1) / split;
+    split = (n_chunks + cpb - 1) / cpb;
+    float *part = NULL;
+    if (split > 1) {
+        part = (float *)kern_scratch_get(ctx, &ctx->mmq_part,
+                                         (size_t)split * n_rows * ne1 * sizeof(float), op);
+        if (!part) return;
+    }
+    constexpr size_t smem = mmq_smem<T, MT>();
+    static bool smem_set = false; /* the opt-in, once a kernel (one device per process) */
+    /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's
+     * registers (Q4_K: 224) leave 2 blocks an SM and the loop is faster (run 115) */
+    constexpr bool UNR = MT <= 2;
+    auto kern = mmq_kernel<T, MT, UNR>;
+    if (!smem_set) {
+        if (!CUDA_OK(
+                ctx, op,
+                cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+            return;
+        smem_set = true;
+    }
+    kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
+        (const uint8_t *)w->data, w->row_bytes, ne0, ne1, x16, n_rows, y, beta, part,
+        cpb * MMQ_STEPS);
+    if (!LAUNCH_OK(ctx, op) || split == 1) return;
+    const size_t n = (size_t)n_rows * ne1;
+    const unsigned nb = (unsigned)TPI_MIN((n + 255) / 256, (size_t)ctx->n_sm * 8);
+    mmq_reduce<<<nb, 256, 0, ctx->stream>>>(part, split, n, y, beta);
+    LAUNCH_OK(ctx, op);
+}
+
+bool kern_mmq_ok(const struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n_rows) {
+    if (n_rows < 1 || n_rows > ctx->mmq_rows || n_rows > MMQ_MAX_ROWS) return false;
+    bool ok = false; /* block types, rows of whole blocks (a unit's 4 values are aligned) */
+    kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
+        constexpr int T = decltype(type_c)::value;
+        if constexpr (decltype(block_c)::value) {
+            if constexpr (kq<T>::BLK <= MMQ_STEPS * 16) ok = w->ne0 % kq<T>::BLK == 0;
+        }
+    });
+    return ok && w->ne0 <= INT32_MAX && w->ne1 <= INT32_MAX;
+}
+
+bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
+              int64_t n_rows, float beta) {
+    const char *op = "cuda matmul (mmq)";
+    if (!kern_mmq_ok(ctx, w, n_rows)) return false;
+    const int nr = (int)n_rows;
+    bool done = false;
+    kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
+        constexpr int T = decltype(type_c)::value;
+        if constexpr (decltype(block_c)::value) {
+            if constexpr (kq<T>::BLK <= MMQ_STEPS * 16) {
+                if (nr <= 16)
+                    mmq_launch<T, 1>(ctx, w, x16, y, nr, beta, op);
+                else if (nr <= 32)
+                    mmq_launch<T, 2>(ctx, w, x16, y, nr, beta, op);
+                else if (nr <= 48)
+                    mmq_launch<T, 3>(ctx, w, x16, y, nr, beta, op);
+                else
+                    mmq_launch<T, 4>(ctx, w, x16, y, nr, beta, op);
+                done = true;
+            }
+        }
+    });
+    return done;
+}
