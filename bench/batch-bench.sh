@@ -31,8 +31,8 @@ for ((i = 0; i < n; i++)); do
 done > "$tmp/prompts.jsonl"
 
 echo "model $(basename "$model"), $n prompts, -n $max_tokens, --temp $temp ${EXTRA:-}"
-printf '%-10s %10s %12s %12s %10s %14s %10s\n' parallel wall_s gen_tok/s total_tok/s requests \
-  steps/decode forward_s
+printf '%-10s %10s %12s %12s %10s %14s %10s %10s\n' parallel wall_s gen_tok/s total_tok/s \
+  requests steps/decode forward_s sample_s
 for p in $parallel; do
   ${LAUNCH:-} "$driver" run -m "$model" -f "$tmp/prompts.jsonl" -o "$tmp/out-$p.jsonl" \
     -n "$max_tokens" --temp "$temp" --parallel "$p" ${EXTRA:-} 2> "$tmp/err-$p.txt"
@@ -42,6 +42,7 @@ for p in $parallel; do
   tot=$(sed -E 's/.* ([0-9.]+) total tok\/s.*/\1/' <<< "$line")
   steps=$(sed -E 's/.*, ([0-9]+) steps \(([0-9]+) decode only\).*/\1\/\2/' <<< "$line")
   fwd=$(sed -E 's/.*forward ([0-9.]+) s.*/\1/' <<< "$line")
-  printf '%-10s %10s %12s %12s %10s %14s %10s\n' "$p" "$wall" "$gen" "$tot" \
-    "$(wc -l < "$tmp/out-$p.jsonl")" "$steps" "$fwd"
+  smp=$(sed -E 's/.*sampling ([0-9.]+) s.*/\1/' <<< "$line")
+  printf '%-10s %10s %12s %12s %10s %14s %10s %10s\n' "$p" "$wall" "$gen" "$tot" \
+    "$(wc -l < "$tmp/out-$p.jsonl")" "$steps" "$fwd" "$smp"
 done

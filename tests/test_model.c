@@ -367,6 +367,32 @@ START_TEST(test_sampling) {
     ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
     ck_assert_int_eq(sampler_sample(&s, logits), 1);
     sampler_free(&s);
+    // Greedy on long rows is the first of the largest, as a plain scan from entry 0 with
+    // > finds it: ties (the max at several places, in and past the 16-wide part), NaNs
+    // (never chosen; a NaN at 0 gives 0), -0 against +0, all -inf, odd lengths.
+    {
+        enum { NL = 1003 };
+        static float row[NL];
+        ck_assert_int_eq(sampler_init(&s, &p, NL, &err), TPI_OK);
+        struct tu_rng r;
+        tu_rng_seed(&r, 77);
+        for (int c = 0; c < 8; c++) {
+            for (int i = 0; i < NL; i++) row[i] = floorf(tu_uniform(&r, -25.0f, 25.0f));
+            if (c == 1) row[700] = row[17] = row[1001] = 30.0f;
+            if (c == 2) row[5] = NAN, row[900] = 40.0f, row[901] = NAN;
+            if (c == 3) row[0] = NAN;
+            if (c == 4)
+                for (int i = 0; i < NL; i++) row[i] = i % 2 ? -0.0f : 0.0f;
+            if (c == 5)
+                for (int i = 0; i < NL; i++) row[i] = -INFINITY;
+            if (c == 6) row[1002] = 99.0f;
+            int want = 0;
+            for (int i = 1; i < NL; i++)
+                if (row[i] > row[want]) want = i;
+            ck_assert_int_eq(sampler_sample(&s, row), want);
+        }
+        sampler_free(&s);
+    }
     // Repetition penalty 2 on token 1 (3.0 -> 1.5): greedy picks 5 (2.9).
     p.repeat_penalty = 2.0f;
     ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);

@@ -358,6 +358,9 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     int *out_slot = malloc(sizeof(int) * (size_t)(NP + SCHED_SCORE_ROWS));
     int *out_score = malloc(sizeof(int) * (size_t)(NP + SCHED_SCORE_ROWS));
     int *order_idx = malloc(sizeof(int) * (size_t)NP);
+    // Where each logits row's ids and floats go in the sampling message.
+    size_t *row_oi = malloc(sizeof(size_t) * (size_t)(NP + SCHED_SCORE_ROWS));
+    size_t *row_of = malloc(sizeof(size_t) * (size_t)(NP + SCHED_SCORE_ROWS));
     float *logits =
         has_logits ? model_logits_alloc(m, (size_t)(NP + SCHED_SCORE_ROWS)) : NULL;
     int32_t *msg_i = NULL;
@@ -368,7 +371,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     for (int i = 0; kvs && i < NP; i++)
         if (!(kvs[i].tok = malloc(sizeof(int32_t) * (size_t)m->n_ctx))) rc = TPI_ERR_NOMEM;
     if (rc || !slots || !kvs || !taken || !b_tok || !b_pos || !b_seq || !b_out || !out_slot ||
-        !out_score || !order_idx || (has_logits && !logits))
+        !out_score || !order_idx || !row_oi || !row_of || (has_logits && !logits))
         rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for %d sequences", NP);
     if ((rc = model_agree(m, rc, err))) goto done;
 
@@ -507,9 +510,12 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         if (n_out == 0) continue; // prefill chunks only: nothing to sample yet
 
         // ---- 4. the decider samples; ids (and logprobs) go to every rank ----
+        const double t_smp = tpi_time_s();
         size_t n_i = 0, n_f = 0;
         for (int r = 0; r < n_out; r++) { // sample row: id + K ids; scored row: K ids
             int K = slots[out_slot[r]].K;
+            row_oi[r] = n_i;
+            row_of[r] = n_f;
             n_i += (out_score[r] < 0) + (size_t)K;
             n_f += K > 0 ? 1 + (size_t)K : 0;
         }
@@ -524,30 +530,30 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         }
         if ((rc = model_agree(m, rc, err))) goto done;
         if (is_decider) {
-            size_t oi = 0, of = 0;
+            // Rows are independent (a sequence's sampler, its RNG included, is used by its
+            // one sample row; the logprobs are pure), so threads take them in any order
+            // and the message is the same.
+#pragma omp parallel for schedule(dynamic, 1) if (n_out > 1)
             for (int r = 0; r < n_out; r++) {
                 struct slot *s = &slots[out_slot[r]];
                 const float *row = logits + (size_t)r * n_vocab;
+                size_t oi = row_oi[r], of = row_of[r];
                 if (out_score[r] >= 0) { // the prompt token's logprob, then the top K
                     msg_f[of] = sampler_logprobs(row, n_vocab, s->prompt[out_score[r]], s->K,
                                                  msg_i + oi, msg_f + of + 1);
-                    oi += (size_t)s->K;
-                    of += 1 + (size_t)s->K;
                     continue;
                 }
                 int32_t id = sampler_sample(&s->smp, row);
                 sampler_accept_output(&s->smp, id);
                 msg_i[oi++] = id;
-                if (s->K > 0) { // the chosen token's logprob, then the top K
+                if (s->K > 0) // the chosen token's logprob, then the top K
                     msg_f[of] = sampler_logprobs(row, n_vocab, id, s->K, msg_i + oi,
                                                  msg_f + of + 1);
-                    oi += (size_t)s->K;
-                    of += 1 + (size_t)s->K;
-                }
             }
         }
         if ((rc = model_bcast_i32(m, msg_i, (int)n_i, decider, err))) goto done;
         if (n_f > 0 && (rc = model_bcast_f32(m, msg_f, (int)n_f, decider, err))) goto done;
+        st->t_sample_s += tpi_time_s() - t_smp;
 
         // ---- 5. every rank applies the same ids ----
         const double now = tpi_time_s();
@@ -640,6 +646,8 @@ done:
     free(out_slot);
     free(out_score);
     free(order_idx);
+    free(row_oi);
+    free(row_of);
     model_logits_free(m, logits);
     free(msg_i);
     free(msg_f);
