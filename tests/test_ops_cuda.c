@@ -20,8 +20,9 @@
  *   f32 reference, and NMSE < 1e-4 over >= 256 outputs (see check_v3).
  * - matmul n_rows > 8, F32 weights (f32 SGEMM): NMSE < 1e-9; other types (x and W
  *   rounded to bf16, f32 accumulation): NMSE < 5e-5 (about 2 x (2^-9)^2 / 3 expected).
- *   Block types run both paths (ops_cuda_set_mmq): up to 64 rows the fused kernel
- *   (kern_mmq.cu, the default), and the dequantize + cuBLAS path.
+ *   Block types run both paths (ops_cuda_set_mmq): the fused kernel (kern_mmq.cu, set
+ *   to take up to 64 rows here; by default it takes up to 32) and the dequantize +
+ *   cuBLAS path.
  * - attention (f16 K/V cache on CUDA, f32 on the CPU; history pre-rounded to f16 on
  *   both, the batch's own k/v rounded by the CUDA store only; the tensor-core path also
  *   rounds q and the softmax weights to f16, derived at the attention tests): NMSE < 1e-5.
@@ -388,7 +389,6 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
      * v3_quantizes_x, f32 x otherwise); the env default is restored at the end */
     const int path0 = ops_cuda_set_gemv(gctx, 2);
     const int mmq0 = ops_cuda_set_mmq(gctx, 64); /* the env's limit (TPI_MMQ), restored below */
-    ops_cuda_set_mmq(gctx, mmq0);
     for (int a = 0; a < 4; a++)
         for (int b = 0; b < 4; b++) {
             const int64_t ne0 = ne0s[a], ne1 = ne1s[b];
@@ -423,7 +423,7 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                  * rows of a block type: 2 the fused kernel (kern_mmq), 3 cuBLAS */
                 for (int path = 2; path <= (gemm && blk == 1 ? 2 : 3); path++) {
                     if (gemm)
-                        ops_cuda_set_mmq(gctx, path == 2 ? mmq0 : 0);
+                        ops_cuda_set_mmq(gctx, path == 2 ? 64 : 0);
                     else
                         ops_cuda_set_gemv(gctx, path);
                     G->matmul(gctx, &gw, gx, gy, nr);

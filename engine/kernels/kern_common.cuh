@@ -353,8 +353,10 @@ void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *
 void kern_dequant_bf16(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t row0,
                        int64_t n_rows, __nv_bfloat16 *dst);
 void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n);
-/* kern_mmq's row limit: n_rows <= 16 MT for MT m-tiles of 16 rows, MT <= 4. */
+/* kern_mmq's row limit: n_rows <= 16 MT for MT m-tiles of 16 rows, MT <= 4; by default
+ * it takes up to 32 (TPI_MMQ). */
 #define MMQ_MAX_ROWS 64
+#define MMQ_DEFAULT_ROWS 32
 /* Whether kern_mmq takes w with n_rows rows of x (block type, rows of whole blocks,
  * 1 <= n_rows <= min(ctx->mmq_rows, MMQ_MAX_ROWS)). */
 bool kern_mmq_ok(const struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n_rows);

@@ -1,6 +1,7 @@
 /*
  * kern_mmq.cu — y(n_rows, ne1) = x(n_rows, ne0) * W^T (or y +=) for block-quantized W and
- * a few dozen rows of x: the steps of a batch that decode many sequences at once.
+ * 9-64 rows of x (by default up to 32): the steps of a batch that decode many sequences
+ * at once.
  *
  * The prefill path (kern_matmul.cu) dequantizes W to bf16 in global memory and lets cuBLAS
  * multiply: for every step it writes and reads back twice W's bytes in bf16 (16 GB for an
@@ -20,13 +21,14 @@
  * Each chunk first copies the block's 128 rows' bytes of it into shared memory with
  * 16-byte loads, and the unit decoders read from there (decoding from global memory,
  * their scattered 1-4 byte reads ran L1 out of wavefronts: bench/NOTES.md change 61).
- * Types whose 256-value chunk is one byte range of a row only: the 8-block groups
- * (KERN_TYPE_Q8_0X8, KERN_TYPE_Q6_KX8) stay on the cuBLAS path.
+ * A chunk is whole blocks of a row for every type but Q6_K's 8-block groups
+ * (KERN_TYPE_Q6_KX8), whose chunk is gathered from five pieces of the group (mmq_src).
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, then one launch adds them in a fixed order (results do not depend on
  * timing).
- * H200, Q4_K 4096->12288 (run 115): 43 / 55 / 87 us at 16 / 32 / 64 rows, against 89-91
- * for the dequantize + cuBLAS path.
+ * H200 (runs 115-116), against the dequantize + cuBLAS path: Q4_K 4096->12288 43 / 55 /
+ * 87 us at 16 / 32 / 64 rows (cuBLAS 89-91), Q6_K 60 / 72 / 152 (80-81): ctx->mmq_rows
+ * stops at 32 by default.
  */
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
@@ -61,9 +63,43 @@ template <int T> __device__ __forceinline__ int mmq_k(int s, int q) {
     return unit / Q::UPB * Q::BLK + Q::goff(unit % Q::UPB, s % Q::G);
 }
 
-/* Bytes of one row's 256 values (a chunk) of type T. */
+/* Types the kernel takes: a 256-value chunk is whole blocks (one byte range of a row), or
+ * a Q6_K 8-block group's chunk, gathered from its five pieces (mmq_src). */
+template <int T> __host__ __device__ constexpr bool mmq_takes() {
+    return T == KERN_TYPE_Q6_KX8 || kq<T>::BLK <= MMQ_STEPS * 16;
+}
+/* Bytes of one row's 256 values (a chunk) of type T as staged: Q6_KX8's are its ql low
+ * and high runs and qh run of the chunk (64 bytes each), its 16 scale bytes and the
+ * group's 8 d (16 bytes). */
 template <int T> __host__ __device__ constexpr int mmq_chunk_bytes() {
-    return MMQ_STEPS * 16 / kq<T>::BLK * kq<T>::BYTES;
+    if constexpr (T == KERN_TYPE_Q6_KX8)
+        return 224;
+    else
+        return MMQ_STEPS * 16 / kq<T>::BLK * kq<T>::BYTES;
+}
+/* Where in a row byte o of chunk ch's staged bytes comes from. */
+template <int T> __device__ __forceinline__ size_t mmq_src(int ch, int o) {
+    if constexpr (T == KERN_TYPE_Q6_KX8) {
+        const size_t g = (size_t)(ch >> 3) * KERN_Q6_KX8_BYTES;
+        const int c = ch & 7;
+        return g + (o < 192   ? (o >> 6) * 512 + 64 * c + (o & 63)
+                    : o < 208 ? 1536 + 16 * c + (o - 192)
+                              : 1664 + (o - 208));
+    } else {
+        return (size_t)ch * mmq_chunk_bytes<T>() + o;
+    }
+}
+/* Unit u (0..15) of a staged Q6_KX8 chunk, chunk c (0..7) of its group: kq<KERN_TYPE_Q6_KX8>
+ * unit 16 c + u read from the gathered pieces. */
+__device__ __forceinline__ void mmq_q6x8_unit(const uint8_t *b, int c, int u, float (&v)[16]) {
+    const int n = (u >> 3) & 1, l0 = (u & 7) * 4;
+    const int l = 2 * n + (l0 >> 4), j = l0 & 15;
+    const float d = kq_f16(b + 208 + 2 * c);
+    const uint32_t a = kq_u32_a4(b + 16 * l + j), cc = kq_u32_a4(b + 64 + 16 * l + j);
+    const uint32_t h = kq_u32_a4(b + 128 + 16 * l + j), sw = kq_u32_a4(b + 192 + 4 * l);
+    const float s0 = d * (float)(int8_t)(sw & 0xFF), s1 = d * (float)(int8_t)((sw >> 8) & 0xFF);
+    const float s2 = d * (float)(int8_t)((sw >> 16) & 0xFF), s3 = d * (float)(int8_t)(sw >> 24);
+    kq_q6_values(a, cc, h, s0, s1, s2, s3, v);
 }
 /* Dynamic shared memory of mmq_kernel<T, MT>: x's chunk, then the block's rows' chunk. */
 template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {
@@ -105,8 +141,9 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
 
     for (int c0 = s0; c0 < s1; c0 += MMQ_STEPS) {
         const int ns = min(MMQ_STEPS, s1 - c0);
-        const int nbytes = ns * 16 / Q::BLK * Q::BYTES; /* whole blocks: ns * 16 % BLK == 0 */
-        const uint8_t *src = w + (size_t)(c0 / MMQ_STEPS) * CB;
+        /* a short last chunk is whole blocks (ns * 16 % BLK == 0; Q6_KX8's never short) */
+        const int nbytes = ns == MMQ_STEPS ? CB : ns * 16 / Q::BLK * Q::BYTES;
+        const int ch = c0 / MMQ_STEPS;
         __syncthreads(); /* the last chunk's bytes and fragments are read */
         if (wide) {
             constexpr int PR = CB / 16; /* pieces a row */
@@ -118,7 +155,8 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                 const int p = threadIdx.x + k * MMQ_WARPS * 32, r = p / PR, o = (p % PR) * 16;
                 v[k] = make_uint4(0u, 0u, 0u, 0u);
                 if (p < NP && o < nbytes && fb + r < ne1)
-                    v[k] = __ldg((const uint4 *)(src + (size_t)(fb + r) * row_bytes + o));
+                    v[k] = __ldg(
+                        (const uint4 *)(w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o)));
             }
 #pragma unroll
             for (int k = 0; k < PER; k++) {
@@ -130,7 +168,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                 const int r = p / (CB / 2), o = (p % (CB / 2)) * 2;
                 uint16_t v = 0;
                 if (o < nbytes && fb + r < ne1)
-                    v = *(const uint16_t *)(src + (size_t)(fb + r) * row_bytes + o);
+                    v = *(const uint16_t *)(w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o));
                 *(uint16_t *)(ws + r * CB + o) = v;
             }
         }
@@ -155,7 +193,10 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                 float v[4 * Q::G];
                 int off[Q::G];
                 const uint8_t *row = ws + (warp * (MMQ_NT * 8) + 8 * t + g) * CB;
-                Q::unit(row + blk * Q::BYTES, u, v, off);
+                if constexpr (T == KERN_TYPE_Q6_KX8)
+                    mmq_q6x8_unit(row, ch & 7, unit, v);
+                else
+                    Q::unit(row + blk * Q::BYTES, u, v, off);
 #pragma unroll
                 for (int gi = 0; gi < Q::G; gi++) {
                     b[t][gi][0] = mmq_pack(v[4 * gi], v[4 * gi + 1]);
@@ -257,7 +298,7 @@ bool kern_mmq_ok(const struct ops_ctx *ctx, const struct tpi_weight *w, int64_t 
     kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (decltype(block_c)::value) {
-            if constexpr (kq<T>::BLK <= MMQ_STEPS * 16) ok = w->ne0 % kq<T>::BLK == 0;
+            if constexpr (mmq_takes<T>()) ok = w->ne0 % kq<T>::BLK == 0;
         }
     });
     return ok && w->ne0 <= INT32_MAX && w->ne1 <= INT32_MAX;
@@ -272,7 +313,7 @@ bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat
     kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (decltype(block_c)::value) {
-            if constexpr (kq<T>::BLK <= MMQ_STEPS * 16) {
+            if constexpr (mmq_takes<T>()) {
                 if (nr <= 16)
                     mmq_launch<T, 1>(ctx, w, x16, y, nr, beta, op);
                 else if (nr <= 32)

@@ -230,7 +230,7 @@ bool ops_cuda_available(int *n_devices);
 int ops_cuda_set_gemv(struct ops_ctx *ctx, int path);
 /* CUDA builds only: block-quantized products of 9..max_rows rows take the fused kernel
  * (kern_mmq.cu; at most 64, 0: the dequantize + cuBLAS path), which TPI_MMQ sets at init
- * (default 64); returns the previous limit, or -1 for a negative one (nothing changed). */
+ * (default 32); returns the previous limit, or -1 for a negative one (nothing changed). */
 int ops_cuda_set_mmq(struct ops_ctx *ctx, int max_rows);
 /* CUDA builds only: which attention shapes take the tensor-core kernels, for this process
  * (bit 0: prefill, batches of >= 16 tokens; bit 1: decode); TPI_ATTN_MMA sets it at
