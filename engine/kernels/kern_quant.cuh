@@ -35,14 +35,6 @@ __device__ __forceinline__ uint32_t kq_u32_a4(const uint8_t *p) {
     return *(const uint32_t *)p;
 }
 
-/* (float)(q - off) for 0 <= q < 2^23 and a small off, exact, without the int-to-float
- * instruction (a quarter of the full rate on sm_90): q in the low mantissa bits of 2^23,
- * then 2^23 + off subtracted (both in [2^23, 2^24): the difference is exact). The
- * decoders below produce the same floats as the casts they replace. */
-__device__ __forceinline__ float kq_u2f(uint32_t q, int off = 0) {
-    return __uint_as_float(0x4B000000u | q) - (8388608.0f + (float)off);
-}
-
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 bytes. */
 __device__ __forceinline__ void kq_scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
     if (j < 4) {
@@ -70,8 +62,8 @@ template <> struct kq<TPI_TYPE_Q4_0> {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int x = (q >> (8 * i)) & 0xFF;
-            v[i] = kq_u2f(x & 0xF, 8) * d;
-            v[4 + i] = kq_u2f(x >> 4, 8) * d;
+            v[i] = (float)((x & 0xF) - 8) * d;
+            v[4 + i] = (float)((x >> 4) - 8) * d;
         }
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
@@ -92,8 +84,8 @@ template <> struct kq<TPI_TYPE_Q4_1> {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int x = (q >> (8 * i)) & 0xFF;
-            v[i] = kq_u2f(x & 0xF) * d + m;
-            v[4 + i] = kq_u2f(x >> 4) * d + m;
+            v[i] = (float)(x & 0xF) * d + m;
+            v[4 + i] = (float)(x >> 4) * d + m;
         }
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
@@ -117,8 +109,8 @@ template <> struct kq<TPI_TYPE_Q5_0> {
             const int j = 4 * u + i;
             const int x = (q >> (8 * i)) & 0xFF;
             const int h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
-            v[i] = kq_u2f((x & 0xF) | h0, 16) * d;
-            v[4 + i] = kq_u2f((x >> 4) | h1, 16) * d;
+            v[i] = (float)(((x & 0xF) | h0) - 16) * d;
+            v[4 + i] = (float)(((x >> 4) | h1) - 16) * d;
         }
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
@@ -142,8 +134,8 @@ template <> struct kq<TPI_TYPE_Q5_1> {
             const int j = 4 * u + i;
             const int x = (q >> (8 * i)) & 0xFF;
             const int h0 = ((qh >> j) & 1) << 4, h1 = ((qh >> (j + 16)) & 1) << 4;
-            v[i] = kq_u2f((x & 0xF) | h0) * d + m;
-            v[4 + i] = kq_u2f((x >> 4) | h1) * d + m;
+            v[i] = (float)((x & 0xF) | h0) * d + m;
+            v[4 + i] = (float)((x >> 4) | h1) * d + m;
         }
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
@@ -163,7 +155,7 @@ template <> struct kq<TPI_TYPE_Q8_0> {
         const uint32_t q = kq_u32_a2(b + 2 + 4 * u);
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            v[i] = kq_u2f(((q >> (8 * i)) & 0xFF) ^ 0x80, 128) * d;
+            v[i] = (float)(int8_t)((q >> (8 * i)) & 0xFF) * d;
         off[0] = goff(u, 0);
     }
 };
@@ -182,7 +174,7 @@ template <> struct kq<KERN_TYPE_Q8_0X8> {
         const uint32_t q = kq_u32_a4(b + 4 * u);
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            v[i] = kq_u2f(((q >> (8 * i)) & 0xFF) ^ 0x80, 128) * d;
+            v[i] = (float)(int8_t)((q >> (8 * i)) & 0xFF) * d;
         off[0] = goff(u, 0);
     }
 };
@@ -209,8 +201,8 @@ template <> struct kq<TPI_TYPE_Q4_K> {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int x = (q >> (8 * i)) & 0xFF;
-            v[i] = d0 * kq_u2f(x & 0xF) - mm0;
-            v[4 + i] = d1 * kq_u2f(x >> 4) - mm1;
+            v[i] = d0 * (float)(x & 0xF) - mm0;
+            v[4 + i] = d1 * (float)(x >> 4) - mm1;
         }
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
@@ -240,8 +232,8 @@ template <> struct kq<TPI_TYPE_Q5_K> {
         for (int i = 0; i < 4; i++) {
             const int x = (q >> (8 * i)) & 0xFF;
             const int hb = (h >> (8 * i)) & 0xFF;
-            v[i] = d0 * kq_u2f((x & 0xF) + (((hb >> (2 * c)) & 1) << 4)) - mm0;
-            v[4 + i] = d1 * kq_u2f((x >> 4) + (((hb >> (2 * c + 1)) & 1) << 4)) - mm1;
+            v[i] = d0 * (float)((x & 0xF) + (((hb >> (2 * c)) & 1) << 4)) - mm0;
+            v[4 + i] = d1 * (float)((x >> 4) + (((hb >> (2 * c + 1)) & 1) << 4)) - mm1;
         }
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
@@ -258,10 +250,10 @@ __device__ __forceinline__ void kq_q6_values(uint32_t a, uint32_t c, uint32_t h,
     for (int i = 0; i < 4; i++) {
         const int xa = (a >> (8 * i)) & 0xFF, xc = (c >> (8 * i)) & 0xFF;
         const int hh = (h >> (8 * i)) & 0xFF;
-        v[i] = s0 * kq_u2f((xa & 0xF) | ((hh & 3) << 4), 32);
-        v[4 + i] = s1 * kq_u2f((xc & 0xF) | (((hh >> 2) & 3) << 4), 32);
-        v[8 + i] = s2 * kq_u2f((xa >> 4) | (((hh >> 4) & 3) << 4), 32);
-        v[12 + i] = s3 * kq_u2f((xc >> 4) | (((hh >> 6) & 3) << 4), 32);
+        v[i] = s0 * (float)(((xa & 0xF) | ((hh & 3) << 4)) - 32);
+        v[4 + i] = s1 * (float)(((xc & 0xF) | (((hh >> 2) & 3) << 4)) - 32);
+        v[8 + i] = s2 * (float)(((xa >> 4) | (((hh >> 4) & 3) << 4)) - 32);
+        v[12 + i] = s3 * (float)(((xc >> 4) | (((hh >> 6) & 3) << 4)) - 32);
     }
 }
 /* Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, f16 d. Each 128-value half n uses
