@@ -93,13 +93,7 @@ template <int T> __device__ __forceinline__ size_t mmq_src(int ch, int o) {
  * unit 16 c + u read from the gathered pieces. */
 __device__ __forceinline__ void mmq_q6x8_unit(const uint8_t *b, int c, int u, float (&v)[16]) {
     const int n = (u >> 3) & 1, l0 = (u & 7) * 4;
-    const int l = 2 * n + (l0 >> 4), j = l0 & 15;
-    const float d = kq_f16(b + 208 + 2 * c);
-    const uint32_t a = kq_u32_a4(b + 16 * l + j), cc = kq_u32_a4(b + 64 + 16 * l + j);
-    const uint32_t h = kq_u32_a4(b + 128 + 16 * l + j), sw = kq_u32_a4(b + 192 + 4 * l);
-    const float s0 = d * (float)(int8_t)(sw & 0xFF), s1 = d * (float)(int8_t)((sw >> 8) & 0xFF);
-    const float s2 = d * (float)(int8_t)((sw >> 16) & 0xFF), s3 = d * (float)(int8_t)(sw >> 24);
-    kq_q6_values(a, cc, h, s0, s1, s2, s3, v);
+    kq_q6x8_item(b, b + 64, b + 128, b + 192, b + 208 + 2 * c, 2 * n + (l0 >> 4), l0 & 15, v);
 }
 /* Dynamic shared memory of mmq_kernel<T, MT>: x's chunk, then the block's rows' chunk. */
 template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {

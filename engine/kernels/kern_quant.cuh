@@ -283,6 +283,20 @@ template <> struct kq<TPI_TYPE_Q6_K> {
     }
 };
 
+/* The 16 values of item l's words at byte j (0, 4, 8, 12) of a Q6_K 8-block group's
+ * pieces: A, C and H runs (16 bytes an item), the scales words (4 bytes an item) and the
+ * item's block's f16 d. Shared by kq<KERN_TYPE_Q6_KX8> and kern_mmq's gathered chunks. */
+__device__ __forceinline__ void kq_q6x8_item(const uint8_t *A, const uint8_t *C, const uint8_t *H,
+                                             const uint8_t *S, const uint8_t *D, int l, int j,
+                                             float (&v)[16]) {
+    const float d = kq_f16(D);
+    const uint32_t a = kq_u32_a4(A + 16 * l + j), cc = kq_u32_a4(C + 16 * l + j);
+    const uint32_t h = kq_u32_a4(H + 16 * l + j), sw = kq_u32_a4(S + 4 * l);
+    const float s0 = d * (float)(int8_t)(sw & 0xFF), s1 = d * (float)(int8_t)((sw >> 8) & 0xFF);
+    const float s2 = d * (float)(int8_t)((sw >> 16) & 0xFF), s3 = d * (float)(int8_t)(sw >> 24);
+    kq_q6_values(a, cc, h, s0, s1, s2, s3, v);
+}
+
 /* Q6_K in groups of 8 blocks (KERN_LAYOUT_Q6_KX8, kern_common.cuh): unit u = Q6_K's unit
  * uu = u % 16 of block c = u / 16, its item it = 2n + l0/16 at l = 4c + it: the words at
  * byte l0 % 16 of the item's A, C and H pieces, its scales word, block c's d. */
@@ -296,12 +310,7 @@ template <> struct kq<KERN_TYPE_Q6_KX8> {
                                                 int (&off)[4]) {
         const int c = u >> 4, n = (u >> 3) & 1, l0 = (u & 7) * 4;
         const int l = 4 * c + 2 * n + (l0 >> 4), j = l0 & 15;
-        const float d = kq_f16(b + 1664 + 2 * c);
-        const uint32_t a = kq_u32_a4(b + 16 * l + j), cc = kq_u32_a4(b + 512 + 16 * l + j);
-        const uint32_t h = kq_u32_a4(b + 1024 + 16 * l + j), sw = kq_u32_a4(b + 1536 + 4 * l);
-        const float s0 = d * (float)(int8_t)(sw & 0xFF), s1 = d * (float)(int8_t)((sw >> 8) & 0xFF);
-        const float s2 = d * (float)(int8_t)((sw >> 16) & 0xFF), s3 = d * (float)(int8_t)(sw >> 24);
-        kq_q6_values(a, cc, h, s0, s1, s2, s3, v);
+        kq_q6x8_item(b, b + 512, b + 1024, b + 1536, b + 1664 + 2 * c, l, j, v);
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
         off[2] = goff(u, 2);
