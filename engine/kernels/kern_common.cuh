@@ -357,12 +357,10 @@ void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int
  * it takes up to 32 (TPI_MMQ). */
 #define MMQ_MAX_ROWS 64
 #define MMQ_DEFAULT_ROWS 32
-/* Whether kern_mmq takes w with n_rows rows of x (block type, rows of whole blocks,
- * 1 <= n_rows <= min(ctx->mmq_rows, MMQ_MAX_ROWS)). */
-bool kern_mmq_ok(const struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n_rows);
 /* y (n_rows, ne1) = x16 (n_rows, ne0, bf16) * W^T, plus beta * y (beta 0 or 1), queued on
- * ctx->stream with W decoded in registers (kern_mmq.cu); false (nothing queued) when
- * kern_mmq_ok says no. Launch failures are recorded in ctx. */
+ * ctx->stream with W decoded in registers (kern_mmq.cu); false (nothing queued) unless W
+ * is a block type it takes with rows of whole blocks and 1 <= n_rows <= min(ctx->mmq_rows,
+ * MMQ_MAX_ROWS). Launch failures are recorded in ctx. */
 bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
               int64_t n_rows, float beta);
 void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,

@@ -286,28 +286,20 @@ static void mmq_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const __
     LAUNCH_OK(ctx, op);
 }
 
-bool kern_mmq_ok(const struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n_rows) {
-    if (n_rows < 1 || n_rows > ctx->mmq_rows || n_rows > MMQ_MAX_ROWS) return false;
-    bool ok = false; /* block types, rows of whole blocks (a unit's 4 values are aligned) */
-    kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
-        constexpr int T = decltype(type_c)::value;
-        if constexpr (decltype(block_c)::value) {
-            if constexpr (mmq_takes<T>()) ok = w->ne0 % kq<T>::BLK == 0;
-        }
-    });
-    return ok && w->ne0 <= INT32_MAX && w->ne1 <= INT32_MAX;
-}
-
 bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
               int64_t n_rows, float beta) {
     const char *op = "cuda matmul (mmq)";
-    if (!kern_mmq_ok(ctx, w, n_rows)) return false;
+    if (n_rows < 1 || n_rows > ctx->mmq_rows || n_rows > MMQ_MAX_ROWS || w->ne0 > INT32_MAX ||
+        w->ne1 > INT32_MAX)
+        return false;
     const int nr = (int)n_rows;
     bool done = false;
     kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (decltype(block_c)::value) {
+            /* rows of whole blocks (a unit's 4 values are then aligned) */
             if constexpr (mmq_takes<T>()) {
+                if (w->ne0 % kq<T>::BLK != 0) return;
                 if (nr <= 16)
                     mmq_launch<T, 1>(ctx, w, x16, y, nr, beta, op);
                 else if (nr <= 32)
