@@ -166,17 +166,6 @@ static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
 
 /* ---------------------------------------------------------------- kernels */
 
-/* 16-byte async copy global -> shared; n_src 0 fills the 16 bytes with zeros. */
-__device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src, int n_src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n_src)
-                 : "memory");
-}
-__device__ __forceinline__ void mma_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void mma_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void mma_ldsm4_t(uint32_t r[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -143,6 +143,23 @@ __device__ __forceinline__ void mma_ldsm4(uint32_t r[4], uint32_t addr) {
                  : "r"(addr));
 }
 
+/* 16-byte async copy global -> shared; n_src 0 fills the 16 bytes with zeros. */
+__device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src, int n_src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n_src)
+                 : "memory");
+}
+__device__ __forceinline__ void mma_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void mma_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+/* 4-byte async copy global -> shared (through L1); n_src 0 fills the 4 bytes with zeros. */
+__device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src, int n_src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n_src)
+                 : "memory");
+}
+
 /* ---- programmatic dependent launch (PDL, sm_90) ----
  * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
  * it on the stream drains (its blocks have exited; no kernel here triggers earlier); it

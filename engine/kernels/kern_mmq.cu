@@ -95,16 +95,20 @@ __device__ __forceinline__ void mmq_q6x8_unit(const uint8_t *b, int c, int u, fl
     const int n = (u >> 3) & 1, l0 = (u & 7) * 4;
     kq_q6x8_item(b, b + 64, b + 128, b + 192, b + 208 + 2 * c, 2 * n + (l0 >> 4), l0 & 15, v);
 }
-/* Dynamic shared memory of mmq_kernel<T, MT>: x's chunk, then the block's rows' chunk. */
-template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {
+/* One buffer of mmq_kernel<T, MT>'s shared memory: x's chunk, then the block's rows'
+ * chunk; the kernel has two (the next chunk is copied while this one is multiplied). */
+template <int T, int MT> __host__ __device__ constexpr size_t mmq_buf() {
     return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS * mmq_chunk_bytes<T>();
+}
+template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {
+    return 2 * mmq_buf<T, MT>();
 }
 
 /* Block (x, y): features [MMQ_FEATS x, +MMQ_FEATS), steps [y spb, (y+1) spb) of the row.
  * part NULL: y = acc + beta y; else part[y][row][feature] = acc (mmq_reduce adds).
- * Each chunk: the block's rows' bytes copied into shared memory with wide loads (the
- * unit decoders' small scattered reads then hit shared memory, not L1), x's chunk staged,
- * then the units decoded and multiplied. */
+ * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
+ * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
+ * cp.async one chunk ahead of the one being decoded and multiplied. */
 template <int T, int MT, bool UNR>
 __global__ void __launch_bounds__(MMQ_WARPS * 32)
     mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
@@ -113,13 +117,12 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
     using Q = kq<T>;
     constexpr int CB = mmq_chunk_bytes<T>();
     extern __shared__ __align__(16) uint8_t mmq_sm[];
-    __nv_bfloat16(*xs)[MMQ_LD] = (__nv_bfloat16(*)[MMQ_LD])mmq_sm;
-    uint8_t *ws = mmq_sm + (size_t)MT * 16 * MMQ_LD * 2;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3;
     const int n_steps = ne0 / 16;
     const int s0 = blockIdx.y * spb, s1 = min(n_steps, s0 + spb);
     const int fb = blockIdx.x * MMQ_FEATS, f0 = fb + warp * (MMQ_NT * 8);
+    const int n_ch = (s1 - s0 + MMQ_STEPS - 1) / MMQ_STEPS; /* this block's chunks */
     float acc[MT][MMQ_NT][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -128,43 +131,57 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
 #pragma unroll
             for (int e = 0; e < 4; e++)
                 acc[m][t][e] = 0.0f;
-    /* ldmatrix row address of this lane: row l % 16, k half l / 16 */
-    const uint32_t a_base = mma_smem_u32(&xs[lane & 15][(lane >> 4) * 8]);
-    /* rows of 16-byte aligned chunks are copied in 16-byte pieces, others in 2-byte ones */
-    const bool wide = CB % 16 == 0 && row_bytes % 16 == 0 && ((uintptr_t)w & 15) == 0;
-
-    for (int c0 = s0; c0 < s1; c0 += MMQ_STEPS) {
-        const int ns = min(MMQ_STEPS, s1 - c0);
+    /* buffer b: x's staged rows (MT * 16 of MMQ_LD bf16), then the weight rows (CB bytes) */
+    auto xs_of = [&](int b) {
+        return (__nv_bfloat16(*)[MMQ_LD])(mmq_sm + (size_t)b * mmq_buf<T, MT>());
+    };
+    auto ws_of = [&](int b) {
+        return mmq_sm + (size_t)b * mmq_buf<T, MT>() + (size_t)MT * 16 * MMQ_LD * 2;
+    };
+    /* chunk k: steps [c0, c0 + ns), the bytes of its rows that exist, its index in a row */
+    auto chunk = [&](int k, int &c0, int &ns, int &nbytes, int &ch) {
+        c0 = s0 + k * MMQ_STEPS;
+        ns = min(MMQ_STEPS, s1 - c0);
         /* a short last chunk is whole blocks (ns * 16 % BLK == 0; Q6_KX8's never short) */
-        const int nbytes = ns == MMQ_STEPS ? CB : ns * 16 / Q::BLK * Q::BYTES;
-        const int ch = c0 / MMQ_STEPS;
-        __syncthreads(); /* the last chunk's bytes and fragments are read */
-        if (wide) {
-            constexpr int PR = CB / 16; /* pieces a row */
-            constexpr int NP = MMQ_FEATS * PR;
-            constexpr int PER = (NP + MMQ_WARPS * 32 - 1) / (MMQ_WARPS * 32);
-            uint4 v[PER];
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                const int p = threadIdx.x + k * MMQ_WARPS * 32, r = p / PR, o = (p % PR) * 16;
-                v[k] = make_uint4(0u, 0u, 0u, 0u);
-                if (p < NP && o < nbytes && fb + r < ne1)
-                    v[k] = __ldg(
-                        (const uint4 *)(w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o)));
-            }
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                const int p = threadIdx.x + k * MMQ_WARPS * 32;
-                if (p < NP) *(uint4 *)(ws + (p / PR) * CB + (p % PR) * 16) = v[k];
-            }
-        } else {
-            for (int p = threadIdx.x; p < MMQ_FEATS * (CB / 2); p += MMQ_WARPS * 32) {
-                const int r = p / (CB / 2), o = (p % (CB / 2)) * 2;
-                uint16_t v = 0;
-                if (o < nbytes && fb + r < ne1)
-                    v = *(const uint16_t *)(w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o));
-                *(uint16_t *)(ws + r * CB + o) = v;
-            }
+        nbytes = ns == MMQ_STEPS ? CB : ns * 16 / Q::BLK * Q::BYTES;
+        ch = c0 / MMQ_STEPS;
+    };
+    /* rows of 16-byte aligned chunks are copied asynchronously in 16-byte pieces, and
+     * x in 4-byte ones, a chunk ahead; other rows synchronously in 2-byte pieces */
+    const bool wide = CB % 16 == 0 && row_bytes % 16 == 0 && ((uintptr_t)w & 15) == 0;
+    auto stage_async = [&](int k, int b) {
+        int c0, ns, nbytes, ch;
+        chunk(k, c0, ns, nbytes, ch);
+        uint8_t *ws = ws_of(b);
+        __nv_bfloat16(*xs)[MMQ_LD] = xs_of(b);
+        constexpr int PR = CB / 16; /* pieces a row */
+        for (int p = threadIdx.x; p < MMQ_FEATS * PR; p += MMQ_WARPS * 32) {
+            const int r = p / PR, o = (p % PR) * 16;
+            const bool ok = o < nbytes && fb + r < ne1;
+            const uint8_t *src = ok ? w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o) : w;
+            mma_cp16(mma_smem_u32(ws + r * CB + o), src, ok ? 16 : 0);
+        }
+        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
+            const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
+            const bool ok = r < n_rows && s < ns;
+            const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq) : x;
+            const uint32_t d = mma_smem_u32(&xs[r][16 * s + 2 * iq]);
+            mma_cp4(d, src, ok ? 4 : 0);          /* values k, k+1 at slots 2q, 2q+1 */
+            mma_cp4(d + 16, src + 2, ok ? 4 : 0); /* values k+2, k+3 at slots 2q+8, 2q+9 */
+        }
+        mma_commit();
+    };
+    auto stage_sync = [&](int k) {
+        int c0, ns, nbytes, ch;
+        chunk(k, c0, ns, nbytes, ch);
+        uint8_t *ws = ws_of(0);
+        __nv_bfloat16(*xs)[MMQ_LD] = xs_of(0);
+        for (int p = threadIdx.x; p < MMQ_FEATS * (CB / 2); p += MMQ_WARPS * 32) {
+            const int r = p / (CB / 2), o = (p % (CB / 2)) * 2;
+            uint16_t v = 0;
+            if (o < nbytes && fb + r < ne1)
+                v = *(const uint16_t *)(w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o));
+            *(uint16_t *)(ws + r * CB + o) = v;
         }
         for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
             const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
@@ -172,16 +189,23 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
             if (r < n_rows && s < ns)
                 v = *(const uint2 *)(x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq));
             uint32_t *d = (uint32_t *)&xs[r][16 * s + 2 * iq];
-            d[0] = v.x; /* values k, k+1 at slots 2q, 2q+1 */
-            d[4] = v.y; /* values k+2, k+3 at slots 2q+8, 2q+9 */
+            d[0] = v.x;
+            d[4] = v.y;
         }
-        __syncthreads();
-        /* one unit of each tile's row per G steps (units counted from the chunk's start);
-         * a whole chunk fully unrolled, so the units of one block share their scale loads */
+    };
+    /* the chunk in buffer b multiplied: one unit of each tile's row per G steps (units
+     * counted from the chunk's start); a whole chunk fully unrolled up to 2 m-tiles, so
+     * the units of one block share their scale loads */
+    auto compute = [&](int k, int b) {
+        int c0, ns, nbytes, ch;
+        chunk(k, c0, ns, nbytes, ch);
+        const uint8_t *ws = ws_of(b);
+        /* ldmatrix row address of this lane: row l % 16, k half l / 16 */
+        const uint32_t a_base = mma_smem_u32(&xs_of(b)[lane & 15][(lane >> 4) * 8]);
         auto units = [&](int s) {
             const int unit = 4 * (s / Q::G) + q;
             const int blk = unit / Q::UPB, u = unit % Q::UPB;
-            uint32_t b[MMQ_NT][Q::G][2];
+            uint32_t bf[MMQ_NT][Q::G][2];
 #pragma unroll
             for (int t = 0; t < MMQ_NT; t++) {
                 float v[4 * Q::G];
@@ -193,8 +217,8 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                     Q::unit(row + blk * Q::BYTES, u, v, off);
 #pragma unroll
                 for (int gi = 0; gi < Q::G; gi++) {
-                    b[t][gi][0] = mmq_pack(v[4 * gi], v[4 * gi + 1]);
-                    b[t][gi][1] = mmq_pack(v[4 * gi + 2], v[4 * gi + 3]);
+                    bf[t][gi][0] = mmq_pack(v[4 * gi], v[4 * gi + 1]);
+                    bf[t][gi][1] = mmq_pack(v[4 * gi + 2], v[4 * gi + 3]);
                 }
             }
 #pragma unroll
@@ -205,7 +229,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                     mma_ldsm4(a, a_base + (uint32_t)((m * 16 * MMQ_LD + 16 * (s + gi)) * 2));
 #pragma unroll
                     for (int t = 0; t < MMQ_NT; t++)
-                        mmq_mma(acc[m][t], a, b[t][gi][0], b[t][gi][1]);
+                        mmq_mma(acc[m][t], a, bf[t][gi][0], bf[t][gi][1]);
                 }
         };
         if (UNR && ns == MMQ_STEPS) {
@@ -215,6 +239,28 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
         } else {
             for (int s = 0; s < ns; s += Q::G)
                 units(s);
+        }
+    };
+
+    if (wide) {
+        if (n_ch > 0) stage_async(0, 0);
+        for (int k = 0; k < n_ch; k++) {
+            if (k + 1 < n_ch) { /* buffer k+1 & 1 was last read in step k - 1 (barrier below) */
+                stage_async(k + 1, (k + 1) & 1);
+                mma_wait<1>();
+            } else {
+                mma_wait<0>();
+            }
+            __syncthreads(); /* chunk k's copies from every thread have landed */
+            compute(k, k & 1);
+            __syncthreads(); /* chunk k's buffer is read before step k + 1 refills it */
+        }
+    } else {
+        for (int k = 0; k < n_ch; k++) {
+            stage_sync(k);
+            __syncthreads();
+            compute(k, 0);
+            __syncthreads();
         }
     }
     /* c0, c1: row g, features 2q, 2q+1 of the tile; c2, c3: row g + 8 */
