@@ -946,6 +946,14 @@ static double time_op(int reps, void (*fn)(void *), void *arg) {
 
 /* Several copies of one weight, used in turn, so that the timed reads are not served
  * by the 50 MB L2. */
+/* Whether the comma-separated list holds item exactly. */
+static bool list_has(const char *list, const char *item) {
+    const size_t n = strlen(item);
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (strncmp(p, item, n) == 0 && (p[n] == ',' || p[n] == '\0')) return true;
+    return false;
+}
+
 #define BENCH_MAX_COPIES 64
 struct mm_arg {
     struct tpi_weight w[BENCH_MAX_COPIES];
@@ -996,6 +1004,8 @@ START_TEST(test_bench) {
     const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q5_0,
                          TPI_TYPE_Q4_0, TPI_TYPE_BF16, TPI_TYPE_F16};
     const char *only = getenv("TPI_BENCH_TYPES"); /* e.g. "Q4_K,BF16" */
+    /* e.g. "4096x12288" and "16,32": only those shapes / row counts (an ncu run's one kernel) */
+    const char *only_shapes = getenv("TPI_BENCH_SHAPES"), *only_rows = getenv("TPI_BENCH_ROWS");
     const int path = ops_cuda_set_gemv(gctx, 2); /* the env's path (TPI_GEMV), kept */
     ops_cuda_set_gemv(gctx, path);
     fprintf(stderr, "bench: decode matrix-vector path v%d (TPI_GEMV)\n", path);
@@ -1009,6 +1019,9 @@ START_TEST(test_bench) {
         if (only && !strstr(only, tr->name)) continue;
         for (int sh = 0; sh < n_shapes; sh++) {
             const int64_t ne0 = shapes[sh][0], ne1 = shapes[sh][1];
+            char shape_name[48];
+            snprintf(shape_name, sizeof shape_name, "%lldx%lld", (long long)ne0, (long long)ne1);
+            if (only_shapes && !list_has(only_shapes, shape_name)) continue;
             const size_t row_bytes = quant_row_size(types[i], ne0);
             const size_t n_bytes = row_bytes * (size_t)ne1;
             uint8_t *q = malloc(n_bytes);
@@ -1032,6 +1045,9 @@ START_TEST(test_bench) {
             a.x = gx, a.y = gy;
             const int64_t rows[] = {1, 2, 4, 8, 16, 32, 64, 512};
             for (int k = 0; k < 8; k++) {
+                char rows_name[24];
+                snprintf(rows_name, sizeof rows_name, "%lld", (long long)rows[k]);
+                if (only_rows && !list_has(only_rows, rows_name)) continue;
                 a.n_rows = rows[k];
                 const double t = time_op(rows[k] > 8 ? 5 : 20, mm_fn, &a);
                 const double tbs = (double)n_bytes / t / 1e12;

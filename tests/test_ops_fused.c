@@ -5,8 +5,9 @@
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
  *   weights on parallel streams or (decode: the smaller weights of weight 0's type) in
- *   weight 0's launch; the kernels and their summation order are the plain ones, so it
- *   must equal separate matmul calls bitwise. matmul_add folds the add
+ *   weight 0's launch, or (9-32 rows, block types: kern_mmq) weights of one type in one
+ *   launch, each split as it would be alone; the kernels and their summation order are
+ *   the plain ones, so it must equal separate matmul calls bitwise. matmul_add folds the add
  *   into the matmul's store (v3: y + s per output, the add kernel's operation) or into
  *   cuBLAS (beta = 1: the library may pick another algorithm, so NMSE < 1e-10 against
  *   matmul + add there), on every decode path (v2, v3) and the GEMM path.
@@ -183,11 +184,18 @@ static void fused_matmul_cases(struct be b) {
         {2, {TPI_TYPE_Q4_0, TPI_TYPE_Q4_0}, {96, 96}},
         {1, {TPI_TYPE_Q6_K}, {77}},
     };
-    const int64_t rows[] = {1, 3, 8, 37};
+    const int64_t rows[] = {1, 3, 8, 17, 37}; /* 17: kern_mmq's launches of several weights */
     for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++)
         for (size_t k = 0; k < sizeof rows / sizeof rows[0]; k++)
             check_fused_matmul(b, mixes[m].types, mixes[m].ne1, mixes[m].n_w, 512, rows[k],
                                100 + 10 * m + k);
+    /* Q/K-like rows of 4096 on CUDA: in one kern_mmq launch the two weights split their
+     * 16 chunks differently (8 and 16 y blocks), each as it would alone */
+    if (b.o != C) {
+        static const int qk[2] = {TPI_TYPE_Q4_K, TPI_TYPE_Q4_K};
+        static const int64_t qk_ne1[2] = {4096, 1024};
+        check_fused_matmul(b, qk, qk_ne1, 2, 4096, 17, 190);
+    }
 }
 
 #ifdef TPI_HAVE_CUDA

@@ -374,12 +374,18 @@ void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int
  * it takes up to 32 (TPI_MMQ). */
 #define MMQ_MAX_ROWS 64
 #define MMQ_DEFAULT_ROWS 32
+#define MMQ_MAX_W 4 /* weights one kern_mmq_n launch multiplies by the same x */
 /* y (n_rows, ne1) = x16 (n_rows, ne0, bf16) * W^T, plus beta * y (beta 0 or 1), queued on
  * ctx->stream with W decoded in registers (kern_mmq.cu); false (nothing queued) unless W
  * is a block type it takes with rows of whole blocks and 1 <= n_rows <= min(ctx->mmq_rows,
  * MMQ_MAX_ROWS). Launch failures are recorded in ctx. */
 bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
               int64_t n_rows, float beta);
+/* kern_mmq for n_w (1..4) weights of one type and row length that multiply the same x16,
+ * in one launch (ys[i] = beta ys[i] + x16 ws[i]^T); false (nothing queued) where kern_mmq
+ * would say no for one of them, or when they differ in type or row length. */
+bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
+                const __nv_bfloat16 *x16, float *const *ys, int64_t n_rows, float beta);
 void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,
                   int64_t n_cols, float eps);
 void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols);

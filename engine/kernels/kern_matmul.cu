@@ -10,7 +10,8 @@
  *
  * Prefill (more rows): W is dequantized to bf16 in slabs of rows, x converted to
  * bf16, and cuBLAS multiplies with f32 accumulation (tensor cores); block-quantized W
- * with up to ctx->mmq_rows rows goes to kern_mmq.cu instead (W decoded in registers,
+ * with up to ctx->mmq_rows rows goes to kern_mmq.cu instead (W decoded in registers;
+ * matmul_n hands it the weights of one type that share x as one launch;
  * the same roundings, each weight byte read once). F32 weights
  * use an f32 SGEMM and BF16 weights are used as stored. The bf16 roundings of x and
  * W give a normalized squared error around 1e-5 against the f32 reference.
@@ -853,6 +854,23 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
             kern_f32_to_bf16(ctx, x, t, n_rows * ws[0]->ne0);
             x16 = t;
         }
+        /* block-quantized weights of one type and row length (Q/K/V, gate/up) in one
+         * kern_mmq launch when it takes this row count */
+        for (int i = 0; i < n_w && x16; i++) {
+            if (done[i] || ws[i]->type == TPI_TYPE_F32 || ws[i]->type == TPI_TYPE_BF16) continue;
+            const struct tpi_weight *gw[OPS_MAX_FUSED];
+            float *gy[OPS_MAX_FUSED];
+            int idx[OPS_MAX_FUSED], n = 0;
+            for (int j = i; j < n_w && n < MMQ_MAX_W; j++)
+                if (!done[j] && kern_wtype(ws[j]) == kern_wtype(ws[i]) &&
+                    ws[j]->row_bytes == ws[i]->row_bytes)
+                    gw[n] = ws[j], gy[n] = ys[j], idx[n++] = j;
+            if (n > 1 && kern_mmq_n(ctx, n, gw, x16, gy, n_rows, 0.0f)) {
+                if (!LAUNCH_OK(ctx, op)) return;
+                for (int k = 0; k < n; k++)
+                    done[idx[k]] = true;
+            }
+        }
         /* BF16 weights are used as stored (no shared slab): weights 1.. run on the side
          * streams with their own cuBLAS handles (the small K/V products overlap Q's) */
         bool all_bf16 = true;
@@ -861,6 +879,7 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
         const bool fork = all_bf16 && n_w > 1 && ctx->side[0];
         if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
         for (int i = 0; i < n_w; i++) {
+            if (done[i]) continue;
             const bool side = fork && i > 0;
             if (side && !CUDA_OK(ctx, op, cudaStreamWaitEvent(ctx->side[i - 1], ctx->ev_fork, 0)))
                 return;

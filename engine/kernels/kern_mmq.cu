@@ -30,6 +30,8 @@
  * 87 us at 16 / 32 / 64 rows (cuBLAS 89-91), Q6_K 60 / 72 / 152 (80-81): ctx->mmq_rows
  * stops at 32 by default.
  */
+#include <string.h>
+
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
 
@@ -39,6 +41,21 @@
 #define MMQ_STEPS 16                       /* 16-value steps a staged chunk: 256 values */
 #define MMQ_LD (MMQ_STEPS * 16 + 8)        /* bf16 a staged row: 528 bytes */
 #define MMQ_MAX_SPLIT 16
+
+/* The weights of one launch: one type and row length; weight i owns the feature blocks
+ * [bx0[i], bx0[i+1]) of the grid and columns [f0[i], f0[i+1]) of the partial sums, and
+ * splits its rows' steps over split[i] y blocks of spb[i] steps (what a launch of it
+ * alone would do, so its outputs are bitwise the same: test_ops_fused). */
+struct mmq_ws {
+    const uint8_t *w[MMQ_MAX_W];
+    float *y[MMQ_MAX_W];
+    int ne1[MMQ_MAX_W];
+    int bx0[MMQ_MAX_W + 1];
+    int f0[MMQ_MAX_W + 1];
+    int split[MMQ_MAX_W], spb[MMQ_MAX_W];
+    int n, cols; /* cols = f0[n] (read with constant indices only: the kernels index no
+                  * parameter array at run time, which would copy it to local memory) */
+};
 
 /* c(16x8, f32) += a(16x16, bf16, row-major) * b(16x8, bf16, b[k][n] with k inner). */
 __device__ __forceinline__ void mmq_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
@@ -104,24 +121,36 @@ template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {
     return 2 * mmq_buf<T, MT>();
 }
 
-/* Block (x, y): features [MMQ_FEATS x, +MMQ_FEATS), steps [y spb, (y+1) spb) of the row.
- * part NULL: y = acc + beta y; else part[y][row][feature] = acc (mmq_reduce adds).
+/* Block (x, y): features [MMQ_FEATS (x - bx0[i]), +MMQ_FEATS) of the weight i whose blocks
+ * hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >= split[i]). split[i] 1:
+ * y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc (mmq_reduce adds).
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
 template <int T, int MT, bool UNR>
 __global__ void __launch_bounds__(MMQ_WARPS * 32)
-    mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-               const __nv_bfloat16 *__restrict__ x, int n_rows, float *__restrict__ y, float beta,
-               float *__restrict__ part, int spb) {
+    mmq_kernel(const mmq_ws a, size_t row_bytes, int ne0, const __nv_bfloat16 *__restrict__ x,
+               int n_rows, float beta, float *__restrict__ part) {
     using Q = kq<T>;
+    /* this block's weight (constant indices: no copy of the parameters to local memory) */
+    const uint8_t *__restrict__ w = a.w[0];
+    float *__restrict__ y = a.y[0];
+    int ne1 = a.ne1[0], bx0 = 0, pf0 = 0, split = a.split[0], spb = a.spb[0];
+#pragma unroll
+    for (int i = 1; i < MMQ_MAX_W; i++)
+        if (i < a.n && (int)blockIdx.x >= a.bx0[i])
+            w = a.w[i], y = a.y[i], ne1 = a.ne1[i], bx0 = a.bx0[i], pf0 = a.f0[i],
+            split = a.split[i], spb = a.spb[i];
+    if ((int)blockIdx.y >= split) return; /* whole blocks, before any barrier */
+    if (split == 1) part = nullptr;
+    const int n_part_cols = a.cols;
     constexpr int CB = mmq_chunk_bytes<T>();
     extern __shared__ __align__(16) uint8_t mmq_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3;
     const int n_steps = ne0 / 16;
     const int s0 = blockIdx.y * spb, s1 = min(n_steps, s0 + spb);
-    const int fb = blockIdx.x * MMQ_FEATS, f0 = fb + warp * (MMQ_NT * 8);
+    const int fb = ((int)blockIdx.x - bx0) * MMQ_FEATS, f0 = fb + warp * (MMQ_NT * 8);
     const int n_ch = (s1 - s0 + MMQ_STEPS - 1) / MMQ_STEPS; /* this block's chunks */
     float acc[MT][MMQ_NT][4];
 #pragma unroll
@@ -272,41 +301,73 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
             for (int e = 0; e < 4; e++) {
                 const int r = m * 16 + g + (e >> 1) * 8, f = f0 + 8 * t + 2 * q + (e & 1);
                 if (r >= n_rows || f >= ne1) continue;
-                const size_t at = (size_t)r * ne1 + f;
-                if (part)
-                    part[(size_t)blockIdx.y * n_rows * ne1 + at] = acc[m][t][e];
-                else
+                if (part) {
+                    part[((size_t)blockIdx.y * n_rows + r) * n_part_cols + pf0 + f] = acc[m][t][e];
+                } else {
+                    const size_t at = (size_t)r * ne1 + f;
                     y[at] = beta != 0.0f ? y[at] + acc[m][t][e] : acc[m][t][e];
+                }
             }
 }
 
-/* y = beta y + sum over the n_part slices of part (n values each), in slice order. */
-__global__ void mmq_reduce(const float *__restrict__ part, int n_part, size_t n, float *y,
+/* y_i = beta y_i + the sum over the split[i] slices of part (n_rows x cols values each,
+ * weight i's columns at f0[i]), in slice order, for the weights with split[i] > 1. */
+__global__ void mmq_reduce(const mmq_ws a, const float *__restrict__ part, int n_rows,
                            float beta) {
+    const int cols = a.cols;
+    const size_t n = (size_t)n_rows * cols;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        float s = beta != 0.0f ? y[i] : 0.0f;
+        const int r = (int)(i / cols), c = (int)(i % cols);
+        float *y = a.y[0];
+        int ne1 = a.ne1[0], f0 = 0, n_part = a.split[0];
+#pragma unroll
+        for (int k = 1; k < MMQ_MAX_W; k++)
+            if (k < a.n && c >= a.f0[k])
+                y = a.y[k], ne1 = a.ne1[k], f0 = a.f0[k], n_part = a.split[k];
+        if (n_part == 1) continue; /* written by mmq_kernel */
+        float *at = y + (size_t)r * ne1 + (c - f0);
+        float s = beta != 0.0f ? *at : 0.0f;
         for (int p = 0; p < n_part; p++)
             s += part[(size_t)p * n + i];
-        y[i] = s;
+        *at = s;
     }
 }
 
 template <int T, int MT>
-static void mmq_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16,
-                       float *y, int n_rows, float beta, const char *op) {
-    const int ne0 = (int)w->ne0, ne1 = (int)w->ne1;
+static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
+                       const __nv_bfloat16 *x16, float *const *ys, int n_rows, float beta,
+                       const char *op) {
+    const int ne0 = (int)ws[0]->ne0;
     const int n_steps = ne0 / 16, n_chunks = (n_steps + MMQ_STEPS - 1) / MMQ_STEPS;
-    const int bx = (ne1 + MMQ_FEATS - 1) / MMQ_FEATS;
-    /* k split over y blocks until about 3 blocks a multiprocessor, each >= one chunk */
-    int split = (3 * ctx->n_sm + bx - 1) / bx;
-    split = TPI_MAX(1, TPI_MIN(TPI_MIN(split, n_chunks), MMQ_MAX_SPLIT));
-    const int cpb = (n_chunks + split - 1) / split;
-    split = (n_chunks + cpb - 1) / cpb;
+    mmq_ws a;
+    memset(&a, 0, sizeof a);
+    a.n = n_w;
+    for (int i = 0; i < n_w; i++) {
+        a.w[i] = (const uint8_t *)ws[i]->data;
+        a.y[i] = ys[i];
+        a.ne1[i] = (int)ws[i]->ne1;
+        a.bx0[i + 1] = a.bx0[i] + (a.ne1[i] + MMQ_FEATS - 1) / MMQ_FEATS;
+        a.f0[i + 1] = a.f0[i] + a.ne1[i];
+    }
+    a.cols = a.f0[n_w];
+    const int bx = a.bx0[n_w];
+    /* each weight's k split over y blocks until about 3 blocks a multiprocessor (its own
+     * blocks alone), each >= one chunk */
+    int split = 1;
+    for (int i = 0; i < n_w; i++) {
+        const int bxi = a.bx0[i + 1] - a.bx0[i];
+        int si = (3 * ctx->n_sm + bxi - 1) / bxi;
+        si = TPI_MAX(1, TPI_MIN(TPI_MIN(si, n_chunks), MMQ_MAX_SPLIT));
+        const int cpb = (n_chunks + si - 1) / si;
+        a.split[i] = (n_chunks + cpb - 1) / cpb;
+        a.spb[i] = cpb * MMQ_STEPS;
+        split = TPI_MAX(split, a.split[i]);
+    }
     float *part = NULL;
     if (split > 1) {
-        part = (float *)kern_scratch_get(ctx, &ctx->mmq_part,
-                                         (size_t)split * n_rows * ne1 * sizeof(float), op);
+        part = (float *)kern_scratch_get(
+            ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
         if (!part) return;
     }
     constexpr size_t smem = mmq_smem<T, MT>();
@@ -323,40 +384,53 @@ static void mmq_launch(struct ops_ctx *ctx, const struct tpi_weight *w, const __
         smem_set = true;
     }
     kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
-        (const uint8_t *)w->data, w->row_bytes, ne0, ne1, x16, n_rows, y, beta, part,
-        cpb * MMQ_STEPS);
+        a, ws[0]->row_bytes, ne0, x16, n_rows, beta, part);
     if (!LAUNCH_OK(ctx, op) || split == 1) return;
-    const size_t n = (size_t)n_rows * ne1;
+    const size_t n = (size_t)n_rows * a.f0[n_w];
     const unsigned nb = (unsigned)TPI_MIN((n + 255) / 256, (size_t)ctx->n_sm * 8);
-    mmq_reduce<<<nb, 256, 0, ctx->stream>>>(part, split, n, y, beta);
+    mmq_reduce<<<nb, 256, 0, ctx->stream>>>(a, part, n_rows, beta);
     LAUNCH_OK(ctx, op);
 }
 
-bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
-              int64_t n_rows, float beta) {
+bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
+                const __nv_bfloat16 *x16, float *const *ys, int64_t n_rows, float beta) {
     const char *op = "cuda matmul (mmq)";
-    if (n_rows < 1 || n_rows > ctx->mmq_rows || n_rows > MMQ_MAX_ROWS || w->ne0 > INT32_MAX ||
-        w->ne1 > INT32_MAX)
+    if (n_w < 1 || n_w > MMQ_MAX_W || n_rows < 1 || n_rows > ctx->mmq_rows ||
+        n_rows > MMQ_MAX_ROWS || ws[0]->ne0 > INT32_MAX)
         return false;
+    const int type = kern_wtype(ws[0]);
+    int64_t cols = 0;
+    for (int i = 0; i < n_w; i++) {
+        if (kern_wtype(ws[i]) != type || ws[i]->ne0 != ws[0]->ne0 ||
+            ws[i]->row_bytes != ws[0]->row_bytes)
+            return false;
+        cols += ws[i]->ne1;
+    }
+    if (cols > INT32_MAX) return false;
     const int nr = (int)n_rows;
     bool done = false;
-    kq_dispatch(kern_wtype(w), [&](auto type_c, auto block_c) {
+    kq_dispatch(type, [&](auto type_c, auto block_c) {
         constexpr int T = decltype(type_c)::value;
         if constexpr (decltype(block_c)::value) {
             /* rows of whole blocks (a unit's 4 values are then aligned) */
             if constexpr (mmq_takes<T>()) {
-                if (w->ne0 % kq<T>::BLK != 0) return;
+                if (ws[0]->ne0 % kq<T>::BLK != 0) return;
                 if (nr <= 16)
-                    mmq_launch<T, 1>(ctx, w, x16, y, nr, beta, op);
+                    mmq_launch<T, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else if (nr <= 32)
-                    mmq_launch<T, 2>(ctx, w, x16, y, nr, beta, op);
+                    mmq_launch<T, 2>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else if (nr <= 48)
-                    mmq_launch<T, 3>(ctx, w, x16, y, nr, beta, op);
+                    mmq_launch<T, 3>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else
-                    mmq_launch<T, 4>(ctx, w, x16, y, nr, beta, op);
+                    mmq_launch<T, 4>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 done = true;
             }
         }
     });
     return done;
+}
+
+bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
+              int64_t n_rows, float beta) {
+    return kern_mmq_n(ctx, 1, &w, x16, &y, n_rows, beta);
 }
