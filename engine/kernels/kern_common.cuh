@@ -52,6 +52,7 @@ struct ops_ctx {
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
     struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
+    int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
     cudaStream_t side[OPS_MAX_FUSED - 1];

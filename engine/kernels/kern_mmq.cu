@@ -352,12 +352,12 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     }
     a.cols = a.f0[n_w];
     const int bx = a.bx0[n_w];
-    /* each weight's k split over y blocks until about 3 blocks a multiprocessor (its own
-     * blocks alone), each >= one chunk */
+    /* each weight's k split over y blocks until about ctx->mmq_bps (3) blocks a
+     * multiprocessor (its own blocks alone), each >= one chunk */
     int split = 1;
     for (int i = 0; i < n_w; i++) {
         const int bxi = a.bx0[i + 1] - a.bx0[i];
-        int si = (3 * ctx->n_sm + bxi - 1) / bxi;
+        int si = (ctx->mmq_bps * ctx->n_sm + bxi - 1) / bxi;
         si = TPI_MAX(1, TPI_MIN(TPI_MIN(si, n_chunks), MMQ_MAX_SPLIT));
         const int cpb = (n_chunks + si - 1) / si;
         a.split[i] = (n_chunks + cpb - 1) / cpb;

@@ -254,6 +254,18 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         else
             ctx->mmq_rows = (int)TPI_MIN(n, (long)MMQ_MAX_ROWS);
     }
+    /* TPI_MMQ_BPS=N (a measuring knob): kern_mmq splits k until about N blocks a
+     * multiprocessor (default 3; 1..16) */
+    const char *mb = getenv("TPI_MMQ_BPS");
+    ctx->mmq_bps = 3;
+    if (mb && *mb) {
+        char *end;
+        const long n = strtol(mb, &end, 10);
+        if (*end || n < 1 || n > 16)
+            TPI_LOGW("TPI_MMQ_BPS=%s is not 1..16: using 3", mb);
+        else
+            ctx->mmq_bps = (int)n;
+    }
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
