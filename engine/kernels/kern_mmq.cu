@@ -65,6 +65,23 @@ __device__ __forceinline__ void mmq_mma(float c[4], const uint32_t a[4], uint32_
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* d(16x8, f32) = a * b, the accumulators starting from zero. */
+__device__ __forceinline__ void mmq_mma0(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+/* Q4_K's raw B fragments: the 4 quants q of a unit's word (gi 0: low nibbles, 1: high) as
+ * bf16 128 + q (exact: 0x4300 | q), values k, k+1 in b0 and k+2, k+3 in b1. */
+__device__ __forceinline__ void mmq_q4_raw(uint32_t w, int gi, uint32_t &b0, uint32_t &b1) {
+    const uint32_t m = (gi ? w >> 4 : w) & 0x0F0F0F0Fu;
+    b0 = __byte_perm(m, 0x43434343u, 0x4140);
+    b1 = __byte_perm(m, 0x43434343u, 0x4342);
+}
+#define MMQ_BF16_ONES 0x3F803F80u /* two bf16 1.0: a B fragment that sums x's rows */
+
 /* lo in the low 16 bits (the lower k slot of the pair). */
 __device__ __forceinline__ uint32_t mmq_pack(float lo, float hi) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
@@ -117,8 +134,11 @@ __device__ __forceinline__ void mmq_q6x8_unit(const uint8_t *b, int c, int u, fl
 template <int T, int MT> __host__ __device__ constexpr size_t mmq_buf() {
     return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS * mmq_chunk_bytes<T>();
 }
-template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {
-    return 2 * mmq_buf<T, MT>();
+/* Q4_K's raw path: per warp, its 32 features' (d sc, 128 d sc + dmin m) of a chunk's 8
+ * sub-blocks, after the two buffers. */
+#define MMQ_RAW_TAB (MMQ_WARPS * 8 * 32 * 8)
+template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem() {
+    return 2 * mmq_buf<T, MT>() + (RAW ? MMQ_RAW_TAB : 0);
 }
 
 /* Block (x, y): features [MMQ_FEATS (x - bx0[i]), +MMQ_FEATS) of the weight i whose blocks
@@ -127,7 +147,7 @@ template <int T, int MT> __host__ __device__ constexpr size_t mmq_smem() {
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
-template <int T, int MT, bool UNR>
+template <int T, int MT, bool UNR, bool RAW>
 __global__ void __launch_bounds__(MMQ_WARPS * 32)
     mmq_kernel(const mmq_ws a, size_t row_bytes, int ne0, const __nv_bfloat16 *__restrict__ x,
                int n_rows, float beta, float *__restrict__ part) {
@@ -231,6 +251,75 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
         const uint8_t *ws = ws_of(b);
         /* ldmatrix row address of this lane: row l % 16, k half l / 16 */
         const uint32_t a_base = mma_smem_u32(&xs_of(b)[lane & 15][(lane >> 4) * 8]);
+        if constexpr (RAW) {
+            /* Q4_K, one block a chunk: the quants go to the tensor cores as bf16 128 + q and
+             * the scales are applied to each sub-block's sums: for sub-block j of feature f,
+             * sum x w = d sc S - (128 d sc + dmin m) X with S = sum x (128 + q) and X = sum x
+             * (a B fragment of ones), both from mma; w is exact, x bf16 as elsewhere */
+            float2 *tab = (float2 *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 256;
+            __syncwarp(); /* the last chunk's table is read */
+            {
+                const uint8_t *row = ws + (warp * (MMQ_NT * 8) + lane) * CB;
+                const float d = kq_f16(row), dmin = kq_f16(row + 2);
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    int sc, mn;
+                    kq_scale_min_k4(j, row + 4, &sc, &mn);
+                    const float dsc = d * (float)sc;
+                    tab[j * 32 + lane] = make_float2(dsc, fmaf(128.0f, dsc, dmin * (float)mn));
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+#pragma unroll
+                for (int gi = 0; gi < 2; gi++) {
+                    float S[MT][MMQ_NT][4], X[MT][4];
+#pragma unroll
+                    for (int ii = 0; ii < 2; ii++) {
+                        /* step 2 i + gi of unit 4 i + q, i = 2 c + ii: word 16 ii + 4 q of the
+                         * 32 quant bytes of sub-blocks 2c, 2c+1 */
+                        const int st = 2 * (2 * c + ii) + gi;
+                        uint32_t bw[MMQ_NT][2];
+#pragma unroll
+                        for (int t = 0; t < MMQ_NT; t++) {
+                            const uint8_t *row = ws + (warp * (MMQ_NT * 8) + 8 * t + g) * CB;
+                            mmq_q4_raw(*(const uint32_t *)(row + 16 + 32 * c + 16 * ii + 4 * q), gi,
+                                       bw[t][0], bw[t][1]);
+                        }
+#pragma unroll
+                        for (int m = 0; m < MT; m++) {
+                            uint32_t a[4];
+                            mma_ldsm4(a, a_base + (uint32_t)((m * 16 * MMQ_LD + 16 * st) * 2));
+                            if (ii == 0) {
+#pragma unroll
+                                for (int t = 0; t < MMQ_NT; t++)
+                                    mmq_mma0(S[m][t], a, bw[t][0], bw[t][1]);
+                                mmq_mma0(X[m], a, MMQ_BF16_ONES, MMQ_BF16_ONES);
+                            } else {
+#pragma unroll
+                                for (int t = 0; t < MMQ_NT; t++)
+                                    mmq_mma(S[m][t], a, bw[t][0], bw[t][1]);
+                                mmq_mma(X[m], a, MMQ_BF16_ONES, MMQ_BF16_ONES);
+                            }
+                        }
+                    }
+                    /* sub-block 2 c + gi; accumulator e: feature 2 q + (e & 1) of tile t */
+                    const int j = 2 * c + gi;
+#pragma unroll
+                    for (int t = 0; t < MMQ_NT; t++) {
+                        const float4 sv = *(const float4 *)&tab[j * 32 + 8 * t + 2 * q];
+#pragma unroll
+                        for (int m = 0; m < MT; m++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const float dsc = (e & 1) ? sv.z : sv.x, dmp = (e & 1) ? sv.w : sv.y;
+                                acc[m][t][e] = fmaf(-dmp, X[m][e], fmaf(dsc, S[m][t][e], acc[m][t][e]));
+                            }
+                    }
+                }
+            return;
+        }
         auto units = [&](int s) {
             const int unit = 4 * (s / Q::G) + q;
             const int blk = unit / Q::UPB, u = unit % Q::UPB;
@@ -370,18 +459,21 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
             ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
         if (!part) return;
     }
-    constexpr size_t smem = mmq_smem<T, MT>();
-    static bool smem_set = false; /* the opt-in, once a kernel (one device per process) */
+    /* Q4_K's raw path up to 32 rows (TPI_MMQ_RAW, default on) */
+    constexpr bool RAW_OK = T == TPI_TYPE_Q4_K && MT <= 2; /* 3-4 m-tiles: 200-255 registers */
+    const bool raw = RAW_OK && ctx->mmq_raw;
+    const size_t smem = raw ? mmq_smem<T, MT, RAW_OK>() : mmq_smem<T, MT, false>();
+    static bool smem_set[2] = {false, false}; /* the opt-in, once a kernel (one device a process) */
     /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's
      * registers (Q4_K: 224) leave 2 blocks an SM and the loop is faster (run 115) */
     constexpr bool UNR = MT <= 2;
-    auto kern = mmq_kernel<T, MT, UNR>;
-    if (!smem_set) {
+    auto kern = raw ? mmq_kernel<T, MT, UNR, RAW_OK> : mmq_kernel<T, MT, UNR, false>;
+    if (!smem_set[raw]) {
         if (!CUDA_OK(
                 ctx, op,
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return;
-        smem_set = true;
+        smem_set[raw] = true;
     }
     kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
         a, ws[0]->row_bytes, ne0, x16, n_rows, beta, part);

@@ -266,6 +266,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         else
             ctx->mmq_bps = (int)n;
     }
+    /* TPI_MMQ_RAW=0: kern_mmq decodes Q4_K to bf16 weights as the other types (the raw
+     * path sends the quants to the tensor cores and applies the scales to the sums) */
+    const char *mr = getenv("TPI_MMQ_RAW");
+    ctx->mmq_raw = !(mr && strcmp(mr, "0") == 0);
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
