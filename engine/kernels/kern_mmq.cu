@@ -134,9 +134,10 @@ __device__ __forceinline__ void mmq_q6x8_unit(const uint8_t *b, int c, int u, fl
 template <int T, int MT> __host__ __device__ constexpr size_t mmq_buf() {
     return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS * mmq_chunk_bytes<T>();
 }
-/* Q4_K's raw path: per warp, its 32 features' (d sc, 128 d sc + dmin m) of a chunk's 8
- * sub-blocks, after the two buffers. */
-#define MMQ_RAW_TAB (MMQ_WARPS * 8 * 32 * 8)
+/* Q4_K's raw path: per warp, its 32 features' (d sc, 128 d sc + dmin m) of two of a
+ * chunk's 8 sub-blocks at a time, after the two buffers (2 KB: with 8 KB, 32 rows' blocks
+ * fit 2 an SM instead of 3, run 119) */
+#define MMQ_RAW_TAB (MMQ_WARPS * 2 * 32 * 8)
 template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem() {
     return 2 * mmq_buf<T, MT>() + (RAW ? MMQ_RAW_TAB : 0);
 }
@@ -256,22 +257,20 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
              * the scales are applied to each sub-block's sums: for sub-block j of feature f,
              * sum x w = d sc S - (128 d sc + dmin m) X with S = sum x (128 + q) and X = sum x
              * (a B fragment of ones), both from mma; w is exact, x bf16 as elsewhere */
-            float2 *tab = (float2 *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 256;
-            __syncwarp(); /* the last chunk's table is read */
-            {
-                const uint8_t *row = ws + (warp * (MMQ_NT * 8) + lane) * CB;
-                const float d = kq_f16(row), dmin = kq_f16(row + 2);
+            float2 *tab = (float2 *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 64;
+            const uint8_t *mine = ws + (warp * (MMQ_NT * 8) + lane) * CB; /* lane's feature */
+            const float d = kq_f16(mine), dmin = kq_f16(mine + 2);
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
+            for (int c = 0; c < 4; c++) {
+                __syncwarp(); /* the last table is read */
+#pragma unroll
+                for (int gi = 0; gi < 2; gi++) {
                     int sc, mn;
-                    kq_scale_min_k4(j, row + 4, &sc, &mn);
+                    kq_scale_min_k4(2 * c + gi, mine + 4, &sc, &mn);
                     const float dsc = d * (float)sc;
-                    tab[j * 32 + lane] = make_float2(dsc, fmaf(128.0f, dsc, dmin * (float)mn));
+                    tab[gi * 32 + lane] = make_float2(dsc, fmaf(128.0f, dsc, dmin * (float)mn));
                 }
-            }
-            __syncwarp();
-#pragma unroll
-            for (int c = 0; c < 4; c++)
+                __syncwarp();
 #pragma unroll
                 for (int gi = 0; gi < 2; gi++) {
                     float S[MT][MMQ_NT][4], X[MT][4];
@@ -305,10 +304,9 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                         }
                     }
                     /* sub-block 2 c + gi; accumulator e: feature 2 q + (e & 1) of tile t */
-                    const int j = 2 * c + gi;
 #pragma unroll
                     for (int t = 0; t < MMQ_NT; t++) {
-                        const float4 sv = *(const float4 *)&tab[j * 32 + 8 * t + 2 * q];
+                        const float4 sv = *(const float4 *)&tab[gi * 32 + 8 * t + 2 * q];
 #pragma unroll
                         for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -318,6 +316,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                             }
                     }
                 }
+            }
             return;
         }
         auto units = [&](int s) {
@@ -441,24 +440,6 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     }
     a.cols = a.f0[n_w];
     const int bx = a.bx0[n_w];
-    /* each weight's k split over y blocks until about ctx->mmq_bps (3) blocks a
-     * multiprocessor (its own blocks alone), each >= one chunk */
-    int split = 1;
-    for (int i = 0; i < n_w; i++) {
-        const int bxi = a.bx0[i + 1] - a.bx0[i];
-        int si = (ctx->mmq_bps * ctx->n_sm + bxi - 1) / bxi;
-        si = TPI_MAX(1, TPI_MIN(TPI_MIN(si, n_chunks), MMQ_MAX_SPLIT));
-        const int cpb = (n_chunks + si - 1) / si;
-        a.split[i] = (n_chunks + cpb - 1) / cpb;
-        a.spb[i] = cpb * MMQ_STEPS;
-        split = TPI_MAX(split, a.split[i]);
-    }
-    float *part = NULL;
-    if (split > 1) {
-        part = (float *)kern_scratch_get(
-            ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
-        if (!part) return;
-    }
     /* Q4_K's raw path up to 32 rows (TPI_MMQ_RAW, default on) */
     constexpr bool RAW_OK = T == TPI_TYPE_Q4_K && MT <= 2; /* 3-4 m-tiles: 200-255 registers */
     const bool raw = RAW_OK && ctx->mmq_raw;
@@ -474,6 +455,35 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return;
         smem_set[raw] = true;
+    }
+    /* blocks a multiprocessor holds (once a kernel), which the k split fills by default */
+    static int resident[2] = {0, 0};
+    if (!resident[raw]) {
+        int nb = 0;
+        if (!CUDA_OK(ctx, op,
+                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, MMQ_WARPS * 32, smem)))
+            return;
+        resident[raw] = TPI_MAX(1, nb);
+    }
+    const int bps = ctx->mmq_bps > 0 ? ctx->mmq_bps : resident[raw];
+    /* each weight's k split over y blocks until its own blocks alone would fill the
+     * multiprocessors' resident slots once (TPI_MMQ_BPS: that many a multiprocessor),
+     * each >= one chunk */
+    int split = 1;
+    for (int i = 0; i < n_w; i++) {
+        const int bxi = a.bx0[i + 1] - a.bx0[i];
+        int si = (bps * ctx->n_sm + bxi - 1) / bxi;
+        si = TPI_MAX(1, TPI_MIN(TPI_MIN(si, n_chunks), MMQ_MAX_SPLIT));
+        const int cpb = (n_chunks + si - 1) / si;
+        a.split[i] = (n_chunks + cpb - 1) / cpb;
+        a.spb[i] = cpb * MMQ_STEPS;
+        split = TPI_MAX(split, a.split[i]);
+    }
+    float *part = NULL;
+    if (split > 1) {
+        part = (float *)kern_scratch_get(
+            ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
+        if (!part) return;
     }
     kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
         a, ws[0]->row_bytes, ne0, x16, n_rows, beta, part);

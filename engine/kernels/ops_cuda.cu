@@ -255,14 +255,14 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             ctx->mmq_rows = (int)TPI_MIN(n, (long)MMQ_MAX_ROWS);
     }
     /* TPI_MMQ_BPS=N (a measuring knob): kern_mmq splits k until about N blocks a
-     * multiprocessor (default 3; 1..16) */
+     * multiprocessor (1..16; default 0: as many as one holds) */
     const char *mb = getenv("TPI_MMQ_BPS");
-    ctx->mmq_bps = 3;
+    ctx->mmq_bps = 0;
     if (mb && *mb) {
         char *end;
         const long n = strtol(mb, &end, 10);
-        if (*end || n < 1 || n > 16)
-            TPI_LOGW("TPI_MMQ_BPS=%s is not 1..16: using 3", mb);
+        if (*end || n < 0 || n > 16)
+            TPI_LOGW("TPI_MMQ_BPS=%s is not 0..16: using 0 (as many as a multiprocessor holds)", mb);
         else
             ctx->mmq_bps = (int)n;
     }
