@@ -52,8 +52,8 @@ struct ops_ctx {
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
     struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
-    int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (0: all
-                   * that are resident at once) */
+    int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
+                   * all that are resident at once) */
     bool mmq_raw; /* kern_mmq's raw Q4_K path (TPI_MMQ_RAW, default on) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */

@@ -456,19 +456,21 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
             return;
         smem_set[raw] = true;
     }
-    /* blocks a multiprocessor holds (once a kernel), which the k split fills by default */
-    static int resident[2] = {0, 0};
-    if (!resident[raw]) {
-        int nb = 0;
-        if (!CUDA_OK(ctx, op,
-                     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, MMQ_WARPS * 32, smem)))
-            return;
-        resident[raw] = TPI_MAX(1, nb);
+    int bps = ctx->mmq_bps;
+    if (bps <= 0) { /* the blocks a multiprocessor holds (queried once a kernel) */
+        static int resident[2] = {0, 0};
+        if (!resident[raw]) {
+            int nb = 0;
+            if (!CUDA_OK(ctx, op,
+                         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, MMQ_WARPS * 32,
+                                                                       smem)))
+                return;
+            resident[raw] = TPI_MAX(1, nb);
+        }
+        bps = resident[raw];
     }
-    const int bps = ctx->mmq_bps > 0 ? ctx->mmq_bps : resident[raw];
-    /* each weight's k split over y blocks until its own blocks alone would fill the
-     * multiprocessors' resident slots once (TPI_MMQ_BPS: that many a multiprocessor),
-     * each >= one chunk */
+    /* each weight's k split over y blocks until its own blocks alone are about
+     * ctx->mmq_bps (3) a multiprocessor (0: the resident slots once), each >= one chunk */
     int split = 1;
     for (int i = 0; i < n_w; i++) {
         const int bxi = a.bx0[i + 1] - a.bx0[i];

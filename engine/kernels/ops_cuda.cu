@@ -255,14 +255,15 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             ctx->mmq_rows = (int)TPI_MIN(n, (long)MMQ_MAX_ROWS);
     }
     /* TPI_MMQ_BPS=N (a measuring knob): kern_mmq splits k until about N blocks a
-     * multiprocessor (1..16; default 0: as many as one holds) */
+     * multiprocessor (1..16, default 3; 0: as many as one holds, which run 120 measured
+     * slower end to end: batch-bench --parallel 32 2547 against 2672 generated tok/s) */
     const char *mb = getenv("TPI_MMQ_BPS");
-    ctx->mmq_bps = 0;
+    ctx->mmq_bps = 3;
     if (mb && *mb) {
         char *end;
         const long n = strtol(mb, &end, 10);
         if (*end || n < 0 || n > 16)
-            TPI_LOGW("TPI_MMQ_BPS=%s is not 0..16: using 0 (as many as a multiprocessor holds)", mb);
+            TPI_LOGW("TPI_MMQ_BPS=%s is not 0..16: using 3", mb);
         else
             ctx->mmq_bps = (int)n;
     }
