@@ -18,17 +18,23 @@
  * The block's 4 warps share x: each chunk of 16 steps is staged in shared memory in that
  * order (bf16, rows padded so ldmatrix reads the 8 rows of a matrix from 8 bank groups),
  * and read as A fragments with ldmatrix. MT m-tiles of 16 rows (n_rows <= 16 MT).
- * Each chunk first copies the block's 128 rows' bytes of it into shared memory with
- * 16-byte loads, and the unit decoders read from there (decoding from global memory,
- * their scattered 1-4 byte reads ran L1 out of wavefronts: bench/NOTES.md change 61).
- * A chunk is whole blocks of a row for every type but Q6_K's 8-block groups
- * (KERN_TYPE_Q6_KX8), whose chunk is gathered from five pieces of the group (mmq_src).
+ * Each chunk's 128 rows' bytes are copied into shared memory with 16-byte cp.async one
+ * chunk ahead (two buffers), x's chunk likewise, and the unit decoders read from there
+ * (decoding from global memory, their scattered 1-4 byte reads ran L1 out of wavefronts:
+ * bench/NOTES.md change 61). A chunk is whole blocks of a row for every type but Q6_K's
+ * 8-block groups (KERN_TYPE_Q6_KX8), whose chunk is gathered from five pieces of the
+ * group (mmq_src).
+ * Q4_K up to 32 rows takes the raw path (ctx->mmq_raw, TPI_MMQ_RAW): no bf16 weights at
+ * all; each nibble goes to the tensor cores as bf16 128 + q (one byte permute for 4), a
+ * sub-block's sums start from zero, a fifth n-tile of ones sums x, and the scales are
+ * applied to the sums: y += d sc S - (128 d sc + dmin m) X. W is then exact (x bf16).
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, then one launch adds them in a fixed order (results do not depend on
- * timing).
- * H200 (runs 115-116), against the dequantize + cuBLAS path: Q4_K 4096->12288 43 / 55 /
- * 87 us at 16 / 32 / 64 rows (cuBLAS 89-91), Q6_K 60 / 72 / 152 (80-81): ctx->mmq_rows
- * stops at 32 by default.
+ * timing). One launch may hold up to 4 weights of one type and row length that share x
+ * (kern_mmq_n: Q/K/V, gate/up), each split as it would be alone (bitwise the same).
+ * H200 (run 120), against the dequantize + cuBLAS path: Q4_K 4096->12288 31 / 43 us at
+ * 16 / 32 rows (cuBLAS ~90), Q6_K 55 / 78 (~82); at 64 rows Q6_K lost to cuBLAS (152
+ * against 81, run 116), so ctx->mmq_rows stops at 32 by default.
  */
 #include <string.h>
 
