@@ -202,14 +202,27 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
         nbytes = ns == MMQ_STEPS ? CB : ns * 16 / Q::BLK * Q::BYTES;
         ch = c0 / MMQ_STEPS;
     };
-    /* rows of 16-byte aligned chunks are copied asynchronously in 16-byte pieces, and
-     * x in 4-byte ones, a chunk ahead; other rows synchronously in 2-byte pieces */
+    /* x's chunk k into buffer b with 4-byte cp.async (values k..k+3 of a quad lane are 8
+     * aligned bytes): values k, k+1 at slots 2q, 2q+1, k+2, k+3 at slots 2q+8, 2q+9 */
+    auto stage_x = [&](int c0, int ns, int b) {
+        __nv_bfloat16(*xs)[MMQ_LD] = xs_of(b);
+        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
+            const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
+            const bool ok = r < n_rows && s < ns;
+            const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq) : x;
+            const uint32_t d = mma_smem_u32(&xs[r][16 * s + 2 * iq]);
+            mma_cp4(d, src, ok ? 4 : 0);
+            mma_cp4(d + 16, src + 2, ok ? 4 : 0);
+        }
+        mma_commit();
+    };
+    /* rows of 16-byte aligned chunks are copied asynchronously in 16-byte pieces a chunk
+     * ahead; other rows synchronously in 2-byte pieces (x asynchronously either way) */
     const bool wide = CB % 16 == 0 && row_bytes % 16 == 0 && ((uintptr_t)w & 15) == 0;
     auto stage_async = [&](int k, int b) {
         int c0, ns, nbytes, ch;
         chunk(k, c0, ns, nbytes, ch);
         uint8_t *ws = ws_of(b);
-        __nv_bfloat16(*xs)[MMQ_LD] = xs_of(b);
         constexpr int PR = CB / 16; /* pieces a row */
         for (int p = threadIdx.x; p < MMQ_FEATS * PR; p += MMQ_WARPS * 32) {
             const int r = p / PR, o = (p % PR) * 16;
@@ -217,21 +230,12 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
             const uint8_t *src = ok ? w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o) : w;
             mma_cp16(mma_smem_u32(ws + r * CB + o), src, ok ? 16 : 0);
         }
-        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
-            const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
-            const bool ok = r < n_rows && s < ns;
-            const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq) : x;
-            const uint32_t d = mma_smem_u32(&xs[r][16 * s + 2 * iq]);
-            mma_cp4(d, src, ok ? 4 : 0);          /* values k, k+1 at slots 2q, 2q+1 */
-            mma_cp4(d + 16, src + 2, ok ? 4 : 0); /* values k+2, k+3 at slots 2q+8, 2q+9 */
-        }
-        mma_commit();
+        stage_x(c0, ns, b); /* commits the chunk's copies as one group */
     };
     auto stage_sync = [&](int k) {
         int c0, ns, nbytes, ch;
         chunk(k, c0, ns, nbytes, ch);
         uint8_t *ws = ws_of(0);
-        __nv_bfloat16(*xs)[MMQ_LD] = xs_of(0);
         for (int p = threadIdx.x; p < MMQ_FEATS * (CB / 2); p += MMQ_WARPS * 32) {
             const int r = p / (CB / 2), o = (p % (CB / 2)) * 2;
             uint16_t v = 0;
@@ -239,15 +243,8 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                 v = *(const uint16_t *)(w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o));
             *(uint16_t *)(ws + r * CB + o) = v;
         }
-        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
-            const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
-            uint2 v = make_uint2(0u, 0u);
-            if (r < n_rows && s < ns)
-                v = *(const uint2 *)(x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq));
-            uint32_t *d = (uint32_t *)&xs[r][16 * s + 2 * iq];
-            d[0] = v.x;
-            d[4] = v.y;
-        }
+        stage_x(c0, ns, 0);
+        mma_wait<0>();
     };
     /* the chunk in buffer b multiplied: one unit of each tile's row per G steps (units
      * counted from the chunk's start); a whole chunk fully unrolled up to 2 m-tiles, so

@@ -10,6 +10,7 @@
  * binary linked with this file starts on machines without a GPU or driver and
  * ops_cuda_available() simply says false.
  */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,6 +188,23 @@ static int diag_skip_from(const char *v) {
     return bits_from_list(v, names, bits, 3);
 }
 
+/* Environment variable `name` as a count 0..max, or def when unset (and, with a warning,
+ * when it is not such a count). */
+static long env_count(const char *name, long def, long max) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end;
+    const long n = strtol(v, &end, 10);
+    if (*end || n < 0 || n > max) {
+        if (max == LONG_MAX)
+            TPI_LOGW("%s=%s is not a count: using %ld", name, v, def);
+        else
+            TPI_LOGW("%s=%s is not a count 0..%ld: using %ld", name, v, max, def);
+        return def;
+    }
+    return n;
+}
+
 static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct tpi_error *err) {
     *out = NULL;
     const int device = cfg ? cfg->device : 0;
@@ -241,32 +259,15 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->gemv = gemv_from_env();
     /* Block-quantized products of 9..32 rows (a batch's decode steps) in kern_mmq: each
      * weight byte read once, against the bf16 slab the prefill path writes and reads
-     * back. H200 (runs 115-116): Q4_K 4096->12288 at 16 / 32 rows 43 / 55 us against
-     * ~90 via cuBLAS; at 64 rows level for Q4_K and 152 against 81 us for Q6_K, so the
-     * default stops at 32. TPI_MMQ=N: up to N rows (at most 64; 0: never). */
-    const char *mq = getenv("TPI_MMQ");
-    ctx->mmq_rows = MMQ_DEFAULT_ROWS;
-    if (mq && *mq) {
-        char *end;
-        const long n = strtol(mq, &end, 10);
-        if (*end || n < 0)
-            TPI_LOGW("TPI_MMQ=%s is not a row count: using %d", mq, MMQ_DEFAULT_ROWS);
-        else
-            ctx->mmq_rows = (int)TPI_MIN(n, (long)MMQ_MAX_ROWS);
-    }
+     * back. H200 (run 120): Q4_K 4096->12288 at 16 / 32 rows 31 / 43 us against ~90
+     * via cuBLAS; at 64 rows level for Q4_K and 152 against 81 us for Q6_K (run 116), so
+     * the default stops at 32. TPI_MMQ=N: up to N rows (at most 64; 0: never). */
+    ctx->mmq_rows =
+        (int)TPI_MIN(env_count("TPI_MMQ", MMQ_DEFAULT_ROWS, LONG_MAX), (long)MMQ_MAX_ROWS);
     /* TPI_MMQ_BPS=N (a measuring knob): kern_mmq splits k until about N blocks a
      * multiprocessor (1..16, default 3; 0: as many as one holds, which run 120 measured
      * slower end to end: batch-bench --parallel 32 2547 against 2672 generated tok/s) */
-    const char *mb = getenv("TPI_MMQ_BPS");
-    ctx->mmq_bps = 3;
-    if (mb && *mb) {
-        char *end;
-        const long n = strtol(mb, &end, 10);
-        if (*end || n < 0 || n > 16)
-            TPI_LOGW("TPI_MMQ_BPS=%s is not 0..16: using 3", mb);
-        else
-            ctx->mmq_bps = (int)n;
-    }
+    ctx->mmq_bps = (int)env_count("TPI_MMQ_BPS", 3, 16);
     /* TPI_MMQ_RAW=0: kern_mmq decodes Q4_K to bf16 weights as the other types (the raw
      * path sends the quants to the tensor cores and applies the scales to the sums) */
     const char *mr = getenv("TPI_MMQ_RAW");
