@@ -136,9 +136,6 @@ static int g_dec_cluster = 8;
  * all, in cluster order). mma_launch takes the (cluster size, count) that puts the most
  * blocks in one wave of co-resident clusters (ctx->attn_cl_fit). */
 static int g_dec_ncl = MMA_MAX_NCL;
-/* Diagnostic (TPI_DIAG_KV_HM=1; outputs wrong): the decode launches read and store the
- * cache as if it were (n_slot, n_kv, n_ctx, hd), to time a head-major layout. */
-static int g_dec_hm = 0;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -157,7 +154,6 @@ struct mma_args {
     int n_cl;     /* clusters a (query block, head block) takes: 1..MMA_MAX_NCL (above 1,
                    * part holds each cluster's merged 32-value pieces, MMA_PIECE floats) */
     float qscale; /* scale * log2(e) */
-    int hm;       /* TPI_DIAG_KV_HM */
     /* decode shape: out's int8 form for the next matmul (NULL: none) in kern_xq.cuh's layout
      * for n_tokens rows of n_head * hd: blocks of 32, their (d, d * sum), and xlay, where the
      * permuted copies lie from xq */
@@ -665,7 +661,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     const int k_end = min(n_keys, k_begin + chunk);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + TK - 1) / TK : 0;
 
-    const size_t row = a.hm ? (size_t)HD : (size_t)a.n_kv * HD; /* halves per (slot, position) */
+    const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
     if (DEC && a.k) {
         /* The store, fused: this block writes the k/v (its KV head) of every batch token of
          * its slot whose position lies in its key range, then reads them back with the
@@ -679,8 +675,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             const int p = st_p[u];
             if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
                 const int d4 = (threadIdx.x + u * NT) % (HD / 4);
-                const size_t at = a.hm ? (((size_t)s * a.n_kv + kvh) * a.n_ctx + p) * HD + 4 * d4
-                                       : ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
+                const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
                 const __half2 k01 = __floats2half2_rn(st_k[u].x, st_k[u].y);
                 const __half2 k23 = __floats2half2_rn(st_k[u].z, st_k[u].w);
                 const __half2 v01 = __floats2half2_rn(st_v[u].x, st_v[u].y);
@@ -693,8 +688,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
         __syncthreads();
     }
-    const size_t slot_off = a.hm ? ((size_t)(slot_ok ? s : 0) * a.n_kv + kvh) * a.n_ctx * HD
-                                 : (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
+    const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
     const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
     const uint32_t smem0 = mma_smem_u32(mma_smem4);
 
@@ -1061,8 +1055,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nw && *nw) g_dec_warps = atoi(nw) == 8 ? 8 : 4;
     const char *ncl = getenv("TPI_ATTN_DEC_CLUSTERS");
     if (ncl && *ncl) g_dec_ncl = TPI_MAX(1, TPI_MIN(atoi(ncl), MMA_MAX_NCL));
-    const char *hm = getenv("TPI_DIAG_KV_HM");
-    g_dec_hm = hm && *hm && strcmp(hm, "0") != 0;
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
     if (cls && *cls) {
         const int n = atoi(cls);
@@ -1248,7 +1240,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.cluster = 0;
     a.n_cl = 1;
     a.qscale = scale * MMA_LOG2E;
-    a.hm = dec ? g_dec_hm : 0;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
