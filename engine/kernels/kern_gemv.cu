@@ -807,6 +807,153 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
         return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
+/* Q4_K gate/up with rows of 4096 values, streamed through shared memory (TPI_GLU=ring,
+ * glu mode 1; bench/NOTES.md change 70). The kernel above loads a row pair's items into
+ * registers and dots them before the next pair's loads go out, so a warp has one pair
+ * (4.6 KB) in flight only part of the time; bench/gemv_chain.cu measured that shape at
+ * 19.5 us for the 56.6 MB of a Qwen3-8B FFN's gate and up where bare reads of the same
+ * bytes take 13.6. Here each warp's PER = 32 / W row pairs go through a ring of S pair
+ * slots in shared memory, filled with 16-byte cp.async S - 1 pairs ahead of the pair
+ * being dotted (the first ones before the PDL wait: weights), and the lane's two items of
+ * x (and their (d, d*sum) pairs) stay in registers for all its pairs. The items, their
+ * order, the sums and the output stage are the kernel above's (gv<Q4_K>::unpack and
+ * row_dot are what its dot runs), so g, u and g's int8 form are bitwise the same. */
+#define GV_RING_NE0 4096 /* the one row length: two 64-value items a lane */
+template <bool PERM, int W, int S>
+__global__ void __launch_bounds__(W * 32)
+    gv_glu_ring_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
+                       size_t row_bytes, int n_ff, const int8_t *x, const float2 *ds, float *g,
+                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay) {
+    using Q = gv<TPI_TYPE_Q4_K>;
+    constexpr int PER = 32 / W, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
+    static_assert(RB % 16 == 0, "rows of whole 16-byte pieces");
+    extern __shared__ __align__(16) uint8_t gv_ring[];
+    __shared__ float sv[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int j0 = (int)blockIdx.x * 32 + warp * PER; /* the warp's first output */
+    uint8_t *ring = gv_ring + (size_t)warp * S * 2 * RB;
+    const uint32_t ring_s = mma_smem_u32(ring);
+    /* pair k (gate row j0 + k, then up row j0 + k) into slot st; one commit group each */
+    auto issue = [&](int k, int st) {
+        if (k < PER) {
+            const uint8_t *src_g = wg + (size_t)(j0 + k) * row_bytes;
+            const uint8_t *src_u = wu + (size_t)(j0 + k) * row_bytes;
+            const uint32_t dst = ring_s + (uint32_t)(st * 2 * RB);
+#pragma unroll
+            for (int i = 0; i < (PIECES + 31) / 32; i++) {
+                const int pc = lane + 32 * i;
+                if (pc < PIECES) {
+                    mma_cp16(dst + 16u * (uint32_t)pc, src_g + 16 * pc, 16);
+                    mma_cp16(dst + (uint32_t)RB + 16u * (uint32_t)pc, src_u + 16 * pc, 16);
+                }
+            }
+        }
+        mma_commit();
+    };
+#pragma unroll
+    for (int k = 0; k < S - 1; k++)
+        issue(k, k);
+    gv_grid_dep_wait(); /* x is the previous kernel's output */
+    constexpr int GS = GV_GS_K4;
+    int4 xv[2][4];
+    float4 xf[2];
+#pragma unroll
+    for (int v = 0; v < 2; v++) {
+        const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
+        const int8_t *xi = PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            xv[v][k] = gv_ldx128(gv_xunit<PERM>(xi, 64 * c + 16 * k, k));
+        xf[v] = gv_ldf4((const float *)(ds + (size_t)blk * (Q::BLK / GV_QK) + 2 * c));
+    }
+#pragma unroll 1
+    for (int k = 0; k < PER; k++) {
+        mma_wait<S - 2>(); /* this lane's copies of pair k have landed */
+        __syncwarp();      /* and every lane's */
+        const uint8_t *slot = ring + (size_t)(k % S) * 2 * RB;
+        float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int v = 0; v < 2; v++) {
+            const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
+#pragma unroll
+            for (int rw = 0; rw < 2; rw++) {
+                const uint8_t *b = slot + rw * RB + blk * Q::BYTES;
+                Q::raw w;
+                w.qa = *(const int4 *)(b + 16 + 32 * c);
+                w.qb = *(const int4 *)(b + 16 + 32 * c + 16);
+                w.hd = *(const int4 *)b;
+                acc[rw] += Q::row_dot(Q::unpack(w, c, 1.0f), xv[v][0], xv[v][1], xv[v][2],
+                                      xv[v][3], xf[v]);
+            }
+        }
+        const float gs = gv_warp_sum(acc[0]), us = gv_warp_sum(acc[1]);
+        if (lane == 0) {
+            u[j0 + k] = us;
+            sv[warp * PER + k] = kern_silu_mul1(gs, us);
+        }
+        __syncwarp(); /* every lane is done with slot k % S before it is refilled */
+        issue(k + S - 1, (k + S - 1) % S);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int j = (int)blockIdx.x * 32 + lane;
+        const float v = sv[lane];
+        g[j] = v;
+        if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
+    }
+}
+/* Stages of the ring kernel's launches (TPI_GLU_RING_STAGES: 2..6, default 3). */
+static int gv_ring_stages(void) {
+    static int s = 0;
+    if (!s) {
+        const char *v = getenv("TPI_GLU_RING_STAGES");
+        const int n = v && *v ? atoi(v) : 3;
+        s = n >= 2 && n <= 6 ? n : 3;
+    }
+    return s;
+}
+/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
+ * values, 16-byte aligned); false: nothing launched. */
+template <int T, bool PERM>
+static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
+                               size_t row_bytes, int ne0, int n_ff, const int8_t *x,
+                               const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
+                               const gv_xlayout &olay, cudaStream_t stream) {
+    if constexpr (T != TPI_TYPE_Q4_K) {
+        return false;
+    } else {
+        if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / 256 * 144 ||
+            (((uintptr_t)dg | (uintptr_t)du) & 15))
+            return false;
+        constexpr int W = 4;
+        auto go = [&](auto s_c) {
+            constexpr int S = decltype(s_c)::value;
+            const auto kern = gv_glu_ring_kernel<PERM, W, S>;
+            const size_t smem = (size_t)W * S * 2 * row_bytes;
+            static bool set = false;
+            if (!set) {
+                if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    return false;
+                }
+                set = true;
+            }
+            if (smem > (size_t)ctx->smem_optin) return false;
+            kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg,
+                        du, row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
+            return true;
+        };
+        switch (gv_ring_stages()) {
+        case 2: return go(std::integral_constant<int, 2>{});
+        case 4: return go(std::integral_constant<int, 4>{});
+        case 5: return go(std::integral_constant<int, 5>{});
+        case 6: return go(std::integral_constant<int, 6>{});
+        default: return go(std::integral_constant<int, 3>{});
+        }
+    }
+}
+
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
  * takes output GV_WARPS * b + w. */
 template <int TYPE>
@@ -1306,6 +1453,10 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             const unsigned blocks = (unsigned)(n_ff / 32);
             auto go = [&](auto perm_c, const int8_t *x, int xs) {
                 constexpr bool P = decltype(perm_c)::value;
+                if (warps == 1 && gv_glu_ring_launch<T, P>(ctx, pdl, dg, du, wg->row_bytes, ne0,
+                                                           n_ff, x, gx->ds, g, u, oq, ods, olay,
+                                                           stream))
+                    return;
                 const int w = gv_glu_warps<T, P>(ctx, (int)blocks, warps);
                 auto launch = [&](auto w_c) {
                     kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),

@@ -322,10 +322,13 @@ template <> struct gv<TPI_TYPE_Q4_K> {
         w.qb = gv_ld128(b + 16 + 32 * c + 16);
         w.hd = gv_ld128(b);
     }
-    template <int NR, bool PERM, bool HI16 = false>
-    static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
-                                                        int xs, const float2 *ds, int dss, int nr,
-                                                        float keep, float (&acc)[NR]) {
+    /* An item's scales and nibbles, decoded once for all the x rows it meets. */
+    struct prep {
+        float d0, d1, m0, m1;
+        uint32_t lo[8], hi[8];
+    };
+    template <bool HI16 = false>
+    static __host__ __device__ __forceinline__ prep unpack(const raw &wr, int c, float keep) {
         const int4 qa = wr.qa, qb = wr.qb, hd = wr.hd;
         const uint32_t dm = (uint32_t)hd.x;
         const float d = gv_h2f((uint16_t)(dm & 0xFFFFu)) * keep;
@@ -340,16 +343,39 @@ template <> struct gv<TPI_TYPE_Q4_K> {
         const uint32_t scp = c < 2 ? (a & 0x3F3Fu) : ((e & 0x0F0Fu) | ((a >> 2) & 0x3030u));
         const uint32_t mnp =
             c < 2 ? (bb & 0x3F3Fu) : (((e >> 4) & 0x0F0Fu) | ((bb >> 2) & 0x3030u));
-        const float d0 = d * (float)(scp & 0xFFu), d1 = d * (float)(scp >> 8);
-        const float m0 = dmin * (float)(mnp & 0xFFu), m1 = dmin * (float)(mnp >> 8);
+        prep p;
+        p.d0 = d * (float)(scp & 0xFFu);
+        p.d1 = d * (float)(scp >> 8);
+        p.m0 = dmin * (float)(mnp & 0xFFu);
+        p.m1 = dmin * (float)(mnp >> 8);
         const uint32_t w[8] = {(uint32_t)qa.x, (uint32_t)qa.y, (uint32_t)qa.z, (uint32_t)qa.w,
                                (uint32_t)qb.x, (uint32_t)qb.y, (uint32_t)qb.z, (uint32_t)qb.w};
-        uint32_t lo[8], hi[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            lo[i] = w[i] & 0x0F0F0F0Fu;
-            hi[i] = HI16 ? w[i] & 0xF0F0F0F0u : (w[i] >> 4) & 0x0F0F0F0Fu;
+            p.lo[i] = w[i] & 0x0F0F0F0Fu;
+            p.hi[i] = HI16 ? w[i] & 0xF0F0F0F0u : (w[i] >> 4) & 0x0F0F0F0Fu;
         }
+        return p;
+    }
+    /* The item's sum against one x row: its 64 values as units a0, a1 (sub-block 2c) and
+     * b0, b1 (2c+1), f = the two sub-blocks' (dx, dx*sum) pairs. */
+    template <bool HI16 = false>
+    static __host__ __device__ __forceinline__ float row_dot(const prep &p, const int4 a0,
+                                                             const int4 a1, const int4 b0,
+                                                             const int4 b1, const float4 f) {
+        const int sl = gv_dp4a_x4(p.lo + 4, a1, gv_dp4a_x4(p.lo, a0, 0));
+        /* HI16: the high nibbles are unsigned bytes (16 times their value) */
+        const int sh2 = gv_dp4a_x4<HI16>(p.hi + 4, b1, gv_dp4a_x4<HI16>(p.hi, b0, 0));
+        float t = p.d0 * f.x * (float)sl;
+        t = fmaf(p.d1 * f.z, HI16 ? (float)sh2 * 0.0625f : (float)sh2, t);
+        t = fmaf(-p.m0, f.y, t);
+        return fmaf(-p.m1, f.w, t);
+    }
+    template <int NR, bool PERM, bool HI16 = false>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const prep p = unpack<HI16>(wr, c, keep);
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
@@ -358,16 +384,9 @@ template <> struct gv<TPI_TYPE_Q4_K> {
                 const int4 a1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
                 const int4 b0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
                 const int4 b1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
-                const int sl = gv_dp4a_x4(lo + 4, a1, gv_dp4a_x4(lo, a0, 0));
-                /* HI16: the high nibbles are unsigned bytes (16 times their value) */
-                const int sh2 = gv_dp4a_x4<HI16>(hi + 4, b1, gv_dp4a_x4<HI16>(hi, b0, 0));
                 /* (dx, dx*sum) of sub-blocks 2c and 2c+1: 16-byte aligned (2c even) */
                 const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
-                float t = d0 * f.x * (float)sl;
-                t = fmaf(d1 * f.z, HI16 ? (float)sh2 * 0.0625f : (float)sh2, t);
-                t = fmaf(-m0, f.y, t);
-                t = fmaf(-m1, f.w, t);
-                acc[r] += t;
+                acc[r] += row_dot<HI16>(p, a0, a1, b0, b1, f);
             }
     }
 };
