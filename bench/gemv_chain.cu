@@ -7,7 +7,9 @@
  *   ring  a warp a contiguous range of rows, streamed through a ring of RING_STAGES rows
  *         in shared memory with cp.async (RING_STAGES - 1 rows in flight while one is
  *         dotted), x and its (d, d*sum) pairs held in registers across rows (K 4096);
- *   ring_sx  the same with x and its pairs staged in shared memory (any K).
+ *   ring_sx  the same with x and its pairs staged in shared memory (any K);
+ *   ring_ks  rows cut into parts of 4096 values, a warp a part (x's part in registers),
+ *         the parts' sums added in shared memory (K 4096 * n; sums in another order).
  * Shapes: K 4096 (Q, K/V, wo, gate/up: 1024-24576 output rows) and K 12288 (down).
  * Both compute y[r] = sum over 32-value blocks of d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq),
  * the same items in the same order, so their outputs are bitwise equal; a host reference
@@ -213,6 +215,82 @@ __global__ void __launch_bounds__(32 * RING_WARPS) k_ring(const uint8_t *__restr
     cp_wait<0>();
 }
 
+/* ring_ks: rows of KK = 4096 * NP values cut into NP parts of 4096; a block is KS_GROUPS
+ * groups of NP warps, warp p of a group streams part p of the group's rows through its
+ * own ring with part p of x in registers, and the NP partial sums of a row meet in
+ * shared memory (added in part order after the last row: deterministic). */
+#define KS_GROUPS 4
+#define KS_MAXR 16 /* rows a group at most (checked at launch) */
+template <int KK>
+__global__ void __launch_bounds__(32 * KS_GROUPS * (KK / 4096))
+    k_ring_ks(const uint8_t *__restrict__ W, const int8_t *xq, const float2 *ds, float *y,
+              int n_rows) {
+    constexpr int NP = KK / 4096, PB = ROW_BYTES_OF(4096), ROW_BYTES = ROW_BYTES_OF(KK);
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ float part[KS_GROUPS][KS_MAXR][NP];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int grp = warp / NP, p = warp % NP;
+    const int gi = blockIdx.x * KS_GROUPS + grp, n_g = gridDim.x * KS_GROUPS;
+    const int r0 = (int)((long)n_rows * gi / n_g), r1 = (int)((long)n_rows * (gi + 1) / n_g);
+    uint8_t *ring = smem + (size_t)warp * RING_STAGES * PB;
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+    auto issue = [&](int r, int st) {
+        if (r < r1) {
+            const uint8_t *src = W + (size_t)r * ROW_BYTES + (size_t)p * PB;
+            const uint32_t dst = ring_s + (uint32_t)(st * PB);
+#pragma unroll
+            for (int k = 0; k < (PB / 16 + 31) / 32; k++) {
+                const int pc = lane + 32 * k;
+                if (pc < PB / 16) cp16(dst + 16 * pc, src + 16 * pc);
+            }
+        }
+        cp_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < RING_STAGES - 1; st++)
+        issue(r0 + st, st);
+    dep_wait();
+    int4 xv[2][4];
+    float4 fv[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int it = p * 64 + lane + 32 * u; /* item of the whole row */
+        const int4 *xp = (const int4 *)(xq + 64 * it);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            xv[u][k] = xp[k];
+        fv[u] = *(const float4 *)(ds + 2 * it);
+    }
+    for (int r = r0; r < r1; r++) {
+        const int i = r - r0;
+        cp_wait<RING_STAGES - 2>();
+        __syncwarp();
+        const uint8_t *row = ring + (i % RING_STAGES) * PB;
+        float acc = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int it = lane + 32 * u, blk = it >> 2, c = it & 3;
+            const uint8_t *b = row + blk * QK_BYTES;
+            acc += item_dot(*(const int4 *)(b + 16 + 32 * c), *(const int4 *)(b + 16 + 32 * c + 16),
+                            *(const int4 *)b, c, xv[u][0], xv[u][1], xv[u][2], xv[u][3], fv[u]);
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) part[grp][i][p] = acc;
+        __syncwarp();
+        issue(r + RING_STAGES - 1, (i + RING_STAGES - 1) % RING_STAGES);
+    }
+    cp_wait<0>();
+    __syncthreads();
+    if (p == 0)
+        for (int i = lane; i < r1 - r0; i += 32) {
+            float v = part[grp][i][0];
+#pragma unroll
+            for (int q = 1; q < NP; q++)
+                v += part[grp][i][q];
+            y[r0 + i] = v;
+        }
+}
+
 /* bare reads: one block of 128 threads a 16 KB tile (stream_chain.cu's tiles form). */
 __global__ void __launch_bounds__(128) k_bare(const int4 *__restrict__ p, size_t n16,
                                               uint32_t *out) {
@@ -230,7 +308,7 @@ __global__ void __launch_bounds__(128) k_bare(const int4 *__restrict__ p, size_t
     if (acc == 0x9E3779B9u) out[blockIdx.x] = acc;
 }
 
-enum { K_REGS, K_RING, K_RING_SX, K_BARE };
+enum { K_REGS, K_RING, K_RING_SX, K_BARE, K_RING_KS };
 
 template <int KK, bool XREG> static size_t ring_smem() {
     return (size_t)RING_WARPS * RING_STAGES * ROW_BYTES_OF(KK) + (XREG ? 0 : KK + KK / 32 * 8);
@@ -278,6 +356,26 @@ static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *d
             cfg.dynamicSmemBytes = ring_smem<KK, false>();
             CK(cudaLaunchKernelEx(&cfg, k_ring<KK, false>, W, xq, ds, y, n_rows));
         }
+    } else if (kind == K_RING_KS) {
+        constexpr int NP = KK / 4096;
+        const size_t smem = (size_t)KS_GROUPS * NP * RING_STAGES * ROW_BYTES_OF(4096);
+        static int blocks = 0;
+        if (!blocks) {
+            CK(cudaFuncSetAttribute(k_ring_ks<KK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem));
+            int per_sm = 0;
+            CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_ring_ks<KK>,
+                                                             32 * KS_GROUPS * NP, smem));
+            blocks = g_n_sm * per_sm;
+            while ((n_rows + blocks * KS_GROUPS - 1) / (blocks * KS_GROUPS) > KS_MAXR)
+                blocks *= 2; /* more groups than resident: still at most KS_MAXR rows each */
+            printf("ring_ks K %d: %d blocks an SM of %d warps, %zu KB each\n", KK, per_sm,
+                   KS_GROUPS * NP, smem >> 10);
+        }
+        cfg.gridDim = dim3((unsigned)blocks);
+        cfg.blockDim = dim3(32 * KS_GROUPS * NP);
+        cfg.dynamicSmemBytes = smem;
+        CK(cudaLaunchKernelEx(&cfg, k_ring_ks<KK>, W, xq, ds, y, n_rows));
     } else {
         const size_t n16 = (size_t)n_rows * ROW_BYTES / 16;
         cfg.gridDim = dim3((unsigned)((n16 + 1023) / 1024));
@@ -360,12 +458,12 @@ struct ctx {
 /* Every kernel's outputs of n_rows x KK against regs' (bitwise) and the host's. */
 template <int KK> static void check(ctx &c, int n_rows) {
     constexpr int RB = ROW_BYTES_OF(KK);
-    float *h[3];
-    for (int k = 0; k < 3; k++) {
+    float *h[4];
+    for (int k = 0; k < 4; k++) {
         h[k] = (float *)malloc((size_t)n_rows * sizeof(float));
         CK(cudaMemsetAsync(c.y, 0, (size_t)n_rows * sizeof(float), c.st));
-        launch<KK>(k == 0 ? K_REGS : k == 1 ? K_RING : K_RING_SX, c.W, c.xq, c.ds, c.y, n_rows,
-                   c.st);
+        launch<KK>(k == 0 ? K_REGS : k == 1 ? K_RING : k == 2 ? K_RING_SX : K_RING_KS, c.W, c.xq,
+                   c.ds, c.y, n_rows, c.st);
         CK(cudaMemcpyAsync(h[k], c.y, (size_t)n_rows * sizeof(float), cudaMemcpyDeviceToHost,
                            c.st));
     }
@@ -377,23 +475,24 @@ template <int KK> static void check(ctx &c, int n_rows) {
     for (int r = 0; r < n_rows; r += 97) {
         const double ref = ref_row(c.hw + (size_t)r * RB, c.hx, c.hds, KK);
         max_err = fmax(max_err, fabs(h[0][r] - ref));
+        max_err = fmax(max_err, fabs(h[3][r] - ref)); /* ring_ks: another sum order */
         max_ref = fmax(max_ref, fabs(ref));
     }
     const double rel = max_err / fmax(max_ref, 1e-30);
     const bool ok = n_diff == 0 && rel < 1e-4;
-    printf("check K %d, %d rows: ring / ring_sx vs regs %d outputs differ; worst error vs host "
-           "/ largest output %.2e -> %s\n", KK, n_rows, n_diff, rel, ok ? "ok" : "FAILED");
+    printf("check K %d, %d rows: ring / ring_sx vs regs %d outputs differ; worst error (regs, "
+           "ring_ks) vs host / largest output %.2e -> %s\n", KK, n_rows, n_diff, rel, ok ? "ok" : "FAILED");
     c.failed |= !ok;
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         free(h[k]);
 }
 
 /* One table row: us a launch in chains of c.n_chain for bare, regs, ring, ring_sx. */
 template <int KK> static void row(ctx &c, int n_rows) {
     const size_t bytes = (size_t)n_rows * ROW_BYTES_OF(KK);
-    const int kinds[4] = {K_BARE, K_REGS, K_RING, K_RING_SX};
-    float us[4];
-    for (int k = 0; k < 4; k++) {
+    const int kinds[5] = {K_BARE, K_REGS, K_RING, K_RING_SX, K_RING_KS};
+    float us[5];
+    for (int k = 0; k < 5; k++) {
         if (kinds[k] == K_RING && KK != 4096) {
             us[k] = 0.0f;
             continue;
@@ -410,8 +509,8 @@ template <int KK> static void row(ctx &c, int n_rows) {
         CK(cudaGraphExecDestroy(e));
         CK(cudaGraphDestroy(g));
     }
-    printf("| %d | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", KK, n_rows, bytes / 1e6,
-           us[0], us[1], us[2], us[3], bytes / (us[0] * 1e-6) / 1e12);
+    printf("| %d | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", KK, n_rows,
+           bytes / 1e6, us[0], us[1], us[2], us[3], us[4], bytes / (us[0] * 1e-6) / 1e12);
 }
 
 int main(int argc, char **argv) {
@@ -460,8 +559,9 @@ int main(int argc, char **argv) {
     check<4096>(c, 24576);
     check<12288>(c, 8192);
 
-    printf("| K | rows | MB a launch | bare us | regs us | ring us | ring_sx us | bare TB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| K | rows | MB a launch | bare us | regs us | ring us | ring_sx us | ring_ks us | bare "
+           "TB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     const int rows4k[] = {1024, 4096, 6144, 12288, 24576};
     for (int i = 0; i < 5; i++)
         row<4096>(c, rows4k[i]);

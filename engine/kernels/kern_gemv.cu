@@ -807,8 +807,9 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
         return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
-/* Q4_K gate/up with rows of 4096 values, streamed through shared memory (TPI_GLU=ring,
- * glu mode 1; bench/NOTES.md change 70). The kernel above loads a row pair's items into
+/* Q4_K gate/up with rows of 4096 values, streamed through shared memory (the default
+ * for that shape, and glu mode 1 / TPI_GLU=ring; bench/NOTES.md change 70: tg128 Q4_K_M
+ * +2.7 % at depth 0 and 8192 on the H200). The kernel above loads a row pair's items into
  * registers and dots them before the next pair's loads go out, so a warp has one pair
  * (4.6 KB) in flight only part of the time; bench/gemv_chain.cu measured that shape at
  * 19.5 us for the 56.6 MB of a Qwen3-8B FFN's gate and up where bare reads of the same
@@ -930,7 +931,7 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
             constexpr int S = decltype(s_c)::value;
             const auto kern = gv_glu_ring_kernel<PERM, W, S>;
             const size_t smem = (size_t)W * S * 2 * row_bytes;
-            static bool set = false;
+            static bool set = false; /* the opt-in, once a kernel (one device a process) */
             if (!set) {
                 if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem) != cudaSuccess) {
@@ -1453,7 +1454,8 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             const unsigned blocks = (unsigned)(n_ff / 32);
             auto go = [&](auto perm_c, const int8_t *x, int xs) {
                 constexpr bool P = decltype(perm_c)::value;
-                if (warps == 1 && gv_glu_ring_launch<T, P>(ctx, pdl, dg, du, wg->row_bytes, ne0,
+                /* the ring kernel where it takes the shape: by default and in mode 1 */
+                if ((warps == 1 || warps < 0) && gv_glu_ring_launch<T, P>(ctx, pdl, dg, du, wg->row_bytes, ne0,
                                                            n_ff, x, gx->ds, g, u, oq, ods, olay,
                                                            stream))
                     return;

@@ -321,9 +321,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = !(pd && strcmp(pd, "0") == 0);
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
-     * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, ring
-     * (mode 1: Q4_K rows of 4096 values streamed through shared memory, else auto),
-     * anything else auto (the most warps that keep the launch in one wave). */
+     * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, anything
+     * else auto: Q4_K rows of 4096 values streamed through shared memory (the ring
+     * kernel), other shapes the most warps that keep the launch in one wave; ring (mode 1)
+     * is auto too, named for the tests. */
     const char *gl = getenv("TPI_GLU");
     ctx->glu = -1;
     if (gl && *gl) {
