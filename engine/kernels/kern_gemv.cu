@@ -807,26 +807,67 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
         return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
-/* Q4_K gate/up with rows of 4096 values, streamed through shared memory (the default
- * for that shape, and glu mode 1 / TPI_GLU=ring; bench/NOTES.md change 70: tg128 Q4_K_M
- * +2.7 % at depth 0 and 8192 on the H200). The kernel above loads a row pair's items into
- * registers and dots them before the next pair's loads go out, so a warp has one pair
- * (4.6 KB) in flight only part of the time; bench/gemv_chain.cu measured that shape at
- * 19.5 us for the 56.6 MB of a Qwen3-8B FFN's gate and up where bare reads of the same
- * bytes take 13.6. Here each warp's PER = 32 / W row pairs go through a ring of S pair
- * slots in shared memory, filled with 16-byte cp.async S - 1 pairs ahead of the pair
- * being dotted (the first ones before the PDL wait: weights), and the lane's two items of
- * x (and their (d, d*sum) pairs) stay in registers for all its pairs. The items, their
- * order, the sums and the output stage are the kernel above's (gv<Q4_K>::unpack and
- * row_dot are what its dot runs), so g, u and g's int8 form are bitwise the same. */
-#define GV_RING_NE0 4096 /* the one row length: two 64-value items a lane */
-template <bool PERM, int W, int S>
+/* Gate/up with rows of 4096 values streamed through shared memory: Q4_K and Q8_0's
+ * 8-block groups (the default for those shapes, and glu mode 1 / TPI_GLU=ring;
+ * bench/NOTES.md changes 70 and 72: tg128 Q4_K_M +2.7 % at depth 0 and 8192 on the
+ * H200). The kernel above loads a row pair's items into registers and dots them before
+ * the next pair's loads go out, so a warp has one pair in flight only part of the time;
+ * bench/gemv_chain.cu measured that shape at 19.5 us for the 56.6 MB of a Qwen3-8B FFN's
+ * Q4_K gate and up where bare reads of the same bytes take 13.6. Here each warp's
+ * PER = 32 / W row pairs go through a ring of S pair slots in shared memory, filled with
+ * 16-byte cp.async S - 1 pairs ahead of the pair being dotted (the first ones before the
+ * PDL wait: weights), and the lane's items of x (and their (d, d*sum) pairs) stay in
+ * registers for all its pairs. The items, their order, the sums and the output stage are
+ * the kernel above's (gv_ring_item runs what gv<T>::dot runs), so g, u and g's int8 form
+ * are bitwise the same. */
+#define GV_RING_NE0 4096 /* the one row length */
+/* One item of type T from a row in shared memory against x units held in registers. */
+template <int T> struct gv_ring_item;
+template <> struct gv_ring_item<TPI_TYPE_Q4_K> { /* 64 values: 4 units, 2 pairs */
+    using Q = gv<TPI_TYPE_Q4_K>;
+    static constexpr int UNITS = 4;
+    using dsv = float4;
+    static __device__ __forceinline__ dsv load_ds(const float2 *ds, int blk, int c) {
+        return gv_ldf4((const float *)(ds + (size_t)blk * (Q::BLK / GV_QK) + 2 * c));
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *row, int blk, int c,
+                                                const int4 (&xv)[UNITS], const dsv f) {
+        const uint8_t *b = row + blk * Q::BYTES;
+        Q::raw w;
+        w.qa = *(const int4 *)(b + 16 + 32 * c);
+        w.qb = *(const int4 *)(b + 16 + 32 * c + 16);
+        w.hd = *(const int4 *)b;
+        return Q::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
+    }
+};
+template <> struct gv_ring_item<KERN_TYPE_Q8_0X8> { /* 32 values: 2 units, 1 pair */
+    using Q = gv<KERN_TYPE_Q8_0X8>;
+    static constexpr int UNITS = 2;
+    using dsv = float2;
+    static __device__ __forceinline__ dsv load_ds(const float2 *ds, int blk, int c) {
+        return gv_ldf2(ds + (size_t)blk * (Q::BLK / GV_QK) + c);
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *row, int blk, int c,
+                                                const int4 (&xv)[UNITS], const dsv f) {
+        const uint8_t *b = row + blk * Q::BYTES;
+        const int4 a = *(const int4 *)(b + 32 * c), e = *(const int4 *)(b + 32 * c + 16);
+        const uint32_t q[8] = {(uint32_t)a.x, (uint32_t)a.y, (uint32_t)a.z, (uint32_t)a.w,
+                               (uint32_t)e.x, (uint32_t)e.y, (uint32_t)e.z, (uint32_t)e.w};
+        const float d = gv_h2f(*(const uint16_t *)(b + 256 + 2 * c)) * 1.0f;
+        const int sum = gv_dp4a_x4(q + 4, xv[1], gv_dp4a_x4(q, xv[0], 0));
+        return d * f.x * (float)sum; /* gv_dot32's product, in its order */
+    }
+};
+template <int T, bool PERM, int W, int S>
 __global__ void __launch_bounds__(W * 32)
     gv_glu_ring_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                        size_t row_bytes, int n_ff, const int8_t *x, const float2 *ds, float *g,
                        float *u, int8_t *oq, float2 *ods, gv_xlayout olay) {
-    using Q = gv<TPI_TYPE_Q4_K>;
+    using Q = gv<T>;
+    using It = gv_ring_item<T>;
     constexpr int PER = 32 / W, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
+    constexpr int NI = GV_RING_NE0 / Q::BLK * Q::IPB / 32; /* items a lane */
+    constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4;
     static_assert(RB % 16 == 0, "rows of whole 16-byte pieces");
     extern __shared__ __align__(16) uint8_t gv_ring[];
     __shared__ float sv[32];
@@ -855,17 +896,18 @@ __global__ void __launch_bounds__(W * 32)
     for (int k = 0; k < S - 1; k++)
         issue(k, k);
     gv_grid_dep_wait(); /* x is the previous kernel's output */
-    constexpr int GS = GV_GS_K4;
-    int4 xv[2][4];
-    float4 xf[2];
+    int4 xv[NI][It::UNITS];
+    typename It::dsv xf[NI];
 #pragma unroll
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < NI; v++) {
         const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
-        const int8_t *xi = PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
+        const int vals = Q::BLK / Q::IPB; /* values an item */
+        const int8_t *xi =
+            PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
 #pragma unroll
-        for (int k = 0; k < 4; k++)
-            xv[v][k] = gv_ldx128(gv_xunit<PERM>(xi, 64 * c + 16 * k, k));
-        xf[v] = gv_ldf4((const float *)(ds + (size_t)blk * (Q::BLK / GV_QK) + 2 * c));
+        for (int k = 0; k < It::UNITS; k++)
+            xv[v][k] = gv_ldx128(gv_xunit<PERM>(xi, vals * c + 16 * k, k));
+        xf[v] = It::load_ds(ds, blk, c);
     }
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
@@ -874,18 +916,11 @@ __global__ void __launch_bounds__(W * 32)
         const uint8_t *slot = ring + (size_t)(k % S) * 2 * RB;
         float acc[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < NI; v++) {
             const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
 #pragma unroll
-            for (int rw = 0; rw < 2; rw++) {
-                const uint8_t *b = slot + rw * RB + blk * Q::BYTES;
-                Q::raw w;
-                w.qa = *(const int4 *)(b + 16 + 32 * c);
-                w.qb = *(const int4 *)(b + 16 + 32 * c + 16);
-                w.hd = *(const int4 *)b;
-                acc[rw] += Q::row_dot(Q::unpack(w, c, 1.0f), xv[v][0], xv[v][1], xv[v][2],
-                                      xv[v][3], xf[v]);
-            }
+            for (int rw = 0; rw < 2; rw++)
+                acc[rw] += It::dot(slot + rw * RB, blk, c, xv[v], xf[v]);
         }
         const float gs = gv_warp_sum(acc[0]), us = gv_warp_sum(acc[1]);
         if (lane == 0) {
@@ -903,55 +938,61 @@ __global__ void __launch_bounds__(W * 32)
         if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
     }
 }
-/* Stages of the ring kernel's launches (TPI_GLU_RING_STAGES: 2..6, default 3). */
-static int gv_ring_stages(void) {
-    static int s = 0;
-    if (!s) {
-        const char *v = getenv("TPI_GLU_RING_STAGES");
-        const int n = v && *v ? atoi(v) : 3;
-        s = n >= 2 && n <= 6 ? n : 3;
-    }
-    return s;
+/* A knob of the ring kernel's launches: TPI_GLU_RING_STAGES (2..4) or _WARPS (2 or 4);
+ * 0 when unset or out of range (the type's default then). */
+static int gv_ring_knob(const char *name, int lo, int hi) {
+    const char *v = getenv(name);
+    const int n = v && *v ? atoi(v) : 0;
+    return n >= lo && n <= hi ? n : 0;
 }
-/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
- * values, 16-byte aligned); false: nothing launched. */
+/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K or Q8_0's groups, rows
+ * of GV_RING_NE0 values, 16-byte aligned); false: nothing launched. Defaults (warps,
+ * stages): Q4_K 4 x 3 (55 KB a block, 4 an SM), Q8_0 groups 2 x 3 (52 KB); n_ff / 32
+ * blocks are then one wave on the H200. */
 template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
                                const gv_xlayout &olay, cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K) {
+    if constexpr (T != TPI_TYPE_Q4_K && T != KERN_TYPE_Q8_0X8) {
         return false;
     } else {
-        if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / 256 * 144 ||
+        using Q = gv<T>;
+        if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
             (((uintptr_t)dg | (uintptr_t)du) & 15))
             return false;
-        constexpr int W = 4;
-        auto go = [&](auto s_c) {
-            constexpr int S = decltype(s_c)::value;
-            const auto kern = gv_glu_ring_kernel<PERM, W, S>;
+        static const int knob_s = gv_ring_knob("TPI_GLU_RING_STAGES", 2, 4);
+        static const int knob_w = gv_ring_knob("TPI_GLU_RING_WARPS", 2, 4);
+        const int want_w = knob_w == 2 || knob_w == 4 ? knob_w : T == TPI_TYPE_Q4_K ? 4 : 2;
+        const int want_s = knob_s ? knob_s : 3;
+        bool ran = false;
+        auto go = [&](auto w_c, auto s_c) {
+            constexpr int W = decltype(w_c)::value, S = decltype(s_c)::value;
+            if (W != want_w || S != want_s) return;
+            const auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
             const size_t smem = (size_t)W * S * 2 * row_bytes;
+            if (smem > (size_t)ctx->smem_optin) return;
             static bool set = false; /* the opt-in, once a kernel (one device a process) */
             if (!set) {
                 if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)smem) != cudaSuccess) {
                     (void)cudaGetLastError();
-                    return false;
+                    return;
                 }
                 set = true;
             }
-            if (smem > (size_t)ctx->smem_optin) return false;
             kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg,
                         du, row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
-            return true;
+            ran = true;
         };
-        switch (gv_ring_stages()) {
-        case 2: return go(std::integral_constant<int, 2>{});
-        case 4: return go(std::integral_constant<int, 4>{});
-        case 5: return go(std::integral_constant<int, 5>{});
-        case 6: return go(std::integral_constant<int, 6>{});
-        default: return go(std::integral_constant<int, 3>{});
-        }
+        auto stages = [&](auto w_c) { /* few instantiations: kern_gemv.cu's build time */
+            go(w_c, std::integral_constant<int, 2>{});
+            go(w_c, std::integral_constant<int, 3>{});
+            go(w_c, std::integral_constant<int, 4>{});
+        };
+        stages(std::integral_constant<int, 2>{});
+        stages(std::integral_constant<int, 4>{});
+        return ran;
     }
 }
 
