@@ -743,6 +743,20 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * (kern_silu_mul1), so g, u and g's int8 form are bitwise those of matmul_n + silu_mul
  * wherever that launch gives a row one warp. */
 
+/* A gate/up block's output stage: after a barrier, its first warp writes the silu*mul
+ * values sv of the block's 32 outputs into g and, unless oq is NULL, their int8 block
+ * for the down matmul (kern_q8_block, the permuted copies). */
+__device__ __forceinline__ void gv_glu_block_out(const float *sv, float *g, int8_t *oq,
+                                                 float2 *ods, const gv_xlayout &olay, int n_ff) {
+    __syncthreads();
+    if ((threadIdx.x >> 5) == 0) {
+        const int lane = threadIdx.x & 31, j = (int)blockIdx.x * 32 + lane;
+        const float v = sv[lane];
+        g[j] = v;
+        if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
+    }
+}
+
 /* Quantized weights: block b owns outputs 32b..32b+31; its W warps take 32 / W of them
  * each, one after another. oq NULL: no int8 form. */
 template <int TYPE, bool PERM, int W>
@@ -769,13 +783,7 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
             sv[o] = kern_silu_mul1(gs, us);
         }
     }
-    __syncthreads();
-    if (warp == 0) {
-        const int j = (int)blockIdx.x * 32 + lane;
-        const float v = sv[lane];
-        g[j] = v;
-        if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
-    }
+    gv_glu_block_out(sv, g, oq, ods, olay, n_ff);
 }
 template <int TYPE, bool PERM, int W>
 __global__ void __launch_bounds__(W * 32)
@@ -930,13 +938,7 @@ __global__ void __launch_bounds__(W * 32)
         __syncwarp(); /* every lane is done with slot k % S before it is refilled */
         issue(k + S - 1, (k + S - 1) % S);
     }
-    __syncthreads();
-    if (warp == 0) {
-        const int j = (int)blockIdx.x * 32 + lane;
-        const float v = sv[lane];
-        g[j] = v;
-        if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
-    }
+    gv_glu_block_out(sv, g, oq, ods, olay, n_ff);
 }
 /* A knob of the ring kernel's launches: TPI_GLU_RING_STAGES (2..4) or _WARPS (2 or 4);
  * 0 when unset or out of range (the type's default then). */
