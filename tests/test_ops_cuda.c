@@ -445,8 +445,12 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                             worst_gemm = e > worst_gemm ? e : worst_gemm;
                         else
                             worst_mv = e > worst_mv ? e : worst_mv;
-                        expect_close(label, got, want, ny, (exact ? 1e-4 : 3e-2) * scale, 0,
-                                     exact ? 1e-9 : 5e-5);
+                        /* more rows: x and W rounded to bf16 (two roundings of up to
+                         * 2^-9 each), so an output of one or a few products is off by up
+                         * to ~0.4 % of itself (ne0 1, rows 64: 0.31 % at 9.6x the rms):
+                         * 1 % of each value on top of 3 % of the rms */
+                        expect_close(label, got, want, ny, (exact ? 1e-4 : 3e-2) * scale,
+                                     exact ? 0 : 1e-2, exact ? 1e-9 : 5e-5);
                     }
                     assert_ok(G, gctx, label);
                 }
