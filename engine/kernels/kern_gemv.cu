@@ -815,10 +815,10 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
         return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
-/* Gate/up with rows of 4096 values streamed through shared memory: Q4_K and Q8_0's
- * 8-block groups (the default for those shapes, and glu mode 1 / TPI_GLU=ring;
- * bench/NOTES.md changes 70 and 72: tg128 Q4_K_M +2.7 % at depth 0 and 8192 on the
- * H200). The kernel above loads a row pair's items into registers and dots them before
+/* Gate/up with rows of 4096 values streamed through shared memory: Q4_K (the default
+ * for that shape, and glu mode 1 / TPI_GLU=ring; bench/NOTES.md change 70: tg128 Q4_K_M
+ * +2.7 % at depth 0 and 8192 on the H200; Q8_0's groups the same way were level with
+ * their own kernel, change 72, so they keep it). The kernel above loads a row pair's items into registers and dots them before
  * the next pair's loads go out, so a warp has one pair in flight only part of the time;
  * bench/gemv_chain.cu measured that shape at 19.5 us for the 56.6 MB of a Qwen3-8B FFN's
  * Q4_K gate and up where bare reads of the same bytes take 13.6. Here each warp's
@@ -829,7 +829,8 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
  * the kernel above's (gv_ring_item runs what gv<T>::dot runs), so g, u and g's int8 form
  * are bitwise the same. */
 #define GV_RING_NE0 4096 /* the one row length */
-/* One item of type T from a row in shared memory against x units held in registers. */
+/* One item of type T from a row in shared memory against x units held in registers
+ * (a type the ring kernel takes specializes it). */
 template <int T> struct gv_ring_item;
 template <> struct gv_ring_item<TPI_TYPE_Q4_K> { /* 64 values: 4 units, 2 pairs */
     using Q = gv<TPI_TYPE_Q4_K>;
@@ -846,24 +847,6 @@ template <> struct gv_ring_item<TPI_TYPE_Q4_K> { /* 64 values: 4 units, 2 pairs 
         w.qb = *(const int4 *)(b + 16 + 32 * c + 16);
         w.hd = *(const int4 *)b;
         return Q::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
-    }
-};
-template <> struct gv_ring_item<KERN_TYPE_Q8_0X8> { /* 32 values: 2 units, 1 pair */
-    using Q = gv<KERN_TYPE_Q8_0X8>;
-    static constexpr int UNITS = 2;
-    using dsv = float2;
-    static __device__ __forceinline__ dsv load_ds(const float2 *ds, int blk, int c) {
-        return gv_ldf2(ds + (size_t)blk * (Q::BLK / GV_QK) + c);
-    }
-    static __device__ __forceinline__ float dot(const uint8_t *row, int blk, int c,
-                                                const int4 (&xv)[UNITS], const dsv f) {
-        const uint8_t *b = row + blk * Q::BYTES;
-        const int4 a = *(const int4 *)(b + 32 * c), e = *(const int4 *)(b + 32 * c + 16);
-        const uint32_t q[8] = {(uint32_t)a.x, (uint32_t)a.y, (uint32_t)a.z, (uint32_t)a.w,
-                               (uint32_t)e.x, (uint32_t)e.y, (uint32_t)e.z, (uint32_t)e.w};
-        const float d = gv_h2f(*(const uint16_t *)(b + 256 + 2 * c)) * 1.0f;
-        const int sum = gv_dp4a_x4(q + 4, xv[1], gv_dp4a_x4(q, xv[0], 0));
-        return d * f.x * (float)sum; /* gv_dot32's product, in its order */
     }
 };
 template <int T, bool PERM, int W, int S>
@@ -941,22 +924,21 @@ __global__ void __launch_bounds__(W * 32)
     gv_glu_block_out(sv, g, oq, ods, olay, n_ff);
 }
 /* A knob of the ring kernel's launches: TPI_GLU_RING_STAGES (2..4) or _WARPS (2 or 4);
- * 0 when unset or out of range (the type's default then). */
+ * 0 when unset or out of range (the default then). */
 static int gv_ring_knob(const char *name, int lo, int hi) {
     const char *v = getenv(name);
     const int n = v && *v ? atoi(v) : 0;
     return n >= lo && n <= hi ? n : 0;
 }
-/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K or Q8_0's groups, rows
- * of GV_RING_NE0 values, 16-byte aligned); false: nothing launched. Defaults (warps,
- * stages): Q4_K 4 x 3 (55 KB a block, 4 an SM), Q8_0 groups 2 x 3 (52 KB); n_ff / 32
- * blocks are then one wave on the H200. */
+/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
+ * values, 16-byte aligned); false: nothing launched. Default 4 warps x 3 stages (55 KB a
+ * block, 4 an SM: n_ff / 32 blocks are then one wave on the H200). */
 template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
                                const gv_xlayout &olay, cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K && T != KERN_TYPE_Q8_0X8) {
+    if constexpr (T != TPI_TYPE_Q4_K) {
         return false;
     } else {
         using Q = gv<T>;
@@ -965,7 +947,7 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
             return false;
         static const int knob_s = gv_ring_knob("TPI_GLU_RING_STAGES", 2, 4);
         static const int knob_w = gv_ring_knob("TPI_GLU_RING_WARPS", 2, 4);
-        const int want_w = knob_w == 2 || knob_w == 4 ? knob_w : T == TPI_TYPE_Q4_K ? 4 : 2;
+        const int want_w = knob_w == 2 ? 2 : 4;
         const int want_s = knob_s ? knob_s : 3;
         bool ran = false;
         auto go = [&](auto w_c, auto s_c) {
