@@ -27,15 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                            \
-    do {                                                                                 \
-        cudaError_t e_ = (x);                                                            \
-        if (e_ != cudaSuccess) {                                                         \
-            fprintf(stderr, "gemv_chain: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), \
-                    __LINE__);                                                           \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
+#define CHAIN_PROG "gemv_chain"
+#include "chain_common.cuh"
+
 
 #define QK_BYTES 144 /* a Q4_K block: d, dmin (f16), 12 bytes of scales, 128 of quants */
 #define K_MAX 12288
@@ -47,7 +41,6 @@
 #define RING_WARPS 4
 #endif
 
-__device__ __forceinline__ void dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 __device__ __forceinline__ int dp4a_x4(const uint32_t *w, const int4 x, int c) {
     c = __dp4a((int)w[0], x.x, c);
@@ -334,13 +327,8 @@ template <int KK>
 static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *ds, float *y,
                    int n_rows, cudaStream_t st) {
     constexpr int ROW_BYTES = ROW_BYTES_OF(KK);
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = chain_cfg(st, true, &at);
     if (kind == K_REGS) {
         cfg.gridDim = dim3((unsigned)((n_rows + 3) / 4));
         cfg.blockDim = dim3(128);
@@ -384,30 +372,6 @@ static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *d
     }
 }
 
-static float median_us(cudaGraphExec_t g, cudaStream_t st, int reps) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    float t[64];
-    for (int r = 0; r < reps + 2; r++) {
-        CK(cudaEventRecord(a, st));
-        CK(cudaGraphLaunch(g, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= 2) t[r - 2] = ms * 1000.0f;
-    }
-    for (int i = 1; i < reps; i++)
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            const float x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return t[reps / 2];
-}
 
 /* Host reference of a row of kk values: the same formula in double. */
 static double ref_row(const uint8_t *w, const int8_t *xq, const float2 *ds, int kk) {

@@ -24,19 +24,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        cudaError_t e_ = (x);                                                              \
-        if (e_ != cudaSuccess) {                                                           \
-            fprintf(stderr, "stream_chain: %s: %s (line %d)\n", #x, cudaGetErrorString(e_), \
-                    __LINE__);                                                             \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#define CHAIN_PROG "stream_chain"
+#include "chain_common.cuh"
 
 enum { MODE_PLAIN, MODE_PDL, MODE_EARLY };
 
-__device__ __forceinline__ void dep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void dep_launch() { asm volatile("griddepcontrol.launch_dependents;"); }
 
 __device__ __forceinline__ uint32_t fold(int4 v) {
@@ -98,13 +90,8 @@ __global__ void __launch_bounds__(128) k_tiles(const int4 *__restrict__ p, size_
 
 static void launch(int tiles, const int4 *p, size_t n16, uint32_t *out, int mode, int n_sm,
                    cudaStream_t st) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = mode == MODE_PLAIN ? 0 : 1;
+    cudaLaunchAttribute at;
+    cudaLaunchConfig_t cfg = chain_cfg(st, mode != MODE_PLAIN, &at);
     if (tiles) {
         cfg.gridDim = dim3((unsigned)((n16 + 1023) / 1024));
         cfg.blockDim = dim3(128);
@@ -116,31 +103,6 @@ static void launch(int tiles, const int4 *p, size_t n16, uint32_t *out, int mode
     }
 }
 
-/* Microseconds one replay of `g` takes (median of `reps`). */
-static float time_graph(cudaGraphExec_t g, cudaStream_t st, int reps) {
-    cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
-    float t[64];
-    for (int r = 0; r < reps + 2; r++) {
-        CK(cudaEventRecord(a, st));
-        CK(cudaGraphLaunch(g, st));
-        CK(cudaEventRecord(b, st));
-        CK(cudaEventSynchronize(b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
-        if (r >= 2) t[r - 2] = ms * 1000.0f;
-    }
-    for (int i = 1; i < reps; i++) /* insertion sort: reps is small */
-        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-            const float x = t[j];
-            t[j] = t[j - 1];
-            t[j - 1] = x;
-        }
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
-    return t[reps / 2];
-}
 
 int main(int argc, char **argv) {
     const int n_chain = argc > 1 ? atoi(argv[1]) : 36;
@@ -177,7 +139,7 @@ int main(int argc, char **argv) {
             launch(tiles, pool, n16 * n_chain, out, MODE_PLAIN, n_sm, st);
             CK(cudaStreamEndCapture(st, &g1));
             CK(cudaGraphInstantiate(&e1, g1, 0));
-            const float t1 = time_graph(e1, st, reps);
+            const float t1 = median_us(e1, st, reps);
             const double bw1 = (double)bytes * n_chain / (t1 * 1e-6) / 1e12;
             for (int mode = 0; mode < 3; mode++) {
                 cudaGraph_t g;
@@ -187,7 +149,7 @@ int main(int argc, char **argv) {
                     launch(tiles, pool + (size_t)c * n16, n16, out, mode, n_sm, st);
                 CK(cudaStreamEndCapture(st, &g));
                 CK(cudaGraphInstantiate(&e, g, 0));
-                const float t = time_graph(e, st, reps) / n_chain;
+                const float t = median_us(e, st, reps) / n_chain;
                 printf("| %.1f | %s | %s | %.2f | %.2f | %.2f |\n", mb[m],
                        tiles ? "tiles" : "wave", mode_name[mode], t,
                        (double)bytes / (t * 1e-6) / 1e12, bw1);
