@@ -124,6 +124,15 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N> __device__ __forceinline__ void cp_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+/* A warp's copy of N bytes (whole 16-byte pieces) from src to shared memory at dst:
+ * lane l takes pieces l, l + 32, ... */
+template <int N> __device__ __forceinline__ void warp_cp(uint32_t dst, const uint8_t *src, int lane) {
+#pragma unroll
+    for (int k = 0; k < (N / 16 + 31) / 32; k++) {
+        const int pc = lane + 32 * k;
+        if (pc < N / 16) cp16(dst + 16 * pc, src + 16 * pc);
+    }
+}
 
 /* ring: every warp of the grid takes a contiguous range of rows (balanced to one row).
  * XREG: x in registers (KK 4096: two items a lane); else x and its pairs staged in
@@ -142,17 +151,10 @@ __global__ void __launch_bounds__(32 * RING_WARPS) k_ring(const uint8_t *__restr
     const int r0 = (int)((long)n_rows * gw / n_w), r1 = (int)((long)n_rows * (gw + 1) / n_w);
     uint8_t *ring = smem + (size_t)warp * RING_STAGES * ROW_BYTES;
     const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
-    /* copy row r into stage st: 144 pieces of 16 bytes, lane l takes l, l+32, ... */
+    /* copy row r into stage st */
     auto issue = [&](int r, int st) {
-        if (r < r1) {
-            const uint8_t *src = W + (size_t)r * ROW_BYTES;
-            const uint32_t dst = ring_s + (uint32_t)(st * ROW_BYTES);
-#pragma unroll
-            for (int k = 0; k < (ROW_BYTES / 16 + 31) / 32; k++) {
-                const int p = lane + 32 * k;
-                if (p < ROW_BYTES / 16) cp16(dst + 16 * p, src + 16 * p);
-            }
-        }
+        if (r < r1)
+            warp_cp<ROW_BYTES>(ring_s + (uint32_t)(st * ROW_BYTES), W + (size_t)r * ROW_BYTES, lane);
         cp_commit();
     };
     /* the weights are not written by any kernel: their copies start before the wait */
@@ -227,16 +229,10 @@ __global__ void __launch_bounds__(32 * KS_GROUPS * (KK / 4096))
     const int r0 = (int)((long)n_rows * gi / n_g), r1 = (int)((long)n_rows * (gi + 1) / n_g);
     uint8_t *ring = smem + (size_t)warp * RING_STAGES * PB;
     const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
-    auto issue = [&](int r, int st) {
-        if (r < r1) {
-            const uint8_t *src = W + (size_t)r * ROW_BYTES + (size_t)p * PB;
-            const uint32_t dst = ring_s + (uint32_t)(st * PB);
-#pragma unroll
-            for (int k = 0; k < (PB / 16 + 31) / 32; k++) {
-                const int pc = lane + 32 * k;
-                if (pc < PB / 16) cp16(dst + 16 * pc, src + 16 * pc);
-            }
-        }
+    auto issue = [&](int r, int st) { /* part p of row r into stage st */
+        if (r < r1)
+            warp_cp<PB>(ring_s + (uint32_t)(st * PB), W + (size_t)r * ROW_BYTES + (size_t)p * PB,
+                        lane);
         cp_commit();
     };
 #pragma unroll

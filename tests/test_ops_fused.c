@@ -264,9 +264,9 @@ static void check_int8_form(struct be b, struct tu_rng *r, float *act, int64_t n
 /* matmul_silu_mul of a gate/up pair of `type` (n_ff x ne0) on nr rows against matmul_n then
  * silu_mul on the same backend: g and u bitwise when `exact` (the CPU; CUDA where matmul_n
  * gives each row one warp), else g and u within NMSE 1e-10. On CUDA, for each block size
- * of `modes` (ops_cuda_set_glu; -1 auto, 1 the ring kernel): the same check, then, when `memo`, g's int8 form
- * (check_int8_form), and `replays` replays of the op recorded in a graph, each with
- * something else in g first, giving g again. */
+ * of `modes` (ops_cuda_set_glu; -1 auto, the ring kernel where it applies): the same
+ * check, then, when `memo`, g's int8 form (check_int8_form), and `replays` replays of the
+ * op recorded in a graph, each with something else in g first, giving g again. */
 static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int64_t nr, bool exact,
                            bool memo, int replays, uint64_t seed) {
     struct tu_rng r;
@@ -288,8 +288,8 @@ static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int
         bget(b, ur, u, ny * 4);
     }
 #ifdef TPI_HAVE_CUDA
-    static const int cuda_modes[] = {-1, 1, 4, 8, 16, 32};
-    const int n_modes = b.o == C ? 1 : 6;
+    static const int cuda_modes[] = {-1, 4, 8, 16, 32};
+    const int n_modes = b.o == C ? 1 : 5;
 #else
     const int n_modes = 1;
 #endif

@@ -815,19 +815,19 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
         return gv_glu_quant_kernel<TYPE, PERM, W>;
 }
 
-/* Gate/up with rows of 4096 values streamed through shared memory: Q4_K (the default
- * for that shape, and glu mode 1 / TPI_GLU=ring; bench/NOTES.md change 70: tg128 Q4_K_M
- * +2.7 % at depth 0 and 8192 on the H200; Q8_0's groups the same way were level with
- * their own kernel, change 72, so they keep it). The kernel above loads a row pair's items into registers and dots them before
- * the next pair's loads go out, so a warp has one pair in flight only part of the time;
- * bench/gemv_chain.cu measured that shape at 19.5 us for the 56.6 MB of a Qwen3-8B FFN's
- * Q4_K gate and up where bare reads of the same bytes take 13.6. Here each warp's
- * PER = 32 / W row pairs go through a ring of S pair slots in shared memory, filled with
- * 16-byte cp.async S - 1 pairs ahead of the pair being dotted (the first ones before the
- * PDL wait: weights), and the lane's items of x (and their (d, d*sum) pairs) stay in
- * registers for all its pairs. The items, their order, the sums and the output stage are
- * the kernel above's (gv_ring_item runs what gv<T>::dot runs), so g, u and g's int8 form
- * are bitwise the same. */
+/* Gate/up with rows of 4096 values streamed through shared memory: Q4_K, by default
+ * wherever the shape allows (bench/NOTES.md change 70: tg128 Q4_K_M +2.7 % at depth 0
+ * and 8192 on the H200; Q8_0's groups the same way were level with their own kernel,
+ * change 72, so they keep it). The kernel above loads a row pair's items into registers
+ * and dots them before the next pair's loads go out, so a warp has one pair in flight
+ * only part of the time; bench/gemv_chain.cu measured that shape at 19.5 us for the
+ * 56.6 MB of a Qwen3-8B FFN's Q4_K gate and up where bare reads of the same bytes take
+ * 13.6. Here each warp's PER = 32 / W row pairs go through a ring of S pair slots in
+ * shared memory, filled with 16-byte cp.async S - 1 pairs ahead of the pair being dotted
+ * (the first ones before the PDL wait: weights), and the lane's items of x (and their
+ * (d, d*sum) pairs) stay in registers for all its pairs. The items, their order, the
+ * sums and the output stage are the kernel above's (gv_ring_item runs what gv<T>::dot
+ * runs), so g, u and g's int8 form are bitwise the same. */
 #define GV_RING_NE0 4096 /* the one row length */
 /* One item of type T from a row in shared memory against x units held in registers
  * (a type the ring kernel takes specializes it). */
@@ -923,16 +923,13 @@ __global__ void __launch_bounds__(W * 32)
     }
     gv_glu_block_out(sv, g, oq, ods, olay, n_ff);
 }
-/* A knob of the ring kernel's launches: TPI_GLU_RING_STAGES (2..4) or _WARPS (2 or 4);
- * 0 when unset or out of range (the default then). */
-static int gv_ring_knob(const char *name, int lo, int hi) {
-    const char *v = getenv(name);
-    const int n = v && *v ? atoi(v) : 0;
-    return n >= lo && n <= hi ? n : 0;
-}
+/* The ring kernel's shape: 4 warps a block, 3 pair slots (55 KB a block, 4 an SM: the
+ * n_ff / 32 blocks of an 8B model's FFN are one wave on the H200). Run 127 measured 2
+ * and 4 slots 0.5-1 % slower; run 129, 2 warps no faster. */
+#define GV_RING_WARPS 4
+#define GV_RING_STAGES 3
 /* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
- * values, 16-byte aligned); false: nothing launched. Default 4 warps x 3 stages (55 KB a
- * block, 4 an SM: n_ff / 32 blocks are then one wave on the H200). */
+ * values, 16-byte aligned, its shared memory allowed); false: nothing launched. */
 template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
@@ -942,41 +939,24 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
         return false;
     } else {
         using Q = gv<T>;
+        constexpr int W = GV_RING_WARPS, S = GV_RING_STAGES;
+        const size_t smem = (size_t)W * S * 2 * row_bytes;
         if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
-            (((uintptr_t)dg | (uintptr_t)du) & 15))
+            (((uintptr_t)dg | (uintptr_t)du) & 15) || smem > (size_t)ctx->smem_optin)
             return false;
-        static const int knob_s = gv_ring_knob("TPI_GLU_RING_STAGES", 2, 4);
-        static const int knob_w = gv_ring_knob("TPI_GLU_RING_WARPS", 2, 4);
-        const int want_w = knob_w == 2 ? 2 : 4;
-        const int want_s = knob_s ? knob_s : 3;
-        bool ran = false;
-        auto go = [&](auto w_c, auto s_c) {
-            constexpr int W = decltype(w_c)::value, S = decltype(s_c)::value;
-            if (W != want_w || S != want_s) return;
-            const auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
-            const size_t smem = (size_t)W * S * 2 * row_bytes;
-            if (smem > (size_t)ctx->smem_optin) return;
-            static bool set = false; /* the opt-in, once a kernel (one device a process) */
-            if (!set) {
-                if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem) != cudaSuccess) {
-                    (void)cudaGetLastError();
-                    return;
-                }
-                set = true;
+        const auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
+        static bool set = false; /* the opt-in, once a kernel (one device a process) */
+        if (!set) {
+            if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)smem) != cudaSuccess) {
+                (void)cudaGetLastError();
+                return false;
             }
-            kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg,
-                        du, row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
-            ran = true;
-        };
-        auto stages = [&](auto w_c) { /* few instantiations: kern_gemv.cu's build time */
-            go(w_c, std::integral_constant<int, 2>{});
-            go(w_c, std::integral_constant<int, 3>{});
-            go(w_c, std::integral_constant<int, 4>{});
-        };
-        stages(std::integral_constant<int, 2>{});
-        stages(std::integral_constant<int, 4>{});
-        return ran;
+            set = true;
+        }
+        kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg, du,
+                    row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
+        return true;
     }
 }
 
@@ -1479,10 +1459,10 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             const unsigned blocks = (unsigned)(n_ff / 32);
             auto go = [&](auto perm_c, const int8_t *x, int xs) {
                 constexpr bool P = decltype(perm_c)::value;
-                /* the ring kernel where it takes the shape: by default and in mode 1 */
-                if ((warps == 1 || warps < 0) && gv_glu_ring_launch<T, P>(ctx, pdl, dg, du, wg->row_bytes, ne0,
-                                                           n_ff, x, gx->ds, g, u, oq, ods, olay,
-                                                           stream))
+                /* auto (warps < 0): the ring kernel where it takes the shape */
+                if (warps < 0 && gv_glu_ring_launch<T, P>(ctx, pdl, dg, du, wg->row_bytes, ne0,
+                                                          n_ff, x, gx->ds, g, u, oq, ods, olay,
+                                                          stream))
                     return;
                 const int w = gv_glu_warps<T, P>(ctx, (int)blocks, warps);
                 auto launch = [&](auto w_c) {

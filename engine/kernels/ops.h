@@ -239,7 +239,7 @@ int ops_cuda_set_attn_mma(int mode);
 /* CUDA builds only: how a context runs matmul_silu_mul for one decode row (0: matmul_n then
  * silu_mul; 4, 8, 16, 32: one launch with that many warps a block for quantized weights;
  * -1: one launch, Q4_K rows of 4096 values through the shared-memory ring kernel and the
- * warps chosen per kernel for the rest; 1: the same), which TPI_GLU sets at init. Returns the
+ * warps chosen per kernel for the rest), which TPI_GLU sets at init. Returns the
  * previous mode, or -2 for an unknown one (nothing changed). */
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form

@@ -146,8 +146,7 @@ int ops_cuda_set_mmq(struct ops_ctx *ctx, int max_rows) {
 }
 
 int ops_cuda_set_glu(struct ops_ctx *ctx, int mode) {
-    if (!ctx || !(mode == -1 || mode == 0 || mode == 1 || mode == 4 || mode == 8 || mode == 16 ||
-                  mode == 32))
+    if (!ctx || !(mode == -1 || mode == 0 || mode == 4 || mode == 8 || mode == 16 || mode == 32))
         return -2;
     const int old = ctx->glu;
     ctx->glu = mode;
@@ -323,17 +322,15 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
      * (matmul_n, then silu_mul), 4/8/16/32 warps a block for quantized weights, anything
      * else auto: Q4_K rows of 4096 values streamed through shared memory (the ring
-     * kernel), other shapes the most warps that keep the launch in one wave; ring (mode 1)
-     * is auto too, named for the tests. */
+     * kernel), other shapes the most warps that keep the launch in one wave. */
     const char *gl = getenv("TPI_GLU");
     ctx->glu = -1;
     if (gl && *gl) {
         static const char *const known[] = {"0", "4", "8", "16", "32"};
         bool ok = strcmp(gl, "auto") == 0;
-        if (strcmp(gl, "ring") == 0) ok = true, ctx->glu = 1;
         for (int i = 0; i < 5 && !ok; i++)
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
-        if (!ok) TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32, ring or auto: ignored", gl);
+        if (!ok) TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
