@@ -9,7 +9,11 @@
  *         dotted), x and its (d, d*sum) pairs held in registers across rows (K 4096);
  *   ring_sx  the same with x and its pairs staged in shared memory (any K);
  *   ring_ks  rows cut into parts of 4096 values, a warp a part (x's part in registers),
- *         the parts' sums added in shared memory (K 4096 * n; sums in another order).
+ *         the parts' sums added in shared memory (K 4096 * n; sums in another order);
+ *   regs8, regs16, nodot, pre, early  regs with 8 or 16 warps a block, without its dots,
+ *         with its weight loads before the PDL wait, and that with the next launch let in
+ *         at once (change 73: what separates a product from bare reads); bare_st: bare
+ *         reads that store a word a warp.
  * Shapes: K 4096 (Q, K/V, wo, gate/up: 1024-24576 output rows) and K 12288 (down).
  * Both compute y[r] = sum over 32-value blocks of d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq),
  * the same items in the same order, so their outputs are bitwise equal; a host reference
@@ -87,31 +91,65 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* regs: block of 4 warps, warp w takes row 4*blockIdx.x + w; a lane's KK/2048 items. */
-template <int KK>
-__global__ void __launch_bounds__(128) k_regs(const uint8_t *__restrict__ W, const int8_t *xq,
-                                              const float2 *ds, float *y, int n_rows) {
+/* regs: block of BW warps, warp w takes row BW*blockIdx.x + w; a lane's KK/2048 items.
+ * MODE (what separates a product from bare reads, change 73):
+ *   R_DOT    the product (load every item, then dot, warp sum, store a row);
+ *   R_NODOT  the same loads and row stores, the dots replaced by an xor of the words;
+ *   R_PRE    the product with its weight loads issued before the PDL wait (volatile asm
+ *            loads stay above it; the previous launch does not trigger early);
+ *   R_EARLY  R_PRE, and the next launch let in at once (launch_dependents first). */
+enum { R_DOT, R_NODOT, R_PRE, R_EARLY };
+__device__ __forceinline__ int4 ld_v4(const void *p) {
+    int4 v;
+    asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+template <int KK, int BW, int MODE>
+__global__ void __launch_bounds__(32 * BW) k_regs(const uint8_t *__restrict__ W, const int8_t *xq,
+                                                  const float2 *ds, float *y, int n_rows) {
     constexpr int ROW_BYTES = ROW_BYTES_OF(KK), NI = KK / 2048;
-    dep_wait();
-    const int lane = threadIdx.x & 31, row = blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (row >= n_rows) return;
-    const uint8_t *wr = W + (size_t)row * ROW_BYTES;
+    constexpr bool PRE = MODE == R_PRE || MODE == R_EARLY;
+    if constexpr (MODE == R_EARLY) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if constexpr (!PRE) dep_wait();
+    const int lane = threadIdx.x & 31, row = blockIdx.x * BW + (threadIdx.x >> 5);
     int4 qa[NI], qb[NI], hd[NI];
+    if (row < n_rows) {
+        const uint8_t *wr = W + (size_t)row * ROW_BYTES;
 #pragma unroll
-    for (int u = 0; u < NI; u++) {
-        const int it = lane + 32 * u, blk = it >> 2, c = it & 3;
-        const uint8_t *b = wr + blk * QK_BYTES;
-        qa[u] = __ldg((const int4 *)(b + 16 + 32 * c));
-        qb[u] = __ldg((const int4 *)(b + 16 + 32 * c + 16));
-        hd[u] = __ldg((const int4 *)b);
+        for (int u = 0; u < NI; u++) {
+            const int it = lane + 32 * u, blk = it >> 2, c = it & 3;
+            const uint8_t *b = wr + blk * QK_BYTES;
+            if constexpr (PRE) {
+                qa[u] = ld_v4(b + 16 + 32 * c);
+                qb[u] = ld_v4(b + 16 + 32 * c + 16);
+                hd[u] = ld_v4(b);
+            } else {
+                qa[u] = __ldg((const int4 *)(b + 16 + 32 * c));
+                qb[u] = __ldg((const int4 *)(b + 16 + 32 * c + 16));
+                hd[u] = __ldg((const int4 *)b);
+            }
+        }
     }
+    if constexpr (PRE) dep_wait();
+    if (row >= n_rows) return;
     float acc = 0.0f;
+    if constexpr (MODE == R_NODOT) {
+        uint32_t h = 0;
 #pragma unroll
-    for (int u = 0; u < NI; u++) {
-        const int it = lane + 32 * u;
-        const int4 *xp = (const int4 *)(xq + 64 * it);
-        const float4 f = *(const float4 *)(ds + 2 * it);
-        acc += item_dot(qa[u], qb[u], hd[u], it & 3, xp[0], xp[1], xp[2], xp[3], f);
+        for (int u = 0; u < NI; u++)
+            h ^= (uint32_t)(qa[u].x ^ qa[u].y ^ qa[u].z ^ qa[u].w ^ qb[u].x ^ qb[u].y ^ qb[u].z ^
+                            qb[u].w ^ hd[u].x ^ hd[u].y ^ hd[u].z ^ hd[u].w);
+        acc = (float)(h & 0xFFFFu);
+    } else {
+#pragma unroll
+        for (int u = 0; u < NI; u++) {
+            const int it = lane + 32 * u;
+            const int4 *xp = (const int4 *)(xq + 64 * it);
+            const float4 f = *(const float4 *)(ds + 2 * it);
+            acc += item_dot(qa[u], qb[u], hd[u], it & 3, xp[0], xp[1], xp[2], xp[3], f);
+        }
     }
     acc = warp_sum(acc);
     if (lane == 0) y[row] = acc;
@@ -280,7 +318,9 @@ __global__ void __launch_bounds__(32 * KS_GROUPS * (KK / 4096))
         }
 }
 
-/* bare reads: one block of 128 threads a 16 KB tile (stream_chain.cu's tiles form). */
+/* bare reads: one block of 128 threads a 16 KB tile (stream_chain.cu's tiles form);
+ * ST: every block stores its xor (one word), as a product stores its outputs. */
+template <bool ST>
 __global__ void __launch_bounds__(128) k_bare(const int4 *__restrict__ p, size_t n16,
                                               uint32_t *out) {
     dep_wait();
@@ -294,10 +334,18 @@ __global__ void __launch_bounds__(128) k_bare(const int4 *__restrict__ p, size_t
             acc ^= (uint32_t)v.x ^ (uint32_t)v.y ^ (uint32_t)v.z ^ (uint32_t)v.w;
         }
     }
-    if (acc == 0x9E3779B9u) out[blockIdx.x] = acc;
+    if (ST) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            acc ^= __shfl_xor_sync(0xffffffffu, acc, o);
+        if ((threadIdx.x & 31) == 0) out[4 * blockIdx.x + (threadIdx.x >> 5)] = acc;
+    } else if (acc == 0x9E3779B9u) {
+        out[blockIdx.x] = acc;
+    }
 }
 
-enum { K_REGS, K_RING, K_RING_SX, K_BARE, K_RING_KS };
+enum { K_REGS, K_RING, K_RING_SX, K_BARE, K_RING_KS, K_BARE_ST, K_REGS8, K_REGS16, K_NODOT, K_PRE,
+       K_EARLY };
 
 template <int KK, bool XREG> static size_t ring_smem() {
     return (size_t)RING_WARPS * RING_STAGES * ROW_BYTES_OF(KK) + (XREG ? 0 : KK + KK / 32 * 8);
@@ -325,10 +373,20 @@ static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *d
     constexpr int ROW_BYTES = ROW_BYTES_OF(KK);
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = chain_cfg(st, true, &at);
-    if (kind == K_REGS) {
+    if (kind == K_REGS || kind == K_NODOT || kind == K_PRE || kind == K_EARLY) {
         cfg.gridDim = dim3((unsigned)((n_rows + 3) / 4));
         cfg.blockDim = dim3(128);
-        CK(cudaLaunchKernelEx(&cfg, k_regs<KK>, W, xq, ds, y, n_rows));
+        auto k = kind == K_REGS    ? k_regs<KK, 4, R_DOT>
+                 : kind == K_NODOT ? k_regs<KK, 4, R_NODOT>
+                 : kind == K_PRE   ? k_regs<KK, 4, R_PRE>
+                                   : k_regs<KK, 4, R_EARLY>;
+        CK(cudaLaunchKernelEx(&cfg, k, W, xq, ds, y, n_rows));
+    } else if (kind == K_REGS8 || kind == K_REGS16) {
+        const int bw = kind == K_REGS8 ? 8 : 16;
+        cfg.gridDim = dim3((unsigned)((n_rows + bw - 1) / bw));
+        cfg.blockDim = dim3(32 * bw);
+        CK(cudaLaunchKernelEx(&cfg, bw == 8 ? k_regs<KK, 8, R_DOT> : k_regs<KK, 16, R_DOT>, W, xq,
+                              ds, y, n_rows));
     } else if (kind == K_RING || kind == K_RING_SX) {
         cfg.blockDim = dim3(32 * RING_WARPS);
         if (kind == K_RING && KK == 4096) {
@@ -364,7 +422,8 @@ static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *d
         const size_t n16 = (size_t)n_rows * ROW_BYTES / 16;
         cfg.gridDim = dim3((unsigned)((n16 + 1023) / 1024));
         cfg.blockDim = dim3(128);
-        CK(cudaLaunchKernelEx(&cfg, k_bare, (const int4 *)W, n16, (uint32_t *)y));
+        CK(cudaLaunchKernelEx(&cfg, kind == K_BARE_ST ? k_bare<true> : k_bare<false>,
+                              (const int4 *)W, n16, (uint32_t *)y));
     }
 }
 
@@ -415,45 +474,52 @@ struct ctx {
     int failed;
 };
 
-/* Every kernel's outputs of n_rows x KK against regs' (bitwise) and the host's. */
+/* Every kernel's outputs of n_rows x KK against regs' (bitwise; ring_ks adds in another
+ * order) and the host's. */
+static const int k_checked[] = {K_REGS, K_RING, K_RING_SX, K_REGS8, K_REGS16, K_PRE, K_EARLY,
+                                K_RING_KS};
+#define N_CHECKED (int)(sizeof k_checked / sizeof k_checked[0])
 template <int KK> static void check(ctx &c, int n_rows) {
     constexpr int RB = ROW_BYTES_OF(KK);
-    float *h[4];
-    for (int k = 0; k < 4; k++) {
+    float *h[N_CHECKED];
+    for (int k = 0; k < N_CHECKED; k++) {
         h[k] = (float *)malloc((size_t)n_rows * sizeof(float));
         CK(cudaMemsetAsync(c.y, 0, (size_t)n_rows * sizeof(float), c.st));
-        launch<KK>(k == 0 ? K_REGS : k == 1 ? K_RING : k == 2 ? K_RING_SX : K_RING_KS, c.W, c.xq,
-                   c.ds, c.y, n_rows, c.st);
+        launch<KK>(k_checked[k], c.W, c.xq, c.ds, c.y, n_rows, c.st);
         CK(cudaMemcpyAsync(h[k], c.y, (size_t)n_rows * sizeof(float), cudaMemcpyDeviceToHost,
                            c.st));
     }
     CK(cudaStreamSynchronize(c.st));
     int n_diff = 0;
-    for (int r = 0; r < n_rows; r++)
-        n_diff += (memcmp(&h[0][r], &h[1][r], 4) != 0) + (memcmp(&h[0][r], &h[2][r], 4) != 0);
+    for (int k = 1; k < N_CHECKED - 1; k++)
+        for (int r = 0; r < n_rows; r++)
+            n_diff += memcmp(&h[0][r], &h[k][r], 4) != 0;
     double max_err = 0.0, max_ref = 0.0;
     for (int r = 0; r < n_rows; r += 97) {
         const double ref = ref_row(c.hw + (size_t)r * RB, c.hx, c.hds, KK);
         max_err = fmax(max_err, fabs(h[0][r] - ref));
-        max_err = fmax(max_err, fabs(h[3][r] - ref)); /* ring_ks: another sum order */
+        max_err = fmax(max_err, fabs(h[N_CHECKED - 1][r] - ref));
         max_ref = fmax(max_ref, fabs(ref));
     }
     const double rel = max_err / fmax(max_ref, 1e-30);
     const bool ok = n_diff == 0 && rel < 1e-4;
-    printf("check K %d, %d rows: ring / ring_sx vs regs %d outputs differ; worst error (regs, "
-           "ring_ks) vs host / largest output %.2e -> %s\n", KK, n_rows, n_diff, rel, ok ? "ok" : "FAILED");
+    printf("check K %d, %d rows: %d outputs of the other kernels differ from regs'; worst error "
+           "(regs, ring_ks) vs host / largest output %.2e -> %s\n", KK, n_rows, n_diff, rel,
+           ok ? "ok" : "FAILED");
     c.failed |= !ok;
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < N_CHECKED; k++)
         free(h[k]);
 }
 
-/* One table row: us a launch in chains of c.n_chain for bare, regs, ring, ring_sx. */
+/* One table row: us a launch in chains of c.n_chain for each kind of k_timed. */
+static const int k_timed[] = {K_BARE, K_BARE_ST, K_REGS, K_REGS8, K_REGS16, K_NODOT,
+                              K_PRE,  K_EARLY,   K_RING, K_RING_KS};
+#define N_TIMED (int)(sizeof k_timed / sizeof k_timed[0])
 template <int KK> static void row(ctx &c, int n_rows) {
     const size_t bytes = (size_t)n_rows * ROW_BYTES_OF(KK);
-    const int kinds[5] = {K_BARE, K_REGS, K_RING, K_RING_SX, K_RING_KS};
-    float us[5];
-    for (int k = 0; k < 5; k++) {
-        if (kinds[k] == K_RING && KK != 4096) {
+    float us[N_TIMED];
+    for (int k = 0; k < N_TIMED; k++) {
+        if (k_timed[k] == K_RING && KK != 4096) {
             us[k] = 0.0f;
             continue;
         }
@@ -461,7 +527,7 @@ template <int KK> static void row(ctx &c, int n_rows) {
         cudaGraphExec_t e;
         CK(cudaStreamBeginCapture(c.st, cudaStreamCaptureModeGlobal));
         for (int i = 0; i < c.n_chain; i++)
-            launch<KK>(kinds[k], c.W + (size_t)i * c.mat, c.xq, c.ds, c.y + (size_t)i * 32768,
+            launch<KK>(k_timed[k], c.W + (size_t)i * c.mat, c.xq, c.ds, c.y + (size_t)i * 32768,
                        n_rows, c.st);
         CK(cudaStreamEndCapture(c.st, &g));
         CK(cudaGraphInstantiate(&e, g, 0));
@@ -469,8 +535,10 @@ template <int KK> static void row(ctx &c, int n_rows) {
         CK(cudaGraphExecDestroy(e));
         CK(cudaGraphDestroy(g));
     }
-    printf("| %d | %d | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", KK, n_rows,
-           bytes / 1e6, us[0], us[1], us[2], us[3], us[4], bytes / (us[0] * 1e-6) / 1e12);
+    printf("| %d | %d | %.1f |", KK, n_rows, bytes / 1e6);
+    for (int k = 0; k < N_TIMED; k++)
+        printf(" %.2f |", us[k]);
+    printf(" %.2f |\n", bytes / (us[0] * 1e-6) / 1e12);
 }
 
 int main(int argc, char **argv) {
@@ -519,14 +587,13 @@ int main(int argc, char **argv) {
     check<4096>(c, 24576);
     check<12288>(c, 8192);
 
-    printf("| K | rows | MB a launch | bare us | regs us | ring us | ring_sx us | ring_ks us | bare "
-           "TB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-    const int rows4k[] = {1024, 4096, 6144, 12288, 24576};
-    for (int i = 0; i < 5; i++)
+    printf("| K | rows | MB a launch | bare | bare_st | regs | regs8 | regs16 | nodot | pre | early "
+           "| ring | ring_ks | bare TB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    const int rows4k[] = {1024, 4096, 6144, 24576};
+    for (int i = 0; i < 4; i++)
         row<4096>(c, rows4k[i]);
     row<12288>(c, 4096);
-    row<12288>(c, 8192);
     CK(cudaGetLastError());
     return c.failed;
 }
