@@ -10,10 +10,12 @@
  *   ring_sx  the same with x and its pairs staged in shared memory (any K);
  *   ring_ks  rows cut into parts of 4096 values, a warp a part (x's part in registers),
  *         the parts' sums added in shared memory (K 4096 * n; sums in another order);
- *   regs8, regs16, nodot, pre, early  regs with 8 or 16 warps a block, without its dots,
- *         with its weight loads before the PDL wait, and that with the next launch let in
- *         at once (change 73: what separates a product from bare reads); bare_st: bare
- *         reads that store a word a warp.
+ *   regs8, regs16, nodot, nox, xperm, tie, tiep, pre, early  regs with 8 or 16 warps a
+ *         block, without its dots, without x's loads, with x permuted as kind p reads it,
+ *         with every load ahead of the first dot (tie; tiep with x permuted), with its
+ *         weight loads before the PDL wait, and that with the next launch let in at once
+ *         (change 73: what separates a product from bare reads); bare_st: bare reads that
+ *         store a word a warp.
  * Shapes: K 4096 (Q, K/V, wo, gate/up: 1024-24576 output rows) and K 12288 (down).
  * Both compute y[r] = sum over 32-value blocks of d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq),
  * the same items in the same order, so their outputs are bitwise equal; a host reference
@@ -97,8 +99,12 @@ __device__ __forceinline__ float warp_sum(float v) {
  *   R_NODOT  the same loads and row stores, the dots replaced by an xor of the words;
  *   R_PRE    the product with its weight loads issued before the PDL wait (volatile asm
  *            loads stay above it; the previous launch does not trigger early);
- *   R_EARLY  R_PRE, and the next launch let in at once (launch_dependents first). */
-enum { R_DOT, R_NODOT, R_PRE, R_EARLY };
+ *   R_EARLY  R_PRE, and the next launch let in at once (launch_dependents first);
+ *   R_NOX    the dots against x made from the lane's number (no x or pair loads; other
+ *            outputs, timing only);
+ *   R_XPERM  the dots against x in a permuted copy (kern_gemv.cu's kind p): x's load k of
+ *            the warp's items u reads 512 contiguous bytes at xq + 512 * (4u + k). */
+enum { R_DOT, R_NODOT, R_PRE, R_EARLY, R_NOX, R_XPERM };
 __device__ __forceinline__ int4 ld_v4(const void *p) {
     int4 v;
     asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];\n"
@@ -106,7 +112,7 @@ __device__ __forceinline__ int4 ld_v4(const void *p) {
                  : "l"(p));
     return v;
 }
-template <int KK, int BW, int MODE>
+template <int KK, int BW, int MODE, bool TIE = false>
 __global__ void __launch_bounds__(32 * BW) k_regs(const uint8_t *__restrict__ W, const int8_t *xq,
                                                   const float2 *ds, float *y, int n_rows) {
     constexpr int ROW_BYTES = ROW_BYTES_OF(KK), NI = KK / 2048;
@@ -134,6 +140,16 @@ __global__ void __launch_bounds__(32 * BW) k_regs(const uint8_t *__restrict__ W,
     }
     if constexpr (PRE) dep_wait();
     if (row >= n_rows) return;
+    if constexpr (TIE) {
+        /* ptxas issues item u's loads after item u-1's dots (fewer registers): one round
+         * trip an item. Item 0's first word made to depend on every load (z is 0 at run
+         * time; the compiler cannot know) puts all of them before the first dot. */
+        const uint32_t z = (uint32_t)n_rows >> 31;
+#pragma unroll
+        for (int u = 1; u < NI; u++)
+            qa[0].x ^= (int)(((uint32_t)qa[u].x ^ (uint32_t)qb[u].x ^ (uint32_t)hd[u].x) & z);
+        qa[0].x ^= (int)(((uint32_t)qb[0].x ^ (uint32_t)hd[0].x) & z);
+    }
     float acc = 0.0f;
     if constexpr (MODE == R_NODOT) {
         uint32_t h = 0;
@@ -146,9 +162,20 @@ __global__ void __launch_bounds__(32 * BW) k_regs(const uint8_t *__restrict__ W,
 #pragma unroll
         for (int u = 0; u < NI; u++) {
             const int it = lane + 32 * u;
-            const int4 *xp = (const int4 *)(xq + 64 * it);
-            const float4 f = *(const float4 *)(ds + 2 * it);
-            acc += item_dot(qa[u], qb[u], hd[u], it & 3, xp[0], xp[1], xp[2], xp[3], f);
+            if constexpr (MODE == R_NOX) {
+                const int v = (int)(0x01010101u * (uint32_t)(it & 63)) ^ n_rows;
+                const float4 f = make_float4(0.01f, 0.5f, 0.02f, 0.25f);
+                const int4 xv = make_int4(v, v ^ 0x5A5A5A5A, v + 3, v ^ 0x0F0F0F0F);
+                acc += item_dot(qa[u], qb[u], hd[u], it & 3, xv, xv, xv, xv, f);
+            } else if constexpr (MODE == R_XPERM) {
+                const int4 *xp = (const int4 *)(xq + 512 * 4 * u + 16 * lane);
+                const float4 f = *(const float4 *)(ds + 2 * it);
+                acc += item_dot(qa[u], qb[u], hd[u], it & 3, xp[0], xp[32], xp[64], xp[96], f);
+            } else {
+                const int4 *xp = (const int4 *)(xq + 64 * it);
+                const float4 f = *(const float4 *)(ds + 2 * it);
+                acc += item_dot(qa[u], qb[u], hd[u], it & 3, xp[0], xp[1], xp[2], xp[3], f);
+            }
         }
     }
     acc = warp_sum(acc);
@@ -345,7 +372,8 @@ __global__ void __launch_bounds__(128) k_bare(const int4 *__restrict__ p, size_t
 }
 
 enum { K_REGS, K_RING, K_RING_SX, K_BARE, K_RING_KS, K_BARE_ST, K_REGS8, K_REGS16, K_NODOT, K_PRE,
-       K_EARLY };
+       K_EARLY, K_NOX, K_XPERM, K_TIE, K_TIEP };
+static int8_t *g_xperm; /* x in R_XPERM's order (made once in main) */
 
 template <int KK, bool XREG> static size_t ring_smem() {
     return (size_t)RING_WARPS * RING_STAGES * ROW_BYTES_OF(KK) + (XREG ? 0 : KK + KK / 32 * 8);
@@ -373,14 +401,20 @@ static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *d
     constexpr int ROW_BYTES = ROW_BYTES_OF(KK);
     cudaLaunchAttribute at;
     cudaLaunchConfig_t cfg = chain_cfg(st, true, &at);
-    if (kind == K_REGS || kind == K_NODOT || kind == K_PRE || kind == K_EARLY) {
+    if (kind == K_REGS || kind == K_NODOT || kind == K_PRE || kind == K_EARLY || kind == K_NOX ||
+        kind == K_XPERM || kind == K_TIE || kind == K_TIEP) {
         cfg.gridDim = dim3((unsigned)((n_rows + 3) / 4));
         cfg.blockDim = dim3(128);
         auto k = kind == K_REGS    ? k_regs<KK, 4, R_DOT>
                  : kind == K_NODOT ? k_regs<KK, 4, R_NODOT>
                  : kind == K_PRE   ? k_regs<KK, 4, R_PRE>
-                                   : k_regs<KK, 4, R_EARLY>;
-        CK(cudaLaunchKernelEx(&cfg, k, W, xq, ds, y, n_rows));
+                 : kind == K_EARLY ? k_regs<KK, 4, R_EARLY>
+                 : kind == K_NOX   ? k_regs<KK, 4, R_NOX>
+                 : kind == K_XPERM ? k_regs<KK, 4, R_XPERM>
+                 : kind == K_TIE   ? k_regs<KK, 4, R_DOT, true>
+                                   : k_regs<KK, 4, R_XPERM, true>;
+        CK(cudaLaunchKernelEx(&cfg, k, W, kind == K_XPERM || kind == K_TIEP ? g_xperm : xq, ds, y,
+                              n_rows));
     } else if (kind == K_REGS8 || kind == K_REGS16) {
         const int bw = kind == K_REGS8 ? 8 : 16;
         cfg.gridDim = dim3((unsigned)((n_rows + bw - 1) / bw));
@@ -476,8 +510,8 @@ struct ctx {
 
 /* Every kernel's outputs of n_rows x KK against regs' (bitwise; ring_ks adds in another
  * order) and the host's. */
-static const int k_checked[] = {K_REGS, K_RING, K_RING_SX, K_REGS8, K_REGS16, K_PRE, K_EARLY,
-                                K_RING_KS};
+static const int k_checked[] = {K_REGS,  K_RING,  K_RING_SX, K_REGS8, K_REGS16, K_PRE,
+                                K_EARLY, K_XPERM, K_TIE,     K_TIEP,  K_RING_KS};
 #define N_CHECKED (int)(sizeof k_checked / sizeof k_checked[0])
 template <int KK> static void check(ctx &c, int n_rows) {
     constexpr int RB = ROW_BYTES_OF(KK);
@@ -512,8 +546,8 @@ template <int KK> static void check(ctx &c, int n_rows) {
 }
 
 /* One table row: us a launch in chains of c.n_chain for each kind of k_timed. */
-static const int k_timed[] = {K_BARE, K_BARE_ST, K_REGS, K_REGS8, K_REGS16, K_NODOT,
-                              K_PRE,  K_EARLY,   K_RING, K_RING_KS};
+static const int k_timed[] = {K_BARE, K_BARE_ST, K_REGS, K_NODOT, K_NOX,  K_XPERM,
+                              K_TIE,  K_TIEP,    K_PRE,  K_EARLY, K_RING, K_RING_KS};
 #define N_TIMED (int)(sizeof k_timed / sizeof k_timed[0])
 template <int KK> static void row(ctx &c, int n_rows) {
     const size_t bytes = (size_t)n_rows * ROW_BYTES_OF(KK);
@@ -580,6 +614,14 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&c.ds, sizeof hds));
     CK(cudaMalloc(&c.y, (size_t)32768 * c.n_chain * sizeof(float)));
     CK(cudaMemcpy(c.xq, hx, K_MAX, cudaMemcpyHostToDevice));
+    {
+        static int8_t hp[K_MAX]; /* item it = lane + 32u: its piece k at 512 * (4u + k) + 16 lane */
+        for (int it = 0; it < K_MAX / 64; it++)
+            for (int k = 0; k < 4; k++)
+                memcpy(hp + 512 * (4 * (it / 32) + k) + 16 * (it % 32), hx + 64 * it + 16 * k, 16);
+        CK(cudaMalloc(&g_xperm, K_MAX));
+        CK(cudaMemcpy(g_xperm, hp, K_MAX, cudaMemcpyHostToDevice));
+    }
     CK(cudaMemcpy(c.ds, hds, sizeof hds, cudaMemcpyHostToDevice));
     CK(cudaStreamCreateWithFlags(&c.st, cudaStreamNonBlocking));
     printf("gemv_chain: %d SMs, ring: %d warps a block, %d stages; chains of %d launches\n",
@@ -587,9 +629,9 @@ int main(int argc, char **argv) {
     check<4096>(c, 24576);
     check<12288>(c, 8192);
 
-    printf("| K | rows | MB a launch | bare | bare_st | regs | regs8 | regs16 | nodot | pre | early "
-           "| ring | ring_ks | bare TB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| K | rows | MB a launch | bare | bare_st | regs | nodot | nox | xperm | tie | tiep | pre "
+           "| early | ring | ring_ks | bare TB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     const int rows4k[] = {1024, 4096, 6144, 24576};
     for (int i = 0; i < 4; i++)
         row<4096>(c, rows4k[i]);
