@@ -19,7 +19,8 @@
  *   run per call), each the median of 5 replays of a CUDA graph of 200 calls rotating
  *   over weight copies of >= 256 MB in all (L2 is 50 MB). TPI_BENCH_TYPES (e.g.
  *   "Q4_K,Q6_K"), TPI_BENCH_ROWS ("1,8"), TPI_BENCH_CFGS ("kind=a;kind=p") and
- *   TPI_BENCH_SHAPES ("4096x12288,12288x4096": ne0 x ne1) narrow it.
+ *   TPI_BENCH_SHAPES ("4096x12288,12288x4096": ne0 x ne1) narrow it; TPI_BENCH_ACC=1
+ *   times y += x W^T (the residual products) instead of y = x W^T.
  * GPU groups print SKIP and exit 77 without a usable GPU.
  *
  * Reference and bound. For the types that quantize x the reference is the CPU matmul on
@@ -57,6 +58,8 @@ static const char *const CFGS[] = {
     "kind=p,pdl=1", "kind=b,batch=1,pdl=0", "kind=b,batch=2,pdl=1", "kind=auto,wps=64",
     "kind=p,wps=8", "kind=p,rpw=2",         "kind=p,rpw=4,wps=64",  "kind=a,rpw=2",
     "kind=p,kbound=0", "kind=p,kbound=8", "kind=a,kbound=6", "kind=p,x8bound=4",
+    "kind=p,loads=1",  "kind=p,loads=2",  "kind=p,loads=4",  "kind=p,loads=7",
+    "kind=p,kbound=0,x8bound=4,loads=6",
 };
 #define N_CFGS ((int)(sizeof CFGS / sizeof CFGS[0]))
 
@@ -167,16 +170,16 @@ START_TEST(test_host) {
     char desc[96];
     ck_assert_int_eq(kern_gemv_configure("kind=p,wps=32"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=10,x8bound=8");
+    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=10,x8bound=8,loads=0");
     ck_assert_int_eq(kern_gemv_configure("kind=auto,wps=auto"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=10,x8bound=8");
-    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4"), 0);
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=10,x8bound=8,loads=0");
+    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4,loads=6"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4");
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4,loads=6");
     const char *bad[] = {"wps=7", "wps=65", "wps=3x", "wps=", "kind=q", "batch=3", "pdl=2", "x=1",
                          "rpw=3", "rpw=8", "rpw=", "kbound=4", "kbound=", "kbound=8x",
-                         "x8bound=0", "x8bound=7"};
+                         "x8bound=0", "x8bound=7", "loads=3", "loads=", "loads=12"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(kern_gemv_configure(bad[i]) == -1, "'%s' was taken", bad[i]);
     kern_gemv_configure(NULL);
@@ -511,6 +514,8 @@ END_TEST
 static double bench_time(struct tpi_weight *w, int n_copies, const float *gx, int64_t nr, float *gy,
                          bool full) {
     cudaStream_t s = (cudaStream_t)G->stream(gctx);
+    const char *acc_env = getenv("TPI_BENCH_ACC"); /* 1: y += x W^T, as the residual products */
+    const int acc = acc_env && acc_env[0] == '1';
     void *px = kern_gemv_test_prepare(gctx, gx, (int)nr, w[0].ne0, NULL); /* sizes the scratch */
     ck_assert_ptr_nonnull(px);
     ck_assert_int_eq(kern_gemv_test_run(gctx, &w[0], px, gy, 0, NULL), 1);
@@ -524,7 +529,7 @@ static double bench_time(struct tpi_weight *w, int n_copies, const float *gx, in
             px = kern_gemv_test_prepare(gctx, gx, (int)nr, w[0].ne0, NULL);
             ck_assert_ptr_nonnull(px);
         }
-        ck_assert_int_eq(kern_gemv_test_run(gctx, &w[i % n_copies], px, gy, 0, NULL), 1);
+        ck_assert_int_eq(kern_gemv_test_run(gctx, &w[i % n_copies], px, gy, acc, NULL), 1);
     }
     const cudaError_t e_end = cudaStreamEndCapture(s, &graph);
     ck_assert_msg(e_end == cudaSuccess, "capture: %s", cudaGetErrorString(e_end));

@@ -448,10 +448,12 @@ __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__rest
 
 /* Sum acc over the warp, then over the wpr warps of one row group (shared memory),
  * and store (or add to) rows row0..row0+RW-1 (those < ne1) of y for the first nr x
- * rows. Lane rw writes weight row rw's outputs. */
-template <int NR, int RW>
+ * rows. Lane rw writes weight row rw's outputs. YF: y's old values were read into yo
+ * (gv_y_first) and are added instead of being read here. */
+template <int NR, int RW, bool YF = false>
 __device__ __forceinline__ void gv_store(float (&acc)[RW][NR], float *__restrict__ y, int ne1,
-                                         int nr, int row0, int part, int wpr, bool accumulate) {
+                                         int nr, int row0, int part, int wpr, bool accumulate,
+                                         const float (*yo)[NR] = nullptr) {
     __shared__ float red[GV_WARPS][RW][NR];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
@@ -485,8 +487,23 @@ __device__ __forceinline__ void gv_store(float (&acc)[RW][NR], float *__restrict
             for (int r = 0; r < NR; r++)
                 if (r < nr) {
                     float *o = y + (size_t)r * ne1 + row0 + rw;
-                    *o = accumulate ? *o + acc[rw][r] : acc[rw][r];
+                    *o = accumulate ? (YF ? yo[rw][r] : *o) + acc[rw][r] : acc[rw][r];
                 }
+}
+
+/* For gv_store<.., YF>: the old values of the y entries lane rw of a part-0 warp will add
+ * to (y +=), read now (after the wait) so their round trip overlaps the weight stream. */
+template <int NR, int RW>
+__device__ __forceinline__ void gv_y_first(const float *y, int ne1, int nr, int row0, int part,
+                                           bool accumulate, float (&yo)[RW][NR]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int rw = 0; rw < RW; rw++)
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            yo[rw][r] = accumulate && part == 0 && lane == rw && row0 + rw < ne1 && r < nr
+                            ? y[(size_t)r * ne1 + row0 + rw]
+                            : 0.0f;
 }
 
 /* The RW weight rows a warp takes from row0 on: rows past ne1 repeat the last row (read,
@@ -510,7 +527,29 @@ __device__ __forceinline__ void gv_rows_of(const uint8_t *w, size_t row_bytes, i
  * weights are loaded into registers (Q::load) before its first dot. __host__
  * __device__: the host emulation runs it per lane (RW 1: one row's sums do not depend
  * on RW). */
-template <int TYPE, int NR, bool PERM, int RW>
+/* The xor of every 32-bit word of a loaded item (raw: whole words). */
+template <typename R> __host__ __device__ __forceinline__ uint32_t gv_raw_xor(const R &w) {
+    static_assert(sizeof(R) % 4 == 0, "raw items are whole words");
+    uint32_t a[sizeof(R) / 4], t = 0;
+    memcpy(a, &w, sizeof a);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(R) / 4); i++)
+        t ^= a[i];
+    return t;
+}
+/* w's first word ^= t (t is zero at run time: a dependency, no change of value). */
+template <typename R> __host__ __device__ __forceinline__ void gv_raw_tie(R &w, uint32_t t) {
+    uint32_t a0;
+    memcpy(&a0, &w, 4);
+    a0 ^= t;
+    memcpy(&w, &a0, 4);
+}
+
+/* LD (kinds a and p, one x row and weight row: the loads knob, GV_LD_*; 0 elsewhere) */
+#define GV_LD_TIE 1   /* a batch's first item tied to all its loads: every load before its dots */
+#define GV_LD_ONE6 2  /* rows of exactly 6 items a lane in one batch of 6 (no redone items) */
+#define GV_LD_YFIRST 4 /* y += : y's old values read right after the wait, not after the dots */
+template <int TYPE, int NR, bool PERM, int RW, int LD = 0>
 __host__ __device__ __forceinline__ void
 gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
              int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
@@ -526,6 +565,20 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
 #pragma unroll
                 for (int rw = 0; rw < RW; rw++)
                     Q::load(w[u][rw], wr[rw] + (size_t)(i / Q::IPB) * Q::BYTES, i % Q::IPB);
+            }
+            if constexpr ((LD & GV_LD_TIE) != 0) {
+                /* ptxas otherwise issues a batch's later loads after its first dots (fewer
+                 * registers), and a warp waits for DRAM once an item instead of once a
+                 * batch: the first item's first word made to depend on every load of the
+                 * batch (through z, zero at run time for ne0 > 0) puts them all ahead */
+                const uint32_t z = (uint32_t)ne0 >> 31;
+                uint32_t t = 0;
+#pragma unroll
+                for (int u = 0; u < U; u++)
+#pragma unroll
+                    for (int rw = 0; rw < RW; rw++)
+                        t ^= gv_raw_xor(w[u][rw]);
+                gv_raw_tie(w[0][0], t & z);
             }
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -544,6 +597,8 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
     };
     if (n_items <= 2 * step)
         rows(std::integral_constant<int, 2>{});
+    else if ((LD & GV_LD_ONE6) != 0 && n_items == 6 * step)
+        rows(std::integral_constant<int, (LD & GV_LD_ONE6) != 0 ? 6 : GV_UNROLL>{});
     else
         rows(std::integral_constant<int, GV_UNROLL>{});
 }
@@ -580,7 +635,7 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
-template <int TYPE, int NR, bool PERM, int RW>
+template <int TYPE, int NR, bool PERM, int RW, int LD = 0>
 __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
                                               const int8_t *__restrict__ x, int xs,
                                               const float2 *__restrict__ ds, int nr,
@@ -600,20 +655,23 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     /* The wait comes first: x is read with plain loads (so that the RW rows share them),
      * which the compiler may move up to, but not above, the branch that guards them. */
     gv_grid_dep_wait();
+    constexpr bool YF = (LD & GV_LD_YFIRST) != 0;
+    float yo[RW][NR];
+    if constexpr (YF) gv_y_first<NR, RW>(me.y, ne1, nr, row0, part, accumulate, yo);
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
-        gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
-                                         x, xs, ds, ne0, nr, acc);
+        gv_item_rows<TYPE, NR, PERM, RW, LD>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane,
+                                              32 * wpr, x, xs, ds, ne0, nr, acc);
     }
-    gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
+    gv_store<NR, RW, YF>(acc, me.y, ne1, nr, row0, part, wpr, accumulate, yo);
 }
 
-template <int TYPE, int NR, bool PERM, int RW>
+template <int TYPE, int NR, bool PERM, int RW, int LD = 0>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
                     int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
-    gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
+    gv_quant_body<TYPE, NR, PERM, RW, LD>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The same held to MINB blocks a multiprocessor: Q8_0's 8-block groups with one x row
  * (GV_X8_MIN_BLOCKS for 2-4 weight rows a warp, the x8bound knob for one), Q6_K's groups
@@ -630,12 +688,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * they keep the one-argument form. */
 #define GV_X8_MIN_BLOCKS 4
 #define GV_X8_BOUND_DEFAULT 8
-template <int TYPE, int NR, bool PERM, int RW, int MINB>
+template <int TYPE, int NR, bool PERM, int RW, int MINB, int LD = 0>
 __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
     gv_quant_kernel_held(const gv_segs sg, size_t row_bytes, int ne0,
                          const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
                          int nr, bool accumulate) {
-    gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
+    gv_quant_body<TYPE, NR, PERM, RW, LD>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
  * knob: 0, 6, 8 or 10, default 10) holds Q4_K's and Q6_K's one-row kernels to that many
@@ -646,31 +704,50 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
  * 21.1 -> 18.5 us at 10, Q4_K 11.6 -> 10.5; tg128 Q4_K_M +1.2 %, run 35; bench/NOTES.md
  * change 30). */
 #define GV_KBOUND_MIN_NE0 8192
-template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound, int x8bound) {
+template <int TYPE, int NR, bool PERM, int RW, int LD>
+auto gv_quant_kernel_for_t(int kbound, int x8bound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1) {
         if constexpr (RW == 1) { /* the x8bound knob (GV_X8_BOUND_DEFAULT by default) */
-            if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
-            if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
-            if (x8bound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
+            if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5, LD>;
+            if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6, LD>;
+            if (x8bound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8, LD>;
         }
-        return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS>;
+        return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS, LD>;
     }
     if constexpr (TYPE == KERN_TYPE_Q6_KX8 && NR == 1 && RW == 1) {
         /* Q6_K's groups (52 registers unbounded): long rows (kbound given, the down
          * products) held to 4 blocks (128 registers; run 44: 12288x4096 13.71 us against
          * 14.33 at 8), other shapes by the x8bound knob (lm_head 130.0 us at 8, 139.3 at 4) */
-        if (kbound != 0) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4>;
-        if (x8bound == 4) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4>;
-        if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
-        if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
-        return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
+        if (kbound != 0) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4, LD>;
+        if (x8bound == 4) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4, LD>;
+        if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5, LD>;
+        if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6, LD>;
+        return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8, LD>;
     }
     if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && NR == 1 && RW == 1) {
-        if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
-        if (kbound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
-        if (kbound == 10) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 10>;
+        if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6, LD>;
+        if (kbound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8, LD>;
+        if (kbound == 10) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 10, LD>;
     }
-    return gv_quant_kernel<TYPE, NR, PERM, RW>;
+    return gv_quant_kernel<TYPE, NR, PERM, RW, LD>;
+}
+/* ld (the loads knob, GV_LD_* bits): kind p's one x row, one weight row a warp of Q4_K and
+ * Q6_K's groups (the decode products of a Q4_K_M model) take the kernels built with those
+ * bits; other shapes and types never do (not built). */
+template <int TYPE, int NR, bool PERM, int RW>
+auto gv_quant_kernel_for(int kbound, int x8bound, int ld) {
+    if constexpr (NR == 1 && RW == 1 && PERM &&
+                  (TYPE == TPI_TYPE_Q4_K || TYPE == KERN_TYPE_Q6_KX8)) {
+        switch (ld) {
+        case 1: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 1>(kbound, x8bound);
+        case 2: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 2>(kbound, x8bound);
+        case 4: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 4>(kbound, x8bound);
+        case 6: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 6>(kbound, x8bound);
+        case 7: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 7>(kbound, x8bound);
+        default: break;
+        }
+    }
+    return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 0>(kbound, x8bound);
 }
 
 /* BF16/F16 weights, kind a: one warp's share of RW weight rows (wb[]), items of 8 values
@@ -1038,7 +1115,14 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *                          (11.19 -> 11.50, 19.20 -> 22.04, 15.82 -> 17.43), and so did
  *                          tg128 end to end (Q4_K_M +2.5 %, Q8_0 +1.5 % at rpw 1;
  *                          bench/NOTES.md change 16). 4096->1024 is worse at 2 for every
- *                          type (half the warps), BF16 no better anywhere. */
+ *                          type (half the warps), BF16 no better anywhere.
+ *   TPI_GEMV_LOADS 0..7    kind p with one x row and one weight row a warp, Q4_K and Q6_K's
+ *                          groups: bits of GV_LD_* (0, 1, 2, 4, 6 or 7). 1: a batch's first
+ *                          item made to depend on all of its loads, so every load goes out
+ *                          before the first dot (ptxas otherwise puts a batch's later loads
+ *                          after its first dots); 2: rows of 6 items a lane in one batch;
+ *                          4: y's old values (y +=) read right after the wait. Same results.
+ *                          Default 0 (bench/NOTES.md change 74). */
 struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
     int batch, pdl, wps; /* wps 0: auto */
@@ -1047,8 +1131,10 @@ struct gv_cfg {
                           * an SM; 0 none */
     int x8bound;         /* the one-row kernels of Q8_0's and Q6_K's 8-block groups held to 4,
                           * 5, 6 or 8 (default) blocks an SM */
+    int ld;              /* kind p, one x row, Q4_K and Q6_K groups: GV_LD_* bits (0, 1, 2, 4, 6
+                          * or 7) */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_BOUND_DEFAULT};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_BOUND_DEFAULT, 0};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
@@ -1106,6 +1192,9 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
+        } else if (strcmp(key, "loads") == 0) {
+            if (spec - v != 1 || !strchr("012467", *v)) return false;
+            c->ld = *v - '0';
         } else {
             return false;
         }
@@ -1121,7 +1210,8 @@ static gv_cfg gv_cfg_from_env(void) {
                                           {"wps", "TPI_GEMV_WPS"},
                                           {"rpw", "TPI_GEMV_RPW"},
                                           {"kbound", "TPI_GEMV_KBOUND"},
-                                          {"x8bound", "TPI_GEMV_X8BOUND"}};
+                                          {"x8bound", "TPI_GEMV_X8BOUND"},
+                                          {"loads", "TPI_GEMV_LOADS"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1154,8 +1244,8 @@ void kern_gemv_describe(char *buf, size_t n) {
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
     if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
-    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d", kind, c.batch,
-             c.pdl, wps, rpw, c.kbound, c.x8bound);
+    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d,loads=%d", kind,
+             c.batch, c.pdl, wps, rpw, c.kbound, c.x8bound, c.ld);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1309,14 +1399,14 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
-                            gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
+                            gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound, c.ld),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
-                            gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound),
+                            gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound, c.ld),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xq, ne0, gx->ds, nr, accumulate);
             });
