@@ -926,11 +926,75 @@ template <> struct gv_ring_item<TPI_TYPE_Q4_K> { /* 64 values: 4 units, 2 pairs 
         return Q::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
     }
 };
-template <int T, bool PERM, int W, int S>
+/* The norm made inside the ring kernel (gv_glu_ring_kernel<.., NORM = true>): the float
+ * row xr (GV_RING_NE0 values), the norm's weight nw and eps; h receives the normed row
+ * (written by block 0). */
+struct gv_ring_norm {
+    const float *xr, *nw;
+    float eps;
+    float *h;
+};
+/* NORM: thread t of the block (W * 32 == GV_RING_NE0 / 32 threads) norms, and quantizes
+ * into xs / xds (x's int8 form in kind p's order, its pairs), the 32 values 32t.. of the
+ * row, as rmsnorm_split_kernel and kern_q8_quant would: the same sum of squares
+ * (kern_row_sumsq), scale, products and rounding, so h and the int8 form are bitwise
+ * theirs. nwv: the thread's 32 weights (loaded before the wait). */
+template <int NT>
+__device__ __forceinline__ void gv_ring_norm_row(const gv_ring_norm &nm, const float4 (&nwv)[8],
+                                                 int8_t *xs, float2 *xds) {
+    const int t = threadIdx.x;
+    const float scale = kern_rms_scale(kern_row_sumsq<NT>(nm.xr, GV_RING_NE0), GV_RING_NE0,
+                                       nm.eps);
+    const float4 *x4 = (const float4 *)(nm.xr + 32 * t);
+    float o[32];
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        const float4 xv = x4[j];
+        const float xa[4] = {xv.x, xv.y, xv.z, xv.w};
+        const float wa[4] = {nwv[j].x, nwv[j].y, nwv[j].z, nwv[j].w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            o[4 * j + e] = __fmul_rn(__fmul_rn(xa[e], scale), wa[e]);
+            amax = fmaxf(amax, fabsf(o[4 * j + e]));
+        }
+    }
+    if (blockIdx.x == 0) {
+        float4 *h4 = (float4 *)(nm.h + 32 * t);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            h4[j] = make_float4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+    }
+    /* kern_q8_quant's arithmetic for the 32 values at once */
+    const float d = amax / 127.0f, inv = 127.0f / amax;
+    int sum = 0;
+    uint32_t wq[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int q = amax > 0.0f ? __float2int_rn(o[4 * j + e] * inv) : 0;
+            q = max(-127, min(127, q));
+            sum += q;
+            word |= ((uint32_t)q & 0xFFu) << (8 * e);
+        }
+        wq[j] = word;
+    }
+    xds[t] = make_float2(d, d * (float)sum);
+    /* values 32t.. are item t / 2's units 2 (t & 1) and 2 (t & 1) + 1 (kind p's order) */
+    const int it = t >> 1, k0 = 2 * (t & 1);
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        *(int4 *)(xs + GV_GS_K4 * (it >> 5) + 512 * (k0 + h) + 16 * (it & 31)) =
+            make_int4((int)wq[4 * h], (int)wq[4 * h + 1], (int)wq[4 * h + 2], (int)wq[4 * h + 3]);
+}
+
+template <int T, bool PERM, int W, int S, bool NORM = false>
 __global__ void __launch_bounds__(W * 32)
     gv_glu_ring_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                        size_t row_bytes, int n_ff, const int8_t *x, const float2 *ds, float *g,
-                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay) {
+                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay, gv_ring_norm nm) {
     using Q = gv<T>;
     using It = gv_ring_item<T>;
     constexpr int PER = 32 / W, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
@@ -963,7 +1027,23 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
     for (int k = 0; k < S - 1; k++)
         issue(k, k);
+    float4 nwv[NORM ? 8 : 1];
+    if constexpr (NORM) { /* the norm's weights are no kernel's output */
+        static_assert(W * 32 * 32 == GV_RING_NE0 && T == TPI_TYPE_Q4_K && PERM,
+                      "a thread a 32-value block of the row, kind p's order");
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            nwv[j] = ((const float4 *)(nm.nw + 32 * threadIdx.x))[j];
+    }
     gv_grid_dep_wait(); /* x is the previous kernel's output */
+    if constexpr (NORM) {
+        __shared__ __align__(16) int8_t nxs[GV_RING_NE0];
+        __shared__ __align__(16) float2 nds[GV_RING_NE0 / 32];
+        gv_ring_norm_row<W * 32>(nm, nwv, nxs, nds);
+        __syncthreads();
+        x = nxs; /* the items below read the block's own int8 form */
+        ds = nds;
+    }
     int4 xv[NI][It::UNITS];
     typename It::dsv xf[NI];
 #pragma unroll
@@ -1006,13 +1086,15 @@ __global__ void __launch_bounds__(W * 32)
 #define GV_RING_WARPS 4
 #define GV_RING_STAGES 3
 /* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
- * values, 16-byte aligned, its shared memory allowed); false: nothing launched. */
-template <int T, bool PERM>
+ * values, 16-byte aligned, its shared memory allowed); false: nothing launched. NORM:
+ * the kernel that makes x's int8 form itself from nm (kind p's order only). */
+template <int T, bool PERM, bool NORM = false>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                               const gv_xlayout &olay, cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K) {
+                               const gv_xlayout &olay, cudaStream_t stream,
+                               const gv_ring_norm &nm = {}) {
+    if constexpr (T != TPI_TYPE_Q4_K || (NORM && !PERM)) {
         return false;
     } else {
         using Q = gv<T>;
@@ -1021,7 +1103,10 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
         if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
             (((uintptr_t)dg | (uintptr_t)du) & 15) || smem > (size_t)ctx->smem_optin)
             return false;
-        const auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
+        if (NORM && ((((uintptr_t)nm.xr | (uintptr_t)nm.nw | (uintptr_t)nm.h) & 15) ||
+                     smem + 5 * 1024 + 256 > (size_t)ctx->smem_optin))
+            return false;
+        const auto kern = gv_glu_ring_kernel<T, PERM, W, S, NORM>;
         static bool set = false; /* the opt-in, once a kernel (one device a process) */
         if (!set) {
             if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1032,7 +1117,7 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
             set = true;
         }
         kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg, du,
-                    row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
+                    row_bytes, n_ff, x, ds, g, u, oq, ods, olay, nm);
         return true;
     }
 }
@@ -1596,6 +1681,22 @@ bool kern_gemv_v3(struct ops_ctx *ctx, const struct tpi_weight *w, const float *
         return false;
     }
     return kern_gemv_v3_run(ctx, w, &gx, y, false, ctx->stream);
+}
+
+bool kern_gemv_v3_run_glu_norm(struct ops_ctx *ctx, const struct tpi_weight *wg,
+                               const struct tpi_weight *wu, const float *x, const float *w,
+                               float eps, float *h, float *g, float *u, int8_t *oq, float2 *ods,
+                               cudaStream_t stream) {
+    if (kern_wtype(wg) != TPI_TYPE_Q4_K || kern_wtype(wu) != TPI_TYPE_Q4_K ||
+        wg->row_bytes != wu->row_bytes || wg->ne0 != wu->ne0 || wg->ne1 != wu->ne1 ||
+        wg->ne1 % 32 != 0 || !oq || !ods)
+        return false;
+    const gv_cfg c = gv_config();
+    const gv_ring_norm nm = {x, w, eps, h};
+    return gv_glu_ring_launch<TPI_TYPE_Q4_K, true, true>(
+        ctx, c.pdl != 0, (const uint8_t *)wg->data, (const uint8_t *)wu->data, wg->row_bytes,
+        (int)wg->ne0, (int)wg->ne1, NULL, NULL, g, u, oq, ods, gv_xlayout_of(1, (int)wg->ne1),
+        stream, nm);
 }
 
 /* ------------------------------------------------------- test and bench hooks */
