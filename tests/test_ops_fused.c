@@ -351,92 +351,6 @@ static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int
     free(xh);
 }
 
-/* norm_silu_mul of a gate/up pair of `type` (n_ff x ne0) on nr rows against rmsnorm then
- * matmul_silu_mul on the same backend: h, g and u bitwise (CUDA's one launch makes the
- * norm's sum of squares, scale, products and int8 rounding exactly as rmsnorm does).
- * On CUDA, `fused` says whether the one launch must have run (the ring kernel's shape),
- * and then g's int8 form and 3 replays of the op recorded in a graph are checked too. */
-static void check_norm_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int64_t nr,
-                                bool fused, uint64_t seed) {
-    struct tu_rng r;
-    tu_rng_seed(&r, seed);
-    const size_t nx = (size_t)(nr * ne0), ny = (size_t)(nr * n_ff);
-    struct tpi_weight w[2];
-    make_weight(b, &r, type, ne0, n_ff, &w[0]);
-    make_weight(b, &r, type, ne0, n_ff, &w[1]);
-    float *xh = rand_vec(&r, nx, -3, 3), *nwh = rand_vec(&r, (size_t)ne0, 0.2f, 1.8f);
-    float *x = bdup(b, xh, nx * 4), *nw = bdup(b, nwh, (size_t)ne0 * 4);
-    float *h = b.o->alloc(b.ctx, nx * 4);
-    float *g = b.o->alloc(b.ctx, ny * 4), *u = b.o->alloc(b.ctx, ny * 4);
-    float *res[2][3]; /* [reference, op][h, g, u] */
-    char label[160];
-    snprintf(label, sizeof label, "%s norm_silu_mul (%s %lldx%lld) rows %lld", b.o->name,
-             quant_type_name(type), (long long)n_ff, (long long)ne0, (long long)nr);
-#ifdef TPI_HAVE_CUDA
-    const int64_t n0 = b.o == C ? 0 : ops_cuda_glu_norm_count(b.ctx);
-#endif
-    for (int v = 0; v < 2; v++) {
-        b.o->to_dev(b.ctx, h, xh, nx * 4); /* something else in h, g, u first */
-        if (v == 0) {
-            b.o->rmsnorm(b.ctx, x, nw, h, nr, ne0, 1e-6f);
-            b.o->matmul_silu_mul(b.ctx, &w[0], &w[1], h, g, u, nr);
-        } else {
-            b.o->norm_silu_mul(b.ctx, x, nw, 1e-6f, h, &w[0], &w[1], g, u, nr);
-        }
-        const size_t sz[3] = {nx, ny, ny};
-        float *src[3] = {h, g, u};
-        for (int k = 0; k < 3; k++) {
-            res[v][k] = malloc(sz[k] * 4);
-            bget(b, res[v][k], src[k], sz[k] * 4);
-        }
-        assert_ok(b, label);
-    }
-    static const char *const what[3] = {"h", "g", "u"};
-    const size_t sz[3] = {nx, ny, ny};
-    for (int k = 0; k < 3; k++) {
-        const size_t d = n_diff(res[1][k], res[0][k], sz[k]);
-        ck_assert_msg(d == 0, "%s: %zu of %zu %s differ from rmsnorm + matmul_silu_mul", label, d,
-                      sz[k], what[k]);
-    }
-#ifdef TPI_HAVE_CUDA
-    if (b.o != C) {
-        const int64_t n_fused = ops_cuda_glu_norm_count(b.ctx) - n0;
-        ck_assert_msg(n_fused == (fused ? 1 : 0), "%s: %lld one-launch calls, expected %d", label,
-                      (long long)n_fused, fused ? 1 : 0);
-        if (fused) {
-            check_int8_form(b, &r, g, nr, n_ff, label);
-            graph_start(b);
-            b.o->norm_silu_mul(b.ctx, x, nw, 1e-6f, h, &w[0], &w[1], g, u, nr);
-            void *graph = graph_stop(b);
-            for (int k = 0; k < 3; k++) {
-                b.o->to_dev(b.ctx, g, xh, (ny < nx ? ny : nx) * 4);
-                b.o->to_dev(b.ctx, h, xh + 1, (nx - 1) * 4);
-                graph_replay(b, graph);
-                float *got = malloc(ny * 4), *goth = malloc(nx * 4);
-                bget(b, got, g, ny * 4);
-                bget(b, goth, h, nx * 4);
-                size_t d = n_diff(got, res[0][1], ny);
-                ck_assert_msg(d == 0, "%s: replay %d: %zu of %zu g differ", label, k, d, ny);
-                d = n_diff(goth, res[0][0], nx);
-                ck_assert_msg(d == 0, "%s: replay %d: %zu of %zu h differ", label, k, d, nx);
-                free(got), free(goth);
-            }
-            b.o->graph_free(b.ctx, graph);
-            assert_ok(b, label);
-        }
-    }
-#else
-    (void)fused;
-#endif
-    for (int v = 0; v < 2; v++)
-        for (int k = 0; k < 3; k++)
-            free(res[v][k]);
-    b.o->dealloc(b.ctx, h), b.o->dealloc(b.ctx, g), b.o->dealloc(b.ctx, u);
-    b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, nw);
-    b.o->weight_free(b.ctx, &w[0]), b.o->weight_free(b.ctx, &w[1]);
-    free(xh), free(nwh);
-}
-
 /* The quantized types of the v3 path and Q5_K (matmul_n + silu_mul) and BF16: for one row
  * the model's FFN (`big`: 4096 -> 12288 for Q4_K and Q8_0, 2048 -> 6144 for the others,
  * with graph replays; the CPU takes 512 -> 1536): bitwise; then 1024 -> 2048 on 1 and 3
@@ -458,12 +372,6 @@ static void silu_mul_cases(struct be b, bool big) {
             check_silu_mul(b, types[t], 1024, 2048, nr, cpu, v3q && !cpu, 0, 800 + 10 * t + nr);
         if (!k_quant) check_silu_mul(b, types[t], 256, 96, 1, cpu, v3q && !cpu, 0, 900 + 10 * t);
     }
-    /* norm_silu_mul: the ring kernel's shape (one launch on CUDA), then shapes and types
-     * that take rmsnorm + matmul_silu_mul there */
-    if (big) check_norm_silu_mul(b, TPI_TYPE_Q4_K, 4096, 12288, 1, true, 950);
-    check_norm_silu_mul(b, TPI_TYPE_Q4_K, 512, 1536, 1, false, 951);
-    check_norm_silu_mul(b, TPI_TYPE_Q4_K, 1024, 2048, 3, false, 952);
-    check_norm_silu_mul(b, TPI_TYPE_Q8_0, 512, 1536, 1, false, 953);
 }
 
 START_TEST(test_fused_matmul_cpu) {

@@ -82,8 +82,6 @@ struct ops_ctx {
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
-    bool glu_norm;  /* norm_silu_mul's norm inside the ring gate/up launch (TPI_GLU_NORM) */
-    int64_t n_glu_norm; /* norm_silu_mul calls queued as that one launch (tests) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -214,52 +212,6 @@ __device__ __forceinline__ int kern_q8_pairs(float v, int64_t i, float2 *ds) {
     const int q = kern_q8_quant(v, &pair);
     if ((threadIdx.x & 31) == 0) ds[i / 32] = pair;
     return q;
-}
-
-/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
- * Each kernel that calls it gets its own shared part[]. */
-static __device__ __forceinline__ float kern_block_sum(float v) {
-    __shared__ float part[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    __syncthreads(); /* part[] may still be read by a previous call */
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    v = lane < n_warps ? part[lane] : 0.0f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-/* The sum of squares of the n_cols values at x (n_cols % 4 == 0, 16-byte aligned) over a
- * block of T threads, every thread getting it, in one fixed order: the decode rmsnorm
- * (rmsnorm_split_kernel) and the gate/up launch that makes the norm itself call it, so
- * their scales are bitwise equal. */
-template <int T> __device__ __forceinline__ float kern_row_sumsq(const float *x, int n_cols) {
-    const float4 *xr4 = (const float4 *)x;
-    const int n4 = n_cols / 4;
-    float ss = 0.0f;
-    int i = threadIdx.x;
-    for (; i + 7 * T < n4; i += 8 * T) {
-        float4 v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = xr4[i + j * T];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-    }
-    for (; i < n4; i += T) {
-        const float4 v = xr4[i];
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    return kern_block_sum(ss);
-}
-/* rmsnorm's scale from the sum of squares of n values, as every decode norm takes it. */
-__device__ __forceinline__ float kern_rms_scale(float ss, int n, float eps) {
-    return (float)(1.0 / sqrt((double)ss / (double)n + (double)eps));
 }
 
 /* silu(g) * u as every kernel computes it (silu_mul, the gate/up launch of kern_gemv.cu),
@@ -490,11 +442,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const float *x, float *g, float *u,
                           int64_t n_rows);
-/* ops.h norm_silu_mul: the FFN's norm, gate, up and silu*mul (one launch for a decode
- * row of the ring kernel's gate/up pairs). */
-void kern_norm_silu_mul(struct ops_ctx *ctx, const float *x, const float *w, float eps, float *h,
-                        const struct tpi_weight *wg, const struct tpi_weight *wu, float *g,
-                        float *u, int64_t n_rows);
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
@@ -547,16 +494,6 @@ bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *w
 bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
                           float *u, int8_t *oq, float2 *ods, int warps, cudaStream_t stream);
-/* h = rmsnorm(x) * w (eps) for one row of n = wg->ne0 values, then g = silu(h Wg^T) *
- * (h Wu^T), u = h Wu^T and g's int8 form (oq / ods, as kern_gemv_v3_run_glu writes it),
- * in one launch on `stream` that makes the norm and h's int8 form itself: h, g, u, oq
- * bitwise what kern_rmsnorm then kern_gemv_v3_run_glu (auto warps) write. Covers the
- * gate/up pairs the ring kernel takes (Q4_K rows of 4096 values); false (nothing queued)
- * otherwise. x, h, g, u must not overlap. */
-bool kern_gemv_v3_run_glu_norm(struct ops_ctx *ctx, const struct tpi_weight *wg,
-                               const struct tpi_weight *wu, const float *x, const float *w,
-                               float eps, float *h, float *g, float *u, int8_t *oq, float2 *ods,
-                               cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

@@ -148,8 +148,22 @@ __global__ void f32_to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) 
         y[i] = __float2bfloat16_rn(x[i]);
 }
 
-/* Sum over the block (kern_block_sum). */
-static __device__ __forceinline__ float block_sum(float v) { return kern_block_sum(v); }
+/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    __syncthreads(); /* part[] may still be read by a previous call */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? part[lane] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 
 
@@ -316,8 +330,25 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
     const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
     const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
     kern_dep_wait();
-    const float scale = kern_rms_scale(kern_row_sumsq<RMS_SPLIT_T>(x + row * n_cols, n_cols),
-                                       n_cols, eps);
+    const float4 *xr4 = (const float4 *)(x + row * n_cols);
+    const int n4 = n_cols / 4;
+    float ss = 0.0f;
+    int i = threadIdx.x;
+    for (; i + 7 * RMS_SPLIT_T < n4; i += 8 * RMS_SPLIT_T) {
+        float4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = xr4[i + j * RMS_SPLIT_T];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    for (; i < n4; i += RMS_SPLIT_T) {
+        const float4 v = xr4[i];
+        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = block_sum(ss);
+    const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
     const int64_t at = row * n_cols + c;
     const float o = __fmul_rn(__fmul_rn(x[at], scale), wc);
     y[at] = o;

@@ -448,12 +448,10 @@ __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__rest
 
 /* Sum acc over the warp, then over the wpr warps of one row group (shared memory),
  * and store (or add to) rows row0..row0+RW-1 (those < ne1) of y for the first nr x
- * rows. Lane rw writes weight row rw's outputs. YF: y's old values were read into yo
- * (gv_y_first) and are added instead of being read here. */
-template <int NR, int RW, bool YF = false>
+ * rows. Lane rw writes weight row rw's outputs. */
+template <int NR, int RW>
 __device__ __forceinline__ void gv_store(float (&acc)[RW][NR], float *__restrict__ y, int ne1,
-                                         int nr, int row0, int part, int wpr, bool accumulate,
-                                         const float (*yo)[NR] = nullptr) {
+                                         int nr, int row0, int part, int wpr, bool accumulate) {
     __shared__ float red[GV_WARPS][RW][NR];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
@@ -487,23 +485,8 @@ __device__ __forceinline__ void gv_store(float (&acc)[RW][NR], float *__restrict
             for (int r = 0; r < NR; r++)
                 if (r < nr) {
                     float *o = y + (size_t)r * ne1 + row0 + rw;
-                    *o = accumulate ? (YF ? yo[rw][r] : *o) + acc[rw][r] : acc[rw][r];
+                    *o = accumulate ? *o + acc[rw][r] : acc[rw][r];
                 }
-}
-
-/* For gv_store<.., YF>: the old values of the y entries lane rw of a part-0 warp will add
- * to (y +=), read now (after the wait) so their round trip overlaps the weight stream. */
-template <int NR, int RW>
-__device__ __forceinline__ void gv_y_first(const float *y, int ne1, int nr, int row0, int part,
-                                           bool accumulate, float (&yo)[RW][NR]) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int rw = 0; rw < RW; rw++)
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            yo[rw][r] = accumulate && part == 0 && lane == rw && row0 + rw < ne1 && r < nr
-                            ? y[(size_t)r * ne1 + row0 + rw]
-                            : 0.0f;
 }
 
 /* The RW weight rows a warp takes from row0 on: rows past ne1 repeat the last row (read,
@@ -522,34 +505,13 @@ __device__ __forceinline__ void gv_rows_of(const uint8_t *w, size_t row_bytes, i
  * exact zeros) instead of branching. An item's x is read once for the RW rows (the
  * dots' loads of the same x are one load after common-subexpression elimination), so
  * x traffic per weight byte falls by RW. Rows of <= 2 items per lane (4096 values of
- * Q4_K/Q6_K) take batches of 2, so half the work is not thrown away. x: plain int8 x
+ * Q4_K/Q6_K) take batches of 2, so half the work is not thrown away; decode rows of
+ * exactly 6 (below) one batch of 6. x: plain int8 x
  * (kind a) or the type's permuted copy (kind p, xs its padded row stride). A batch's
  * weights are loaded into registers (Q::load) before its first dot. __host__
  * __device__: the host emulation runs it per lane (RW 1: one row's sums do not depend
  * on RW). */
-/* The xor of every 32-bit word of a loaded item (raw: whole words). */
-template <typename R> __host__ __device__ __forceinline__ uint32_t gv_raw_xor(const R &w) {
-    static_assert(sizeof(R) % 4 == 0, "raw items are whole words");
-    uint32_t a[sizeof(R) / 4], t = 0;
-    memcpy(a, &w, sizeof a);
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(R) / 4); i++)
-        t ^= a[i];
-    return t;
-}
-/* w's first word ^= t (t is zero at run time: a dependency, no change of value). */
-template <typename R> __host__ __device__ __forceinline__ void gv_raw_tie(R &w, uint32_t t) {
-    uint32_t a0;
-    memcpy(&a0, &w, 4);
-    a0 ^= t;
-    memcpy(&w, &a0, 4);
-}
-
-/* LD (kinds a and p, one x row and weight row: the loads knob, GV_LD_*; 0 elsewhere) */
-#define GV_LD_TIE 1   /* a batch's first item tied to all its loads: every load before its dots */
-#define GV_LD_ONE6 2  /* rows of exactly 6 items a lane in one batch of 6 (no redone items) */
-#define GV_LD_YFIRST 4 /* y += : y's old values read right after the wait, not after the dots */
-template <int TYPE, int NR, bool PERM, int RW, int LD = 0>
+template <int TYPE, int NR, bool PERM, int RW>
 __host__ __device__ __forceinline__ void
 gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
              int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
@@ -566,20 +528,6 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
                 for (int rw = 0; rw < RW; rw++)
                     Q::load(w[u][rw], wr[rw] + (size_t)(i / Q::IPB) * Q::BYTES, i % Q::IPB);
             }
-            if constexpr ((LD & GV_LD_TIE) != 0) {
-                /* ptxas otherwise issues a batch's later loads after its first dots (fewer
-                 * registers), and a warp waits for DRAM once an item instead of once a
-                 * batch: the first item's first word made to depend on every load of the
-                 * batch (through z, zero at run time for ne0 > 0) puts them all ahead */
-                const uint32_t z = (uint32_t)ne0 >> 31;
-                uint32_t t = 0;
-#pragma unroll
-                for (int u = 0; u < U; u++)
-#pragma unroll
-                    for (int rw = 0; rw < RW; rw++)
-                        t ^= gv_raw_xor(w[u][rw]);
-                gv_raw_tie(w[0][0], t & z);
-            }
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 const int i0 = it + u * step;
@@ -595,10 +543,16 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
             }
         }
     };
+    /* kind p's one x row and weight row a warp of Q4_K and Q6_K's groups: rows of 6 items
+     * a lane (K 12288, the down products) in one batch of 6 instead of 4, then 2 with 2
+     * redone at weight 0 (test_gemv_cuda bench, us: Q4_K 12288 x 4096 10.53 -> 9.47, Q6_K
+     * groups 13.69 -> 13.23; tg128 Q4_K_M +1.5 %; bench/NOTES.md change 74) */
+    constexpr bool ONE6 = NR == 1 && RW == 1 && PERM &&
+                          (TYPE == TPI_TYPE_Q4_K || TYPE == KERN_TYPE_Q6_KX8);
     if (n_items <= 2 * step)
         rows(std::integral_constant<int, 2>{});
-    else if ((LD & GV_LD_ONE6) != 0 && n_items == 6 * step)
-        rows(std::integral_constant<int, (LD & GV_LD_ONE6) != 0 ? 6 : GV_UNROLL>{});
+    else if (ONE6 && n_items == 6 * step)
+        rows(std::integral_constant<int, ONE6 ? 6 : GV_UNROLL>{});
     else
         rows(std::integral_constant<int, GV_UNROLL>{});
 }
@@ -635,7 +589,7 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
-template <int TYPE, int NR, bool PERM, int RW, int LD = 0>
+template <int TYPE, int NR, bool PERM, int RW>
 __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
                                               const int8_t *__restrict__ x, int xs,
                                               const float2 *__restrict__ ds, int nr,
@@ -655,23 +609,20 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     /* The wait comes first: x is read with plain loads (so that the RW rows share them),
      * which the compiler may move up to, but not above, the branch that guards them. */
     gv_grid_dep_wait();
-    constexpr bool YF = (LD & GV_LD_YFIRST) != 0;
-    float yo[RW][NR];
-    if constexpr (YF) gv_y_first<NR, RW>(me.y, ne1, nr, row0, part, accumulate, yo);
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
-        gv_item_rows<TYPE, NR, PERM, RW, LD>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane,
-                                              32 * wpr, x, xs, ds, ne0, nr, acc);
+        gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
+                                         x, xs, ds, ne0, nr, acc);
     }
-    gv_store<NR, RW, YF>(acc, me.y, ne1, nr, row0, part, wpr, accumulate, yo);
+    gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
 }
 
-template <int TYPE, int NR, bool PERM, int RW, int LD = 0>
+template <int TYPE, int NR, bool PERM, int RW>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_quant_kernel(const gv_segs sg, size_t row_bytes, int ne0, const int8_t *__restrict__ x,
                     int xs, const float2 *__restrict__ ds, int nr, bool accumulate) {
-    gv_quant_body<TYPE, NR, PERM, RW, LD>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
+    gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The same held to MINB blocks a multiprocessor: Q8_0's 8-block groups with one x row
  * (GV_X8_MIN_BLOCKS for 2-4 weight rows a warp, the x8bound knob for one), Q6_K's groups
@@ -688,12 +639,12 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * they keep the one-argument form. */
 #define GV_X8_MIN_BLOCKS 4
 #define GV_X8_BOUND_DEFAULT 8
-template <int TYPE, int NR, bool PERM, int RW, int MINB, int LD = 0>
+template <int TYPE, int NR, bool PERM, int RW, int MINB>
 __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
     gv_quant_kernel_held(const gv_segs sg, size_t row_bytes, int ne0,
                          const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
                          int nr, bool accumulate) {
-    gv_quant_body<TYPE, NR, PERM, RW, LD>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
+    gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
  * knob: 0, 6, 8 or 10, default 10) holds Q4_K's and Q6_K's one-row kernels to that many
@@ -704,50 +655,31 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
  * 21.1 -> 18.5 us at 10, Q4_K 11.6 -> 10.5; tg128 Q4_K_M +1.2 %, run 35; bench/NOTES.md
  * change 30). */
 #define GV_KBOUND_MIN_NE0 8192
-template <int TYPE, int NR, bool PERM, int RW, int LD>
-auto gv_quant_kernel_for_t(int kbound, int x8bound) {
+template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound, int x8bound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1) {
         if constexpr (RW == 1) { /* the x8bound knob (GV_X8_BOUND_DEFAULT by default) */
-            if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5, LD>;
-            if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6, LD>;
-            if (x8bound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8, LD>;
+            if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
+            if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
+            if (x8bound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
         }
-        return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS, LD>;
+        return gv_quant_kernel_held<TYPE, NR, PERM, RW, GV_X8_MIN_BLOCKS>;
     }
     if constexpr (TYPE == KERN_TYPE_Q6_KX8 && NR == 1 && RW == 1) {
         /* Q6_K's groups (52 registers unbounded): long rows (kbound given, the down
          * products) held to 4 blocks (128 registers; run 44: 12288x4096 13.71 us against
          * 14.33 at 8), other shapes by the x8bound knob (lm_head 130.0 us at 8, 139.3 at 4) */
-        if (kbound != 0) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4, LD>;
-        if (x8bound == 4) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4, LD>;
-        if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5, LD>;
-        if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6, LD>;
-        return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8, LD>;
+        if (kbound != 0) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4>;
+        if (x8bound == 4) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 4>;
+        if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
+        if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
+        return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
     }
     if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && NR == 1 && RW == 1) {
-        if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6, LD>;
-        if (kbound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8, LD>;
-        if (kbound == 10) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 10, LD>;
+        if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
+        if (kbound == 8) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
+        if (kbound == 10) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 10>;
     }
-    return gv_quant_kernel<TYPE, NR, PERM, RW, LD>;
-}
-/* ld (the loads knob, GV_LD_* bits): kind p's one x row, one weight row a warp of Q4_K and
- * Q6_K's groups (the decode products of a Q4_K_M model) take the kernels built with those
- * bits; other shapes and types never do (not built). */
-template <int TYPE, int NR, bool PERM, int RW>
-auto gv_quant_kernel_for(int kbound, int x8bound, int ld) {
-    if constexpr (NR == 1 && RW == 1 && PERM &&
-                  (TYPE == TPI_TYPE_Q4_K || TYPE == KERN_TYPE_Q6_KX8)) {
-        switch (ld) {
-        case 1: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 1>(kbound, x8bound);
-        case 2: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 2>(kbound, x8bound);
-        case 4: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 4>(kbound, x8bound);
-        case 6: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 6>(kbound, x8bound);
-        case 7: return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 7>(kbound, x8bound);
-        default: break;
-        }
-    }
-    return gv_quant_kernel_for_t<TYPE, NR, PERM, RW, 0>(kbound, x8bound);
+    return gv_quant_kernel<TYPE, NR, PERM, RW>;
 }
 
 /* BF16/F16 weights, kind a: one warp's share of RW weight rows (wb[]), items of 8 values
@@ -926,75 +858,11 @@ template <> struct gv_ring_item<TPI_TYPE_Q4_K> { /* 64 values: 4 units, 2 pairs 
         return Q::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
     }
 };
-/* The norm made inside the ring kernel (gv_glu_ring_kernel<.., NORM = true>): the float
- * row xr (GV_RING_NE0 values), the norm's weight nw and eps; h receives the normed row
- * (written by block 0). */
-struct gv_ring_norm {
-    const float *xr, *nw;
-    float eps;
-    float *h;
-};
-/* NORM: thread t of the block (W * 32 == GV_RING_NE0 / 32 threads) norms, and quantizes
- * into xs / xds (x's int8 form in kind p's order, its pairs), the 32 values 32t.. of the
- * row, as rmsnorm_split_kernel and kern_q8_quant would: the same sum of squares
- * (kern_row_sumsq), scale, products and rounding, so h and the int8 form are bitwise
- * theirs. nwv: the thread's 32 weights (loaded before the wait). */
-template <int NT>
-__device__ __forceinline__ void gv_ring_norm_row(const gv_ring_norm &nm, const float4 (&nwv)[8],
-                                                 int8_t *xs, float2 *xds) {
-    const int t = threadIdx.x;
-    const float scale = kern_rms_scale(kern_row_sumsq<NT>(nm.xr, GV_RING_NE0), GV_RING_NE0,
-                                       nm.eps);
-    const float4 *x4 = (const float4 *)(nm.xr + 32 * t);
-    float o[32];
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        const float4 xv = x4[j];
-        const float xa[4] = {xv.x, xv.y, xv.z, xv.w};
-        const float wa[4] = {nwv[j].x, nwv[j].y, nwv[j].z, nwv[j].w};
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            o[4 * j + e] = __fmul_rn(__fmul_rn(xa[e], scale), wa[e]);
-            amax = fmaxf(amax, fabsf(o[4 * j + e]));
-        }
-    }
-    if (blockIdx.x == 0) {
-        float4 *h4 = (float4 *)(nm.h + 32 * t);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            h4[j] = make_float4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
-    }
-    /* kern_q8_quant's arithmetic for the 32 values at once */
-    const float d = amax / 127.0f, inv = 127.0f / amax;
-    int sum = 0;
-    uint32_t wq[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        uint32_t word = 0;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int q = amax > 0.0f ? __float2int_rn(o[4 * j + e] * inv) : 0;
-            q = max(-127, min(127, q));
-            sum += q;
-            word |= ((uint32_t)q & 0xFFu) << (8 * e);
-        }
-        wq[j] = word;
-    }
-    xds[t] = make_float2(d, d * (float)sum);
-    /* values 32t.. are item t / 2's units 2 (t & 1) and 2 (t & 1) + 1 (kind p's order) */
-    const int it = t >> 1, k0 = 2 * (t & 1);
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-        *(int4 *)(xs + GV_GS_K4 * (it >> 5) + 512 * (k0 + h) + 16 * (it & 31)) =
-            make_int4((int)wq[4 * h], (int)wq[4 * h + 1], (int)wq[4 * h + 2], (int)wq[4 * h + 3]);
-}
-
-template <int T, bool PERM, int W, int S, bool NORM = false>
+template <int T, bool PERM, int W, int S>
 __global__ void __launch_bounds__(W * 32)
     gv_glu_ring_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                        size_t row_bytes, int n_ff, const int8_t *x, const float2 *ds, float *g,
-                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay, gv_ring_norm nm) {
+                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay) {
     using Q = gv<T>;
     using It = gv_ring_item<T>;
     constexpr int PER = 32 / W, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
@@ -1027,23 +895,7 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
     for (int k = 0; k < S - 1; k++)
         issue(k, k);
-    float4 nwv[NORM ? 8 : 1];
-    if constexpr (NORM) { /* the norm's weights are no kernel's output */
-        static_assert(W * 32 * 32 == GV_RING_NE0 && T == TPI_TYPE_Q4_K && PERM,
-                      "a thread a 32-value block of the row, kind p's order");
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            nwv[j] = ((const float4 *)(nm.nw + 32 * threadIdx.x))[j];
-    }
     gv_grid_dep_wait(); /* x is the previous kernel's output */
-    if constexpr (NORM) {
-        __shared__ __align__(16) int8_t nxs[GV_RING_NE0];
-        __shared__ __align__(16) float2 nds[GV_RING_NE0 / 32];
-        gv_ring_norm_row<W * 32>(nm, nwv, nxs, nds);
-        __syncthreads();
-        x = nxs; /* the items below read the block's own int8 form */
-        ds = nds;
-    }
     int4 xv[NI][It::UNITS];
     typename It::dsv xf[NI];
 #pragma unroll
@@ -1086,15 +938,13 @@ __global__ void __launch_bounds__(W * 32)
 #define GV_RING_WARPS 4
 #define GV_RING_STAGES 3
 /* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
- * values, 16-byte aligned, its shared memory allowed); false: nothing launched. NORM:
- * the kernel that makes x's int8 form itself from nm (kind p's order only). */
-template <int T, bool PERM, bool NORM = false>
+ * values, 16-byte aligned, its shared memory allowed); false: nothing launched. */
+template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                               const gv_xlayout &olay, cudaStream_t stream,
-                               const gv_ring_norm &nm = {}) {
-    if constexpr (T != TPI_TYPE_Q4_K || (NORM && !PERM)) {
+                               const gv_xlayout &olay, cudaStream_t stream) {
+    if constexpr (T != TPI_TYPE_Q4_K) {
         return false;
     } else {
         using Q = gv<T>;
@@ -1103,10 +953,7 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
         if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
             (((uintptr_t)dg | (uintptr_t)du) & 15) || smem > (size_t)ctx->smem_optin)
             return false;
-        if (NORM && ((((uintptr_t)nm.xr | (uintptr_t)nm.nw | (uintptr_t)nm.h) & 15) ||
-                     smem + 5 * 1024 + 256 > (size_t)ctx->smem_optin))
-            return false;
-        const auto kern = gv_glu_ring_kernel<T, PERM, W, S, NORM>;
+        const auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
         static bool set = false; /* the opt-in, once a kernel (one device a process) */
         if (!set) {
             if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -1117,7 +964,7 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
             set = true;
         }
         kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg, du,
-                    row_bytes, n_ff, x, ds, g, u, oq, ods, olay, nm);
+                    row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
         return true;
     }
 }
@@ -1200,14 +1047,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *                          (11.19 -> 11.50, 19.20 -> 22.04, 15.82 -> 17.43), and so did
  *                          tg128 end to end (Q4_K_M +2.5 %, Q8_0 +1.5 % at rpw 1;
  *                          bench/NOTES.md change 16). 4096->1024 is worse at 2 for every
- *                          type (half the warps), BF16 no better anywhere.
- *   TPI_GEMV_LOADS 0..7    kind p with one x row and one weight row a warp, Q4_K and Q6_K's
- *                          groups: bits of GV_LD_* (0, 1, 2, 4, 6 or 7). 1: a batch's first
- *                          item made to depend on all of its loads, so every load goes out
- *                          before the first dot (ptxas otherwise puts a batch's later loads
- *                          after its first dots); 2: rows of 6 items a lane in one batch;
- *                          4: y's old values (y +=) read right after the wait. Same results.
- *                          Default 0 (bench/NOTES.md change 74). */
+ *                          type (half the warps), BF16 no better anywhere. */
 struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
     int batch, pdl, wps; /* wps 0: auto */
@@ -1216,10 +1056,8 @@ struct gv_cfg {
                           * an SM; 0 none */
     int x8bound;         /* the one-row kernels of Q8_0's and Q6_K's 8-block groups held to 4,
                           * 5, 6 or 8 (default) blocks an SM */
-    int ld;              /* kind p, one x row, Q4_K and Q6_K groups: GV_LD_* bits (0, 1, 2, 4, 6
-                          * or 7) */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_BOUND_DEFAULT, 0};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_BOUND_DEFAULT};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
@@ -1277,9 +1115,6 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
-        } else if (strcmp(key, "loads") == 0) {
-            if (spec - v != 1 || !strchr("012467", *v)) return false;
-            c->ld = *v - '0';
         } else {
             return false;
         }
@@ -1295,8 +1130,7 @@ static gv_cfg gv_cfg_from_env(void) {
                                           {"wps", "TPI_GEMV_WPS"},
                                           {"rpw", "TPI_GEMV_RPW"},
                                           {"kbound", "TPI_GEMV_KBOUND"},
-                                          {"x8bound", "TPI_GEMV_X8BOUND"},
-                                          {"loads", "TPI_GEMV_LOADS"}};
+                                          {"x8bound", "TPI_GEMV_X8BOUND"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1329,8 +1163,8 @@ void kern_gemv_describe(char *buf, size_t n) {
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
     if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
-    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d,loads=%d", kind,
-             c.batch, c.pdl, wps, rpw, c.kbound, c.x8bound, c.ld);
+    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d", kind, c.batch,
+             c.pdl, wps, rpw, c.kbound, c.x8bound);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1484,14 +1318,14 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
-                            gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound, c.ld),
+                            gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
-                            gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound, c.ld),
+                            gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xq, ne0, gx->ds, nr, accumulate);
             });
@@ -1681,22 +1515,6 @@ bool kern_gemv_v3(struct ops_ctx *ctx, const struct tpi_weight *w, const float *
         return false;
     }
     return kern_gemv_v3_run(ctx, w, &gx, y, false, ctx->stream);
-}
-
-bool kern_gemv_v3_run_glu_norm(struct ops_ctx *ctx, const struct tpi_weight *wg,
-                               const struct tpi_weight *wu, const float *x, const float *w,
-                               float eps, float *h, float *g, float *u, int8_t *oq, float2 *ods,
-                               cudaStream_t stream) {
-    if (kern_wtype(wg) != TPI_TYPE_Q4_K || kern_wtype(wu) != TPI_TYPE_Q4_K ||
-        wg->row_bytes != wu->row_bytes || wg->ne0 != wu->ne0 || wg->ne1 != wu->ne1 ||
-        wg->ne1 % 32 != 0 || !oq || !ods)
-        return false;
-    const gv_cfg c = gv_config();
-    const gv_ring_norm nm = {x, w, eps, h};
-    return gv_glu_ring_launch<TPI_TYPE_Q4_K, true, true>(
-        ctx, c.pdl != 0, (const uint8_t *)wg->data, (const uint8_t *)wu->data, wg->row_bytes,
-        (int)wg->ne0, (int)wg->ne1, NULL, NULL, g, u, oq, ods, gv_xlayout_of(1, (int)wg->ne1),
-        stream, nm);
 }
 
 /* ------------------------------------------------------- test and bench hooks */

@@ -729,10 +729,6 @@ extern "C" bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int6
     return ctx && ctx->xq_memo.valid && ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_vals;
 }
 
-extern "C" int64_t ops_cuda_glu_norm_count(struct ops_ctx *ctx) {
-    return ctx ? ctx->n_glu_norm : 0;
-}
-
 /* After queueing a write of y(n_vals): the memo no longer describes an overwritten x. */
 static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals) {
     const float *mx = ctx->xq_memo.x;
@@ -954,33 +950,4 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
     }
     kern_matmul_n(ctx, 2, ws, x, ys, n_rows);
     kern_silu_mul(ctx, g, u, g, n_vals);
-}
-
-/* One decode row of a gate/up pair the ring kernel takes, with TPI_GLU auto and the v3
- * path, runs as one launch that makes the norm and h's int8 form itself
- * (kern_gemv_v3_run_glu_norm; h is written, its int8 form is not, so the memo forgets
- * it), when g's int8 form has a scratch to go to (the down matmul then finds it).
- * Anything else, or TPI_GLU_NORM=0: kern_rmsnorm, then kern_matmul_silu_mul. */
-void kern_norm_silu_mul(struct ops_ctx *ctx, const float *x, const float *w, float eps, float *h,
-                        const struct tpi_weight *wg, const struct tpi_weight *wu, float *g,
-                        float *u, int64_t n_rows) {
-    const char *op = "cuda norm_silu_mul";
-    const int64_t n_ff = wg->ne1, ne0 = wg->ne0;
-    const bool apart = (g + n_ff <= u || u + n_ff <= g) && (g + n_ff <= x || x + ne0 <= g) &&
-                       (u + n_ff <= x || x + ne0 <= u) && (h + ne0 <= x || x + ne0 <= h) &&
-                       (h + ne0 <= g || g + n_ff <= h) && (h + ne0 <= u || u + n_ff <= h);
-    ctx->xq_memo.valid = false;
-    int8_t *oq = NULL;
-    float2 *ods = NULL;
-    if (ctx->glu_norm && ctx->glu == -1 && ctx->gemv == 3 && n_rows == 1 && apart &&
-        wu->ne1 == n_ff && matmul_ok(ctx, wg, n_rows, op) && matmul_ok(ctx, wu, n_rows, op) &&
-        kern_xq_claim_in(ctx, &ctx->q8_out, XQ_BY_SILU, 1, n_ff, &oq, &ods) &&
-        kern_gemv_v3_run_glu_norm(ctx, wg, wu, x, w, eps, h, g, u, oq, ods, ctx->stream)) {
-        if (LAUNCH_OK(ctx, op)) kern_xq_remember(ctx, g, n_ff);
-        ctx->n_glu_norm++;
-        return;
-    }
-    ctx->xq_memo.valid = false; /* a claim that was not used */
-    kern_rmsnorm(ctx, x, w, h, n_rows, ne0, eps);
-    kern_matmul_silu_mul(ctx, wg, wu, h, g, u, n_rows);
 }

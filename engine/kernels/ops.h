@@ -174,12 +174,6 @@ struct ops {
     void (*matmul_silu_mul)(struct ops_ctx *ctx, const struct tpi_weight *wg,
                             const struct tpi_weight *wu, const float *x, float *g, float *u,
                             int64_t n_rows);
-    /* h(n_rows, wg->ne0) = rmsnorm(x) * w (eps), then matmul_silu_mul(wg, wu, h, g, u):
-     * the FFN's norm, gate, up and activation. Equal to rmsnorm then matmul_silu_mul.
-     * x, h, g and u must not overlap. */
-    void (*norm_silu_mul)(struct ops_ctx *ctx, const float *x, const float *w, float eps,
-                          float *h, const struct tpi_weight *wg, const struct tpi_weight *wu,
-                          float *g, float *u, int64_t n_rows);
 
     /* ---- graphs (optional: NULL on backends without them, e.g. the CPU) ----
      * A recorded sequence of compute ops replayed with one launch. Ops queued between
@@ -251,9 +245,6 @@ int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* CUDA builds only (tests): how many norm_silu_mul calls of this context have run as the
- * one launch that makes the norm itself (the others ran rmsnorm, then matmul_silu_mul). */
-int64_t ops_cuda_glu_norm_count(struct ops_ctx *ctx);
 
 #ifdef __CUDACC__
 /* The CUDA backend's graph entries (kern_graph.cu), declared here so ops_cuda.cu's

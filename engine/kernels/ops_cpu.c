@@ -562,13 +562,6 @@ static void cpu_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg
     cpu_silu_mul(ctx, g, u, g, n_rows * wg->ne1);
 }
 
-static void cpu_norm_silu_mul(struct ops_ctx *ctx, const float *x, const float *w, float eps,
-                              float *h, const struct tpi_weight *wg, const struct tpi_weight *wu,
-                              float *g, float *u, int64_t n_rows) {
-    cpu_rmsnorm(ctx, x, w, h, n_rows, wg->ne0, eps);
-    cpu_matmul_silu_mul(ctx, wg, wu, h, g, u, n_rows);
-}
-
 static void cpu_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                              const float *k_norm, const struct ops_batch *b, int n_head,
                              int n_kv_head, int head_dim, int n_rot, float freq_base, float eps) {
@@ -609,5 +602,4 @@ const struct ops ops_cpu = {
     .matmul_add = cpu_matmul_add,
     .qk_norm_rope = cpu_qk_norm_rope,
     .matmul_silu_mul = cpu_matmul_silu_mul,
-    .norm_silu_mul = cpu_norm_silu_mul,
 };

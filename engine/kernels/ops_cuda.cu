@@ -332,10 +332,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
         if (!ok) TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
-    /* The FFN's norm made inside the ring gate/up launch (kern_norm_silu_mul):
-     * TPI_GLU_NORM=0 runs the norm as its own launch. */
-    const char *gn = getenv("TPI_GLU_NORM");
-    ctx->glu_norm = !(gn && strcmp(gn, "0") == 0);
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
     const char *q6r = getenv("TPI_Q6_REPACK");
@@ -692,7 +688,6 @@ static const struct ops ops_cuda_table = {
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
     /* .matmul_silu_mul = */ kern_matmul_silu_mul,
-    /* .norm_silu_mul = */ kern_norm_silu_mul,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,
     /* .graph_launch = */ op_graph_launch,

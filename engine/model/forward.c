@@ -159,22 +159,14 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
                 continue;
             }
         }
-        // partial sums over this rank's heads, summed over the TP group; without a TP
-        // group the FFN's norm goes with gate/up (norm_silu_mul: one launch on CUDA)
-        const bool ffn_norm_fused = ops->norm_silu_mul && !m->tp_comm && !m->diag_skip_ffn;
-        if ((rc = row_parallel_add(m, &L->wo, s->att, n, ffn_norm_fused ? NULL : L->ffn_norm,
-                                   err)))
-            return rc;
+        // partial sums over this rank's heads, summed over the TP group
+        if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
         // (TPI_DIAG_SKIP_FFN, timing only: decode steps leave it out; h keeps the FFN's
         // input, and its int8 form, as the next layer's)
         if (m->diag_skip_ffn && n <= GRAPH_MAX_TOKENS) continue;
-        if (ffn_norm_fused)
-            ops->norm_silu_mul(octx, s->x, L->ffn_norm, eps, s->h, &L->w_gate, &L->w_up, s->g,
-                               s->u, n);
-        else
-            ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
+        ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
         if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
     }
