@@ -57,7 +57,7 @@ static const char *const CFGS[] = {
     "kind=auto",    "kind=a,pdl=0",         "kind=a,pdl=1",         "kind=p,pdl=0",
     "kind=p,pdl=1", "kind=b,batch=1,pdl=0", "kind=b,batch=2,pdl=1", "kind=auto,wps=64",
     "kind=p,wps=8", "kind=p,rpw=2",         "kind=p,rpw=4,wps=64",  "kind=a,rpw=2",
-    "kind=p,kbound=0", "kind=p,kbound=8", "kind=a,kbound=6", "kind=p,x8bound=4",
+    "kind=p,kbound=10", "kind=p,kbound=8", "kind=a,kbound=6", "kind=p,x8bound=4",
 };
 #define N_CFGS ((int)(sizeof CFGS / sizeof CFGS[0]))
 
@@ -168,10 +168,10 @@ START_TEST(test_host) {
     char desc[96];
     ck_assert_int_eq(kern_gemv_configure("kind=p,wps=32"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=10,x8bound=8");
+    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=0,x8bound=8");
     ck_assert_int_eq(kern_gemv_configure("kind=auto,wps=auto"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=10,x8bound=8");
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=0,x8bound=8");
     ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4"), 0);
     kern_gemv_describe(desc, sizeof desc);
     ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4");

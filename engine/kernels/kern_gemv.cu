@@ -647,13 +647,14 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
- * knob: 0, 6, 8 or 10, default 10) holds Q4_K's and Q6_K's one-row kernels to that many
+ * knob: 0, 6, 8 or 10, default 0) holds Q4_K's and Q6_K's one-row kernels to that many
  * blocks a multiprocessor (ptxas then takes 80, 64 and 48 registers, 40 unbounded) for
  * rows of at least GV_KBOUND_MIN_NE0 values (the down products; Q6_K's groups: 4 blocks
- * whenever kbound is not 0). On every shape it
- * lost (run 34: lm_head Q6_K 160 -> 215 us at 8); on the 12288-value rows it gains (Q6_K
- * 21.1 -> 18.5 us at 10, Q4_K 11.6 -> 10.5; tg128 Q4_K_M +1.2 %, run 35; bench/NOTES.md
- * change 30). */
+ * whenever kbound is not 0, else x8bound's 8). On every shape it
+ * lost (run 34: lm_head Q6_K 160 -> 215 us at 8); on the 12288-value rows it gained with
+ * batches of 4 items (Q6_K 21.1 -> 18.5 us at 10, Q4_K 11.6 -> 10.5; tg128 Q4_K_M +1.2 %,
+ * run 35; bench/NOTES.md change 30), and loses since those rows take one batch of 6
+ * (change 74; run 136: tg128 Q4_K_M 465.4 at 10, 472.3 at 0). */
 #define GV_KBOUND_MIN_NE0 8192
 template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound, int x8bound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1) {
@@ -1053,11 +1054,11 @@ struct gv_cfg {
     int batch, pdl, wps; /* wps 0: auto */
     int rpw;             /* 1, 2, 4, or 0: auto */
     int kbound;          /* Q4_K/Q6_K one-row kernels of long rows held to 6, 8 or 10 blocks
-                          * an SM; 0 none */
+                          * an SM; 0 none (default) */
     int x8bound;         /* the one-row kernels of Q8_0's and Q6_K's 8-block groups held to 4,
                           * 5, 6 or 8 (default) blocks an SM */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 10, GV_X8_BOUND_DEFAULT};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, GV_X8_BOUND_DEFAULT};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
