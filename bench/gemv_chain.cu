@@ -12,7 +12,8 @@
  *         the parts' sums added in shared memory (K 4096 * n; sums in another order);
  *   regs8, regs16, nodot, nox, xperm, tie, tiep, pre, early  regs with 8 or 16 warps a
  *         block, without its dots, without x's loads, with x permuted as kind p reads it,
- *         with every load ahead of the first dot (tie; tiep with x permuted), with its
+ *         with every load ahead of the first dot (tie; tiep with x permuted), its row
+ *         copied into shared memory first (smem1; smem1p before the wait), with its
  *         weight loads before the PDL wait, and that with the next launch let in at once
  *         (change 73: what separates a product from bare reads); bare_st: bare reads that
  *         store a word a warp.
@@ -275,6 +276,40 @@ __global__ void __launch_bounds__(32 * RING_WARPS) k_ring(const uint8_t *__restr
     cp_wait<0>();
 }
 
+/* smem1: a warp a row, as regs, but the row copied whole into the warp's own shared
+ * memory with cp.async (no registers held while its bytes are in flight: one DRAM round
+ * trip a row whatever ptxas does), then dotted from there against x as kind p's
+ * permuted copy (xperm's loads). PRE: the copy issued before the PDL wait. */
+template <int KK, bool PRE>
+__global__ void __launch_bounds__(128) k_smem1(const uint8_t *__restrict__ W, const int8_t *xq,
+                                               const float2 *ds, float *y, int n_rows) {
+    constexpr int ROW_BYTES = ROW_BYTES_OF(KK), NI = KK / 2048;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, row = blockIdx.x * 4 + warp;
+    uint8_t *mine = smem + (size_t)warp * ROW_BYTES;
+    if constexpr (!PRE) dep_wait();
+    if (row < n_rows)
+        warp_cp<ROW_BYTES>((uint32_t)__cvta_generic_to_shared(mine), W + (size_t)row * ROW_BYTES,
+                           lane);
+    cp_commit();
+    if constexpr (PRE) dep_wait();
+    cp_wait<0>();
+    __syncwarp();
+    if (row >= n_rows) return;
+    float acc = 0.0f;
+#pragma unroll
+    for (int u = 0; u < NI; u++) {
+        const int it = lane + 32 * u, blk = it >> 2, c = it & 3;
+        const uint8_t *b = mine + blk * QK_BYTES;
+        const int4 *xp = (const int4 *)(xq + 512 * 4 * u + 16 * lane);
+        const float4 f = *(const float4 *)(ds + 2 * it);
+        acc += item_dot(*(const int4 *)(b + 16 + 32 * c), *(const int4 *)(b + 16 + 32 * c + 16),
+                        *(const int4 *)b, c, xp[0], xp[32], xp[64], xp[96], f);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) y[row] = acc;
+}
+
 /* ring_ks: rows of KK = 4096 * NP values cut into NP parts of 4096; a block is KS_GROUPS
  * groups of NP warps, warp p of a group streams part p of the group's rows through its
  * own ring with part p of x in registers, and the NP partial sums of a row meet in
@@ -372,7 +407,7 @@ __global__ void __launch_bounds__(128) k_bare(const int4 *__restrict__ p, size_t
 }
 
 enum { K_REGS, K_RING, K_RING_SX, K_BARE, K_RING_KS, K_BARE_ST, K_REGS8, K_REGS16, K_NODOT, K_PRE,
-       K_EARLY, K_NOX, K_XPERM, K_TIE, K_TIEP };
+       K_EARLY, K_NOX, K_XPERM, K_TIE, K_TIEP, K_SMEM1, K_SMEM1P };
 static int8_t *g_xperm; /* x in R_XPERM's order (made once in main) */
 
 template <int KK, bool XREG> static size_t ring_smem() {
@@ -415,6 +450,12 @@ static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *d
                                    : k_regs<KK, 4, R_XPERM, true>;
         CK(cudaLaunchKernelEx(&cfg, k, W, kind == K_XPERM || kind == K_TIEP ? g_xperm : xq, ds, y,
                               n_rows));
+    } else if (kind == K_SMEM1 || kind == K_SMEM1P) {
+        cfg.gridDim = dim3((unsigned)((n_rows + 3) / 4));
+        cfg.blockDim = dim3(128);
+        cfg.dynamicSmemBytes = 4 * (size_t)ROW_BYTES;
+        CK(cudaLaunchKernelEx(&cfg, kind == K_SMEM1 ? k_smem1<KK, false> : k_smem1<KK, true>, W,
+                              (const int8_t *)g_xperm, ds, y, n_rows));
     } else if (kind == K_REGS8 || kind == K_REGS16) {
         const int bw = kind == K_REGS8 ? 8 : 16;
         cfg.gridDim = dim3((unsigned)((n_rows + bw - 1) / bw));
@@ -510,8 +551,8 @@ struct ctx {
 
 /* Every kernel's outputs of n_rows x KK against regs' (bitwise; ring_ks adds in another
  * order) and the host's. */
-static const int k_checked[] = {K_REGS,  K_RING,  K_RING_SX, K_REGS8, K_REGS16, K_PRE,
-                                K_EARLY, K_XPERM, K_TIE,     K_TIEP,  K_RING_KS};
+static const int k_checked[] = {K_REGS, K_RING,  K_RING_SX, K_REGS8, K_REGS16, K_PRE,   K_EARLY,
+                                K_XPERM, K_TIE, K_TIEP, K_SMEM1,   K_SMEM1P, K_RING_KS};
 #define N_CHECKED (int)(sizeof k_checked / sizeof k_checked[0])
 template <int KK> static void check(ctx &c, int n_rows) {
     constexpr int RB = ROW_BYTES_OF(KK);
@@ -546,8 +587,8 @@ template <int KK> static void check(ctx &c, int n_rows) {
 }
 
 /* One table row: us a launch in chains of c.n_chain for each kind of k_timed. */
-static const int k_timed[] = {K_BARE, K_BARE_ST, K_REGS, K_NODOT, K_NOX,  K_XPERM,
-                              K_TIE,  K_TIEP,    K_PRE,  K_EARLY, K_RING, K_RING_KS};
+static const int k_timed[] = {K_BARE,  K_BARE_ST, K_REGS, K_NODOT, K_NOX,   K_XPERM, K_TIE,
+                              K_TIEP,  K_SMEM1,   K_SMEM1P, K_PRE,  K_EARLY, K_RING,  K_RING_KS};
 #define N_TIMED (int)(sizeof k_timed / sizeof k_timed[0])
 template <int KK> static void row(ctx &c, int n_rows) {
     const size_t bytes = (size_t)n_rows * ROW_BYTES_OF(KK);
@@ -629,9 +670,9 @@ int main(int argc, char **argv) {
     check<4096>(c, 24576);
     check<12288>(c, 8192);
 
-    printf("| K | rows | MB a launch | bare | bare_st | regs | nodot | nox | xperm | tie | tiep | pre "
-           "| early | ring | ring_ks | bare TB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| K | rows | MB a launch | bare | bare_st | regs | nodot | nox | xperm | tie | tiep | smem1 "
+           "| smem1p | pre | early | ring | ring_ks | bare TB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     const int rows4k[] = {1024, 4096, 6144, 24576};
     for (int i = 0; i < 4; i++)
         row<4096>(c, rows4k[i]);
