@@ -807,15 +807,7 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
         bool main_busy = false;
         const bool fork = n_w > 1 && ctx->side[0];
         if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
-        /* Q4_K's and Q6_K's weights together (Q/K/V where V has more bits) */
-        if (n_w > 1 && ctx->gemv_merge && ctx->gemv_mix && n_rows == 1 &&
-            kern_gemv_v3_run_mix(ctx, n_w, ws, &gx, ys, ctx->gemv_mix, ctx->stream)) {
-            if (!LAUNCH_OK(ctx, op)) return;
-            for (int k = 0; k < n_w; k++)
-                done[k] = true;
-            main_busy = true;
-        }
-        if (n_w > 1 && ctx->gemv_merge && !main_busy) {
+        if (n_w > 1 && ctx->gemv_merge) {
             const struct tpi_weight *mw[OPS_MAX_FUSED];
             float *my[OPS_MAX_FUSED];
             int idx[OPS_MAX_FUSED], n_m = 0;
