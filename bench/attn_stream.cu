@@ -23,13 +23,15 @@
  * ldg kind's (the same bytes).
  *
  * Build and run (not part of the CMake build; bench/NOTES.md change 77):
- *   nvcc -O3 -arch=sm_90 -o attn_stream bench/attn_stream.cu && ./attn_stream
+ *   nvcc -O3 -arch=sm_90 -o attn_stream bench/attn_stream.cu && ./attn_stream [REPS [DELAY...]]
+ * (ATTN_STREAM_KINDS="cp TK128 x3,bulk TK64 x6" runs those kinds and ldg only.)
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define CHAIN_PROG "attn_stream"
 #include "chain_common.cuh"
@@ -247,13 +249,22 @@ int main(int argc, char **argv) {
         KC(K_BULK, 128, 3, "bulk TK128 x3"), KC(K_BULK, 64, 3, "bulk TK64 x3"),
         KC(K_BULK, 64, 6, "bulk TK64 x6"), KC(K_BULK, 32, 12, "bulk TK32 x12"),
     };
-    const int delays[] = {0, 400};
+    /* the consumer's spin a tile: argv[2..] (cycles), else 0 and 400 */
+    int delays[8] = {0, 400}, n_delays = 2;
+    if (argc > 2) {
+        n_delays = 0;
+        for (int i = 2; i < argc && n_delays < 8; i++)
+            delays[n_delays++] = atoi(argv[i]);
+    }
+    const char *only = getenv("ATTN_STREAM_KINDS"); /* e.g. "ldg,cp TK128 x3": those only */
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     const double mb = 2.0 * RANGE * ROWB * NKV * NRANGE / 1e6;
     printf("| kind | delay (cycles a tile) | us a launch | TB/s | checked |\n|---|---:|---:|---:|---|\n");
     for (const kind_cfg &c : cfgs)
-        for (int d : delays) {
+        for (int di = 0; di < n_delays; di++) {
+            const int d = delays[di];
+            if (only && c.fn != cfgs[0].fn && !strstr(only, c.name)) continue;
             if (c.smem) CK(cudaFuncSetAttribute(c.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)c.smem));
             cudaGraph_t g;
             cudaGraphExec_t ge;
