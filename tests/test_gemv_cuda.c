@@ -58,7 +58,6 @@ static const char *const CFGS[] = {
     "kind=p,pdl=1", "kind=b,batch=1,pdl=0", "kind=b,batch=2,pdl=1", "kind=auto,wps=64",
     "kind=p,wps=8", "kind=p,rpw=2",         "kind=p,rpw=4,wps=64",  "kind=a,rpw=2",
     "kind=p,kbound=10", "kind=p,kbound=8", "kind=a,kbound=6", "kind=p,x8bound=4",
-    "kind=p,sbound=1", "kind=p,sbound=10", "kind=auto,sbound=12",
 };
 #define N_CFGS ((int)(sizeof CFGS / sizeof CFGS[0]))
 
@@ -169,16 +168,16 @@ START_TEST(test_host) {
     char desc[96];
     ck_assert_int_eq(kern_gemv_configure("kind=p,wps=32"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=0,x8bound=8,sbound=0");
+    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=0,x8bound=8");
     ck_assert_int_eq(kern_gemv_configure("kind=auto,wps=auto"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=0,x8bound=8,sbound=0");
-    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4,sbound=12"), 0);
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=0,x8bound=8");
+    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4,sbound=12");
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4");
     const char *bad[] = {"wps=7", "wps=65", "wps=3x", "wps=", "kind=q", "batch=3", "pdl=2", "x=1",
                          "rpw=3", "rpw=8", "rpw=", "kbound=4", "kbound=", "kbound=8x",
-                         "x8bound=0", "x8bound=7", "sbound=8", "sbound=", "sbound=1x"};
+                         "x8bound=0", "x8bound=7"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(kern_gemv_configure(bad[i]) == -1, "'%s' was taken", bad[i]);
     kern_gemv_configure(NULL);

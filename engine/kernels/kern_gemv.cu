@@ -511,7 +511,7 @@ __device__ __forceinline__ void gv_rows_of(const uint8_t *w, size_t row_bytes, i
  * weights are loaded into registers (Q::load) before its first dot. __host__
  * __device__: the host emulation runs it per lane (RW 1: one row's sums do not depend
  * on RW). */
-template <int TYPE, int NR, bool PERM, int RW, bool NO6 = false>
+template <int TYPE, int NR, bool PERM, int RW>
 __host__ __device__ __forceinline__ void
 gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, const int8_t *x,
              int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
@@ -547,7 +547,7 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
      * a lane (K 12288, the down products) in one batch of 6 instead of 4, then 2 with 2
      * redone at weight 0 (test_gemv_cuda bench, us: Q4_K 12288 x 4096 10.53 -> 9.47, Q6_K
      * groups 13.69 -> 13.23; tg128 Q4_K_M +1.5 %; bench/NOTES.md change 74) */
-    constexpr bool ONE6 = NR == 1 && RW == 1 && PERM && !NO6 &&
+    constexpr bool ONE6 = NR == 1 && RW == 1 && PERM &&
                           (TYPE == TPI_TYPE_Q4_K || TYPE == KERN_TYPE_Q6_KX8);
     if (n_items <= 2 * step)
         rows(std::integral_constant<int, 2>{});
@@ -589,7 +589,7 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
-template <int TYPE, int NR, bool PERM, int RW, bool NO6 = false>
+template <int TYPE, int NR, bool PERM, int RW>
 __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
                                               const int8_t *__restrict__ x, int xs,
                                               const float2 *__restrict__ ds, int nr,
@@ -612,8 +612,8 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
-        gv_item_rows<TYPE, NR, PERM, RW, NO6>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane,
-                                              32 * wpr, x, xs, ds, ne0, nr, acc);
+        gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
+                                         x, xs, ds, ne0, nr, acc);
     }
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
 }
@@ -646,24 +646,6 @@ __global__ void __launch_bounds__(GV_WARPS * 32, MINB)
                          int nr, bool accumulate) {
     gv_quant_body<TYPE, NR, PERM, RW>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
 }
-/* Q4_K's one-row kernel for rows that are not the down products' (fewer than
- * GV_KBOUND_MIN_NE0 values: no batch of 6 in its code) under the sbound knob: unbounded
- * (MINB 0) or held to MINB blocks a multiprocessor. */
-template <int TYPE, int MINB>
-__global__ void __launch_bounds__(GV_WARPS * 32, MINB)
-    gv_quant_kernel_short(const gv_segs sg, size_t row_bytes, int ne0,
-                          const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
-                          int nr, bool accumulate) {
-    gv_quant_body<TYPE, 1, true, 1, true>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
-}
-template <int TYPE>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-    gv_quant_kernel_short0(const gv_segs sg, size_t row_bytes, int ne0,
-                           const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
-                           int nr, bool accumulate) {
-    gv_quant_body<TYPE, 1, true, 1, true>(sg, row_bytes, ne0, x, xs, ds, nr, accumulate);
-}
-
 /* The kind a/p kernel a launch of type TYPE with NR x rows takes; kbound (the kbound
  * knob: 0, 6, 8 or 10, default 0) holds Q4_K's and Q6_K's one-row kernels to that many
  * blocks a multiprocessor (ptxas then takes 80, 64 and 48 registers, 40 unbounded) for
@@ -674,8 +656,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * run 35; bench/NOTES.md change 30), and loses since those rows take one batch of 6
  * (change 74; run 136: tg128 Q4_K_M 465.4 at 10, 472.3 at 0). */
 #define GV_KBOUND_MIN_NE0 8192
-template <int TYPE, int NR, bool PERM, int RW>
-auto gv_quant_kernel_for(int kbound, int x8bound, int sbound = 0) {
+template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbound, int x8bound) {
     if constexpr (TYPE == KERN_TYPE_Q8_0X8 && NR == 1) {
         if constexpr (RW == 1) { /* the x8bound knob (GV_X8_BOUND_DEFAULT by default) */
             if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
@@ -693,11 +674,6 @@ auto gv_quant_kernel_for(int kbound, int x8bound, int sbound = 0) {
         if (x8bound == 5) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 5>;
         if (x8bound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
         return gv_quant_kernel_held<TYPE, NR, PERM, RW, 8>;
-    }
-    if constexpr (TYPE == TPI_TYPE_Q4_K && NR == 1 && PERM && RW == 1) {
-        if (sbound == 1) return gv_quant_kernel_short0<TYPE>;
-        if (sbound == 10) return gv_quant_kernel_short<TYPE, 10>;
-        if (sbound == 12) return gv_quant_kernel_short<TYPE, 12>;
     }
     if constexpr ((TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q6_K) && NR == 1 && RW == 1) {
         if (kbound == 6) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 6>;
@@ -1081,11 +1057,8 @@ struct gv_cfg {
                           * an SM; 0 none (default) */
     int x8bound;         /* the one-row kernels of Q8_0's and Q6_K's 8-block groups held to 4,
                           * 5, 6 or 8 (default) blocks an SM */
-    int sbound;          /* Q4_K's one-row kind p kernel of rows shorter than the down
-                          * products': 0 the long rows' kernel (default), 1 one without the
-                          * batch of 6, 10 or 12 that held to so many blocks an SM */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, GV_X8_BOUND_DEFAULT, 0};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, GV_X8_BOUND_DEFAULT};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
@@ -1140,11 +1113,6 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
                 (k ? n != 0 && n != 6 && n != 8 && n != 10 : n != 4 && n != 5 && n != 6 && n != 8))
                 return false;
             *(k ? &c->kbound : &c->x8bound) = (int)n;
-        } else if (strcmp(key, "sbound") == 0) {
-            char *end;
-            const long n = strtol(v, &end, 10);
-            if (end != spec || spec == v || (n != 0 && n != 1 && n != 10 && n != 12)) return false;
-            c->sbound = (int)n;
         } else if (strcmp(key, "pdl") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
             c->pdl = *v == '1';
@@ -1163,8 +1131,7 @@ static gv_cfg gv_cfg_from_env(void) {
                                           {"wps", "TPI_GEMV_WPS"},
                                           {"rpw", "TPI_GEMV_RPW"},
                                           {"kbound", "TPI_GEMV_KBOUND"},
-                                          {"x8bound", "TPI_GEMV_X8BOUND"},
-                                          {"sbound", "TPI_GEMV_SBOUND"}};
+                                          {"x8bound", "TPI_GEMV_X8BOUND"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1197,8 +1164,8 @@ void kern_gemv_describe(char *buf, size_t n) {
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
     if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
-    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d,sbound=%d", kind,
-             c.batch, c.pdl, wps, rpw, c.kbound, c.x8bound, c.sbound);
+    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d", kind, c.batch,
+             c.pdl, wps, rpw, c.kbound, c.x8bound);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1343,7 +1310,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
         const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_QUANT, n_items, &blocks);
         const int kb = ne0 >= GV_KBOUND_MIN_NE0 ? c.kbound : 0;
-        const int sb = ne0 < GV_KBOUND_MIN_NE0 && NR == 1 ? c.sbound : 0;
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
@@ -1353,8 +1319,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
-                            gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound,
-                                                                                     sb),
+                            gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
