@@ -74,11 +74,6 @@ struct ops_ctx {
     } xq_memo;
     int xq_produce;    /* XQ_BY_*: producers that write the next matmul's int8 x */
     bool rms_split;    /* decode rows' rmsnorm over n_cols / 128 blocks (TPI_RMS_SPLIT) */
-    int norm_trigger;  /* decode rmsnorms that let the next kernel launch at their start
-                        * (TPI_NORM_TRIGGER): 0 none, 1 all, 2 those after a matmul_add
-                        * whose row length is the norm's (the FFN's norm, after wo) */
-    int64_t madd_k;    /* the row length of the last matmul_add's weight (0: none since
-                        * the last rmsnorm) */
     int gemv_merge;    /* matmul_n: which weights join weight 0's decode launch (TPI_GEMV_MERGE:
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
@@ -170,8 +165,7 @@ __device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src, int n_src
 
 /* ---- programmatic dependent launch (PDL, sm_90) ----
  * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
- * it on the stream drains (its blocks have exited; no kernel here triggers earlier, except
- * decode rmsnorms under the measuring knob TPI_NORM_TRIGGER); it
+ * it on the stream drains (its blocks have exited; no kernel here triggers earlier); it
  * must call kern_dep_wait, which returns when the previous kernel has completed and its
  * writes are visible, before it touches memory another kernel writes or reads. Every
  * kernel launched with pdl calls kern_dep_wait before it can finish, so completion stays
@@ -182,13 +176,6 @@ __device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src, int n_src
 __device__ __forceinline__ void kern_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-/* Let the next kernel on the stream launch now (it still waits in kern_dep_wait for
- * this one to complete); only a kernel whose blocks are all resident at once should. */
-__device__ __forceinline__ void kern_dep_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the

@@ -325,8 +325,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 #define RMS_SPLIT_T 128
 __global__ void __launch_bounds__(RMS_SPLIT_T)
     rmsnorm_split_kernel(const float *x, const float *w, float *y, int n_cols, float eps,
-                         int8_t *xq, float2 *ds, gv_xlayout lay, int trigger) {
-    if (trigger) kern_dep_trigger();
+                         int8_t *xq, float2 *ds, gv_xlayout lay) {
     const int64_t row = blockIdx.x;
     const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
     const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
@@ -566,14 +565,10 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     }
     const gv_xlayout lay = gv_xlayout_of((int)TPI_MIN(n_rows, (int64_t)8), n_cols);
     const bool apart = y + n_rows * n_cols <= x || x + n_rows * n_cols <= y;
-    /* TPI_NORM_TRIGGER (measuring): the next kernel launched at this one's start */
-    const bool trigger = ctx->pdl && (ctx->norm_trigger == 1 ||
-                                      (ctx->norm_trigger == 2 && ctx->madd_k == n_cols));
-    ctx->madd_k = 0;
     if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
         kern_launch(ctx->pdl, rmsnorm_split_kernel,
                     dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)), dim3(RMS_SPLIT_T), 0,
-                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay, (int)trigger);
+                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
     else
         kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
                     x, w, y, n_cols, eps, xq, ds, lay);

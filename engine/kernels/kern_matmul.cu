@@ -900,7 +900,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows) {
     const char *op = "cuda matmul_add";
-    ctx->madd_k = w->ne0; /* rmsnorm's TPI_NORM_TRIGGER=2 */
     if (n_rows <= 0 || w->ne1 <= 0) return;
     if (!matmul_ok(ctx, w, n_rows, op)) return;
     xq_written(ctx, y, n_rows * w->ne1); /* y changes; x's memo (if any) stays */

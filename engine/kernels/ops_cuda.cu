@@ -301,17 +301,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     /* Decode rows' rmsnorm split over many blocks (kern_elem.cu, rmsnorm_split_kernel). */
     const char *rs = getenv("TPI_RMS_SPLIT");
     ctx->rms_split = !(rs && strcmp(rs, "0") == 0);
-    /* A measuring knob: decode rmsnorms (split form) that trigger the next launch at their
-     * start, so that a kernel issuing weight copies before its wait (the ring gate/up)
-     * overlaps them with the norm. 0 (default) none, 1 all, 2 the FFN's. */
-    const char *nt = getenv("TPI_NORM_TRIGGER");
-    ctx->norm_trigger = 0;
-    if (nt && *nt) {
-        if (nt[1] == 0 && nt[0] >= '0' && nt[0] <= '2')
-            ctx->norm_trigger = nt[0] - '0';
-        else
-            TPI_LOGW("TPI_NORM_TRIGGER=%s is not 0, 1 or 2: ignored", nt);
-    }
     /* matmul_n's decode weights that join weight 0's launch (kern_gemv_v3_run_n) instead of
      * running as parallel branches on side streams, among those of weight 0's type and row
      * length. TPI_GEMV_MERGE: 1 (default) auto: for quantized weights all of them for
