@@ -698,8 +698,9 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     constexpr int CP_STEP = NT / CPR;
     const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
     /* this thread's first piece of the range (the decode shape's whole tiles step from
-     * it by pointer adds: the 64-bit index arithmetic of the general form below was ~40 %
-     * of a deep call's instructions a tile, bench/NOTES.md change 80) */
+     * it by pointer adds: the general form's 64-bit index arithmetic, predicates and
+     * selects were ~130 of a deep call's 433 instructions a warp a tile; bench/NOTES.md
+     * change 80: level to +0.3 %, never slower) */
     const size_t first = (size_t)(k_begin + cp_j) * row + 8 * cp_c;
     const __half *kp0 = kb + first, *vp0 = vb + first;
     auto issue = [&](int it, int st) {
@@ -743,10 +744,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
      * k step x two 8-dim n tiles */
     const int q8 = lane >> 3, r8 = lane & 7;
     const int kw = DEC ? 16 * warp : 0; /* the warp's first key inside a tile */
-    /* the decode shape with at most 8 rows (one token of <= 8 heads a block): fragment
-     * rows g + 8 are past the block, so their softmax and rescale are skipped (their P
-     * is 0; the merge reads only the block's rows) */
-    const bool hi = !DEC || (nt << hp_log2) > 8;
     const uint32_t k_lane = (uint32_t)((kw + r8 + 8 * (q8 >> 1)) * KS + 8 * (q8 & 1)) * 2u;
     const uint32_t v_lane = (uint32_t)((kw + r8 + 8 * (q8 & 1)) * KS + 8 * (q8 >> 1)) * 2u;
 
@@ -806,10 +803,9 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             mx[0] = fmaxf(mx[0], fmaxf(sc[j][0], sc[j][1]));
             mx[1] = fmaxf(mx[1], fmaxf(sc[j][2], sc[j][3]));
         }
-        float mu[2] = {0.0f, 0.0f};
+        float mu[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            if (i == 1 && !hi) break; /* warp-uniform: rows g + 8 are past the block */
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
             mu[i] = mx[i] == -INFINITY ? 0.0f : mx[i]; /* nothing visible yet: no inf - inf */
@@ -832,24 +828,13 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             for (int h = 0; h < 2; h++) {
                 const float *sj = sc[2 * jp + h];
                 const __half2 p01 = __floats2half2_rn(exp2f(sj[0] - mu[0]), exp2f(sj[1] - mu[0]));
-                const float2 f01 = __half22float2(p01);
+                const __half2 p23 = __floats2half2_rn(exp2f(sj[2] - mu[1]), exp2f(sj[3] - mu[1]));
+                const float2 f01 = __half22float2(p01), f23 = __half22float2(p23);
                 l[0] += f01.x + f01.y;
+                l[1] += f23.x + f23.y;
                 pa[jp][2 * h] = mma_pack(p01);
-                pa[jp][2 * h + 1] = 0u;
+                pa[jp][2 * h + 1] = mma_pack(p23);
             }
-        if (hi) {
-#pragma unroll
-            for (int jp = 0; jp < NJ; jp++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const float *sj = sc[2 * jp + h];
-                    const __half2 p23 =
-                        __floats2half2_rn(exp2f(sj[2] - mu[1]), exp2f(sj[3] - mu[1]));
-                    const float2 f23 = __half22float2(p23);
-                    l[1] += f23.x + f23.y;
-                    pa[jp][2 * h + 1] = mma_pack(p23);
-                }
-        }
 
             /* O += P V */
 #pragma unroll
