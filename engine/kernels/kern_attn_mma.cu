@@ -327,35 +327,6 @@ __device__ void mma_merge_rows(const mma_args &a, int t0, int nt, int h0, float 
     }
 }
 
-/* The int8 form of values i, i + 1 (ov) of the attention's output, held by a thread of
- * an aligned group of 16 lanes whose 32 values are one q8 block (i = 32 b + 2 * (lane %
- * 16)): what kern_q8_block makes of them, one value a lane (the same amax, scale,
- * rounding and integer sum), into a.xq, a.ds and the permuted copies. All 16 lanes of
- * the group must call it. */
-template <int HD>
-__device__ __forceinline__ void mma_q8_pair(float2 ov, int64_t i, const mma_args &a) {
-    const unsigned grp = 0xffffu << (threadIdx.x & 16);
-    float amax = fmaxf(fabsf(ov.x), fabsf(ov.y));
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(grp, amax, o));
-    const float d = amax / 127.0f;
-    int q0 = amax > 0.0f ? __float2int_rn(ov.x * (127.0f / amax)) : 0;
-    int q1 = amax > 0.0f ? __float2int_rn(ov.y * (127.0f / amax)) : 0;
-    q0 = max(-127, min(127, q0));
-    q1 = max(-127, min(127, q1));
-    int sum = q0 + q1;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1)
-        sum += __shfl_xor_sync(grp, sum, o);
-    a.xq[i] = (int8_t)q0;
-    a.xq[i + 1] = (int8_t)q1;
-    if ((threadIdx.x & 15) == 0) a.ds[i / 32] = make_float2(d, d * (float)sum);
-    const int64_t ne0 = (int64_t)a.n_head * HD;
-    gv_perm_store(q0, i, ne0, a.xlay, a.xq);
-    gv_perm_store(q1, i + 1, ne0, a.xlay, a.xq);
-}
-
 /* The int8 form of the rows r < nt << hp_log2 of a block (row r: token t0 + r / hp, head
  * h0 + r % hp), which this block has just written to out and made visible to all its
  * threads (__syncthreads), into a.xq / a.ds and the permuted copies: warp w of the NT / 32
@@ -923,9 +894,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         __syncthreads();
         /* NT / 16 threads per row, 2 dims each per step */
         constexpr int TPR = NT / 16;
-        /* an unsplit block's int8 form made here, from the values it writes (8 warps: a
-         * step's 32 dims are one q8 block; else mma_quantize_rows reads out back) */
-        constexpr bool QINL = TPR == 16;
         const int r = threadIdx.x / TPR, sub = threadIdx.x % TPR;
         const int tl = r >> hp_log2;
         if (tl < nt) {
@@ -953,14 +921,10 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
                     acc.x = fmaf(x.x, wt[w], acc.x);
                     acc.y = fmaf(x.y, wt[w], acc.y);
                 }
-                if (pp) {
+                if (pp)
                     *(float2 *)(pp + 4 + d) = acc;
-                } else {
-                    const float2 ov = make_float2(acc.x * inv, acc.y * inv);
-                    *(float2 *)(a.out + thr * HD + d) = ov;
-                    /* 16 threads a row, 2 dims each: a step is one q8 block */
-                    if (QINL && a.xq) mma_q8_pair<HD>(ov, (int64_t)thr * HD + d, a);
-                }
+                else
+                    *(float2 *)(a.out + thr * HD + d) = make_float2(acc.x * inv, acc.y * inv);
             }
         }
     }
@@ -988,10 +952,9 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         mma_merge_rows<HD, NT>(a, t0, nt, h0, (float *)mma_smem4, NSTAGE * STAGE / 2);
     }
     /* This block has written the final rows of its (tokens, head group) to out (the warp
-     * merge above, or the split merge): their int8 form for the next matmul, unless the
-     * warp merge made it already. The barrier makes every thread's out stores visible to
-     * the whole block. */
-    if (a.xq && !(NT / 16 == 16 && a.n_split == 1)) {
+     * merge above, or the split merge): their int8 form for the next matmul. The barrier
+     * makes every thread's out stores visible to the whole block. */
+    if (a.xq) {
         __syncthreads();
         mma_quantize_rows<HD, NT>(a, t0, nt, h0);
     }
