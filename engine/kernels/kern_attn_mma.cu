@@ -164,6 +164,43 @@ struct mma_args {
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
 
+/* A measuring build (-DTPI_ATTN_TRACE=1 in CMAKE_CUDA_FLAGS; off otherwise, and then none
+ * of this is compiled): thread 0 of every decode block records %globaltimer at the points
+ * below into mma_trace, and kern_attn_trace_dump prints the last call's times when the
+ * backend is freed (bench/NOTES.md change 82). */
+#ifndef TPI_ATTN_TRACE
+#define TPI_ATTN_TRACE 0
+#endif
+#define MMA_TR_N 12       /* points a block */
+#define MMA_TR_BLOCKS 2048 /* blocks recorded (linear block index) */
+enum {
+    MMA_TR_START,   /* entry */
+    MMA_TR_WAITED,  /* the PDL wait returned */
+    MMA_TR_PROLOG,  /* q, the batch's k/v and positions loaded, the range known */
+    MMA_TR_STORED,  /* the batch's k/v stored and fenced */
+    MMA_TR_TILE0,   /* the first tile landed */
+    MMA_TR_LOOP,    /* the last tile's products done */
+    MMA_TR_WMERGE,  /* the warps' states merged */
+    MMA_TR_MERGED,  /* the splits merged (cluster or last block), or skipped */
+    MMA_TR_END,     /* the int8 form written; exit */
+    MMA_TR_TILES,   /* (not a time) the block's tiles */
+};
+#if TPI_ATTN_TRACE
+__device__ unsigned long long mma_trace[MMA_TR_BLOCKS * MMA_TR_N];
+__device__ __forceinline__ void mma_tr(int k, unsigned long long v = 0) {
+    if (threadIdx.x != 0) return;
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (b >= MMA_TR_BLOCKS) return;
+    if (k != MMA_TR_TILES) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+    mma_trace[b * MMA_TR_N + k] = v;
+}
+#define MMA_TR(k) mma_tr(k)
+#define MMA_TR_V(k, v) mma_tr(k, v)
+#else
+#define MMA_TR(k) ((void)0)
+#define MMA_TR_V(k, v) ((void)0)
+#endif
+
 /* ---------------------------------------------------------------- kernels */
 
 __device__ __forceinline__ void mma_ldsm4_t(uint32_t r[4], uint32_t addr) {
@@ -560,7 +597,9 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     __shared__ int last_s;
     __shared__ float mrg_m[NW][16], mrg_l[NW][16];
 
+    if (DEC) MMA_TR(MMA_TR_START);
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
+    if (DEC) MMA_TR(MMA_TR_WAITED);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
     const int e = a.blk[blockIdx.x];
@@ -660,6 +699,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     const int k_begin = blockIdx.z * chunk;
     const int k_end = min(n_keys, k_begin + chunk);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + TK - 1) / TK : 0;
+    if (DEC) MMA_TR(MMA_TR_PROLOG), MMA_TR_V(MMA_TR_TILES, (unsigned long long)n_tiles);
 
     const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
     if (DEC && a.k) {
@@ -687,6 +727,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         }
         if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
         __syncthreads();
+        MMA_TR(MMA_TR_STORED);
     }
     const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
     const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
@@ -757,6 +798,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     for (int it = 0; it < n_tiles; it++) {
         mma_wait<NSTAGE - 2>(); /* this thread's copies of tile `it` have landed */
         __syncthreads();        /* everyone's have; and tile it-1's stage is free */
+        if (DEC && it == 0) MMA_TR(MMA_TR_TILE0);
         {
             const int nx = it + NSTAGE - 1;
             if (nx < n_tiles)
@@ -848,6 +890,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             }
     }
     mma_wait<0>(); /* only empty groups can be pending; the smem is reused below */
+    if (DEC) MMA_TR(MMA_TR_LOOP);
 #pragma unroll
     for (int i = 0; i < 2; i++) { /* the row sums over the quad's columns */
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -929,8 +972,11 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         }
     }
     if (!DEC) return; /* the prefill shape's split-K merges in attn_mma_combine_kernel */
+    MMA_TR(MMA_TR_WMERGE);
     if (a.cluster) {
         mma_cluster_merge<HD, NT>(a, t0, nt, h0, (const float *)mma_smem4 + NW * 16 * (HD + 4));
+        MMA_TR(MMA_TR_MERGED);
+        MMA_TR(MMA_TR_END);
         return;
     }
 
@@ -947,10 +993,14 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             if (last_s) mma_arrivals[gid] = 0; /* every split is in: ready for the next launch */
         }
         __syncthreads();
-        if (!last_s) return; /* block-uniform (shared) */
+        if (!last_s) { /* block-uniform (shared) */
+            MMA_TR(MMA_TR_END);
+            return;
+        }
         __threadfence();
         mma_merge_rows<HD, NT>(a, t0, nt, h0, (float *)mma_smem4, NSTAGE * STAGE / 2);
     }
+    MMA_TR(MMA_TR_MERGED);
     /* This block has written the final rows of its (tokens, head group) to out (the warp
      * merge above, or the split merge): their int8 form for the next matmul. The barrier
      * makes every thread's out stores visible to the whole block. */
@@ -958,6 +1008,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         __syncthreads();
         mma_quantize_rows<HD, NT>(a, t0, nt, h0);
     }
+    MMA_TR(MMA_TR_END);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -975,6 +1026,50 @@ extern "C" int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block,
     }
     *t = i;
     return n;
+}
+
+#if TPI_ATTN_TRACE
+static int mma_tr_cmp(const void *x, const void *y) {
+    const unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
+    return a < b ? -1 : a > b;
+}
+#endif
+/* The trace build's times of the last decode call (blocks that started within 50 us of
+ * the latest start), per point the blocks' min, median and max in us from the earliest
+ * start, on stderr; nothing in other builds. */
+void kern_attn_trace_dump(void) {
+#if TPI_ATTN_TRACE
+    static unsigned long long h[MMA_TR_BLOCKS * MMA_TR_N], col[MMA_TR_BLOCKS];
+    if (cudaDeviceSynchronize() != cudaSuccess ||
+        cudaMemcpyFromSymbol(h, mma_trace, sizeof h) != cudaSuccess)
+        return;
+    unsigned long long last = 0, ref = ~0ull;
+    for (int b = 0; b < MMA_TR_BLOCKS; b++)
+        last = TPI_MAX(last, h[b * MMA_TR_N + MMA_TR_START]);
+    int nb = 0;
+    for (int b = 0; b < MMA_TR_BLOCKS; b++) {
+        const unsigned long long t = h[b * MMA_TR_N + MMA_TR_START];
+        if (t && t + 50000 >= last) ref = TPI_MIN(ref, t), nb++;
+    }
+    if (!nb) return;
+    static const char *const names[] = {"start", "PDL wait done", "prologue", "k/v stored",
+                                        "first tile", "last tile done", "warps merged",
+                                        "splits merged", "end", "tiles (count)"};
+    fprintf(stderr, "decode attention trace (last call: %d blocks; us from the first start: "
+                    "min median max)\n", nb);
+    for (int k = 0; k <= MMA_TR_TILES; k++) {
+        int n = 0;
+        for (int b = 0; b < MMA_TR_BLOCKS; b++) {
+            const unsigned long long t0 = h[b * MMA_TR_N + MMA_TR_START], v = h[b * MMA_TR_N + k];
+            if (t0 && t0 + 50000 >= last && (v || k == MMA_TR_TILES)) col[n++] = v;
+        }
+        if (!n) continue;
+        qsort(col, (size_t)n, sizeof col[0], mma_tr_cmp);
+        const double sub = k == MMA_TR_TILES ? 0.0 : (double)ref, div = k == MMA_TR_TILES ? 1.0 : 1e3;
+        fprintf(stderr, "  %-16s %9.2f %9.2f %9.2f  (%d)\n", names[k], ((double)col[0] - sub) / div,
+                ((double)col[n / 2] - sub) / div, ((double)col[n - 1] - sub) / div, n);
+    }
+#endif
 }
 
 extern "C" int ops_cuda_set_attn_mma(int mode) {

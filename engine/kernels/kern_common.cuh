@@ -521,6 +521,8 @@ bool kern_attn_store(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, _
                      const float *k, const float *v, const struct ops_batch *b);
 /* Its setup (TPI_ATTN_MMA, shared-memory opt-in); false on error. */
 bool kern_attention_mma_init(struct ops_ctx *ctx);
+/* A -DTPI_ATTN_TRACE=1 build: the last decode call's per-block times on stderr; else nothing. */
+void kern_attn_trace_dump(void);
 /* Query blocks of the mma path from token *t on: runs of consecutive tokens with one slot
  * cut into pieces of at most per_block tokens, each written to blk as
  * first_token << 7 | (n - 1) (blk NULL: only counted), at most cap of them; advances *t

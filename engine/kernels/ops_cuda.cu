@@ -110,6 +110,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     }
     if (ctx->ev_fork) cudaEventDestroy(ctx->ev_fork);
     if (ctx->rope_inv) cudaFree(ctx->rope_inv);
+    kern_attn_trace_dump();
     kern_layer_free(ctx);
     if (ctx->cublas) cublasDestroy(ctx->cublas);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
