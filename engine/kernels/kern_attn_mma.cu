@@ -120,12 +120,6 @@ static int g_dec_warps = 8;
  * H200, Qwen3-8B Q4_K_M tg128 at depth 8192: auto (17 ranges for 8 KV heads) 356.3 /
  * 354.0, 8 339.1, 12 354.5, 16 351.4, 24 345.4, 32 345.8, 48 328.2 (bench/NOTES.md). */
 static int g_dec_split = 0;
-/* Decode shape: the keys a split's range is rounded to, when > 0 (TPI_ATTN_DEC_ROUND at
- * init, a measuring knob: 16, 32 or 64; 0, the default, a whole tile). Ranges of whole
- * tiles leave some ranges empty and the others a tile longer where the keys do not
- * divide (65 tiles over 16 ranges: 13 of 5 tiles, 3 empty); finer ranges end in a
- * partial tile (bench/NOTES.md change 83). */
-static int g_dec_round = 0;
 /* Decode shape: the most key ranges of a (query block, head block) merged inside one
  * thread-block cluster through distributed shared memory (TPI_ATTN_DEC_CLUSTER at init:
  * 0 off, 2..MMA_MAX_CLUSTER; default 8, the portable size). A split launch whose range
@@ -156,8 +150,6 @@ struct mma_args {
     int hp_log2;     /* log2 of the heads packed per block */
     int head_chunks; /* group / hp */
     int n_split;
-    int kround;   /* a split's range is a multiple of this many keys (TK; decode:
-                   * g_dec_round when set) */
     int cluster;  /* decode shape: 1 when the n_split ranges of a block are n_cl clusters */
     int n_cl;     /* clusters a (query block, head block) takes: 1..MMA_MAX_NCL (above 1,
                    * part holds each cluster's merged 32-value pieces, MMA_PIECE floats) */
@@ -703,7 +695,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     /* this split's keys [k_begin, k_end): tile-aligned ranges of the block's n_keys */
     const int n_keys = p_max + 1;
     int chunk = (n_keys + a.n_split - 1) / a.n_split;
-    chunk = (chunk + a.kround - 1) / a.kround * a.kround;
+    chunk = (chunk + TK - 1) / TK * TK;
     const int k_begin = blockIdx.z * chunk;
     const int k_end = min(n_keys, k_begin + chunk);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + TK - 1) / TK : 0;
@@ -1173,11 +1165,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nst && *nst) g_dec_stages = atoi(nst) == 5 ? 5 : 3;
     const char *spl = getenv("TPI_ATTN_DEC_SPLIT");
     if (spl && *spl) g_dec_split = TPI_MAX(0, TPI_MIN(atoi(spl), MMA_MAX_SPLIT));
-    const char *rnd = getenv("TPI_ATTN_DEC_ROUND");
-    if (rnd && *rnd) {
-        const int k = atoi(rnd);
-        g_dec_round = k == 16 || k == 32 || k == 64 ? k : 0;
-    }
     const char *nw = getenv("TPI_ATTN_DEC_WARPS");
     if (nw && *nw) g_dec_warps = atoi(nw) == 8 ? 8 : 4;
     const char *ncl = getenv("TPI_ATTN_DEC_CLUSTERS");
@@ -1255,9 +1242,9 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         if (cmax >= 2) by_grid = TPI_MIN(by_grid, (long)cmax * g_dec_ncl);
         const long by_keys = TPI_MAX(1L, max_pos / min_keys);
         long n = TPI_MIN(TPI_MIN(by_grid, by_keys), (long)MMA_MAX_SPLIT);
-        if (n > 1) { /* drop ranges the rounding would leave empty */
+        if (n > 1) { /* drop ranges the tile rounding would leave empty */
             long chunk = (max_pos + n - 1) / n;
-            chunk = (chunk + a->kround - 1) / a->kround * a->kround;
+            chunk = (chunk + TK - 1) / TK * TK;
             n = (max_pos + chunk - 1) / chunk;
         }
         n_split = (int)TPI_MAX(1L, n);
@@ -1364,7 +1351,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.hp_log2 = hp_log2;
     a.head_chunks = a.group >> hp_log2;
     a.n_split = 1;
-    a.kround = dec && g_dec_round > 0 ? g_dec_round : mma_tile_keys(dec, nw);
     a.cluster = 0;
     a.n_cl = 1;
     a.qscale = scale * MMA_LOG2E;
