@@ -171,8 +171,9 @@ static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
 #ifndef TPI_ATTN_TRACE
 #define TPI_ATTN_TRACE 0
 #endif
-#define MMA_TR_N 12       /* points a block */
+#define MMA_TR_N 10       /* points a block (the enum below) */
 #define MMA_TR_BLOCKS 2048 /* blocks recorded (linear block index) */
+#define MMA_TR_WINDOW_NS 50000 /* the last call: blocks started this close to the latest */
 enum {
     MMA_TR_START,   /* entry */
     MMA_TR_WAITED,  /* the PDL wait returned */
@@ -185,6 +186,7 @@ enum {
     MMA_TR_END,     /* the int8 form written; exit */
     MMA_TR_TILES,   /* (not a time) the block's tiles */
 };
+static_assert(MMA_TR_TILES + 1 == MMA_TR_N, "a slot a point");
 #if TPI_ATTN_TRACE
 __device__ unsigned long long mma_trace[MMA_TR_BLOCKS * MMA_TR_N];
 __device__ __forceinline__ void mma_tr(int k, unsigned long long v = 0) {
@@ -699,7 +701,10 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     const int k_begin = blockIdx.z * chunk;
     const int k_end = min(n_keys, k_begin + chunk);
     const int n_tiles = k_end > k_begin ? (k_end - k_begin + TK - 1) / TK : 0;
-    if (DEC) MMA_TR(MMA_TR_PROLOG), MMA_TR_V(MMA_TR_TILES, (unsigned long long)n_tiles);
+    if (DEC) {
+        MMA_TR(MMA_TR_PROLOG);
+        MMA_TR_V(MMA_TR_TILES, (unsigned long long)n_tiles);
+    }
 
     const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
     if (DEC && a.k) {
@@ -1028,12 +1033,6 @@ extern "C" int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block,
     return n;
 }
 
-#if TPI_ATTN_TRACE
-static int mma_tr_cmp(const void *x, const void *y) {
-    const unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
-    return a < b ? -1 : a > b;
-}
-#endif
 /* The trace build's times of the last decode call (blocks that started within 50 us of
  * the latest start), per point the blocks' min, median and max in us from the earliest
  * start, on stderr; nothing in other builds. */
@@ -1049,7 +1048,7 @@ void kern_attn_trace_dump(void) {
     int nb = 0;
     for (int b = 0; b < MMA_TR_BLOCKS; b++) {
         const unsigned long long t = h[b * MMA_TR_N + MMA_TR_START];
-        if (t && t + 50000 >= last) ref = TPI_MIN(ref, t), nb++;
+        if (t && t + MMA_TR_WINDOW_NS >= last) ref = TPI_MIN(ref, t), nb++;
     }
     if (!nb) return;
     static const char *const names[] = {"start", "PDL wait done", "prologue", "k/v stored",
@@ -1061,10 +1060,10 @@ void kern_attn_trace_dump(void) {
         int n = 0;
         for (int b = 0; b < MMA_TR_BLOCKS; b++) {
             const unsigned long long t0 = h[b * MMA_TR_N + MMA_TR_START], v = h[b * MMA_TR_N + k];
-            if (t0 && t0 + 50000 >= last && (v || k == MMA_TR_TILES)) col[n++] = v;
+            if (t0 && t0 + MMA_TR_WINDOW_NS >= last && (v || k == MMA_TR_TILES)) col[n++] = v;
         }
         if (!n) continue;
-        qsort(col, (size_t)n, sizeof col[0], mma_tr_cmp);
+        qsort(col, (size_t)n, sizeof col[0], kern_cmp_u64);
         const double sub = k == MMA_TR_TILES ? 0.0 : (double)ref, div = k == MMA_TR_TILES ? 1.0 : 1e3;
         fprintf(stderr, "  %-16s %9.2f %9.2f %9.2f  (%d)\n", names[k], ((double)col[0] - sub) / div,
                 ((double)col[n / 2] - sub) / div, ((double)col[n - 1] - sub) / div, n);

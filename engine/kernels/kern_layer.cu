@@ -825,11 +825,6 @@ bool kern_layer_init(struct ops_ctx *ctx) {
     return true;
 }
 
-static int kl_cmp_u64(const void *x, const void *y) {
-    const unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
-    return a < b ? -1 : a > b;
-}
-
 /* TPI_LAYER_TRACE: the last launch's times on stderr, per trace point the blocks' min,
  * median and max in us from the earliest PDL wait's end. */
 static void kl_trace_dump(struct ops_ctx *ctx) {
@@ -856,7 +851,7 @@ static void kl_trace_dump(struct ops_ctx *ctx) {
         for (int b = 0; b < G; b++)
             if (h[KL_TR_N * b + k]) col[n++] = h[KL_TR_N * b + k];
         if (!n) continue;
-        qsort(col, (size_t)n, 8, kl_cmp_u64);
+        qsort(col, (size_t)n, 8, kern_cmp_u64);
         char name[64];
         if (k == KL_TR_START) snprintf(name, sizeof name, "start");
         else if (k == KL_TR_WAITED) snprintf(name, sizeof name, "PDL wait done");
