@@ -1,6 +1,6 @@
 /*
  * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
- * matmul_silu_mul, qk_norm_rope) against the plain ops they replace, on both backends.
+ * matmul_silu_mul, qk_norm_rope, qk_norm_rope_attention) against the plain ops they replace, on both backends.
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs
@@ -21,6 +21,9 @@
  *   a matmul of g makes itself; every block size; replays of a recorded graph.
  *   qk_norm_rope against CUDA rmsnorm + rope_neox: the same f32 arithmetic, elementwise
  *   within 1e-6; against the CPU reference within 1e-5 (rope's angle in double on both).
+ *   qk_norm_rope_attention (the decode attention normalizing and rotating q and k
+ *   itself) against qk_norm_rope + attention: outputs and stored k bitwise, q left as it
+ *   was exactly where the kernel does it; against the CPU within the attention's bounds.
  *   layer_tail (one persistent launch for wo through down and the next layer's Q/K/V)
  *   against the plain CUDA ops (NMSE < 1e-7: another summation order) and the CPU
  *   reference (NMSE < 1e-3), bitwise equal to itself on relaunch and graph replay, and
@@ -458,6 +461,137 @@ static void qk_cases(struct be b, struct ops_ctx *cctx, double tol) {
     check_qk_norm_rope(b, cctx, 2, 3, 1, 256, 32, false, tol, 5);
 }
 
+/* qk_norm_rope_attention on b (q and k then undefined) against qk_norm_rope + attention
+ * on b: outputs and the stored k rows bitwise (the CUDA decode kernel normalizes and
+ * rotates q and k itself, in qk_norm_rope_kernel's arithmetic and order), and on b the CPU
+ * (cpu, its own cache with the same history) within the attention tests' bounds. `fused`:
+ * b takes the in-kernel form for this shape (the CUDA tensor-core decode shape, n_rot %
+ * 64 == 0), which leaves q and k as they were; otherwise they are rotated in place. */
+#define QKA_SLOTS 2
+#define QKA_CTX 4096
+static void check_qk_attention(struct be b, struct be cpu, int n_head, int n_kv, int hd,
+                               int n_rot, bool norm, bool cuda, uint64_t seed) {
+    static const struct { int n_tok, depth, two_slots; } batches[] = {
+        {1, 40, 0}, {1, 3000, 0}, {2, 2500, 1}, {5, 700, 0}, {12, 1500, 0}, {20, 60, 0}};
+    struct tu_rng r;
+    tu_rng_seed(&r, seed);
+    struct be bs[2] = {b, cpu};
+    struct ops_kv kv[2];
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    const size_t row = (size_t)n_kv * hd, n_cache = (size_t)QKA_SLOTS * QKA_CTX * row;
+    uint16_t *h16 = malloc(n_cache * 2);
+    float *h32 = malloc(n_cache * 4);
+    ck_assert(h16 && h32);
+    for (int bi = 0; bi < 2; bi++)
+        ck_assert_msg(bs[bi].o->kv_init(bs[bi].ctx, &kv[bi], 1, QKA_SLOTS, QKA_CTX, n_kv, hd,
+                                        &err) == TPI_OK,
+                      "kv_init: %s", err.msg);
+    /* history: the same f16-representable keys and values everywhere, in each cache's
+     * type (CUDA's f16, the CPU's f32) */
+    for (int kvi = 0; kvi < 2; kvi++) {
+        for (size_t i = 0; i < n_cache; i++) {
+            h16[i] = tpi_f32_to_f16(tu_normal(&r));
+            h32[i] = tpi_f16_to_f32(h16[i]);
+        }
+        for (int bi = 0; bi < 2; bi++) {
+            const bool f16 = kv[bi].type == TPI_TYPE_F16;
+            bs[bi].o->to_dev(bs[bi].ctx, kvi ? kv[bi].v : kv[bi].k, f16 ? (void *)h16 : h32,
+                             n_cache * (f16 ? 2 : 4));
+            bs[bi].o->sync(bs[bi].ctx);
+        }
+    }
+    free(h16), free(h32);
+    const size_t esz = kv[0].type == TPI_TYPE_F16 ? 2 : 4; /* b's cache element */
+    enum { MAX_TOK = 20 };
+    const size_t nq = (size_t)MAX_TOK * n_head * hd, nk = (size_t)MAX_TOK * row;
+    float *qh = rand_vec(&r, nq, -3, 3), *kh = rand_vec(&r, nk, -3, 3), *vh = rand_vec(&r, nk, -2, 2);
+    float *qwh = rand_vec(&r, (size_t)hd, 0.5f, 1.5f), *kwh = rand_vec(&r, (size_t)hd, 0.5f, 1.5f);
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *o_got = malloc(nq * 4), *o_cpu = malloc(nq * 4), *o_ref = malloc(nq * 4);
+    float *q_back = malloc(nq * 4);
+    char *k_got = malloc(nk * 4), *k_ref = malloc(nk * 4);
+    for (size_t bti = 0; bti < sizeof batches / sizeof batches[0]; bti++) {
+        const int n_tok = batches[bti].n_tok;
+        int32_t pos[MAX_TOK], seq[MAX_TOK];
+        int max_pos = 0;
+        for (int t = 0; t < n_tok; t++) {
+            seq[t] = batches[bti].two_slots ? t % 2 : 0;
+            pos[t] = batches[bti].depth + (batches[bti].two_slots ? -9 * t : t);
+            max_pos = pos[t] + 1 > max_pos ? pos[t] + 1 : max_pos;
+        }
+        const size_t nqt = (size_t)n_tok * n_head * hd, nkt = (size_t)n_tok * row;
+        char label[200];
+        snprintf(label, sizeof label, "%s qk_norm_rope_attention %d/%d heads hd %d rot %d norm %d, "
+                 "%d tokens at %d", b.o->name, n_head, n_kv, hd, n_rot, norm, n_tok,
+                 batches[bti].depth);
+        for (int run = 0; run < 3; run++) { /* b fused, b plain, the CPU fused */
+            const struct be x = run < 2 ? b : cpu;
+            struct ops_kv *kvx = &kv[run < 2 ? 0 : 1];
+            int32_t *dpos = bdup(x, pos, (size_t)n_tok * 4), *dseq = bdup(x, seq, (size_t)n_tok * 4);
+            const struct ops_batch bt = {n_tok, dpos, dseq, pos, seq, max_pos};
+            float *q = bdup(x, qh, nqt * 4), *k = bdup(x, kh, nkt * 4), *v = bdup(x, vh, nkt * 4);
+            float *qw = bdup(x, qwh, (size_t)hd * 4), *kw = bdup(x, kwh, (size_t)hd * 4);
+            float *out = x.o->alloc(x.ctx, nqt * 4);
+            if (run == 1) {
+                x.o->qk_norm_rope(x.ctx, q, k, norm ? qw : NULL, norm ? kw : NULL, &bt, n_head,
+                                  n_kv, hd, n_rot, 1e6f, 1e-6f);
+                x.o->attention(x.ctx, kvx, 0, q, k, v, out, &bt, n_head, scale);
+            } else {
+                x.o->qk_norm_rope_attention(x.ctx, kvx, 0, q, k, v, norm ? qw : NULL,
+                                            norm ? kw : NULL, n_rot, 1e6f, 1e-6f, out, &bt,
+                                            n_head, scale);
+            }
+            bget(x, run == 0 ? o_got : run == 1 ? o_ref : o_cpu, out, nqt * 4);
+            if (run == 0) bget(x, q_back, q, nqt * 4);
+            for (int t = 0; run < 2 && t < n_tok; t++) /* the stored k rows */
+                bget(x, (run == 0 ? k_got : k_ref) + (size_t)t * row * esz,
+                     (const char *)kvx->k + ((size_t)seq[t] * QKA_CTX + pos[t]) * row * esz,
+                     row * esz);
+            assert_ok(x, label);
+            x.o->dealloc(x.ctx, q), x.o->dealloc(x.ctx, k), x.o->dealloc(x.ctx, v);
+            x.o->dealloc(x.ctx, qw), x.o->dealloc(x.ctx, kw), x.o->dealloc(x.ctx, out);
+            x.o->dealloc(x.ctx, dpos), x.o->dealloc(x.ctx, dseq);
+        }
+        const bool fused = cuda && (hd == 64 || hd == 128) && n_rot % 64 == 0 && n_tok < 16;
+        ck_assert_msg((n_diff(q_back, qh, nqt) == 0) == fused, "%s: q was %s", label,
+                      fused ? "rotated in place (not the in-kernel form)" : "left as it was");
+        const size_t d_o = n_diff(o_got, o_ref, nqt);
+        ck_assert_msg(d_o == 0, "%s: %zu outputs differ from qk_norm_rope + attention", label, d_o);
+        ck_assert_msg(memcmp(k_got, k_ref, nkt * esz) == 0, "%s: the stored k rows differ", label);
+        if (cuda)
+            ck_assert_msg(tu_compare(label, o_got, o_cpu, nqt, 5e-3, 2e-2) == 0, "%s: vs cpu",
+                          label);
+        else
+            ck_assert_msg(n_diff(o_got, o_cpu, nqt) == 0, "%s: cpu differs from itself", label);
+    }
+    for (int bi = 0; bi < 2; bi++)
+        bs[bi].o->kv_free(bs[bi].ctx, &kv[bi]);
+    free(qh), free(kh), free(vh), free(qwh), free(kwh);
+    free(o_got), free(o_cpu), free(o_ref), free(q_back), free(k_got), free(k_ref);
+}
+
+/* Shapes: Qwen3-8B's (32/8 heads of 128, norm), 64-dim heads without norm (Qwen2's form),
+ * a partial rotation (64 of 128 dims), and hd 96 (no tensor-core kernel: plain path). */
+static void qk_attention_cases(struct be b, struct be cpu, bool cuda) {
+    check_qk_attention(b, cpu, 32, 8, 128, 128, true, cuda, 11);
+    check_qk_attention(b, cpu, 16, 2, 64, 64, false, cuda, 12);
+    check_qk_attention(b, cpu, 8, 2, 128, 64, true, cuda, 13);
+    check_qk_attention(b, cpu, 8, 4, 96, 64, true, cuda, 14);
+}
+
+START_TEST(test_qk_attention_cpu) {
+    struct ops_config cfg = {2, 0};
+    struct tpi_error err;
+    struct ops_ctx *a = NULL, *c2 = NULL;
+    tpi_err_clear(&err);
+    ck_assert_int_eq(C->init(&a, &cfg, &err), TPI_OK);
+    ck_assert_int_eq(C->init(&c2, &cfg, &err), TPI_OK);
+    qk_attention_cases((struct be){C, a}, (struct be){C, c2}, false);
+    C->free(&a), C->free(&c2);
+}
+END_TEST
+
 START_TEST(test_qk_norm_rope_cpu) {
     struct ops_config cfg = {2, 0};
     struct tpi_error err;
@@ -715,6 +849,13 @@ START_TEST(test_qk_norm_rope_cuda) {
 }
 END_TEST
 
+START_TEST(test_qk_attention_cuda) {
+    const int mode0 = ops_cuda_set_attn_mma(3);
+    qk_attention_cases((struct be){ops_cuda_get(), gctx}, (struct be){C, cctx_g}, true);
+    ops_cuda_set_attn_mma(mode0);
+}
+END_TEST
+
 /* matmul_silu_mul on every case of silu_mul_cases, each block size, graph replays. */
 START_TEST(test_silu_mul_cuda) {
     silu_mul_cases((struct be){ops_cuda_get(), gctx}, true);
@@ -963,6 +1104,7 @@ static int run_cuda(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_fused_matmul_cuda);
     tcase_add_test(tc, test_qk_norm_rope_cuda);
+    tcase_add_test(tc, test_qk_attention_cuda);
     tcase_add_test(tc, test_xq_memo_cuda);
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_silu_mul_cuda);
@@ -994,6 +1136,7 @@ int main(int argc, char **argv) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_fused_matmul_cpu);
     tcase_add_test(tc, test_qk_norm_rope_cpu);
+    tcase_add_test(tc, test_qk_attention_cpu);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

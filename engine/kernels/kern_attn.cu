@@ -479,9 +479,10 @@ bool kern_attention_init(struct ops_ctx *ctx) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)want));
 }
 
-void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
-                    const float *k, const float *v, float *out, const struct ops_batch *b,
-                    int n_head, float scale) {
+/* kern_attention, with qk_norm_rope first when qk is given (kern_attention_qk). */
+static void attention_run(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
+                          const float *k, const float *v, float *out, const struct ops_batch *b,
+                          int n_head, float scale, const struct kern_qk *qk) {
     const char *op = "cuda attention";
     const int n_tokens = b->n_tokens, n_kv = kv->n_kv_head, hd = kv->head_dim;
     if (n_tokens <= 0) return;
@@ -512,7 +513,10 @@ void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const flo
     __half *kc = (__half *)kv->k + (size_t)layer * layer_elems;
     __half *vc = (__half *)kv->v + (size_t)layer * layer_elems;
     /* the tensor-core path stores k/v itself (in its decode kernel, or with kern_attn_store) */
-    if (kern_attention_mma(ctx, kv, kc, vc, q, k, v, out, b, n_head, scale, max_pos)) return;
+    if (kern_attention_mma(ctx, kv, kc, vc, q, k, v, out, b, n_head, scale, max_pos, qk)) return;
+    if (qk)
+        kern_qk_norm_rope(ctx, (float *)q, (float *)k, qk->q_norm, qk->k_norm, b, n_head, n_kv,
+                          hd, qk->n_rot, qk->freq_base, qk->eps);
     if (!kern_attn_store(ctx, kv, kc, vc, k, v, b)) return;
 
     attn_args a;
@@ -587,4 +591,16 @@ void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const flo
             a.part, out, n_split, hd);
         LAUNCH_OK(ctx, op);
     }
+}
+
+void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
+                    const float *k, const float *v, float *out, const struct ops_batch *b,
+                    int n_head, float scale) {
+    attention_run(ctx, kv, layer, q, k, v, out, b, n_head, scale, NULL);
+}
+
+void kern_attention_qk(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q, float *k,
+                       const float *v, float *out, const struct ops_batch *b, int n_head,
+                       float scale, const struct kern_qk *qk) {
+    attention_run(ctx, kv, layer, q, k, v, out, b, n_head, scale, qk);
 }

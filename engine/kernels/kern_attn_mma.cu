@@ -23,7 +23,11 @@
  *   NW warps (8 by default, or 4); a tile holds 16 * NW keys and warp w takes keys
  *   16w..16w+15 of each, so the block streams the cache NW times faster than one warp
  *   could, NSTAGE - 1 tiles in flight. The warps' partial softmax states are merged
- *   through shared memory at the end in a fixed order. It also stores the batch's k/v itself (one launch less per layer and step),
+ *   through shared memory at the end in a fixed order. Given qk_norm_rope's parameters
+ *   (kern_attention_qk; n_rot % 64 == 0) it normalizes and rotates the block's q rows
+ *   and its KV head's batch k itself, bitwise as qk_norm_rope_kernel (mma_qk_row), into
+ *   the last K/V stage's shared memory before any tile needs it (one launch less per
+ *   layer and step). It also stores the batch's k/v itself (one launch less per layer and step),
  *   and, given an int8 buffer (kern_xq_claim, XQ_BY_ATTN), writes its output rows'
  *   int8 form for the next matmul (out is the x of the wo matmul): blocks of 32 with
  *   kind p's permuted copies, kern_xq.cuh's layout, made by kern_q8_block as the
@@ -160,6 +164,14 @@ struct mma_args {
     int8_t *xq;
     float2 *ds;
     gv_xlayout xlay;
+    /* decode shape with qk: q and the batch's k are qk_norm_rope's inputs, normalized per
+     * head with q_norm / k_norm (NULL: not normalized; eps) and rotated (NEOX, the first
+     * n_rot dims, n_rot % 64 == 0, inverse frequencies rope_inv) here (mma_qk_row) */
+    const float *q_norm, *k_norm;
+    const double *rope_inv;
+    int n_rot;
+    float eps;
+    bool qk;
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -223,6 +235,96 @@ __device__ __forceinline__ uint32_t mma_pack(__half2 h) {
     uint32_t u;
     memcpy(&u, &h, sizeof u);
     return u;
+}
+
+/* Decode with a.qk: one head row of the block's qk_norm_rope work, for one warp. Row i
+ * of the block's n_q + n_tokens: query row i (i < n_q), else the k of batch token
+ * i - n_q for its KV head, taken only when that token is in the block's slot (on). What
+ * mma_qk_prep fills needs no kernel's output (positions, the frequency table, the norm
+ * weights), so it is made before the PDL wait. */
+template <int HD> struct mma_qk_job {
+    const float *src; /* the row as the Q/K/V product wrote it */
+    float *dst;       /* its normalized, rotated values (shared memory) */
+    bool on, norm;
+    float w[HD / 32]; /* lane l's norm weights: dims l + 32 j */
+    float2 cs[2];     /* (cos, sin) of lane l's pairs j < n_rot / 64: dims l + 32 j */
+};
+template <int HD>
+__device__ __forceinline__ mma_qk_job<HD> mma_qk_prep(const mma_args &a, int i, int n_q, int t0,
+                                                      int h0, int kvh, int s, float *qk_s,
+                                                      int lane) {
+    mma_qk_job<HD> j;
+    const float *wn;
+    int t;
+    if (i < n_q) {
+        t = t0 + (i >> a.hp_log2);
+        j.src = a.q + ((size_t)t * a.n_head + h0 + (i & ((1 << a.hp_log2) - 1))) * HD;
+        j.dst = qk_s + i * HD;
+        wn = a.q_norm;
+        j.on = true;
+    } else {
+        t = i - n_q;
+        j.src = a.k + ((size_t)t * a.n_kv + kvh) * HD;
+        j.dst = qk_s + (16 + t) * HD;
+        wn = a.k_norm;
+        j.on = a.seq[t] == s;
+    }
+    j.norm = wn != NULL;
+#pragma unroll
+    for (int jj = 0; jj < HD / 32; jj++)
+        j.w[jj] = wn && j.on ? wn[lane + 32 * jj] : 0.0f;
+    const double p = j.on ? (double)a.pos[t] : 0.0;
+    const int jh = a.n_rot / 64;
+#pragma unroll
+    for (int jj = 0; jj < 2; jj++)
+        j.cs[jj] = j.on && jj < jh ? kern_rope_cs(p, a.rope_inv[lane + 32 * jj])
+                                   : make_float2(0.0f, 0.0f);
+    return j;
+}
+/* qk_norm_rope_kernel's work (kern_elem.cu) on job j's row, bitwise: lane l holds dims
+ * l + 32 jj; the sum of squares in that kernel's order (its HD / 2 threads: thread t sums
+ * x[t]^2 then x[t + HD/2]^2 with one rounding a term; a butterfly over each warp of
+ * threads, then the two warps' sums added), the norm, then pairs (i, i + n_rot / 2) in one
+ * lane (n_rot % 64 == 0) rotated with kern_rope_apply. All 32 lanes take part. */
+template <int HD>
+__device__ __forceinline__ void mma_qk_row(const mma_qk_job<HD> &j, int n_rot, float eps,
+                                           int lane) {
+    constexpr int J = HD / 32;
+    static_assert(HD == 64 || HD == 128, "qk_norm_rope_kernel's threads: HD / 2");
+    float v[J];
+#pragma unroll
+    for (int jj = 0; jj < J; jj++)
+        v[jj] = j.src[lane + 32 * jj];
+    if (j.norm) {
+        /* thread lane: dims lane, lane + HD/2; thread lane + 32 (HD 128): lane + 32, + 96 */
+        float s0 = __fmaf_rn(v[0], v[0], 0.0f), s1 = 0.0f;
+        if constexpr (HD == 128) {
+            s0 = __fmaf_rn(v[2], v[2], s0);
+            s1 = __fmaf_rn(v[3], v[3], __fmaf_rn(v[1], v[1], 0.0f));
+        } else {
+            s0 = __fmaf_rn(v[1], v[1], s0);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+            if constexpr (HD == 128) s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+        }
+        const float ss = HD == 128 ? s0 + s1 : s0;
+        const float scale = (float)(1.0 / sqrt((double)ss / (double)HD + (double)eps));
+#pragma unroll
+        for (int jj = 0; jj < J; jj++)
+            v[jj] = __fmul_rn(__fmul_rn(v[jj], scale), j.w[jj]);
+    }
+    const int jh = n_rot / 64; /* pairs: jj < jh with jj + jh */
+#pragma unroll
+    for (int jj = 0; jj < J; jj++) {
+        const int c = lane + 32 * jj;
+        if (jj < jh)
+            kern_rope_apply(v[jj], v[jj + jh < J ? jj + jh : 0], j.dst, c, n_rot / 2,
+                            j.cs[jj < 2 ? jj : 0]);
+        else if (jj >= 2 * jh)
+            j.dst[c] = v[jj]; /* past n_rot: normalized only */
+    }
 }
 
 /* Merge the n_split partial records of rows r < R of a block (row r: token t0 + r / hp,
@@ -600,8 +702,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     __shared__ float mrg_m[NW][16], mrg_l[NW][16];
 
     if (DEC) MMA_TR(MMA_TR_START);
-    kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
-    if (DEC) MMA_TR(MMA_TR_WAITED);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
     const int e = a.blk[blockIdx.x];
@@ -609,8 +709,30 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
     const int kvh = blockIdx.y / a.head_chunks;
     const int h0 = kvh * a.group + (blockIdx.y % a.head_chunks) * (1 << hp_log2);
+    /* slots and positions are uploaded before the step (no kernel writes them) */
     const int s = a.seq[t0]; /* every token of the block has this slot (kern_attn_blocks) */
     const bool slot_ok = s >= 0 && s < a.n_slot;
+
+    /* decode with a.qk: the block's query rows, then the k of its KV head for each batch
+     * token of its slot, normalized and rotated by the warps (row i by warp i % NW) into
+     * the last stage's shared memory, which no tile uses before the tile loop's first
+     * barrier: q's rows at qk_s + r * HD, token t's k at qk_s + (16 + t) * HD. A warp's
+     * first row's angles and norm weights are made before the PDL wait. */
+    const bool qk = DEC && a.qk;
+    static_assert(!DEC || (16 + MMA_MIN_PREFILL - 1) * HD * 4 <= STAGE * 2,
+                  "qk_norm_rope's rows fit one stage");
+    float *const qk_s = (float *)mma_smem4 + (NSTAGE - 1) * (STAGE / 2);
+    const int n_qk_q = nt << hp_log2, n_qk = qk ? n_qk_q + a.n_tokens : 0;
+    mma_qk_job<HD> qk_first;
+    if (warp < n_qk) qk_first = mma_qk_prep<HD>(a, warp, n_qk_q, t0, h0, kvh, s, qk_s, lane);
+
+    kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
+    if (DEC) MMA_TR(MMA_TR_WAITED);
+    for (int i = warp; i < n_qk; i += NW) { /* warp-uniform */
+        const mma_qk_job<HD> jb =
+            i == warp ? qk_first : mma_qk_prep<HD>(a, i, n_qk_q, t0, h0, kvh, s, qk_s, lane);
+        if (jb.on) mma_qk_row<HD>(jb, a.n_rot, a.eps, lane);
+    }
 
     /* this lane's two rows (fragment rows g and g + 8 of the warp's 16): (token, head)
      * index, -1 past the block; the Q loads go out before anything waits on positions */
@@ -622,22 +744,27 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         th[i] = tl < nt ? (t0 + tl) * a.n_head + h0 + (r & hp_mask) : -1;
     }
     /* Q as f16 A fragments, scaled by scale * log2(e): for k step kk, registers
-     * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..} */
+     * {row g, k 2c..2c+1}, {row g+8, ...}, {row g, k 2c+8..}, {row g+8, k 2c+8..}; from
+     * a.q, or (qk) from qk_s after the barrier below */
     uint32_t qf[NK][4];
+    auto load_q = [&]() {
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const float *qr = a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
+        for (int i = 0; i < 2; i++) {
+            const float *qr = qk ? qk_s + (g + 8 * i) * HD
+                                 : a.q + (size_t)(th[i] >= 0 ? th[i] : 0) * HD;
 #pragma unroll
-        for (int kk = 0; kk < NK; kk++) {
-            float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
-            if (th[i] >= 0) {
-                x0 = *(const float2 *)(qr + 16 * kk + 2 * c);
-                x1 = *(const float2 *)(qr + 16 * kk + 8 + 2 * c);
+            for (int kk = 0; kk < NK; kk++) {
+                float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+                if (th[i] >= 0) {
+                    x0 = *(const float2 *)(qr + 16 * kk + 2 * c);
+                    x1 = *(const float2 *)(qr + 16 * kk + 8 + 2 * c);
+                }
+                qf[kk][i] = mma_pack(__floats2half2_rn(x0.x * a.qscale, x0.y * a.qscale));
+                qf[kk][2 + i] = mma_pack(__floats2half2_rn(x1.x * a.qscale, x1.y * a.qscale));
             }
-            qf[kk][i] = mma_pack(__floats2half2_rn(x0.x * a.qscale, x0.y * a.qscale));
-            qf[kk][2 + i] = mma_pack(__floats2half2_rn(x1.x * a.qscale, x1.y * a.qscale));
         }
-    }
+    };
+    if (!qk) load_q();
 
     /* decode shape: the batch's k/v for the store below, fetched with everything else.
      * Item u of a thread: token it / (HD/4), dims 4 (it % (HD/4)) .. +3 */
@@ -653,7 +780,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         if (DEC && a.k && t < a.n_tokens) {
             st_s[u] = a.seq[t];
             st_p[u] = a.pos[t];
-            st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+            if (!qk) st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
             st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
         }
     }
@@ -689,6 +816,14 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         wmin = min(wmin, __shfl_xor_sync(0xffffffffu, wmin, o));
     }
     __syncthreads();
+    if (qk) { /* the rows are in qk_s (the barrier above) */
+        load_q();
+#pragma unroll
+        for (int u = 0; u < ST_ITEMS; u++) {
+            const int it = threadIdx.x + u * NT, t = it / (HD / 4), d4 = it % (HD / 4);
+            if (t < a.n_tokens) st_k[u] = *(const float4 *)(qk_s + (16 + t) * HD + 4 * d4);
+        }
+    }
     int p_max = red_s[0];
 #pragma unroll
     for (int w = 1; w < NW; w++)
@@ -1310,7 +1445,8 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
 
 bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
                         const float *q, const float *k, const float *v, float *out,
-                        const struct ops_batch *b, int n_head, float scale, int max_pos) {
+                        const struct ops_batch *b, int n_head, float scale, int max_pos,
+                        const struct kern_qk *qk) {
     const int n_tokens = b->n_tokens, n_kv = kv->n_kv_head, hd = kv->head_dim;
     const bool dec = n_tokens < MMA_MIN_PREFILL;
     if (!(g_mma_mode & (dec ? 2 : 1))) return false;
@@ -1327,6 +1463,15 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     /* the prefill shape reads k/v stored by the store kernel; the decode kernel stores
      * them itself (one launch less per decode step; k, v 16-byte aligned for its loads) */
     const bool fuse = dec && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
+    /* qk_norm_rope: inside the decode kernel (each rotated pair in one lane: n_rot % 64 ==
+     * 0; the frequency table made), else its own kernel first (bench/NOTES.md change 84) */
+    const double *tab = qk && fuse && ctx->qk_attn && qk->n_rot > 0 && qk->n_rot % 64 == 0 &&
+                                qk->n_rot <= hd
+                            ? kern_rope_inv_table(ctx, qk->n_rot, qk->freq_base)
+                            : NULL;
+    if (qk && !tab)
+        kern_qk_norm_rope(ctx, (float *)q, (float *)k, qk->q_norm, qk->k_norm, b, n_head, n_kv, hd,
+                          qk->n_rot, qk->freq_base, qk->eps);
     if (!fuse && !kern_attn_store(ctx, kv, kc, vc, k, v, b)) return true;
     mma_args a;
     a.q = q;
@@ -1355,6 +1500,12 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.qscale = scale * MMA_LOG2E;
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
+    a.qk = tab != NULL;
+    a.q_norm = tab ? qk->q_norm : NULL;
+    a.k_norm = tab ? qk->k_norm : NULL;
+    a.rope_inv = tab;
+    a.n_rot = tab ? qk->n_rot : 0;
+    a.eps = tab ? qk->eps : 0.0f;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {
         if (!dec)

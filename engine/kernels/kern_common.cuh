@@ -82,6 +82,8 @@ struct ops_ctx {
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
+    bool qk_attn;   /* qk_norm_rope_attention's norm and rope inside the tensor-core decode
+                       attention (TPI_QK_ATTN; default on) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
     int rope_inv_n_rot;    /* ... for this n_rot and base */
     float rope_inv_base;
@@ -399,6 +401,9 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
 void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols);
 void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
                     int head_dim, int n_rot, float freq_base);
+/* qk_norm_rope's table of inverse frequencies for (n_rot, freq_base) on the device (made
+ * on first use; NULL when it cannot be made now: while a graph is being recorded). */
+const double *kern_rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_base);
 /* In place per-head rmsnorm (weights may be NULL: none) and NEOX rope of q and k (ops.h). */
 void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                        const float *k_norm, const struct ops_batch *b, int n_head, int n_kv_head,
@@ -508,6 +513,19 @@ extern "C" {
 void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
                     const float *k, const float *v, float *out, const struct ops_batch *b,
                     int n_head, float scale);
+/* qk_norm_rope's parameters, for an attention that runs it first (ops.h
+ * qk_norm_rope_attention). */
+struct kern_qk {
+    const float *q_norm, *k_norm; /* NULL: no norm */
+    int n_rot;
+    float freq_base, eps;
+};
+/* kern_qk_norm_rope of q, k with qk's parameters, then kern_attention: the tensor-core
+ * decode kernel does the first inside itself where it can (q and k are then left as they
+ * were; TPI_QK_ATTN=0: never), every other shape queues kern_qk_norm_rope first. */
+void kern_attention_qk(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q, float *k,
+                       const float *v, float *out, const struct ops_batch *b, int n_head,
+                       float scale, const struct kern_qk *qk);
 /* One-time setup of the attention kernels (shared-memory opt-in); false on error. */
 bool kern_attention_init(struct ops_ctx *ctx);
 /* The tensor-core path (kern_attn_mma.cu), called by kern_attention before anything is
@@ -516,10 +534,13 @@ bool kern_attention_init(struct ops_ctx *ctx);
  * kern_xq_claim grants it to XQ_BY_ATTN), and returns true; false (nothing queued) for
  * shapes it leaves to the CUDA-core kernels (head_dim other than 64 or 128, unaligned
  * cache) or when TPI_ATTN_MMA turns that shape off. max_pos: 1 + the largest valid
- * position of b (sizes split-K). */
+ * position of b (sizes split-K). qk non-NULL (q, k then writable): qk_norm_rope of q and
+ * k comes first, inside the decode kernel where kern_attention_qk says, else queued here
+ * (kern_qk_norm_rope) before the rest; when it returns false nothing of it is queued. */
 bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,
                         const float *q, const float *k, const float *v, float *out,
-                        const struct ops_batch *b, int n_head, float scale, int max_pos);
+                        const struct ops_batch *b, int n_head, float scale, int max_pos,
+                        const struct kern_qk *qk);
 /* Queue the store of the batch's k, v (n_tokens, n_kv_head, head_dim) into this layer's
  * cache at (seq[t], pos[t]) (tokens outside the cache are skipped); false on a launch error. */
 bool kern_attn_store(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc, __half *vc,

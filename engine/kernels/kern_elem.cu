@@ -232,7 +232,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
         for (int j = 0; j < QKR_VPT; j++) {
             const int c = c0 + j * blockDim.x;
             if (c < head_dim) xs[c] = v[j];
-            ss += v[j] * v[j];
+            ss = __fmaf_rn(v[j], v[j], ss); /* one rounding a term: mma_qk_row's order */
         }
     }
     if (w) { /* uniform per block */
@@ -602,7 +602,7 @@ void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, in
  * n_rot and base), made on the host with kern_rope_inv's formula; NULL while a graph is
  * being recorded and the table is not made yet (the kernel then computes them), or on
  * failure (recorded). */
-static const double *rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_base) {
+const double *kern_rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_base) {
     if (ctx->rope_inv && ctx->rope_inv_n_rot == n_rot && ctx->rope_inv_base == freq_base)
         return ctx->rope_inv;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
@@ -647,7 +647,7 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
     int threads = ((TPI_MAX(n_rot / 2, head_dim / 2) + 31) / 32) * 32;
     threads = TPI_MIN(TPI_MAX(threads, 32), 256);
     dim3 grid((unsigned)b->n_tokens, (unsigned)(n_head + n_kv_head));
-    const double *tab = rope_inv_table(ctx, n_rot, freq_base);
+    const double *tab = kern_rope_inv_table(ctx, n_rot, freq_base);
     kern_launch(ctx->pdl, tab ? qk_norm_rope_kernel<true> : qk_norm_rope_kernel<false>, grid,
                 dim3(threads), (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
                 (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab);

@@ -168,6 +168,15 @@ struct ops {
     void (*qk_norm_rope)(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                          const float *k_norm, const struct ops_batch *b, int n_head,
                          int n_kv_head, int head_dim, int n_rot, float freq_base, float eps);
+    /* qk_norm_rope(q, k, q_norm, k_norm, b, n_head, kv->n_kv_head, kv->head_dim, n_rot,
+     * freq_base, eps), then attention(kv, layer, q, k, v, out, b, n_head, scale). Equal to
+     * the two ops, except that q and k are undefined afterwards (a backend may normalize
+     * and rotate them on the way into the attention instead of in place). */
+    void (*qk_norm_rope_attention)(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
+                                   float *k, const float *v, const float *q_norm,
+                                   const float *k_norm, int n_rot, float freq_base, float eps,
+                                   float *out, const struct ops_batch *b, int n_head,
+                                   float scale);
     /* g(n_rows, wg->ne1) = silu(x * Wg^T) * (x * Wu^T) and u = x * Wu^T (wu: wg's shape):
      * the FFN's gate, up and activation. Equal to matmul_n of (wg, wu) into (g, u), then
      * silu_mul(g, u, g). g, u and x must not overlap. */

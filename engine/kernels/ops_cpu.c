@@ -572,6 +572,16 @@ static void cpu_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const floa
     cpu_rope_neox(ctx, k, b, n_kv_head, head_dim, n_rot, freq_base);
 }
 
+static void cpu_qk_norm_rope_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
+                                       float *k, const float *v, const float *q_norm,
+                                       const float *k_norm, int n_rot, float freq_base, float eps,
+                                       float *out, const struct ops_batch *b, int n_head,
+                                       float scale) {
+    cpu_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, kv->n_kv_head, kv->head_dim, n_rot,
+                     freq_base, eps);
+    cpu_attention(ctx, kv, layer, q, k, v, out, b, n_head, scale);
+}
+
 const struct ops ops_cpu = {
     .name = "cpu",
     .init = cpu_init,
@@ -601,5 +611,6 @@ const struct ops ops_cpu = {
     .matmul_n = cpu_matmul_n,
     .matmul_add = cpu_matmul_add,
     .qk_norm_rope = cpu_qk_norm_rope,
+    .qk_norm_rope_attention = cpu_qk_norm_rope_attention,
     .matmul_silu_mul = cpu_matmul_silu_mul,
 };

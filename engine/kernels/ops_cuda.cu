@@ -333,6 +333,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
         if (!ok) TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
+    /* qk_norm_rope inside the tensor-core decode attention (kern_attn_mma.cu; TPI_QK_ATTN=0:
+     * its own kernel first, bench/NOTES.md change 84) */
+    const char *qa = getenv("TPI_QK_ATTN");
+    ctx->qk_attn = !(qa && strcmp(qa, "0") == 0);
     const char *qr = getenv("TPI_Q8_REPACK");
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
     const char *q6r = getenv("TPI_Q6_REPACK");
@@ -645,6 +649,15 @@ static void op_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float
     kern_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, n_kv_head, head_dim, n_rot, freq_base,
                       eps);
 }
+static void op_qk_norm_rope_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
+                                      float *k, const float *v, const float *q_norm,
+                                      const float *k_norm, int n_rot, float freq_base, float eps,
+                                      float *out, const struct ops_batch *b, int n_head,
+                                      float scale) {
+    kern_xq_forget(ctx);
+    const struct kern_qk qk = {q_norm, k_norm, n_rot, freq_base, eps};
+    kern_attention_qk(ctx, kv, layer, q, k, v, out, b, n_head, scale, &qk);
+}
 static int op_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {
     kern_xq_forget(ctx);
     return kern_graph_begin(ctx, err);
@@ -688,6 +701,7 @@ static const struct ops ops_cuda_table = {
     /* .matmul_n = */ kern_matmul_n,
     /* .matmul_add = */ kern_matmul_add,
     /* .qk_norm_rope = */ op_qk_norm_rope,
+    /* .qk_norm_rope_attention = */ op_qk_norm_rope_attention,
     /* .matmul_silu_mul = */ kern_matmul_silu_mul,
     /* .graph_begin = */ op_graph_begin, /* kern_graph.cu */
     /* .graph_end = */ op_graph_end,

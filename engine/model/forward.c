@@ -144,10 +144,10 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
             ops->add_bias(octx, s->k, L->bk, n, kv_dim);
             ops->add_bias(octx, s->v, L->bv, n, kv_dim);
         }
-        // qwen3: rmsnorm over each head's head_dim values (q_norm/k_norm), then RoPE
-        ops->qk_norm_rope(octx, s->q, s->k, L->q_norm, L->k_norm, &b, n_head, n_kv, hd, c->n_rot,
-                          c->rope_base, eps);
-        ops->attention(octx, &m->kv, il, s->q, s->k, s->v, s->att, &b, n_head, scale);
+        // qwen3: rmsnorm over each head's head_dim values (q_norm/k_norm), then RoPE, then
+        // attention (q and k are not read again: the backend may do the first on the way in)
+        ops->qk_norm_rope_attention(octx, &m->kv, il, s->q, s->k, s->v, L->q_norm, L->k_norm,
+                                    c->n_rot, c->rope_base, eps, s->att, &b, n_head, scale);
         if (tail_ok && !L->bq && (!N || !N->bq)) {
             const struct ops_layer_tail t = {
                 .att = s->att, .x = s->x, .g = s->g, .wo = &L->wo, .w_gate = &L->w_gate,
