@@ -270,15 +270,15 @@ __device__ __forceinline__ mma_qk_job<HD> mma_qk_prep(const mma_args &a, int i, 
         j.on = a.seq[t] == s;
     }
     j.norm = wn != NULL;
+    /* the loads do not wait for `on` (t is a batch token): one round trip */
 #pragma unroll
     for (int jj = 0; jj < HD / 32; jj++)
-        j.w[jj] = wn && j.on ? wn[lane + 32 * jj] : 0.0f;
-    const double p = j.on ? (double)a.pos[t] : 0.0;
+        j.w[jj] = wn ? wn[lane + 32 * jj] : 0.0f;
+    const double p = (double)a.pos[t];
     const int jh = a.n_rot / 64;
 #pragma unroll
     for (int jj = 0; jj < 2; jj++)
-        j.cs[jj] = j.on && jj < jh ? kern_rope_cs(p, a.rope_inv[lane + 32 * jj])
-                                   : make_float2(0.0f, 0.0f);
+        j.cs[jj] = jj < jh ? kern_rope_cs(p, a.rope_inv[lane + 32 * jj]) : make_float2(0.0f, 0.0f);
     return j;
 }
 /* qk_norm_rope_kernel's work (kern_elem.cu) on job j's row, bitwise: lane l holds dims

@@ -82,6 +82,9 @@ struct ops_ctx {
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
+    bool qkv_trigger; /* matmul_n's joined decode launch (Q/K/V) lets the next kernel launch
+                         at its start (TPI_QKV_TRIGGER; default on) */
+    bool gemv_trigger; /* set around that launch: the v3 kernels call kern_dep_trigger */
     bool qk_attn;   /* qk_norm_rope_attention's norm and rope inside the tensor-core decode
                        attention (TPI_QK_ATTN; default on) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
@@ -167,7 +170,9 @@ __device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src, int n_src
 
 /* ---- programmatic dependent launch (PDL, sm_90) ----
  * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
- * it on the stream drains (its blocks have exited; no kernel here triggers earlier); it
+ * it on the stream drains (its blocks have exited; only matmul_n's joined decode launch
+ * triggers earlier, kern_dep_trigger, so the attention after it starts its own pre-wait
+ * work while Q/K/V still runs); it
  * must call kern_dep_wait, which returns when the previous kernel has completed and its
  * writes are visible, before it touches memory another kernel writes or reads. Every
  * kernel launched with pdl calls kern_dep_wait before it can finish, so completion stays
@@ -178,6 +183,15 @@ __device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src, int n_src
 __device__ __forceinline__ void kern_dep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* Let the next kernel on the stream launch now (griddepcontrol.launch_dependents): its
+ * blocks may start, and run up to their kern_dep_wait, while this kernel still runs. Only
+ * where the next kernel reads nothing of this one's, and writes nothing, before its wait:
+ * every kernel here touches only weights, tables and the step's uploaded positions there. */
+__device__ __forceinline__ void kern_dep_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the

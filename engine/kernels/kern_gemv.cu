@@ -566,6 +566,7 @@ struct gv_segs {
     float *y[OPS_MAX_FUSED];
     int ne1[OPS_MAX_FUSED], wpr[OPS_MAX_FUSED], b0[OPS_MAX_FUSED];
     int n;
+    int trigger; /* kern_dep_trigger at the start (ctx->gemv_trigger; kinds a and p) */
 };
 /* This block's weight: its data, output, rows, warps per row and block index in it. */
 struct gv_seg {
@@ -595,6 +596,7 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
                                               const float2 *__restrict__ ds, int nr,
                                               bool accumulate) {
     using Q = gv<TYPE>;
+    if (sg.trigger) kern_dep_trigger();
     const gv_seg me = gv_seg_of(sg);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
@@ -1266,6 +1268,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     auto segs = [&](int wps, int64_t n_items, unsigned *blocks) {
         gv_segs sg = {};
         sg.n = n;
+        sg.trigger = ctx->gemv_trigger;
         int64_t b0 = 0;
         for (int i = 0; i < n; i++) {
             const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;

@@ -818,7 +818,12 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
                 if (i == 0 || (kern_wtype(ws[i]) == kern_wtype(ws[0]) && ws[i]->row_bytes == ws[0]->row_bytes &&
                                (all || 2 * ws[i]->ne1 <= ws[0]->ne1)))
                     mw[n_m] = ws[i], my[n_m] = ys[i], idx[n_m++] = i;
-            if (n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream)) {
+            /* the next kernel (the attention, or rope) may launch at this one's start:
+             * its work before the wait overlaps this launch (bench/NOTES.md change 85) */
+            ctx->gemv_trigger = ctx->qkv_trigger;
+            const bool ran = n_m > 1 && kern_gemv_v3_run_n(ctx, n_m, mw, &gx, my, ctx->stream);
+            ctx->gemv_trigger = false;
+            if (ran) {
                 if (!LAUNCH_OK(ctx, op)) return;
                 for (int k = 0; k < n_m; k++)
                     done[idx[k]] = true;

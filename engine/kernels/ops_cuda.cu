@@ -335,6 +335,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     }
     /* qk_norm_rope inside the tensor-core decode attention (kern_attn_mma.cu; TPI_QK_ATTN=0:
      * its own kernel first, bench/NOTES.md change 84) */
+    /* matmul_n's joined decode launch (Q/K/V) lets the next kernel launch at its start
+     * (TPI_QKV_TRIGGER=0: not; bench/NOTES.md change 85) */
+    const char *qt = getenv("TPI_QKV_TRIGGER");
+    ctx->qkv_trigger = !(qt && strcmp(qt, "0") == 0);
     const char *qa = getenv("TPI_QK_ATTN");
     ctx->qk_attn = !(qa && strcmp(qa, "0") == 0);
     const char *qr = getenv("TPI_Q8_REPACK");
