@@ -580,18 +580,6 @@ static void qk_attention_cases(struct be b, struct be cpu, bool cuda) {
     check_qk_attention(b, cpu, 8, 4, 96, 64, true, cuda, 14);
 }
 
-START_TEST(test_qk_attention_cpu) {
-    struct ops_config cfg = {2, 0};
-    struct tpi_error err;
-    struct ops_ctx *a = NULL, *c2 = NULL;
-    tpi_err_clear(&err);
-    ck_assert_int_eq(C->init(&a, &cfg, &err), TPI_OK);
-    ck_assert_int_eq(C->init(&c2, &cfg, &err), TPI_OK);
-    qk_attention_cases((struct be){C, a}, (struct be){C, c2}, false);
-    C->free(&a), C->free(&c2);
-}
-END_TEST
-
 START_TEST(test_qk_norm_rope_cpu) {
     struct ops_config cfg = {2, 0};
     struct tpi_error err;
@@ -600,6 +588,7 @@ START_TEST(test_qk_norm_rope_cpu) {
     ck_assert_int_eq(C->init(&a, &cfg, &err), TPI_OK);
     ck_assert_int_eq(C->init(&c2, &cfg, &err), TPI_OK);
     qk_cases((struct be){C, a}, c2, 0.0);
+    qk_attention_cases((struct be){C, a}, (struct be){C, c2}, false);
     C->free(&a), C->free(&c2);
 }
 END_TEST
@@ -1136,7 +1125,6 @@ int main(int argc, char **argv) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_fused_matmul_cpu);
     tcase_add_test(tc, test_qk_norm_rope_cpu);
-    tcase_add_test(tc, test_qk_attention_cpu);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
