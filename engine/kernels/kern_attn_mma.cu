@@ -172,7 +172,6 @@ struct mma_args {
     int n_rot;
     float eps;
     bool qk;
-    bool trigger; /* decode: let the next kernel launch after the K/V stream (TPI_WO_PREFETCH) */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -1032,7 +1031,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     }
     mma_wait<0>(); /* only empty groups can be pending; the smem is reused below */
     if (DEC) MMA_TR(MMA_TR_LOOP);
-    if (DEC && a.trigger) kern_dep_trigger(); /* the merges and int8 form are left */
 #pragma unroll
     for (int i = 0; i < 2; i++) { /* the row sums over the quad's columns */
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -1426,8 +1424,6 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
         return;
     }
-    /* the next v3 launch (wo) asks L2 for its weights while the merges run */
-    a->trigger = DEC && ctx->pdl && ctx->wo_prefetch;
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
@@ -1439,7 +1435,6 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         if (!LAUNCH_OK(ctx, op)) return;
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
-    ctx->gemv_prefetch = a->trigger;
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;
         attn_mma_combine_kernel<HD><<<(unsigned)((n_rows + 3) / 4), MMA_THREADS, 0, ctx->stream>>>(
@@ -1506,7 +1501,6 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
     a.qk = tab != NULL;
-    a.trigger = false;
     a.q_norm = tab ? qk->q_norm : NULL;
     a.k_norm = tab ? qk->k_norm : NULL;
     a.rope_inv = tab;

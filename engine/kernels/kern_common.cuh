@@ -85,10 +85,6 @@ struct ops_ctx {
     bool qkv_trigger; /* matmul_n's joined decode launch (Q/K/V) lets the next kernel launch
                          at its start (TPI_QKV_TRIGGER; default on) */
     bool gemv_trigger; /* set around that launch: the v3 kernels call kern_dep_trigger */
-    bool wo_prefetch; /* the decode attention triggers after its K/V stream and the next v3
-                         launch (wo) asks L2 for its weights before its wait
-                         (TPI_WO_PREFETCH=1; a measuring knob, default off) */
-    bool gemv_prefetch; /* armed by such an attention, taken by the next v3 launch */
     bool qk_attn;   /* qk_norm_rope_attention's norm and rope inside the tensor-core decode
                        attention (TPI_QK_ATTN; default on) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
