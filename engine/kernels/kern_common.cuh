@@ -369,12 +369,12 @@ __host__ __device__ __forceinline__ int kern_q6_k_x8_src(int o) {
     return 210 * c + (part == 2 ? 128 + 32 * n : 64 * n + 32 * part) + l0 + j;
 }
 
-/* The type id the kernels dispatch on: w's type, or the id of its device layout. */
 /* qsort's order of unsigned 64-bit values (the trace dumps' times). */
 static inline int kern_cmp_u64(const void *x, const void *y) {
     const unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
     return a < b ? -1 : a > b;
 }
+/* The type id the kernels dispatch on: w's type, or the id of its device layout. */
 static inline int kern_wtype(const struct tpi_weight *w) {
     if (w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8) return KERN_TYPE_Q8_0X8;
     if (w->type == TPI_TYPE_Q6_K && w->layout == KERN_LAYOUT_Q6_KX8) return KERN_TYPE_Q6_KX8;
