@@ -172,6 +172,8 @@ struct mma_args {
     int n_rot;
     float eps;
     bool qk;
+    int trigger; /* decode: let the next kernel launch (ctx->wo_prefetch): 1 after the K/V
+                    stream, 2 at the start */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -726,6 +728,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     mma_qk_job<HD> qk_first;
     if (warp < n_qk) qk_first = mma_qk_prep<HD>(a, warp, n_qk_q, t0, h0, kvh, s, qk_s, lane);
 
+    if (DEC && a.trigger == 2) kern_dep_trigger();
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     if (DEC) MMA_TR(MMA_TR_WAITED);
     for (int i = warp; i < n_qk; i += NW) { /* warp-uniform */
@@ -1031,6 +1034,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     }
     mma_wait<0>(); /* only empty groups can be pending; the smem is reused below */
     if (DEC) MMA_TR(MMA_TR_LOOP);
+    if (DEC && a.trigger == 1) kern_dep_trigger(); /* the merges and int8 form are left */
 #pragma unroll
     for (int i = 0; i < 2; i++) { /* the row sums over the quad's columns */
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -1424,6 +1428,13 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
         return;
     }
+    /* the next v3 launch (wo) asks L2 for its weights while this call still runs: from
+     * its start where the K/V stream is short (DRAM is idle through the call), after the
+     * stream where it is long (the merges leave DRAM idle, the stream does not); the
+     * depth is a power of two, so one recorded graph's positions make one choice */
+    a->trigger = !DEC || !ctx->pdl || ctx->wo_prefetch <= 0 ? 0
+                 : max_pos >= ctx->wo_prefetch              ? 1
+                                                            : 2;
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
@@ -1435,6 +1446,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         if (!LAUNCH_OK(ctx, op)) return;
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
+    ctx->gemv_prefetch = a->trigger != 0;
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;
         attn_mma_combine_kernel<HD><<<(unsigned)((n_rows + 3) / 4), MMA_THREADS, 0, ctx->stream>>>(
@@ -1501,6 +1513,7 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.xq = NULL; /* mma_launch claims the int8 output for decode rows */
     a.ds = NULL;
     a.qk = tab != NULL;
+    a.trigger = 0;
     a.q_norm = tab ? qk->q_norm : NULL;
     a.k_norm = tab ? qk->k_norm : NULL;
     a.rope_inv = tab;

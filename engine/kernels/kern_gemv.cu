@@ -567,6 +567,8 @@ struct gv_segs {
     int ne1[OPS_MAX_FUSED], wpr[OPS_MAX_FUSED], b0[OPS_MAX_FUSED];
     int n;
     int trigger; /* kern_dep_trigger at the start (ctx->gemv_trigger; kinds a and p) */
+    int pf_blocks;     /* blocks < pf_blocks ask L2 for weight 0's bytes [b pf_chunk, ..) */
+    long long pf_chunk; /* before the wait (ctx->gemv_prefetch); 0: none */
 };
 /* This block's weight: its data, output, rows, warps per row and block index in it. */
 struct gv_seg {
@@ -597,6 +599,21 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
                                               bool accumulate) {
     using Q = gv<TYPE>;
     if (sg.trigger) kern_dep_trigger();
+    if (sg.pf_chunk && (int)blockIdx.x < sg.pf_blocks && (threadIdx.x & 31) == 0) {
+        /* the weights are no kernel's output: L2 may take them while the previous kernel
+         * (the attention, past its K/V stream) still runs; a warp a quarter of the chunk */
+        const long long total = (long long)sg.ne1[0] * (long long)row_bytes;
+        const long long q = (sg.pf_chunk / GV_WARPS + 15) & ~15ll;
+        const long long at = (long long)blockIdx.x * sg.pf_chunk + (threadIdx.x >> 5) * q;
+        const long long n = at < total ? (total - at < q ? total - at : q) : 0;
+        if (n >= 16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sg.w[0] + at),
+                         "r"((unsigned)(n & ~15ll))
+                         : "memory");
+#endif
+        }
+    }
     const gv_seg me = gv_seg_of(sg);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
@@ -1269,6 +1286,12 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         gv_segs sg = {};
         sg.n = n;
         sg.trigger = ctx->gemv_trigger;
+        if (ctx->gemv_prefetch && n == 1) { /* one chunk a multiprocessor's first block */
+            const long long total = ws[0]->ne1 * (long long)ws[0]->row_bytes;
+            sg.pf_blocks = ctx->n_sm;
+            sg.pf_chunk = ((total + ctx->n_sm - 1) / ctx->n_sm + 127) & ~127ll;
+        }
+        ctx->gemv_prefetch = false;
         int64_t b0 = 0;
         for (int i = 0; i < n; i++) {
             const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;
@@ -1388,8 +1411,9 @@ static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *w
 
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
                       float *y, bool accumulate, cudaStream_t stream) {
-    if (!gv_x_suits(w, gx)) return false;
+    if (!gv_x_suits(w, gx)) return (ctx->gemv_prefetch = false);
     gv_run(ctx, 1, &w, gx, &y, accumulate, stream, gv_config());
+    ctx->gemv_prefetch = false;
     LAUNCH_OK(ctx, "cuda matmul (v3)");
     return true;
 }
@@ -1409,6 +1433,7 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
     });
     if (n > 1 && unit) return false;
     gv_run(ctx, n, ws, gx, ys, false, stream, c);
+    ctx->gemv_prefetch = false;
     LAUNCH_OK(ctx, "cuda matmul (v3)");
     return true;
 }

@@ -339,6 +339,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
      * (TPI_QKV_TRIGGER=0: not; bench/NOTES.md change 85) */
     const char *qt = getenv("TPI_QKV_TRIGGER");
     ctx->qkv_trigger = !(qt && strcmp(qt, "0") == 0);
+    /* wo's weights asked of L2 during the decode attention: from its start under this
+     * depth, after its K/V stream from it up (TPI_WO_PREFETCH=0: never; change 86) */
+    const char *wp = getenv("TPI_WO_PREFETCH");
+    ctx->wo_prefetch = wp ? atoi(wp) : 2048;
     const char *qa = getenv("TPI_QK_ATTN");
     ctx->qk_attn = !(qa && strcmp(qa, "0") == 0);
     const char *qr = getenv("TPI_Q8_REPACK");

@@ -17,4 +17,11 @@ if(TARGET tpi_cuda)
                            LABELS gpu ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive")
     endif()
   endforeach()
+  # the decode attention letting wo's launch in after its K/V stream at every depth
+  # (TPI_WO_PREFETCH=1; by default only from depth 2048, shallower calls at their start)
+  add_test(NAME test_model_gpu_qwen3-tiny-q4_k_m_wo_prefetch COMMAND test_model_gpu
+           qwen3-tiny-q4_k_m)
+  set_tests_properties(test_model_gpu_qwen3-tiny-q4_k_m_wo_prefetch PROPERTIES
+                       SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu ENVIRONMENT
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_WO_PREFETCH=1")
 endif()
