@@ -1431,10 +1431,11 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     /* the next v3 launch (wo) asks L2 for its weights while this call still runs: from
      * its start where the K/V stream is short (DRAM is idle through the call), after the
      * stream where it is long (the merges leave DRAM idle, the stream does not); the
-     * depth is a power of two, so one recorded graph's positions make one choice */
-    a->trigger = !DEC || !ctx->pdl || ctx->wo_prefetch <= 0 ? 0
-                 : max_pos >= ctx->wo_prefetch              ? 1
-                                                            : 2;
+     * depth is a power of two, so one recorded graph's positions make one choice; only
+     * while the last wo's kernel gains from it (ctx->wo_early, gv_early_gains) */
+    a->trigger = !DEC || !ctx->pdl || ctx->wo_prefetch <= 0 || !ctx->wo_early ? 0
+                 : max_pos >= ctx->wo_prefetch                                ? 1
+                                                                              : 2;
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
@@ -1447,6 +1448,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
     ctx->gemv_prefetch = a->trigger != 0;
+    ctx->after_attn = DEC;
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;
         attn_mma_combine_kernel<HD><<<(unsigned)((n_rows + 3) / 4), MMA_THREADS, 0, ctx->stream>>>(

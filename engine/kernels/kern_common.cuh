@@ -88,8 +88,12 @@ struct ops_ctx {
     int wo_prefetch; /* the decode attention triggers and the next v3 launch (wo) asks L2
                         for its weights before its wait: at the attention's start when its
                         largest position is under this, after its K/V stream from it up
-                        (TPI_WO_PREFETCH; default 2048, 0: never; bench/NOTES.md change 86) */
+                        (TPI_WO_PREFETCH; default 2048, 0: never; bench/NOTES.md change 86),
+                        where wo's kernel gains from it (wo_early) */
     bool gemv_prefetch; /* armed by such an attention, taken by the next v3 launch */
+    bool after_attn;    /* a decode attention was the last op: the next v3 launch (wo) says
+                           in wo_early whether its kernel gains from being let in early */
+    bool wo_early;      /* so the decode attention triggers (true until a wo says no) */
     bool qk_attn;   /* qk_norm_rope_attention's norm and rope inside the tensor-core decode
                        attention (TPI_QK_ATTN; default on) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
@@ -177,8 +181,8 @@ __device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src, int n_src
  * A kernel launched with kern_launch(pdl = true) may be launched while the kernel before
  * it on the stream drains (its blocks have exited; only matmul_n's joined decode launch
  * triggers earlier, kern_dep_trigger, so the attention after it starts its own pre-wait
- * work while Q/K/V still runs, and the decode attention, so wo's launch asks L2 for its
- * weights while the attention still runs); it
+ * work while Q/K/V still runs, and the decode attention where wo's kernel gains from it,
+ * so wo's launch asks L2 for its weights while the attention still runs); it
  * must call kern_dep_wait, which returns when the previous kernel has completed and its
  * writes are visible, before it touches memory another kernel writes or reads. Every
  * kernel launched with pdl calls kern_dep_wait before it can finish, so completion stays

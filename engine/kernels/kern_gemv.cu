@@ -570,6 +570,25 @@ struct gv_segs {
     int pf_blocks;     /* blocks < pf_blocks ask L2 for weight 0's bytes [b pf_chunk, ..) */
     long long pf_chunk; /* before the wait (ctx->gemv_prefetch); 0: none */
 };
+/* Blocks < sg.pf_blocks ask L2 for their chunk of weight 0 (row_bytes a row;
+ * cp.async.bulk.prefetch.L2, a warp a quarter of the chunk). The weights are no kernel's
+ * output: called before the PDL wait, while the previous kernel (the attention, past its
+ * K/V stream or from its start) still runs. */
+__device__ __forceinline__ void gv_l2_prefetch(const gv_segs &sg, size_t row_bytes) {
+    if (sg.pf_chunk && (int)blockIdx.x < sg.pf_blocks && (threadIdx.x & 31) == 0) {
+        const long long total = (long long)sg.ne1[0] * (long long)row_bytes;
+        const long long q = (sg.pf_chunk / GV_WARPS + 15) & ~15ll;
+        const long long at = (long long)blockIdx.x * sg.pf_chunk + (threadIdx.x >> 5) * q;
+        const long long n = at < total ? (total - at < q ? total - at : q) : 0;
+        if (n >= 16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sg.w[0] + at),
+                         "r"((unsigned)(n & ~15ll))
+                         : "memory");
+#endif
+        }
+    }
+}
 /* This block's weight: its data, output, rows, warps per row and block index in it. */
 struct gv_seg {
     const uint8_t *w;
@@ -599,21 +618,7 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
                                               bool accumulate) {
     using Q = gv<TYPE>;
     if (sg.trigger) kern_dep_trigger();
-    if (sg.pf_chunk && (int)blockIdx.x < sg.pf_blocks && (threadIdx.x & 31) == 0) {
-        /* the weights are no kernel's output: L2 may take them while the previous kernel
-         * (the attention, past its K/V stream) still runs; a warp a quarter of the chunk */
-        const long long total = (long long)sg.ne1[0] * (long long)row_bytes;
-        const long long q = (sg.pf_chunk / GV_WARPS + 15) & ~15ll;
-        const long long at = (long long)blockIdx.x * sg.pf_chunk + (threadIdx.x >> 5) * q;
-        const long long n = at < total ? (total - at < q ? total - at : q) : 0;
-        if (n >= 16) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(sg.w[0] + at),
-                         "r"((unsigned)(n & ~15ll))
-                         : "memory");
-#endif
-        }
-    }
+    gv_l2_prefetch(sg, row_bytes);
     const gv_seg me = gv_seg_of(sg);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
@@ -1260,6 +1265,15 @@ template <int T, int NR> static int gv_kind_of(const struct kern_gemv_x *gx, con
     return kind;
 }
 
+/* Whether this launch's kernel gains from being let in before the decode attention ends
+ * (its first blocks ask L2 for the weight): the quantized kinds a and p (Q4_K: +0.7-1.2 %,
+ * runs 156 and 158), not Q8_0's held one-row kernel (-2 to -3 % when let in early, with
+ * the prefetch or without it, run 158) nor Q6_K's, held the same way (not measured), nor
+ * the 16-bit kernel (level, run 158). */
+template <int T, int NR> static bool gv_early_gains(int kind) {
+    return !gv_is_elem(T) && kind != 'b' && !(NR == 1 && (T == KERN_TYPE_Q8_0X8 || gv_is_q6<T>));
+}
+
 /* One launch for the n weights ws (type T, one row length; n > 1 only for kinds a and p:
  * kern_gemv_v3_run_n checks) into ys. */
 template <int T, int NR>
@@ -1271,6 +1285,10 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
     const int ne0 = (int)w->ne0, ne1 = (int)w->ne1, nr = gx->n_rows;
     const bool pdl = c.pdl != 0;
     const int kind = gv_kind_of<T, NR>(gx, c);
+    if (ctx->after_attn) { /* this is wo: whether the next decode attention lets it in early */
+        ctx->wo_early = gv_early_gains<T, NR>(kind);
+        ctx->after_attn = false;
+    }
     /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob (auto: 1) */
     const int rpw = NR > 4 ? 1 : c.rpw ? c.rpw : 1;
     auto by_rpw = [&](auto f) {
@@ -1411,7 +1429,7 @@ static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *w
 
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
                       float *y, bool accumulate, cudaStream_t stream) {
-    if (!gv_x_suits(w, gx)) return (ctx->gemv_prefetch = false);
+    if (!gv_x_suits(w, gx)) return (ctx->gemv_prefetch = ctx->after_attn = false);
     gv_run(ctx, 1, &w, gx, &y, accumulate, stream, gv_config());
     ctx->gemv_prefetch = false;
     LAUNCH_OK(ctx, "cuda matmul (v3)");

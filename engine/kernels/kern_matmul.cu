@@ -692,6 +692,7 @@ static bool is_elem16(int type) {
 void kern_xq_forget(struct ops_ctx *ctx) {
     ctx->xq_memo.valid = false;
     ctx->gemv_prefetch = false; /* only the launch right after the attention takes it */
+    ctx->after_attn = false;
 }
 
 bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,

@@ -343,6 +343,7 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
      * depth, after its K/V stream from it up (TPI_WO_PREFETCH=0: never; change 86) */
     const char *wp = getenv("TPI_WO_PREFETCH");
     ctx->wo_prefetch = wp ? atoi(wp) : 2048;
+    ctx->wo_early = true;
     const char *qa = getenv("TPI_QK_ATTN");
     ctx->qk_attn = !(qa && strcmp(qa, "0") == 0);
     const char *qr = getenv("TPI_Q8_REPACK");
