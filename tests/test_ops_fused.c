@@ -1,6 +1,7 @@
 /*
  * test_ops_fused.c — the fused ops of the op table (matmul_n, matmul_add,
- * matmul_silu_mul, qk_norm_rope, qk_norm_rope_attention) against the plain ops they replace, on both backends.
+ * matmul_silu_mul, qk_norm_rope, qk_norm_rope_attention) against the plain ops they
+ * replace, on both backends.
  *
  * - CPU: a fused op is the plain ops in sequence, so it must equal them bitwise.
  * - CUDA: matmul_n reuses one int8 (v3) or bf16 (GEMM) x for every weight and runs

@@ -728,7 +728,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     mma_qk_job<HD> qk_first;
     if (warp < n_qk) qk_first = mma_qk_prep<HD>(a, warp, n_qk_q, t0, h0, kvh, s, qk_s, lane);
 
-    if (DEC && a.trigger == 2) kern_dep_trigger();
+    if (DEC && a.trigger == 2) kern_dep_trigger(); /* shallow: wo's prefetch from here on */
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     if (DEC) MMA_TR(MMA_TR_WAITED);
     for (int i = warp; i < n_qk; i += NW) { /* warp-uniform */

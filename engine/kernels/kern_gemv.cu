@@ -1309,7 +1309,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             sg.pf_blocks = ctx->n_sm;
             sg.pf_chunk = ((total + ctx->n_sm - 1) / ctx->n_sm + 127) & ~127ll;
         }
-        ctx->gemv_prefetch = false;
         int64_t b0 = 0;
         for (int i = 0; i < n; i++) {
             const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;
@@ -1429,9 +1428,12 @@ static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *w
 
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
                       float *y, bool accumulate, cudaStream_t stream) {
-    if (!gv_x_suits(w, gx)) return (ctx->gemv_prefetch = ctx->after_attn = false);
+    if (!gv_x_suits(w, gx)) { /* w runs elsewhere: the prefetch and wo's verdict lapse */
+        ctx->gemv_prefetch = ctx->after_attn = false;
+        return false;
+    }
     gv_run(ctx, 1, &w, gx, &y, accumulate, stream, gv_config());
-    ctx->gemv_prefetch = false;
+    ctx->gemv_prefetch = false; /* taken (or not wanted) by this launch's segments */
     LAUNCH_OK(ctx, "cuda matmul (v3)");
     return true;
 }

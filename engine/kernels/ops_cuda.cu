@@ -333,8 +333,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             if (strcmp(gl, known[i]) == 0) ok = true, ctx->glu = atoi(gl);
         if (!ok) TPI_LOGW("TPI_GLU=%s is not 0, 4, 8, 16, 32 or auto: ignored", gl);
     }
-    /* qk_norm_rope inside the tensor-core decode attention (kern_attn_mma.cu; TPI_QK_ATTN=0:
-     * its own kernel first, bench/NOTES.md change 84) */
     /* matmul_n's joined decode launch (Q/K/V) lets the next kernel launch at its start
      * (TPI_QKV_TRIGGER=0: not; bench/NOTES.md change 85) */
     const char *qt = getenv("TPI_QKV_TRIGGER");
@@ -344,6 +342,8 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     const char *wp = getenv("TPI_WO_PREFETCH");
     ctx->wo_prefetch = wp ? atoi(wp) : 2048;
     ctx->wo_early = true;
+    /* qk_norm_rope inside the tensor-core decode attention (kern_attn_mma.cu; TPI_QK_ATTN=0:
+     * its own kernel first, bench/NOTES.md change 84) */
     const char *qa = getenv("TPI_QK_ATTN");
     ctx->qk_attn = !(qa && strcmp(qa, "0") == 0);
     const char *qr = getenv("TPI_Q8_REPACK");
