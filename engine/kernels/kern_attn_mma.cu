@@ -32,6 +32,8 @@
  *   int8 form for the next matmul (out is the x of the wo matmul): blocks of 32 with
  *   kind p's permuted copies, kern_xq.cuh's layout, made by kern_q8_block as the
  *   matmul's own quantization makes them (bitwise), which that matmul then skips.
+ *   Shallow calls (g_dec_pre) copy their first tiles before the PDL wait and put the
+ *   batch's stored rows into them from registers once they have landed.
  * Per tile and warp: S = Q K^T (Q held as f16 A fragments for the whole run, K as B
  * fragments by ldmatrix), the causal mask per row (only on tiles that reach past the
  * smallest position of the warp's rows, or past the split's end), online softmax in
@@ -140,6 +142,15 @@ static int g_dec_cluster = 8;
  * all, in cluster order). mma_launch takes the (cluster size, count) that puts the most
  * blocks in one wave of co-resident clusters (ctx->attn_cl_fit). */
 static int g_dec_ncl = MMA_MAX_NCL;
+/* Decode calls whose largest position is under this copy their first tiles before the
+ * PDL wait and put the batch's rows into them from registers (TPI_ATTN_DEC_PRE at init;
+ * 0: never; a power of two keeps one recorded graph to one choice). Deep calls copy
+ * after the prologue: 16 MB asked before the wait delay Q/K/V's end and the prologue's
+ * loads more than they gain (bench/NOTES.md changes 90 and 93). */
+static int g_dec_pre = 2048;
+/* Decode: the int8 form of an unsplit call's output loads a warp's blocks at once
+ * (TPI_ATTN_DEC_Q8B at init; 0: one block a round trip, as before change 94). */
+static int g_dec_q8b = 1;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -174,6 +185,9 @@ struct mma_args {
     bool qk;
     int trigger; /* decode: let the next kernel launch (ctx->wo_prefetch): 1 after the K/V
                     stream, 2 at the start */
+    int q8b;     /* decode: the int8 form's loads a warp at once (g_dec_q8b) */
+    int pre;     /* decode with k/v to store: the first tiles copied before the PDL wait,
+                    the batch's rows put into them from registers (g_dec_pre) */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -485,12 +499,30 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
     const int n_blk = (nt << hp_log2) * BPR;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t ne0 = (int64_t)a.n_head * HD;
-    for (int qb = warp; qb < n_blk; qb += NT / 32) {
-        const int r = qb / BPR, j = qb - r * BPR;
-        const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
-        const int64_t i = th * HD + 32 * j + lane; /* index in the (n_tokens x ne0) output */
-        const int q = kern_q8_block(a.out[i], i, a.xq, a.ds);
-        gv_perm_store(q, i, ne0, a.xlay, a.xq);
+    /* a.q8b: a warp loads up to QB of its blocks' values at once, one round trip for
+     * them, then quantizes them in turn (bench/NOTES.md change 94) */
+    constexpr int QB = 4, NWP = NT / 32;
+    const int qb_step = a.q8b ? QB * NWP : NWP, n_at = a.q8b ? QB : 1;
+    for (int qb0 = warp; qb0 < n_blk; qb0 += qb_step) {
+        float v[QB];
+        int64_t ix[QB];
+#pragma unroll
+        for (int k = 0; k < QB; k++) {
+            const int qb = qb0 + k * NWP;
+            ix[k] = -1;
+            if (k < n_at && qb < n_blk) { /* warp-uniform */
+                const int r = qb / BPR, j = qb - r * BPR;
+                const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
+                ix[k] = th * HD + 32 * j + lane; /* index in the (n_tokens x ne0) output */
+                v[k] = a.out[ix[k]];
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < QB; k++)
+            if (ix[k] >= 0) {
+                const int q = kern_q8_block(v[k], ix[k], a.xq, a.ds);
+                gv_perm_store(q, ix[k], ne0, a.xlay, a.xq);
+            }
     }
 }
 
@@ -700,7 +732,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     static_assert(TK * CPR % NT == 0, "tile copy must split evenly");
     extern __shared__ float4 mma_smem4[];
     __shared__ int red_s[NW];
-    __shared__ int last_s;
+    __shared__ int last_s, pbat_s;
     __shared__ float mrg_m[NW][16], mrg_l[NW][16];
 
     if (DEC) MMA_TR(MMA_TR_START);
@@ -727,6 +759,103 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     const int n_qk_q = nt << hp_log2, n_qk = qk ? n_qk_q + a.n_tokens : 0;
     mma_qk_job<HD> qk_first;
     if (warp < n_qk) qk_first = mma_qk_prep<HD>(a, warp, n_qk_q, t0, h0, kvh, s, qk_s, lane);
+
+    /* The block's largest visible position (tokens t0 .. t0+nt-1, nt <= 64 < threads)
+     * and, decode, the smallest position of a batch token of its slot: positions are
+     * uploaded before the step, so the key range is known before the PDL wait. */
+    int pv = -1;
+    if ((int)threadIdx.x < nt) {
+        const int p = a.pos[t0 + threadIdx.x];
+        pv = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
+    if (lane == 0) red_s[warp] = pv;
+    if (DEC && warp == 0) { /* decode: n_tokens < MMA_MIN_PREFILL <= 32 */
+        int pb = INT_MAX;
+        if (lane < a.n_tokens && a.seq[lane] == s) {
+            const int p = a.pos[lane];
+            if (p >= 0 && p < a.n_ctx) pb = p;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            pb = min(pb, __shfl_xor_sync(0xffffffffu, pb, o));
+        if (lane == 0) pbat_s = pb;
+    }
+    __syncthreads();
+    int p_max = red_s[0];
+#pragma unroll
+    for (int w = 1; w < NW; w++)
+        p_max = max(p_max, red_s[w]);
+    const int p_bat = DEC ? pbat_s : INT_MAX; /* no batch row of the slot below this */
+
+    /* this split's keys [k_begin, k_end): tile-aligned ranges of the block's n_keys */
+    const int n_keys = p_max + 1;
+    int chunk = (n_keys + a.n_split - 1) / a.n_split;
+    chunk = (chunk + TK - 1) / TK * TK;
+    const int k_begin = blockIdx.z * chunk;
+    const int k_end = min(n_keys, k_begin + chunk);
+    const int n_tiles = k_end > k_begin ? (k_end - k_begin + TK - 1) / TK : 0;
+
+    const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
+    const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
+    const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
+    const uint32_t smem0 = mma_smem_u32(mma_smem4);
+
+    /* copy tile `it` of the range into stage `st`; rows past k_end are zero-filled so
+     * that P (0 there) times V never meets a stale NaN */
+    /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile */
+    constexpr int CP_STEP = NT / CPR;
+    const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
+    /* this thread's first piece of the range (the decode shape's whole tiles step from
+     * it by pointer adds: the general form's 64-bit index arithmetic, predicates and
+     * selects were ~130 of a deep call's 433 instructions a warp a tile; bench/NOTES.md
+     * change 80: level to +0.3 %, never slower) */
+    const size_t first = (size_t)(k_begin + cp_j) * row + 8 * cp_c;
+    const __half *kp0 = kb + first, *vp0 = vb + first;
+    auto issue = [&](int it, int st) {
+        const int kt = k_begin + it * TK;
+        const int nk = min(TK, k_end - kt);
+        const uint32_t ks = smem0 + (uint32_t)(st * STAGE + cp_j * KS + 8 * cp_c) * 2u;
+        const uint32_t vs = ks + (uint32_t)(TK * KS) * 2u;
+        if (DEC && nk == TK) { /* a whole tile: every row in the range */
+            const __half *kp = kp0 + (size_t)(it * TK) * row, *vp = vp0 + (size_t)(it * TK) * row;
+#pragma unroll
+            for (int k = 0; k < CP_ITERS; k++) {
+                const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
+                mma_cp16(ks + off, kp, 16);
+                mma_cp16(vs + off, vp, 16);
+                kp += (size_t)CP_STEP * row;
+                vp += (size_t)CP_STEP * row;
+            }
+            mma_commit();
+            return;
+        }
+        const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
+#pragma unroll
+        for (int k = 0; k < CP_ITERS; k++) {
+            const bool in = cp_j + k * CP_STEP < nk;
+            const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
+            const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
+            mma_cp16(ks + off, kb + at, in ? 16 : 0);
+            mma_cp16(vs + off, vb + at, in ? 16 : 0);
+        }
+        mma_commit();
+    };
+
+    /* a.pre (shallow decode calls with the store fused, bench/NOTES.md change 93): the
+     * first tiles are copied before the PDL wait, while Q/K/V ends and the prologue runs
+     * (the whole call reads little, so its copies hold nothing up). The rows of earlier
+     * steps were written by launches that completed before the kernel ahead of Q/K/V did
+     * (it never triggers early); the batch's own rows, which the store below writes
+     * after these copies, are put into each tile that holds them once it has landed,
+     * from the values the store wrote (so the store needs no fence). */
+    const bool pre = DEC && a.pre && a.k;
+    int n_pre = 0;
+    if (pre)
+        for (; n_pre < NSTAGE - 1 && n_pre < n_tiles; n_pre++)
+            issue(n_pre, n_pre);
 
     if (DEC && a.trigger == 2) kern_dep_trigger(); /* shallow: wo's prefetch from here on */
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
@@ -775,6 +904,12 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + NT - 1) / NT : 1;
     float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
     int st_s[ST_ITEMS], st_p[ST_ITEMS];
+    /* a.pre: the batch rows this thread stored (position, or -1) and their f16 values */
+    int pt_p[ST_ITEMS];
+    uint2 pt_k[ST_ITEMS], pt_v[ST_ITEMS];
+#pragma unroll
+    for (int u = 0; u < ST_ITEMS; u++)
+        pt_p[u] = -1;
 #pragma unroll
     for (int u = 0; u < ST_ITEMS; u++) {
         const int it = threadIdx.x + u * NT, t = it / (HD / 4), d4 = it % (HD / 4);
@@ -787,17 +922,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
         }
     }
-
-    /* the block's largest visible position: tokens t0 .. t0+nt-1, nt <= 64 < threads */
-    int pv = -1;
-    if ((int)threadIdx.x < nt) {
-        const int p = a.pos[t0 + threadIdx.x];
-        pv = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        pv = max(pv, __shfl_xor_sync(0xffffffffu, pv, o));
-    if (lane == 0) red_s[warp] = pv;
 
     /* the rows' positions (-1: sees nothing, written as zeros) and the warp's range */
     int prow[2];
@@ -827,24 +951,11 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             if (t < a.n_tokens) st_k[u] = *(const float4 *)(qk_s + (16 + t) * HD + 4 * d4);
         }
     }
-    int p_max = red_s[0];
-#pragma unroll
-    for (int w = 1; w < NW; w++)
-        p_max = max(p_max, red_s[w]);
-
-    /* this split's keys [k_begin, k_end): tile-aligned ranges of the block's n_keys */
-    const int n_keys = p_max + 1;
-    int chunk = (n_keys + a.n_split - 1) / a.n_split;
-    chunk = (chunk + TK - 1) / TK * TK;
-    const int k_begin = blockIdx.z * chunk;
-    const int k_end = min(n_keys, k_begin + chunk);
-    const int n_tiles = k_end > k_begin ? (k_end - k_begin + TK - 1) / TK : 0;
     if (DEC) {
         MMA_TR(MMA_TR_PROLOG);
         MMA_TR_V(MMA_TR_TILES, (unsigned long long)n_tiles);
     }
 
-    const size_t row = (size_t)a.n_kv * HD; /* halves per (slot, position) */
     if (DEC && a.k) {
         /* The store, fused: this block writes the k/v (its KV head) of every batch token of
          * its slot whose position lies in its key range, then reads them back with the
@@ -856,6 +967,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
 #pragma unroll
         for (int u = 0; u < ST_ITEMS; u++) {
             const int p = st_p[u];
+            pt_p[u] = -1;
             if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
                 const int d4 = (threadIdx.x + u * NT) % (HD / 4);
                 const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
@@ -863,60 +975,18 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
                 const __half2 k23 = __floats2half2_rn(st_k[u].z, st_k[u].w);
                 const __half2 v01 = __floats2half2_rn(st_v[u].x, st_v[u].y);
                 const __half2 v23 = __floats2half2_rn(st_v[u].z, st_v[u].w);
-                *(uint2 *)(a.kc + at) = make_uint2(mma_pack(k01), mma_pack(k23));
-                *(uint2 *)(a.vc + at) = make_uint2(mma_pack(v01), mma_pack(v23));
+                pt_k[u] = make_uint2(mma_pack(k01), mma_pack(k23));
+                pt_v[u] = make_uint2(mma_pack(v01), mma_pack(v23));
+                pt_p[u] = p;
+                *(uint2 *)(a.kc + at) = pt_k[u];
+                *(uint2 *)(a.vc + at) = pt_v[u];
                 wrote = true;
             }
         }
-        if (wrote) __threadfence(); /* in L2, where the block's cp.async reads them */
+        if (wrote && !pre) __threadfence(); /* in L2, where the block's cp.async reads them */
         __syncthreads();
         MMA_TR(MMA_TR_STORED);
     }
-    const size_t slot_off = (size_t)(slot_ok ? s : 0) * a.n_ctx * row + (size_t)kvh * HD;
-    const __half *kb = a.kc + slot_off, *vb = a.vc + slot_off;
-    const uint32_t smem0 = mma_smem_u32(mma_smem4);
-
-    /* copy tile `it` of the range into stage `st`; rows past k_end are zero-filled so
-     * that P (0 there) times V never meets a stale NaN */
-    /* a thread copies piece cp_c of rows cp_j, cp_j + CP_STEP, ... of each tile */
-    constexpr int CP_STEP = NT / CPR;
-    const int cp_j = threadIdx.x / CPR, cp_c = threadIdx.x % CPR;
-    /* this thread's first piece of the range (the decode shape's whole tiles step from
-     * it by pointer adds: the general form's 64-bit index arithmetic, predicates and
-     * selects were ~130 of a deep call's 433 instructions a warp a tile; bench/NOTES.md
-     * change 80: level to +0.3 %, never slower) */
-    const size_t first = (size_t)(k_begin + cp_j) * row + 8 * cp_c;
-    const __half *kp0 = kb + first, *vp0 = vb + first;
-    auto issue = [&](int it, int st) {
-        const int kt = k_begin + it * TK;
-        const int nk = min(TK, k_end - kt);
-        const uint32_t ks = smem0 + (uint32_t)(st * STAGE + cp_j * KS + 8 * cp_c) * 2u;
-        const uint32_t vs = ks + (uint32_t)(TK * KS) * 2u;
-        if (DEC && nk == TK) { /* a whole tile: every row in the range */
-            const __half *kp = kp0 + (size_t)(it * TK) * row, *vp = vp0 + (size_t)(it * TK) * row;
-#pragma unroll
-            for (int k = 0; k < CP_ITERS; k++) {
-                const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
-                mma_cp16(ks + off, kp, 16);
-                mma_cp16(vs + off, vp, 16);
-                kp += (size_t)CP_STEP * row;
-                vp += (size_t)CP_STEP * row;
-            }
-            mma_commit();
-            return;
-        }
-        const size_t src = (size_t)(kt + cp_j) * row + 8 * cp_c;
-#pragma unroll
-        for (int k = 0; k < CP_ITERS; k++) {
-            const bool in = cp_j + k * CP_STEP < nk;
-            const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
-            const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
-            mma_cp16(ks + off, kb + at, in ? 16 : 0);
-            mma_cp16(vs + off, vb + at, in ? 16 : 0);
-        }
-        mma_commit();
-    };
-
     float o[ND][4];
 #pragma unroll
     for (int d = 0; d < ND; d++)
@@ -933,6 +1003,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
 
 #pragma unroll
     for (int st = 0; st < NSTAGE - 1; st++) {
+        if (st < n_pre) continue; /* copied before the wait */
         if (st < n_tiles)
             issue(st, st);
         else
@@ -951,6 +1022,19 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         }
         const int kt = k_begin + it * TK;
         const int nk = min(TK, k_end - kt);
+        if (pre && kt + nk > p_bat) { /* block-uniform: the tile holds batch rows */
+            __half *const st_h = (__half *)mma_smem4 + (it % NSTAGE) * STAGE;
+#pragma unroll
+            for (int u = 0; u < ST_ITEMS; u++) {
+                const int p = pt_p[u];
+                if (p >= kt && p < kt + nk) {
+                    const int d4 = (threadIdx.x + u * NT) % (HD / 4);
+                    *(uint2 *)(st_h + (p - kt) * KS + 4 * d4) = pt_k[u];
+                    *(uint2 *)(st_h + TK * KS + (p - kt) * KS + 4 * d4) = pt_v[u];
+                }
+            }
+            __syncthreads();
+        }
         if (kt + kw > wmax || kw >= nk) continue; /* warp-uniform: nothing visible here */
         const uint32_t ks = smem0 + (uint32_t)((it % NSTAGE) * STAGE) * 2u;
         const uint32_t vs = ks + (uint32_t)(TK * KS) * 2u;
@@ -1307,6 +1391,10 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (nw && *nw) g_dec_warps = atoi(nw) == 8 ? 8 : 4;
     const char *ncl = getenv("TPI_ATTN_DEC_CLUSTERS");
     if (ncl && *ncl) g_dec_ncl = TPI_MAX(1, TPI_MIN(atoi(ncl), MMA_MAX_NCL));
+    const char *pre = getenv("TPI_ATTN_DEC_PRE");
+    if (pre && *pre) g_dec_pre = TPI_MAX(0, atoi(pre));
+    const char *q8b = getenv("TPI_ATTN_DEC_Q8B");
+    if (q8b && *q8b) g_dec_q8b = atoi(q8b) != 0;
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
     if (cls && *cls) {
         const int n = atoi(cls);
@@ -1433,6 +1521,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
      * stream where it is long (the merges leave DRAM idle, the stream does not); the
      * depth is a power of two, so one recorded graph's positions make one choice; only
      * while the last wo's kernel gains from it (ctx->wo_early, gv_early_gains) */
+    a->pre = DEC && a->k && max_pos < g_dec_pre;
     a->trigger = !DEC || !ctx->pdl || ctx->wo_prefetch <= 0 || !ctx->wo_early ? 0
                  : max_pos >= ctx->wo_prefetch                                ? 1
                                                                               : 2;
@@ -1516,6 +1605,8 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.ds = NULL;
     a.qk = tab != NULL;
     a.trigger = 0;
+    a.pre = 0; /* mma_launch decides */
+    a.q8b = g_dec_q8b;
     a.q_norm = tab ? qk->q_norm : NULL;
     a.k_norm = tab ? qk->k_norm : NULL;
     a.rope_inv = tab;
