@@ -962,12 +962,12 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
          * rest. Every valid token is covered by its own block's range; a position written
          * by several blocks (other head chunks or query blocks of the slot) gets the same
          * bytes from each, and no block reads a batch position it has not written itself,
-         * so any slot pattern is safe, also when a graph replays other slots. */
+         * so any slot pattern is safe, also when a graph replays other slots. With pre the
+         * tiles were asked for before the store: the loop puts these rows into them (pt_*). */
         bool wrote = false;
 #pragma unroll
         for (int u = 0; u < ST_ITEMS; u++) {
             const int p = st_p[u];
-            pt_p[u] = -1;
             if (slot_ok && st_s[u] == s && p >= k_begin && p < k_end) {
                 const int d4 = (threadIdx.x + u * NT) % (HD / 4);
                 const size_t at = ((size_t)s * a.n_ctx + p) * row + (size_t)kvh * HD + 4 * d4;
