@@ -27,14 +27,14 @@ if(TARGET tpi_cuda)
   set_tests_properties(test_ops_cuda_attn_decode_w4 PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_WARPS=4;TPI_ATTN_DEC_STAGES=3")
+  add_test(NAME test_ops_cuda_attn_decode_w4_nocluster COMMAND test_ops_cuda_elem attn_decode)
+  set_tests_properties(test_ops_cuda_attn_decode_w4_nocluster PROPERTIES SKIP_RETURN_CODE 77
+                       TIMEOUT 600 LABELS gpu ENVIRONMENT
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_WARPS=4;TPI_ATTN_DEC_CLUSTER=0")
   # the decode attention's tiles copied before its wait at every depth (the default only
   # under 2048): the batch's rows put into the early tiles from registers
   add_test(NAME test_ops_cuda_attn_decode_pre COMMAND test_ops_cuda_elem attn_decode)
   set_tests_properties(test_ops_cuda_attn_decode_pre PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_PRE=1048576")
-  add_test(NAME test_ops_cuda_attn_decode_w4_nocluster COMMAND test_ops_cuda_elem attn_decode)
-  set_tests_properties(test_ops_cuda_attn_decode_w4_nocluster PROPERTIES SKIP_RETURN_CODE 77
-                       TIMEOUT 600 LABELS gpu ENVIRONMENT
-                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_WARPS=4;TPI_ATTN_DEC_CLUSTER=0")
 endif()
