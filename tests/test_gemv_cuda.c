@@ -58,7 +58,14 @@ static const char *const CFGS[] = {
     "kind=p,pdl=1", "kind=b,batch=1,pdl=0", "kind=b,batch=2,pdl=1", "kind=auto,wps=64",
     "kind=p,wps=8", "kind=p,rpw=2",         "kind=p,rpw=4,wps=64",  "kind=a,rpw=2",
     "kind=p,kbound=10", "kind=p,kbound=8", "kind=a,kbound=6", "kind=p,x8bound=4",
+    "kind=p,ypre=0",    "kind=a,rpw=2,ypre=0",
+    "kind=p,ring1=1,ring1all=1", "kind=p,ring1=2,ring1all=1", "kind=p,ring1=3,ring1all=1",
 };
+/* The settings whose outputs must be bitwise those of "kind=p,pdl=1" (the same items,
+ * order and sums: gv_ring1_kernel where it takes the shape, else the same kernel). */
+static bool same_bits_as_p(const char *cfg) {
+    return strstr(cfg, "ring1=") != NULL || strcmp(cfg, "kind=p,ypre=0") == 0;
+}
 #define N_CFGS ((int)(sizeof CFGS / sizeof CFGS[0]))
 
 static bool quantizes_x(int type) {
@@ -165,19 +172,20 @@ static size_t check(const char *label, const float *got, const float *want, cons
 
 START_TEST(test_host) {
     /* the knob parser: values in range are taken and shown, others refused */
-    char desc[96];
+    char desc[128];
     ck_assert_int_eq(kern_gemv_configure("kind=p,wps=32"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=0,x8bound=8");
+    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=0,x8bound=8,ypre=1,ring1=2,ring1all=0");
     ck_assert_int_eq(kern_gemv_configure("kind=auto,wps=auto"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=0,x8bound=8");
-    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4"), 0);
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=0,x8bound=8,ypre=1,ring1=2,ring1all=0");
+    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4,ypre=0,ring1=0,ring1all=1"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4");
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4,ypre=0,"
+                           "ring1=0,ring1all=1");
     const char *bad[] = {"wps=7", "wps=65", "wps=3x", "wps=", "kind=q", "batch=3", "pdl=2", "x=1",
                          "rpw=3", "rpw=8", "rpw=", "kbound=4", "kbound=", "kbound=8x",
-                         "x8bound=0", "x8bound=7"};
+                         "x8bound=0", "x8bound=7", "ypre=2", "ypre=", "ring1=4", "ring1=11", "ring1all=2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(kern_gemv_configure(bad[i]) == -1, "'%s' was taken", bad[i]);
     kern_gemv_configure(NULL);
@@ -275,6 +283,8 @@ static void run_all_cfgs(const char *what, const struct tpi_weight *gw, const fl
         poison[i] = NAN, y0[i] = tu_uniform(r, -4, 4);
     float *gy = G->alloc(gctx, ny * 4);
     ck_assert_ptr_nonnull(gy);
+    float *p_out[2] = {malloc(ny * 4), malloc(ny * 4)}; /* "kind=p,pdl=1": plain, accumulate */
+    bool have_p = false;
     for (int c = 0; c < N_CFGS; c++) {
         ck_assert_int_eq(kern_gemv_configure(CFGS[c]), 0);
         for (int acc = 0; acc < 2; acc++) {
@@ -290,10 +300,17 @@ static void run_all_cfgs(const char *what, const struct tpi_weight *gw, const fl
                      acc ? " accumulate" : "");
             assert_ok(label);
             ck_assert_msg(check(label, got, want, acc ? y0 : NULL, bound, ny) == 0, "%s", label);
+            if (strcmp(CFGS[c], "kind=p,pdl=1") == 0) {
+                memcpy(p_out[acc], got, ny * 4);
+                have_p = true;
+            } else if (have_p && same_bits_as_p(CFGS[c])) {
+                ck_assert_msg(memcmp(got, p_out[acc], ny * 4) == 0, "%s: not bitwise kind=p's",
+                              label);
+            }
         }
     }
     G->dealloc(gctx, gy);
-    free(poison), free(got), free(y0);
+    free(poison), free(got), free(y0), free(p_out[0]), free(p_out[1]);
 }
 
 START_TEST(test_type) { /* _i: index into TYPES */

@@ -1536,7 +1536,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         if (!LAUNCH_OK(ctx, op)) return;
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
-    ctx->gemv_prefetch = a->trigger != 0;
+    ctx->gemv_prefetch = a->trigger;
     ctx->after_attn = DEC;
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;

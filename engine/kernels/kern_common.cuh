@@ -90,7 +90,8 @@ struct ops_ctx {
                         largest position is under this, after its K/V stream from it up
                         (TPI_WO_PREFETCH; default 2048, 0: never; bench/NOTES.md change 86),
                         where wo's kernel gains from it (wo_early) */
-    bool gemv_prefetch; /* armed by such an attention, taken by the next v3 launch */
+    int gemv_prefetch;  /* armed by such an attention (its trigger: 1 after its K/V stream, 2
+                           at its start), taken by the next v3 launch */
     bool after_attn;    /* a decode attention was the last op: the next v3 launch (wo) says
                            in wo_early whether its kernel gains from being let in early */
     bool wo_early;      /* so the decode attention triggers (true until a wo says no) */

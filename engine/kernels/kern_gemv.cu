@@ -446,12 +446,46 @@ __global__ void gv_quantize_x_kernel(const float *__restrict__ x, int8_t *__rest
     gv_perm_store(q, i, ne0, lay, xq);
 }
 
+/* 4-byte async copy global -> shared (cp.async; a plain load and store before sm_80) */
+__device__ __forceinline__ void gv_cp4(float *dst, const float *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+#else
+    *dst = *src;
+#endif
+}
+/* A block's y values for gv_y_pre, one a warp. */
+__device__ __forceinline__ float *gv_ys(void) {
+    __shared__ float ys[GV_WARPS];
+    return ys;
+}
+/* The value of y that gv_store adds to (accumulate), copied by the lane that stores it
+ * into shared memory (gv_ys, cp.async: no register waits for it) right after the PDL
+ * wait: the launch's last step is then not an L2 round trip behind its last dot (on:
+ * the ypre knob; bench/NOTES.md change 95). A register instead made the held Q6_K
+ * kernel (64 registers) spill it, waiting for the load before its first weight loads.
+ * Only the quantized one-row, one-sum kernels (NR = RW = 1); returns whether it is
+ * copied (gv_store is then called with pre and reads it from there). */
+template <int NR, int RW>
+__device__ __forceinline__ bool gv_y_pre(const float *__restrict__ y, int ne1, int row0, int part,
+                                         bool accumulate, bool on) {
+    const bool pre = NR * RW == 1 && on && accumulate;
+    if (pre && part == 0 && (threadIdx.x & 31) == 0 && row0 < ne1)
+        gv_cp4(gv_ys() + (threadIdx.x >> 5), y + row0);
+    return pre;
+}
+
 /* Sum acc over the warp, then over the wpr warps of one row group (shared memory),
  * and store (or add to) rows row0..row0+RW-1 (those < ne1) of y for the first nr x
- * rows. Lane rw writes weight row rw's outputs. */
+ * rows. Lane rw writes weight row rw's outputs; with pre (gv_y_pre's copy made), the
+ * value added to is the copy's. */
 template <int NR, int RW>
 __device__ __forceinline__ void gv_store(float (&acc)[RW][NR], float *__restrict__ y, int ne1,
-                                         int nr, int row0, int part, int wpr, bool accumulate) {
+                                         int nr, int row0, int part, int wpr, bool accumulate,
+                                         bool pre = false) {
     __shared__ float red[GV_WARPS][RW][NR];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
@@ -485,7 +519,16 @@ __device__ __forceinline__ void gv_store(float (&acc)[RW][NR], float *__restrict
             for (int r = 0; r < NR; r++)
                 if (r < nr) {
                     float *o = y + (size_t)r * ne1 + row0 + rw;
-                    *o = accumulate ? *o + acc[rw][r] : acc[rw][r];
+                    float yo = 0.0f;
+                    if (pre) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+                        asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+                        yo = gv_ys()[warp];
+                    } else if (accumulate) {
+                        yo = *o;
+                    }
+                    *o = accumulate ? yo + acc[rw][r] : acc[rw][r];
                 }
 }
 
@@ -569,6 +612,7 @@ struct gv_segs {
     int trigger; /* kern_dep_trigger at the start (ctx->gemv_trigger; kinds a and p) */
     int pf_blocks;     /* blocks < pf_blocks ask L2 for weight 0's bytes [b pf_chunk, ..) */
     long long pf_chunk; /* before the wait (ctx->gemv_prefetch); 0: none */
+    int ypre;           /* accumulate's y loaded after the wait (gv_y_pre; the ypre knob) */
 };
 /* Blocks < sg.pf_blocks ask L2 for their chunk of weight 0 (row_bytes a row;
  * cp.async.bulk.prefetch.L2, a warp a quarter of the chunk). The weights are no kernel's
@@ -633,13 +677,16 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     /* The wait comes first: x is read with plain loads (so that the RW rows share them),
      * which the compiler may move up to, but not above, the branch that guards them. */
     gv_grid_dep_wait();
+    gv_y_pre<NR, RW>(me.y, ne1, row0, part, accumulate, sg.ypre);
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
         gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
                                          x, xs, ds, ne0, nr, acc);
     }
-    gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate);
+    /* pre from the parameters again (constant bank: no register across the items) */
+    gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate,
+                     NR * RW == 1 && accumulate && sg.ypre);
 }
 
 template <int TYPE, int NR, bool PERM, int RW>
@@ -994,6 +1041,119 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
     }
 }
 
+/* ------------------------------------- one weight's rows, all copied before the wait
+ * A product of one Q4_K weight of rows of GV_RING_NE0 values and one x row (wo's shape)
+ * held to a few blocks an SM: warp g of the grid takes the contiguous rows
+ * [ne1 * g / n_w, ne1 * (g + 1) / n_w) (at most S) and copies all of them into its S
+ * row slots of shared memory before the PDL wait (weights: no kernel's output), so when
+ * the kernel ahead lets it in at its start (a shallow decode attention: ctx->wo_prefetch,
+ * ctx->gemv_prefetch == 2) its whole weight stream overlaps that kernel; after the wait
+ * it loads x (kind p's
+ * permuted copy, in registers), dots its rows from shared memory and stores. The items,
+ * their order and the sums are the one-row kind p kernel's (gv_ring_item runs what
+ * gv<T>::dot runs; y's value added last, copied into shared memory at the wait as
+ * gv_y_pre does): y bitwise the same. bench/NOTES.md change 97 (`TPI_GEMV_RING1`). */
+#define GV_RING1_WARPS 4
+template <int T, int S>
+__global__ void __launch_bounds__(GV_RING1_WARPS * 32)
+    gv_ring1_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne1, const int8_t *x,
+                    const float2 *ds, float *y, bool accumulate) {
+    using Q = gv<T>;
+    using It = gv_ring_item<T>;
+    constexpr int W = GV_RING1_WARPS, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
+    constexpr int NI = GV_RING_NE0 / Q::BLK * Q::IPB / 32; /* items a lane */
+    constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4;
+    static_assert(RB % 16 == 0 && S <= 32, "rows of whole 16-byte pieces, a y value a lane");
+    extern __shared__ __align__(16) uint8_t gv_ring[];
+    __shared__ float ys[W][S];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long long gw = (long long)blockIdx.x * W + warp, n_w = (long long)gridDim.x * W;
+    const int r0 = (int)(ne1 * gw / n_w), nr = (int)(ne1 * (gw + 1) / n_w) - r0; /* <= S */
+    uint8_t *ring = gv_ring + (size_t)warp * S * RB;
+    const uint32_t ring_s = mma_smem_u32(ring);
+#pragma unroll
+    for (int k = 0; k < S; k++)
+        if (k < nr) {
+            const uint8_t *src = w + (size_t)(r0 + k) * row_bytes;
+#pragma unroll
+            for (int i = 0; i < (PIECES + 31) / 32; i++) {
+                const int pc = lane + 32 * i;
+                if (pc < PIECES)
+                    mma_cp16(ring_s + (uint32_t)(k * RB + 16 * pc), src + 16 * pc, 16);
+            }
+        }
+    mma_commit();
+    gv_grid_dep_wait(); /* x (and y) are the kernels' outputs */
+    if (accumulate && lane < nr)
+        gv_cp4(&ys[warp][lane], y + r0 + lane);
+    mma_commit();
+    int4 xv[NI][It::UNITS];
+    typename It::dsv xf[NI];
+#pragma unroll
+    for (int v = 0; v < NI; v++) {
+        const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
+        const int8_t *xi = x + (size_t)GS * (i >> 5) + 16 * (i & 31);
+#pragma unroll
+        for (int k = 0; k < It::UNITS; k++)
+            xv[v][k] = gv_ldx128(gv_xunit<true>(xi, (Q::BLK / Q::IPB) * c + 16 * k, k));
+        xf[v] = It::load_ds(ds, blk, c);
+    }
+    mma_wait<0>(); /* this lane's copies (rows and y) have landed */
+    __syncwarp();  /* and every lane's */
+#pragma unroll 1
+    for (int k = 0; k < nr; k++) {
+        const uint8_t *slot = ring + (size_t)k * RB;
+        float acc = 0.0f;
+#pragma unroll
+        for (int v = 0; v < NI; v++) {
+            const int i = lane + 32 * v;
+            acc += It::dot(slot, i / Q::IPB, i % Q::IPB, xv[v], xf[v]);
+        }
+        acc = gv_warp_sum(acc);
+        if (lane == 0) y[r0 + k] = accumulate ? ys[warp][k] + acc : acc;
+    }
+}
+
+/* Launch gv_ring1_kernel for one weight w (n_sm * per_sm blocks) if it takes the shape
+ * (Q4_K rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows a warp, the shared
+ * memory allowed); false: nothing launched. x: kind p's permuted copy for Q4_K. */
+template <int T>
+static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, const struct tpi_weight *w, int per_sm,
+                            const int8_t *x, const float2 *ds, float *y, bool accumulate,
+                            cudaStream_t stream) {
+    if constexpr (T != TPI_TYPE_Q4_K) {
+        return false;
+    } else {
+        using Q = gv<T>;
+        const int ne1 = (int)w->ne1, blocks = ctx->n_sm * per_sm;
+        const int rows = (ne1 + blocks * GV_RING1_WARPS - 1) / (blocks * GV_RING1_WARPS);
+        if (w->ne0 != GV_RING_NE0 || w->row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
+            ((uintptr_t)w->data & 15) || rows > 8 || blocks <= 0)
+            return false;
+        auto go = [&](auto s_c) {
+            constexpr int S = decltype(s_c)::value;
+            const size_t smem = (size_t)GV_RING1_WARPS * S * w->row_bytes;
+            const auto kern = gv_ring1_kernel<T, S>;
+            if (smem > (size_t)ctx->smem_optin) return false;
+            static bool set = false; /* the opt-in, once a kernel (one device a process) */
+            if (!set) {
+                if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem) != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    return false;
+                }
+                set = true;
+            }
+            kern_launch(pdl, kern, dim3((unsigned)blocks), dim3(GV_RING1_WARPS * 32), smem, stream,
+                        (const uint8_t *)w->data, w->row_bytes, ne1, x, ds, y, accumulate);
+            return true;
+        };
+        return rows <= 2   ? go(std::integral_constant<int, 2>{})
+               : rows <= 4 ? go(std::integral_constant<int, 4>{})
+                           : go(std::integral_constant<int, 8>{});
+    }
+}
+
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
  * takes output GV_WARPS * b + w. */
 template <int TYPE>
@@ -1072,7 +1232,17 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *                          (11.19 -> 11.50, 19.20 -> 22.04, 15.82 -> 17.43), and so did
  *                          tg128 end to end (Q4_K_M +2.5 %, Q8_0 +1.5 % at rpw 1;
  *                          bench/NOTES.md change 16). 4096->1024 is worse at 2 for every
- *                          type (half the warps), BF16 no better anywhere. */
+ *                          type (half the warps), BF16 no better anywhere.
+ *   TPI_GEMV_YPRE  0 | 1   the quantized one-row kernels' y += (wo, down) with y copied into
+ *                          shared memory right after the wait instead of loaded after the
+ *                          last dot (default 1: tg128 Q4_K_M +0.2-0.6 %, Q8_0 +1 %, depth
+ *                          8192 +0.6-0.9 %; bench/NOTES.md change 95).
+ *   TPI_GEMV_RING1 0..3    wo (one Q4_K weight, rows of 4096, one x row) right after a
+ *                          decode attention that let it in at its start: gv_ring1_kernel,
+ *                          that many blocks an SM, every row copied before the wait (default
+ *                          2: tg128 Q4_K_M +0.55 %, depth 1024 +0.9 %; 0: the kind p kernel;
+ *                          bench/NOTES.md change 97). TPI_GEMV_RING1ALL=1 takes it wherever
+ *                          the shape allows (tests; in a plain chain it is slower). */
 struct gv_cfg {
     int kind; /* 'a', 'b', 'p', or 0: auto */
     int batch, pdl, wps; /* wps 0: auto */
@@ -1081,8 +1251,13 @@ struct gv_cfg {
                           * an SM; 0 none (default) */
     int x8bound;         /* the one-row kernels of Q8_0's and Q6_K's 8-block groups held to 4,
                           * 5, 6 or 8 (default) blocks an SM */
+    int ypre;            /* accumulate's y loaded right after the wait (gv_y_pre; default 1) */
+    int ring1;           /* Q4_K one-weight rows of 4096 right after a decode attention that
+                          * let them in at its start: gv_ring1_kernel, that many blocks an SM
+                          * (1-3, default 2); 0: the kind p kernel */
+    int ring1all;        /* 1: gv_ring1_kernel wherever it takes the shape (tests, measuring) */
 };
-static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, GV_X8_BOUND_DEFAULT};
+static const gv_cfg GV_DEFAULT = {0, 1, 1, 0, 0, 0, GV_X8_BOUND_DEFAULT, 1, 2, 0};
 #define GV_WPS_ELEM 32  /* auto warps per SM, BF16/F16 */
 #define GV_WPS_QUANT 16 /* auto warps per SM, quantized types */
 
@@ -1137,9 +1312,13 @@ static bool gv_cfg_parse(gv_cfg *c, const char *spec) {
                 (k ? n != 0 && n != 6 && n != 8 && n != 10 : n != 4 && n != 5 && n != 6 && n != 8))
                 return false;
             *(k ? &c->kbound : &c->x8bound) = (int)n;
-        } else if (strcmp(key, "pdl") == 0) {
+        } else if (strcmp(key, "ring1") == 0) {
+            if (*v < '0' || *v > '3' || spec - v != 1) return false;
+            c->ring1 = *v - '0';
+        } else if (strcmp(key, "pdl") == 0 || strcmp(key, "ypre") == 0 ||
+                   strcmp(key, "ring1all") == 0) {
             if ((*v != '0' && *v != '1') || spec - v != 1) return false;
-            c->pdl = *v == '1';
+            *(key[0] == 'p' ? &c->pdl : key[0] == 'y' ? &c->ypre : &c->ring1all) = *v == '1';
         } else {
             return false;
         }
@@ -1155,7 +1334,10 @@ static gv_cfg gv_cfg_from_env(void) {
                                           {"wps", "TPI_GEMV_WPS"},
                                           {"rpw", "TPI_GEMV_RPW"},
                                           {"kbound", "TPI_GEMV_KBOUND"},
-                                          {"x8bound", "TPI_GEMV_X8BOUND"}};
+                                          {"x8bound", "TPI_GEMV_X8BOUND"},
+                                          {"ypre", "TPI_GEMV_YPRE"},
+                                          {"ring1", "TPI_GEMV_RING1"},
+                                          {"ring1all", "TPI_GEMV_RING1ALL"}};
     for (const auto &k : keys) {
         const char *v = getenv(k[1]);
         if (!v || !*v) continue;
@@ -1188,8 +1370,10 @@ void kern_gemv_describe(char *buf, size_t n) {
     if (c.wps) snprintf(wps, sizeof wps, "%d", c.wps);
     if (c.rpw) snprintf(rpw, sizeof rpw, "%d", c.rpw);
     if (c.kind) snprintf(kind, sizeof kind, "%c", c.kind);
-    snprintf(buf, n, "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d", kind, c.batch,
-             c.pdl, wps, rpw, c.kbound, c.x8bound);
+    snprintf(buf, n,
+             "kind=%s,batch=%d,pdl=%d,wps=%s,rpw=%s,kbound=%d,x8bound=%d,ypre=%d,ring1=%d,"
+             "ring1all=%d",
+             kind, c.batch, c.pdl, wps, rpw, c.kbound, c.x8bound, c.ypre, c.ring1, c.ring1all);
 }
 
 /* ---------------------------------------------------------------- launchers */
@@ -1304,6 +1488,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         gv_segs sg = {};
         sg.n = n;
         sg.trigger = ctx->gemv_trigger;
+        sg.ypre = c.ypre;
         if (ctx->gemv_prefetch && n == 1) { /* one chunk a multiprocessor's first block */
             const long long total = ws[0]->ne1 * (long long)ws[0]->row_bytes;
             sg.pf_blocks = ctx->n_sm;
@@ -1360,6 +1545,14 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                : gv_is_q6<T>        ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
+            /* wo right after a decode attention that let it in at its start (depth 0:
+             * +1.3 %; after the K/V stream it cannot sit beside the attention's blocks
+             * and lost 1.6 %: run 167, bench/NOTES.md change 97) */
+            if (NR == 1 && n == 1 && rpw == 1 && c.ring1 && !sg.trigger &&
+                (c.ring1all || ctx->gemv_prefetch == 2) &&
+                gv_ring1_launch<T>(ctx, pdl, w, c.ring1, gx->xp + (off - lay.b32_off), gx->ds,
+                                   ys[0], accumulate, stream))
+                return;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
                             gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),

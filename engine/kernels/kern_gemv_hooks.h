@@ -12,8 +12,9 @@
 #include "kernels/ops.h"
 
 /* kern_gemv_configure: apply "kind=auto|a|b|p,batch=1|2,pdl=0|1,wps=auto|8..64,
- * rpw=auto|1|2|4,kbound=0|6|8|10,x8bound=4|5|6|8" over the TPI_GEMV_KIND / _BATCH / _PDL /
- * _WPS / _RPW / _KBOUND / _X8BOUND settings (NULL: those alone); -1 on a bad spec.
+ * rpw=auto|1|2|4,kbound=0|6|8|10,x8bound=4|5|6|8,ypre=0|1,ring1=0..3,ring1all=0|1" over the
+ * TPI_GEMV_KIND / _BATCH / _PDL / _WPS / _RPW / _KBOUND / _X8BOUND / _YPRE / _RING1 /
+ * _RING1ALL settings (NULL: those alone); -1 on a bad spec.
  * Process-wide; not to be called while other threads queue kernels.
  * kern_gemv_describe: the settings in that form.
  * kern_gemv_test_prepare: kern_gemv_v3_prepare into a malloc'ed kern_gemv_x (free() it),
