@@ -10,6 +10,10 @@
  *   ring_sx  the same with x and its pairs staged in shared memory (any K);
  *   ring_ks  rows cut into parts of 4096 values, a warp a part (x's part in registers),
  *         the parts' sums added in shared memory (K 4096 * n; sums in another order);
+ *   ring_e1, ring_e2, ring_e3  ring (ring_sx at K 12288) held to 1, 2 or 3 blocks an SM
+ *         and letting the next launch in at its start (launch_dependents first), so the
+ *         next launch's blocks are resident beside it and copy their first rows while it
+ *         still runs (change 96: a chain whose weight stream does not stop at a launch);
  *   regs8, regs16, nodot, nox, xperm, tie, tiep, pre, early  regs with 8 or 16 warps a
  *         block, without its dots, without x's loads, with x permuted as kind p reads it,
  *         with every load ahead of the first dot (tie; tiep with x permuted), its row
@@ -203,7 +207,7 @@ template <int N> __device__ __forceinline__ void warp_cp(uint32_t dst, const uin
 /* ring: every warp of the grid takes a contiguous range of rows (balanced to one row).
  * XREG: x in registers (KK 4096: two items a lane); else x and its pairs staged in
  * shared memory after the rings, read per row. */
-template <int KK, bool XREG>
+template <int KK, bool XREG, bool EARLY = false>
 __global__ void __launch_bounds__(32 * RING_WARPS) k_ring(const uint8_t *__restrict__ W,
                                                           const int8_t *xq, const float2 *ds,
                                                           float *y, int n_rows) {
@@ -212,6 +216,7 @@ __global__ void __launch_bounds__(32 * RING_WARPS) k_ring(const uint8_t *__restr
     extern __shared__ __align__(16) uint8_t smem[];
     int8_t *xs = (int8_t *)(smem + (size_t)RING_WARPS * RING_STAGES * ROW_BYTES);
     float2 *dss = (float2 *)(xs + KK);
+    if constexpr (EARLY) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gw = blockIdx.x * RING_WARPS + warp, n_w = gridDim.x * RING_WARPS;
     const int r0 = (int)((long)n_rows * gw / n_w), r1 = (int)((long)n_rows * (gw + 1) / n_w);
@@ -407,7 +412,7 @@ __global__ void __launch_bounds__(128) k_bare(const int4 *__restrict__ p, size_t
 }
 
 enum { K_REGS, K_RING, K_RING_SX, K_BARE, K_RING_KS, K_BARE_ST, K_REGS8, K_REGS16, K_NODOT, K_PRE,
-       K_EARLY, K_NOX, K_XPERM, K_TIE, K_TIEP, K_SMEM1, K_SMEM1P };
+       K_EARLY, K_NOX, K_XPERM, K_TIE, K_TIEP, K_SMEM1, K_SMEM1P, K_RING_E1, K_RING_E2, K_RING_E3 };
 static int8_t *g_xperm; /* x in R_XPERM's order (made once in main) */
 
 template <int KK, bool XREG> static size_t ring_smem() {
@@ -427,6 +432,19 @@ template <int KK, bool XREG> static int ring_blocks(int n_sm) {
                per_sm, ring_smem<KK, XREG>() >> 10);
     }
     return n;
+}
+/* Blocks of the early ring (k_ring<KK, XREG, true>) for at most b an SM. */
+template <int KK, bool XREG> static int ring_e_blocks(int n_sm, int b) {
+    static int per_sm = 0;
+    if (!per_sm) {
+        CK(cudaFuncSetAttribute(k_ring<KK, XREG, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)ring_smem<KK, XREG>()));
+        CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_ring<KK, XREG, true>,
+                                                         32 * RING_WARPS, ring_smem<KK, XREG>()));
+        printf("ring_e K %d: at most %d blocks an SM, %zu KB each\n", KK, per_sm,
+               ring_smem<KK, XREG>() >> 10);
+    }
+    return n_sm * (b < per_sm ? b : per_sm);
 }
 static int g_n_sm;
 
@@ -473,6 +491,13 @@ static void launch(int kind, const uint8_t *W, const int8_t *xq, const float2 *d
             cfg.dynamicSmemBytes = ring_smem<KK, false>();
             CK(cudaLaunchKernelEx(&cfg, k_ring<KK, false>, W, xq, ds, y, n_rows));
         }
+    } else if (kind == K_RING_E1 || kind == K_RING_E2 || kind == K_RING_E3) {
+        constexpr bool XR = KK == 4096;
+        const int b = kind == K_RING_E1 ? 1 : kind == K_RING_E2 ? 2 : 3;
+        cfg.blockDim = dim3(32 * RING_WARPS);
+        cfg.gridDim = dim3((unsigned)ring_e_blocks<KK, XR>(g_n_sm, b));
+        cfg.dynamicSmemBytes = ring_smem<KK, XR>();
+        CK(cudaLaunchKernelEx(&cfg, k_ring<KK, XR, true>, W, xq, ds, y, n_rows));
     } else if (kind == K_RING_KS) {
         constexpr int NP = KK / 4096;
         const size_t smem = (size_t)KS_GROUPS * NP * RING_STAGES * ROW_BYTES_OF(4096);
@@ -551,8 +576,9 @@ struct ctx {
 
 /* Every kernel's outputs of n_rows x KK against regs' (bitwise; ring_ks adds in another
  * order) and the host's. */
-static const int k_checked[] = {K_REGS, K_RING,  K_RING_SX, K_REGS8, K_REGS16, K_PRE,   K_EARLY,
-                                K_XPERM, K_TIE, K_TIEP, K_SMEM1,   K_SMEM1P, K_RING_KS};
+static const int k_checked[] = {K_REGS,  K_RING,  K_RING_SX, K_REGS8,   K_REGS16,  K_PRE,
+                                K_EARLY, K_XPERM, K_TIE,     K_TIEP,    K_SMEM1,   K_SMEM1P,
+                                K_RING_E1, K_RING_E2, K_RING_E3, K_RING_KS};
 #define N_CHECKED (int)(sizeof k_checked / sizeof k_checked[0])
 template <int KK> static void check(ctx &c, int n_rows) {
     constexpr int RB = ROW_BYTES_OF(KK);
@@ -588,7 +614,8 @@ template <int KK> static void check(ctx &c, int n_rows) {
 
 /* One table row: us a launch in chains of c.n_chain for each kind of k_timed. */
 static const int k_timed[] = {K_BARE,  K_BARE_ST, K_REGS, K_NODOT, K_NOX,   K_XPERM, K_TIE,
-                              K_TIEP,  K_SMEM1,   K_SMEM1P, K_PRE,  K_EARLY, K_RING,  K_RING_KS};
+                              K_TIEP,  K_SMEM1,   K_SMEM1P, K_PRE,  K_EARLY, K_RING,  K_RING_KS,
+                              K_RING_E1, K_RING_E2, K_RING_E3};
 #define N_TIMED (int)(sizeof k_timed / sizeof k_timed[0])
 template <int KK> static void row(ctx &c, int n_rows) {
     const size_t bytes = (size_t)n_rows * ROW_BYTES_OF(KK);
@@ -671,8 +698,9 @@ int main(int argc, char **argv) {
     check<12288>(c, 8192);
 
     printf("| K | rows | MB a launch | bare | bare_st | regs | nodot | nox | xperm | tie | tiep | smem1 "
-           "| smem1p | pre | early | ring | ring_ks | bare TB/s |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+           "| smem1p | pre | early | ring | ring_ks | ring_e1 | ring_e2 | ring_e3 | bare TB/s |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+           "|---:|---:|---:|\n");
     const int rows4k[] = {1024, 4096, 6144, 24576};
     for (int i = 0; i < 4; i++)
         row<4096>(c, rows4k[i]);
