@@ -1009,6 +1009,19 @@ __global__ void __launch_bounds__(W * 32)
  * and 4 slots 0.5-1 % slower; run 129, 2 warps no faster. */
 #define GV_RING_WARPS 4
 #define GV_RING_STAGES 3
+/* Let kernel K use smem bytes of dynamic shared memory (asked once a kernel and size;
+ * one device a process); false if refused. */
+template <auto K> static bool gv_smem_optin(size_t smem) {
+    static size_t allowed = 0;
+    if (smem <= allowed) return true;
+    if (cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    allowed = smem;
+    return true;
+}
 /* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
  * values, 16-byte aligned, its shared memory allowed); false: nothing launched. */
 template <int T, bool PERM>
@@ -1025,16 +1038,8 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
         if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
             (((uintptr_t)dg | (uintptr_t)du) & 15) || smem > (size_t)ctx->smem_optin)
             return false;
-        const auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
-        static bool set = false; /* the opt-in, once a kernel (one device a process) */
-        if (!set) {
-            if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)smem) != cudaSuccess) {
-                (void)cudaGetLastError();
-                return false;
-            }
-            set = true;
-        }
+        constexpr auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
+        if (!gv_smem_optin<kern>(smem)) return false;
         kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg, du,
                     row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
         return true;
@@ -1133,17 +1138,8 @@ static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, const struct tpi_weig
         auto go = [&](auto s_c) {
             constexpr int S = decltype(s_c)::value;
             const size_t smem = (size_t)GV_RING1_WARPS * S * w->row_bytes;
-            const auto kern = gv_ring1_kernel<T, S>;
-            if (smem > (size_t)ctx->smem_optin) return false;
-            static bool set = false; /* the opt-in, once a kernel (one device a process) */
-            if (!set) {
-                if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)smem) != cudaSuccess) {
-                    (void)cudaGetLastError();
-                    return false;
-                }
-                set = true;
-            }
+            constexpr auto kern = gv_ring1_kernel<T, S>;
+            if (smem > (size_t)ctx->smem_optin || !gv_smem_optin<kern>(smem)) return false;
             kern_launch(pdl, kern, dim3((unsigned)blocks), dim3(GV_RING1_WARPS * 32), smem, stream,
                         (const uint8_t *)w->data, w->row_bytes, ne1, x, ds, y, accumulate);
             return true;
