@@ -175,17 +175,21 @@ START_TEST(test_host) {
     char desc[128];
     ck_assert_int_eq(kern_gemv_configure("kind=p,wps=32"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=0,x8bound=8,ypre=1,ring1=2,ring1all=0");
+    ck_assert_str_eq(desc, "kind=p,batch=1,pdl=1,wps=32,rpw=auto,kbound=0,x8bound=8,ypre=1,"
+                           "ring1=2,ring1all=0");
     ck_assert_int_eq(kern_gemv_configure("kind=auto,wps=auto"), 0);
     kern_gemv_describe(desc, sizeof desc);
-    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=0,x8bound=8,ypre=1,ring1=2,ring1all=0");
-    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4,ypre=0,ring1=0,ring1all=1"), 0);
+    ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=auto,kbound=0,x8bound=8,"
+                           "ypre=1,ring1=2,ring1all=0");
+    ck_assert_int_eq(kern_gemv_configure("rpw=4,kbound=0,x8bound=4,ypre=0,ring1=0,ring1all=1"),
+                     0);
     kern_gemv_describe(desc, sizeof desc);
     ck_assert_str_eq(desc, "kind=auto,batch=1,pdl=1,wps=auto,rpw=4,kbound=0,x8bound=4,ypre=0,"
                            "ring1=0,ring1all=1");
     const char *bad[] = {"wps=7", "wps=65", "wps=3x", "wps=", "kind=q", "batch=3", "pdl=2", "x=1",
                          "rpw=3", "rpw=8", "rpw=", "kbound=4", "kbound=", "kbound=8x",
-                         "x8bound=0", "x8bound=7", "ypre=2", "ypre=", "ring1=4", "ring1=11", "ring1all=2"};
+                         "x8bound=0", "x8bound=7", "ypre=2", "ypre=", "ring1=4", "ring1=11",
+                         "ring1all=2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         ck_assert_msg(kern_gemv_configure(bad[i]) == -1, "'%s' was taken", bad[i]);
     kern_gemv_configure(NULL);

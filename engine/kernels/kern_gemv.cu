@@ -25,9 +25,13 @@
  *   kind a with 8 rows for Q4_K/Q6_K, 0.7-1.0x with 1 row;
  * - kind p: kind a's items and instructions, but x read from a permuted copy (prepare
  *   writes one per item shape) in which the 32 lanes' pieces are contiguous: the x
- *   wavefronts of kind a divided by 2-4 at kind a's instruction count. Not yet run on a
- *   device; opt-in until a bench shows it ahead.
- * Both compute the same products (the same int8 x, exact integer dp4a sums); only the
+ *   wavefronts of kind a divided by 2-4 at kind a's instruction count; the default
+ *   except for Q4_K/Q6_K with 5-8 x rows, which take kind b (the kind knob below).
+ * Two launches copy their rows into shared memory with cp.async instead of loading them
+ * into registers: Q4_K gate/up (gv_glu_ring_kernel, a ring of row pairs) and a Q4_K wo
+ * right after a decode attention that lets it in at its start (gv_ring1_kernel, every
+ * row copied before the wait); their sums are kind p's.
+ * All compute the same products (the same int8 x, exact integer dp4a sums); only the
  * float grouping and summation order differ between kinds, and each is fixed (never
  * timing-dependent): each output is written by one lane after a fixed shuffle tree and
  * a fixed-order sum over a row's warps, so `accumulate` (y +=) is race-free and results
@@ -1053,8 +1057,8 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
  * row slots of shared memory before the PDL wait (weights: no kernel's output), so when
  * the kernel ahead lets it in at its start (a shallow decode attention: ctx->wo_prefetch,
  * ctx->gemv_prefetch == 2) its whole weight stream overlaps that kernel; after the wait
- * it loads x (kind p's
- * permuted copy, in registers), dots its rows from shared memory and stores. The items,
+ * it loads x (kind p's permuted copy, in registers), dots its rows from shared memory and
+ * stores. The items,
  * their order and the sums are the one-row kind p kernel's (gv_ring_item runs what
  * gv<T>::dot runs; y's value added last, copied into shared memory at the wait as
  * gv_y_pre does): y bitwise the same. bench/NOTES.md change 97 (`TPI_GEMV_RING1`). */
@@ -1541,9 +1545,9 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
                                : gv_is_q6<T>        ? lay.q6_off
                                                     : lay.b32_off;
             const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
-            /* wo right after a decode attention that let it in at its start (depth 0:
-             * +1.3 %; after the K/V stream it cannot sit beside the attention's blocks
-             * and lost 1.6 %: run 167, bench/NOTES.md change 97) */
+            /* wo right after a decode attention that let it in at its start (tg128
+             * +0.55 %, depth 1024 +0.9 %; after the K/V stream it cannot sit beside the
+             * attention's blocks and lost 1.6 %: runs 167-168, bench/NOTES.md change 97) */
             if (NR == 1 && n == 1 && rpw == 1 && c.ring1 && !sg.trigger &&
                 (c.ring1all || ctx->gemv_prefetch == 2) &&
                 gv_ring1_launch<T>(ctx, pdl, w, c.ring1, gx->xp + (off - lay.b32_off), gx->ds,
