@@ -466,20 +466,23 @@ __device__ __forceinline__ float *gv_ys(void) {
     __shared__ float ys[GV_WARPS];
     return ys;
 }
+/* Whether gv_y_pre copies y: the quantized one-row, one-sum kernels (NR = RW = 1) that
+ * accumulate, with the ypre knob on. */
+template <int NR, int RW> __device__ __forceinline__ bool gv_y_pre_on(bool accumulate, bool on) {
+    return NR * RW == 1 && on && accumulate;
+}
 /* The value of y that gv_store adds to (accumulate), copied by the lane that stores it
  * into shared memory (gv_ys, cp.async: no register waits for it) right after the PDL
  * wait: the launch's last step is then not an L2 round trip behind its last dot (on:
  * the ypre knob; bench/NOTES.md change 95). A register instead made the held Q6_K
  * kernel (64 registers) spill it, waiting for the load before its first weight loads.
- * Only the quantized one-row, one-sum kernels (NR = RW = 1); returns whether it is
- * copied (gv_store is then called with pre and reads it from there). */
+ * Where gv_y_pre_on, gv_store is then called with pre and reads it from there. */
 template <int NR, int RW>
-__device__ __forceinline__ bool gv_y_pre(const float *__restrict__ y, int ne1, int row0, int part,
+__device__ __forceinline__ void gv_y_pre(const float *__restrict__ y, int ne1, int row0, int part,
                                          bool accumulate, bool on) {
-    const bool pre = NR * RW == 1 && on && accumulate;
-    if (pre && part == 0 && (threadIdx.x & 31) == 0 && row0 < ne1)
+    if (gv_y_pre_on<NR, RW>(accumulate, on) && part == 0 && (threadIdx.x & 31) == 0 &&
+        row0 < ne1)
         gv_cp4(gv_ys() + (threadIdx.x >> 5), y + row0);
-    return pre;
 }
 
 /* Sum acc over the warp, then over the wpr warps of one row group (shared memory),
@@ -690,7 +693,7 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     }
     /* pre from the parameters again (constant bank: no register across the items) */
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate,
-                     NR * RW == 1 && accumulate && sg.ypre);
+                     gv_y_pre_on<NR, RW>(accumulate, sg.ypre));
 }
 
 template <int TYPE, int NR, bool PERM, int RW>
@@ -934,6 +937,28 @@ template <> struct gv_ring_item<TPI_TYPE_Q4_K> { /* 64 values: 4 units, 2 pairs 
         return Q::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
     }
 };
+/* A ring kernel's lane's NI items of x (kind a's plain x, or kind p's permuted copy) and
+ * their (d, d*sum) pairs, into registers for all its rows (loaded after the PDL wait). */
+template <int T, bool PERM, int NI>
+__device__ __forceinline__ void gv_ring_x(const int8_t *x, const float2 *ds, int lane,
+                                          int4 (&xv)[NI][gv_ring_item<T>::UNITS],
+                                          typename gv_ring_item<T>::dsv (&xf)[NI]) {
+    using Q = gv<T>;
+    using It = gv_ring_item<T>;
+    constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4;
+#pragma unroll
+    for (int v = 0; v < NI; v++) {
+        const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
+        const int vals = Q::BLK / Q::IPB; /* values an item */
+        const int8_t *xi =
+            PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
+#pragma unroll
+        for (int k = 0; k < It::UNITS; k++)
+            xv[v][k] = gv_ldx128(gv_xunit<PERM>(xi, vals * c + 16 * k, k));
+        xf[v] = It::load_ds(ds, blk, c);
+    }
+}
+
 template <int T, bool PERM, int W, int S>
 __global__ void __launch_bounds__(W * 32)
     gv_glu_ring_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
@@ -943,7 +968,6 @@ __global__ void __launch_bounds__(W * 32)
     using It = gv_ring_item<T>;
     constexpr int PER = 32 / W, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
     constexpr int NI = GV_RING_NE0 / Q::BLK * Q::IPB / 32; /* items a lane */
-    constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4;
     static_assert(RB % 16 == 0, "rows of whole 16-byte pieces");
     extern __shared__ __align__(16) uint8_t gv_ring[];
     __shared__ float sv[32];
@@ -974,17 +998,7 @@ __global__ void __launch_bounds__(W * 32)
     gv_grid_dep_wait(); /* x is the previous kernel's output */
     int4 xv[NI][It::UNITS];
     typename It::dsv xf[NI];
-#pragma unroll
-    for (int v = 0; v < NI; v++) {
-        const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
-        const int vals = Q::BLK / Q::IPB; /* values an item */
-        const int8_t *xi =
-            PERM ? x + (size_t)GS * (i >> 5) + 16 * (i & 31) : x + (size_t)blk * Q::BLK;
-#pragma unroll
-        for (int k = 0; k < It::UNITS; k++)
-            xv[v][k] = gv_ldx128(gv_xunit<PERM>(xi, vals * c + 16 * k, k));
-        xf[v] = It::load_ds(ds, blk, c);
-    }
+    gv_ring_x<T, PERM, NI>(x, ds, lane, xv, xf);
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
         mma_wait<S - 2>(); /* this lane's copies of pair k have landed */
@@ -1071,7 +1085,6 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
     using It = gv_ring_item<T>;
     constexpr int W = GV_RING1_WARPS, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
     constexpr int NI = GV_RING_NE0 / Q::BLK * Q::IPB / 32; /* items a lane */
-    constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4;
     static_assert(RB % 16 == 0 && S <= 32, "rows of whole 16-byte pieces, a y value a lane");
     extern __shared__ __align__(16) uint8_t gv_ring[];
     __shared__ float ys[W][S];
@@ -1098,15 +1111,7 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
     mma_commit();
     int4 xv[NI][It::UNITS];
     typename It::dsv xf[NI];
-#pragma unroll
-    for (int v = 0; v < NI; v++) {
-        const int i = lane + 32 * v, blk = i / Q::IPB, c = i % Q::IPB;
-        const int8_t *xi = x + (size_t)GS * (i >> 5) + 16 * (i & 31);
-#pragma unroll
-        for (int k = 0; k < It::UNITS; k++)
-            xv[v][k] = gv_ldx128(gv_xunit<true>(xi, (Q::BLK / Q::IPB) * c + 16 * k, k));
-        xf[v] = It::load_ds(ds, blk, c);
-    }
+    gv_ring_x<T, true, NI>(x, ds, lane, xv, xf);
     mma_wait<0>(); /* this lane's copies (rows and y) have landed */
     __syncwarp();  /* and every lane's */
 #pragma unroll 1
