@@ -25,9 +25,6 @@
  *   qk_norm_rope_attention (the decode attention normalizing and rotating q and k
  *   itself) against qk_norm_rope + attention: outputs and stored k bitwise, q left as it
  *   was exactly where the kernel does it; against the CPU within the attention's bounds.
- *   matmul_add_norm (wo or down with the next rmsnorm, one decode row) against
- *   matmul_add + rmsnorm: y bitwise, the products reading its int8 form within NMSE
- *   1e-5, h read back bitwise, graph replays bitwise (test_add_norm_cuda).
  *   layer_tail (one persistent launch for wo through down and the next layer's Q/K/V)
  *   against the plain CUDA ops (NMSE < 1e-7: another summation order) and the CPU
  *   reference (NMSE < 1e-3), bitwise equal to itself on relaunch and graph replay, and
@@ -1041,146 +1038,6 @@ static void check_layer_tail(const struct tail_case *tc, uint64_t seed) {
     free(att), free(x0), free(fn), free(an);
 }
 
-/* matmul_add_norm (one decode row: wo or down, then the next rmsnorm) against matmul_add
- * then rmsnorm on the same GPU: y bitwise (each output summed as the one-row product sums
- * it); h, read back (to_host writes it first), bitwise rmsnorm's, and the products after
- * that bitwise the plain ones; the products that read h's int8 form as the launch left it
- * and scale their own sums (matmul_n of a Q/K/V-like set with a Q6_K V on its own
- * launch, matmul_silu_mul) within the int8 level of the plain ops' (NMSE 1e-5: the form
- * is rounded before the norm's 1 / rms); the step recorded in a graph and replayed equal
- * to the step; and a BF16 weight declined with nothing written. */
-static void check_add_norm(struct be b, int type, int64_t ne0, int64_t n, int next_type,
-                           int64_t n_ff, uint64_t seed) {
-    struct tu_rng r;
-    tu_rng_seed(&r, seed);
-    const float eps = 1e-6f;
-    struct tpi_weight w, nw[5];
-    make_weight(b, &r, type, ne0, n, &w);
-    make_weight(b, &r, next_type, n, n, &nw[0]);
-    make_weight(b, &r, next_type, n, n / 4, &nw[1]);
-    make_weight(b, &r, TPI_TYPE_Q6_K, n, n / 4, &nw[2]);
-    make_weight(b, &r, next_type, n, n_ff, &nw[3]);
-    make_weight(b, &r, next_type, n, n_ff, &nw[4]);
-    const struct tpi_weight *qkv[3] = {&nw[0], &nw[1], &nw[2]};
-    const int64_t n_out[5] = {n, n / 4, n / 4, n_ff, n_ff};
-    float *xh = rand_vec(&r, (size_t)ne0, -1, 1), *y0h = rand_vec(&r, (size_t)n, -2, 2);
-    float *normh = rand_vec(&r, (size_t)n, 0.5f, 1.5f);
-    float *x = bdup(b, xh, (size_t)ne0 * 4), *norm = bdup(b, normh, (size_t)n * 4);
-    float *y = b.o->alloc(b.ctx, (size_t)n * 4), *h = b.o->alloc(b.ctx, (size_t)n * 4);
-    float *out[5];
-    for (int k = 0; k < 5; k++)
-        out[k] = b.o->alloc(b.ctx, (size_t)n_out[k] * 4);
-    char label[160];
-    snprintf(label, sizeof label, "matmul_add_norm %s %lldx%lld, next %s", quant_type_name(type),
-             (long long)n, (long long)ne0, quant_type_name(next_type));
-    /* res[v]: y, h (v 0, 2), then the five products; v 0 plain, 1 fused, 2 fused and
-     * h read back first, 3 the fused step's graph replayed */
-    float *res[4][7] = {{NULL}};
-    void *graph = NULL;
-    for (int v = 0; v < 4; v++) {
-        b.o->to_dev(b.ctx, y, y0h, (size_t)n * 4);
-        b.o->sync(b.ctx);
-        if (v == 3) graph_start(b);
-        if (v == 0) {
-            b.o->matmul_add(b.ctx, &w, x, y, 1);
-            b.o->rmsnorm(b.ctx, y, norm, h, 1, n, eps);
-        } else {
-            ck_assert_msg(b.o->matmul_add_norm(b.ctx, &w, x, y, 1, norm, h, eps), "%s: declined",
-                          label);
-        }
-        if (v == 0 || v == 2) { /* (to_host of h: its floats are written first) */
-            res[v][1] = malloc((size_t)n * 4);
-            bget(b, res[v][1], h, (size_t)n * 4);
-        }
-        float *ys[3] = {out[0], out[1], out[2]};
-        b.o->matmul_n(b.ctx, 3, qkv, h, ys, 1);
-        b.o->matmul_silu_mul(b.ctx, &nw[3], &nw[4], h, out[3], out[4], 1);
-        if (v == 3) {
-            graph = graph_stop(b);
-            b.o->to_dev(b.ctx, y, y0h, (size_t)n * 4);
-            graph_replay(b, graph);
-        }
-        res[v][0] = malloc((size_t)n * 4);
-        bget(b, res[v][0], y, (size_t)n * 4);
-        for (int k = 0; k < 5; k++) {
-            res[v][2 + k] = malloc((size_t)n_out[k] * 4);
-            bget(b, res[v][2 + k], out[k], (size_t)n_out[k] * 4);
-        }
-        assert_ok(b, label);
-    }
-    /* bitwise where matmul_add gives each output one warp (4096 and more outputs), else
-     * another summation order (NMSE 1e-10) and so now and then another int8 step in h */
-    const bool exact = n >= 4096;
-    static const char *names[5] = {"q", "k", "v (Q6_K)", "g", "u"};
-    for (int v = 1; v < 4; v++) {
-        size_t d = n_diff(res[v][0], res[0][0], (size_t)n);
-        ck_assert_msg(exact ? d == 0 : tu_nmse(res[v][0], res[0][0], (size_t)n) < 1e-10,
-                      "%s (%d): %zu of %lld y differ from matmul_add's", label, v, d, (long long)n);
-        for (int k = 0; k < 5; k++) {
-            const size_t m = (size_t)n_out[k];
-            if (v == 2) { /* h written before the products: the plain form */
-                d = n_diff(res[v][2 + k], res[0][2 + k], m);
-                ck_assert_msg(exact ? d == 0 : tu_nmse(res[v][2 + k], res[0][2 + k], m) < 1e-5,
-                              "%s: %s after h was read: %zu of %zu differ", label, names[k], d, m);
-            } else if (v == 3) {
-                d = n_diff(res[v][2 + k], res[1][2 + k], m);
-                ck_assert_msg(d == 0, "%s: %s replayed: %zu of %zu differ", label, names[k], d, m);
-            } else {
-                const double e = tu_nmse(res[v][2 + k], res[0][2 + k], m);
-                ck_assert_msg(e < 1e-5, "%s: %s from the fused form: NMSE %.3g (limit 1e-5)", label,
-                              names[k], e);
-            }
-        }
-    }
-    const size_t dh = n_diff(res[2][1], res[0][1], (size_t)n);
-    ck_assert_msg(exact ? dh == 0 : tu_nmse(res[2][1], res[0][1], (size_t)n) < 1e-10,
-                  "%s: h read back: %zu of %lld differ from rmsnorm's", label, dh, (long long)n);
-    b.o->graph_free(b.ctx, graph);
-    for (int v = 0; v < 4; v++)
-        for (int k = 0; k < 7; k++)
-            free(res[v][k]);
-    for (int k = 0; k < 5; k++)
-        b.o->dealloc(b.ctx, out[k]), b.o->weight_free(b.ctx, &nw[k]);
-    b.o->weight_free(b.ctx, &w);
-    b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, norm), b.o->dealloc(b.ctx, y);
-    b.o->dealloc(b.ctx, h);
-    free(xh), free(y0h), free(normh);
-}
-
-/* The model's shapes (Qwen3-8B's wo and down of a Q4_K_M, Q8_0's wo) and small ones; then
- * weights it does not take (BF16; two rows): false, and y as it was. */
-START_TEST(test_add_norm_cuda) {
-    const struct be b = {ops_cuda_get(), gctx};
-    const int K4 = TPI_TYPE_Q4_K, K6 = TPI_TYPE_Q6_K, Q8 = TPI_TYPE_Q8_0;
-    check_add_norm(b, K4, 4096, 4096, K4, 12288, 1100);
-    check_add_norm(b, K6, 12288, 4096, K4, 12288, 1101);
-    check_add_norm(b, K4, 12288, 4096, K4, 4096, 1102);
-    check_add_norm(b, Q8, 4096, 4096, Q8, 12288, 1103);
-    check_add_norm(b, Q8, 1024, 512, K6, 1536, 1104);
-    check_add_norm(b, K6, 512, 256, Q8, 768, 1105);
-
-    struct tu_rng r;
-    tu_rng_seed(&r, 1106);
-    struct tpi_weight w;
-    make_weight(b, &r, TPI_TYPE_BF16, 512, 256, &w);
-    float *xh = rand_vec(&r, 1024, -1, 1), *y0h = rand_vec(&r, 512, -1, 1);
-    float *x = bdup(b, xh, 1024 * 4), *y = bdup(b, y0h, 512 * 4), *h = bdup(b, y0h, 512 * 4);
-    ck_assert_msg(!b.o->matmul_add_norm(b.ctx, &w, x, y, 1, h, h, 1e-6f),
-                  "matmul_add_norm took a BF16 weight");
-    b.o->weight_free(b.ctx, &w);
-    make_weight(b, &r, TPI_TYPE_Q4_K, 512, 256, &w);
-    ck_assert_msg(!b.o->matmul_add_norm(b.ctx, &w, x, y, 2, h, h, 1e-6f),
-                  "matmul_add_norm took two rows");
-    float *got = malloc(512 * 4);
-    bget(b, got, y, 512 * 4);
-    ck_assert_msg(n_diff(got, y0h, 512) == 0, "matmul_add_norm wrote y while declining");
-    assert_ok(b, "matmul_add_norm (declined)");
-    b.o->weight_free(b.ctx, &w);
-    b.o->dealloc(b.ctx, x), b.o->dealloc(b.ctx, y), b.o->dealloc(b.ctx, h);
-    free(xh), free(y0h), free(got);
-}
-END_TEST
-
 /* Q4_K_M's mixes (V and down Q6_K in some layers, Q4_K in the others) on a small shape and
  * on Qwen3-8B's (the ring sized for 12288 inputs), without and with the next layer; then
  * weights the kernel does not cover: false, and nothing written. */
@@ -1242,7 +1099,6 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_silu_mul_cuda);
     tcase_add_test(tc, test_layer_tail_cuda);
-    tcase_add_test(tc, test_add_norm_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

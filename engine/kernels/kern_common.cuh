@@ -32,7 +32,6 @@ struct ops_ctx {
     uint64_t wait_since_ns;   /* host blocked on `stream` since (tpi_time_s in ns), 0: not
                                  waiting; written by the host thread, read by the watchdog */
     int n_sm;                 /* multiprocessors, to size split-K grids */
-    int cc_major;             /* compute capability (9: thread-block clusters) */
     int attn_cluster[6];      /* decode attention: the largest thread-block cluster of each
                                  kernel (head_dim 64/128 x 3 shapes) the device schedules,
                                  0: none (kern_attn_mma.cu) */
@@ -51,10 +50,6 @@ struct ops_ctx {
     struct kern_scratch q8_out; /* the same for the gate/up launch's output, written while
                                    that launch still reads x's form in q8 */
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
-    struct kern_scratch q8_norm; /* matmul_add_norm's int8 form of the next norm's values,
-                                    written while that launch reads its x's form in q8 or
-                                    q8_out */
-    struct kern_scratch norm_ss; /* ... and its blocks' sums of squares (the norm's slots) */
     struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
     int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
@@ -76,19 +71,7 @@ struct ops_ctx {
         const int8_t *xp; /* kind p's permuted copies, or NULL */
         int64_t ne0;      /* the row length xp was laid out for */
         bool valid;
-        /* matmul_add_norm's form (kern_matmul.cu): xq holds h * norm without the norm's
-         * 1 / rms, which the products that read it take from the slots ss (ss_n of them,
-         * over n_vals values, eps); the f32 h is not written: a reader of it first runs
-         * rmsnorm(pend_x) * pend_w into it (xq_settle). ss NULL: a plain form. */
-        const float *ss;
-        int ss_n;
-        float eps;
-        const float *pend_x, *pend_w;
     } xq_memo;
-    int norm_fuse; /* matmul_add_norm in one decode launch (TPI_NORM_FUSE; 0: never) */
-    bool norm_cl;  /* ... as clusters of kind p's blocks (TPI_NORM_FUSE_CL=1) */
-    int norm_w;    /* ... warps a block of its one-block form (TPI_NORM_FUSE_W: 8, 16, 32) */
-    int gemv_dsm;  /* DIAG: dynamic shared memory every kind a/p launch asks (TPI_GEMV_DSM) */
     int xq_produce;    /* XQ_BY_*: producers that write the next matmul's int8 x */
     bool rms_split;    /* decode rows' rmsnorm over n_cols / 128 blocks (TPI_RMS_SPLIT) */
     int gemv_merge;    /* matmul_n: which weights join weight 0's decode launch (TPI_GEMV_MERGE:
@@ -467,9 +450,6 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
  * on the v3 path, not a decode size, or no memory); remember that x (n_vals values) now
  * has its int8 form in the claimed scratch. */
 void kern_xq_forget(struct ops_ctx *ctx);
-/* Write h's floats now if the memo holds matmul_add_norm's form of h that no product has
- * read yet (to_host and copy read device memory directly). */
-void kern_xq_settle(struct ops_ctx *ctx);
 /* ---- the persistent decode-layer tail (kern_layer.cu) ---- */
 /* Its barrier memory and shared-memory opt-in, at context init; false (recorded) on failure. */
 bool kern_layer_init(struct ops_ctx *ctx);
@@ -500,11 +480,6 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
 /* ops.h matmul_add: y += x W^T. */
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                      int64_t n_rows);
-/* ops.h matmul_add_norm: y += x W^T and h = rmsnorm(y) * norm as one decode launch whose
- * int8 form of h the next products scale themselves; false (nothing queued) where not
- * covered or TPI_NORM_FUSE=0. */
-bool kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
-                          float *y, int64_t n_rows, const float *norm, float *h, float eps);
 
 /* ---- launchers (kern_gemv.cu) ---- */
 /* The v3 matrix-vector path for n_rows (1..8) rows on ctx->stream (prepare + run);
@@ -521,10 +496,6 @@ struct kern_gemv_x {
     int64_t ne0;
     const int8_t *xp;   /* kind p's permuted copies of xq (prepare writes them), or NULL:
                          * kind p then runs as kind a */
-    const float *ss;    /* NULL, or xq is h * norm before the norm's 1 / rms: the products
-                         * scale their sums by it, from these ss_n slots (matmul_add_norm) */
-    int ss_n;
-    float eps;
 };
 /* Queue the quantization of x on `stream` into ctx's q8 scratch and describe it in *gx;
  * false (nothing queued) when ne0 % 32 != 0, n_rows is not 1..8, or scratch allocation
@@ -558,19 +529,6 @@ bool kern_gemv_v3_glu_ok(const struct tpi_weight *wg, const struct tpi_weight *w
 bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const struct kern_gemv_x *gx, float *g,
                           float *u, int8_t *oq, float2 *ods, int warps, cudaStream_t stream);
-/* Whether every one of the n weights ws would read a one-row x of the v3 path in a form
- * that may carry matmul_add_norm's scale (quantized, covered, kind a or p). */
-bool kern_gemv_v3_scale_ok(int n, const struct tpi_weight *const *ws);
-/* Whether kern_gemv_v3_add_norm takes w with x prepared as gx. */
-bool kern_gemv_v3_add_norm_ok(const struct tpi_weight *w, const struct kern_gemv_x *gx);
-/* One decode row of y += x W^T on `stream`, each output summed as the one-row kind p
- * kernel sums it (y bitwise that launch's), and the int8 form of y * nw for the next
- * products at oq / ods (kern_xq.cuh's layout for one row of w->ne1) with each 32-output
- * block's sum of y^2 at ss[b]: h = rmsnorm(y) * nw is that form scaled by
- * 1 / sqrt(sum(ss) / ne1 + eps). false (nothing queued) when add_norm_ok says no. */
-bool kern_gemv_v3_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
-                           const struct kern_gemv_x *gx, float *y, const float *nw, int8_t *oq,
-                           float2 *ods, float *ss, cudaStream_t stream);
 /* Test and bench hooks with C linkage: kern_gemv_hooks.h. */
 extern "C" {
 #include "kernels/kern_gemv_hooks.h"

@@ -45,8 +45,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cooperative_groups.h>
-
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
 #include "kern_xq.cuh"
@@ -468,30 +466,6 @@ __device__ __forceinline__ float *gv_ys(void) {
     __shared__ float ys[GV_WARPS];
     return ys;
 }
-/* ---- matmul_add_norm's scale (bench/NOTES.md change 98) ----
- * A product whose x is matmul_add_norm's form (h * norm without the norm's 1 / rms) scales
- * its sums by 1 / rms itself: the slots (one sum of squares per 32 values of h, ss_n of
- * them, ss_n % 4 == 0) are summed in a fixed order (a lane's four, then gv_warp_sum), so
- * every warp of every launch gets the same scale, rounded as rmsnorm_kernel rounds it. */
-#define GV_NORM_SLOTS_MAX 256 /* rows of up to 8192 outputs */
-/* This lane's slots into dst (shared memory, ss_n floats; cp.async, not waited for). */
-__device__ __forceinline__ void gv_ss_copy(float *dst, const float *ss, int ss_n) {
-    for (int k = 4 * (int)(threadIdx.x & 31); k < ss_n; k += 128)
-        mma_cp16(mma_smem_u32(dst + k), ss + k, 16);
-}
-/* The scale from the slots gv_ss_copy put at src (waits for this lane's copies; every
- * lane of the warp calls it). */
-__device__ __forceinline__ float gv_ss_scale(const float *src, int ss_n, int n, float eps) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-    float t = 0.0f;
-    for (int k = 4 * (int)(threadIdx.x & 31); k < ss_n; k += 128)
-        t = t + src[k] + src[k + 1] + src[k + 2] + src[k + 3];
-    t = gv_warp_sum(t);
-    return (float)(1.0 / sqrt((double)t / (double)n + (double)eps));
-}
-
 /* Whether gv_y_pre copies y: the quantized one-row, one-sum kernels (NR = RW = 1) that
  * accumulate, with the ypre knob on. */
 template <int NR, int RW> __device__ __forceinline__ bool gv_y_pre_on(bool accumulate, bool on) {
@@ -646,10 +620,6 @@ struct gv_segs {
     int pf_blocks;     /* blocks < pf_blocks ask L2 for weight 0's bytes [b pf_chunk, ..) */
     long long pf_chunk; /* before the wait (ctx->gemv_prefetch); 0: none */
     int ypre;           /* accumulate's y loaded after the wait (gv_y_pre; the ypre knob) */
-    const float *ss;    /* x is matmul_add_norm's form: sums scaled by gv_ss_scale of these
-                         * ss_n slots (a warp's copy in dynamic shared memory); NULL: not */
-    int ss_n, ss_vals;
-    float eps;
 };
 /* Blocks < sg.pf_blocks ask L2 for their chunk of weight 0 (row_bytes a row;
  * cp.async.bulk.prefetch.L2, a warp a quarter of the chunk). The weights are no kernel's
@@ -715,21 +685,11 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
      * which the compiler may move up to, but not above, the branch that guards them. */
     gv_grid_dep_wait();
     gv_y_pre<NR, RW>(me.y, ne1, row0, part, accumulate, sg.ypre);
-    extern __shared__ __align__(16) float gv_dyn[]; /* sg.ss: the slots, ss_n a warp */
-    if (sg.ss) gv_ss_copy(gv_dyn + warp * sg.ss_n, sg.ss, sg.ss_n);
     if (row0 < ne1) {
         const uint8_t *wr[RW];
         gv_rows_of<RW>(w, row_bytes, row0, ne1, wr);
         gv_item_rows<TYPE, NR, PERM, RW>(wr, (ne0 / Q::BLK) * Q::IPB, part * 32 + lane, 32 * wpr,
                                          x, xs, ds, ne0, nr, acc);
-    }
-    if (sg.ss) {
-        const float r = gv_ss_scale(gv_dyn + warp * sg.ss_n, sg.ss_n, sg.ss_vals, sg.eps);
-#pragma unroll
-        for (int rw = 0; rw < RW; rw++)
-#pragma unroll
-            for (int q = 0; q < NR; q++)
-                acc[rw][q] *= r;
     }
     /* pre from the parameters again (constant bank: no register across the items) */
     gv_store<NR, RW>(acc, me.y, ne1, nr, row0, part, wpr, accumulate,
@@ -871,33 +831,15 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  * (kern_silu_mul1), so g, u and g's int8 form are bitwise those of matmul_n + silu_mul
  * wherever that launch gives a row one warp. */
 
-/* x's scale for a gate/up launch (matmul_add_norm's form; ss NULL: none): the first warp
- * copies the slots into shared memory after the wait, and scales the block's sums with
- * them in gv_glu_block_out. */
-struct gv_glu_ss {
-    const float *ss;
-    int ss_n, n;
-    float eps;
-};
-/* A gate/up block's output stage: after a barrier, its first warp takes the gate and up
- * sums gsum and usum of the block's 32 outputs (scaled first by x's scale when sc.ss: the
- * slots at ssd), writes u and silu(gate) * up into g and, unless oq is NULL, g's int8
- * block for the down matmul (kern_q8_block, the permuted copies). */
-__device__ __forceinline__ void gv_glu_block_out(const float *gsum, const float *usum, float *g,
-                                                 float *u, int8_t *oq, float2 *ods,
-                                                 const gv_xlayout &olay, int n_ff,
-                                                 const gv_glu_ss &sc, const float *ssd) {
+/* A gate/up block's output stage: after a barrier, its first warp writes the silu*mul
+ * values sv of the block's 32 outputs into g and, unless oq is NULL, their int8 block
+ * for the down matmul (kern_q8_block, the permuted copies). */
+__device__ __forceinline__ void gv_glu_block_out(const float *sv, float *g, int8_t *oq,
+                                                 float2 *ods, const gv_xlayout &olay, int n_ff) {
     __syncthreads();
     if ((threadIdx.x >> 5) == 0) {
         const int lane = threadIdx.x & 31, j = (int)blockIdx.x * 32 + lane;
-        float gs = gsum[lane], us = usum[lane];
-        if (sc.ss) {
-            const float r = gv_ss_scale(ssd, sc.ss_n, sc.n, sc.eps);
-            gs *= r;
-            us *= r;
-        }
-        const float v = kern_silu_mul1(gs, us);
-        u[j] = us;
+        const float v = sv[lane];
         g[j] = v;
         if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
     }
@@ -910,16 +852,13 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
                                                   const uint8_t *__restrict__ wu, size_t row_bytes,
                                                   int ne0, int n_ff, const int8_t *x, int xs,
                                                   const float2 *ds, float *g, float *u, int8_t *oq,
-                                                  float2 *ods, const gv_xlayout &olay,
-                                                  const gv_glu_ss &sc) {
+                                                  float2 *ods, const gv_xlayout &olay) {
     using Q = gv<TYPE>;
     constexpr int PER = 32 / W; /* outputs a warp */
-    __shared__ float gsum[32], usum[32];
-    extern __shared__ __align__(16) float gv_dyn[]; /* sc.ss: the slots */
+    __shared__ float sv[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_items = (ne0 / Q::BLK) * Q::IPB;
     gv_grid_dep_wait(); /* first: x is read with plain loads (see gv_quant_kernel) */
-    if (sc.ss && warp == 0) gv_ss_copy(gv_dyn, sc.ss, sc.ss_n);
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
         const int o = warp * PER + k, j = (int)blockIdx.x * 32 + o;
@@ -928,20 +867,19 @@ __device__ __forceinline__ void gv_glu_quant_body(const uint8_t *__restrict__ wg
         gv_item_rows<TYPE, 1, PERM, 2>(wr, n_items, lane, 32, x, xs, ds, ne0, 1, acc);
         const float gs = gv_warp_sum(acc[0][0]), us = gv_warp_sum(acc[1][0]);
         if (lane == 0) {
-            gsum[o] = gs;
-            usum[o] = us;
+            u[j] = us;
+            sv[o] = kern_silu_mul1(gs, us);
         }
     }
-    gv_glu_block_out(gsum, usum, g, u, oq, ods, olay, n_ff, sc, gv_dyn);
+    gv_glu_block_out(sv, g, oq, ods, olay, n_ff);
 }
 template <int TYPE, bool PERM, int W>
 __global__ void __launch_bounds__(W * 32)
     gv_glu_quant_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                         size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                         const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                        gv_xlayout olay, gv_glu_ss sc) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     sc);
+                        gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* Q8_0's 8-block groups with 8 warps a block, held to 3 blocks a multiprocessor (up to 85
  * registers; 384 blocks of the 8B model's FFN still fit one wave): unbounded, ptxas
@@ -953,9 +891,8 @@ __global__ void __launch_bounds__(W * 32, MINB)
     gv_glu_quant_kernel_held(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                              size_t row_bytes, int ne0, int n_ff, const int8_t *x, int xs,
                              const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                             gv_xlayout olay, gv_glu_ss sc) {
-    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay,
-                                     sc);
+                             gv_xlayout olay) {
+    gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* The gate/up kernel of type TYPE with W warps a block. (Q4_K's held to 4-6 blocks of 4
  * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.) */
@@ -1026,15 +963,14 @@ template <int T, bool PERM, int W, int S>
 __global__ void __launch_bounds__(W * 32)
     gv_glu_ring_kernel(const uint8_t *__restrict__ wg, const uint8_t *__restrict__ wu,
                        size_t row_bytes, int n_ff, const int8_t *x, const float2 *ds, float *g,
-                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay, gv_glu_ss sc) {
+                       float *u, int8_t *oq, float2 *ods, gv_xlayout olay) {
     using Q = gv<T>;
     using It = gv_ring_item<T>;
     constexpr int PER = 32 / W, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
     constexpr int NI = GV_RING_NE0 / Q::BLK * Q::IPB / 32; /* items a lane */
     static_assert(RB % 16 == 0, "rows of whole 16-byte pieces");
     extern __shared__ __align__(16) uint8_t gv_ring[];
-    __shared__ float gsum[32], usum[32];
-    float *ssd = (float *)(gv_ring + (size_t)W * S * 2 * RB); /* sc.ss: the slots */
+    __shared__ float sv[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int j0 = (int)blockIdx.x * 32 + warp * PER; /* the warp's first output */
     uint8_t *ring = gv_ring + (size_t)warp * S * 2 * RB;
@@ -1063,8 +999,6 @@ __global__ void __launch_bounds__(W * 32)
     int4 xv[NI][It::UNITS];
     typename It::dsv xf[NI];
     gv_ring_x<T, PERM, NI>(x, ds, lane, xv, xf);
-    /* the slots' copies join the next pair's group: warp 0 waits for them only at the end */
-    if (sc.ss && warp == 0) gv_ss_copy(ssd, sc.ss, sc.ss_n);
 #pragma unroll 1
     for (int k = 0; k < PER; k++) {
         mma_wait<S - 2>(); /* this lane's copies of pair k have landed */
@@ -1080,13 +1014,13 @@ __global__ void __launch_bounds__(W * 32)
         }
         const float gs = gv_warp_sum(acc[0]), us = gv_warp_sum(acc[1]);
         if (lane == 0) {
-            gsum[warp * PER + k] = gs;
-            usum[warp * PER + k] = us;
+            u[j0 + k] = us;
+            sv[warp * PER + k] = kern_silu_mul1(gs, us);
         }
         __syncwarp(); /* every lane is done with slot k % S before it is refilled */
         issue(k + S - 1, (k + S - 1) % S);
     }
-    gv_glu_block_out(gsum, usum, g, u, oq, ods, olay, n_ff, sc, ssd);
+    gv_glu_block_out(sv, g, oq, ods, olay, n_ff);
 }
 /* The ring kernel's shape: 4 warps a block, 3 pair slots (55 KB a block, 4 an SM: the
  * n_ff / 32 blocks of an 8B model's FFN are one wave on the H200). Run 127 measured 2
@@ -1112,21 +1046,20 @@ template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
-                               const gv_xlayout &olay, const gv_glu_ss &sc, cudaStream_t stream) {
+                               const gv_xlayout &olay, cudaStream_t stream) {
     if constexpr (T != TPI_TYPE_Q4_K) {
         return false;
     } else {
         using Q = gv<T>;
         constexpr int W = GV_RING_WARPS, S = GV_RING_STAGES;
-        const size_t smem =
-            (size_t)W * S * 2 * row_bytes + (sc.ss ? (size_t)sc.ss_n * sizeof(float) : 0);
+        const size_t smem = (size_t)W * S * 2 * row_bytes;
         if (ne0 != GV_RING_NE0 || row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
             (((uintptr_t)dg | (uintptr_t)du) & 15) || smem > (size_t)ctx->smem_optin)
             return false;
         constexpr auto kern = gv_glu_ring_kernel<T, PERM, W, S>;
         if (!gv_smem_optin<kern>(smem)) return false;
         kern_launch(pdl, kern, dim3((unsigned)(n_ff / 32)), dim3(W * 32), smem, stream, dg, du,
-                    row_bytes, n_ff, x, ds, g, u, oq, ods, olay, sc);
+                    row_bytes, n_ff, x, ds, g, u, oq, ods, olay);
         return true;
     }
 }
@@ -1224,115 +1157,6 @@ static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, const struct tpi_weig
                : rows <= 4 ? go(std::integral_constant<int, 4>{})
                            : go(std::integral_constant<int, 8>{});
     }
-}
-
-/* ------------- a row-parallel product, its residual add and the next norm's int8 form
- * One decode row of y += x W^T (wo, the FFN's down: y is the residual stream) for the
- * quantized types of the one-row kind p kernel, a row a warp as there: a block of 32
- * warps takes 32 consecutive rows, so after a barrier of its own its first warp holds one
- * whole int8 block of the next norm's input and writes it: the int8 form of y * nw (the
- * norm's values before their 1 / rms, which is one number for the whole row) and the
- * block's sum of y^2 into slot b. No block waits for another (change 43's form, where
- * the blocks of each group counted themselves in and the last one finished the norm,
- * lost 9 %): the products that read this form sum the slots themselves and scale their
- * sums by 1 / rms (gv_ss_scale), exact in their arithmetic since the int8 x's scales are
- * linear. Each y is summed as the kind p kernel sums it (the same items, order, shuffle
- * tree, and the old y added last), so y is bitwise that launch's. bench/NOTES.md
- * change 98 (`TPI_NORM_FUSE`). */
-#define GV_NORM_WARPS 32
-template <int TYPE, int W>
-__global__ void __launch_bounds__(W * 32)
-    gv_add_norm_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-                       const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
-                       float *y, const float *nw, int8_t *oq, float2 *ods, gv_xlayout olay,
-                       float *ss) {
-    using Q = gv<TYPE>;
-    constexpr int RW = 32 / W; /* rows a warp, loaded together (gv_item_rows) */
-    __shared__ float yo[32], hv[32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (int)blockIdx.x * 32 + warp * RW;
-    const float wn = warp == 0 ? nw[(int)blockIdx.x * 32 + lane] : 0.0f; /* before the wait */
-    float acc[RW][1];
-#pragma unroll
-    for (int rw = 0; rw < RW; rw++)
-        acc[rw][0] = 0.0f;
-    gv_grid_dep_wait(); /* x and y are the previous kernels' outputs */
-    if (lane < RW) gv_cp4(&yo[warp * RW + lane], y + row0 + lane);
-    const uint8_t *wr[RW];
-#pragma unroll
-    for (int rw = 0; rw < RW; rw++)
-        wr[rw] = w + (size_t)(row0 + rw) * row_bytes;
-    gv_item_rows<TYPE, 1, true, RW>(wr, (ne0 / Q::BLK) * Q::IPB, lane, 32, x, xs, ds, ne0, 1, acc);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-#pragma unroll
-    for (int rw = 0; rw < RW; rw++) {
-        const float s = gv_warp_sum(acc[rw][0]);
-        if (lane == rw) {
-            const float h = yo[warp * RW + rw] + s;
-            y[row0 + rw] = h;
-            hv[warp * RW + rw] = h;
-        }
-    }
-    __syncthreads();
-    if (warp == 0) {
-        const int j = (int)blockIdx.x * 32 + lane;
-        const float h = hv[lane];
-        gv_perm_store(kern_q8_block(__fmul_rn(h, wn), j, oq, ods), j, ne1, olay, oq);
-        const float sq = gv_warp_sum(__fmul_rn(h, h));
-        if (lane == 0) ss[blockIdx.x] = sq;
-    }
-}
-
-/* The same with kind p's blocks of GV_WARPS warps, a row a warp, as thread-block
- * clusters of 32 / GV_WARPS blocks (grid along z): each warp's lane 0 puts its new y
- * into the cluster's first block's shared memory (distributed shared memory), every
- * block arrives at the cluster barrier and leaves; the first block waits there and its
- * first warp writes the group's int8 block and slot as above (TPI_NORM_FUSE_CL=1). */
-#define GV_NORM_CL (32 / GV_WARPS)
-template <int TYPE>
-__global__ void __launch_bounds__(GV_WARPS * 32, 8) /* one wave: 8 blocks an SM */
-    gv_add_norm_cl_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne0, int ne1,
-                          const int8_t *__restrict__ x, int xs, const float2 *__restrict__ ds,
-                          float *y, const float *nw, int8_t *oq, float2 *ods, gv_xlayout olay,
-                          float *ss) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    namespace cg = cooperative_groups;
-    using Q = gv<TYPE>;
-    __shared__ float yo[GV_WARPS], hv[32];
-    cg::cluster_group cl = cg::this_cluster();
-    const int rank = (int)cl.block_rank();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int b = (int)blockIdx.z, grp = b / GV_NORM_CL, row = b * GV_WARPS + warp;
-    const float wn = rank == 0 && warp == 0 ? nw[grp * 32 + lane] : 0.0f;
-    float acc[1][1] = {{0.0f}};
-    gv_grid_dep_wait();
-    if (lane == 0) gv_cp4(&yo[warp], y + row);
-    const uint8_t *wr[1] = {w + (size_t)row * row_bytes};
-    gv_item_rows<TYPE, 1, true, 1>(wr, (ne0 / Q::BLK) * Q::IPB, lane, 32, x, xs, ds, ne0, 1, acc);
-    const float s = gv_warp_sum(acc[0][0]);
-    if (lane == 0) {
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        const float h = yo[warp] + s;
-        y[row] = h;
-        cl.map_shared_rank(hv, 0)[rank * GV_WARPS + warp] = h;
-    }
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    if (rank != 0) return;
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-    if (warp == 0) {
-        const int j = grp * 32 + lane;
-        const float h = hv[lane];
-        gv_perm_store(kern_q8_block(__fmul_rn(h, wn), j, oq, ods), j, ne1, olay, oq);
-        const float sq = gv_warp_sum(__fmul_rn(h, h));
-        if (lane == 0) ss[grp] = sq;
-    }
-#else
-    (void)w, (void)row_bytes, (void)ne0, (void)ne1, (void)x, (void)xs, (void)ds, (void)y;
-    (void)nw, (void)oq, (void)ods, (void)olay, (void)ss;
-    __trap();
-#endif
 }
 
 /* BF16/F16 weights (the down matmul reads f32 x: nothing to quantize): warp w of block b
@@ -1670,10 +1494,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         sg.n = n;
         sg.trigger = ctx->gemv_trigger;
         sg.ypre = c.ypre;
-        sg.ss = gx->ss;
-        sg.ss_n = gx->ss_n;
-        sg.ss_vals = (int)gx->ne0;
-        sg.eps = gx->eps;
         if (ctx->gemv_prefetch && n == 1) { /* one chunk a multiprocessor's first block */
             const long long total = ws[0]->ne1 * (long long)ws[0]->row_bytes;
             sg.pf_blocks = ctx->n_sm;
@@ -1723,7 +1543,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         const int64_t n_items = (int64_t)(ne0 / Q::BLK) * Q::IPB;
         const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_QUANT, n_items, &blocks);
         const int kb = ne0 >= GV_KBOUND_MIN_NE0 ? c.kbound : 0;
-        const size_t dsm = sg.ss ? (size_t)GV_WARPS * sg.ss_n * sizeof(float) : (size_t)ctx->gemv_dsm;
         if (kind == 'p') {
             /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
             const gv_xlayout lay = gv_xlayout_of(nr, ne0);
@@ -1734,7 +1553,7 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             /* wo right after a decode attention that let it in at its start (tg128
              * +0.55 %, depth 1024 +0.9 %; after the K/V stream it cannot sit beside the
              * attention's blocks and lost 1.6 %: runs 167-168, bench/NOTES.md change 97) */
-            if (NR == 1 && n == 1 && rpw == 1 && c.ring1 && !sg.trigger && !sg.ss &&
+            if (NR == 1 && n == 1 && rpw == 1 && c.ring1 && !sg.trigger &&
                 (c.ring1all || ctx->gemv_prefetch == 2) &&
                 gv_ring1_launch<T>(ctx, pdl, w, c.ring1, gx->xp + (off - lay.b32_off), gx->ds,
                                    ys[0], accumulate, stream))
@@ -1742,14 +1561,14 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
                             gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
-                            dim3(blocks), dim3(GV_WARPS * 32), dsm, stream, sg, w->row_bytes, ne0,
+                            dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
                             gv_quant_kernel_for<T, NR, false, decltype(rw_c)::value>(kb, c.x8bound),
-                            dim3(blocks), dim3(GV_WARPS * 32), dsm, stream, sg, w->row_bytes, ne0,
+                            dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
                             gx->xq, ne0, gx->ds, nr, accumulate);
             });
         }
@@ -1837,79 +1656,6 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
     return true;
 }
 
-/* Kind p's permuted copy of x for type T (gx's, one row of ne0) and its row stride. */
-template <int T> static const int8_t *gv_xp_of(const struct kern_gemv_x *gx, int64_t ne0, int *xs) {
-    using Q = gv<T>;
-    const gv_xlayout lay = gv_xlayout_of(1, ne0);
-    const size_t off = T == TPI_TYPE_Q4_K ? lay.k4_off : gv_is_q6<T> ? lay.q6_off : lay.b32_off;
-    *xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
-    return gx->xp + (off - lay.b32_off);
-}
-
-bool kern_gemv_v3_scale_ok(int n, const struct tpi_weight *const *ws) {
-    const gv_cfg c = gv_config();
-    if (c.kind == 'b') return false;
-    for (int i = 0; i < n; i++)
-        if (gv_is_elem(ws[i]->type) || !gv_covers(ws[i], 1) || ws[i]->ne0 % 128 != 0 ||
-            ws[i]->ne0 / 32 > GV_NORM_SLOTS_MAX)
-            return false;
-    return true;
-}
-
-bool kern_gemv_v3_add_norm_ok(const struct tpi_weight *w, const struct kern_gemv_x *gx) {
-    if (gx->n_rows != 1 || !gx->xp || gx->ss || !gv_x_suits(w, gx) || gv_is_elem(w->type) ||
-        w->ne1 % 128 != 0 || w->ne1 / 32 > GV_NORM_SLOTS_MAX)
-        return false;
-    bool ok = false;
-    const gv_cfg c = gv_config();
-    gv_dispatch(kern_wtype(w), [&](auto type_c) {
-        constexpr int T = decltype(type_c)::value;
-        ok = gv_kind_of<T, 1>(gx, c) == 'p';
-    });
-    return ok;
-}
-
-bool kern_gemv_v3_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w,
-                           const struct kern_gemv_x *gx, float *y, const float *nw, int8_t *oq,
-                           float2 *ods, float *ss, cudaStream_t stream) {
-    if (!kern_gemv_v3_add_norm_ok(w, gx)) return false;
-    const bool pdl = gv_config().pdl != 0;
-    const int ne0 = (int)w->ne0, ne1 = (int)w->ne1;
-    const gv_xlayout olay = gv_xlayout_of(1, ne1);
-    gv_dispatch(kern_wtype(w), [&](auto type_c) {
-        constexpr int T = decltype(type_c)::value;
-        if constexpr (T != TPI_TYPE_BF16 && T != TPI_TYPE_F16) {
-            int xs = 0;
-            const int8_t *x = gv_xp_of<T>(gx, ne0, &xs);
-            if (ctx->norm_cl && ctx->cc_major >= 9)
-                kern_launch_cl(pdl, GV_NORM_CL, gv_add_norm_cl_kernel<T>,
-                               dim3(1, 1, (unsigned)(ne1 / GV_WARPS)), dim3(GV_WARPS * 32), 0,
-                               stream, (const uint8_t *)w->data, w->row_bytes, ne0, ne1, x, xs,
-                               gx->ds, y, nw, oq, ods, olay, ss);
-            else {
-                auto go = [&](auto w_c) {
-                    constexpr int W = decltype(w_c)::value;
-                    kern_launch(pdl, gv_add_norm_kernel<T, W>, dim3((unsigned)(ne1 / 32)),
-                                dim3(W * 32), 0, stream, (const uint8_t *)w->data, w->row_bytes,
-                                ne0, ne1, x, xs, gx->ds, y, nw, oq, ods, olay, ss);
-                };
-                if (ctx->norm_w == 8)
-                    go(std::integral_constant<int, 8>{});
-                else if (ctx->norm_w == 16)
-                    go(std::integral_constant<int, 16>{});
-                else
-                    go(std::integral_constant<int, 32>{});
-            }
-        }
-    });
-    /* its blocks wait first and do not fit beside the attention's: no early launch */
-    if (ctx->after_attn) ctx->wo_early = false;
-    ctx->gemv_prefetch = false;
-    ctx->after_attn = false;
-    LAUNCH_OK(ctx, "cuda matmul_add_norm (v3)");
-    return true;
-}
-
 /* Warps a block of gv_glu_quant_kernel<T, PERM, W> for n_blocks blocks: `want` when it
  * is 4, 8, 16 or 32, else the most of those with which every block is resident at once
  * (one wave: all SMs stream from the start to the end, none runs a last partial wave
@@ -1967,21 +1713,18 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             using Q = gv<T>;
             const gv_xlayout olay = gv_xlayout_of(1, n_ff);
             const unsigned blocks = (unsigned)(n_ff / 32);
-            const gv_glu_ss sc = {gx->ss, gx->ss_n, (int)ne0, gx->eps};
-            const size_t dsm = gx->ss ? (size_t)gx->ss_n * sizeof(float) : 0;
             auto go = [&](auto perm_c, const int8_t *x, int xs) {
                 constexpr bool P = decltype(perm_c)::value;
                 /* auto (warps < 0): the ring kernel where it takes the shape */
                 if (warps < 0 && gv_glu_ring_launch<T, P>(ctx, pdl, dg, du, wg->row_bytes, ne0,
                                                           n_ff, x, gx->ds, g, u, oq, ods, olay,
-                                                          sc, stream))
+                                                          stream))
                     return;
                 const int w = gv_glu_warps<T, P>(ctx, (int)blocks, warps);
                 auto launch = [&](auto w_c) {
                     kern_launch(pdl, gv_glu_kernel_for<T, P, decltype(w_c)::value>(),
-                                dim3(blocks), dim3(decltype(w_c)::value * 32), dsm, stream, dg,
-                                du, wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay,
-                                sc);
+                                dim3(blocks), dim3(decltype(w_c)::value * 32), 0, stream, dg, du,
+                                wg->row_bytes, ne0, n_ff, x, xs, gx->ds, g, u, oq, ods, olay);
                 };
                 if (w == 32)
                     launch(std::integral_constant<int, 32>{});

@@ -17,7 +17,7 @@
 
 #include "kern_common.cuh"
 
-#define GRAPH_N_SCRATCH 9
+#define GRAPH_N_SCRATCH 7
 
 /* The entries are declared in ops.h (C linkage, CUDA builds only) for ops_cuda.cu's table. */
 
@@ -34,8 +34,6 @@ static void scratch_now(const struct ops_ctx *ctx, void **out) {
     out[4] = ctx->q8.p;
     out[5] = ctx->acc.p;
     out[6] = ctx->q8_out.p;
-    out[7] = ctx->q8_norm.p;
-    out[8] = ctx->norm_ss.p;
 }
 
 int kern_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {

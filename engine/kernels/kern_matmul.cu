@@ -641,13 +641,11 @@ static bool matmul_ok(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t n
 static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, int n_w,
                        const float *x, int n_rows, struct kern_gemv_x *gx);
 static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals);
-static void xq_settle(struct ops_ctx *ctx);
 
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
                  int64_t n_rows) {
     if (n_rows <= 0 || w->ne1 <= 0) return;
     if (!matmul_ok(ctx, w, n_rows, "cuda matmul")) return;
-    xq_settle(ctx); /* reads x's floats, or its plain int8 form */
     if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3) {
         struct kern_gemv_x gx;
         if (gemv_x_for(ctx, &w, 1, x, (int)n_rows, &gx) &&
@@ -691,37 +689,7 @@ static bool is_elem16(int type) {
  * queueing. */
 #define XQ_MAX_VALS ((int64_t)1 << 18) /* decode sizes only: 8 rows of 32768 */
 
-/* matmul_add_norm's form in the memo: h's floats are written now (rmsnorm of pend_x,
- * which leaves the memo holding h's plain int8 form) when a reader of them may come, or,
- * once a product has read the form (pend_x NULL: h is undefined, ops.h), the memo is
- * simply dropped. Nothing when the memo holds a plain form. */
-void kern_xq_settle(struct ops_ctx *ctx) {
-    xq_settle(ctx);
-}
-static void xq_settle(struct ops_ctx *ctx) {
-    if (!ctx->xq_memo.ss) return;
-    const bool open = ctx->xq_memo.valid && ctx->xq_memo.pend_x;
-    const float *px = ctx->xq_memo.pend_x, *pw = ctx->xq_memo.pend_w;
-    float *h = (float *)ctx->xq_memo.x;
-    const int64_t n = ctx->xq_memo.n_vals;
-    const float eps = ctx->xq_memo.eps;
-    ctx->xq_memo.ss = NULL;
-    ctx->xq_memo.pend_x = ctx->xq_memo.pend_w = NULL;
-    ctx->xq_memo.valid = false;
-    if (open) kern_rmsnorm(ctx, px, pw, h, 1, n, eps);
-}
-
-/* Whether a one-row product of the weights ws over x reads the memo's matmul_add_norm
- * form as it is (scaling its sums itself); otherwise the caller settles it first. */
-static bool xq_scaled_hit(const struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
-                          const float *x, int64_t n_rows) {
-    return ctx->xq_memo.valid && ctx->xq_memo.ss && ctx->gemv == 3 && n_rows == 1 &&
-           ctx->xq_memo.x == x && ctx->xq_memo.n_vals == ws[0]->ne0 &&
-           kern_gemv_v3_scale_ok(n_w, ws);
-}
-
 void kern_xq_forget(struct ops_ctx *ctx) {
-    xq_settle(ctx);
     ctx->xq_memo.valid = false;
     ctx->gemv_prefetch = false; /* only the launch right after the attention takes it */
     ctx->after_attn = false;
@@ -735,8 +703,6 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
 bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int64_t n_rows,
                       int64_t ne0, int8_t **xq, float2 **ds) {
     ctx->xq_memo.valid = false;
-    ctx->xq_memo.ss = NULL; /* a matmul_add_norm form read (or settled) before this claim */
-    ctx->xq_memo.pend_x = ctx->xq_memo.pend_w = NULL;
     const int64_t n_vals = n_rows * ne0;
     if (!(ctx->xq_produce & by) || !ctx->xq_quant_seen || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
         n_vals > XQ_MAX_VALS)
@@ -768,11 +734,8 @@ extern "C" bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int6
 /* After queueing a write of y(n_vals): the memo no longer describes an overwritten x. */
 static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals) {
     const float *mx = ctx->xq_memo.x;
-    if (ctx->xq_memo.valid && y < mx + ctx->xq_memo.n_vals && mx < y + n_vals) {
+    if (ctx->xq_memo.valid && y < mx + ctx->xq_memo.n_vals && mx < y + n_vals)
         ctx->xq_memo.valid = false;
-        ctx->xq_memo.ss = NULL; /* h itself overwritten: nothing left to settle */
-        ctx->xq_memo.pend_x = ctx->xq_memo.pend_w = NULL;
-    }
 }
 
 /* x for the v3 path of these weights: BF16/F16 weights read the f32 x directly; for
@@ -790,15 +753,11 @@ static bool gemv_x_for(struct ops_ctx *ctx, const struct tpi_weight *const *ws, 
     }
     const bool hit = ctx->xq_memo.valid && ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_vals;
     if (hit && n_rows >= 1 && n_rows <= MATVEC_MAX_ROWS && ne0 % 32 == 0) {
-        /* the permuted copies serve only rows of the length they were laid out for; a
-         * matmul_add_norm form (the caller checked xq_scaled_hit) goes with its slots */
+        /* the permuted copies serve only rows of the length they were laid out for */
         *gx = (struct kern_gemv_x){x, ctx->xq_memo.xq, ctx->xq_memo.ds, n_rows, ne0,
-                                   ctx->xq_memo.ne0 == ne0 ? ctx->xq_memo.xp : NULL,
-                                   ctx->norm_fuse == 4 ? NULL : ctx->xq_memo.ss,
-                                   ctx->xq_memo.ss_n, ctx->xq_memo.eps};
+                                   ctx->xq_memo.ne0 == ne0 ? ctx->xq_memo.xp : NULL};
         return true;
     }
-    xq_settle(ctx); /* the callers settle first; a form left here would be lost */
     ctx->xq_memo.valid = false;
     ctx->xq_quant_seen = true; /* from now on, producers' int8 x has a reader */
     if (!kern_gemv_v3_prepare(ctx, x, n_rows, ne0, ctx->stream, gx)) return false;
@@ -839,8 +798,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
     }
     bool done[OPS_MAX_FUSED] = {false};
     struct kern_gemv_x gx;
-    const bool scaled = xq_scaled_hit(ctx, n_w, ws, x, n_rows);
-    if (!scaled) xq_settle(ctx);
     if (n_rows <= MATVEC_MAX_ROWS && ctx->gemv == 3 && gemv_x_for(ctx, ws, n_w, x, (int)n_rows, &gx)) {
         /* one x for all. Weight 0 and the weights that join its launch (gemv_merge, of its
          * type and row length) in one launch on the main stream; each other weight on the
@@ -945,8 +902,6 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
         xq_written(ctx, ys[i], n_rows * ws[i]->ne1);
         if (!done[i]) kern_matmul(ctx, ws[i], x, ys[i], n_rows); /* no fused path took it */
     }
-    /* a matmul_add_norm form read: h's floats are undefined from here on (ops.h) */
-    if (scaled && ctx->xq_memo.ss) ctx->xq_memo.pend_x = ctx->xq_memo.pend_w = NULL;
 }
 
 void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
@@ -954,7 +909,6 @@ void kern_matmul_add(struct ops_ctx *ctx, const struct tpi_weight *w, const floa
     const char *op = "cuda matmul_add";
     if (n_rows <= 0 || w->ne1 <= 0) return;
     if (!matmul_ok(ctx, w, n_rows, op)) return;
-    xq_settle(ctx); /* reads x's floats or its plain int8 form; y may be a pending norm's x */
     xq_written(ctx, y, n_rows * w->ne1); /* y changes; x's memo (if any) stays */
     if (n_rows > MATVEC_MAX_ROWS) { /* cuBLAS adds: beta = 1 */
         gemm_launch(ctx, w, x, NULL, y, n_rows, 1.0f);
@@ -988,8 +942,6 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
     const struct tpi_weight *ws[2] = {wg, wu};
     float *ys[2] = {g, u};
     struct kern_gemv_x gx;
-    /* a matmul_add_norm form of x goes to the launch below, or to matmul_n's */
-    if (!xq_scaled_hit(ctx, 2, ws, x, n_rows)) xq_settle(ctx);
     if (ctx->glu && ctx->gemv == 3 && n_rows == 1 && apart && wu->ne1 == n_ff &&
         matmul_ok(ctx, wg, n_rows, op) && matmul_ok(ctx, wu, n_rows, op) &&
         gemv_x_for(ctx, ws, 2, x, 1, &gx) && kern_gemv_v3_glu_ok(wg, wu, &gx)) {
@@ -1005,40 +957,4 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
     }
     kern_matmul_n(ctx, 2, ws, x, ys, n_rows);
     kern_silu_mul(ctx, g, u, g, n_vals);
-}
-
-/* One decode row of y += x W^T whose y is the residual stream, and the next rmsnorm of it,
- * as one launch (kern_gemv_v3_add_norm) that writes the int8 form of y * norm into
- * q8_norm and its blocks' sums of squares into norm_ss; the memo then holds that form
- * for h with the slots (xq_memo.ss) and what settling it needs. A product of h that
- * scales its own sums (matmul_n, matmul_silu_mul: xq_scaled_hit) reads it as it is; any
- * other reader of h makes xq_settle write h first. TPI_NORM_FUSE=0, several rows, a
- * BF16/F16 W or a shape the launch does not take: false, with nothing queued but x's
- * quantization where the memo lacked it. */
-bool kern_matmul_add_norm(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
-                          float *y, int64_t n_rows, const float *norm, float *h, float eps) {
-    const char *op = "cuda matmul_add_norm";
-    const int64_t n = w->ne1;
-    if (!ctx->norm_fuse || n_rows != 1 || ctx->gemv != 3 || !(ctx->xq_produce & XQ_BY_NORM) ||
-        !ctx->xq_quant_seen || is_elem16(w->type) || w->ne0 > INT32_MAX || n > INT32_MAX)
-        return false;
-    /* h apart from y and x (the launch reads x's int8 form, y, and writes y) */
-    if (!(h + n <= y || y + n <= h) || !(h + n <= x || x + w->ne0 <= h)) return false;
-    xq_settle(ctx);
-    struct kern_gemv_x gx;
-    if (!gemv_x_for(ctx, &w, 1, x, 1, &gx) || !kern_gemv_v3_add_norm_ok(w, &gx)) return false;
-    float *ss = (float *)kern_scratch_get(ctx, &ctx->norm_ss, (size_t)(n / 32) * sizeof(float), op);
-    int8_t *oq = NULL;
-    float2 *ods = NULL;
-    /* (a refused claim drops the memo of x: the plain ops then quantize x again) */
-    if (!ss || !kern_xq_claim_in(ctx, &ctx->q8_norm, XQ_BY_NORM, 1, n, &oq, &ods)) return false;
-    if (!kern_gemv_v3_add_norm(ctx, w, &gx, y, norm, oq, ods, ss, ctx->stream)) return false;
-    kern_xq_remember(ctx, h, n);
-    ctx->xq_memo.ss = ss;
-    ctx->xq_memo.ss_n = (int)(n / 32);
-    ctx->xq_memo.eps = eps;
-    ctx->xq_memo.pend_x = y;
-    ctx->xq_memo.pend_w = norm;
-    if (ctx->norm_fuse == 2) xq_settle(ctx); /* DIAG: the launch, then rmsnorm as before */
-    return true;
 }

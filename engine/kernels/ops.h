@@ -224,18 +224,6 @@ struct ops {
      * nothing queued, when the backend does not cover these weights (the caller then runs
      * the plain ops); true when queued. */
     bool (*layer_tail)(struct ops_ctx *ctx, const struct ops_layer_tail *t);
-
-    /* ---- a row-parallel product and the next norm (optional: NULL on backends without it)
-     * y(n_rows, w->ne1) += x * W^T, then h = rmsnorm(y) * norm (w->ne1 values, eps). Returns
-     * false, with nothing queued, where the backend does not take it (the caller runs
-     * matmul_add and rmsnorm); true when queued. Equal to those two ops up to the
-     * backend's rounding of the int8 x its products read (CUDA: h's int8 form is made
-     * before the 1 / rms, which the products apply to their sums). h's floats may be
-     * written late: the CUDA backend hands h to the next matmul_n / matmul_silu_mul of h
-     * in that form and writes the floats only when another reader of h comes first; after
-     * such a product h is undefined, as q and k are after qk_norm_rope_attention. */
-    bool (*matmul_add_norm)(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
-                            float *y, int64_t n_rows, const float *norm, float *h, float eps);
 };
 
 /* The CPU reference backend (always built). */

@@ -97,8 +97,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->mmq_part, &ctx->attn,
-                                   &ctx->idx, &ctx->q8,  &ctx->q8_out,   &ctx->acc,
-                                   &ctx->q8_norm, &ctx->norm_ss};
+                                   &ctx->idx, &ctx->q8,  &ctx->q8_out,   &ctx->acc};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -319,18 +318,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         else
             TPI_LOGW("TPI_GEMV_MERGE=%s is not 0, 1, 2 or 3: ignored", gm);
     }
-    /* A decode row's wo and down with the next rmsnorm in one launch whose int8 form of the
-     * norm's values the next products scale themselves (kern_matmul_add_norm; bench/NOTES.md
-     * change 98). TPI_NORM_FUSE=0: the product, then rmsnorm. */
-    const char *nfu = getenv("TPI_NORM_FUSE");
-    ctx->norm_fuse = !(nfu && strcmp(nfu, "0") == 0);
-    if (nfu && (strcmp(nfu, "2") == 0 || strcmp(nfu, "4") == 0)) ctx->norm_fuse = nfu[0] - '0';
-    const char *ncl = getenv("TPI_NORM_FUSE_CL");
-    ctx->norm_cl = ncl && strcmp(ncl, "1") == 0;
-    const char *nwv = getenv("TPI_NORM_FUSE_W");
-    ctx->norm_w = nwv ? atoi(nwv) : 32;
-    const char *dsv = getenv("TPI_GEMV_DSM");
-    ctx->gemv_dsm = dsv ? atoi(dsv) : 0;
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = !(pd && strcmp(pd, "0") == 0);
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
@@ -364,7 +351,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     const char *q6r = getenv("TPI_Q6_REPACK");
     ctx->q6_repack = !(q6r && strcmp(q6r, "0") == 0);
     ctx->n_sm = prop.multiProcessorCount;
-    ctx->cc_major = prop.major;
     ctx->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(ctx->name, sizeof ctx->name, "%s", prop.name);
     if (!kern_attention_init(ctx) || !kern_layer_init(ctx)) {
@@ -438,7 +424,6 @@ static double cuda_wait_s(struct ops_ctx *ctx) {
 
 static void cuda_to_host(struct ops_ctx *ctx, void *dst, const void *src, size_t n_bytes) {
     if (!n_bytes) return;
-    kern_xq_settle(ctx); /* h's floats, if matmul_add_norm left them to a reader */
     // into pageable memory the copy itself waits for the queued work: watch it too
     wait_begin(ctx);
     if (CUDA_OK(ctx, "cuda to_host",
@@ -735,7 +720,6 @@ static const struct ops ops_cuda_table = {
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
     /* .layer_tail = */ kern_layer_tail,
-    /* .matmul_add_norm = */ kern_matmul_add_norm,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

@@ -83,10 +83,7 @@ static int row_parallel_add(struct model *m, const struct tpi_weight *w, const f
     const int64_t n_x = (int64_t)n * n_embd;
     bool normed = false;
     if (!m->tp_comm) {
-        // the backend may make h with the product (ops->matmul_add_norm)
-        normed = norm && m->ops->matmul_add_norm &&
-                 m->ops->matmul_add_norm(m->octx, w, in, s->x, n, norm, s->h, m->cfg.rms_eps);
-        if (!normed) m->ops->matmul_add(m->octx, w, in, s->x, n);
+        m->ops->matmul_add(m->octx, w, in, s->x, n);
     } else {
         m->ops->matmul(m->octx, w, in, s->o, n);
         if (m->tp_skip_allreduce) {
