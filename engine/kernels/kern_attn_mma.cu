@@ -326,7 +326,7 @@ __device__ __forceinline__ void mma_qk_row(const mma_qk_job<HD> &j, int n_rot, f
             if constexpr (HD == 128) s1 += __shfl_xor_sync(0xffffffffu, s1, o);
         }
         const float ss = HD == 128 ? s0 + s1 : s0;
-        const float scale = (float)(1.0 / sqrt((double)ss / (double)HD + (double)eps));
+        const float scale = kern_rms_scale(ss, HD, eps);
 #pragma unroll
         for (int jj = 0; jj < J; jj++)
             v[jj] = __fmul_rn(__fmul_rn(v[jj], scale), j.w[jj]);

@@ -241,6 +241,15 @@ __device__ __forceinline__ int kern_q8_pairs(float v, int64_t i, float2 *ds) {
     return q;
 }
 
+/* A norm's scale 1 / sqrt(ss / n + eps), as every GPU norm computes it (so the fused forms
+ * stay bitwise the plain kernels): rsqrtf in float, within 2 ulp of the CPU reference's
+ * double formula; the double square root and division it replaces were a chain of ~20
+ * FP64 operations on each norm's critical path (tg128 Q4_K_M +0.7 %, bench/NOTES.md
+ * change 99). */
+__device__ __forceinline__ float kern_rms_scale(float ss, int n, float eps) {
+    return rsqrtf(ss / (float)n + eps);
+}
+
 /* silu(g) * u as every kernel computes it (silu_mul, the gate/up launch of kern_gemv.cu),
  * so their outputs are bitwise equal. */
 __device__ __forceinline__ float kern_silu_mul1(float g, float u) {

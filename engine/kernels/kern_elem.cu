@@ -237,7 +237,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
     }
     if (w) { /* uniform per block */
         ss = block_sum(ss); /* also orders the xs writes before the reads below */
-        const float scale = (float)(1.0 / sqrt((double)ss / (double)head_dim + (double)eps));
+        const float scale = kern_rms_scale(ss, head_dim, eps);
 #pragma unroll
         for (int j = 0; j < QKR_VPT; j++) {
             const int c = threadIdx.x + j * blockDim.x;
@@ -289,7 +289,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
             ss += v[j] * v[j];
     }
     ss = block_sum(ss);
-    const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
+    const float scale = kern_rms_scale(ss, (int)n_cols, eps);
     const bool held = n_cols <= chunk; /* v[] still holds this thread's values */
     for (int64_t c0 = threadIdx.x; c0 < n_cols; c0 += chunk) {
         if (!held) {
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
         ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
     ss = block_sum(ss);
-    const float scale = (float)(1.0 / sqrt((double)ss / (double)n_cols + (double)eps));
+    const float scale = kern_rms_scale(ss, n_cols, eps);
     const int64_t at = row * n_cols + c;
     const float o = __fmul_rn(__fmul_rn(x[at], scale), wc);
     y[at] = o;

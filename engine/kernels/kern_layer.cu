@@ -407,7 +407,7 @@ __device__ __forceinline__ void kl_prepare_x(const kl_phase &p, float eps, int8_
         float t = 0.0f;
         for (int w = 0; w < NC; w++) /* fixed order: every block gets the same scale */
             t += red[w];
-        scale = (float)(1.0 / sqrt((double)t / (double)ne0 + (double)eps));
+        scale = kern_rms_scale(t, ne0, eps);
     }
     for (int b0 = warp; b0 < nblk; b0 += KL_XB * NC) {
         float v[KL_XB], g[KL_XB];
@@ -455,7 +455,7 @@ __device__ __forceinline__ void kl_load_x(const kl_phase &p, float eps, int G, i
             t = kl_warp_sum(t);
         }
         if (tid == 0)
-            *scl = p.norm ? (float)(1.0 / sqrt((double)t / (double)p.ne0 + (double)eps)) : 1.0f;
+            *scl = p.norm ? kern_rms_scale(t, p.ne0, eps) : 1.0f;
     }
     kl_consumers_sync<NC>();
 }

@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(PAN_THREADS)
     }
     __syncthreads();
     // as kern_elem.cu's rmsnorm_kernel computes it
-    const float scale = (float)(1.0 / sqrt((double)s_part[0] / (double)n_cols + (double)eps));
+    const float scale = rsqrtf(s_part[0] / (float)n_cols + eps); /* kern_rms_scale's */
     const float4 *w4 = (const float4 *)w;
     float4 *h4 = (float4 *)(h + row);
 #pragma unroll
