@@ -1072,10 +1072,10 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
  * the kernel ahead lets it in at its start (a shallow decode attention: ctx->wo_prefetch,
  * ctx->gemv_prefetch == 2) its whole weight stream overlaps that kernel; after the wait
  * it loads x (kind p's permuted copy, in registers), dots its rows from shared memory and
- * stores. The items,
- * their order and the sums are the one-row kind p kernel's (gv_ring_item runs what
- * gv<T>::dot runs; y's value added last, copied into shared memory at the wait as
- * gv_y_pre does): y bitwise the same. bench/NOTES.md change 97 (`TPI_GEMV_RING1`). */
+ * stores. The items, their order and the sums are the one-row kind p kernel's
+ * (gv_ring_item runs what gv<T>::dot runs; y's value added last, copied into shared
+ * memory at the wait as gv_y_pre does): y bitwise the same. bench/NOTES.md change 97
+ * (`TPI_GEMV_RING1`). */
 #define GV_RING1_WARPS 4
 template <int T, int S>
 __global__ void __launch_bounds__(GV_RING1_WARPS * 32)

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
+#include "kern_common.cuh" /* kern_rms_scale */
 #include "kern_peer_ar.h"
 
 namespace {
@@ -196,8 +197,8 @@ __global__ void __launch_bounds__(PAN_THREADS)
         if (tid == 0) s_part[0] = t;
     }
     __syncthreads();
-    // as kern_elem.cu's rmsnorm_kernel computes it
-    const float scale = rsqrtf(s_part[0] / (float)n_cols + eps); /* kern_rms_scale's */
+    // as every GPU norm computes it (kern_elem.cu's rmsnorm_kernel among them)
+    const float scale = kern_rms_scale(s_part[0], n_cols, eps);
     const float4 *w4 = (const float4 *)w;
     float4 *h4 = (float4 *)(h + row);
 #pragma unroll
