@@ -1,0 +1,80 @@
+/*
+ * step_trace.c — a CUPTI injection library that records every kernel's start and end
+ * (device timestamps, ns) of a whole process, for the step timeline of a decode run
+ * with PDL and CUDA graphs as they really overlap (ncu serializes kernels; this does
+ * not). The driver loads it when CUDA_INJECTION64_PATH names it; it calls
+ * InitializeInjection, which turns on CUPTI's concurrent-kernel activity records. At
+ * exit the records go to STEP_TRACE_OUT (default step_trace.tsv) as lines of
+ * "start<TAB>end<TAB>grid blocks<TAB>block threads<TAB>graph node id<TAB>name", in the
+ * order CUPTI delivered them; bench/step_trace.py sorts and reads them.
+ *
+ * Not part of the engine and not built by CMake: it needs CUPTI's headers and library
+ * (the CUDA toolkit's extras/CUPTI, or the nvidia-cuda-cupti wheel), e.g.
+ *   gcc -O2 -shared -fPIC -DKREC=CUpti_ActivityKernel13 -I$CUPTI/include \
+ *       bench/step_trace.c -o libstep_trace.so -L$CUPTI/lib -lcupti -Wl,-rpath,$CUPTI/lib
+ * where KREC is the newest CUpti_ActivityKernelN typedef in that cupti_activity.h
+ * (bench/step_trace.sh finds it and builds, runs and summarizes).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+#include <cupti_activity.h> /* the activity API alone: cupti.h pulls in every callback header */
+
+#ifndef KREC
+#error "KREC must name the CUpti_ActivityKernelN record of this CUPTI"
+#endif
+
+#define BUF_BYTES (8u << 20)
+
+static FILE *g_out;
+
+/* CUPTI's call for an empty buffer: 8 MB, 8-byte aligned. */
+static void CUPTIAPI buf_requested(uint8_t **buf, size_t *size, size_t *max_records) {
+    *buf = aligned_alloc(8, BUF_BYTES);
+    *size = *buf ? BUF_BYTES : 0;
+    *max_records = 0;
+}
+
+/* CUPTI's call with a full buffer: its kernel records as TSV lines, then the buffer freed. */
+static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf, size_t size,
+                                   size_t valid) {
+    (void)ctx, (void)stream, (void)size;
+    CUpti_Activity *rec = NULL;
+    while (g_out && cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
+        if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
+            rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+            continue;
+        const KREC *k = (const KREC *)rec;
+        fprintf(g_out, "%llu\t%llu\t%lld\t%d\t%u\t%s\n", (unsigned long long)k->start,
+                (unsigned long long)k->end, (long long)k->gridX * k->gridY * k->gridZ,
+                k->blockX * k->blockY * k->blockZ, (unsigned)k->graphNodeId,
+                k->name ? k->name : "?");
+    }
+    free(buf);
+}
+
+/* At exit: every pending record delivered and the file closed. */
+static void flush_all(void) {
+    cuptiActivityFlushAll(1);
+    if (g_out) fclose(g_out), g_out = NULL;
+}
+
+/* Called by the CUDA driver when CUDA_INJECTION64_PATH names this library; 1 on success. */
+int InitializeInjection(void) {
+    const char *path = getenv("STEP_TRACE_OUT");
+    g_out = fopen(path && *path ? path : "step_trace.tsv", "w");
+    if (!g_out) {
+        fprintf(stderr, "step_trace: cannot open %s\n", path && *path ? path : "step_trace.tsv");
+        return 0;
+    }
+    if (cuptiActivityRegisterCallbacks(buf_requested, buf_completed) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+        fprintf(stderr, "step_trace: CUPTI refused the kernel activity records\n");
+        return 0;
+    }
+    atexit(flush_all);
+    return 1;
+}
