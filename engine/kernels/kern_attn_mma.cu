@@ -151,12 +151,6 @@ static int g_dec_pre = 2048;
 /* Decode: the int8 form of an unsplit call's output loads a warp's blocks at once
  * (TPI_ATTN_DEC_Q8B at init; 0: one block a round trip, as before change 94). */
 static int g_dec_q8b = 1;
-/* Decode calls that let wo in early under ctx->wo_prefetch's depth: where the trigger goes
- * (TPI_ATTN_WO_AT at init, a measuring knob: "start", before the PDL wait, the default;
- * "prologue", once q, the batch's k/v and the store are done; "stream", after the last
- * tile's products); wo takes its ring (gv_ring1_kernel) after any of them. bench/NOTES.md
- * change 103. */
-static int g_dec_wo_at = 2;
 
 struct mma_args {
     const float *q;     /* (n_tokens, n_head, hd) */
@@ -190,8 +184,7 @@ struct mma_args {
     float eps;
     bool qk;
     int trigger; /* decode: let the next kernel launch (ctx->wo_prefetch): 1 after the K/V
-                    stream (wo's L2 prefetch); wo's ring: 2 at the start, 3 after the
-                    prologue, 4 after the K/V stream (g_dec_wo_at) */
+                    stream, 2 at the start */
     int q8b;     /* decode: the int8 form's loads a warp at once (g_dec_q8b) */
     int pre;     /* decode with k/v to store: the first tiles copied before the PDL wait,
                     the batch's rows put into them from registers (g_dec_pre) */
@@ -994,7 +987,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         __syncthreads();
         MMA_TR(MMA_TR_STORED);
     }
-    if (DEC && a.trigger == 3) kern_dep_trigger(); /* the prologue is done: wo's ring */
     float o[ND][4];
 #pragma unroll
     for (int d = 0; d < ND; d++)
@@ -1126,8 +1118,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     }
     mma_wait<0>(); /* only empty groups can be pending; the smem is reused below */
     if (DEC) MMA_TR(MMA_TR_LOOP);
-    if (DEC && (a.trigger == 1 || a.trigger == 4))
-        kern_dep_trigger(); /* the merges and int8 form are left */
+    if (DEC && a.trigger == 1) kern_dep_trigger(); /* the merges and int8 form are left */
 #pragma unroll
     for (int i = 0; i < 2; i++) { /* the row sums over the quad's columns */
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -1404,9 +1395,6 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (pre && *pre) g_dec_pre = TPI_MAX(0, atoi(pre));
     const char *q8b = getenv("TPI_ATTN_DEC_Q8B");
     if (q8b && *q8b) g_dec_q8b = atoi(q8b) != 0;
-    const char *wat = getenv("TPI_ATTN_WO_AT");
-    if (wat && *wat)
-        g_dec_wo_at = strcmp(wat, "prologue") == 0 ? 3 : strcmp(wat, "stream") == 0 ? 4 : 2;
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
     if (cls && *cls) {
         const int n = atoi(cls);
@@ -1536,7 +1524,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     a->pre = DEC && a->k && max_pos < g_dec_pre;
     a->trigger = !DEC || !ctx->pdl || ctx->wo_prefetch <= 0 || !ctx->wo_early ? 0
                  : max_pos >= ctx->wo_prefetch                                ? 1
-                                                                              : g_dec_wo_at;
+                                                                              : 2;
     t = 0;
     while (t < n_tokens) {
         const int nb = kern_attn_blocks(b->seq_host, n_tokens, tpb, &t, a->blk, MMA_MAX_BLOCKS);
@@ -1548,7 +1536,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
         if (!LAUNCH_OK(ctx, op)) return;
     }
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
-    ctx->gemv_prefetch = a->trigger >= 2 ? 2 : a->trigger; /* 2: wo takes its ring */
+    ctx->gemv_prefetch = a->trigger;
     ctx->after_attn = DEC;
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;
