@@ -1230,10 +1230,8 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
  *                          weight rows per warp (kinds a and p, BF16/F16; 1-4 x rows): a
  *                          lane's x is loaded once and dotted with that many rows, so L1
  *                          traffic for x per weight byte falls by the factor, and the
- *                          grid by it. auto: 2 for a launch of several Q4_K weights
- *                          (Q/K/V), else 1 (bench/NOTES.md change 104). A first
- *                          measurement (H200, 1 x row, graph replays, us, rpw 1 -> 2:
- *                          12288->4096 Q4_K 11.24 -> 10.53, Q6_K
+ *                          grid by it. auto: 1. A first measurement (H200, 1 x row, graph
+ *                          replays, us, rpw 1 -> 2: 12288->4096 Q4_K 11.24 -> 10.53, Q6_K
  *                          20.57 -> 19.30, Q8_0 18.70 -> 17.49) made 2 the auto for rows of
  *                          >= 8192 values; a later one on another H200 went the other way
  *                          (11.19 -> 11.50, 19.20 -> 22.04, 15.82 -> 17.43), and so did
@@ -1480,10 +1478,8 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         ctx->wo_early = gv_early_gains<T, NR>(kind);
         ctx->after_attn = false;
     }
-    /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob; auto: 2 for a
-     * launch of several Q4_K weights (Q/K/V: 768 blocks, about one wave where one row a
-     * warp takes 2.3; 6.5 against 7.4 us in a step, bench/NOTES.md change 104), else 1 */
-    const int rpw = NR > 4 ? 1 : c.rpw ? c.rpw : n > 1 && T == TPI_TYPE_Q4_K ? 2 : 1;
+    /* weight rows per warp: 1 for 5..8 x rows (registers), else the knob (auto: 1) */
+    const int rpw = NR > 4 ? 1 : c.rpw ? c.rpw : 1;
     auto by_rpw = [&](auto f) {
         if (rpw == 4)
             f(std::integral_constant<int, NR <= 4 ? 4 : 1>{});
