@@ -1277,8 +1277,8 @@ void kern_attn_trace_dump(void) {
     static const char *const names[] = {"start", "PDL wait done", "prologue", "k/v stored",
                                         "first tile", "last tile done", "warps merged",
                                         "splits merged", "end", "tiles (count)"};
-    fprintf(stderr, "decode attention trace (last call: %d blocks; us from the first start: "
-                    "min median max)\n", nb);
+    fprintf(stderr, "decode attention trace (last call: %d blocks; us from the first start, "
+                    "%llu ns on the global timer: min median max)\n", nb, ref);
     for (int k = 0; k <= MMA_TR_TILES; k++) {
         int n = 0;
         for (int b = 0; b < MMA_TR_BLOCKS; b++) {
