@@ -199,7 +199,7 @@ static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
 #ifndef TPI_ATTN_TRACE
 #define TPI_ATTN_TRACE 0
 #endif
-#define MMA_TR_N 10       /* points a block (the enum below) */
+#define MMA_TR_N 12       /* points a block (the enum below) */
 #define MMA_TR_BLOCKS 2048 /* blocks recorded (linear block index) */
 #define MMA_TR_WINDOW_NS 50000 /* the last call: blocks started this close to the latest */
 enum {
@@ -211,6 +211,8 @@ enum {
     MMA_TR_LOOP,    /* the last tile's products done */
     MMA_TR_WMERGE,  /* the warps' states merged */
     MMA_TR_MERGED,  /* the splits merged (cluster or last block), or skipped */
+    MMA_TR_Q8SYNC,  /* the int8 form: the block's barrier passed */
+    MMA_TR_Q8VAL,   /* the int8 form: warp 0's first block quantized (its loads landed) */
     MMA_TR_END,     /* the int8 form written; exit */
     MMA_TR_TILES,   /* (not a time) the block's tiles */
 };
@@ -521,6 +523,14 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
         for (int k = 0; k < QB; k++)
             if (ix[k] >= 0) {
                 const int q = kern_q8_block(v[k], ix[k], a.xq, a.ds);
+#if TPI_ATTN_TRACE
+                if (k == 0 && qb0 == warp && threadIdx.x == 0) { /* after q: its loads landed */
+                    unsigned long long t;
+                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(q));
+                    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+                    if (b < MMA_TR_BLOCKS) mma_trace[b * MMA_TR_N + MMA_TR_Q8VAL] = t;
+                }
+#endif
                 gv_perm_store(q, ix[k], ne0, a.xlay, a.xq);
             }
     }
@@ -1234,6 +1244,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
      * makes every thread's out stores visible to the whole block. */
     if (a.xq) {
         __syncthreads();
+        MMA_TR(MMA_TR_Q8SYNC);
         mma_quantize_rows<HD, NT>(a, t0, nt, h0);
     }
     MMA_TR(MMA_TR_END);
@@ -1276,7 +1287,8 @@ void kern_attn_trace_dump(void) {
     if (!nb) return;
     static const char *const names[] = {"start", "PDL wait done", "prologue", "k/v stored",
                                         "first tile", "last tile done", "warps merged",
-                                        "splits merged", "end", "tiles (count)"};
+                                        "splits merged", "int8: barrier", "int8: 1st value",
+                                        "end", "tiles (count)"};
     fprintf(stderr, "decode attention trace (last call: %d blocks; us from the first start, "
                     "%llu ns on the global timer: min median max)\n", nb, ref);
     for (int k = 0; k <= MMA_TR_TILES; k++) {
