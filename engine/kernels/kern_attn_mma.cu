@@ -219,18 +219,33 @@ enum {
 static_assert(MMA_TR_TILES + 1 == MMA_TR_N, "a slot a point");
 #if TPI_ATTN_TRACE
 __device__ unsigned long long mma_trace[MMA_TR_BLOCKS * MMA_TR_N];
-__device__ __forceinline__ void mma_tr(int k, unsigned long long v = 0) {
-    if (threadIdx.x != 0) return;
+/* Thread 0's slot for point k of this block; NULL in other threads and past the table. */
+__device__ __forceinline__ unsigned long long *mma_tr_slot(int k) {
+    if (threadIdx.x != 0) return NULL;
     const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    if (b >= MMA_TR_BLOCKS) return;
+    return b < MMA_TR_BLOCKS ? &mma_trace[b * MMA_TR_N + k] : NULL;
+}
+/* Point k's time now (or, for MMA_TR_TILES, the value v) into the block's slot. */
+__device__ __forceinline__ void mma_tr(int k, unsigned long long v = 0) {
+    unsigned long long *p = mma_tr_slot(k);
+    if (!p) return;
     if (k != MMA_TR_TILES) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-    mma_trace[b * MMA_TR_N + k] = v;
+    *p = v;
+}
+/* Point k's time, read only once dep is known (the point waits for what made dep). */
+__device__ __forceinline__ void mma_tr_dep(int k, int dep) {
+    unsigned long long *p = mma_tr_slot(k), v;
+    if (!p) return;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v) : "r"(dep));
+    *p = v;
 }
 #define MMA_TR(k) mma_tr(k)
 #define MMA_TR_V(k, v) mma_tr(k, v)
+#define MMA_TR_DEP(k, d) mma_tr_dep(k, d)
 #else
 #define MMA_TR(k) ((void)0)
 #define MMA_TR_V(k, v) ((void)0)
+#define MMA_TR_DEP(k, d) ((void)0)
 #endif
 
 /* ---------------------------------------------------------------- kernels */
@@ -523,14 +538,7 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
         for (int k = 0; k < QB; k++)
             if (ix[k] >= 0) {
                 const int q = kern_q8_block(v[k], ix[k], a.xq, a.ds);
-#if TPI_ATTN_TRACE
-                if (k == 0 && qb0 == warp && threadIdx.x == 0) { /* after q: its loads landed */
-                    unsigned long long t;
-                    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(q));
-                    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-                    if (b < MMA_TR_BLOCKS) mma_trace[b * MMA_TR_N + MMA_TR_Q8VAL] = t;
-                }
-#endif
+                if (k == 0 && qb0 == warp) MMA_TR_DEP(MMA_TR_Q8VAL, q); /* its loads landed */
                 gv_perm_store(q, ix[k], ne0, a.xlay, a.xq);
             }
     }
