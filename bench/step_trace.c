@@ -9,11 +9,10 @@
  * order CUPTI delivered them; bench/step_trace.py sorts and reads them.
  *
  * Not part of the engine and not built by CMake: it needs CUPTI's headers and library
- * (the CUDA toolkit's extras/CUPTI, or the nvidia-cuda-cupti wheel), e.g.
- *   gcc -O2 -shared -fPIC -DKREC=CUpti_ActivityKernel13 -I$CUPTI/include \
- *       bench/step_trace.c -o libstep_trace.so -L$CUPTI/lib -lcupti -Wl,-rpath,$CUPTI/lib
- * where KREC is the newest CUpti_ActivityKernelN typedef in that cupti_activity.h
- * (bench/step_trace.sh finds it and builds, runs and summarizes).
+ * of the driver's CUDA version (the toolkit's extras/CUPTI, or the nvidia-cuda-cupti
+ * wheel's nvidia/cu13), and KREC, the newest CUpti_ActivityKernelN typedef of that
+ * cupti_activity.h (CUpti_ActivityKernel10 in CUPTI 13.0); bench/README.md has the
+ * commands ("A step's kernel timeline").
  */
 #include <stdint.h>
 #include <stdio.h>
