@@ -12,7 +12,8 @@
  *   CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1 1..4097, plain and accumulate (y += );
  * - api (label gpu): one prepared x run against three weights, two of them on two
  *   side streams at once, and what the path refuses; three weights of one type in one
- *   launch (kern_gemv_v3_run_n) bitwise equal to a launch each;
+ *   launch (kern_gemv_v3_run_n), and Q4_K and Q6_K weights in one launch
+ *   (kern_gemv_v3_run_mix), bitwise equal to a launch each;
  * - bench (not a ctest test): TB/s of weight bytes per type, Qwen3-8B shape, rows and
  *   setting, one line each on stdout: `gemv_bench type=.. ne0=.. ne1=.. rows=.. cfg=..
  *   run_us=.. run_tbs=.. full_us=.. full_tbs=..` (run: x prepared once; full: prepare +
@@ -435,6 +436,92 @@ static void check_merged(struct tu_rng *r, int type) {
     free(x);
 }
 
+/* One launch for Q4_K and Q6_K weights together (kern_gemv_v3_run_mix: Q/K/V of a
+ * Q4_K_M layer whose V has more bits), against a launch each: bitwise equal for every
+ * mix setting, either type's weight first in the list, and every setting the one-row
+ * path runs as kind p; refused for other settings, several x rows, one type alone,
+ * and another type among them. */
+static void check_mix(struct tu_rng *r) {
+    const int64_t ne0 = 4096;
+    static const int types[4] = {TPI_TYPE_Q4_K, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0};
+    static const int64_t ne1s[4] = {1024, 333, 256, 64};
+    struct tpi_weight gw[4];
+    float *gy[4], *gm[4];
+    for (int k = 0; k < 4; k++) {
+        float *wd;
+        uint8_t *q = make_weight(r, types[k], ne0, ne1s[k], &wd);
+        struct tpi_error err;
+        tpi_err_clear(&err);
+        ck_assert_int_eq(G->weight_upload(gctx, &gw[k], types[k], ne0, ne1s[k], q, &err), TPI_OK);
+        gy[k] = G->alloc(gctx, (size_t)ne1s[k] * 4);
+        gm[k] = G->alloc(gctx, (size_t)ne1s[k] * 4);
+        free(q), free(wd);
+    }
+    float *x = make_x(r, 3, ne0);
+    float *gx = gdup(x, (size_t)(3 * ne0) * 4);
+    static const int mixes[] = {1, 8, 10, 12, 1 | 0x100, 8 | 0x100, 12 | 0x100};
+    /* the weights in two orders: Q, K, V as a layer lists them, and V first */
+    static const int orders[2][3] = {{0, 1, 2}, {2, 0, 1}};
+    float *poison = malloc(1024 * 4);
+    for (int i = 0; i < 1024; i++)
+        poison[i] = NAN;
+    for (int c = 0; c < N_CFGS; c++) {
+        ck_assert_int_eq(kern_gemv_configure(CFGS[c]), 0);
+        void *px = kern_gemv_test_prepare(gctx, gx, 1, ne0, NULL);
+        ck_assert_ptr_nonnull(px);
+        for (int k = 0; k < 3; k++)
+            ck_assert_int_eq(kern_gemv_test_run(gctx, &gw[k], px, gy[k], 0, NULL), 1);
+        const bool takes = !strstr(CFGS[c], "kind=a") && !strstr(CFGS[c], "kind=b") &&
+                           !strstr(CFGS[c], "rpw=2") && !strstr(CFGS[c], "rpw=4");
+        for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++)
+            for (int o = 0; o < 2; o++) {
+                const struct tpi_weight *wp[3];
+                float *ym[3];
+                for (int k = 0; k < 3; k++)
+                    wp[k] = &gw[orders[o][k]], ym[k] = gm[orders[o][k]];
+                for (int k = 0; k < 3; k++) /* NaN where each output goes */
+                    G->to_dev(gctx, gm[k], poison, (size_t)ne1s[k] * 4);
+                const int ran = kern_gemv_test_run_mix(gctx, 3, wp, px, ym, mixes[m], NULL);
+                assert_ok("mix");
+                char label[160];
+                snprintf(label, sizeof label, "mix %#x order %d [%s]", mixes[m], o, CFGS[c]);
+                ck_assert_msg(ran == (takes ? 1 : 0), "%s: %s", label, ran ? "taken" : "refused");
+                if (!ran) continue;
+                for (int k = 0; k < 3; k++) {
+                    const size_t ny = (size_t)ne1s[k];
+                    float *a = malloc(ny * 4), *b = malloc(ny * 4);
+                    G->to_host(gctx, a, gm[k], ny * 4);
+                    G->to_host(gctx, b, gy[k], ny * 4);
+                    size_t d = 0;
+                    for (size_t i = 0; i < ny; i++)
+                        d += memcmp(&a[i], &b[i], 4) != 0;
+                    ck_assert_msg(d == 0, "%s weight %d: %zu of %zu outputs differ", label, k, d,
+                                  ny);
+                    free(a), free(b);
+                }
+            }
+        free(px);
+    }
+    kern_gemv_configure(NULL);
+    /* refusals: mix 0, one type alone, a third type, several x rows */
+    void *px = kern_gemv_test_prepare(gctx, gx, 1, ne0, NULL);
+    const struct tpi_weight *three[3] = {&gw[0], &gw[2], &gw[3]}, *same[2] = {&gw[0], &gw[1]};
+    ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 2, three, px, gm, 0, NULL), 0);
+    ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 2, same, px, gm, 8, NULL), 0);
+    ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 3, three, px, gm, 8, NULL), 0);
+    free(px);
+    px = kern_gemv_test_prepare(gctx, gx, 3, ne0, NULL);
+    ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 2, three, px, gm, 8, NULL), 0);
+    free(px);
+    assert_ok("mix refusals");
+    for (int k = 0; k < 4; k++) {
+        G->weight_free(gctx, &gw[k]);
+        G->dealloc(gctx, gy[k]), G->dealloc(gctx, gm[k]);
+    }
+    G->dealloc(gctx, gx);
+    free(x), free(poison);
+}
+
 START_TEST(test_api) {
     struct tu_rng r;
     tu_rng_seed(&r, 300);
@@ -505,6 +592,7 @@ START_TEST(test_api) {
     static const int merged_types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_BF16};
     for (size_t i = 0; i < sizeof merged_types / sizeof merged_types[0]; i++)
         check_merged(&r, merged_types[i]);
+    check_mix(&r);
     for (int k = 0; k < 2; k++) {
         cudaStreamDestroy(side[k]);
         cudaEventDestroy(done[k]);

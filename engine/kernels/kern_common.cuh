@@ -76,6 +76,8 @@ struct ops_ctx {
     bool rms_split;    /* decode rows' rmsnorm over n_cols / 128 blocks (TPI_RMS_SPLIT) */
     int gemv_merge;    /* matmul_n: which weights join weight 0's decode launch (TPI_GEMV_MERGE:
                         * 0 none, 1 auto, 2 all of its type, 3 those with <= half its rows) */
+    int gemv_mix;      /* matmul_n: one decode launch for Q4_K's and Q6_K's weights together
+                        * (TPI_GEMV_MIX: 0 off; else kern_gemv_v3_run_mix's mix) */
     bool xq_quant_seen; /* a quantized weight's matmul has run: int8 x has a reader */
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
@@ -524,6 +526,16 @@ bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const str
  * all n share a type and row length the v3 path covers, and (n > 1) take kinds a/p/BF16. */
 bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                         const struct kern_gemv_x *gx, float *const *ys, cudaStream_t stream);
+/* mix for kern_gemv_v3_run_mix: the low byte bounds its kernel to that many blocks a
+ * multiprocessor (8, 10, 12; 1: unbounded); GV_MIX_Q6_FIRST puts Q6_K's blocks first. */
+#define GV_MIX_Q6_FIRST 0x100
+/* ys[i] = x ws[i]^T for one decode row and n (2..OPS_MAX_FUSED) weights of Q4_K and of
+ * Q6_K's groups (both present, one row length each), in one launch on `stream`, each
+ * output bitwise as kern_gemv_v3_run_n computes it; false (nothing queued) for anything
+ * else, or mix <= 0. */
+bool kern_gemv_v3_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                          const struct kern_gemv_x *gx, float *const *ys, int mix,
+                          cudaStream_t stream);
 /* Whether kern_gemv_v3_run_glu takes this gate/up pair with x prepared as gx: one row,
  * one type, shape and row size, a form of x both read, n_ff a multiple of 32 (quantized;
  * 4 for BF16/F16), and not kind b. */

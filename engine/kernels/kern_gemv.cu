@@ -646,8 +646,9 @@ struct gv_seg {
     float *y;
     int ne1, wpr, blk;
 };
-template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg) {
-    const int b = (int)blockIdx.x;
+template <bool MULTI = true>
+__device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg, int base = 0) {
+    const int b = (int)blockIdx.x - base; /* base: the blocks of a launch's other type first */
     if (!MULTI) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
     int i = 0;
 #pragma unroll
@@ -661,16 +662,17 @@ template <bool MULTI = true> __device__ __forceinline__ gv_seg gv_seg_of(const g
 }
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
- * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of). */
+ * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of;
+ * base: blocks of the launch before sg's first). */
 template <int TYPE, int NR, bool PERM, int RW>
 __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
                                               const int8_t *__restrict__ x, int xs,
                                               const float2 *__restrict__ ds, int nr,
-                                              bool accumulate) {
+                                              bool accumulate, int base = 0) {
     using Q = gv<TYPE>;
     if (sg.trigger) kern_dep_trigger();
     gv_l2_prefetch(sg, row_bytes);
-    const gv_seg me = gv_seg_of(sg);
+    const gv_seg me = gv_seg_of(sg, base);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -759,6 +761,48 @@ template <int TYPE, int NR, bool PERM, int RW> auto gv_quant_kernel_for(int kbou
         if (kbound == 10) return gv_quant_kernel_held<TYPE, NR, PERM, RW, 10>;
     }
     return gv_quant_kernel<TYPE, NR, PERM, RW>;
+}
+
+/* ------------------------------------------------ two types in one launch (kind p)
+ * Q/K/V of a Q4_K_M layer that gives V more bits: Q and K are Q4_K, V Q6_K (its 8-block
+ * groups), which as a weight of another type ran as a parallel branch of its own (a
+ * side stream forked and joined in the step's graph). One launch takes both: blocks
+ * [0, nb0) are side 0's weights, the rest side 1's, each block computing exactly what
+ * it computes in its own type's launch (gv_quant_body: same items, order and sums), so
+ * outputs are bitwise those of kern_gemv_v3_run_n per type. Decode rows (one x row,
+ * one weight row a warp) only. */
+struct gv_side {
+    gv_segs sg;
+    size_t row_bytes;
+    const int8_t *x; /* the type's permuted copy (kind p) */
+    int xs;
+};
+template <int T0, int T1>
+__device__ __forceinline__ void gv_quant2_body(const gv_side &s0, const gv_side &s1, int nb0,
+                                               int ne0, const float2 *__restrict__ ds) {
+    if ((int)blockIdx.x < nb0)
+        gv_quant_body<T0, 1, true, 1>(s0.sg, s0.row_bytes, ne0, s0.x, s0.xs, ds, 1, false);
+    else
+        gv_quant_body<T1, 1, true, 1>(s1.sg, s1.row_bytes, ne0, s1.x, s1.xs, ds, 1, false, nb0);
+}
+template <int T0, int T1>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+    gv_quant2_kernel(const gv_side s0, const gv_side s1, int nb0, int ne0,
+                     const float2 *__restrict__ ds) {
+    gv_quant2_body<T0, T1>(s0, s1, nb0, ne0, ds);
+}
+template <int T0, int T1, int MINB>
+__global__ void __launch_bounds__(GV_WARPS * 32, MINB)
+    gv_quant2_kernel_held(const gv_side s0, const gv_side s1, int nb0, int ne0,
+                          const float2 *__restrict__ ds) {
+    gv_quant2_body<T0, T1>(s0, s1, nb0, ne0, ds);
+}
+/* The two-type kernel held to minb blocks a multiprocessor (8, 10, 12; else unbounded). */
+template <int T0, int T1> static auto gv_quant2_kernel_for(int minb) {
+    if (minb == 8) return gv_quant2_kernel_held<T0, T1, 8>;
+    if (minb == 10) return gv_quant2_kernel_held<T0, T1, 10>;
+    if (minb == 12) return gv_quant2_kernel_held<T0, T1, 12>;
+    return gv_quant2_kernel<T0, T1>;
 }
 
 /* BF16/F16 weights, kind a: one warp's share of RW weight rows (wb[]), items of 8 values
@@ -1463,6 +1507,38 @@ template <int T, int NR> static bool gv_early_gains(int kind) {
     return !gv_is_elem(T) && kind != 'b' && !(NR == 1 && (T == KERN_TYPE_Q8_0X8 || gv_is_q6<T>));
 }
 
+/* The n weights ws (into ys) as one launch's segments, each with the blocks and warps a
+ * row its own launch would have (rpw weight rows a warp, wps warps an SM wanted, rows of
+ * n_items items); *blocks: the launch's grid. */
+static gv_segs gv_segs_of(const struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                          float *const *ys, int rpw, int wps, int64_t n_items, unsigned *blocks) {
+    gv_segs sg = {};
+    sg.n = n;
+    int64_t b0 = 0;
+    for (int i = 0; i < n; i++) {
+        const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;
+        const int wpr = gv_wpr(ctx, wps, groups, n_items, 2);
+        sg.w[i] = (const uint8_t *)ws[i]->data;
+        sg.y[i] = ys[i];
+        sg.ne1[i] = (int)ws[i]->ne1;
+        sg.wpr[i] = wpr;
+        sg.b0[i] = (int)b0;
+        b0 += (groups * wpr + GV_WARPS - 1) / GV_WARPS;
+    }
+    *blocks = (unsigned)b0;
+    return sg;
+}
+
+/* Kind p's x for type T: its permuted copy at its place among prepare's (gv_xlayout_of),
+ * and (*xs) that copy's row stride. */
+template <int T> static const int8_t *gv_xp_of(const struct kern_gemv_x *gx, int *xs) {
+    using Q = gv<T>;
+    const gv_xlayout lay = gv_xlayout_of(gx->n_rows, gx->ne0);
+    const size_t off = T == TPI_TYPE_Q4_K ? lay.k4_off : gv_is_q6<T> ? lay.q6_off : lay.b32_off;
+    *xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
+    return gx->xp + (off - lay.b32_off);
+}
+
 /* One launch for the n weights ws (type T, one row length; n > 1 only for kinds a and p:
  * kern_gemv_v3_run_n checks) into ys. */
 template <int T, int NR>
@@ -1488,10 +1564,8 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         else
             f(std::integral_constant<int, 1>{});
     };
-    /* each weight's blocks, as its own launch would have them (gv_segs) */
     auto segs = [&](int wps, int64_t n_items, unsigned *blocks) {
-        gv_segs sg = {};
-        sg.n = n;
+        gv_segs sg = gv_segs_of(ctx, n, ws, ys, rpw, wps, n_items, blocks);
         sg.trigger = ctx->gemv_trigger;
         sg.ypre = c.ypre;
         if (ctx->gemv_prefetch && n == 1) { /* one chunk a multiprocessor's first block */
@@ -1499,18 +1573,6 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             sg.pf_blocks = ctx->n_sm;
             sg.pf_chunk = ((total + ctx->n_sm - 1) / ctx->n_sm + 127) & ~127ll;
         }
-        int64_t b0 = 0;
-        for (int i = 0; i < n; i++) {
-            const int64_t groups = (ws[i]->ne1 + rpw - 1) / rpw;
-            const int wpr = gv_wpr(ctx, wps, groups, n_items, 2);
-            sg.w[i] = (const uint8_t *)ws[i]->data;
-            sg.y[i] = ys[i];
-            sg.ne1[i] = (int)ws[i]->ne1;
-            sg.wpr[i] = wpr;
-            sg.b0[i] = (int)b0;
-            b0 += (groups * wpr + GV_WARPS - 1) / GV_WARPS;
-        }
-        *blocks = (unsigned)b0;
         return sg;
     };
     unsigned blocks = 0;
@@ -1544,25 +1606,20 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
         const gv_segs sg = segs(c.wps ? c.wps : GV_WPS_QUANT, n_items, &blocks);
         const int kb = ne0 >= GV_KBOUND_MIN_NE0 ? c.kbound : 0;
         if (kind == 'p') {
-            /* the type's permuted copy, at its place among prepare's (gv_xlayout_of) */
-            const gv_xlayout lay = gv_xlayout_of(nr, ne0);
-            const size_t off = T == TPI_TYPE_Q4_K ? lay.k4_off
-                               : gv_is_q6<T>        ? lay.q6_off
-                                                    : lay.b32_off;
-            const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
+            int xs = 0;
+            const int8_t *xp = gv_xp_of<T>(gx, &xs); /* the type's permuted copy */
             /* wo right after a decode attention that let it in at its start (tg128
              * +0.55 %, depth 1024 +0.9 %; after the K/V stream it cannot sit beside the
              * attention's blocks and lost 1.6 %: runs 167-168, bench/NOTES.md change 97) */
             if (NR == 1 && n == 1 && rpw == 1 && c.ring1 && !sg.trigger &&
                 (c.ring1all || ctx->gemv_prefetch == 2) &&
-                gv_ring1_launch<T>(ctx, pdl, w, c.ring1, gx->xp + (off - lay.b32_off), gx->ds,
-                                   ys[0], accumulate, stream))
+                gv_ring1_launch<T>(ctx, pdl, w, c.ring1, xp, gx->ds, ys[0], accumulate, stream))
                 return;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
                             gv_quant_kernel_for<T, NR, true, decltype(rw_c)::value>(kb, c.x8bound),
                             dim3(blocks), dim3(GV_WARPS * 32), 0, stream, sg, w->row_bytes, ne0,
-                            gx->xp + (off - lay.b32_off), xs, gx->ds, nr, accumulate);
+                            xp, xs, gx->ds, nr, accumulate);
             });
         } else {
             by_rpw([&](auto rw_c) {
@@ -1653,6 +1710,54 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
     gv_run(ctx, n, ws, gx, ys, false, stream, c);
     ctx->gemv_prefetch = false;
     LAUNCH_OK(ctx, "cuda matmul (v3)");
+    return true;
+}
+
+bool kern_gemv_v3_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                          const struct kern_gemv_x *gx, float *const *ys, int mix,
+                          cudaStream_t stream) {
+    if (mix <= 0 || n < 2 || n > OPS_MAX_FUSED || gx->n_rows != 1 || !gx->xp) return false;
+    const gv_cfg c = gv_config();
+    if ((c.kind && c.kind != 'p') || c.rpw > 1) return false;
+    /* side 0: Q4_K's weights, side 1: Q6_K's groups (the one pair built) */
+    const struct tpi_weight *sw[2][OPS_MAX_FUSED];
+    float *sy[2][OPS_MAX_FUSED];
+    int cnt[2] = {0, 0};
+    for (int i = 0; i < n; i++) {
+        const int t = kern_wtype(ws[i]);
+        const int side = t == TPI_TYPE_Q4_K ? 0 : t == KERN_TYPE_Q6_KX8 ? 1 : -1;
+        if (side < 0 || !gv_x_suits(ws[i], gx) || ws[i]->ne0 != ws[0]->ne0) return false;
+        if (cnt[side] && ws[i]->row_bytes != sw[side][0]->row_bytes) return false;
+        sw[side][cnt[side]] = ws[i];
+        sy[side][cnt[side]++] = ys[i];
+    }
+    if (!cnt[0] || !cnt[1]) return false;
+    const int ne0 = (int)ws[0]->ne0;
+    const int wps = c.wps ? c.wps : GV_WPS_QUANT;
+    gv_side sd[2];
+    unsigned nb[2];
+    sd[0].sg = gv_segs_of(ctx, cnt[0], sw[0], sy[0], 1, wps,
+                          (int64_t)(ne0 / gv<TPI_TYPE_Q4_K>::BLK) * gv<TPI_TYPE_Q4_K>::IPB, &nb[0]);
+    sd[0].x = gv_xp_of<TPI_TYPE_Q4_K>(gx, &sd[0].xs);
+    sd[1].sg = gv_segs_of(ctx, cnt[1], sw[1], sy[1], 1, wps,
+                          (int64_t)(ne0 / gv<KERN_TYPE_Q6_KX8>::BLK) * gv<KERN_TYPE_Q6_KX8>::IPB,
+                          &nb[1]);
+    sd[1].x = gv_xp_of<KERN_TYPE_Q6_KX8>(gx, &sd[1].xs);
+    for (int k = 0; k < 2; k++) { /* as its own type's launch: the trigger, y (none here) */
+        sd[k].sg.trigger = ctx->gemv_trigger;
+        sd[k].sg.ypre = c.ypre;
+    }
+    sd[0].row_bytes = sw[0][0]->row_bytes;
+    sd[1].row_bytes = sw[1][0]->row_bytes;
+    const int minb = mix & 0xFF;
+    const dim3 grid(nb[0] + nb[1]), block(GV_WARPS * 32);
+    if (mix & GV_MIX_Q6_FIRST)
+        kern_launch(c.pdl != 0, gv_quant2_kernel_for<KERN_TYPE_Q6_KX8, TPI_TYPE_Q4_K>(minb), grid,
+                    block, 0, stream, sd[1], sd[0], (int)nb[1], ne0, gx->ds);
+    else
+        kern_launch(c.pdl != 0, gv_quant2_kernel_for<TPI_TYPE_Q4_K, KERN_TYPE_Q6_KX8>(minb), grid,
+                    block, 0, stream, sd[0], sd[1], (int)nb[0], ne0, gx->ds);
+    LAUNCH_OK(ctx, "cuda matmul (v3, two types)");
     return true;
 }
 
@@ -1790,6 +1895,14 @@ int kern_gemv_test_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *co
                          const void *gx, float *const *ys, void *stream) {
     return kern_gemv_v3_run_n(ctx, n, ws, (const struct kern_gemv_x *)gx, ys,
                               stream ? (cudaStream_t)stream : ctx->stream)
+               ? 1
+               : 0;
+}
+
+int kern_gemv_test_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                           const void *gx, float *const *ys, int mix, void *stream) {
+    return kern_gemv_v3_run_mix(ctx, n, ws, (const struct kern_gemv_x *)gx, ys, mix,
+                                stream ? (cudaStream_t)stream : ctx->stream)
                ? 1
                : 0;
 }

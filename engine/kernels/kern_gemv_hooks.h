@@ -21,6 +21,8 @@
  * NULL when false; stream NULL: ctx->stream.
  * kern_gemv_test_run: kern_gemv_v3_run, 1 when queued.
  * kern_gemv_test_run_n: kern_gemv_v3_run_n (n weights in one launch), 1 when queued.
+ * kern_gemv_test_run_mix: kern_gemv_v3_run_mix (Q4_K and Q6_K weights in one launch, mix
+ * as TPI_GEMV_MIX's value), 1 when queued.
  * kern_gemv_host_quantize: x's int8 blocks exactly as the device makes them (ds: d,
  * d*sum pairs).
  * kern_gemv_host_emulate: the kernel of kind 'a', 'b' or 'p' for a quantized type run on
@@ -37,6 +39,8 @@ int kern_gemv_test_run(struct ops_ctx *ctx, const struct tpi_weight *w, const vo
                        int accumulate, void *stream);
 int kern_gemv_test_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                          const void *gx, float *const *ys, void *stream);
+int kern_gemv_test_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                           const void *gx, float *const *ys, int mix, void *stream);
 void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds);
 int kern_gemv_host_emulate(int type, const void *w, size_t row_bytes, int64_t ne0, int64_t ne1,
                            const int8_t *xq, const float *ds, int n_rows, float *y, int kind,

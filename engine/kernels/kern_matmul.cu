@@ -809,7 +809,19 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
         bool main_busy = false;
         const bool fork = n_w > 1 && ctx->side[0];
         if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
-        if (n_w > 1 && ctx->gemv_merge) {
+        /* Q4_K's and Q6_K's weights together (Q/K/V where V has more bits) */
+        /* (it lets the next kernel launch at its start as Q/K/V's launch does below) */
+        ctx->gemv_trigger = ctx->qkv_trigger;
+        const bool mixed = n_w > 1 && ctx->gemv_merge && ctx->gemv_mix && n_rows == 1 &&
+                           kern_gemv_v3_run_mix(ctx, n_w, ws, &gx, ys, ctx->gemv_mix, ctx->stream);
+        ctx->gemv_trigger = false;
+        if (mixed) {
+            if (!LAUNCH_OK(ctx, op)) return;
+            for (int k = 0; k < n_w; k++)
+                done[k] = true;
+            main_busy = true;
+        }
+        if (n_w > 1 && ctx->gemv_merge && !main_busy) {
             const struct tpi_weight *mw[OPS_MAX_FUSED];
             float *my[OPS_MAX_FUSED];
             int idx[OPS_MAX_FUSED], n_m = 0;

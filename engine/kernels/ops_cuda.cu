@@ -318,6 +318,22 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         else
             TPI_LOGW("TPI_GEMV_MERGE=%s is not 0, 1, 2 or 3: ignored", gm);
     }
+    /* matmul_n's decode weights of Q4_K and Q6_K (Q/K/V of a Q4_K_M layer whose V has more
+     * bits) in one launch instead of Q6_K's as a parallel branch (kern_gemv_v3_run_mix).
+     * TPI_GEMV_MIX: 0 off; 1 (unbounded), 8, 10 or 12 (blocks a multiprocessor the
+     * kernel is held to), with an 'r' after it: Q6_K's blocks first. */
+    const char *gx = getenv("TPI_GEMV_MIX");
+    ctx->gemv_mix = 0;
+    if (gx && *gx) {
+        char *end = NULL;
+        const long v = strtol(gx, &end, 10);
+        const bool rev = end && *end == 'r';
+        if (end == gx || (*end && !(rev && end[1] == 0)) ||
+            !(v == 0 || v == 1 || v == 8 || v == 10 || v == 12))
+            TPI_LOGW("TPI_GEMV_MIX=%s is not 0, 1, 8, 10 or 12 (with an optional r): ignored", gx);
+        else
+            ctx->gemv_mix = (int)v | (v && rev ? GV_MIX_Q6_FIRST : 0);
+    }
     const char *pd = getenv("TPI_PDL");
     ctx->pdl = !(pd && strcmp(pd, "0") == 0);
     /* The FFN's gate, up and silu*mul as one decode launch (kern_gemv.cu): TPI_GLU=0 off
