@@ -277,6 +277,21 @@ static void assert_ok(const char *what) {
     ck_assert_int_eq(st, TPI_OK);
 }
 
+/* The n floats at device a and b are the same bits; else fail with label and weight k. */
+static void assert_same_bits(const char *label, int k, const float *a_dev, const float *b_dev,
+                             size_t n) {
+    float *a = malloc(n * 4), *b = malloc(n * 4);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    G->to_host(gctx, a, a_dev, n * 4);
+    G->to_host(gctx, b, b_dev, n * 4);
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += memcmp(&a[i], &b[i], 4) != 0;
+    ck_assert_msg(d == 0, "%s weight %d: %zu of %zu outputs differ", label, k, d, n);
+    free(a), free(b);
+}
+
 /* Run w (device) on the prepared x for every setting, plain into NaN-poisoned y and
  * accumulating onto y0; check against want/bound. */
 static void run_all_cfgs(const char *what, const struct tpi_weight *gw, const float *gx, int64_t nr,
@@ -399,17 +414,8 @@ static void check_merged(struct tu_rng *r, int type) {
                 ck_assert_msg(strstr(CFGS[c], "kind=b") && quantizes_x(type), "%s: refused", label);
                 continue;
             }
-            for (int k = 0; k < 3; k++) {
-                const size_t ny = (size_t)(nr * ne1s[k]);
-                float *a = malloc(ny * 4), *b = malloc(ny * 4);
-                G->to_host(gctx, a, gm[k], ny * 4);
-                G->to_host(gctx, b, gy[k], ny * 4);
-                size_t d = 0;
-                for (size_t i = 0; i < ny; i++)
-                    d += memcmp(&a[i], &b[i], 4) != 0;
-                ck_assert_msg(d == 0, "%s weight %d: %zu of %zu outputs differ", label, k, d, ny);
-                free(a), free(b);
-            }
+            for (int k = 0; k < 3; k++)
+                assert_same_bits(label, k, gm[k], gy[k], (size_t)(nr * ne1s[k]));
         }
     /* weights of two types are not one launch */
     const struct tpi_weight *mixed[2] = {&gw[0], &gw[1]};
@@ -489,18 +495,8 @@ static void check_mix(struct tu_rng *r) {
                 snprintf(label, sizeof label, "mix %#x order %d [%s]", mixes[m], o, CFGS[c]);
                 ck_assert_msg(ran == (takes ? 1 : 0), "%s: %s", label, ran ? "taken" : "refused");
                 if (!ran) continue;
-                for (int k = 0; k < 3; k++) {
-                    const size_t ny = (size_t)ne1s[k];
-                    float *a = malloc(ny * 4), *b = malloc(ny * 4);
-                    G->to_host(gctx, a, gm[k], ny * 4);
-                    G->to_host(gctx, b, gy[k], ny * 4);
-                    size_t d = 0;
-                    for (size_t i = 0; i < ny; i++)
-                        d += memcmp(&a[i], &b[i], 4) != 0;
-                    ck_assert_msg(d == 0, "%s weight %d: %zu of %zu outputs differ", label, k, d,
-                                  ny);
-                    free(a), free(b);
-                }
+                for (int k = 0; k < 3; k++)
+                    assert_same_bits(label, k, gm[k], gy[k], (size_t)ne1s[k]);
             }
         free(px);
     }
