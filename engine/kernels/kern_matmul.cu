@@ -809,8 +809,10 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
         bool main_busy = false;
         const bool fork = n_w > 1 && ctx->side[0];
         if (fork && !CUDA_OK(ctx, op, cudaEventRecord(ctx->ev_fork, ctx->stream))) return;
-        /* Q4_K's and Q6_K's weights together (Q/K/V where V has more bits) */
-        /* (it lets the next kernel launch at its start as Q/K/V's launch does below) */
+        /* Q4_K's and Q6_K's weights together (Q/K/V where V has more bits), one launch that
+         * lets the next kernel in at its start as the one-type launch below does (a Q6_K
+         * branch's join held the attention back to the branch's end: bench/NOTES.md
+         * change 106) */
         ctx->gemv_trigger = ctx->qkv_trigger;
         const bool mixed = n_w > 1 && ctx->gemv_merge && ctx->gemv_mix && n_rows == 1 &&
                            kern_gemv_v3_run_mix(ctx, n_w, ws, &gx, ys, ctx->gemv_mix, ctx->stream);
