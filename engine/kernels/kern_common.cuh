@@ -174,6 +174,33 @@ __device__ __forceinline__ void mma_commit() {
 template <int N> __device__ __forceinline__ void mma_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+/* Build option: data read once a step (decode weights, the decode attention's K/V) asked
+ * of L2 with eviction priority evict_first (1), so the lines the step reads again (kernel
+ * code, activations, their int8 forms) stay in L2; 0: no hint (bench/NOTES.md change 107). */
+#ifndef TPI_L2_EF
+#define TPI_L2_EF 0
+#endif
+/* The L2 policy of streamed data (TPI_L2_EF; 0 when off, and then unused). */
+__device__ __forceinline__ uint64_t kern_stream_policy() {
+    uint64_t pol = 0;
+#if TPI_L2_EF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+/* mma_cp16 of data read once (a step's weights, the decode attention's K/V): with pol
+ * (kern_stream_policy) as its L2 hint where TPI_L2_EF is on. */
+__device__ __forceinline__ void mma_cp16_once(uint32_t dst, const void *src, int n_src,
+                                              uint64_t pol) {
+#if TPI_L2_EF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(src), "r"(n_src), "l"(pol)
+                 : "memory");
+#else
+    (void)pol;
+    mma_cp16(dst, src, n_src);
+#endif
+}
 /* 4-byte async copy global -> shared (through L1); n_src 0 fills the 4 bytes with zeros. */
 __device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src, int n_src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n_src)

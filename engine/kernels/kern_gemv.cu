@@ -1019,6 +1019,7 @@ __global__ void __launch_bounds__(W * 32)
     const int j0 = (int)blockIdx.x * 32 + warp * PER; /* the warp's first output */
     uint8_t *ring = gv_ring + (size_t)warp * S * 2 * RB;
     const uint32_t ring_s = mma_smem_u32(ring);
+    const uint64_t pol = kern_stream_policy();
     /* pair k (gate row j0 + k, then up row j0 + k) into slot st; one commit group each */
     auto issue = [&](int k, int st) {
         if (k < PER) {
@@ -1029,8 +1030,9 @@ __global__ void __launch_bounds__(W * 32)
             for (int i = 0; i < (PIECES + 31) / 32; i++) {
                 const int pc = lane + 32 * i;
                 if (pc < PIECES) {
-                    mma_cp16(dst + 16u * (uint32_t)pc, src_g + 16 * pc, 16);
-                    mma_cp16(dst + (uint32_t)RB + 16u * (uint32_t)pc, src_u + 16 * pc, 16);
+                    mma_cp16_once(dst + 16u * (uint32_t)pc, src_g + 16 * pc, 16, pol);
+                    mma_cp16_once(dst + (uint32_t)RB + 16u * (uint32_t)pc, src_u + 16 * pc, 16,
+                                  pol);
                 }
             }
         }
@@ -1145,7 +1147,8 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
             for (int i = 0; i < (PIECES + 31) / 32; i++) {
                 const int pc = lane + 32 * i;
                 if (pc < PIECES)
-                    mma_cp16(ring_s + (uint32_t)(k * RB + 16 * pc), src + 16 * pc, 16);
+                    mma_cp16_once(ring_s + (uint32_t)(k * RB + 16 * pc), src + 16 * pc, 16,
+                                  kern_stream_policy());
             }
         }
     mma_commit();

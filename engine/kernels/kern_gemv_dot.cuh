@@ -22,6 +22,31 @@
 /* A T at p through the read-only cache (host: an unaligned-safe copy): weights. */
 template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p) {
 #ifdef __CUDA_ARCH__
+#if TPI_L2_EF && __CUDA_ARCH__ >= 800
+    /* read once a step: evict_first in L2 (kern_stream_policy) */
+    const uint64_t pol = kern_stream_policy();
+    if constexpr (sizeof(T) == 16) {
+        int4 v;
+        asm("ld.global.nc.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(pol));
+        T t;
+        memcpy(&t, &v, sizeof t);
+        return t;
+    } else if constexpr (sizeof(T) == 4) {
+        unsigned int v;
+        asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
+        T t;
+        memcpy(&t, &v, sizeof t);
+        return t;
+    } else if constexpr (sizeof(T) == 2) {
+        unsigned short v;
+        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
+        T t;
+        memcpy(&t, &v, sizeof t);
+        return t;
+    }
+#endif
     return __ldg((const T *)p);
 #else
     T v;
@@ -59,9 +84,15 @@ template <bool NA> __host__ __device__ __forceinline__ int4 gv_ld128_na(const vo
 #ifdef __CUDA_ARCH__
     if constexpr (NA) {
         int4 v;
+#if TPI_L2_EF && __CUDA_ARCH__ >= 800
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(kern_stream_policy()));
+#else
         asm("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p));
+#endif
         return v;
     }
 #endif
