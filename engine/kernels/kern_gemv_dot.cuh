@@ -19,7 +19,8 @@
 /* ---------------------------------------------------------------- helpers
  * __host__ __device__ so the per-type dot products can be run (emulated) on the host. */
 
-/* A T at p through the read-only cache (host: an unaligned-safe copy): weights. */
+/* A T at p through the read-only cache (host: an unaligned-safe copy): weights, read once
+ * a step, so with TPI_L2_EF evict_first in L2 (kern_common.cuh). */
 template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p) {
 #ifdef __CUDA_ARCH__
 #if TPI_L2_EF && __CUDA_ARCH__ >= 800
@@ -27,7 +28,7 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
     const uint64_t pol = kern_stream_policy();
     if constexpr (sizeof(T) == 16) {
         int4 v;
-        asm("ld.global.nc.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+        asm("ld.global.nc.L2::cache_hint" KERN_L2_PF ".v4.s32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
         T t;
@@ -85,7 +86,8 @@ template <bool NA> __host__ __device__ __forceinline__ int4 gv_ld128_na(const vo
     if constexpr (NA) {
         int4 v;
 #if TPI_L2_EF && __CUDA_ARCH__ >= 800
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint" KERN_L2_PF
+            ".v4.s32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(kern_stream_policy()));
 #else
