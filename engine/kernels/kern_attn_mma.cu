@@ -886,6 +886,33 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     if (DEC && a.trigger == 2) kern_dep_trigger(); /* shallow: wo's prefetch from here on */
     kern_dep_wait(); /* the decode shape is launched with PDL (kern_common.cuh) */
     if (DEC) MMA_TR(MMA_TR_WAITED);
+    /* decode shape: the batch's k/v for the store below, loaded first after the wait, so
+     * that their round trip to L2 overlaps the q/k rows' of the norm and rope below
+     * (bench/NOTES.md change 109). Item u of a thread: token it / (HD/4), dims 4
+     * (it % (HD/4)) .. +3 */
+    constexpr int ST_ITEMS =
+        DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + NT - 1) / NT : 1;
+    float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
+    int st_s[ST_ITEMS], st_p[ST_ITEMS];
+    /* a.pre: the batch rows this thread stored (position, or -1) and their f16 values */
+    int pt_p[ST_ITEMS];
+    uint2 pt_k[ST_ITEMS], pt_v[ST_ITEMS];
+#pragma unroll
+    for (int u = 0; u < ST_ITEMS; u++)
+        pt_p[u] = -1;
+#pragma unroll
+    for (int u = 0; u < ST_ITEMS; u++) {
+        const int it = threadIdx.x + u * NT, t = it / (HD / 4), d4 = it % (HD / 4);
+        st_s[u] = -1;
+        st_p[u] = -1;
+        if (DEC && a.k && t < a.n_tokens) {
+            st_s[u] = a.seq[t];
+            st_p[u] = a.pos[t];
+            if (!qk) st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+            st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
+        }
+    }
+
     for (int i = warp; i < n_qk; i += NW) { /* warp-uniform */
         const mma_qk_job<HD> jb =
             i == warp ? qk_first : mma_qk_prep<HD>(a, i, n_qk_q, t0, h0, kvh, s, qk_s, lane);
@@ -924,30 +951,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     };
     if (!qk) load_q();
 
-    /* decode shape: the batch's k/v for the store below, fetched with everything else.
-     * Item u of a thread: token it / (HD/4), dims 4 (it % (HD/4)) .. +3 */
-    constexpr int ST_ITEMS =
-        DEC ? ((MMA_MIN_PREFILL - 1) * (HD / 4) + NT - 1) / NT : 1;
-    float4 st_k[ST_ITEMS], st_v[ST_ITEMS];
-    int st_s[ST_ITEMS], st_p[ST_ITEMS];
-    /* a.pre: the batch rows this thread stored (position, or -1) and their f16 values */
-    int pt_p[ST_ITEMS];
-    uint2 pt_k[ST_ITEMS], pt_v[ST_ITEMS];
-#pragma unroll
-    for (int u = 0; u < ST_ITEMS; u++)
-        pt_p[u] = -1;
-#pragma unroll
-    for (int u = 0; u < ST_ITEMS; u++) {
-        const int it = threadIdx.x + u * NT, t = it / (HD / 4), d4 = it % (HD / 4);
-        st_s[u] = -1;
-        st_p[u] = -1;
-        if (DEC && a.k && t < a.n_tokens) {
-            st_s[u] = a.seq[t];
-            st_p[u] = a.pos[t];
-            if (!qk) st_k[u] = *(const float4 *)(a.k + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
-            st_v[u] = *(const float4 *)(a.v + ((size_t)t * a.n_kv + kvh) * HD + 4 * d4);
-        }
-    }
 
     /* the rows' positions (-1: sees nothing, written as zeros) and the warp's range */
     int prow[2];
