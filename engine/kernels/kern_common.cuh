@@ -181,16 +181,6 @@ template <int N> __device__ __forceinline__ void mma_wait() {
 #ifndef TPI_L2_EF
 #define TPI_L2_EF 1
 #endif
-/* Measuring build option (with TPI_L2_EF): the 16-byte weight loads and copies also ask L2
- * for 256 bytes (prefetch size .L2::256B); 0, the default: no prefetch size. */
-#ifndef TPI_L2_PF
-#define TPI_L2_PF 0
-#endif
-#if TPI_L2_PF
-#define KERN_L2_PF ".L2::256B"
-#else
-#define KERN_L2_PF ""
-#endif
 /* The L2 policy of streamed data (TPI_L2_EF; 0 when off, and then unused). */
 __device__ __forceinline__ uint64_t kern_stream_policy() {
     uint64_t pol = 0;
@@ -204,8 +194,7 @@ __device__ __forceinline__ uint64_t kern_stream_policy() {
 __device__ __forceinline__ void mma_cp16_once(uint32_t dst, const void *src, int n_src,
                                               uint64_t pol) {
 #if TPI_L2_EF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint" KERN_L2_PF
-                 " [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
                  "l"(src), "r"(n_src), "l"(pol)
                  : "memory");
 #else

@@ -28,7 +28,7 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
     const uint64_t pol = kern_stream_policy();
     if constexpr (sizeof(T) == 16) {
         int4 v;
-        asm("ld.global.nc.L2::cache_hint" KERN_L2_PF ".v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+        asm("ld.global.nc.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
         T t;
@@ -86,8 +86,7 @@ template <bool NA> __host__ __device__ __forceinline__ int4 gv_ld128_na(const vo
     if constexpr (NA) {
         int4 v;
 #if TPI_L2_EF && __CUDA_ARCH__ >= 800
-        asm("ld.global.nc.L1::no_allocate.L2::cache_hint" KERN_L2_PF
-            ".v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+        asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(kern_stream_policy()));
 #else
