@@ -181,17 +181,6 @@ template <int N> __device__ __forceinline__ void mma_wait() {
 #ifndef TPI_L2_EF
 #define TPI_L2_EF 1
 #endif
-/* Measuring build option (with TPI_L2_EF): the quantized weights' loads also evict_first
- * in L1, where they share the lines of x that every warp of a block reads; 0, the
- * default: L1's default priority (bench/NOTES.md change 111). */
-#ifndef TPI_L1_EF
-#define TPI_L1_EF 0
-#endif
-#if TPI_L1_EF
-#define KERN_L1_EF ".L1::evict_first"
-#else
-#define KERN_L1_EF ""
-#endif
 /* The L2 policy of streamed data (TPI_L2_EF; 0 when off, and then unused). */
 __device__ __forceinline__ uint64_t kern_stream_policy() {
     uint64_t pol = 0;

@@ -28,7 +28,7 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
     const uint64_t pol = kern_stream_policy();
     if constexpr (sizeof(T) == 16) {
         int4 v;
-        asm("ld.global.nc" KERN_L1_EF ".L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+        asm("ld.global.nc.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
         T t;
@@ -36,17 +36,13 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
         return t;
     } else if constexpr (sizeof(T) == 4) {
         unsigned int v;
-        asm("ld.global.nc" KERN_L1_EF ".L2::cache_hint.u32 %0, [%1], %2;"
-            : "=r"(v)
-            : "l"(p), "l"(pol));
+        asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
         T t;
         memcpy(&t, &v, sizeof t);
         return t;
     } else if constexpr (sizeof(T) == 2) {
         unsigned short v;
-        asm("ld.global.nc" KERN_L1_EF ".L2::cache_hint.u16 %0, [%1], %2;"
-            : "=h"(v)
-            : "l"(p), "l"(pol));
+        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
         T t;
         memcpy(&t, &v, sizeof t);
         return t;
