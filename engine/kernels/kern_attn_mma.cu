@@ -951,7 +951,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     };
     if (!qk) load_q();
 
-
     /* the rows' positions (-1: sees nothing, written as zeros) and the warp's range */
     int prow[2];
     int wmax = -1, wmin = INT_MAX;

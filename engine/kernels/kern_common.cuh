@@ -176,8 +176,8 @@ template <int N> __device__ __forceinline__ void mma_wait() {
 }
 /* Build option: data read once a step (decode weights, the decode attention's K/V) asked
  * of L2 with eviction priority evict_first (1, the default), so the lines the step reads
- * again (kernel code, activations, their int8 forms) stay in L2; 0: no hint. tg128 Q4_K_M
- * on the H200 +4.7 %, depth 8192 +2.4 % (bench/NOTES.md change 107). */
+ * again (kernel code, activations, their int8 forms) stay in L2; 0: no hint. H200, tg128
+ * Q4_K_M +4.9 %, Q8_0 +5.3 %, depth 8192 +2.4 % (bench/NOTES.md change 107). */
 #ifndef TPI_L2_EF
 #define TPI_L2_EF 1
 #endif
