@@ -26,24 +26,20 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
 #if TPI_L2_EF && __CUDA_ARCH__ >= 800
     /* read once a step: evict_first in L2 (kern_stream_policy) */
     const uint64_t pol = kern_stream_policy();
+    int4 v = make_int4(0, 0, 0, 0);
     if constexpr (sizeof(T) == 16) {
-        int4 v;
         asm("ld.global.nc.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
-        T t;
-        memcpy(&t, &v, sizeof t);
-        return t;
     } else if constexpr (sizeof(T) == 4) {
-        unsigned int v;
-        asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(pol));
-        T t;
-        memcpy(&t, &v, sizeof t);
-        return t;
+        asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v.x) : "l"(p), "l"(pol));
     } else if constexpr (sizeof(T) == 2) {
-        unsigned short v;
-        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(pol));
-        T t;
+        unsigned short h;
+        asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(h) : "l"(p), "l"(pol));
+        v.x = h;
+    }
+    if constexpr (sizeof(T) == 16 || sizeof(T) == 4 || sizeof(T) == 2) {
+        T t; /* the loaded bytes, little-endian: a 2- or 4-byte T is v.x's low bytes */
         memcpy(&t, &v, sizeof t);
         return t;
     }
