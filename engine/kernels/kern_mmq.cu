@@ -219,8 +219,6 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
     /* rows of 16-byte aligned chunks are copied asynchronously in 16-byte pieces a chunk
      * ahead; other rows synchronously in 2-byte pieces (x asynchronously either way) */
     const bool wide = CB % 16 == 0 && row_bytes % 16 == 0 && ((uintptr_t)w & 15) == 0;
-    /* every weight byte is read once a launch: evict_first in L2 (kern_stream_policy) */
-    const uint64_t pol = kern_stream_policy();
     auto stage_async = [&](int k, int b) {
         int c0, ns, nbytes, ch;
         chunk(k, c0, ns, nbytes, ch);
@@ -230,7 +228,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
             const int r = p / PR, o = (p % PR) * 16;
             const bool ok = o < nbytes && fb + r < ne1;
             const uint8_t *src = ok ? w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o) : w;
-            mma_cp16_once(mma_smem_u32(ws + r * CB + o), src, ok ? 16 : 0, pol);
+            mma_cp16(mma_smem_u32(ws + r * CB + o), src, ok ? 16 : 0);
         }
         stage_x(c0, ns, b); /* commits the chunk's copies as one group */
     };
