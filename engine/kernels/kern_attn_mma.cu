@@ -832,14 +832,9 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
      * change 80: level to +0.3 %, never slower) */
     const size_t first = (size_t)(k_begin + cp_j) * row + 8 * cp_c;
     const __half *kp0 = kb + first, *vp0 = vb + first;
-    /* K/V copies: a decode call reads each row once a step (TPI_L2_EF: evict_first) */
+    /* a decode call's whole tiles: each row read once a step (TPI_L2_EF: evict_first);
+     * a range's last tile, which may fill with zeros, takes mma_cp16 */
     const uint64_t kv_pol = kern_stream_policy();
-    auto cp_kv = [&](uint32_t dst, const void *src, int n_src) {
-        if (DEC)
-            mma_cp16_once(dst, src, n_src, kv_pol);
-        else
-            mma_cp16(dst, src, n_src);
-    };
     auto issue = [&](int it, int st) {
         const int kt = k_begin + it * TK;
         const int nk = min(TK, k_end - kt);
@@ -850,8 +845,8 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
 #pragma unroll
             for (int k = 0; k < CP_ITERS; k++) {
                 const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
-                cp_kv(ks + off, kp, 16);
-                cp_kv(vs + off, vp, 16);
+                mma_cp16_once(ks + off, kp, kv_pol);
+                mma_cp16_once(vs + off, vp, kv_pol);
                 kp += (size_t)CP_STEP * row;
                 vp += (size_t)CP_STEP * row;
             }
@@ -864,8 +859,8 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             const bool in = cp_j + k * CP_STEP < nk;
             const size_t at = in ? src + (size_t)(k * CP_STEP) * row : 0;
             const uint32_t off = (uint32_t)(k * CP_STEP * KS) * 2u;
-            cp_kv(ks + off, kb + at, in ? 16 : 0);
-            cp_kv(vs + off, vb + at, in ? 16 : 0);
+            mma_cp16(ks + off, kb + at, in ? 16 : 0);
+            mma_cp16(vs + off, vb + at, in ? 16 : 0);
         }
         mma_commit();
     };

@@ -189,17 +189,18 @@ __device__ __forceinline__ uint64_t kern_stream_policy() {
 #endif
     return pol;
 }
-/* mma_cp16 of data read once (a step's weights, the decode attention's K/V): with pol
- * (kern_stream_policy) as its L2 hint where TPI_L2_EF is on. */
-__device__ __forceinline__ void mma_cp16_once(uint32_t dst, const void *src, int n_src,
-                                              uint64_t pol) {
+/* A whole 16-byte mma_cp16 of data read once (a step's weights, the decode attention's
+ * K/V), with pol (kern_stream_policy) as its L2 hint where TPI_L2_EF is on. No zero fill:
+ * copies that may fill with zeros take mma_cp16 (the hinted form with a zero source size
+ * is not trusted to fill: bench/NOTES.md change 112). */
+__device__ __forceinline__ void mma_cp16_once(uint32_t dst, const void *src, uint64_t pol) {
 #if TPI_L2_EF && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-                 "l"(src), "r"(n_src), "l"(pol)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "l"(pol)
                  : "memory");
 #else
     (void)pol;
-    mma_cp16(dst, src, n_src);
+    mma_cp16(dst, src, 16);
 #endif
 }
 /* 4-byte async copy global -> shared (through L1); n_src 0 fills the 4 bytes with zeros. */

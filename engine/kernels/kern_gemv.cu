@@ -1030,9 +1030,8 @@ __global__ void __launch_bounds__(W * 32)
             for (int i = 0; i < (PIECES + 31) / 32; i++) {
                 const int pc = lane + 32 * i;
                 if (pc < PIECES) {
-                    mma_cp16_once(dst + 16u * (uint32_t)pc, src_g + 16 * pc, 16, pol);
-                    mma_cp16_once(dst + (uint32_t)RB + 16u * (uint32_t)pc, src_u + 16 * pc, 16,
-                                  pol);
+                    mma_cp16_once(dst + 16u * (uint32_t)pc, src_g + 16 * pc, pol);
+                    mma_cp16_once(dst + (uint32_t)RB + 16u * (uint32_t)pc, src_u + 16 * pc, pol);
                 }
             }
         }
@@ -1147,7 +1146,7 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
             for (int i = 0; i < (PIECES + 31) / 32; i++) {
                 const int pc = lane + 32 * i;
                 if (pc < PIECES)
-                    mma_cp16_once(ring_s + (uint32_t)(k * RB + 16 * pc), src + 16 * pc, 16,
+                    mma_cp16_once(ring_s + (uint32_t)(k * RB + 16 * pc), src + 16 * pc,
                                   kern_stream_policy());
             }
         }
