@@ -46,8 +46,17 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     struct model_state *s = &m->s;
     const int n_embd = c->n_embd, n_vocab = c->n_vocab;
 
-    ops->get_rows(octx, s->x, s->rows_host, n_sel, n_embd, s->xo);
-    ops->rmsnorm(octx, s->xo, m->w.output_norm, s->xo, n_sel, n_embd, c->rms_eps);
+    // The wanted rows are the micro-batch's first n_sel (a decode step's one row): the
+    // norm reads them where they are, no gathering copy (on the GPU that copy and the
+    // in-place norm it forced were ~15 us of a ~2 ms step; bench/NOTES.md change 113).
+    bool first_rows = true;
+    for (int i = 0; i < n_sel && first_rows; i++) first_rows = s->rows_host[i] == i;
+    if (first_rows) {
+        ops->rmsnorm(octx, s->x, m->w.output_norm, s->xo, n_sel, n_embd, c->rms_eps);
+    } else {
+        ops->get_rows(octx, s->x, s->rows_host, n_sel, n_embd, s->xo);
+        ops->rmsnorm(octx, s->xo, m->w.output_norm, s->xo, n_sel, n_embd, c->rms_eps);
+    }
     ops->matmul(octx, &m->w.output, s->xo, s->logits_local, n_sel); // (n_sel, n_vocab_local)
     if (!m->tp_comm) {
         ops->to_host(octx, logits, s->logits_local, sizeof(float) * (size_t)n_sel * n_vocab);
