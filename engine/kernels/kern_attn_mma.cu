@@ -61,8 +61,10 @@
  * only), TPI_ATTN_DEC_BPS (decode split-K target, blocks per multiprocessor; 1),
  * TPI_ATTN_DEC_STAGES (3 or 5, 4 warps only), TPI_ATTN_DEC_WARPS (4 or 8),
  * TPI_ATTN_DEC_SPLIT (decode ranges), TPI_ATTN_DEC_CLUSTER (the largest decode cluster: 0
- * off, 2..16), TPI_ATTN_DEC_CLUSTERS (clusters a block: 1..8), TPI_ATTN_DEC_VERBOSE (the
- * clusters' occupancy table to stderr).
+ * off, 2..16), TPI_ATTN_DEC_CLUSTERS (clusters a block: 1..8), TPI_ATTN_DEC_PRE (the depth
+ * under which the first tiles are copied before the PDL wait), TPI_ATTN_DEC_PREW (deeper
+ * calls copy them right after it: 1; after the prologue: 0), TPI_ATTN_DEC_Q8B,
+ * TPI_ATTN_DEC_VERBOSE (the clusters' occupancy table to stderr).
  *
  * Precision: Q and P are rounded to f16 (K and V are f16 in the cache already), sums
  * in f32; against the f32 CPU reference the normalized MSE is ~1e-7 (tests/test_ops_cuda.c
@@ -145,9 +147,14 @@ static int g_dec_ncl = MMA_MAX_NCL;
 /* Decode calls whose largest position is under this copy their first tiles before the
  * PDL wait and put the batch's rows into them from registers (TPI_ATTN_DEC_PRE at init;
  * 0: never; a power of two keeps one recorded graph to one choice). Deep calls copy
- * after the prologue: 16 MB asked before the wait delay Q/K/V's end and the prologue's
- * loads more than they gain (bench/NOTES.md changes 90 and 93). */
+ * after the wait (g_dec_prew): 16 MB asked before it delay Q/K/V's end and the
+ * prologue's loads more than they gain (bench/NOTES.md changes 90, 93 and 114). */
 static int g_dec_pre = 2048;
+/* Decode calls from g_dec_pre up (with k/v to store) copy their first tiles right after
+ * the PDL wait, once each warp's q/k row loads are out, instead of after the prologue
+ * (TPI_ATTN_DEC_PREW at init: 1, the default, on; 0 off: depth 8192 +2.2 %, depth 2048
+ * +0.9 %; bench/NOTES.md change 114). */
+static int g_dec_prew = 1;
 /* Decode: the int8 form of an unsplit call's output loads a warp's blocks at once
  * (TPI_ATTN_DEC_Q8B at init; 0: one block a round trip, as before change 94). */
 static int g_dec_q8b = 1;
@@ -186,8 +193,9 @@ struct mma_args {
     int trigger; /* decode: let the next kernel launch (ctx->wo_prefetch): 1 after the K/V
                     stream, 2 at the start */
     int q8b;     /* decode: the int8 form's loads a warp at once (g_dec_q8b) */
-    int pre;     /* decode with k/v to store: the first tiles copied before the PDL wait,
-                    the batch's rows put into them from registers (g_dec_pre) */
+    int pre;     /* decode with k/v to store: the first tiles copied before the PDL wait
+                    (1) or right after it (2: once the warp's q/k row loads are out), the
+                    batch's rows put into them from registers (g_dec_pre, g_dec_prew) */
     int32_t blk[MMA_MAX_BLOCKS]; /* query blocks: first token << 7 | (tokens - 1) */
 };
 static_assert(sizeof(mma_args) <= 4096, "kernel parameters must fit 4 KB");
@@ -320,14 +328,17 @@ __device__ __forceinline__ mma_qk_job<HD> mma_qk_prep(const mma_args &a, int i, 
  * threads, then the two warps' sums added), the norm, then pairs (i, i + n_rot / 2) in one
  * lane (n_rot % 64 == 0) rotated with kern_rope_apply. All 32 lanes take part. */
 template <int HD>
-__device__ __forceinline__ void mma_qk_row(const mma_qk_job<HD> &j, int n_rot, float eps,
-                                           int lane) {
+__device__ __forceinline__ void mma_qk_load(const mma_qk_job<HD> &j, int lane, float (&v)[HD / 32]) {
+#pragma unroll
+    for (int jj = 0; jj < HD / 32; jj++)
+        v[jj] = j.src[lane + 32 * jj];
+}
+/* mma_qk_row on the row's values v (mma_qk_load's). */
+template <int HD>
+__device__ __forceinline__ void mma_qk_calc(const mma_qk_job<HD> &j, float (&v)[HD / 32],
+                                            int n_rot, float eps, int lane) {
     constexpr int J = HD / 32;
     static_assert(HD == 64 || HD == 128, "qk_norm_rope_kernel's threads: HD / 2");
-    float v[J];
-#pragma unroll
-    for (int jj = 0; jj < J; jj++)
-        v[jj] = j.src[lane + 32 * jj];
     if (j.norm) {
         /* thread lane: dims lane, lane + HD/2; thread lane + 32 (HD 128): lane + 32, + 96 */
         float s0 = __fmaf_rn(v[0], v[0], 0.0f), s1 = 0.0f;
@@ -358,6 +369,13 @@ __device__ __forceinline__ void mma_qk_row(const mma_qk_job<HD> &j, int n_rot, f
         else if (jj >= 2 * jh)
             j.dst[c] = v[jj]; /* past n_rot: normalized only */
     }
+}
+template <int HD>
+__device__ __forceinline__ void mma_qk_row(const mma_qk_job<HD> &j, int n_rot, float eps,
+                                           int lane) {
+    float v[HD / 32];
+    mma_qk_load<HD>(j, lane, v);
+    mma_qk_calc<HD>(j, v, n_rot, eps, lane);
 }
 
 /* Merge the n_split partial records of rows r < R of a block (row r: token t0 + r / hp,
@@ -751,6 +769,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     extern __shared__ float4 mma_smem4[];
     __shared__ int red_s[NW];
     __shared__ int last_s, pbat_s;
+    __shared__ int pos_s[64]; /* the block's tokens' positions as seen (-1: none) */
     __shared__ float mrg_m[NW][16], mrg_l[NW][16];
 
     if (DEC) MMA_TR(MMA_TR_START);
@@ -785,6 +804,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     if ((int)threadIdx.x < nt) {
         const int p = a.pos[t0 + threadIdx.x];
         pv = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
+        pos_s[threadIdx.x] = pv;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -874,7 +894,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
      * from the values the store wrote (so the store needs no fence). */
     const bool pre = DEC && a.pre && a.k;
     int n_pre = 0;
-    if (pre)
+    if (pre && a.pre == 1)
         for (; n_pre < NSTAGE - 1 && n_pre < n_tiles; n_pre++)
             issue(n_pre, n_pre);
 
@@ -908,10 +928,25 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         }
     }
 
-    for (int i = warp; i < n_qk; i += NW) { /* warp-uniform */
-        const mma_qk_job<HD> jb =
-            i == warp ? qk_first : mma_qk_prep<HD>(a, i, n_qk_q, t0, h0, kvh, s, qk_s, lane);
-        if (jb.on) mma_qk_row<HD>(jb, a.n_rot, a.eps, lane);
+    if (pre && a.pre == 2) {
+        /* the warp's first row's loads ahead of the first tiles' copies, which then
+         * stream while the rows are normalized and rotated (bench/NOTES.md change 114) */
+        float v0[HD / 32];
+        const bool on0 = warp < n_qk && qk_first.on;
+        if (on0) mma_qk_load<HD>(qk_first, lane, v0);
+        for (; n_pre < NSTAGE - 1 && n_pre < n_tiles; n_pre++)
+            issue(n_pre, n_pre);
+        if (on0) mma_qk_calc<HD>(qk_first, v0, a.n_rot, a.eps, lane);
+        for (int i = warp + NW; i < n_qk; i += NW) { /* warp-uniform */
+            const mma_qk_job<HD> jb = mma_qk_prep<HD>(a, i, n_qk_q, t0, h0, kvh, s, qk_s, lane);
+            if (jb.on) mma_qk_row<HD>(jb, a.n_rot, a.eps, lane);
+        }
+    } else {
+        for (int i = warp; i < n_qk; i += NW) { /* warp-uniform */
+            const mma_qk_job<HD> jb =
+                i == warp ? qk_first : mma_qk_prep<HD>(a, i, n_qk_q, t0, h0, kvh, s, qk_s, lane);
+            if (jb.on) mma_qk_row<HD>(jb, a.n_rot, a.eps, lane);
+        }
     }
 
     /* this lane's two rows (fragment rows g and g + 8 of the warp's 16): (token, head)
@@ -954,8 +989,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         prow[i] = -1;
         if (th[i] >= 0) {
             const int tl = ((DEC ? 0 : 16 * warp) + g + 8 * i) >> hp_log2;
-            const int p = a.pos[t0 + tl];
-            prow[i] = slot_ok && p >= 0 && p < a.n_ctx ? p : -1;
+            prow[i] = pos_s[tl]; /* read before the wait: no round trip to L2 here */
             wmax = max(wmax, prow[i]);
             wmin = min(wmin, prow[i]);
         }
@@ -1418,6 +1452,8 @@ bool kern_attention_mma_init(struct ops_ctx *ctx) {
     if (ncl && *ncl) g_dec_ncl = TPI_MAX(1, TPI_MIN(atoi(ncl), MMA_MAX_NCL));
     const char *pre = getenv("TPI_ATTN_DEC_PRE");
     if (pre && *pre) g_dec_pre = TPI_MAX(0, atoi(pre));
+    const char *prew = getenv("TPI_ATTN_DEC_PREW");
+    if (prew && *prew) g_dec_prew = atoi(prew) != 0;
     const char *q8b = getenv("TPI_ATTN_DEC_Q8B");
     if (q8b && *q8b) g_dec_q8b = atoi(q8b) != 0;
     const char *cls = getenv("TPI_ATTN_DEC_CLUSTER");
@@ -1546,7 +1582,7 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
      * stream where it is long (the merges leave DRAM idle, the stream does not); the
      * depth is a power of two, so one recorded graph's positions make one choice; only
      * while the last wo's kernel gains from it (ctx->wo_early, gv_early_gains) */
-    a->pre = DEC && a->k && max_pos < g_dec_pre;
+    a->pre = !DEC || !a->k ? 0 : max_pos < g_dec_pre ? 1 : g_dec_prew ? 2 : 0;
     a->trigger = !DEC || !ctx->pdl || ctx->wo_prefetch <= 0 || !ctx->wo_early ? 0
                  : max_pos >= ctx->wo_prefetch                                ? 1
                                                                               : 2;

@@ -16,11 +16,12 @@ if(TARGET tpi_cuda)
   # the attention launchers' host-side planning: runs without a GPU (label unit)
   add_test(NAME test_ops_cuda_host COMMAND test_ops_cuda_elem host)
   set_tests_properties(test_ops_cuda_host PROPERTIES TIMEOUT 120 LABELS unit)
-  # the decode attention's split-K merged through global memory (the cluster merge off)
+  # the decode attention's split-K merged through global memory (the cluster merge off),
+  # deep calls copying their first tiles after the prologue (TPI_ATTN_DEC_PREW=0)
   add_test(NAME test_ops_cuda_attn_decode_nocluster COMMAND test_ops_cuda_elem attn_decode)
   set_tests_properties(test_ops_cuda_attn_decode_nocluster PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
-                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0")
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_CLUSTER=0;TPI_ATTN_DEC_PREW=0")
   # the decode attention's other block shape (4 warps, 64-key tiles) at 3 stages (two
   # blocks an SM: other cluster sizes fit), then alone at 5 with global merging off
   add_test(NAME test_ops_cuda_attn_decode_w4 COMMAND test_ops_cuda_elem attn_decode)
@@ -37,4 +38,9 @@ if(TARGET tpi_cuda)
   set_tests_properties(test_ops_cuda_attn_decode_pre PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_PRE=1048576")
+  # ... and right after its wait at every depth, once each warp's q/k row loads are out
+  add_test(NAME test_ops_cuda_attn_decode_prew COMMAND test_ops_cuda_elem attn_decode)
+  set_tests_properties(test_ops_cuda_attn_decode_prew PROPERTIES SKIP_RETURN_CODE 77
+                       TIMEOUT 600 LABELS gpu ENVIRONMENT
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_PRE=0;TPI_ATTN_DEC_PREW=1")
 endif()
