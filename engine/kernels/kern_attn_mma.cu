@@ -146,11 +146,13 @@ static int g_dec_cluster = 8;
 static int g_dec_ncl = MMA_MAX_NCL;
 /* Decode calls whose largest position is under this copy their first tiles before the
  * PDL wait and put the batch's rows into them from registers (TPI_ATTN_DEC_PRE at init;
- * 0: never; a power of two keeps one recorded graph to one choice). Deep calls copy
- * after the wait (g_dec_prew): 16 MB asked before it delay Q/K/V's end and the
- * prologue's loads more than they gain (bench/NOTES.md changes 90, 93 and 114). */
-static int g_dec_pre = 2048;
-/* Decode calls from g_dec_pre up (with k/v to store) copy their first tiles right after
+ * 0, the default: never; a power of two keeps one recorded graph to one choice). Since
+ * the other calls copy right after the wait (g_dec_prew), that order is as fast or faster
+ * at every depth measured (0: +0.5 %, 1024: +0.2-0.6 %); at depth 8192, 16 MB asked
+ * before the wait delay Q/K/V's end and the prologue's loads more than they gain
+ * (bench/NOTES.md changes 90, 93, 114 and 116). */
+static int g_dec_pre = 0;
+/* Decode calls from g_dec_pre up (with k/v to store: all, by default) copy their first tiles right after
  * the PDL wait, once each warp's q/k row loads are out, instead of after the prologue
  * (TPI_ATTN_DEC_PREW at init: 1, the default, on; 0 off: depth 8192 +2.2 %, depth 2048
  * +0.9 %; bench/NOTES.md change 114). */

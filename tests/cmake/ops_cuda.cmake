@@ -32,15 +32,15 @@ if(TARGET tpi_cuda)
   set_tests_properties(test_ops_cuda_attn_decode_w4_nocluster PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_WARPS=4;TPI_ATTN_DEC_CLUSTER=0")
-  # the decode attention's tiles copied before its wait at every depth (the default only
-  # under 2048): the batch's rows put into the early tiles from registers
+  # the decode attention's tiles copied before its wait at every depth (the default:
+  # right after it): the batch's rows put into the early tiles from registers
   add_test(NAME test_ops_cuda_attn_decode_pre COMMAND test_ops_cuda_elem attn_decode)
   set_tests_properties(test_ops_cuda_attn_decode_pre PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_PRE=1048576")
-  # ... and right after its wait at every depth, once each warp's q/k row loads are out
+  # ... before it under 2048 positions, right after it from there (both orders in a run)
   add_test(NAME test_ops_cuda_attn_decode_prew COMMAND test_ops_cuda_elem attn_decode)
   set_tests_properties(test_ops_cuda_attn_decode_prew PROPERTIES SKIP_RETURN_CODE 77
                        TIMEOUT 600 LABELS gpu ENVIRONMENT
-                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_PRE=0;TPI_ATTN_DEC_PREW=1")
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_ATTN_DEC_PRE=2048")
 endif()
