@@ -543,14 +543,16 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
     for (int qb0 = warp; qb0 < n_blk; qb0 += qb_step) {
         float v[QB];
         int64_t ix[QB];
+        int tk[QB], at[QB]; /* the value's token (row of out) and index in that row */
 #pragma unroll
         for (int k = 0; k < QB; k++) {
             const int qb = qb0 + k * NWP;
             ix[k] = -1;
             if (k < n_at && qb < n_blk) { /* warp-uniform */
                 const int r = qb / BPR, j = qb - r * BPR;
-                const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
-                ix[k] = th * HD + 32 * j + lane; /* index in the (n_tokens x ne0) output */
+                tk[k] = t0 + (r >> hp_log2);
+                at[k] = (h0 + (r & hp_mask)) * HD + 32 * j + lane;
+                ix[k] = (int64_t)tk[k] * ne0 + at[k]; /* index in the (n_tokens x ne0) output */
                 v[k] = a.out[ix[k]];
             }
         }
@@ -559,7 +561,7 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
             if (ix[k] >= 0) {
                 const int q = kern_q8_block(v[k], ix[k], a.xq, a.ds);
                 if (k == 0 && qb0 == warp) MMA_TR_DEP(MMA_TR_Q8VAL, q); /* its loads landed */
-                gv_perm_store(q, ix[k], ne0, a.xlay, a.xq);
+                gv_perm_store_at(q, tk[k], at[k], a.xlay, a.xq);
             }
     }
 }
@@ -609,8 +611,9 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
                 mv[sp] = mv[sp] == -INFINITY ? 0.0f : exp2f(mv[sp] - mx);
                 lsum = fmaf(mv[sp], lv[sp], lsum);
             }
-        const int64_t th = (int64_t)(t0 + (r >> hp_log2)) * a.n_head + h0 + (r & hp_mask);
-        const int64_t i = th * HD + d; /* index in the (n_tokens x ne0) output */
+        const int tk = t0 + (r >> hp_log2), at = (h0 + (r & hp_mask)) * HD + d;
+        const int64_t th = (int64_t)tk * a.n_head + h0 + (r & hp_mask);
+        const int64_t i = (int64_t)tk * ne0 + at; /* index in the (n_tokens x ne0) output */
         float o = 0.0f;
         if (a.n_cl == 1) {
             const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
@@ -661,7 +664,7 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
         a.out[i] = o;
         if (a.xq) {
             const int q = kern_q8_block(o, i, a.xq, a.ds);
-            gv_perm_store(q, i, ne0, a.xlay, a.xq);
+            gv_perm_store_at(q, tk, at, a.xlay, a.xq);
         }
     }
     cl.sync(); /* no block leaves while a peer may still read its partials */

@@ -307,7 +307,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
             yr[c] = o;
             if (xq) {
                 const int64_t i = blockIdx.x * n_cols + c;
-                gv_perm_store(kern_q8_block(o, i, xq, ds), i, n_cols, lay, xq);
+                gv_perm_store_at(kern_q8_block(o, i, xq, ds), blockIdx.x, (int)c, lay, xq);
             }
         }
     }
@@ -352,7 +352,7 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
     const int64_t at = row * n_cols + c;
     const float o = __fmul_rn(__fmul_rn(x[at], scale), wc);
     y[at] = o;
-    if (xq) gv_perm_store(kern_q8_block(o, at, xq, ds), at, n_cols, lay, xq);
+    if (xq) gv_perm_store_at(kern_q8_block(o, at, xq, ds), row, c, lay, xq);
 }
 
 /* xq non-NULL: also y's int8 blocks (n % 32 == 0). */
@@ -363,7 +363,7 @@ __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_
          i += (int64_t)gridDim.x * blockDim.x) {
         const float v = kern_silu_mul1(g[i], u[i]);
         y[i] = v;
-        if (xq) gv_perm_store(kern_q8_block(v, i, xq, ds), i, n, lay, xq); /* one row of n */
+        if (xq) gv_perm_store_at(kern_q8_block(v, i, xq, ds), 0, (int)i, lay, xq); /* one row */
     }
 }
 

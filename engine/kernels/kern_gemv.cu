@@ -885,7 +885,7 @@ __device__ __forceinline__ void gv_glu_block_out(const float *sv, float *g, int8
         const int lane = threadIdx.x & 31, j = (int)blockIdx.x * 32 + lane;
         const float v = sv[lane];
         g[j] = v;
-        if (oq) gv_perm_store(kern_q8_block(v, j, oq, ods), j, n_ff, olay, oq);
+        if (oq) gv_perm_store_at(kern_q8_block(v, j, oq, ods), 0, j, olay, oq); /* one row */
     }
 }
 

@@ -48,14 +48,20 @@ __host__ __device__ __forceinline__ gv_xlayout gv_xlayout_of(int n_rows, int64_t
     return l;
 }
 
-/* Value i (row i / ne0) of x, quantized to q, into the three permuted copies. */
-__device__ __forceinline__ void gv_perm_store(int q, int64_t i, int64_t ne0, const gv_xlayout &lay,
-                                              int8_t *xq) {
-    const int64_t row = i / ne0;
-    const int at = (int)(i - row * ne0); /* value index in the row */
+/* Value at of row `row` of x, quantized to q, into the three permuted copies. */
+__device__ __forceinline__ void gv_perm_store_at(int q, int64_t row, int at, const gv_xlayout &lay,
+                                                 int8_t *xq) {
     xq[lay.b32_off + row * lay.b32_stride + gv_perm_b32(at)] = (int8_t)q;
     xq[lay.k4_off + row * lay.k4_stride + gv_perm_k4(at)] = (int8_t)q;
     xq[lay.q6_off + row * lay.k4_stride + gv_perm_q6(at)] = (int8_t)q;
+}
+/* Value i (row i / ne0) of x, quantized to q, into the three permuted copies. Producers
+ * that know the row and column take gv_perm_store_at: the 64-bit division here is a
+ * chain of ~30 dependent instructions on their last path. */
+__device__ __forceinline__ void gv_perm_store(int q, int64_t i, int64_t ne0, const gv_xlayout &lay,
+                                              int8_t *xq) {
+    const int64_t row = i / ne0;
+    gv_perm_store_at(q, row, (int)(i - row * ne0), lay, xq);
 }
 
 #endif /* KERN_XQ_CUH */
