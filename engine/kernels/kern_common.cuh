@@ -238,19 +238,33 @@ __device__ __forceinline__ void kern_dep_trigger() {
 }
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the
  * j-th of its block): d = amax / 127, q = round(v / d) clamped to +-127; returns q and
- * sets *pair = (d, d * sum q) on every lane. */
+ * sets *pair = (d, d * sum q) on every lane. On sm_80 and up the two warp reductions are
+ * single redux.sync instructions instead of five-shuffle trees (on every int8 producer's
+ * last path; bench/NOTES.md change 119): the maximum of |v| as the bits of non-negative
+ * floats, which order as unsigned integers do, NaNs left out as fmaxf leaves them (a
+ * block of NaNs only: NaN), and the integer sum, exact in any order: the same values. */
 __device__ __forceinline__ int kern_q8_quant(float v, float2 *pair) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const bool nan = isnan(v);
+    float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, nan ? 0u : __float_as_uint(fabsf(v))));
+    if (__all_sync(0xffffffffu, nan)) amax = __int_as_float(0x7fffffff);
+#else
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+#endif
     const float d = amax / 127.0f;
     int q = amax > 0.0f ? __float2int_rn(v * (127.0f / amax)) : 0;
     q = max(-127, min(127, q));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int sum = __reduce_add_sync(0xffffffffu, q);
+#else
     int sum = q;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
+#endif
     *pair = make_float2(d, d * (float)sum);
     return q;
 }

@@ -332,6 +332,8 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
     kern_dep_wait();
     const float4 *xr4 = (const float4 *)(x + row * n_cols);
     const int n4 = n_cols / 4;
+    const int64_t at = row * n_cols + c;
+    const float xc = x[at]; /* with the row's loads, not one round trip after its sum */
     float ss = 0.0f;
     int i = threadIdx.x;
     for (; i + 7 * RMS_SPLIT_T < n4; i += 8 * RMS_SPLIT_T) {
@@ -349,8 +351,7 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
     }
     ss = block_sum(ss);
     const float scale = kern_rms_scale(ss, n_cols, eps);
-    const int64_t at = row * n_cols + c;
-    const float o = __fmul_rn(__fmul_rn(x[at], scale), wc);
+    const float o = __fmul_rn(__fmul_rn(xc, scale), wc);
     y[at] = o;
     if (xq) gv_perm_store_at(kern_q8_block(o, at, xq, ds), row, c, lay, xq);
 }
