@@ -152,10 +152,10 @@ static int g_dec_ncl = MMA_MAX_NCL;
  * before the wait delay Q/K/V's end and the prologue's loads more than they gain
  * (bench/NOTES.md changes 90, 93, 114 and 116). */
 static int g_dec_pre = 0;
-/* Decode calls from g_dec_pre up (with k/v to store: all, by default) copy their first tiles right after
- * the PDL wait, once each warp's q/k row loads are out, instead of after the prologue
- * (TPI_ATTN_DEC_PREW at init: 1, the default, on; 0 off: depth 8192 +2.2 %, depth 2048
- * +0.9 %; bench/NOTES.md change 114). */
+/* Decode calls from g_dec_pre up (with k/v to store: all, by default) copy their first
+ * tiles right after the PDL wait, once each warp's q/k row loads are out, instead of after
+ * the prologue (TPI_ATTN_DEC_PREW at init: 1, the default, on; 0 off: depth 8192 +2.2 %,
+ * depth 2048 +0.9 %; bench/NOTES.md change 114). */
 static int g_dec_prew = 1;
 /* Decode: the int8 form of an unsplit call's output loads a warp's blocks at once
  * (TPI_ATTN_DEC_Q8B at init; 0: one block a round trip, as before change 94). */
@@ -324,18 +324,20 @@ __device__ __forceinline__ mma_qk_job<HD> mma_qk_prep(const mma_args &a, int i, 
         j.cs[jj] = jj < jh ? kern_rope_cs(p, a.rope_inv[lane + 32 * jj]) : make_float2(0.0f, 0.0f);
     return j;
 }
-/* qk_norm_rope_kernel's work (kern_elem.cu) on job j's row, bitwise: lane l holds dims
- * l + 32 jj; the sum of squares in that kernel's order (its HD / 2 threads: thread t sums
- * x[t]^2 then x[t + HD/2]^2 with one rounding a term; a butterfly over each warp of
- * threads, then the two warps' sums added), the norm, then pairs (i, i + n_rot / 2) in one
- * lane (n_rot % 64 == 0) rotated with kern_rope_apply. All 32 lanes take part. */
+/* Job j's row into v (lane l: dims l + 32 jj), the loads only (mma_qk_calc uses them). */
 template <int HD>
-__device__ __forceinline__ void mma_qk_load(const mma_qk_job<HD> &j, int lane, float (&v)[HD / 32]) {
+__device__ __forceinline__ void mma_qk_load(const mma_qk_job<HD> &j, int lane,
+                                            float (&v)[HD / 32]) {
 #pragma unroll
     for (int jj = 0; jj < HD / 32; jj++)
         v[jj] = j.src[lane + 32 * jj];
 }
-/* mma_qk_row on the row's values v (mma_qk_load's). */
+/* qk_norm_rope_kernel's work (kern_elem.cu) on job j's row v (mma_qk_load's), bitwise:
+ * lane l holds dims l + 32 jj; the sum of squares in that kernel's order (its HD / 2
+ * threads: thread t sums x[t]^2 then x[t + HD/2]^2 with one rounding a term; a butterfly
+ * over each warp of threads, then the two warps' sums added), the norm, then pairs (i, i +
+ * n_rot / 2) in one lane (n_rot % 64 == 0) rotated with kern_rope_apply. All 32 lanes
+ * take part. */
 template <int HD>
 __device__ __forceinline__ void mma_qk_calc(const mma_qk_job<HD> &j, float (&v)[HD / 32],
                                             int n_rot, float eps, int lane) {
@@ -372,6 +374,7 @@ __device__ __forceinline__ void mma_qk_calc(const mma_qk_job<HD> &j, float (&v)[
             j.dst[c] = v[jj]; /* past n_rot: normalized only */
     }
 }
+/* mma_qk_load, then mma_qk_calc: job j's row normalized and rotated into j.dst. */
 template <int HD>
 __device__ __forceinline__ void mma_qk_row(const mma_qk_job<HD> &j, int n_rot, float eps,
                                            int lane) {

@@ -246,7 +246,8 @@ __device__ __forceinline__ void kern_dep_trigger() {
 __device__ __forceinline__ int kern_q8_quant(float v, float2 *pair) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const bool nan = isnan(v);
-    float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, nan ? 0u : __float_as_uint(fabsf(v))));
+    const unsigned bits = nan ? 0u : __float_as_uint(fabsf(v));
+    float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, bits));
     if (__all_sync(0xffffffffu, nan)) amax = __int_as_float(0x7fffffff);
 #else
     float amax = fabsf(v);
