@@ -893,13 +893,14 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         mma_commit();
     };
 
-    /* a.pre (shallow decode calls with the store fused, bench/NOTES.md change 93): the
-     * first tiles are copied before the PDL wait, while Q/K/V ends and the prologue runs
-     * (the whole call reads little, so its copies hold nothing up). The rows of earlier
-     * steps were written by launches that completed before the kernel ahead of Q/K/V did
-     * (it never triggers early); the batch's own rows, which the store below writes
-     * after these copies, are put into each tile that holds them once it has landed,
-     * from the values the store wrote (so the store needs no fence). */
+    /* a.pre (decode calls with the store fused): the first tiles are copied before the
+     * store, either before the PDL wait (1: calls under TPI_ATTN_DEC_PRE's depth, while
+     * Q/K/V ends; bench/NOTES.md change 93) or right after it, behind the warps' q/k row
+     * loads (2: the default for every call, change 114). The rows of earlier steps were
+     * written by launches that completed before the kernel ahead of Q/K/V did (it never
+     * triggers early); the batch's own rows, which the store below writes after these
+     * copies, are put into each tile that holds them once it has landed, from the values
+     * the store wrote (so the store needs no fence). */
     const bool pre = DEC && a.pre && a.k;
     int n_pre = 0;
     if (pre && a.pre == 1)
