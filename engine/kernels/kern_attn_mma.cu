@@ -569,6 +569,12 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
     }
 }
 
+/* Release/acquire at GPU scope for the arrival counters' message passing (__threadfence
+ * is sequentially consistent: MEMBAR.SC.GPU, slower, and nothing here needs it). */
+__device__ __forceinline__ void mma_fence_gpu() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+
 /* Decode shape, split-K inside a cluster (a.cluster): the n_split blocks of a (query
  * block, head block) are one thread-block cluster, block rank sp holding split sp's
  * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
@@ -634,7 +640,7 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
             float *mine = rec + c * MMA_PIECE;
             mine[4 + lane] = o;
             if (lane == 0) mine[0] = mx, mine[1] = lsum;
-            __threadfence();
+            mma_fence_gpu(); /* each lane's stores before the count (release) */
             __syncwarp();
             unsigned prev = 0;
             if (lane == 0) {
@@ -644,7 +650,7 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
             }
             prev = __shfl_sync(0xffffffffu, prev, 0);
             if (prev != (unsigned)a.n_cl - 1) continue; /* warp-uniform: another finishes it */
-            __threadfence();
+            mma_fence_gpu(); /* the other clusters' pieces after the count (acquire) */
             float pm[MMA_MAX_NCL], pl[MMA_MAX_NCL], po[MMA_MAX_NCL];
             float mm = -INFINITY;
 #pragma unroll
@@ -670,7 +676,11 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
             gv_perm_store_at(q, tk, at, a.xlay, a.xq);
         }
     }
-    cl.sync(); /* no block leaves while a peer may still read its partials */
+    /* no block leaves while a peer may still read its partials: a relaxed arrival (no
+     * fence: the peers' distributed loads fed the values stored above, so they have
+     * landed; this block's out and int8 stores need no ordering against the peers) */
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #else
     /* no clusters before sm_90: mma_cluster_init never sets a.cluster on such a device */
     (void)a, (void)t0, (void)nt, (void)h0, (void)cpart;
@@ -1218,15 +1228,21 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         /* a cluster's split partial: [16][OS] after the warps' states */
         float *cpart = a.cluster ? mo + NW * 16 * OS : NULL;
         __syncthreads();                /* every warp is done with the K/V stages */
-        if (c == 0) {
-            mrg_m[warp][g] = m[0], mrg_m[warp][g + 8] = m[1];
-            mrg_l[warp][g] = l[0], mrg_l[warp][g + 8] = l[1];
-        }
+        /* only the block's real rows (nt tokens x hp heads): a decode step's 4 of 16 */
+        const int n_real = nt << a.hp_log2;
+        if (g < n_real) {
+            if (c == 0) mrg_m[warp][g] = m[0], mrg_l[warp][g] = l[0];
 #pragma unroll
-        for (int d = 0; d < ND; d++) {
-            *(float2 *)(mo + (warp * 16 + g) * OS + 8 * d + 2 * c) = make_float2(o[d][0], o[d][1]);
-            *(float2 *)(mo + (warp * 16 + g + 8) * OS + 8 * d + 2 * c) =
-                make_float2(o[d][2], o[d][3]);
+            for (int d = 0; d < ND; d++)
+                *(float2 *)(mo + (warp * 16 + g) * OS + 8 * d + 2 * c) =
+                    make_float2(o[d][0], o[d][1]);
+        }
+        if (g + 8 < n_real) {
+            if (c == 0) mrg_m[warp][g + 8] = m[1], mrg_l[warp][g + 8] = l[1];
+#pragma unroll
+            for (int d = 0; d < ND; d++)
+                *(float2 *)(mo + (warp * 16 + g + 8) * OS + 8 * d + 2 * c) =
+                    make_float2(o[d][2], o[d][3]);
         }
         __syncthreads();
         /* NT / 16 threads per row, 2 dims each per step */
