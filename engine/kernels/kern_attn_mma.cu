@@ -1228,26 +1228,21 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         /* a cluster's split partial: [16][OS] after the warps' states */
         float *cpart = a.cluster ? mo + NW * 16 * OS : NULL;
         __syncthreads();                /* every warp is done with the K/V stages */
-        /* only the block's real rows (nt tokens x hp heads): a decode step's 4 of 16; and
-         * O only of rows that saw a key (m > -inf): a shallow call's warps past the
-         * newest position hold zeros, which the reader below skips (bench/NOTES.md
-         * change 122) */
+        /* only the block's real rows (nt tokens x hp heads): a decode step's 4 of 16 */
         const int n_real = nt << a.hp_log2;
         if (g < n_real) {
             if (c == 0) mrg_m[warp][g] = m[0], mrg_l[warp][g] = l[0];
-            if (m[0] != -INFINITY)
 #pragma unroll
-                for (int d = 0; d < ND; d++)
-                    *(float2 *)(mo + (warp * 16 + g) * OS + 8 * d + 2 * c) =
-                        make_float2(o[d][0], o[d][1]);
+            for (int d = 0; d < ND; d++)
+                *(float2 *)(mo + (warp * 16 + g) * OS + 8 * d + 2 * c) =
+                    make_float2(o[d][0], o[d][1]);
         }
         if (g + 8 < n_real) {
             if (c == 0) mrg_m[warp][g + 8] = m[1], mrg_l[warp][g + 8] = l[1];
-            if (m[1] != -INFINITY)
 #pragma unroll
-                for (int d = 0; d < ND; d++)
-                    *(float2 *)(mo + (warp * 16 + g + 8) * OS + 8 * d + 2 * c) =
-                        make_float2(o[d][2], o[d][3]);
+            for (int d = 0; d < ND; d++)
+                *(float2 *)(mo + (warp * 16 + g + 8) * OS + 8 * d + 2 * c) =
+                    make_float2(o[d][2], o[d][3]);
         }
         __syncthreads();
         /* NT / 16 threads per row, 2 dims each per step */
@@ -1261,11 +1256,9 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             for (int w = 0; w < NW; w++)
                 mw = fmaxf(mw, mrg_m[w][r]);
             float wt[NW], lt = 0.0f;
-            bool seen[NW]; /* the warp stored this row's O (a skipped term is +0 exactly) */
 #pragma unroll
             for (int w = 0; w < NW; w++) {
-                seen[w] = mrg_m[w][r] != -INFINITY;
-                wt[w] = seen[w] ? exp2f(mrg_m[w][r] - mw) : 0.0f;
+                wt[w] = mrg_m[w][r] == -INFINITY ? 0.0f : exp2f(mrg_m[w][r] - mw);
                 lt += wt[w] * mrg_l[w][r];
             }
             const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
@@ -1276,12 +1269,11 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
             for (int d = 2 * sub; d < HD; d += 2 * TPR) {
                 float2 acc = make_float2(0.0f, 0.0f);
 #pragma unroll
-                for (int w = 0; w < NW; w++)
-                    if (seen[w]) {
-                        const float2 x = *(const float2 *)(mo + (w * 16 + r) * OS + d);
-                        acc.x = fmaf(x.x, wt[w], acc.x);
-                        acc.y = fmaf(x.y, wt[w], acc.y);
-                    }
+                for (int w = 0; w < NW; w++) {
+                    const float2 x = *(const float2 *)(mo + (w * 16 + r) * OS + d);
+                    acc.x = fmaf(x.x, wt[w], acc.x);
+                    acc.y = fmaf(x.y, wt[w], acc.y);
+                }
                 if (pp)
                     *(float2 *)(pp + 4 + d) = acc;
                 else
