@@ -578,92 +578,20 @@ __device__ __forceinline__ void mma_fence_gpu() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
 }
 
-/* Distributed shared memory for the cluster merge (sm_90): a.cluster's blocks push their
- * split partials into the merging block's shared memory with st.async, each write
- * counted on that block's mbarrier (complete_tx), instead of writing their own and
- * passing two cluster barriers (the first a GPU-scope memory barrier, the last a wait
- * for the slowest block): bench/NOTES.md change 123. */
-#define MMA_PIECE_BYTES ((32 + 2) * 4) /* what one split sends for a piece: O and (m, l) */
-__device__ __forceinline__ uint32_t mma_smem_addr(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-/* The shared::cluster address of local shared address `at` in block `rank` of the cluster. */
-__device__ __forceinline__ uint32_t mma_mapa(uint32_t at, unsigned rank) {
-    uint32_t r = at;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(at), "r"(rank));
-#else
-    (void)rank; /* no clusters before sm_90: never called there */
-#endif
-    return r;
-}
-/* At a cluster launch's start, every thread: thread 0 makes the block's mbarrier (one
- * arrival: its own, with the bytes expected), then every thread arrives at the cluster
- * barrier (relaxed: the mbarrier's init is released by its own fence). The wait that
- * completes it (mma_cluster_ready) comes before the first push, so no block pushes into a
- * peer whose mbarrier is not made yet. */
-__device__ __forceinline__ void mma_cluster_start(uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mma_smem_addr(bar)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#else
-    (void)bar;
-#endif
-}
-/* Every thread, before its block's first push: the peers' mbarriers are made; thread 0
- * tells its own how many bytes the block's pieces will bring (n_mine pieces from S splits). */
-__device__ __forceinline__ void mma_cluster_ready(uint64_t *bar, int n_mine, int S) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-    if (threadIdx.x == 0)
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                     ::"r"(mma_smem_addr(bar)), "r"(n_mine * S * MMA_PIECE_BYTES)
-                     : "memory");
-#else
-    (void)bar, (void)n_mine, (void)S;
-#endif
-}
-/* This block's rank in its cluster and the cluster's blocks (0 and 1 before sm_90). */
-__device__ __forceinline__ void mma_cluster_id(int *rank, int *S) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
-    *rank = (int)cl.block_rank(), *S = (int)cl.num_blocks();
-#else
-    *rank = 0, *S = 1;
-#endif
-}
-/* Two floats to `dst` (shared::cluster), counted on mbarrier `bar` there. */
-__device__ __forceinline__ void mma_push2(uint32_t dst, float x, float y, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 "
-                 "[%0], {%1, %2}, [%3];" ::"r"(dst), "f"(x), "f"(y), "r"(bar)
-                 : "memory");
-#else
-    (void)dst, (void)x, (void)y, (void)bar; /* no clusters before sm_90: never called there */
-#endif
-}
-
 /* Decode shape, split-K inside a cluster (a.cluster): the n_split blocks of a (query
- * block, head block) are one thread-block cluster of S. The warps' merge of block rank sp
- * has pushed split sp's partial (m, l, -, -, O[32]) of each 32-value piece qb of the rows
- * (row qb / (HD / 32)) into block qb % S's `recv`, at ((qb / S) * S + sp) * MMA_PIECE
- * floats (mma_push2, counted on that block's mbarrier at shared address `bar`). Once the
- * mbarrier has counted all of its pieces' bytes, warp w of rank k takes the pieces
- * qb = k + S * w, k + S * (w + NT / 32), ... : lane l reads the (m, l) and O value of its
- * dim from every split in split order (local shared memory), merges them as
- * mma_merge_rows does, and writes out and, given a.xq, the value's int8 form
- * (kern_q8_block, as mma_quantize_rows); with several clusters a head block (a.n_cl),
- * merged again through a.part and the arrival counters. Every thread of every block of
- * the cluster calls this. */
+ * block, head block) are one thread-block cluster, block rank sp holding split sp's
+ * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
+ * After a cluster barrier, warp w of rank k takes the 32-value blocks qb = k + S * w,
+ * k + S * (w + NT / 32), ... of the rows (S: the cluster's blocks): lane l reads the (m, l) and O value of
+ * its dim from every split in split order (distributed shared memory), merges them as
+ * mma_merge_rows does, writes out and, given a.xq, the value's int8 form (kern_q8_block,
+ * as mma_quantize_rows). A second barrier keeps every block's shared memory alive until
+ * its peers have read it. Every thread of every block of the cluster must call this. */
 template <int HD, int NT>
-__device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *recv,
-                                  uint32_t bar) {
+__device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *cpart) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     namespace cg = cooperative_groups;
-    constexpr int BPR = HD / 32;
+    constexpr int OS = HD + 4, BPR = HD / 32;
     static_assert(HD % 32 == 0, "a q8 block lies inside one head");
     cg::cluster_group cl = cg::this_cluster();
     const int S = (int)cl.num_blocks(), rank = (int)cl.block_rank();
@@ -672,18 +600,7 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
     const int n_blk = (nt << hp_log2) * BPR;
     const int64_t ne0 = (int64_t)a.n_head * HD;
     const int c = (int)blockIdx.z / S; /* this cluster of the block's n_cl */
-    if (rank < n_blk) { /* block-uniform: this block merges pieces */
-        uint32_t done = 0;
-        unsigned spins = 0; /* a trap, reported as a launch failure, not a hang */
-        while (!done) {
-            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 "
-                         "p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                         : "=r"(done)
-                         : "r"(bar)
-                         : "memory");
-            if (!done && ++spins > (1u << 24)) __trap();
-        }
-    }
+    cl.sync(); /* every split's partial is in its block's shared memory */
     MMA_TR(MMA_TR_CLSYNC);
     for (int qb = rank + S * warp; qb < n_blk; qb += S * (NT / 32)) {
         const int r = qb / BPR, d = 32 * (qb - r * BPR) + lane;
@@ -691,10 +608,10 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
 #pragma unroll
         for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
             if (sp < S) {
-                const float *p = recv + ((qb / S) * S + sp) * MMA_PIECE;
+                const float *p = cl.map_shared_rank(cpart, (unsigned)sp) + r * OS;
                 mv[sp] = p[0];
                 lv[sp] = p[1];
-                xv[sp] = p[4 + lane];
+                xv[sp] = p[4 + d];
             }
         if (qb == rank) MMA_TR_DEP(MMA_TR_CLLOAD, __float_as_int(xv[0]));
         float mx = -INFINITY;
@@ -765,11 +682,14 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
         }
     }
     MMA_TR(MMA_TR_CLDONE);
-    /* no barrier before leaving: no peer reads this block's shared memory, and the pushes
-     * into it were all counted before the merge above */
+    /* no block leaves while a peer may still read its partials: a relaxed arrival (no
+     * fence: the peers' distributed loads fed the values stored above, so they have
+     * landed; this block's out and int8 stores need no ordering against the peers) */
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 #else
     /* no clusters before sm_90: mma_cluster_init never sets a.cluster on such a device */
-    (void)a, (void)t0, (void)nt, (void)h0, (void)recv, (void)bar;
+    (void)a, (void)t0, (void)nt, (void)h0, (void)cpart;
     __trap();
 #endif
 }
@@ -875,10 +795,8 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     __shared__ int last_s, pbat_s;
     __shared__ int pos_s[64]; /* the block's tokens' positions as seen (-1: none) */
     __shared__ float mrg_m[NW][16], mrg_l[NW][16];
-    __shared__ __align__(8) uint64_t clu_bar; /* a.cluster: the pushes' mbarrier */
 
     if (DEC) MMA_TR(MMA_TR_START);
-    if (DEC && a.cluster) mma_cluster_start(&clu_bar);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = lane & 3; /* fragment row group and column pair */
     const int e = a.blk[blockIdx.x];
@@ -1314,11 +1232,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
         constexpr int OS = HD + 4;      /* f32 per merge row */
         float *mo = (float *)mma_smem4; /* [warp][16][OS] */
         /* a cluster's split partial: [16][OS] after the warps' states */
-        /* a cluster's pushed pieces: after the warps' states (mma_cluster_merge) */
-        float *recv = a.cluster ? mo + NW * 16 * OS : NULL;
-        static_assert(!DEC || (NW * 16 * OS + (16 * HD / 32 + MMA_MAX_CLUSTER) * MMA_PIECE) * 4 <=
-                                  NSTAGE * STAGE * 2,
-                      "the warps' states and a cluster's pieces fit the stages");
+        float *cpart = a.cluster ? mo + NW * 16 * OS : NULL;
         __syncthreads();                /* every warp is done with the K/V stages */
         /* only the block's real rows (nt tokens x hp heads): a decode step's 4 of 16 */
         const int n_real = nt << a.hp_log2;
@@ -1337,15 +1251,6 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
                     make_float2(o[d][2], o[d][3]);
         }
         __syncthreads();
-        int cl_rank = 0, cl_S = 1;
-        uint32_t recv_at = 0, bar_at = 0;
-        if (recv) { /* block-uniform */
-            mma_cluster_id(&cl_rank, &cl_S);
-            const int n_blk = n_real * (HD / 32);
-            mma_cluster_ready(&clu_bar, cl_rank < n_blk ? (n_blk - cl_rank + cl_S - 1) / cl_S : 0,
-                              cl_S);
-            recv_at = mma_smem_addr(recv), bar_at = mma_smem_addr(&clu_bar);
-        }
         /* NT / 16 threads per row, 2 dims each per step */
         constexpr int TPR = NT / 16;
         const int r = threadIdx.x / TPR, sub = threadIdx.x % TPR;
@@ -1363,9 +1268,9 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
                 lt += wt[w] * mrg_l[w][r];
             }
             const float inv = lt > 0.0f ? 1.0f / lt : 0.0f;
-            float *pp = !recv && a.n_split > 1
-                            ? a.part + (thr * a.n_split + blockIdx.z) * MMA_PART(HD)
-                            : NULL;
+            float *pp = cpart ? cpart + r * OS
+                        : a.n_split > 1 ? a.part + (thr * a.n_split + blockIdx.z) * MMA_PART(HD)
+                                        : NULL;
             if (pp && sub == 0) pp[0] = mw, pp[1] = lt;
             for (int d = 2 * sub; d < HD; d += 2 * TPR) {
                 float2 acc = make_float2(0.0f, 0.0f);
@@ -1375,16 +1280,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
                     acc.x = fmaf(x.x, wt[w], acc.x);
                     acc.y = fmaf(x.y, wt[w], acc.y);
                 }
-                if (recv) { /* piece qb of the rows to the block that merges it */
-                    const int qb = r * (HD / 32) + (d >> 5), to = qb % cl_S;
-                    const uint32_t at = mma_mapa(
-                                       recv_at + (uint32_t)(((qb / cl_S) * cl_S + cl_rank) *
-                                                            MMA_PIECE * 4),
-                                       (unsigned)to),
-                                   bar = mma_mapa(bar_at, (unsigned)to);
-                    mma_push2(at + (uint32_t)(4 + (d & 31)) * 4u, acc.x, acc.y, bar);
-                    if ((d & 31) == 0) mma_push2(at, mw, lt, bar);
-                } else if (pp)
+                if (pp)
                     *(float2 *)(pp + 4 + d) = acc;
                 else
                     *(float2 *)(a.out + thr * HD + d) = make_float2(acc.x * inv, acc.y * inv);
@@ -1394,8 +1290,7 @@ __global__ void __launch_bounds__(32 * NW, DEC ? 1 : 3)
     if (!DEC) return; /* the prefill shape's split-K merges in attn_mma_combine_kernel */
     MMA_TR(MMA_TR_WMERGE);
     if (a.cluster) {
-        mma_cluster_merge<HD, NT>(a, t0, nt, h0, (const float *)mma_smem4 + NW * 16 * (HD + 4),
-                                  mma_smem_addr(&clu_bar));
+        mma_cluster_merge<HD, NT>(a, t0, nt, h0, (const float *)mma_smem4 + NW * 16 * (HD + 4));
         MMA_TR(MMA_TR_MERGED);
         MMA_TR(MMA_TR_END);
         return;
