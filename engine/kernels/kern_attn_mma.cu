@@ -693,7 +693,7 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
             gv_perm_store_at(q, tk, at, a.xlay, a.xq);
         }
     }
-    }
+    } /* the pass (one in every build but TPI_ATTN_TRACE=2's) */
     MMA_TR(MMA_TR_CLDONE);
     /* no block leaves while a peer may still read its partials: a relaxed arrival (no
      * fence: the peers' distributed loads fed the values stored above, so they have
