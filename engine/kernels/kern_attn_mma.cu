@@ -572,12 +572,6 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
     }
 }
 
-/* Release/acquire at GPU scope for the arrival counters' message passing (__threadfence
- * is sequentially consistent: MEMBAR.SC.GPU, slower, and nothing here needs it). */
-__device__ __forceinline__ void mma_fence_gpu() {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
-
 /* Decode shape, split-K inside a cluster (a.cluster): the n_split blocks of a (query
  * block, head block) are one thread-block cluster, block rank sp holding split sp's
  * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
@@ -657,7 +651,7 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
             float *mine = rec + c * MMA_PIECE;
             mine[4 + lane] = o;
             if (lane == 0) mine[0] = mx, mine[1] = lsum;
-            mma_fence_gpu(); /* each lane's stores before the count (release) */
+            kern_fence_gpu(); /* each lane's stores before the count (release) */
             __syncwarp();
             unsigned prev = 0;
             if (lane == 0) {
@@ -667,7 +661,7 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
             }
             prev = __shfl_sync(0xffffffffu, prev, 0);
             if (prev != (unsigned)a.n_cl - 1) continue; /* warp-uniform: another finishes it */
-            mma_fence_gpu(); /* the other clusters' pieces after the count (acquire) */
+            kern_fence_gpu(); /* the other clusters' pieces after the count (acquire) */
             float pm[MMA_MAX_NCL], pl[MMA_MAX_NCL], po[MMA_MAX_NCL];
             float mm = -INFINITY;
 #pragma unroll

@@ -236,6 +236,12 @@ __device__ __forceinline__ void kern_dep_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+/* Release/acquire at GPU scope, for message passing through a counter in global memory
+ * (__threadfence is sequentially consistent: MEMBAR.SC.GPU, slower, and no counter here
+ * needs more than release and acquire). */
+__device__ __forceinline__ void kern_fence_gpu() {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
 /* The int8 block of 32 x values held by the 32 lanes of a warp (lane j has value i, the
  * j-th of its block): d = amax / 127, q = round(v / d) clamped to +-127; returns q and
  * sets *pair = (d, d * sum q) on every lane. On sm_80 and up the two warp reductions are

@@ -232,11 +232,6 @@ __device__ __forceinline__ void kl_bulk(void *dst, const void *src, unsigned n, 
 template <int NC> __device__ __forceinline__ void kl_consumers_sync() {
     asm volatile("bar.sync 1, %0;" ::"n"(NC * 32) : "memory");
 }
-/* Release/acquire at GPU scope (message passing through the counters needs no more than
- * this; __threadfence is sequentially consistent, MEMBAR.SC, and slower). */
-__device__ __forceinline__ void kl_fence_gpu() {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-}
 /* All G blocks' consumers meet: what any of them stored before is visible to all after
  * (a fence on each side of the counter, as a cooperative grid sync does): one atomic
  * add a block on bar[0] and a poll of it, no reset (sc: __threadfence's sequentially
@@ -251,7 +246,7 @@ __device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G, bool sc,
          * bit flips when the last one arrives and its low bits return to 0 */
         const unsigned inc = blockIdx.x == 0 ? 0x80000000u - (G - 1) : 1u;
         if (sc) __threadfence();
-        else kl_fence_gpu();
+        else kern_fence_gpu();
         const unsigned old = atomicAdd(bar, inc);
         volatile unsigned *v = bar;
         unsigned n = 0;
@@ -263,7 +258,7 @@ __device__ __forceinline__ void kl_grid_sync(unsigned *bar, unsigned G, bool sc,
                 else if (t - t0 > KL_TIMEOUT_NS) __trap(); /* a block never came */
             }
         if (sc) __threadfence();
-        else kl_fence_gpu();
+        else kern_fence_gpu();
         if (tr) tr[1] = kl_now_ns();
     }
     kl_consumers_sync<NC>();
