@@ -88,7 +88,10 @@
 #define MMA_MAX_SPLIT 128  /* key ranges per block (split-K) */
 #define MMA_COUNTERS 4096  /* split-K arrival counters: blocks of one launch, at most */
 #define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
-#define MMA_MAX_CLUSTER 16 /* decode split-K: key ranges merged inside one thread-block cluster */
+/* decode split-K: key ranges merged inside one thread-block cluster; 8, the portable size
+ * (16 only ever placed well at two blocks an SM, and its merge's unrolled code, 1,120
+ * instructions against 808, is fetched cold on every call's tail: bench/NOTES.md 125) */
+#define MMA_MAX_CLUSTER 8
 /* floats per cluster-merged 32-value piece (several clusters a block): m, l, 2 spare, 32 O */
 #define MMA_PIECE 36
 #define MMA_MAX_NCL 8 /* decode: clusters one (query block, head block)'s ranges may take */
@@ -130,7 +133,7 @@ static int g_dec_warps = 8;
 static int g_dec_split = 0;
 /* Decode shape: the most key ranges of a (query block, head block) merged inside one
  * thread-block cluster through distributed shared memory (TPI_ATTN_DEC_CLUSTER at init:
- * 0 off, 2..MMA_MAX_CLUSTER; default 8, the portable size). A split launch whose range
+ * 0 off, 2..MMA_MAX_CLUSTER: 8, the default). A split launch whose range
  * count is at most this (and that the device can schedule as clusters) runs each (query
  * block, head block)'s ranges as one cluster: no partials in global memory, no arrival
  * counter, no last block that merges alone; the split count is capped at it. On the
