@@ -575,47 +575,29 @@ __device__ __forceinline__ void mma_quantize_rows(const mma_args &a, int t0, int
     }
 }
 
-/* Decode shape, split-K inside a cluster (a.cluster): the n_split blocks of a (query
- * block, head block) are one thread-block cluster, block rank sp holding split sp's
- * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
- * After a cluster barrier, warp w of rank k takes the 32-value blocks qb = k + S * w,
- * k + S * (w + NT / 32), ... of the rows (S: the cluster's blocks): lane l reads the (m, l) and O value of
- * its dim from every split in split order (distributed shared memory), merges them as
- * mma_merge_rows does, writes out and, given a.xq, the value's int8 form (kern_q8_block,
- * as mma_quantize_rows). A second barrier keeps every block's shared memory alive until
- * its peers have read it. Every thread of every block of the cluster must call this. */
-template <int HD, int NT>
-__device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *cpart) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* mma_cluster_merge's rows for a cluster of S <= SMAX blocks: the loops over the splits
+ * are unrolled SMAX times, the splits past S predicated off. The merge runs once a call,
+ * on its tail, so its instructions come in cold, and a call fetches all SMAX steps:
+ * SMAX = S (a literal) gives a copy with no dead steps (bench/NOTES.md changes 124-126).
+ * pass: the trace build's second pass (0 otherwise). */
+template <int HD, int NT, int SMAX>
+__device__ __forceinline__ void mma_cluster_rows(const mma_args &a, int t0, int nt, int h0,
+                                                 const float *cpart, int S, int pass) {
     namespace cg = cooperative_groups;
     constexpr int OS = HD + 4, BPR = HD / 32;
-    static_assert(HD % 32 == 0, "a q8 block lies inside one head");
     cg::cluster_group cl = cg::this_cluster();
-    const int S = (int)cl.num_blocks(), rank = (int)cl.block_rank();
+    const int rank = (int)cl.block_rank();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int hp_log2 = a.hp_log2, hp_mask = (1 << hp_log2) - 1;
     const int n_blk = (nt << hp_log2) * BPR;
     const int64_t ne0 = (int64_t)a.n_head * HD;
     const int c = (int)blockIdx.z / S; /* this cluster of the block's n_cl */
-    cl.sync(); /* every split's partial is in its block's shared memory */
-    MMA_TR(MMA_TR_CLSYNC);
-#if TPI_ATTN_TRACE >= 2
-    /* -DTPI_ATTN_TRACE=2: with one cluster a head block (no counter), the merge twice over
-     * the same code, the second pass timed by the int8 points: is its cost cold code?
-     * (bench/NOTES.md change 124; out and the int8 form get the same values twice) */
-#pragma unroll 1
-    for (int pass = 0; pass < (a.n_cl == 1 ? 2 : 1); pass++) {
-        if (pass == 1) MMA_TR(MMA_TR_Q8SYNC);
-#else
-    {
-        constexpr int pass = 0;
-        (void)pass;
-#endif
+    (void)pass;
     for (int qb = rank + S * warp; qb < n_blk; qb += S * (NT / 32)) {
         const int r = qb / BPR, d = 32 * (qb - r * BPR) + lane;
-        float mv[MMA_MAX_CLUSTER], lv[MMA_MAX_CLUSTER], xv[MMA_MAX_CLUSTER];
+        float mv[SMAX], lv[SMAX], xv[SMAX];
 #pragma unroll
-        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+        for (int sp = 0; sp < SMAX; sp++)
             if (sp < S) {
                 const float *p = cl.map_shared_rank(cpart, (unsigned)sp) + r * OS;
                 mv[sp] = p[0];
@@ -625,11 +607,11 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
         if (qb == rank) MMA_TR_DEP(pass ? MMA_TR_Q8VAL : MMA_TR_CLLOAD, __float_as_int(xv[0]));
         float mx = -INFINITY;
 #pragma unroll
-        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+        for (int sp = 0; sp < SMAX; sp++)
             if (sp < S) mx = fmaxf(mx, mv[sp]);
         float lsum = 0.0f;
 #pragma unroll
-        for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+        for (int sp = 0; sp < SMAX; sp++)
             if (sp < S) {
                 mv[sp] = mv[sp] == -INFINITY ? 0.0f : exp2f(mv[sp] - mx);
                 lsum = fmaf(mv[sp], lv[sp], lsum);
@@ -641,13 +623,13 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
         if (a.n_cl == 1) {
             const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
 #pragma unroll
-            for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+            for (int sp = 0; sp < SMAX; sp++)
                 if (sp < S) o = fmaf(xv[sp], mv[sp] * inv, o);
         } else {
             /* this cluster's piece (m, l, unnormalized O) to global memory; the last of the
              * n_cl clusters to arrive at the piece's counter adds them all, 0's first */
 #pragma unroll
-            for (int sp = 0; sp < MMA_MAX_CLUSTER; sp++)
+            for (int sp = 0; sp < SMAX; sp++)
                 if (sp < S) o = fmaf(xv[sp], mv[sp], o);
             const int64_t pc = th * BPR + (d >> 5); /* the piece: < MMA_COUNTERS (host) */
             float *rec = a.part + (size_t)(pc * a.n_cl) * MMA_PIECE;
@@ -690,6 +672,43 @@ __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, con
             gv_perm_store_at(q, tk, at, a.xlay, a.xq);
         }
     }
+}
+
+/* Decode shape, split-K inside a cluster (a.cluster): the n_split blocks of a (query
+ * block, head block) are one thread-block cluster, block rank sp holding split sp's
+ * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
+ * After a cluster barrier, warp w of rank k takes the 32-value blocks qb = k + S * w,
+ * k + S * (w + NT / 32), ... of the rows (S: the cluster's blocks): lane l reads the (m, l) and O value of
+ * its dim from every split in split order (distributed shared memory), merges them as
+ * mma_merge_rows does, writes out and, given a.xq, the value's int8 form (kern_q8_block,
+ * as mma_quantize_rows). A second barrier keeps every block's shared memory alive until
+ * its peers have read it. Every thread of every block of the cluster must call this. */
+template <int HD, int NT>
+__device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *cpart) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    static_assert(HD % 32 == 0, "a q8 block lies inside one head");
+    cooperative_groups::cluster_group cl = cooperative_groups::this_cluster();
+    const int S = (int)cl.num_blocks();
+    cl.sync(); /* every split's partial is in its block's shared memory */
+    MMA_TR(MMA_TR_CLSYNC);
+#if TPI_ATTN_TRACE >= 2
+    /* -DTPI_ATTN_TRACE=2: with one cluster a head block (no counter), the merge twice over
+     * the same code, the second pass timed by the int8 points: is its cost cold code?
+     * (bench/NOTES.md change 124; out and the int8 form get the same values twice) */
+#pragma unroll 1
+    for (int pass = 0; pass < (a.n_cl == 1 ? 2 : 1); pass++) {
+        if (pass == 1) MMA_TR(MMA_TR_Q8SYNC);
+#else
+    {
+        constexpr int pass = 0;
+        (void)pass;
+#endif
+        /* clusters of 2, the deep calls' (several a head block), get a copy of their own;
+         * a copy for every size lost at depth 1024 (bench/NOTES.md change 126) */
+        if (S == 2)
+            mma_cluster_rows<HD, NT, 2>(a, t0, nt, h0, cpart, 2, pass);
+        else
+            mma_cluster_rows<HD, NT, MMA_MAX_CLUSTER>(a, t0, nt, h0, cpart, S, pass);
     } /* the pass (one in every build but TPI_ATTN_TRACE=2's) */
     MMA_TR(MMA_TR_CLDONE);
     /* no block leaves while a peer may still read its partials: a relaxed arrival (no
