@@ -762,6 +762,8 @@ START_TEST(test_attn_plan) {
         {"nothing resident: the wanted ranges", one, 8, 8, 200, 3, 8192, 128, 16, 8, 3, 1},
         {"nothing resident: capped at cmax", one, 8, 8, 200, 12, 8192, 128, 16, 8, 8, 1},
         {"the cluster-size knob at 4", one, 4, 8, 8, 16, 8192, 128, 16, 8, 16, 8},
+        {"nothing resident, cmax past the kernel's largest cluster: 8", one, 16, 8, 200, 12,
+         8192, 128, 16, 8, 8, 1},
     };
     int ncl = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -780,7 +782,8 @@ START_TEST(test_attn_plan) {
         const int per_sm = 1 + trial % 2;
         for (int c = 2; c <= 16; c++) /* whole clusters of a GPC of 16-18 SMs, 7-8 GPCs */
             fit[c] = (int)tu_uniform(&r, 7, 8.999f) * ((16 + trial % 3) * per_sm / c);
-        const int cmax = 2 + (int)tu_uniform(&r, 0, 14.999f);
+        /* the launcher's cmax is at most the largest cluster the kernel merges (8) */
+        const int cmax = 2 + (int)tu_uniform(&r, 0, 6.999f);
         const int ncl_max = 1 + (int)tu_uniform(&r, 0, 7.999f);
         const long base = 1 + (long)tu_uniform(&r, 0, 150);
         const int n_split = 2 + (int)tu_uniform(&r, 0, 30);

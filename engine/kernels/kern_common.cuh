@@ -652,11 +652,11 @@ void kern_attn_trace_dump(void);
 extern "C" int kern_attn_blocks(const int32_t *seq, int n_tokens, int per_block, int *t,
                                 int32_t *blk, int cap);
 /* The decode split's cluster plan (kern_attn_mma.cu): fit[c] clusters of c blocks
- * resident at once (c = 0..16), cmax the largest cluster, ncl_max the most clusters a
- * head block may take, base head blocks in the launch, n_split > 1 ranges wanted over
- * max_pos keys, tk keys a tile, blk_pieces the most 32-value pieces of one block's rows,
- * nw warps a block. Returns the ranges to launch and sets *n_cl (>= 1, dividing them):
- * the head block's ranges run as *n_cl clusters. */
+ * resident at once (c = 0..16), cmax the largest cluster (taken as at most 8, the most the
+ * kernel merges), ncl_max the most clusters a head block may take, base head blocks in the
+ * launch, n_split > 1 ranges wanted over max_pos keys, tk keys a tile, blk_pieces the most
+ * 32-value pieces of one block's rows, nw warps a block. Returns the ranges to launch and
+ * sets *n_cl (>= 1, dividing them): the head block's ranges run as *n_cl clusters. */
 extern "C" int kern_attn_dec_plan(const int *fit, int cmax, int ncl_max, long base, int n_split,
                                   long max_pos, int tk, long blk_pieces, int nw, int *n_cl);
 /* ops_cuda_set_attn_mma (kern_attn_mma.cu): declared in ops.h. */
