@@ -90,7 +90,7 @@
 #define MMA_MIN_PREFILL 16 /* batches of at least this many tokens take the prefill shape */
 /* decode split-K: key ranges merged inside one thread-block cluster; 8, the portable size
  * (16 only ever placed well at two blocks an SM, and its merge's unrolled code, 1,120
- * instructions against 808, is fetched cold on every call's tail: bench/NOTES.md 125) */
+ * instructions against 808, is fetched cold on every call's tail: bench/NOTES.md change 125) */
 #define MMA_MAX_CLUSTER 8
 /* floats per cluster-merged 32-value piece (several clusters a block): m, l, 2 spare, 32 O */
 #define MMA_PIECE 36
