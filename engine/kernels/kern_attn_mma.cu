@@ -678,11 +678,12 @@ __device__ __forceinline__ void mma_cluster_rows(const mma_args &a, int t0, int 
  * block, head block) are one thread-block cluster, block rank sp holding split sp's
  * partial (m, l, -, -, O) of each row r in its shared memory at cpart + r * (HD + 4).
  * After a cluster barrier, warp w of rank k takes the 32-value blocks qb = k + S * w,
- * k + S * (w + NT / 32), ... of the rows (S: the cluster's blocks): lane l reads the (m, l) and O value of
- * its dim from every split in split order (distributed shared memory), merges them as
- * mma_merge_rows does, writes out and, given a.xq, the value's int8 form (kern_q8_block,
- * as mma_quantize_rows). A second barrier keeps every block's shared memory alive until
- * its peers have read it. Every thread of every block of the cluster must call this. */
+ * k + S * (w + NT / 32), ... of the rows (S: the cluster's blocks): lane l reads the
+ * (m, l) and O value of its dim from every split in split order (distributed shared
+ * memory), merges them as mma_merge_rows does, writes out and, given a.xq, the value's
+ * int8 form (kern_q8_block, as mma_quantize_rows). A second barrier keeps every block's
+ * shared memory alive until its peers have read it. Every thread of every block of the
+ * cluster must call this. */
 template <int HD, int NT>
 __device__ void mma_cluster_merge(const mma_args &a, int t0, int nt, int h0, const float *cpart) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
