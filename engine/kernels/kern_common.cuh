@@ -299,7 +299,12 @@ __device__ __forceinline__ int kern_q8_pairs(float v, int64_t i, float2 *ds) {
  * FP64 operations on each norm's critical path (tg128 Q4_K_M +0.7 %, bench/NOTES.md
  * change 99). */
 __device__ __forceinline__ float kern_rms_scale(float ss, int n, float eps) {
-    return rsqrtf(ss / (float)n + eps);
+    /* n a power of two (Qwen3's 4096 and 128): ss * 2^-k is the quotient's exact value, so
+     * its rounding is the division's, without the division's ~10-instruction chain and
+     * slow-path branch (bench/NOTES.md change 128) */
+    const float m = n > 0 && (n & (n - 1)) == 0 ? ss * __int_as_float((127 - (__ffs(n) - 1)) << 23)
+                                                : ss / (float)n;
+    return rsqrtf(m + eps);
 }
 
 /* silu(g) * u as every kernel computes it (silu_mul, the gate/up launch of kern_gemv.cu),

@@ -148,16 +148,26 @@ __global__ void f32_to_bf16_kernel(const float *x, __nv_bfloat16 *y, int64_t n) 
         y[i] = __float2bfloat16_rn(x[i]);
 }
 
-/* Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it. */
+/* Sum over the block of a value >= +0 or NaN (blockDim.x a multiple of 32, at most 1024),
+ * called once a kernel; every thread gets it. The warps' sums are added in a butterfly
+ * (lane i with i ^ 16, ^ 8, ... ^ 1, lanes past the warps holding 0). With 2 or 4 warps
+ * (the norms' blocks) every thread adds them from shared memory in the butterfly's pairs,
+ * (p0 + p2) + (p1 + p3): the same bits without the second shuffle tree on the norm's last
+ * path (x + 0 is x for the values allowed here; bench/NOTES.md change 128). */
 __device__ float block_sum(float v) {
-    __shared__ float part[32];
+    __shared__ float4 part4[8];
+    float *const part = (float *)part4;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
-    __syncthreads(); /* part[] may still be read by a previous call */
     if (lane == 0) part[warp] = v;
     __syncthreads();
+    if (n_warps == 4) {
+        const float4 p = part4[0];
+        return (p.x + p.z) + (p.y + p.w);
+    }
+    if (n_warps == 2) return part[0] + part[1];
     v = lane < n_warps ? part[lane] : 0.0f;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
