@@ -1661,7 +1661,6 @@ static void mma_launch(struct ops_ctx *ctx, mma_args *a, const struct ops_batch 
     if (q8) kern_xq_remember(ctx, a->out, (int64_t)n_tokens * ne0);
     ctx->gemv_prefetch = a->trigger;
     ctx->after_attn = DEC;
-    if (DEC) ctx->attn_pos = max_pos; /* the next layer's norm: whether to let Q/K/V in early */
     if (!DEC && n_split > 1) {
         const int n_rows = n_tokens * a->n_head;
         attn_mma_combine_kernel<HD><<<(unsigned)((n_rows + 3) / 4), MMA_THREADS, 0, ctx->stream>>>(

@@ -97,16 +97,6 @@ struct ops_ctx {
     bool after_attn;    /* a decode attention was the last op: the next v3 launch (wo) says
                            in wo_early whether its kernel gains from being let in early */
     bool wo_early;      /* so the decode attention triggers (true until a wo says no) */
-    int norm_ring;      /* decode norms let the next launch in right after their wait, and
-                           Q/K/V (Q4_K rows of 4096) copies all its rows meanwhile:
-                           gv_ring1_kernel at that many blocks an SM (TPI_NORM_RING; 0 off;
-                           bench/NOTES.md change 129) ... */
-    int norm_ring_from; /* ... where the last decode attention's largest position is at
-                           least this (TPI_NORM_RING_FROM): below it the attention's own
-                           pre-wait work overlaps Q/K/V, which the ring's shared memory
-                           would keep it from */
-    bool norm_early;    /* armed by such a norm, taken by the next v3 launch */
-    int attn_pos;       /* the last decode attention's largest position (-1: none yet) */
     bool qk_attn;   /* qk_norm_rope_attention's norm and rope inside the tensor-core decode
                        attention (TPI_QK_ATTN; default on) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */

@@ -335,12 +335,11 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
 #define RMS_SPLIT_T 128
 __global__ void __launch_bounds__(RMS_SPLIT_T)
     rmsnorm_split_kernel(const float *x, const float *w, float *y, int n_cols, float eps,
-                         int8_t *xq, float2 *ds, gv_xlayout lay, int trigger) {
+                         int8_t *xq, float2 *ds, gv_xlayout lay) {
     const int64_t row = blockIdx.x;
     const int c = blockIdx.y * RMS_SPLIT_T + threadIdx.x;
     const float wc = w[c]; /* weights are no kernel's output: loaded before the wait */
     kern_dep_wait();
-    if (trigger) kern_dep_trigger(); /* the next launch's pre-wait copies overlap this one */
     const float4 *xr4 = (const float4 *)(x + row * n_cols);
     const int n4 = n_cols / 4;
     const int64_t at = row * n_cols + c;
@@ -577,15 +576,11 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     }
     const gv_xlayout lay = gv_xlayout_of((int)TPI_MIN(n_rows, (int64_t)8), n_cols);
     const bool apart = y + n_rows * n_cols <= x || x + n_rows * n_cols <= y;
-    if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart) {
-        /* TPI_NORM_RING: the next launch (Q/K/V) in right after the wait, to copy its rows */
-        const bool early = ctx->norm_ring > 0 && ctx->pdl && n_rows == 1 && q8 &&
-                           ctx->attn_pos >= ctx->norm_ring_from;
+    if (ctx->rms_split && n_rows <= 8 && n_cols % RMS_SPLIT_T == 0 && n_cols <= 65536 && apart)
         kern_launch(ctx->pdl, rmsnorm_split_kernel,
                     dim3((unsigned)n_rows, (unsigned)(n_cols / RMS_SPLIT_T)), dim3(RMS_SPLIT_T), 0,
-                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay, (int)early);
-        ctx->norm_early = early;
-    } else
+                    ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
+    else
         kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
                     x, w, y, n_cols, eps, xq, ds, lay);
     if (LAUNCH_OK(ctx, "cuda rmsnorm") && q8) kern_xq_remember(ctx, y, n_rows * n_cols);

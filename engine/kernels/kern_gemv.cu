@@ -1109,33 +1109,23 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
     }
 }
 
-/* ------------------------------------- one launch's rows, all copied before the wait
- * A product of up to three Q4_K weights (sg's segments, e.g. Q/K/V) of rows of GV_RING_NE0
- * values and one x row held to a few blocks an SM: the segments' rows are numbered one
- * after another, warp g of the grid takes the contiguous rows [R * g / n_w, R * (g + 1) /
- * n_w) of the R (at most S) and copies all of them into its S row slots of shared memory
- * before the PDL wait (weights: no kernel's output), so when the kernel ahead lets it in
- * at its start its whole weight stream overlaps that kernel: wo after a shallow decode
- * attention (ctx->wo_prefetch, ctx->gemv_prefetch == 2; bench/NOTES.md change 97), Q/K/V
- * after the attention norm (ctx->norm_early, `TPI_NORM_RING`; change 129). After the wait
+/* ------------------------------------- one weight's rows, all copied before the wait
+ * A product of one Q4_K weight of rows of GV_RING_NE0 values and one x row (wo's shape)
+ * held to a few blocks an SM: warp g of the grid takes the contiguous rows
+ * [ne1 * g / n_w, ne1 * (g + 1) / n_w) (at most S) and copies all of them into its S
+ * row slots of shared memory before the PDL wait (weights: no kernel's output), so when
+ * the kernel ahead lets it in at its start (a shallow decode attention: ctx->wo_prefetch,
+ * ctx->gemv_prefetch == 2) its whole weight stream overlaps that kernel; after the wait
  * it loads x (kind p's permuted copy, in registers), dots its rows from shared memory and
  * stores. The items, their order and the sums are the one-row kind p kernel's
  * (gv_ring_item runs what gv<T>::dot runs; y's value added last, copied into shared
- * memory at the wait as gv_y_pre does): y bitwise the same. sg.trigger: the next kernel
- * may launch at this one's start (Q/K/V's, ctx->gemv_trigger). */
+ * memory at the wait as gv_y_pre does): y bitwise the same. bench/NOTES.md change 97
+ * (`TPI_GEMV_RING1`). */
 #define GV_RING1_WARPS 4
-/* Segment of row rr of sg's concatenated rows (n <= 3): its weight row and output. */
-__device__ __forceinline__ void gv_ring1_row(const gv_segs &sg, size_t row_bytes, int rr,
-                                             const uint8_t **src, float **dst) {
-    const int e0 = sg.ne1[0], e1 = e0 + (sg.n > 1 ? sg.ne1[1] : 0);
-    const int s = rr < e0 ? 0 : rr < e1 ? 1 : 2, r = rr - (s == 0 ? 0 : s == 1 ? e0 : e1);
-    *src = (s == 0 ? sg.w[0] : s == 1 ? sg.w[1] : sg.w[2]) + (size_t)r * row_bytes;
-    *dst = (s == 0 ? sg.y[0] : s == 1 ? sg.y[1] : sg.y[2]) + r;
-}
 template <int T, int S>
 __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
-    gv_ring1_kernel(const gv_segs sg, size_t row_bytes, int n_rows, const int8_t *x,
-                    const float2 *ds, bool accumulate) {
+    gv_ring1_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne1, const int8_t *x,
+                    const float2 *ds, float *y, bool accumulate) {
     using Q = gv<T>;
     using It = gv_ring_item<T>;
     constexpr int W = GV_RING1_WARPS, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
@@ -1143,18 +1133,15 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
     static_assert(RB % 16 == 0 && S <= 32, "rows of whole 16-byte pieces, a y value a lane");
     extern __shared__ __align__(16) uint8_t gv_ring[];
     __shared__ float ys[W][S];
-    if (sg.trigger) kern_dep_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long gw = (long long)blockIdx.x * W + warp, n_w = (long long)gridDim.x * W;
-    const int r0 = (int)(n_rows * gw / n_w), nr = (int)(n_rows * (gw + 1) / n_w) - r0; /* <= S */
+    const int r0 = (int)(ne1 * gw / n_w), nr = (int)(ne1 * (gw + 1) / n_w) - r0; /* <= S */
     uint8_t *ring = gv_ring + (size_t)warp * S * RB;
     const uint32_t ring_s = mma_smem_u32(ring);
 #pragma unroll
     for (int k = 0; k < S; k++)
         if (k < nr) {
-            const uint8_t *src;
-            float *dst;
-            gv_ring1_row(sg, row_bytes, r0 + k, &src, &dst);
+            const uint8_t *src = w + (size_t)(r0 + k) * row_bytes;
 #pragma unroll
             for (int i = 0; i < (PIECES + 31) / 32; i++) {
                 const int pc = lane + 32 * i;
@@ -1165,12 +1152,8 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
         }
     mma_commit();
     gv_grid_dep_wait(); /* x (and y) are the kernels' outputs */
-    if (accumulate && lane < nr) {
-        const uint8_t *src;
-        float *dst;
-        gv_ring1_row(sg, row_bytes, r0 + lane, &src, &dst);
-        gv_cp4(&ys[warp][lane], dst);
-    }
+    if (accumulate && lane < nr)
+        gv_cp4(&ys[warp][lane], y + r0 + lane);
     mma_commit();
     int4 xv[NI][It::UNITS];
     typename It::dsv xf[NI];
@@ -1187,53 +1170,33 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
             acc += It::dot(slot, i / Q::IPB, i % Q::IPB, xv[v], xf[v]);
         }
         acc = gv_warp_sum(acc);
-        if (lane == 0) {
-            const uint8_t *src;
-            float *dst;
-            gv_ring1_row(sg, row_bytes, r0 + k, &src, &dst);
-            *dst = accumulate ? ys[warp][k] + acc : acc;
-        }
+        if (lane == 0) y[r0 + k] = accumulate ? ys[warp][k] + acc : acc;
     }
 }
 
-/* Launch gv_ring1_kernel for the n (<= 3) weights ws into ys (n_sm * per_sm blocks) if
- * they take the shape (Q4_K rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows
- * a warp, the shared memory allowed); false: nothing launched. x: kind p's permuted copy
- * for Q4_K; trigger: the next kernel may launch at this one's start. */
+/* Launch gv_ring1_kernel for one weight w (n_sm * per_sm blocks) if it takes the shape
+ * (Q4_K rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows a warp, the shared
+ * memory allowed); false: nothing launched. x: kind p's permuted copy for Q4_K. */
 template <int T>
-static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, int n, const struct tpi_weight *const *ws,
-                            float *const *ys, int per_sm, const int8_t *x, const float2 *ds,
-                            bool accumulate, bool trigger, cudaStream_t stream) {
+static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, const struct tpi_weight *w, int per_sm,
+                            const int8_t *x, const float2 *ds, float *y, bool accumulate,
+                            cudaStream_t stream) {
     if constexpr (T != TPI_TYPE_Q4_K) {
         return false;
     } else {
         using Q = gv<T>;
-        const size_t rb = (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES;
-        const int blocks = ctx->n_sm * per_sm;
-        if (n < 1 || n > 3 || blocks <= 0) return false;
-        gv_segs sg = {};
-        sg.n = n;
-        sg.trigger = trigger;
-        long long n_rows = 0;
-        for (int i = 0; i < n; i++) {
-            if (kern_wtype(ws[i]) != T || ws[i]->ne0 != GV_RING_NE0 || ws[i]->row_bytes != rb ||
-                ((uintptr_t)ws[i]->data & 15))
-                return false;
-            sg.w[i] = (const uint8_t *)ws[i]->data;
-            sg.y[i] = ys[i];
-            sg.ne1[i] = (int)ws[i]->ne1;
-            n_rows += ws[i]->ne1;
-        }
-        const long long rows = (n_rows + (long long)blocks * GV_RING1_WARPS - 1) /
-                               ((long long)blocks * GV_RING1_WARPS);
-        if (rows > 8 || n_rows > INT32_MAX) return false;
+        const int ne1 = (int)w->ne1, blocks = ctx->n_sm * per_sm;
+        const int rows = (ne1 + blocks * GV_RING1_WARPS - 1) / (blocks * GV_RING1_WARPS);
+        if (w->ne0 != GV_RING_NE0 || w->row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
+            ((uintptr_t)w->data & 15) || rows > 8 || blocks <= 0)
+            return false;
         auto go = [&](auto s_c) {
             constexpr int S = decltype(s_c)::value;
-            const size_t smem = (size_t)GV_RING1_WARPS * S * rb;
+            const size_t smem = (size_t)GV_RING1_WARPS * S * w->row_bytes;
             constexpr auto kern = gv_ring1_kernel<T, S>;
             if (smem > (size_t)ctx->smem_optin || !gv_smem_optin<kern>(smem)) return false;
             kern_launch(pdl, kern, dim3((unsigned)blocks), dim3(GV_RING1_WARPS * 32), smem, stream,
-                        sg, rb, (int)n_rows, x, ds, accumulate);
+                        (const uint8_t *)w->data, w->row_bytes, ne1, x, ds, y, accumulate);
             return true;
         };
         return rows <= 2   ? go(std::integral_constant<int, 2>{})
@@ -1650,16 +1613,9 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
             /* wo right after a decode attention that let it in at its start (tg128
              * +0.55 %, depth 1024 +0.9 %; after the K/V stream it cannot sit beside the
              * attention's blocks and lost 1.6 %: runs 167-168, bench/NOTES.md change 97) */
-            if (NR == 1 && rpw == 1 && c.ring1 &&
-                (c.ring1all || (n == 1 && !sg.trigger && ctx->gemv_prefetch == 2)) &&
-                gv_ring1_launch<T>(ctx, pdl, n, ws, ys, c.ring1, xp, gx->ds, accumulate,
-                                   sg.trigger, stream))
-                return;
-            /* Q/K/V right after an attention norm that let it in after its wait: every row
-             * copied while the norm runs (`TPI_NORM_RING`, bench/NOTES.md change 129) */
-            if (NR == 1 && rpw == 1 && ctx->norm_early && !accumulate &&
-                gv_ring1_launch<T>(ctx, pdl, n, ws, ys, ctx->norm_ring, xp, gx->ds, false,
-                                   sg.trigger, stream))
+            if (NR == 1 && n == 1 && rpw == 1 && c.ring1 && !sg.trigger &&
+                (c.ring1all || ctx->gemv_prefetch == 2) &&
+                gv_ring1_launch<T>(ctx, pdl, w, c.ring1, xp, gx->ds, ys[0], accumulate, stream))
                 return;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
@@ -1730,12 +1686,11 @@ static void gv_run(struct ops_ctx *ctx, int n, const struct tpi_weight *const *w
 bool kern_gemv_v3_run(struct ops_ctx *ctx, const struct tpi_weight *w, const struct kern_gemv_x *gx,
                       float *y, bool accumulate, cudaStream_t stream) {
     if (!gv_x_suits(w, gx)) { /* w runs elsewhere: the prefetch and wo's verdict lapse */
-        ctx->gemv_prefetch = ctx->after_attn = ctx->norm_early = false;
+        ctx->gemv_prefetch = ctx->after_attn = false;
         return false;
     }
     gv_run(ctx, 1, &w, gx, &y, accumulate, stream, gv_config());
     ctx->gemv_prefetch = false; /* taken (or not wanted) by this launch's segments */
-    ctx->norm_early = false;
     LAUNCH_OK(ctx, "cuda matmul (v3)");
     return true;
 }
@@ -1756,7 +1711,6 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
     if (n > 1 && unit) return false;
     gv_run(ctx, n, ws, gx, ys, false, stream, c);
     ctx->gemv_prefetch = false;
-    ctx->norm_early = false;
     LAUNCH_OK(ctx, "cuda matmul (v3)");
     return true;
 }
@@ -1805,7 +1759,6 @@ bool kern_gemv_v3_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *c
     else
         kern_launch(c.pdl != 0, gv_quant2_kernel_for<TPI_TYPE_Q4_K, KERN_TYPE_Q6_KX8>(minb), grid,
                     block, 0, stream, sd[0], sd[1], (int)nb[0], ne0, gx->ds);
-    ctx->norm_early = false;
     LAUNCH_OK(ctx, "cuda matmul (v3, two types)");
     return true;
 }

@@ -692,7 +692,6 @@ static bool is_elem16(int type) {
 void kern_xq_forget(struct ops_ctx *ctx) {
     ctx->xq_memo.valid = false;
     ctx->gemv_prefetch = false; /* only the launch right after the attention takes it */
-    ctx->norm_early = false;    /* only the launch right after the norm takes it */
     ctx->after_attn = false;
 }
 

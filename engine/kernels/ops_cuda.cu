@@ -361,17 +361,6 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     const char *wp = getenv("TPI_WO_PREFETCH");
     ctx->wo_prefetch = wp ? atoi(wp) : 2048;
     ctx->wo_early = true;
-    /* decode norms let Q/K/V in early, which copies its rows meanwhile (TPI_NORM_RING=N:
-     * N blocks an SM, 1-3; 0 off; bench/NOTES.md change 129) */
-    const char *nr = getenv("TPI_NORM_RING");
-    ctx->norm_ring = nr ? atoi(nr) : 0;
-    if (ctx->norm_ring < 0 || ctx->norm_ring > 3) {
-        TPI_LOGW("TPI_NORM_RING=%s is not 0-3: 0", nr);
-        ctx->norm_ring = 0;
-    }
-    const char *nrf = getenv("TPI_NORM_RING_FROM");
-    ctx->norm_ring_from = nrf ? atoi(nrf) : 2048;
-    ctx->attn_pos = -1;
     /* qk_norm_rope inside the tensor-core decode attention (kern_attn_mma.cu; TPI_QK_ATTN=0:
      * its own kernel first, bench/NOTES.md change 84) */
     const char *qa = getenv("TPI_QK_ATTN");
