@@ -50,6 +50,8 @@
 #include "kern_xq.cuh"
 
 #define GV_WARPS 4  /* warps per block */
+#define GV_LOG_WARPS 2 /* log2(GV_WARPS) */
+static_assert(GV_WARPS == 1 << GV_LOG_WARPS, "GV_LOG_WARPS is log2(GV_WARPS)");
 #define GV_UNROLL 4 /* kind a: items per lane loaded before the first is used */
 
 #include "kern_gemv_dot.cuh" /* helpers and gv<T>: the per-type dot products */
@@ -640,6 +642,31 @@ __device__ __forceinline__ void gv_l2_prefetch(const gv_segs &sg, size_t row_byt
         }
     }
 }
+/* Build option: the one-row products' rows and part from wpr (a power of two, gv_wpr) by
+ * shifts and a mask (1), or by division (0, the default until measured; bench/NOTES.md
+ * change 130). */
+#ifndef TPI_GV_SHIFT
+#define TPI_GV_SHIFT 0
+#endif
+/* The first of the RW rows warp `warp` of block blk takes, and which of the row's wpr
+ * warps it is (wpr a power of two <= GV_WARPS: gv_wpr). With TPI_GV_SHIFT, shifts and a
+ * mask instead of two integer divisions, which the compiler puts between the PDL wait
+ * and the first weight load (~35 instructions). */
+template <int RW> __device__ __forceinline__ int gv_row0(int blk, int warp, int wpr) {
+#if TPI_GV_SHIFT
+    const int lw = __ffs(wpr) - 1;
+    return ((blk << (GV_LOG_WARPS - lw)) + (warp >> lw)) * RW;
+#else
+    return (blk * (GV_WARPS / wpr) + warp / wpr) * RW;
+#endif
+}
+__device__ __forceinline__ int gv_part(int warp, int wpr) {
+#if TPI_GV_SHIFT
+    return warp & (wpr - 1);
+#else
+    return warp % wpr;
+#endif
+}
 /* This block's weight: its data, output, rows, warps per row and block index in it. */
 struct gv_seg {
     const uint8_t *w;
@@ -676,7 +703,7 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (me.blk * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
+    const int row0 = gv_row0<RW>(me.blk, warp, wpr), part = gv_part(warp, wpr);
     float acc[RW][NR];
 #pragma unroll
     for (int rw = 0; rw < RW; rw++)
@@ -848,7 +875,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (me.blk * (GV_WARPS / wpr) + warp / wpr) * RW, part = warp % wpr;
+    const int row0 = gv_row0<RW>(me.blk, warp, wpr), part = gv_part(warp, wpr);
     float acc[RW][NR];
 #pragma unroll
     for (int rw = 0; rw < RW; rw++)
