@@ -642,18 +642,19 @@ __device__ __forceinline__ void gv_l2_prefetch(const gv_segs &sg, size_t row_byt
         }
     }
 }
-/* Build option: the one-row products' rows and part from wpr (a power of two, gv_wpr) by
- * shifts and a mask (1), or by division (0, the default until measured; bench/NOTES.md
- * change 130). */
-#ifndef TPI_GV_SHIFT
-#define TPI_GV_SHIFT 0
+/* Build option: the one-row products' block geometry with fewer instructions after the
+ * PDL wait (1): rows and part from wpr (a power of two, gv_wpr) by shifts and a mask, not
+ * division, and a launch of one weight's fields read without the segment lookup; 0 (the
+ * default until measured): as before (bench/NOTES.md change 130). */
+#ifndef TPI_GV_GEOM
+#define TPI_GV_GEOM 0
 #endif
 /* The first of the RW rows warp `warp` of block blk takes, and which of the row's wpr
- * warps it is (wpr a power of two <= GV_WARPS: gv_wpr). With TPI_GV_SHIFT, shifts and a
+ * warps it is (wpr a power of two <= GV_WARPS: gv_wpr). With TPI_GV_GEOM, shifts and a
  * mask instead of two integer divisions, which the compiler puts between the PDL wait
  * and the first weight load (~35 instructions). */
 template <int RW> __device__ __forceinline__ int gv_row0(int blk, int warp, int wpr) {
-#if TPI_GV_SHIFT
+#if TPI_GV_GEOM
     const int lw = __ffs(wpr) - 1;
     return ((blk << (GV_LOG_WARPS - lw)) + (warp >> lw)) * RW;
 #else
@@ -661,7 +662,7 @@ template <int RW> __device__ __forceinline__ int gv_row0(int blk, int warp, int 
 #endif
 }
 __device__ __forceinline__ int gv_part(int warp, int wpr) {
-#if TPI_GV_SHIFT
+#if TPI_GV_GEOM
     return warp & (wpr - 1);
 #else
     return warp % wpr;
@@ -677,6 +678,11 @@ template <bool MULTI = true>
 __device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg, int base = 0) {
     const int b = (int)blockIdx.x - base; /* base: the blocks of a launch's other type first */
     if (!MULTI) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
+#if TPI_GV_GEOM
+    /* one weight (the downs, wo, lm_head): its fields read directly, not through the
+     * lookup's dependent indexed constant loads after the PDL wait */
+    if (sg.n == 1) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
+#endif
     int i = 0;
 #pragma unroll
     for (int k = 1; k < OPS_MAX_FUSED; k++)
