@@ -642,31 +642,27 @@ __device__ __forceinline__ void gv_l2_prefetch(const gv_segs &sg, size_t row_byt
         }
     }
 }
-/* Build option: the one-row products' block geometry with fewer instructions after the
- * PDL wait (1): rows and part from wpr (a power of two, gv_wpr) by shifts and a mask, not
- * division, and a launch of one weight's fields read without the segment lookup; 0 (the
- * default until measured): as before (bench/NOTES.md change 130). */
-#ifndef TPI_GV_GEOM
-#define TPI_GV_GEOM 0
-#endif
+/* The one-row products' block geometry in fewer instructions after the PDL wait (GEOM):
+ * rows and part from wpr (a power of two <= GV_WARPS, gv_wpr) by shifts and a mask, not
+ * two integer divisions, and a launch of one weight's fields read without the segment
+ * lookup. Taken by Q6_K's groups only (gv_geom): there it took lm_head's 37,984 blocks
+ * (36 waves, each block paying the path) from 130 to 122 us and the Q6_K down 0.1 us;
+ * Q4_K's one-row kernel, one wave, went from 56 to 48 registers and lost 0.4-0.5 us a
+ * launch (bench/NOTES.md change 130, run 219). */
+template <int TYPE> constexpr bool gv_geom() { return TYPE == KERN_TYPE_Q6_KX8; }
 /* The first of the RW rows warp `warp` of block blk takes, and which of the row's wpr
- * warps it is (wpr a power of two <= GV_WARPS: gv_wpr). With TPI_GV_GEOM, shifts and a
- * mask instead of two integer divisions, which the compiler puts between the PDL wait
- * and the first weight load (~35 instructions). */
-template <int RW> __device__ __forceinline__ int gv_row0(int blk, int warp, int wpr) {
-#if TPI_GV_GEOM
-    const int lw = __ffs(wpr) - 1;
-    return ((blk << (GV_LOG_WARPS - lw)) + (warp >> lw)) * RW;
-#else
+ * warps it is. */
+template <int RW, bool GEOM = false>
+__device__ __forceinline__ int gv_row0(int blk, int warp, int wpr) {
+    if constexpr (GEOM) {
+        const int lw = __ffs(wpr) - 1;
+        return ((blk << (GV_LOG_WARPS - lw)) + (warp >> lw)) * RW;
+    }
     return (blk * (GV_WARPS / wpr) + warp / wpr) * RW;
-#endif
 }
-__device__ __forceinline__ int gv_part(int warp, int wpr) {
-#if TPI_GV_GEOM
-    return warp & (wpr - 1);
-#else
+template <bool GEOM = false> __device__ __forceinline__ int gv_part(int warp, int wpr) {
+    if constexpr (GEOM) return warp & (wpr - 1);
     return warp % wpr;
-#endif
 }
 /* This block's weight: its data, output, rows, warps per row and block index in it. */
 struct gv_seg {
@@ -674,15 +670,13 @@ struct gv_seg {
     float *y;
     int ne1, wpr, blk;
 };
-template <bool MULTI = true>
+template <bool MULTI = true, bool GEOM = false>
 __device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg, int base = 0) {
     const int b = (int)blockIdx.x - base; /* base: the blocks of a launch's other type first */
     if (!MULTI) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
-#if TPI_GV_GEOM
-    /* one weight (the downs, wo, lm_head): its fields read directly, not through the
-     * lookup's dependent indexed constant loads after the PDL wait */
-    if (sg.n == 1) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
-#endif
+    /* GEOM, one weight (the downs, wo, lm_head): its fields read directly, not through
+     * the lookup's dependent indexed constant loads after the PDL wait */
+    if (GEOM && sg.n == 1) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
     int i = 0;
 #pragma unroll
     for (int k = 1; k < OPS_MAX_FUSED; k++)
@@ -696,8 +690,9 @@ __device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg, int base = 0) {
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of;
- * base: blocks of the launch before sg's first). */
-template <int TYPE, int NR, bool PERM, int RW>
+ * base: blocks of the launch before sg's first; G: the shorter geometry, gv_geom, which the
+ * two-type launch's sides do not take, as measured). */
+template <int TYPE, int NR, bool PERM, int RW, bool G = gv_geom<TYPE>()>
 __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
                                               const int8_t *__restrict__ x, int xs,
                                               const float2 *__restrict__ ds, int nr,
@@ -705,11 +700,11 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     using Q = gv<TYPE>;
     if (sg.trigger) kern_dep_trigger();
     gv_l2_prefetch(sg, row_bytes);
-    const gv_seg me = gv_seg_of(sg, base);
+    const gv_seg me = gv_seg_of<true, G>(sg, base);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = gv_row0<RW>(me.blk, warp, wpr), part = gv_part(warp, wpr);
+    const int row0 = gv_row0<RW, G>(me.blk, warp, wpr), part = gv_part<G>(warp, wpr);
     float acc[RW][NR];
 #pragma unroll
     for (int rw = 0; rw < RW; rw++)
@@ -814,9 +809,11 @@ template <int T0, int T1>
 __device__ __forceinline__ void gv_quant2_body(const gv_side &s0, const gv_side &s1, int nb0,
                                                int ne0, const float2 *__restrict__ ds) {
     if ((int)blockIdx.x < nb0)
-        gv_quant_body<T0, 1, true, 1>(s0.sg, s0.row_bytes, ne0, s0.x, s0.xs, ds, 1, false);
+        gv_quant_body<T0, 1, true, 1, false>(s0.sg, s0.row_bytes, ne0, s0.x, s0.xs, ds, 1,
+                                             false);
     else
-        gv_quant_body<T1, 1, true, 1>(s1.sg, s1.row_bytes, ne0, s1.x, s1.xs, ds, 1, false, nb0);
+        gv_quant_body<T1, 1, true, 1, false>(s1.sg, s1.row_bytes, ne0, s1.x, s1.xs, ds, 1,
+                                             false, nb0);
 }
 template <int T0, int T1>
 __global__ void __launch_bounds__(GV_WARPS * 32)
