@@ -642,14 +642,22 @@ __device__ __forceinline__ void gv_l2_prefetch(const gv_segs &sg, size_t row_byt
         }
     }
 }
-/* The one-row products' block geometry in fewer instructions after the PDL wait (GEOM):
- * rows and part from wpr (a power of two <= GV_WARPS, gv_wpr) by shifts and a mask, not
- * two integer divisions, and a launch of one weight's fields read without the segment
- * lookup. Taken by Q6_K's groups only (gv_geom): there it took lm_head's 37,984 blocks
- * (36 waves, each block paying the path) from 130 to 122 us and the Q6_K down 0.1 us;
- * Q4_K's one-row kernel, one wave, went from 56 to 48 registers and lost 0.4-0.5 us a
- * launch (bench/NOTES.md change 130, run 219). */
-template <int TYPE> constexpr bool gv_geom() { return TYPE == KERN_TYPE_Q6_KX8; }
+/* The one-row products' block geometry in fewer instructions after the PDL wait, a mode
+ * of two bits: GV_GEOM_SHIFT, rows and part from wpr (a power of two <= GV_WARPS, gv_wpr)
+ * by shifts and a mask, not two integer divisions; GV_GEOM_ONE, a launch of one weight's
+ * fields read without the segment lookup. Measured per kernel (bench/NOTES.md change
+ * 130, runs 219-221): both pay in Q6_K's and Q8_0's 8-block groups (lm_head's 37,984
+ * blocks walk the path in ~36 waves: 130 -> 122 us); Q4_K's one-row kernel gains with the
+ * shifts (tg128 Q4_K_M +0.8-1.0 %) and loses with ONE (56 -> 48 registers, its loads
+ * scheduled otherwise: -0.6 % at depth 8192). Other kernels keep the lookup and divisions. */
+#define GV_GEOM_SHIFT 1
+#define GV_GEOM_ONE 2
+template <int TYPE, int NR, int RW> constexpr int gv_geom() {
+    if (TYPE == KERN_TYPE_Q6_KX8) return GV_GEOM_SHIFT | GV_GEOM_ONE;
+    if (NR == 1 && RW == 1 && TYPE == KERN_TYPE_Q8_0X8) return GV_GEOM_SHIFT | GV_GEOM_ONE;
+    if (NR == 1 && RW == 1 && TYPE == TPI_TYPE_Q4_K) return GV_GEOM_SHIFT;
+    return 0;
+}
 /* The first of the RW rows warp `warp` of block blk takes, and which of the row's wpr
  * warps it is. */
 template <int RW, bool GEOM = false>
@@ -674,8 +682,8 @@ template <bool MULTI = true, bool GEOM = false>
 __device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg, int base = 0) {
     const int b = (int)blockIdx.x - base; /* base: the blocks of a launch's other type first */
     if (!MULTI) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
-    /* GEOM, one weight (the downs, wo, lm_head): its fields read directly, not through
-     * the lookup's dependent indexed constant loads after the PDL wait */
+    /* GEOM (gv_geom's GV_GEOM_ONE), one weight (the downs, wo, lm_head): its fields read
+     * directly, not through the lookup's dependent indexed constant loads after the wait */
     if (GEOM && sg.n == 1) return {sg.w[0], sg.y[0], sg.ne1[0], sg.wpr[0], b};
     int i = 0;
 #pragma unroll
@@ -690,9 +698,9 @@ __device__ __forceinline__ gv_seg gv_seg_of(const gv_segs &sg, int base = 0) {
 
 /* Kinds a and p, quantized weights: warp (group, part) takes items part*32 + lane,
  * stepping 32*wpr, of the RW rows from group*RW on of its block's weight (gv_seg_of;
- * base: blocks of the launch before sg's first; G: the shorter geometry, gv_geom, which the
- * two-type launch's sides do not take, as measured). */
-template <int TYPE, int NR, bool PERM, int RW, bool G = gv_geom<TYPE>()>
+ * base: blocks of the launch before sg's first; G: gv_geom's mode, which the two-type
+ * launch's sides do not take, as measured). */
+template <int TYPE, int NR, bool PERM, int RW, int G = gv_geom<TYPE, NR, RW>()>
 __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_bytes, int ne0,
                                               const int8_t *__restrict__ x, int xs,
                                               const float2 *__restrict__ ds, int nr,
@@ -700,11 +708,12 @@ __device__ __forceinline__ void gv_quant_body(const gv_segs &sg, size_t row_byte
     using Q = gv<TYPE>;
     if (sg.trigger) kern_dep_trigger();
     gv_l2_prefetch(sg, row_bytes);
-    const gv_seg me = gv_seg_of<true, G>(sg, base);
+    const gv_seg me = gv_seg_of<true, (G & GV_GEOM_ONE) != 0>(sg, base);
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = gv_row0<RW, G>(me.blk, warp, wpr), part = gv_part<G>(warp, wpr);
+    constexpr bool SH = (G & GV_GEOM_SHIFT) != 0;
+    const int row0 = gv_row0<RW, SH>(me.blk, warp, wpr), part = gv_part<SH>(warp, wpr);
     float acc[RW][NR];
 #pragma unroll
     for (int rw = 0; rw < RW; rw++)
@@ -809,11 +818,10 @@ template <int T0, int T1>
 __device__ __forceinline__ void gv_quant2_body(const gv_side &s0, const gv_side &s1, int nb0,
                                                int ne0, const float2 *__restrict__ ds) {
     if ((int)blockIdx.x < nb0)
-        gv_quant_body<T0, 1, true, 1, false>(s0.sg, s0.row_bytes, ne0, s0.x, s0.xs, ds, 1,
-                                             false);
+        gv_quant_body<T0, 1, true, 1, 0>(s0.sg, s0.row_bytes, ne0, s0.x, s0.xs, ds, 1, false);
     else
-        gv_quant_body<T1, 1, true, 1, false>(s1.sg, s1.row_bytes, ne0, s1.x, s1.xs, ds, 1,
-                                             false, nb0);
+        gv_quant_body<T1, 1, true, 1, 0>(s1.sg, s1.row_bytes, ne0, s1.x, s1.xs, ds, 1, false,
+                                         nb0);
 }
 template <int T0, int T1>
 __global__ void __launch_bounds__(GV_WARPS * 32)
