@@ -649,13 +649,15 @@ __device__ __forceinline__ void gv_l2_prefetch(const gv_segs &sg, size_t row_byt
  * 130, runs 219-221): both pay in Q6_K's and Q8_0's 8-block groups (lm_head's 37,984
  * blocks walk the path in ~36 waves: 130 -> 122 us); Q4_K's one-row kernel gains with the
  * shifts (tg128 Q4_K_M +0.8-1.0 %) and loses with ONE (56 -> 48 registers, its loads
- * scheduled otherwise: -0.6 % at depth 8192). Other kernels keep the lookup and divisions. */
+ * scheduled otherwise: -0.6 % at depth 8192); the other types' one-row kernels take the
+ * shifts too (change 131, run 223: Q4_0 +1.3 %, Q5_K_M level). Kernels of more rows and
+ * the two-type Q/K/V launch (level with the shifts, run 223) keep the divisions. */
 #define GV_GEOM_SHIFT 1
 #define GV_GEOM_ONE 2
 template <int TYPE, int NR, int RW> constexpr int gv_geom() {
     if (TYPE == KERN_TYPE_Q6_KX8) return GV_GEOM_SHIFT | GV_GEOM_ONE;
     if (NR == 1 && RW == 1 && TYPE == KERN_TYPE_Q8_0X8) return GV_GEOM_SHIFT | GV_GEOM_ONE;
-    if (NR == 1 && RW == 1 && TYPE == TPI_TYPE_Q4_K) return GV_GEOM_SHIFT;
+    if (NR == 1 && RW == 1) return GV_GEOM_SHIFT;
     return 0;
 }
 /* The first of the RW rows warp `warp` of block blk takes, and which of the row's wpr
@@ -877,8 +879,10 @@ __device__ __forceinline__ void gv_elem_rows(const uint8_t *const (&wb)[RW], int
  * cost the one-weight kernel 6 registers (38: 13 blocks a multiprocessor instead of 16,
  * a second partial wave for the 4096-row products) and BF16 tg128 ~7 %, even when held
  * to 32 registers (spills); a launch of one weight therefore reads its one segment's
- * fields directly (MULTI false: the same instructions as before the segments). */
-template <int TYPE, int NR, int RW, bool MULTI>
+ * fields directly (MULTI false: the same instructions as before the segments). SH: the
+ * rows and part by shifts (gv_geom's GV_GEOM_SHIFT), for the one-row, one-weight launch
+ * (change 131, run 223: BF16 tg128 +0.2 %). */
+template <int TYPE, int NR, int RW, bool MULTI, bool SH = NR == 1 && RW == 1 && !MULTI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
     gv_elem_kernel(const gv_segs sg, size_t row_bytes, int ne0, const float *__restrict__ x,
                    int nr, bool accumulate) {
@@ -886,7 +890,7 @@ __global__ void __launch_bounds__(GV_WARPS * 32)
     const uint8_t *__restrict__ w = me.w;
     const int ne1 = me.ne1, wpr = me.wpr;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = gv_row0<RW>(me.blk, warp, wpr), part = gv_part(warp, wpr);
+    const int row0 = gv_row0<RW, SH>(me.blk, warp, wpr), part = gv_part<SH>(warp, wpr);
     float acc[RW][NR];
 #pragma unroll
     for (int rw = 0; rw < RW; rw++)
