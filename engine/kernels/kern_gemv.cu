@@ -283,12 +283,21 @@ template <> struct gu<TPI_TYPE_Q4_K> {
     static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
                                                         const float2 *ds, int xs, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const int j = u >> 1, sh = 4 * (j & 1), bs = 8 * (j & 3);
+        const int sh = 4 * ((u >> 1) & 1);
         const uint32_t qw[4] = {(uint32_t)w.q.x, (uint32_t)w.q.y, (uint32_t)w.q.z, (uint32_t)w.q.w};
         uint32_t q[4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
             q[i] = (qw[i] >> sh) & 0x0F0F0F0Fu;
+        dot_q<NR>(w, q, u, x, ds, xs, nr, keep, acc);
+    }
+    /* unit u's sums for its 16 values q (bytes, unsigned) with the header w.hd's scales */
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot_q(const raw &w, const uint32_t (&q)[4],
+                                                          int u, const int8_t *x, const float2 *ds,
+                                                          int xs, int nr, float keep,
+                                                          float (&acc)[NR]) {
+        const int j = u >> 1, bs = 8 * (j & 3);
         const uint32_t dm = (uint32_t)w.hd.x;
         const float d = gv_h2f((uint16_t)(dm & 0xFFFFu)) * keep;
         const float dmin = gv_h2f((uint16_t)(dm >> 16)) * keep;
@@ -307,6 +316,35 @@ template <> struct gu<TPI_TYPE_Q4_K> {
                 const float2 f = gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK));
                 acc[r] += fmaf(dsc * f.x, (float)s, -dm_j * f.y);
             }
+    }
+};
+
+/* Q5_K (16-byte aligned blocks): Q4_K's units with the quants at b+48 and the fifth bits
+ * of unit u (half h = u & 1 of sub-block j = u >> 1) bit j of the 16 qh bytes at
+ * b+16+16h; values 0..31, the sums Q4_K's. */
+template <> struct gu<TPI_TYPE_Q5_K> {
+    static constexpr int BLK = 256, BYTES = 176, UPB = 16;
+    struct raw {
+        int4 q, h, hd;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        w.q = gv_ld128(b + 48 + 32 * (u >> 2) + 16 * (u & 1));
+        w.h = gv_ld128(b + 16 + 16 * (u & 1));
+        w.hd = gv_ld128(b);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int j = u >> 1;
+        const uint32_t qw[4] = {(uint32_t)w.q.x, (uint32_t)w.q.y, (uint32_t)w.q.z, (uint32_t)w.q.w};
+        const uint32_t hw[4] = {(uint32_t)w.h.x, (uint32_t)w.h.y, (uint32_t)w.h.z, (uint32_t)w.h.w};
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = ((qw[i] >> (4 * (j & 1))) & 0x0F0F0F0Fu) | (((hw[i] >> j) << 4) & 0x10101010u);
+        const gu<TPI_TYPE_Q4_K>::raw k4 = {w.q, w.hd};
+        gu<TPI_TYPE_Q4_K>::dot_q<NR>(k4, q, u, x, ds, xs, nr, keep, acc);
     }
 };
 
@@ -404,7 +442,8 @@ __device__ __forceinline__ float gv_warp_sum(float v) {
 /* kind b: units per lane in one batch (all loads of a batch go out before its first
  * dot), by the registers a unit's loads take (8-20), times the `batch` knob (1, 2) */
 template <int TYPE> struct gu_batch {
-    static constexpr int U = TYPE == TPI_TYPE_Q6_K || TYPE == KERN_TYPE_Q6_KX8 ? 2 : 4;
+    static constexpr int U =
+        TYPE == TPI_TYPE_Q6_K || TYPE == KERN_TYPE_Q6_KX8 || TYPE == TPI_TYPE_Q5_K ? 2 : 4;
 };
 
 /* One warp's share of a row for kind b: units part*32 + lane, stepping 32*wpr, in
@@ -1476,10 +1515,12 @@ void kern_gemv_describe(char *buf, size_t n) {
 template <int T>
 constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 ||
                                  T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
-                                 T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q6_K ||
+                                 T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K || T == TPI_TYPE_Q6_K ||
                                  T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
-/* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6) */
+/* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6); Q4_K's
+ * and Q5_K's items are 64 values in order (gv_perm_k4) */
 template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;
+template <int T> constexpr bool gv_is_k4 = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
     bool taken = false;
     kq_dispatch(type, [&](auto type_c, auto) {
@@ -1510,7 +1551,9 @@ static bool gv_covers(const struct tpi_weight *w, int n_rows) {
         } else {
             if (w->ne0 % gv<T>::BLK != 0) return;
             /* 16-byte loads in the blocks */
-            if ((T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q8_0X8 || T == KERN_TYPE_Q6_KX8) && !a16)
+            if ((T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K || T == KERN_TYPE_Q8_0X8 ||
+                 T == KERN_TYPE_Q6_KX8) &&
+                !a16)
                 return;
             /* gv_ld_a2 rounds down to 4 bytes, gv_win_load to 16 */
             ok = (data & 15) == 0;
@@ -1578,7 +1621,7 @@ static gv_segs gv_segs_of(const struct ops_ctx *ctx, int n, const struct tpi_wei
 template <int T> static const int8_t *gv_xp_of(const struct kern_gemv_x *gx, int *xs) {
     using Q = gv<T>;
     const gv_xlayout lay = gv_xlayout_of(gx->n_rows, gx->ne0);
-    const size_t off = T == TPI_TYPE_Q4_K ? lay.k4_off : gv_is_q6<T> ? lay.q6_off : lay.b32_off;
+    const size_t off = gv_is_k4<T> ? lay.k4_off : gv_is_q6<T> ? lay.q6_off : lay.b32_off;
     *xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
     return gx->xp + (off - lay.b32_off);
 }
@@ -1886,7 +1929,7 @@ bool kern_gemv_v3_run_glu(struct ops_ctx *ctx, const struct tpi_weight *wg,
             };
             if (gv_kind_of<T, 1>(gx, c) == 'p') {
                 const gv_xlayout lay = gv_xlayout_of(1, ne0);
-                const size_t off = T == TPI_TYPE_Q4_K ? lay.k4_off
+                const size_t off = gv_is_k4<T>        ? lay.k4_off
                                    : gv_is_q6<T>        ? lay.q6_off
                                                         : lay.b32_off;
                 const int xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
@@ -2007,7 +2050,7 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
     int8_t *xp = (int8_t *)calloc((size_t)nr * xs, 1);
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < ne0; v++) {
-            const int at = T == TPI_TYPE_Q4_K   ? gv_perm_k4(v)
+            const int at = gv_is_k4<T>          ? gv_perm_k4(v)
                            : gv_is_q6<T>        ? gv_perm_q6(v)
                                                 : gv_perm_b32(v);
             xp[(size_t)r * xs + at] = xq[(size_t)r * ne0 + v];

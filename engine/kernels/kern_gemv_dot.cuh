@@ -357,7 +357,20 @@ template <> struct gv<TPI_TYPE_Q4_K> {
     };
     template <bool HI16 = false>
     static __host__ __device__ __forceinline__ prep unpack(const raw &wr, int c, float keep) {
-        const int4 qa = wr.qa, qb = wr.qb, hd = wr.hd;
+        const int4 qa = wr.qa, qb = wr.qb;
+        prep p = scales(wr.hd, c, keep);
+        const uint32_t w[8] = {(uint32_t)qa.x, (uint32_t)qa.y, (uint32_t)qa.z, (uint32_t)qa.w,
+                               (uint32_t)qb.x, (uint32_t)qb.y, (uint32_t)qb.z, (uint32_t)qb.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            p.lo[i] = w[i] & 0x0F0F0F0Fu;
+            p.hi[i] = HI16 ? w[i] & 0xF0F0F0F0u : (w[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        return p;
+    }
+    /* Chunk c's two sub-blocks' d*sc and dmin*m (times keep) from the block's 16-byte
+     * header hd (Q4_K's and Q5_K's are the same); lo and hi left unset. */
+    static __host__ __device__ __forceinline__ prep scales(const int4 hd, int c, float keep) {
         const uint32_t dm = (uint32_t)hd.x;
         const float d = gv_h2f((uint16_t)(dm & 0xFFFFu)) * keep;
         const float dmin = gv_h2f((uint16_t)(dm >> 16)) * keep;
@@ -376,13 +389,6 @@ template <> struct gv<TPI_TYPE_Q4_K> {
         p.d1 = d * (float)(scp >> 8);
         p.m0 = dmin * (float)(mnp & 0xFFu);
         p.m1 = dmin * (float)(mnp >> 8);
-        const uint32_t w[8] = {(uint32_t)qa.x, (uint32_t)qa.y, (uint32_t)qa.z, (uint32_t)qa.w,
-                               (uint32_t)qb.x, (uint32_t)qb.y, (uint32_t)qb.z, (uint32_t)qb.w};
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            p.lo[i] = w[i] & 0x0F0F0F0Fu;
-            p.hi[i] = HI16 ? w[i] & 0xF0F0F0F0u : (w[i] >> 4) & 0x0F0F0F0Fu;
-        }
         return p;
     }
     /* The item's sum against one x row: its 64 values as units a0, a1 (sub-block 2c) and
@@ -415,6 +421,58 @@ template <> struct gv<TPI_TYPE_Q4_K> {
                 /* (dx, dx*sum) of sub-blocks 2c and 2c+1: 16-byte aligned (2c even) */
                 const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
                 acc[r] += row_dot<HI16>(p, a0, a1, b0, b1, f);
+            }
+    }
+};
+
+/* Q5_K: Q4_K's block with 32 bytes qh at b+16 and the quants at b+48 (176 bytes, 16-byte
+ * aligned blocks): an item is one 64-value chunk c as Q4_K's, its fifth bits bit 2c (low
+ * nibbles, values 64c+l) and bit 2c+1 (high, 64c+32+l) of qh[l], l = 0..31 (two 16-byte
+ * loads the block's four items share in-instruction, as they share the header). Values
+ * 0..31 as unsigned bytes: the dot is Q4_K's. */
+template <> struct gv<TPI_TYPE_Q5_K> {
+    static constexpr int BLK = 256, BYTES = 176, IPB = 4;
+    struct raw {
+        int4 qa, qb, ha, hb, hd;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
+        w.qa = gv_ld128(b + 48 + 32 * c);
+        w.qb = gv_ld128(b + 48 + 32 * c + 16);
+        w.ha = gv_ld128(b + 16);
+        w.hb = gv_ld128(b + 32);
+        w.hd = gv_ld128(b);
+    }
+    using prep = gv<TPI_TYPE_Q4_K>::prep;
+    static __host__ __device__ __forceinline__ prep unpack(const raw &wr, int c, float keep) {
+        prep p = gv<TPI_TYPE_Q4_K>::scales(wr.hd, c, keep);
+        const int4 qa = wr.qa, qb = wr.qb, ha = wr.ha, hb = wr.hb;
+        const uint32_t w[8] = {(uint32_t)qa.x, (uint32_t)qa.y, (uint32_t)qa.z, (uint32_t)qa.w,
+                               (uint32_t)qb.x, (uint32_t)qb.y, (uint32_t)qb.z, (uint32_t)qb.w};
+        const uint32_t h[8] = {(uint32_t)ha.x, (uint32_t)ha.y, (uint32_t)ha.z, (uint32_t)ha.w,
+                               (uint32_t)hb.x, (uint32_t)hb.y, (uint32_t)hb.z, (uint32_t)hb.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t hs = h[i] >> (2 * c); /* bit 0 of each byte: low, bit 1: high */
+            p.lo[i] = (w[i] & 0x0F0F0F0Fu) | ((hs << 4) & 0x10101010u);
+            p.hi[i] = ((w[i] >> 4) & 0x0F0F0F0Fu) | ((hs << 3) & 0x10101010u);
+        }
+        return p;
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const prep p = unpack(wr, c, keep);
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r == 0 || r < nr) {
+                const int8_t *xr = x + (size_t)r * xs;
+                const int4 a0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c, 0));
+                const int4 a1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
+                const int4 b0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
+                const int4 b1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
+                const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
+                acc[r] += gv<TPI_TYPE_Q4_K>::row_dot(p, a0, a1, b0, b1, f);
             }
     }
 };

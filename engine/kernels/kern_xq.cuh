@@ -16,12 +16,12 @@
  * item it goes to group g's 512-byte slice k at 16 * (it % 32). Rows of a copy are
  * padded to whole groups (GS bytes). */
 #define GV_GS_B32 1024 /* items of 32 values (Q8_0, Q4_0, Q5_0): 2 units each */
-#define GV_GS_K4 2048  /* items of 64 values (Q4_K chunks, Q6_K halves): 4 units each */
+#define GV_GS_K4 2048  /* items of 64 values (Q4_K/Q5_K chunks, Q6_K halves): 4 units each */
 __host__ __device__ __forceinline__ int gv_perm_b32(int v) {
     const int it = v >> 5, k = (v >> 4) & 1;
     return GV_GS_B32 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
 }
-__host__ __device__ __forceinline__ int gv_perm_k4(int v) { /* Q4_K: item = 64 values in order */
+__host__ __device__ __forceinline__ int gv_perm_k4(int v) { /* Q4_K, Q5_K: 64 values in order */
     const int it = v >> 6, k = (v >> 4) & 3;
     return GV_GS_K4 * (it >> 5) + 512 * k + 16 * (it & 31) + (v & 15);
 }
