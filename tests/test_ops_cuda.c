@@ -15,7 +15,7 @@
  *   atol/rtol ~1e-5 (rope's angle is taken in double on both sides).
  * - matmul n_rows <= 8 (matrix-vector kernels, exact dequantized weights, f32
  *   sums in another order): NMSE < 1e-9. Both decode paths run (ops_cuda_set_gemv):
- *   v2, and v3, which for Q8_0/Q4_0/Q5_0/Q4_K/Q5_K/Q6_K rounds x to int8 per 32-value
+ *   v2, and v3, which for every block type rounds x to int8 per 32-value
  *   block: there each output within sum_j |w_ij| d_j / 2 (d_j: x's int8 step) of the
  *   f32 reference, and NMSE < 1e-4 over >= 256 outputs (see check_v3).
  * - matmul n_rows > 8, F32 weights (f32 SGEMM): NMSE < 1e-9; other types (x and W
@@ -320,7 +320,8 @@ END_TEST
 /* Types the v3 matrix-vector path runs with x quantized to int8 (kern_gemv.cu). */
 static bool v3_quantizes_x(int type) {
     return type == TPI_TYPE_Q8_0 || type == TPI_TYPE_Q4_0 || type == TPI_TYPE_Q5_0 ||
-           type == TPI_TYPE_Q4_K || type == TPI_TYPE_Q5_K || type == TPI_TYPE_Q6_K;
+           type == TPI_TYPE_Q4_1 || type == TPI_TYPE_Q5_1 || type == TPI_TYPE_Q4_K ||
+           type == TPI_TYPE_Q5_K || type == TPI_TYPE_Q6_K;
 }
 
 /* The v3 path against the f32 reference: x rounded to int8 per 32-value block (step

@@ -265,6 +265,75 @@ template <> struct gu<TPI_TYPE_Q5_0> {
     }
 };
 
+/* acc[r] += scale * dx_r * (q . x row r's unit) + mn * (dx_r * sum of x row r's block): a
+ * unit of a type with a block minimum (mn: the minimum on the block's first unit, else 0) */
+template <int NR>
+__host__ __device__ __forceinline__ void gu_dot16_min(const uint32_t (&q)[4], float scale, float mn,
+                                                      const int8_t *x, const float2 *ds, int xs,
+                                                      int nr, float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int s = gu_dp16(q, x + (size_t)r * xs);
+            const float2 f = gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK));
+            acc[r] += fmaf(scale * f.x, (float)s, mn * f.y);
+        }
+}
+
+/* Q4_1: f16 d and m at b, 16 bytes at b+4; unit u = nibble u of all 16 (values 0..15),
+ * value = d*q + m (m added with unit 0, for the block's 32 values). */
+template <> struct gu<TPI_TYPE_Q4_1> {
+    static constexpr int BLK = 32, BYTES = 20, UPB = 2;
+    struct raw {
+        gv_win q;
+        uint32_t dm;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        gv_win_load(w.q, b + 4);
+        w.dm = gv_ld32(b);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t q[4];
+        gv_win_get(w.q, q);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = (q[i] >> (4 * u)) & 0x0F0F0F0Fu;
+        const float mn = u ? 0.0f : gv_h2f((uint16_t)(w.dm >> 16)) * keep;
+        gu_dot16_min<NR>(q, gv_h2f((uint16_t)(w.dm & 0xFFFFu)) * keep, mn, x, ds, xs, nr, acc);
+    }
+};
+
+/* Q5_1: f16 d and m at b, qh (32 bits) at b+4, 16 bytes at b+8 as Q4_1's; bit j of qh is
+ * the fifth bit of value j; value = d*q + m. */
+template <> struct gu<TPI_TYPE_Q5_1> {
+    static constexpr int BLK = 32, BYTES = 24, UPB = 2;
+    struct raw {
+        gv_win q;
+        uint32_t dm, qh;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        gv_win_load(w.q, b + 8);
+        w.dm = gv_ld32(b);
+        w.qh = gv_ld32(b + 4);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t q[4];
+        gv_win_get(w.q, q);
+        const uint32_t qh = w.qh >> (16 * u); /* fifth bits of this unit's 16 values */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = ((q[i] >> (4 * u)) & 0x0F0F0F0Fu) | gv_spread4((qh >> (4 * i)) & 0xFu);
+        const float mn = u ? 0.0f : gv_h2f((uint16_t)(w.dm >> 16)) * keep;
+        gu_dot16_min<NR>(q, gv_h2f((uint16_t)(w.dm & 0xFFFFu)) * keep, mn, x, ds, xs, nr, acc);
+    }
+};
+
 /* Q4_K (16-byte aligned blocks): unit u = half h = u & 1 of sub-block j = u >> 1: the
  * 16 bytes at b+16+32(j/2)+16h, low nibbles for even j, high for odd; the 16-byte
  * header (d, dmin, 12 bytes of 6-bit scales/mins) is one load, shared in-instruction by
@@ -1515,6 +1584,7 @@ void kern_gemv_describe(char *buf, size_t n) {
 template <int T>
 constexpr bool gv_type_covered = T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 ||
                                  T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
+                                 T == TPI_TYPE_Q4_1 || T == TPI_TYPE_Q5_1 ||
                                  T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K || T == TPI_TYPE_Q6_K ||
                                  T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
 /* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6); Q4_K's

@@ -229,6 +229,25 @@ __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint3
         }
 }
 
+/* gv_dot32 for the types with a block minimum m (value = d*q + m): acc[r] += d * dx_r *
+ * sum(w . x_r) + m * (dx_r * sum x_r), the second from the block's (d, d*sum) pair. */
+template <int NR, bool PERM>
+__host__ __device__ __forceinline__ void gv_dot32_min(const uint32_t *a, const uint32_t *b,
+                                                      float d, float m, const int8_t *x, int xs,
+                                                      const float2 *ds, int dss, int nr,
+                                                      float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int8_t *xr = x + (size_t)r * xs;
+            const int4 x0 = gv_ldx128(gv_xunit<PERM>(xr, 0, 0));
+            const int4 x1 = gv_ldx128(gv_xunit<PERM>(xr, 16, 1));
+            const int s = gv_dp4a_x4(b, x1, gv_dp4a_x4(a, x0, 0));
+            const float2 f = gv_ldf2(ds + (size_t)r * dss);
+            acc[r] += fmaf(d * f.x, (float)s, m * f.y);
+        }
+}
+
 /* Q8_0: an item is a block: f16 d, 32 int8 at b+2 (2-byte aligned). */
 template <> struct gv<TPI_TYPE_Q8_0> {
     static constexpr int BLK = 32, BYTES = 34, IPB = 1;
@@ -327,6 +346,67 @@ template <> struct gv<TPI_TYPE_Q5_0> {
                              0x10101010u);
         }
         gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q4_1: an item is a block: f16 d and f16 m at b, 16 bytes at b+4 as Q4_0's (values
+ * 0..15, no offset); value = d*q + m. 20-byte blocks: 4-byte aligned loads. */
+template <> struct gv<TPI_TYPE_Q4_1> {
+    static constexpr int BLK = 32, BYTES = 20, IPB = 1;
+    struct raw {
+        uint32_t q[4], dm;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.dm = gv_ld32(b);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w.q[i] = gv_ld32(b + 4 + 4 * i);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const float d = gv_h2f((uint16_t)(wr.dm & 0xFFFFu)) * keep;
+        const float m = gv_h2f((uint16_t)(wr.dm >> 16)) * keep;
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = wr.q[i] & 0x0F0F0F0Fu;
+            hi[i] = (wr.q[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        gv_dot32_min<NR, PERM>(lo, hi, d, m, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q5_1: an item is a block: f16 d and f16 m at b, qh (32 bits) at b+4, 16 bytes at b+8
+ * as Q5_0's (values 0..31, no offset); value = d*q + m. 24-byte blocks: 4-byte aligned
+ * loads. */
+template <> struct gv<TPI_TYPE_Q5_1> {
+    static constexpr int BLK = 32, BYTES = 24, IPB = 1;
+    struct raw {
+        uint32_t q[5], dm; /* q[0]: qh */
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
+        w.dm = gv_ld32(b);
+#pragma unroll
+        for (int i = 0; i < 5; i++)
+            w.q[i] = gv_ld32(b + 4 + 4 * i);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const float d = gv_h2f((uint16_t)(wr.dm & 0xFFFFu)) * keep;
+        const float m = gv_h2f((uint16_t)(wr.dm >> 16)) * keep;
+        const uint32_t qh = wr.q[0];
+        uint32_t lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t q = wr.q[1 + i];
+            lo[i] = (q & 0x0F0F0F0Fu) | gv_spread4((qh >> (4 * i)) & 0xFu);
+            hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | gv_spread4((qh >> (16 + 4 * i)) & 0xFu);
+        }
+        gv_dot32_min<NR, PERM>(lo, hi, d, m, x, xs, ds, dss, nr, acc);
     }
 };
 
