@@ -12,7 +12,7 @@
  *   CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1 1..4097, plain and accumulate (y += );
  * - api (label gpu): one prepared x run against three weights, two of them on two
  *   side streams at once, and what the path refuses; three weights of one type in one
- *   launch (kern_gemv_v3_run_n), and Q4_K and Q6_K weights in one launch
+ *   launch (kern_gemv_v3_run_n), and Q4_K (or Q5_K) and Q6_K weights in one launch
  *   (kern_gemv_v3_run_mix), bitwise equal to a launch each;
  * - bench (not a ctest test): TB/s of weight bytes per type, Qwen3-8B shape, rows and
  *   setting, one line each on stdout: `gemv_bench type=.. ne0=.. ne1=.. rows=.. cfg=..
@@ -443,18 +443,19 @@ static void check_merged(struct tu_rng *r, int type) {
     free(x);
 }
 
-/* One launch for Q4_K and Q6_K weights together (kern_gemv_v3_run_mix: Q/K/V of a
- * Q4_K_M layer whose V has more bits), against a launch each: bitwise equal for every
- * mix setting, either type's weight first in the list, and every setting the one-row
- * path runs as kind p; refused for other settings, several x rows, one type alone,
- * and another type among them. */
-static void check_mix(struct tu_rng *r) {
+/* One launch for Q4_K (kq, or Q5_K) and Q6_K weights together (kern_gemv_v3_run_mix:
+ * Q/K/V of a Q4_K_M or Q5_K_M layer whose V has more bits), against a launch each:
+ * bitwise equal for every mix setting, either type's weight first in the list, and every
+ * setting the one-row path runs as kind p; refused for other settings, several x rows,
+ * one type alone, another type among them, and the other of Q4_K/Q5_K among them. */
+static void check_mix(struct tu_rng *r, int kq) {
     const int64_t ne0 = 4096;
-    static const int types[4] = {TPI_TYPE_Q4_K, TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0};
-    static const int64_t ne1s[4] = {1024, 333, 256, 64};
-    struct tpi_weight gw[4];
-    float *gy[4], *gm[4];
-    for (int k = 0; k < 4; k++) {
+    const int other = kq == TPI_TYPE_Q4_K ? TPI_TYPE_Q5_K : TPI_TYPE_Q4_K;
+    const int types[5] = {kq, kq, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, other};
+    static const int64_t ne1s[5] = {1024, 333, 256, 64, 128};
+    struct tpi_weight gw[5];
+    float *gy[5], *gm[5];
+    for (int k = 0; k < 5; k++) {
         float *wd;
         uint8_t *q = make_weight(r, types[k], ne0, ne1s[k], &wd);
         struct tpi_error err;
@@ -493,7 +494,8 @@ static void check_mix(struct tu_rng *r) {
                 const int ran = kern_gemv_test_run_mix(gctx, 3, wp, px, ym, mixes[m], NULL);
                 assert_ok("mix");
                 char label[160];
-                snprintf(label, sizeof label, "mix %#x order %d [%s]", mixes[m], o, CFGS[c]);
+                snprintf(label, sizeof label, "mix %s %#x order %d [%s]", quant_type_name(kq),
+                         mixes[m], o, CFGS[c]);
                 ck_assert_msg(ran == (takes ? 1 : 0), "%s: %s", label, ran ? "taken" : "refused");
                 if (!ran) continue;
                 for (int k = 0; k < 3; k++)
@@ -502,18 +504,21 @@ static void check_mix(struct tu_rng *r) {
         free(px);
     }
     kern_gemv_configure(NULL);
-    /* refusals: mix 0, one type alone, a third type, several x rows */
+    /* refusals: mix 0, one type alone, a third type, Q4_K and Q5_K together, several x
+     * rows */
     void *px = kern_gemv_test_prepare(gctx, gx, 1, ne0, NULL);
     const struct tpi_weight *three[3] = {&gw[0], &gw[2], &gw[3]}, *same[2] = {&gw[0], &gw[1]};
+    const struct tpi_weight *kk[3] = {&gw[0], &gw[2], &gw[4]};
     ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 2, three, px, gm, 0, NULL), 0);
     ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 2, same, px, gm, 8, NULL), 0);
     ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 3, three, px, gm, 8, NULL), 0);
+    ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 3, kk, px, gm, 8, NULL), 0);
     free(px);
     px = kern_gemv_test_prepare(gctx, gx, 3, ne0, NULL);
     ck_assert_int_eq(kern_gemv_test_run_mix(gctx, 2, three, px, gm, 8, NULL), 0);
     free(px);
     assert_ok("mix refusals");
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         G->weight_free(gctx, &gw[k]);
         G->dealloc(gctx, gy[k]), G->dealloc(gctx, gm[k]);
     }
@@ -591,7 +596,8 @@ START_TEST(test_api) {
     static const int merged_types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_BF16};
     for (size_t i = 0; i < sizeof merged_types / sizeof merged_types[0]; i++)
         check_merged(&r, merged_types[i]);
-    check_mix(&r);
+    check_mix(&r, TPI_TYPE_Q4_K);
+    check_mix(&r, TPI_TYPE_Q5_K);
     for (int k = 0; k < 2; k++) {
         cudaStreamDestroy(side[k]);
         cudaEventDestroy(done[k]);

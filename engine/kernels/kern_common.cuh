@@ -584,10 +584,10 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
 /* mix for kern_gemv_v3_run_mix: the low byte bounds its kernel to that many blocks a
  * multiprocessor (8, 10, 12; 1: unbounded); GV_MIX_Q6_FIRST puts Q6_K's blocks first. */
 #define GV_MIX_Q6_FIRST 0x100
-/* ys[i] = x ws[i]^T for one decode row and n (2..OPS_MAX_FUSED) weights of Q4_K and of
- * Q6_K's groups (both present, one row length each), in one launch on `stream`, each
- * output bitwise as kern_gemv_v3_run_n computes it; false (nothing queued) for anything
- * else, or mix <= 0. */
+/* ys[i] = x ws[i]^T for one decode row and n (2..OPS_MAX_FUSED) weights of one of Q4_K
+ * and Q5_K and of Q6_K's groups (both present, one row length each), in one launch on
+ * `stream`, each output bitwise as kern_gemv_v3_run_n computes it; false (nothing
+ * queued) for anything else, or mix <= 0. */
 bool kern_gemv_v3_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
                           const struct kern_gemv_x *gx, float *const *ys, int mix,
                           cudaStream_t stream);

@@ -1870,32 +1870,18 @@ bool kern_gemv_v3_run_n(struct ops_ctx *ctx, int n, const struct tpi_weight *con
     return true;
 }
 
-bool kern_gemv_v3_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
-                          const struct kern_gemv_x *gx, float *const *ys, int mix,
-                          cudaStream_t stream) {
-    if (mix <= 0 || n < 2 || n > OPS_MAX_FUSED || gx->n_rows != 1 || !gx->xp) return false;
-    const gv_cfg c = gv_config();
-    if ((c.kind && c.kind != 'p') || c.rpw > 1) return false;
-    /* side 0: Q4_K's weights, side 1: Q6_K's groups (the one pair built) */
-    const struct tpi_weight *sw[2][OPS_MAX_FUSED];
-    float *sy[2][OPS_MAX_FUSED];
-    int cnt[2] = {0, 0};
-    for (int i = 0; i < n; i++) {
-        const int t = kern_wtype(ws[i]);
-        const int side = t == TPI_TYPE_Q4_K ? 0 : t == KERN_TYPE_Q6_KX8 ? 1 : -1;
-        if (side < 0 || !gv_x_suits(ws[i], gx) || ws[i]->ne0 != ws[0]->ne0) return false;
-        if (cnt[side] && ws[i]->row_bytes != sw[side][0]->row_bytes) return false;
-        sw[side][cnt[side]] = ws[i];
-        sy[side][cnt[side]++] = ys[i];
-    }
-    if (!cnt[0] || !cnt[1]) return false;
-    const int ne0 = (int)ws[0]->ne0;
+/* The two-type launch with side 0 of 64-value K-quant items (Q4_K or Q5_K, type K). */
+template <int K>
+static void gv_mix_launch(struct ops_ctx *ctx, const gv_cfg &c,
+                          const struct tpi_weight *(&sw)[2][OPS_MAX_FUSED],
+                          float *(&sy)[2][OPS_MAX_FUSED], const int (&cnt)[2], int ne0,
+                          const struct kern_gemv_x *gx, int mix, cudaStream_t stream) {
     const int wps = c.wps ? c.wps : GV_WPS_QUANT;
     gv_side sd[2];
     unsigned nb[2];
     sd[0].sg = gv_segs_of(ctx, cnt[0], sw[0], sy[0], 1, wps,
-                          (int64_t)(ne0 / gv<TPI_TYPE_Q4_K>::BLK) * gv<TPI_TYPE_Q4_K>::IPB, &nb[0]);
-    sd[0].x = gv_xp_of<TPI_TYPE_Q4_K>(gx, &sd[0].xs);
+                          (int64_t)(ne0 / gv<K>::BLK) * gv<K>::IPB, &nb[0]);
+    sd[0].x = gv_xp_of<K>(gx, &sd[0].xs);
     sd[1].sg = gv_segs_of(ctx, cnt[1], sw[1], sy[1], 1, wps,
                           (int64_t)(ne0 / gv<KERN_TYPE_Q6_KX8>::BLK) * gv<KERN_TYPE_Q6_KX8>::IPB,
                           &nb[1]);
@@ -1909,11 +1895,39 @@ bool kern_gemv_v3_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *c
     const int minb = mix & 0xFF;
     const dim3 grid(nb[0] + nb[1]), block(GV_WARPS * 32);
     if (mix & GV_MIX_Q6_FIRST)
-        kern_launch(c.pdl != 0, gv_quant2_kernel_for<KERN_TYPE_Q6_KX8, TPI_TYPE_Q4_K>(minb), grid,
-                    block, 0, stream, sd[1], sd[0], (int)nb[1], ne0, gx->ds);
+        kern_launch(c.pdl != 0, gv_quant2_kernel_for<KERN_TYPE_Q6_KX8, K>(minb), grid, block, 0,
+                    stream, sd[1], sd[0], (int)nb[1], ne0, gx->ds);
     else
-        kern_launch(c.pdl != 0, gv_quant2_kernel_for<TPI_TYPE_Q4_K, KERN_TYPE_Q6_KX8>(minb), grid,
-                    block, 0, stream, sd[0], sd[1], (int)nb[0], ne0, gx->ds);
+        kern_launch(c.pdl != 0, gv_quant2_kernel_for<K, KERN_TYPE_Q6_KX8>(minb), grid, block, 0,
+                    stream, sd[0], sd[1], (int)nb[0], ne0, gx->ds);
+}
+
+bool kern_gemv_v3_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *const *ws,
+                          const struct kern_gemv_x *gx, float *const *ys, int mix,
+                          cudaStream_t stream) {
+    if (mix <= 0 || n < 2 || n > OPS_MAX_FUSED || gx->n_rows != 1 || !gx->xp) return false;
+    const gv_cfg c = gv_config();
+    if ((c.kind && c.kind != 'p') || c.rpw > 1) return false;
+    /* side 0: the weights of one 64-value K-quant (Q4_K, or Q5_K: Q/K/V of a Q5_K_M layer
+     * whose V has more bits), side 1: Q6_K's groups */
+    const struct tpi_weight *sw[2][OPS_MAX_FUSED];
+    float *sy[2][OPS_MAX_FUSED];
+    int cnt[2] = {0, 0}, k0 = -1;
+    for (int i = 0; i < n; i++) {
+        const int t = kern_wtype(ws[i]);
+        if ((t == TPI_TYPE_Q4_K || t == TPI_TYPE_Q5_K) && k0 < 0) k0 = t;
+        const int side = t == k0 ? 0 : t == KERN_TYPE_Q6_KX8 ? 1 : -1;
+        if (side < 0 || !gv_x_suits(ws[i], gx) || ws[i]->ne0 != ws[0]->ne0) return false;
+        if (cnt[side] && ws[i]->row_bytes != sw[side][0]->row_bytes) return false;
+        sw[side][cnt[side]] = ws[i];
+        sy[side][cnt[side]++] = ys[i];
+    }
+    if (!cnt[0] || !cnt[1]) return false;
+    const int ne0 = (int)ws[0]->ne0;
+    if (k0 == TPI_TYPE_Q4_K)
+        gv_mix_launch<TPI_TYPE_Q4_K>(ctx, c, sw, sy, cnt, ne0, gx, mix, stream);
+    else
+        gv_mix_launch<TPI_TYPE_Q5_K>(ctx, c, sw, sy, cnt, ne0, gx, mix, stream);
     LAUNCH_OK(ctx, "cuda matmul (v3, two types)");
     return true;
 }

@@ -21,8 +21,8 @@
  * NULL when false; stream NULL: ctx->stream.
  * kern_gemv_test_run: kern_gemv_v3_run, 1 when queued.
  * kern_gemv_test_run_n: kern_gemv_v3_run_n (n weights in one launch), 1 when queued.
- * kern_gemv_test_run_mix: kern_gemv_v3_run_mix (Q4_K and Q6_K weights in one launch, mix
- * as TPI_GEMV_MIX's value), 1 when queued.
+ * kern_gemv_test_run_mix: kern_gemv_v3_run_mix (Q4_K or Q5_K weights and Q6_K's in one
+ * launch, mix as TPI_GEMV_MIX's value), 1 when queued.
  * kern_gemv_host_quantize: x's int8 blocks exactly as the device makes them (ds: d,
  * d*sum pairs).
  * kern_gemv_host_emulate: the kernel of kind 'a', 'b' or 'p' for a quantized type run on
