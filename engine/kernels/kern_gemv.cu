@@ -280,44 +280,19 @@ __host__ __device__ __forceinline__ void gu_dot16_min(const uint32_t (&q)[4], fl
         }
 }
 
-/* Q4_1: f16 d and m at b, 16 bytes at b+4; unit u = nibble u of all 16 (values 0..15),
- * value = d*q + m (m added with unit 0, for the block's 32 values). */
-template <> struct gu<TPI_TYPE_Q4_1> {
-    static constexpr int BLK = 32, BYTES = 20, UPB = 2;
-    struct raw {
-        gv_win q;
-        uint32_t dm;
-    };
-    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
-        gv_win_load(w.q, b + 4);
-        w.dm = gv_ld32(b);
-    }
-    template <int NR>
-    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
-                                                        const float2 *ds, int xs, int nr,
-                                                        float keep, float (&acc)[NR]) {
-        uint32_t q[4];
-        gv_win_get(w.q, q);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            q[i] = (q[i] >> (4 * u)) & 0x0F0F0F0Fu;
-        const float mn = u ? 0.0f : gv_h2f((uint16_t)(w.dm >> 16)) * keep;
-        gu_dot16_min<NR>(q, gv_h2f((uint16_t)(w.dm & 0xFFFFu)) * keep, mn, x, ds, xs, nr, acc);
-    }
-};
-
-/* Q5_1: f16 d and m at b, qh (32 bits) at b+4, 16 bytes at b+8 as Q4_1's; bit j of qh is
- * the fifth bit of value j; value = d*q + m. */
-template <> struct gu<TPI_TYPE_Q5_1> {
-    static constexpr int BLK = 32, BYTES = 24, UPB = 2;
+/* Q4_1 (QH false) and Q5_1 (QH true): f16 d and m at b, for Q5_1 qh (32 bits, bit j the
+ * fifth bit of value j) at b+4, then 16 bytes; unit u = nibble u of all 16 (values 0..15
+ * or 0..31), value = d*q + m (m added with unit 0, for the block's 32 values). */
+template <bool QH> struct gu_min_block {
+    static constexpr int BLK = 32, BYTES = QH ? 24 : 20, UPB = 2;
     struct raw {
         gv_win q;
         uint32_t dm, qh;
     };
     static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
-        gv_win_load(w.q, b + 8);
+        gv_win_load(w.q, b + (QH ? 8 : 4));
         w.dm = gv_ld32(b);
-        w.qh = gv_ld32(b + 4);
+        w.qh = QH ? gv_ld32(b + 4) : 0u;
     }
     template <int NR>
     static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
@@ -327,12 +302,16 @@ template <> struct gu<TPI_TYPE_Q5_1> {
         gv_win_get(w.q, q);
         const uint32_t qh = w.qh >> (16 * u); /* fifth bits of this unit's 16 values */
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            q[i] = ((q[i] >> (4 * u)) & 0x0F0F0F0Fu) | gv_spread4((qh >> (4 * i)) & 0xFu);
+        for (int i = 0; i < 4; i++) {
+            q[i] = (q[i] >> (4 * u)) & 0x0F0F0F0Fu;
+            if (QH) q[i] |= gv_spread4((qh >> (4 * i)) & 0xFu);
+        }
         const float mn = u ? 0.0f : gv_h2f((uint16_t)(w.dm >> 16)) * keep;
         gu_dot16_min<NR>(q, gv_h2f((uint16_t)(w.dm & 0xFFFFu)) * keep, mn, x, ds, xs, nr, acc);
     }
 };
+template <> struct gu<TPI_TYPE_Q4_1> : gu_min_block<false> {};
+template <> struct gu<TPI_TYPE_Q5_1> : gu_min_block<true> {};
 
 /* Q4_K (16-byte aligned blocks): unit u = half h = u & 1 of sub-block j = u >> 1: the
  * 16 bytes at b+16+32(j/2)+16h, low nibbles for even j, high for odd; the 16-byte

@@ -350,47 +350,19 @@ template <> struct gv<TPI_TYPE_Q5_0> {
     }
 };
 
-/* Q4_1: an item is a block: f16 d and f16 m at b, 16 bytes at b+4 as Q4_0's (values
- * 0..15, no offset); value = d*q + m. 20-byte blocks: 4-byte aligned loads. */
-template <> struct gv<TPI_TYPE_Q4_1> {
-    static constexpr int BLK = 32, BYTES = 20, IPB = 1;
-    struct raw {
-        uint32_t q[4], dm;
-    };
-    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
-        w.dm = gv_ld32(b);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            w.q[i] = gv_ld32(b + 4 + 4 * i);
-    }
-    template <int NR, bool PERM>
-    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
-                                                        const float2 *ds, int dss, int nr,
-                                                        float keep, float (&acc)[NR]) {
-        const float d = gv_h2f((uint16_t)(wr.dm & 0xFFFFu)) * keep;
-        const float m = gv_h2f((uint16_t)(wr.dm >> 16)) * keep;
-        uint32_t lo[4], hi[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            lo[i] = wr.q[i] & 0x0F0F0F0Fu;
-            hi[i] = (wr.q[i] >> 4) & 0x0F0F0F0Fu;
-        }
-        gv_dot32_min<NR, PERM>(lo, hi, d, m, x, xs, ds, dss, nr, acc);
-    }
-};
-
-/* Q5_1: an item is a block: f16 d and f16 m at b, qh (32 bits) at b+4, 16 bytes at b+8
- * as Q5_0's (values 0..31, no offset); value = d*q + m. 24-byte blocks: 4-byte aligned
+/* Q4_1 (QH false) and Q5_1 (QH true): an item is a block: f16 d and f16 m at b, for Q5_1
+ * qh (32 bits, bit j the fifth bit of value j) at b+4, then 16 bytes as Q4_0's (values
+ * 0..15 or 0..31, no offset); value = d*q + m. 20- and 24-byte blocks: 4-byte aligned
  * loads. */
-template <> struct gv<TPI_TYPE_Q5_1> {
-    static constexpr int BLK = 32, BYTES = 24, IPB = 1;
+template <bool QH> struct gv_min_block {
+    static constexpr int BLK = 32, BYTES = QH ? 24 : 20, IPB = 1, NW = QH ? 5 : 4;
     struct raw {
-        uint32_t q[5], dm; /* q[0]: qh */
+        uint32_t q[NW], dm; /* q[0]: qh (Q5_1) */
     };
     static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int) {
         w.dm = gv_ld32(b);
 #pragma unroll
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < NW; i++)
             w.q[i] = gv_ld32(b + 4 + 4 * i);
     }
     template <int NR, bool PERM>
@@ -403,13 +375,20 @@ template <> struct gv<TPI_TYPE_Q5_1> {
         uint32_t lo[4], hi[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const uint32_t q = wr.q[1 + i];
-            lo[i] = (q & 0x0F0F0F0Fu) | gv_spread4((qh >> (4 * i)) & 0xFu);
-            hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | gv_spread4((qh >> (16 + 4 * i)) & 0xFu);
+            const uint32_t q = wr.q[NW - 4 + i];
+            if (QH) {
+                lo[i] = (q & 0x0F0F0F0Fu) | gv_spread4((qh >> (4 * i)) & 0xFu);
+                hi[i] = ((q >> 4) & 0x0F0F0F0Fu) | gv_spread4((qh >> (16 + 4 * i)) & 0xFu);
+            } else {
+                lo[i] = q & 0x0F0F0F0Fu;
+                hi[i] = (q >> 4) & 0x0F0F0F0Fu;
+            }
         }
         gv_dot32_min<NR, PERM>(lo, hi, d, m, x, xs, ds, dss, nr, acc);
     }
 };
+template <> struct gv<TPI_TYPE_Q4_1> : gv_min_block<false> {};
+template <> struct gv<TPI_TYPE_Q5_1> : gv_min_block<true> {};
 
 /* Q4_K: an item is one 64-value chunk c of a block (16-byte aligned blocks): its 32
  * quant bytes at b+16+32c (low nibbles: sub-block 2c = values 64c..64c+31, high:
