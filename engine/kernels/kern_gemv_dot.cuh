@@ -469,7 +469,13 @@ template <> struct gv<TPI_TYPE_Q4_K> {
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const prep p = unpack<HI16>(wr, c, keep);
+        rows<NR, PERM, HI16>(unpack<HI16>(wr, c, keep), c, x, xs, ds, dss, nr, acc);
+    }
+    /* Chunk c's sums against the x rows, from its scales and nibbles p (Q5_K's too). */
+    template <int NR, bool PERM, bool HI16 = false>
+    static __host__ __device__ __forceinline__ void rows(const prep &p, int c, const int8_t *x,
+                                                         int xs, const float2 *ds, int dss,
+                                                         int nr, float (&acc)[NR]) {
 #pragma unroll
         for (int r = 0; r < NR; r++)
             if (r == 0 || r < nr) {
@@ -522,18 +528,7 @@ template <> struct gv<TPI_TYPE_Q5_K> {
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const prep p = unpack(wr, c, keep);
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            if (r == 0 || r < nr) {
-                const int8_t *xr = x + (size_t)r * xs;
-                const int4 a0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c, 0));
-                const int4 a1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 16, 1));
-                const int4 b0 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 32, 2));
-                const int4 b1 = gv_ldx128(gv_xunit<PERM>(xr, 64 * c + 48, 3));
-                const float4 f = gv_ldf4((const float *)(ds + (size_t)r * dss + 2 * c));
-                acc[r] += gv<TPI_TYPE_Q4_K>::row_dot(p, a0, a1, b0, b1, f);
-            }
+        gv<TPI_TYPE_Q4_K>::rows<NR, PERM>(unpack(wr, c, keep), c, x, xs, ds, dss, nr, acc);
     }
 };
 
