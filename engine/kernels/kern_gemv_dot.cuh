@@ -214,11 +214,14 @@ __host__ __device__ __forceinline__ const int8_t *gv_xunit(const int8_t *x, int 
 }
 
 /* The rows of a 32-value block: acc[r] += d * dx_r * sum(w . x_r) for the block's 32
- * int8 weights as 8 words (a: values 0..15, b: 16..31) against x row r's block. */
-template <int NR, bool PERM>
+ * int8 weights as 8 words (a: values 0..15, b: 16..31) against x row r's block; MIN (the
+ * types with a block minimum m, value = d*q + m): plus m * (dx_r * sum x_r), from the
+ * block's (d, d*sum) pair. */
+template <int NR, bool PERM, bool MIN = false>
 __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint32_t *b, float d,
                                                   const int8_t *x, int xs, const float2 *ds,
-                                                  int dss, int nr, float (&acc)[NR]) {
+                                                  int dss, int nr, float (&acc)[NR],
+                                                  float m = 0.0f) {
 #pragma unroll
     for (int r = 0; r < NR; r++)
         if (r == 0 || r < nr) {
@@ -226,26 +229,12 @@ __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint3
             const int4 x0 = gv_ldx128(gv_xunit<PERM>(xr, 0, 0));
             const int4 x1 = gv_ldx128(gv_xunit<PERM>(xr, 16, 1));
             const int s = gv_dp4a_x4(b, x1, gv_dp4a_x4(a, x0, 0));
-            acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
-        }
-}
-
-/* gv_dot32 for the types with a block minimum m (value = d*q + m): acc[r] += d * dx_r *
- * sum(w . x_r) + m * (dx_r * sum x_r), the second from the block's (d, d*sum) pair. */
-template <int NR, bool PERM>
-__host__ __device__ __forceinline__ void gv_dot32_min(const uint32_t *a, const uint32_t *b,
-                                                      float d, float m, const int8_t *x, int xs,
-                                                      const float2 *ds, int dss, int nr,
-                                                      float (&acc)[NR]) {
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-        if (r == 0 || r < nr) {
-            const int8_t *xr = x + (size_t)r * xs;
-            const int4 x0 = gv_ldx128(gv_xunit<PERM>(xr, 0, 0));
-            const int4 x1 = gv_ldx128(gv_xunit<PERM>(xr, 16, 1));
-            const int s = gv_dp4a_x4(b, x1, gv_dp4a_x4(a, x0, 0));
-            const float2 f = gv_ldf2(ds + (size_t)r * dss);
-            acc[r] += fmaf(d * f.x, (float)s, m * f.y);
+            if (MIN) {
+                const float2 f = gv_ldf2(ds + (size_t)r * dss);
+                acc[r] += fmaf(d * f.x, (float)s, m * f.y);
+            } else {
+                acc[r] += d * gv_ldf2(ds + (size_t)r * dss).x * (float)s;
+            }
         }
 }
 
@@ -384,7 +373,7 @@ template <bool QH> struct gv_min_block {
                 hi[i] = (q >> 4) & 0x0F0F0F0Fu;
             }
         }
-        gv_dot32_min<NR, PERM>(lo, hi, d, m, x, xs, ds, dss, nr, acc);
+        gv_dot32<NR, PERM, true>(lo, hi, d, x, xs, ds, dss, nr, acc, m);
     }
 };
 template <> struct gv<TPI_TYPE_Q4_1> : gv_min_block<false> {};
