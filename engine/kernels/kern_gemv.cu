@@ -737,8 +737,9 @@ __device__ __forceinline__ void gv_l2_prefetch(const gv_segs &sg, size_t row_byt
  * blocks walk the path in ~36 waves: 130 -> 122 us); Q4_K's one-row kernel gains with the
  * shifts (tg128 Q4_K_M +0.8-1.0 %) and loses with ONE (56 -> 48 registers, its loads
  * scheduled otherwise: -0.6 % at depth 8192); the other types' one-row kernels take the
- * shifts too (change 131, run 223: Q4_0 +1.3 %, Q5_K_M level). Kernels of more rows and
- * the two-type Q/K/V launch (level with the shifts, run 223) keep the divisions. */
+ * shifts too (change 131, run 223: Q4_0 +1.3 %; BF16's own kernel +0.2 %). Kernels of
+ * more rows and the two-type Q/K/V launch (level with the shifts, run 223) keep the
+ * divisions. */
 #define GV_GEOM_SHIFT 1
 #define GV_GEOM_ONE 2
 template <int TYPE, int NR, int RW> constexpr int gv_geom() {
