@@ -159,16 +159,23 @@ __host__ __device__ __forceinline__ int gu_dp16(const uint32_t (&q)[4], const in
     return gv_dp4a_x4(q, gv_ldx128(x), 0);
 }
 
-/* acc[r] += scale * dx_r * (the 4 words q . x row r's unit) for the first nr rows */
-template <int NR>
+/* acc[r] += scale * dx_r * (the 4 words q . x row r's unit) for the first nr rows; MIN
+ * (a unit of a type with a block minimum): plus mn * (dx_r * sum of x row r's block), mn
+ * the minimum on the block's first unit, else 0 */
+template <int NR, bool MIN = false>
 __host__ __device__ __forceinline__ void gu_dot16(const uint32_t (&q)[4], float scale,
                                                   const int8_t *x, const float2 *ds, int xs, int nr,
-                                                  float (&acc)[NR]) {
+                                                  float (&acc)[NR], float mn = 0.0f) {
 #pragma unroll
     for (int r = 0; r < NR; r++)
         if (r == 0 || r < nr) {
             const int s = gu_dp16(q, x + (size_t)r * xs);
-            acc[r] += scale * gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+            if (MIN) {
+                const float2 f = gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK));
+                acc[r] += fmaf(scale * f.x, (float)s, mn * f.y);
+            } else {
+                acc[r] += scale * gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK)).x * (float)s;
+            }
         }
 }
 
@@ -265,21 +272,6 @@ template <> struct gu<TPI_TYPE_Q5_0> {
     }
 };
 
-/* acc[r] += scale * dx_r * (q . x row r's unit) + mn * (dx_r * sum of x row r's block): a
- * unit of a type with a block minimum (mn: the minimum on the block's first unit, else 0) */
-template <int NR>
-__host__ __device__ __forceinline__ void gu_dot16_min(const uint32_t (&q)[4], float scale, float mn,
-                                                      const int8_t *x, const float2 *ds, int xs,
-                                                      int nr, float (&acc)[NR]) {
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-        if (r == 0 || r < nr) {
-            const int s = gu_dp16(q, x + (size_t)r * xs);
-            const float2 f = gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK));
-            acc[r] += fmaf(scale * f.x, (float)s, mn * f.y);
-        }
-}
-
 /* Q4_1 (QH false) and Q5_1 (QH true): f16 d and m at b, for Q5_1 qh (32 bits, bit j the
  * fifth bit of value j) at b+4, then 16 bytes; unit u = nibble u of all 16 (values 0..15
  * or 0..31), value = d*q + m (m added with unit 0, for the block's 32 values). */
@@ -307,7 +299,7 @@ template <bool QH> struct gu_min_block {
             if (QH) q[i] |= gv_spread4((qh >> (4 * i)) & 0xFu);
         }
         const float mn = u ? 0.0f : gv_h2f((uint16_t)(w.dm >> 16)) * keep;
-        gu_dot16_min<NR>(q, gv_h2f((uint16_t)(w.dm & 0xFFFFu)) * keep, mn, x, ds, xs, nr, acc);
+        gu_dot16<NR, true>(q, gv_h2f((uint16_t)(w.dm & 0xFFFFu)) * keep, x, ds, xs, nr, acc, mn);
     }
 };
 template <> struct gu<TPI_TYPE_Q4_1> : gu_min_block<false> {};
