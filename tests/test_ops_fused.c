@@ -173,7 +173,7 @@ static void check_fused_matmul(struct be b, const int *types, const int64_t *ne1
 }
 
 /* The weight mixes of the models: Q/K/V of Q4_K_M (Q4_K, Q4_K, Q6_K), all-BF16, all-Q8_0,
- * a v2-only type (Q5_K) beside a v3 one, F32, and gate/up pairs. */
+ * two K-quants that take separate launches (Q5_K beside Q4_K), F32, and gate/up pairs. */
 static void fused_matmul_cases(struct be b) {
     static const struct {
         int n_w;
