@@ -188,15 +188,21 @@ template <> struct kq<TPI_TYPE_Q4_K> {
     static __device__ __forceinline__ int goff(int u, int g) {
         return 64 * (u >> 3) + 32 * g + (u & 7) * 4;
     }
-    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
-                                                int (&off)[2]) {
+    /* chunk c's scales and mins: d0, mm0 of sub-block 2c, d1, mm1 of 2c+1 (Q5_K's too) */
+    static __device__ __forceinline__ void scales(const uint8_t *b, int c, float &d0, float &mm0,
+                                                  float &d1, float &mm1) {
         const float d = kq_f16(b), dmin = kq_f16(b + 2);
-        const int c = u >> 3, l0 = (u & 7) * 4;
         int sc0, m0, sc1, m1;
         kq_scale_min_k4(2 * c, b + 4, &sc0, &m0);
         kq_scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
-        const float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
-        const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        d0 = d * (float)sc0, mm0 = dmin * (float)m0;
+        d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+    }
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const int c = u >> 3, l0 = (u & 7) * 4;
+        float d0, mm0, d1, mm1;
+        scales(b, c, d0, mm0, d1, mm1);
         const uint32_t q = kq_u32_a4(b + 16 + 32 * c + l0);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -211,21 +217,13 @@ template <> struct kq<TPI_TYPE_Q4_K> {
 
 /* Q5_K: as Q4_K plus 32 bytes qh: qh[l] bit 2c is the fifth bit of value 64c+l, bit
  * 2c+1 that of 64c+32+l. 176-byte blocks: 16-byte aligned. */
-template <> struct kq<TPI_TYPE_Q5_K> {
-    static constexpr int BLK = 256, BYTES = 176, UPB = 32, G = 2;
-    /* offset in the block of group g (0..G-1) of unit u */
-    static __device__ __forceinline__ int goff(int u, int g) {
-        return 64 * (u >> 3) + 32 * g + (u & 7) * 4;
-    }
+template <> struct kq<TPI_TYPE_Q5_K> : kq<TPI_TYPE_Q4_K> {
+    static constexpr int BYTES = 176;
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
                                                 int (&off)[2]) {
-        const float d = kq_f16(b), dmin = kq_f16(b + 2);
         const int c = u >> 3, l0 = (u & 7) * 4;
-        int sc0, m0, sc1, m1;
-        kq_scale_min_k4(2 * c, b + 4, &sc0, &m0);
-        kq_scale_min_k4(2 * c + 1, b + 4, &sc1, &m1);
-        const float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
-        const float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        float d0, mm0, d1, mm1;
+        scales(b, c, d0, mm0, d1, mm1);
         const uint32_t h = kq_u32_a4(b + 16 + l0);
         const uint32_t q = kq_u32_a4(b + 48 + 32 * c + l0);
 #pragma unroll
