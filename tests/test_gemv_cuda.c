@@ -8,8 +8,9 @@
  *   same item/unit code and order, kind p's permuted x) for every quantized type, odd
  *   shapes, 1, 2 and 4 warps per row; Q8_0 also in the device's 8-block groups
  *   (bitwise the GGUF layout's results);
- * - Q8_0 Q4_0 Q5_0 Q4_1 Q5_1 Q4_K Q5_K Q6_K BF16 F16 (label gpu): kern_gemv_v3_run for each setting in
- *   CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1 1..4097, plain and accumulate (y += );
+ * - Q8_0 Q4_0 Q5_0 Q4_1 Q5_1 Q4_K Q5_K Q6_K BF16 F16 (label gpu): kern_gemv_v3_run for
+ *   each setting in CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1 1..4097, plain and
+ *   accumulate (y += );
  * - api (label gpu): one prepared x run against three weights, two of them on two
  *   side streams at once, and what the path refuses; three weights of one type in one
  *   launch (kern_gemv_v3_run_n), and Q4_K (or Q5_K) and Q6_K weights in one launch

@@ -3,7 +3,7 @@
  * block of each quantized type (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K and the
  * device layouts KERN_TYPE_Q8_0X8, KERN_TYPE_Q6_KX8) is loaded into registers and dotted
  * with int8 x in blocks of 32 and their (d, d*sum) pairs (kern_xq.cuh). The matrix-vector
- * kernels of kern_gemv.cu and the fused decode-layer kernel of kern_layer.cu share them,
+ * kernels of kern_gemv.cuh and the fused decode-layer kernel of kern_layer.cu share them,
  * so both compute each item's products alike. Host and device (the host emulation runs
  * them).
  */

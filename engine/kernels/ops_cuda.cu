@@ -319,9 +319,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
             TPI_LOGW("TPI_GEMV_MERGE=%s is not 0, 1, 2 or 3: ignored", gm);
     }
     /* matmul_n's decode weights of Q4_K (or Q5_K) and Q6_K (Q/K/V of a Q4_K_M or Q5_K_M
-     * layer whose V has more bits) in one launch instead of Q6_K's as a parallel branch (kern_gemv_v3_run_mix),
-     * which lets the attention in at its start as the one-type launch does: the branch's
-     * join held the attention's blocks back to its end. TPI_GEMV_MIX: 0 off; 1
+     * layer whose V has more bits) in one launch instead of Q6_K's as a parallel branch
+     * (kern_gemv_v3_run_mix), which lets the attention in at its start as the one-type
+     * launch does: the branch's join held the attention's blocks back to its end.
+     * TPI_GEMV_MIX: 0 off; 1
      * (unbounded), 8, 10 or 12 (blocks a multiprocessor the kernel is held to), with an
      * 'r' after it: Q6_K's blocks first. Default 8r: tg128 Q4_K_M +2.0 %, depth 8192
      * +1.1 % against off; 8 +0.5 %, 12r -6 % (run 186, bench/NOTES.md change 106). */
