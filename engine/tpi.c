@@ -1,10 +1,12 @@
 /*
  * tpi.c — implementation of the project-wide basics in tpi.h: error records,
- * stderr logging with a rank prefix, clocks, core count, hashing, f16/bf16.
+ * stderr logging with a rank prefix, clocks, core count, hashing, a whole-input JSON
+ * parse, f16/bf16.
  */
 #define _GNU_SOURCE
 #include "tpi.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -93,6 +95,20 @@ int tpi_cpu_count(void) {
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+struct cJSON *tpi_json_parse(const char *text, size_t len) {
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!j) return NULL;
+    const char *stop = text + len;
+    while (end < stop && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
+        end++;
+    if (end < stop && !(*end == '\0' && end + 1 == stop)) { /* something after the value */
+        cJSON_Delete(j);
+        return NULL;
+    }
+    return j;
 }
 
 uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n) {

@@ -70,6 +70,12 @@ int tpi_cpu_count(void);
 #define TPI_FNV_INIT 0xcbf29ce484222325ULL
 uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n);
 
+/* One JSON value that fills text[0, len) but for surrounding whitespace (cJSON's own
+ * parse stops after the first value: `{"a":1} x` would pass), or NULL; free with
+ * cJSON_Delete. */
+struct cJSON;
+struct cJSON *tpi_json_parse(const char *text, size_t len);
+
 /* Half/bfloat16 conversions (round to nearest even), shared by every module. */
 float tpi_f16_to_f32(uint16_t h);
 uint16_t tpi_f32_to_f16(float f);

@@ -610,7 +610,7 @@ static int vocab_from_tokenizer_json(struct vocab *v, const char *path, struct t
     }
     fclose(f);
     text[n] = '\0';
-    cJSON *root = cJSON_ParseWithLength(text, n);
+    cJSON *root = tpi_json_parse(text, n);
     free(text);
     if (!root) return tpi_err(err, TPI_ERR_FORMAT, "%s: not valid JSON", path);
     int st = TPI_OK;

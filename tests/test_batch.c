@@ -228,7 +228,8 @@ START_TEST(test_inputs) {
              "{\"prompt\": \"no id here\", \"temperature\": \"hot\"}\n"
              "{\"id\": \"bigseed\", \"prompt\": \"Hi\", \"seed\": 3.1e33}\n"
              "{\"id\": \"maxseed\", \"prompt\": \"Hi\", \"seed\": 18446744073709551615}\n"
-             "{\"id\": \"minseed\", \"prompt\": \"Hi\", \"seed\": -9223372036854775808}\n",
+             "{\"id\": \"minseed\", \"prompt\": \"Hi\", \"seed\": -9223372036854775808}\n"
+             "{\"id\": \"two\", \"prompt\": \"Hi\"} {\"id\": \"more\"}\n",
              long_prompt);
     write_file(path_in("in.jsonl"), text);
     const char *args[] = {"-f", path_in("in.jsonl"), "-o", path_in("out.jsonl"), "-n", "8",
@@ -236,7 +237,7 @@ START_TEST(test_inputs) {
     ck_assert_int_eq(run(1, args), 0);
     int n = 0;
     char *norm = normalized(path_in("out.jsonl"), &n);
-    ck_assert_int_eq(n, 14); // every non-blank line has one record
+    ck_assert_int_eq(n, 15); // every non-blank line has one record
 
     struct { long line; const char *id; const char *err_part; } errs[] = {
         {3, "\"num\"", "line 3: \"prompt\" must be a string"},
@@ -245,6 +246,7 @@ START_TEST(test_inputs) {
         {6, "\"long\"", "line 6: the prompt has"},
         {12, "12", "line 12: \"temperature\" must be a number"},
         {13, "\"bigseed\"", "line 13: \"seed\" must be an integer in [-2^63, 2^64)"},
+        {16, "16", "line 16: not valid JSON"}, // a value, then more: not one JSON line
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
         cJSON *j = record_by_line(norm, errs[i].line);

@@ -66,7 +66,7 @@ static int run_jsonl(const struct tokenizer *t, const char *in_path, bool specia
     long lineno = 0, n_bad = 0;
     while ((n = getline(&line, &cap, in)) > 0) {
         lineno++;
-        cJSON *j = cJSON_ParseWithLength(line, (size_t)n);
+        cJSON *j = tpi_json_parse(line, (size_t)n);
         const cJSON *jt = j ? cJSON_GetObjectItemCaseSensitive(j, "text") : NULL;
         if (!j || !cJSON_IsString(jt)) {
             print_error_line(lineno, !j ? "not valid JSON" : "no \"text\" string");

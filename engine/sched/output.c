@@ -34,7 +34,7 @@ static struct batch_req *by_line(struct batch_input *in, long line) {
 
 /* Mark the request a complete record belongs to. */
 static void mark_record(struct batch_input *in, const char *text, size_t len, int *n_done) {
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    cJSON *j = tpi_json_parse(text, len);
     if (!j) return;
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
     const cJSON *line = cJSON_GetObjectItemCaseSensitive(j, "line");

@@ -243,7 +243,7 @@ static char *line_id(long line) {
 /* Parse one JSON line into r (r->line, defaults already set). */
 static void parse_json_line(struct batch_req *r, const char *text, size_t len,
                             const struct tokenizer *tok, const struct req_defaults *d) {
-    cJSON *j = cJSON_ParseWithLength(text, len);
+    cJSON *j = tpi_json_parse(text, len);
     if (!j || !cJSON_IsObject(j)) {
         req_fail(r, j ? "not a JSON object" : "not valid JSON");
         cJSON_Delete(j);
