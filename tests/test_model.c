@@ -393,6 +393,21 @@ START_TEST(test_sampling) {
         }
         sampler_free(&s);
     }
+    // Non-finite parameters are refused with the field named.
+    {
+        struct sampler_params q = p;
+        q.temp = NAN;
+        ck_assert_int_eq(sampler_init(&s, &q, 6, &err), TPI_ERR_INVALID);
+        ck_assert_msg(strstr(err.msg, "temperature nan"), "%s", err.msg);
+        q = p;
+        q.top_p = INFINITY;
+        ck_assert_int_eq(sampler_init(&s, &q, 6, &err), TPI_ERR_INVALID);
+        ck_assert_msg(strstr(err.msg, "top-p inf"), "%s", err.msg);
+        q = p;
+        q.frequency_penalty = -INFINITY;
+        ck_assert_int_eq(sampler_init(&s, &q, 6, &err), TPI_ERR_INVALID);
+        ck_assert_msg(strstr(err.msg, "frequency penalty -inf"), "%s", err.msg);
+    }
     // Repetition penalty 2 on token 1 (3.0 -> 1.5): greedy picks 5 (2.9).
     p.repeat_penalty = 2.0f;
     ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);

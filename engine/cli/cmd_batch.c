@@ -81,7 +81,7 @@ static bool parse_int(const char *s, int *out) {
 static bool parse_float(const char *s, float *out) {
     char *e;
     double v = strtod(s, &e);
-    if (!*s || *e) return false;
+    if (!*s || *e || !isfinite((float)v)) return false;
     *out = (float)v;
     return true;
 }

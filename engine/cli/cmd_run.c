@@ -5,6 +5,7 @@
  * plugs in beside run_single(): the options, model and tokenizer are shared.
  */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,8 @@ static void usage(FILE *f) {
 static int parse_float(const char *opt, const char *s, float *out) {
     char *end;
     *out = strtof(s, &end);
-    if (*end || end == s) {
-        fprintf(stderr, "tpinfer run: %s expects a number, got '%s'\n", opt, s);
+    if (*end || end == s || !isfinite(*out)) {
+        fprintf(stderr, "tpinfer run: %s expects a finite number, got '%s'\n", opt, s);
         return -1;
     }
     return 0;

@@ -41,6 +41,14 @@ int sampler_init(struct sampler *s, const struct sampler_params *p, int n_vocab,
                  struct tpi_error *err) {
     memset(s, 0, sizeof *s);
     if (n_vocab <= 0) return tpi_err(err, TPI_ERR_INVALID, "sampler: vocabulary of %d", n_vocab);
+    const float fields[] = {p->temp, p->top_p, p->min_p, p->repeat_penalty,
+                            p->presence_penalty, p->frequency_penalty};
+    static const char *const names[] = {"temperature", "top-p", "min-p", "repeat penalty",
+                                        "presence penalty", "frequency penalty"};
+    for (int i = 0; i < 6; i++)
+        if (!isfinite(fields[i]))
+            return tpi_err(err, TPI_ERR_INVALID, "sampler: %s %g is not a finite number",
+                           names[i], (double)fields[i]);
     if (p->repeat_last_n < 0 || p->repeat_penalty <= 0.0f)
         return tpi_err(err, TPI_ERR_INVALID,
                        "sampler: repeat penalty %g over %d tokens (penalty must be > 0)",
