@@ -91,6 +91,10 @@ uint16_t tpi_f32_to_bf16(float f);
  * those of the baseline build, only wider vectors compute them. */
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__) && !defined(__CUDACC__)
 #define TPI_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+/* Where a loop needs a different form for AVX2 (not only wider vectors), the file has
+ * both bodies: TPI_CPU_AVX2 on the AVX2 one, chosen at run time by tpi_cpu_avx2(). */
+#define TPI_CPU_AVX2 __attribute__((target("avx2")))
+#define tpi_cpu_avx2() __builtin_cpu_supports("avx2")
 #else
 #define TPI_CPU_CLONES
 #endif

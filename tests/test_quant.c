@@ -3,7 +3,9 @@
  *
  * 1. Hand-built blocks of every type, laid out byte by byte from ggml's format
  *    definitions, dequantize to the values the definition gives (plus a few
- *    values worked out by hand as literals).
+ *    values worked out by hand as literals); every f16/bf16 pattern, and random
+ *    bytes as 32-value and Q6_K blocks, bitwise against the definitions one value at a
+ *    time.
  * 2. quantize -> dequantize round trips on random data stay within per-type
  *    bounds (stated at each check).
  * 3. quant_extract_cols equals slicing the dequantized matrix; misaligned or
@@ -251,6 +253,121 @@ START_TEST(test_block_float_types) {
     float f[2] = {1.5f, -0.25f};
     dequant_one(TPI_TYPE_F32, f, got, 2);
     expect_values("F32", got, f, 2);
+}
+END_TEST
+
+/* Every f16 and bf16 bit pattern (NaNs with their payloads, subnormals, -0) gives the
+ * bits of tpi_f16_to_f32 / tpi_bf16_to_f32: the tensor loops have forms of their own
+ * that vectorize. */
+START_TEST(test_float_types_all_patterns) {
+    uint16_t *h = malloc(sizeof *h * 65536);
+    float *got = malloc(sizeof *got * 65536);
+    ck_assert(h && got);
+    for (int i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    dequant_one(TPI_TYPE_F16, h, got, 65536);
+    for (int i = 0; i < 65536; i++) {
+        const float want = tpi_f16_to_f32(h[i]);
+        ck_assert_msg(!memcmp(&got[i], &want, 4), "F16 0x%04x: got %a, want %a", i,
+                      (double)got[i], (double)want);
+    }
+    dequant_one(TPI_TYPE_BF16, h, got, 65536);
+    for (int i = 0; i < 65536; i++) {
+        const float want = tpi_bf16_to_f32(h[i]);
+        ck_assert_msg(!memcmp(&got[i], &want, 4), "BF16 0x%04x: got %a, want %a", i,
+                      (double)got[i], (double)want);
+    }
+    free(h);
+    free(got);
+}
+END_TEST
+
+/* Random bytes as Q4_0, Q4_1, Q5_0 and Q5_1 blocks (scales any finite f16, subnormal
+ * and negative ones too) give bitwise the values of the format's definition computed
+ * one at a time: the loops of quant.c take 8 values at a time where the CPU has AVX2. */
+START_TEST(test_nibble_blocks_random) {
+    const int types[] = {TPI_TYPE_Q4_0, TPI_TYPE_Q4_1, TPI_TYPE_Q5_0, TPI_TYPE_Q5_1};
+    enum { NB = 1000 };
+    struct tu_rng r;
+    tu_rng_seed(&r, 2026);
+    for (int t = 0; t < 4; t++) {
+        const int type = types[t];
+        const struct quant_traits *tr = quant_traits(type);
+        const size_t bb = tr->type_size;
+        const bool five = type == TPI_TYPE_Q5_0 || type == TPI_TYPE_Q5_1;
+        const bool affine = type == TPI_TYPE_Q4_1 || type == TPI_TYPE_Q5_1;
+        uint8_t *q = malloc(bb * NB);
+        float *got = malloc(sizeof *got * 32 * NB);
+        ck_assert(q && got);
+        for (size_t i = 0; i < bb * NB; i++)
+            q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
+        for (int b = 0; b < NB; b++) /* scales (and mins): finite f16s */
+            for (int k = 0; k < (affine ? 2 : 1); k++)
+                if ((q[bb * b + 2 * k + 1] & 0x7C) == 0x7C) q[bb * b + 2 * k + 1] ^= 0x40;
+        /* every block count from 1 to 9, then all */
+        for (int nb = 1; nb <= NB; nb = nb < 9 ? nb + 1 : NB) {
+            tr->to_f32(q, got, 32 * nb);
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = q + bb * b;
+                const float d = tpi_f16_to_f32((uint16_t)(blk[0] | blk[1] << 8));
+                const float m = affine ? tpi_f16_to_f32((uint16_t)(blk[2] | blk[3] << 8)) : 0;
+                const uint8_t *qh = blk + (affine ? 4 : 2), *qs = qh + (five ? 4 : 0);
+                const uint32_t bits = five ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 |
+                                                 (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24
+                                           : 0;
+                for (int e = 0; e < 32; e++) {
+                    const int lv = (e < 16 ? qs[e] & 15 : qs[e - 16] >> 4) |
+                                   (int)((bits >> e) & 1u) << 4;
+                    const float want = affine ? d * (float)lv + m
+                                              : d * (float)(lv - (five ? 16 : 8));
+                    const float g = got[32 * b + e];
+                    ck_assert_msg(!memcmp(&g, &want, 4), "%s block %d of %d, value %d: %a, want %a",
+                                  tr->name, b, nb, e, (double)g, (double)want);
+                }
+            }
+            if (nb == NB) break;
+        }
+        free(q);
+        free(got);
+    }
+}
+END_TEST
+
+/* Random bytes as Q6_K blocks (finite scales), bitwise against the definition one
+ * value at a time, as above: x = (d * sc) * (q - 32), q's low 4 bits from ql and its
+ * top 2 from qh. */
+START_TEST(test_q6_k_blocks_random) {
+    enum { NB = 300, BB = 210 };
+    struct tu_rng r;
+    tu_rng_seed(&r, 2027);
+    uint8_t *q = malloc(BB * NB);
+    float *got = malloc(sizeof *got * 256 * NB);
+    ck_assert(q && got);
+    for (size_t i = 0; i < (size_t)BB * NB; i++)
+        q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
+    for (int b = 0; b < NB; b++) /* d, the last two bytes: a finite f16 */
+        if ((q[BB * b + 209] & 0x7C) == 0x7C) q[BB * b + 209] ^= 0x40;
+    for (int nb = 1; nb <= NB; nb = nb < 3 ? nb + 1 : NB) {
+        quant_traits(TPI_TYPE_Q6_K)->to_f32(q, got, 256 * nb);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *ql = q + BB * b, *qh = ql + 128;
+            const int8_t *sc = (const int8_t *)(ql + 192);
+            const float d = tpi_f16_to_f32((uint16_t)(ql[208] | ql[209] << 8));
+            for (int e = 0; e < 256; e++) {
+                const int h = e / 128, row = e % 128 / 32, l = e % 32;
+                const uint8_t lo = ql[64 * h + l + (row & 1) * 32];
+                const int top = (qh[32 * h + l] >> (2 * row)) & 3;
+                const int v = (row < 2 ? lo & 15 : lo >> 4) | top << 4;
+                const float want = d * (float)sc[8 * h + l / 16 + 2 * row] * (float)(v - 32);
+                const float g = got[256 * b + e];
+                ck_assert_msg(!memcmp(&g, &want, 4), "Q6_K block %d of %d, value %d: %a, want %a",
+                              b, nb, e, (double)g, (double)want);
+            }
+        }
+        if (nb == NB) break;
+    }
+    free(q);
+    free(got);
 }
 END_TEST
 
@@ -557,6 +674,9 @@ int main(void) {
     tcase_add_test(tc, test_block_q5_k);
     tcase_add_test(tc, test_block_q6_k);
     tcase_add_test(tc, test_block_float_types);
+    tcase_add_test(tc, test_float_types_all_patterns);
+    tcase_add_test(tc, test_nibble_blocks_random);
+    tcase_add_test(tc, test_q6_k_blocks_random);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("round_trip");
     tcase_add_test(tr, test_round_trip);

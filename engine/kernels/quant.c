@@ -76,6 +76,26 @@ static inline float f16(uint16_t h) {
     return tpi_f16_to_f32(h);
 }
 
+/* f16 -> f32 without branches, so that loops of it vectorize (F16 tensors; the
+ * baseline bodies' block scales take f16, whose loops vectorized worse with this
+ * inlined): bitwise tpi_f16_to_f32's value for every input (test_quant checks all
+ * 65536). Exponent 0 is man * 2^-24, exact in f32; 31 keeps the payload of a NaN. */
+static inline float f16_lanes(uint16_t h) {
+    const uint32_t em = h & 0x7fffu, sign = (uint32_t)(h & 0x8000u) << 16;
+    const float sub = (float)em * 0x1p-24f;
+    uint32_t sub_bits;
+    memcpy(&sub_bits, &sub, 4);
+    const uint32_t normal = (em << 13) + ((uint32_t)(127 - 15) << 23);
+    const uint32_t special = (em << 13) | 0x7f800000u;
+    const uint32_t is_special = 0u - (uint32_t)(em >= 0x7c00u);
+    const uint32_t is_sub = 0u - (uint32_t)(em < 0x0400u);
+    const uint32_t bits = sign | (special & is_special) | (sub_bits & is_sub) |
+                          (normal & ~(is_special | is_sub)); /* masks, not branches */
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 static inline int clampi(int v, int lo, int hi) {
     return v < lo ? lo : v > hi ? hi : v;
 }
@@ -121,7 +141,7 @@ static void f32_from_f32(const float *src, void *dst, int64_t n) {
 TPI_CPU_CLONES static void f16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = tpi_f16_to_f32(s[i]);
+        dst[i] = f16_lanes(s[i]);
 }
 static void f16_from_f32(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
@@ -130,8 +150,10 @@ static void f16_from_f32(const float *src, void *dst, int64_t n) {
 }
 TPI_CPU_CLONES static void bf16_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const uint16_t *s = src;
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = tpi_bf16_to_f32(s[i]);
+    for (int64_t i = 0; i < n; i++) { /* tpi_bf16_to_f32, here so that the loop vectorizes */
+        const uint32_t bits = (uint32_t)s[i] << 16;
+        memcpy(&dst[i], &bits, 4);
+    }
 }
 static void bf16_from_f32(const float *src, void *dst, int64_t n) {
     uint16_t *d = dst;
@@ -162,9 +184,78 @@ static void q8_0_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
+/* ---- 32-value nibble blocks (Q4_0, Q4_1, Q5_0, Q5_1): the AVX2 form -----------
+ * ggml's order: value j < 16 is the low nibble of byte j, value j + 16 its high
+ * nibble; Q5's fifth bit of value j is bit j of qh. The baseline bodies below loop
+ * over values; GCC's AVX2 code for those loops is 3-7x slower than this form
+ * (bench/dequant_bench.c): eight values at a time taken out of 32-bit words in
+ * 32-bit lanes, each lane shifting its word by its own count (GCC's vector
+ * extensions: vpsrlvd), then converted and scaled as one vector. Without AVX2
+ * those shifts are emulated (4x slower than the loops), hence the two bodies. The
+ * values, and so the floats, are the same either way. */
+#ifdef TPI_CPU_AVX2
+typedef uint32_t u32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef float f32x8 __attribute__((vector_size(32)));
+
+/* Values 8g..8g+7 (g < 4) of a block whose quant bytes are the words w[4] and whose
+ * fifth bits are qh (0 for Q4), into *q: lane l is byte 8g + l's nibble (low for
+ * g < 2). (Vectors pass by pointer: by value they would change the ABI between the
+ * clones.) */
+static inline void nibbles8(const uint32_t w[4], uint32_t qh, int g, i32x8 *q) {
+    const u32x8 byte_shift = {0, 8, 16, 24, 0, 8, 16, 24};
+    const u32x8 lane = {0, 1, 2, 3, 4, 5, 6, 7};
+    const uint32_t lo = w[2 * (g & 1)], hi = w[2 * (g & 1) + 1];
+    const u32x8 words = {lo, lo, lo, lo, hi, hi, hi, hi};
+    const u32x8 nib = (words >> (byte_shift + 4u * (uint32_t)(g >> 1))) & 0xFu;
+    const u32x8 fifth = ((qh >> (lane + 8u * (uint32_t)g)) & 1u) << 4;
+    *q = (i32x8)(nib | fifth);
+}
+
+/* dst[j] = d * (float)(q_j - off) over a block's 32 values (Q4_0, Q5_0). */
+static inline void nibbles32_sym(const uint8_t *qs, uint32_t qh, int off, float d, float *dst) {
+    uint32_t w[4];
+    memcpy(w, qs, 16); /* little-endian: byte k is bits 8(k % 4).. of w[k / 4] */
+    for (int g = 0; g < 4; g++) {
+        i32x8 q;
+        nibbles8(w, qh, g, &q);
+        const f32x8 f = __builtin_convertvector(q - off, f32x8) * d;
+        memcpy(dst + 8 * g, &f, sizeof f);
+    }
+}
+
+/* dst[j] = d * (float)q_j + m over a block's 32 values (Q4_1, Q5_1). */
+static inline void nibbles32_affine(const uint8_t *qs, uint32_t qh, float d, float m, float *dst) {
+    uint32_t w[4];
+    memcpy(w, qs, 16);
+    for (int g = 0; g < 4; g++) {
+        i32x8 q;
+        nibbles8(w, qh, g, &q);
+        const f32x8 f = __builtin_convertvector(q, f32x8) * d + m;
+        memcpy(dst + 8 * g, &f, sizeof f);
+    }
+}
+#endif
+
 /* ---- Q4_0: x = d * (q - 8) ------------------------------------------------ */
 
-TPI_CPU_CLONES static void q4_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+TPI_CPU_AVX2 static void q4_0_to_f32_avx2(const void *restrict src, float *restrict dst,
+                                          int64_t n) {
+    const struct block_q4_0 *b = src;
+    for (int64_t i = 0; i < n / QK4_0; i++, dst += QK4_0) {
+        const float d = f16_lanes(b[i].d);
+        nibbles32_sym(b[i].qs, 0, 8, d, dst);
+    }
+}
+#endif
+static void q4_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+    if (tpi_cpu_avx2()) {
+        q4_0_to_f32_avx2(src, dst, n);
+        return;
+    }
+#endif
     const struct block_q4_0 *b = src;
     for (int64_t i = 0; i < n / QK4_0; i++, dst += QK4_0) {
         float d = f16(b[i].d);
@@ -189,7 +280,23 @@ static void q4_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q4_1: x = d * q + m -------------------------------------------------- */
 
-TPI_CPU_CLONES static void q4_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+TPI_CPU_AVX2 static void q4_1_to_f32_avx2(const void *restrict src, float *restrict dst,
+                                          int64_t n) {
+    const struct block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / QK4_1; i++, dst += QK4_1) {
+        const float d = f16_lanes(b[i].d), m = f16_lanes(b[i].m);
+        nibbles32_affine(b[i].qs, 0, d, m, dst);
+    }
+}
+#endif
+static void q4_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+    if (tpi_cpu_avx2()) {
+        q4_1_to_f32_avx2(src, dst, n);
+        return;
+    }
+#endif
     const struct block_q4_1 *b = src;
     for (int64_t i = 0; i < n / QK4_1; i++, dst += QK4_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -227,7 +334,23 @@ static inline void store_u32le(uint8_t *p, uint32_t v) {
     p[3] = (uint8_t)(v >> 24);
 }
 
-TPI_CPU_CLONES static void q5_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+TPI_CPU_AVX2 static void q5_0_to_f32_avx2(const void *restrict src, float *restrict dst,
+                                          int64_t n) {
+    const struct block_q5_0 *b = src;
+    for (int64_t i = 0; i < n / QK5_0; i++, dst += QK5_0) {
+        const float d = f16_lanes(b[i].d);
+        nibbles32_sym(b[i].qs, load_u32le(b[i].qh), 16, d, dst);
+    }
+}
+#endif
+static void q5_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+    if (tpi_cpu_avx2()) {
+        q5_0_to_f32_avx2(src, dst, n);
+        return;
+    }
+#endif
     const struct block_q5_0 *b = src;
     for (int64_t i = 0; i < n / QK5_0; i++, dst += QK5_0) {
         float d = f16(b[i].d);
@@ -258,7 +381,23 @@ static void q5_0_from_f32(const float *src, void *dst, int64_t n) {
 
 /* ---- Q5_1: x = d * q + m -------------------------------------------------- */
 
-TPI_CPU_CLONES static void q5_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+TPI_CPU_AVX2 static void q5_1_to_f32_avx2(const void *restrict src, float *restrict dst,
+                                          int64_t n) {
+    const struct block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / QK5_1; i++, dst += QK5_1) {
+        const float d = f16_lanes(b[i].d), m = f16_lanes(b[i].m);
+        nibbles32_affine(b[i].qs, load_u32le(b[i].qh), d, m, dst);
+    }
+}
+#endif
+static void q5_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+    if (tpi_cpu_avx2()) {
+        q5_1_to_f32_avx2(src, dst, n);
+        return;
+    }
+#endif
     const struct block_q5_1 *b = src;
     for (int64_t i = 0; i < n / QK5_1; i++, dst += QK5_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -430,7 +569,59 @@ static void q5_k_from_f32(const float *src, void *dst, int64_t n) {
  * byte l, of l+32 and l+96 in byte l+32) and 32 bytes of qh (2 bits each of
  * elements l, l+32, l+64, l+96 in byte l). */
 
+#ifdef TPI_CPU_AVX2
+/* Bytes 8g..8g+7 of p as the lanes of *v (32-bit lanes, each its word shifted by
+ * its own count, as nibbles8). */
+static inline void bytes8(const uint8_t *p, int g, u32x8 *v) {
+    const u32x8 byte_shift = {0, 8, 16, 24, 0, 8, 16, 24};
+    uint32_t w[2];
+    memcpy(w, p + 8 * g, 8);
+    const u32x8 words = {w[0], w[0], w[0], w[0], w[1], w[1], w[1], w[1]};
+    *v = (words >> byte_shift) & 0xFFu;
+}
+
+/* The baseline body's values, 8 of each of its four rows at a time (the same q and
+ * the same products; 0.22 -> 0.16 ns a value, bench/dequant_bench.c). */
+TPI_CPU_AVX2 static void q6_k_to_f32_avx2(const void *restrict src, float *restrict dst,
+                                          int64_t n) {
+    const struct block_q6_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16_lanes(b[i].d);
+        const uint8_t *ql = b[i].ql, *qh = b[i].qh;
+        const int8_t *sc = b[i].scales;
+        for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32, sc += 8, dst += 128) {
+            for (int g = 0; g < 4; g++) { /* values l = 8g..8g+7 of each row of 32 */
+                const int s = g / 2;
+                const float d1 = d * (float)sc[s], d2 = d * (float)sc[s + 2];
+                const float d3 = d * (float)sc[s + 4], d4 = d * (float)sc[s + 6];
+                u32x8 lo, hi, top;
+                bytes8(ql, g, &lo);
+                bytes8(ql + 32, g, &hi);
+                bytes8(qh, g, &top);
+                const i32x8 q1 = (i32x8)((lo & 0x0Fu) | ((top & 3u) << 4)) - 32;
+                const i32x8 q2 = (i32x8)((hi & 0x0Fu) | (((top >> 2) & 3u) << 4)) - 32;
+                const i32x8 q3 = (i32x8)((lo >> 4) | (((top >> 4) & 3u) << 4)) - 32;
+                const i32x8 q4 = (i32x8)((hi >> 4) | (((top >> 6) & 3u) << 4)) - 32;
+                const f32x8 f1 = __builtin_convertvector(q1, f32x8) * d1;
+                const f32x8 f2 = __builtin_convertvector(q2, f32x8) * d2;
+                const f32x8 f3 = __builtin_convertvector(q3, f32x8) * d3;
+                const f32x8 f4 = __builtin_convertvector(q4, f32x8) * d4;
+                memcpy(dst + 8 * g, &f1, sizeof f1);
+                memcpy(dst + 32 + 8 * g, &f2, sizeof f2);
+                memcpy(dst + 64 + 8 * g, &f3, sizeof f3);
+                memcpy(dst + 96 + 8 * g, &f4, sizeof f4);
+            }
+        }
+    }
+}
+#endif
 TPI_CPU_CLONES static void q6_k_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+#ifdef TPI_CPU_AVX2
+    if (tpi_cpu_avx2()) {
+        q6_k_to_f32_avx2(src, dst, n);
+        return;
+    }
+#endif
     const struct block_q6_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d);
