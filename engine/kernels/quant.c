@@ -184,6 +184,10 @@ static void q8_0_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
+#ifndef TPI_CPU_AVX2
+#define AVX2_FIRST(fn) ((void)0)
+#endif
+
 /* ---- 32-value nibble blocks (Q4_0, Q4_1, Q5_0, Q5_1): the AVX2 form -----------
  * ggml's order: value j < 16 is the low nibble of byte j, value j + 16 its high
  * nibble; Q5's fifth bit of value j is bit j of qh. The baseline bodies below loop
@@ -194,6 +198,16 @@ static void q8_0_from_f32(const float *src, void *dst, int64_t n) {
  * those shifts are emulated (4x slower than the loops), hence the two bodies. The
  * values, and so the floats, are the same either way. */
 #ifdef TPI_CPU_AVX2
+/* The first statement of a baseline body that has an AVX2 form: that form, where the
+ * CPU has AVX2. */
+#define AVX2_FIRST(fn)                                                                         \
+    do {                                                                                       \
+        if (tpi_cpu_avx2()) {                                                                  \
+            fn##_avx2(src, dst, n);                                                            \
+            return;                                                                            \
+        }                                                                                      \
+    } while (0)
+
 typedef uint32_t u32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 typedef float f32x8 __attribute__((vector_size(32)));
@@ -250,12 +264,7 @@ TPI_CPU_AVX2 static void q4_0_to_f32_avx2(const void *restrict src, float *restr
 }
 #endif
 static void q4_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
-#ifdef TPI_CPU_AVX2
-    if (tpi_cpu_avx2()) {
-        q4_0_to_f32_avx2(src, dst, n);
-        return;
-    }
-#endif
+    AVX2_FIRST(q4_0_to_f32);
     const struct block_q4_0 *b = src;
     for (int64_t i = 0; i < n / QK4_0; i++, dst += QK4_0) {
         float d = f16(b[i].d);
@@ -291,12 +300,7 @@ TPI_CPU_AVX2 static void q4_1_to_f32_avx2(const void *restrict src, float *restr
 }
 #endif
 static void q4_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
-#ifdef TPI_CPU_AVX2
-    if (tpi_cpu_avx2()) {
-        q4_1_to_f32_avx2(src, dst, n);
-        return;
-    }
-#endif
+    AVX2_FIRST(q4_1_to_f32);
     const struct block_q4_1 *b = src;
     for (int64_t i = 0; i < n / QK4_1; i++, dst += QK4_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -345,12 +349,7 @@ TPI_CPU_AVX2 static void q5_0_to_f32_avx2(const void *restrict src, float *restr
 }
 #endif
 static void q5_0_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
-#ifdef TPI_CPU_AVX2
-    if (tpi_cpu_avx2()) {
-        q5_0_to_f32_avx2(src, dst, n);
-        return;
-    }
-#endif
+    AVX2_FIRST(q5_0_to_f32);
     const struct block_q5_0 *b = src;
     for (int64_t i = 0; i < n / QK5_0; i++, dst += QK5_0) {
         float d = f16(b[i].d);
@@ -392,12 +391,7 @@ TPI_CPU_AVX2 static void q5_1_to_f32_avx2(const void *restrict src, float *restr
 }
 #endif
 static void q5_1_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
-#ifdef TPI_CPU_AVX2
-    if (tpi_cpu_avx2()) {
-        q5_1_to_f32_avx2(src, dst, n);
-        return;
-    }
-#endif
+    AVX2_FIRST(q5_1_to_f32);
     const struct block_q5_1 *b = src;
     for (int64_t i = 0; i < n / QK5_1; i++, dst += QK5_1) {
         float d = f16(b[i].d), m = f16(b[i].m);
@@ -616,12 +610,7 @@ TPI_CPU_AVX2 static void q6_k_to_f32_avx2(const void *restrict src, float *restr
 }
 #endif
 TPI_CPU_CLONES static void q6_k_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
-#ifdef TPI_CPU_AVX2
-    if (tpi_cpu_avx2()) {
-        q6_k_to_f32_avx2(src, dst, n);
-        return;
-    }
-#endif
+    AVX2_FIRST(q6_k_to_f32);
     const struct block_q6_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = f16(b[i].d);
