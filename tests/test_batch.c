@@ -209,6 +209,7 @@ START_TEST(test_inputs) {
     strcat(long_prompt, "\"}\n");
     char text[8192];
     snprintf(text, sizeof text,
+             "\xEF\xBB\xBF" // a UTF-8 byte order mark: still a JSON lines file
              "{\"id\": \"a\", \"prompt\": \"Hello world\"}\n"
              "{\"id\": 7, \"prompt\": [100, 200, 300], \"stop\": [\"zzzz\"]}\n"
              "{\"id\": \"num\", \"prompt\": 42}\n"

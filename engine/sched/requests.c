@@ -379,6 +379,10 @@ int batch_input_load(const char *path, const struct tokenizer *tok, const struct
     size_t n_bytes = 0;
     char *data = read_all(path, &n_bytes, err);
     if (!data) return err->status;
+    if (n_bytes >= 3 && !memcmp(data, "\xEF\xBB\xBF", 3)) { // a UTF-8 byte order mark
+        memmove(data, data + 3, n_bytes - 3 + 1); // (editors on Windows write one)
+        n_bytes -= 3;
+    }
 
     // Count lines to size the array once; decide plain text vs JSONL.
     size_t n_lines = 0;
