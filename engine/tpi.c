@@ -10,6 +10,7 @@
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -110,6 +111,19 @@ struct cJSON *tpi_json_parse(const char *text, size_t len) {
     }
     return j;
 }
+
+#ifdef TPI_CPU_AVX2
+int tpi_cpu_avx2(void) {
+    static int known = -1; /* a race here only writes the same value twice */
+    int v = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("TPI_CPU_BASELINE");
+        v = __builtin_cpu_supports("avx2") && !(e && *e && strcmp(e, "0"));
+        __atomic_store_n(&known, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+#endif
 
 uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n) {
     const unsigned char *p = data;

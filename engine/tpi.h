@@ -94,7 +94,9 @@ uint16_t tpi_f32_to_bf16(float f);
 /* Where a loop needs a different form for AVX2 (not only wider vectors), the file has
  * both bodies: TPI_CPU_AVX2 on the AVX2 one, chosen at run time by tpi_cpu_avx2(). */
 #define TPI_CPU_AVX2 __attribute__((target("avx2")))
-#define tpi_cpu_avx2() __builtin_cpu_supports("avx2")
+/* Whether the AVX2 bodies run: the CPU has AVX2 and TPI_CPU_BASELINE is unset or 0 (so
+ * that tests run the baseline bodies too on any machine). */
+int tpi_cpu_avx2(void);
 #else
 #define TPI_CPU_CLONES
 #endif
