@@ -7,12 +7,13 @@
 #      TPI_Q4_REPACK=0 (off: GGUF's blocks, the kernels before the change), bench/ab.sh at
 #      depths 0 and 8192 over 5 rounds, then pp512 both ways.
 # Binaries built on the CPU machine with -DCMAKE_CUDA_ARCHITECTURES=90-real and stripped.
-# Logs under $OUT.
+# BIN_DIR: where the .xz files are (default .dev; e.g. .dev/q4x8-A, carried with
+# .dev/device). Logs under $OUT.
 PART=${1:?usage: exp-q4x8.sh A|B}
 sh .dev/device/setup.sh > "$OUT/setup.log" 2>&1 || { echo setup failed; tail "$OUT/setup.log"; }
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 export CK_FORK=no CK_DEFAULT_TIMEOUT=900
-unxz() { xz -dc ".dev/$1.xz" > "/tmp/$1" && chmod +x "/tmp/$1"; }
+unxz() { xz -dc "${BIN_DIR:-.dev}/$1.xz" > "/tmp/$1" && chmod +x "/tmp/$1"; }
 if [ "$PART" = A ]; then
     unxz test_gemv_cuda && unxz test_ops_cuda_elem || exit 1
     for g in host Q4_0 api; do echo "gemv $g: $(/tmp/test_gemv_cuda $g 2>&1 | tail -1)"; done
