@@ -397,11 +397,14 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
             if (b == 3 && a < 2) continue; /* the wide case only with long rows */
             struct tpi_weight cw, gw;
             void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
-            /* Q8_0 rows of whole 256-value groups and Q6_K rows of whole 2048 take the
-             * device's regrouped layouts (unless TPI_Q8_REPACK=0 / TPI_Q6_REPACK=0), the
-             * others GGUF's: both run here (Q6_K: ne0 8192) */
+            /* Q8_0 and Q4_0 rows of whole 256-value groups and Q6_K rows of whole 2048
+             * take the device's regrouped layouts (unless TPI_Q8_REPACK=0, TPI_Q4_REPACK=0
+             * / TPI_Q6_REPACK=0), the others GGUF's: both run here (Q6_K: ne0 8192) */
             const char *rp = getenv("TPI_Q8_REPACK"), *rp6 = getenv("TPI_Q6_REPACK");
+            const char *rp4 = getenv("TPI_Q4_REPACK");
             if (type == TPI_TYPE_Q8_0 && !(rp && strcmp(rp, "0") == 0))
+                ck_assert_int_eq(gw.layout != 0, ne0 % 256 == 0);
+            if (type == TPI_TYPE_Q4_0 && !(rp4 && strcmp(rp4, "0") == 0))
                 ck_assert_int_eq(gw.layout != 0, ne0 % 256 == 0);
             if (type == TPI_TYPE_Q6_K && !(rp6 && strcmp(rp6, "0") == 0))
                 ck_assert_int_eq(gw.layout != 0, ne0 % 2048 == 0);

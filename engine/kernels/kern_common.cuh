@@ -82,6 +82,7 @@ struct ops_ctx {
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
+    bool q4_repack; /* Q4_0 weights uploaded as KERN_LAYOUT_Q4_0X8 (TPI_Q4_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */
     bool qkv_trigger; /* matmul_n's joined decode launch (Q/K/V) lets the next kernel launch
@@ -416,6 +417,33 @@ __host__ __device__ __forceinline__ void kern_q8_0_x8_regroup(const uint32_t (&i
         out[64 + k] = half_at(17 * (2 * k)) | (half_at(17 * (2 * k + 1)) << 16);
 }
 
+/* Q4_0 weights with rows of whole 256 values are kept in groups of 8 blocks as Q8_0's
+ * are: block k's 16 quant bytes at 16k (128 bytes, 16-byte aligned), then the 8 f16
+ * scales (16 bytes); 144 bytes a group, as 8 GGUF blocks take. GGUF's 18-byte blocks leave
+ * the quants 2-byte aligned (five loads and four funnel shifts a block); here a block is
+ * one 16-byte load and a halfword. The kernels see KERN_TYPE_Q4_0X8 (kern_wtype);
+ * TPI_Q4_REPACK=0 keeps the GGUF blocks. */
+#define KERN_LAYOUT_Q4_0X8 3
+#define KERN_TYPE_Q4_0X8 1002 /* no ggml type id: the kernels' name for that layout */
+#define KERN_Q4_0X8_BYTES 144
+
+/* One group of 8 GGUF Q4_0 blocks (in: its 144 bytes as 36 little-endian words) in
+ * KERN_LAYOUT_Q4_0X8 (out). Block k's bytes start at 18k: halfword 9k is its scale,
+ * halfwords 9k+1 .. 9k+8 its quants, which go to bytes 16k.., the scale to 128 + 2k. The
+ * repack kernel and the host emulation's test share it. */
+__host__ __device__ __forceinline__ void kern_q4_0_x8_regroup(const uint32_t (&in)[36],
+                                                              uint32_t (&out)[36]) {
+    auto half_at = [&](int h) -> uint32_t { return (in[h >> 1] >> (16 * (h & 1))) & 0xFFFFu; };
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) /* quants: output word 4k + j = halfwords 2j, 2j+1 */
+            out[4 * k + j] = half_at(9 * k + 1 + 2 * j) | (half_at(9 * k + 2 + 2 * j) << 16);
+#pragma unroll
+    for (int k = 0; k < 4; k++) /* scales of blocks 2k, 2k+1 */
+        out[32 + k] = half_at(9 * (2 * k)) | (half_at(9 * (2 * k + 1)) << 16);
+}
+
 /* Q6_K weights with rows of whole 2048 values are kept on the device in groups of 8
  * blocks too (1680 bytes, as 8 GGUF blocks take): GGUF's 210-byte blocks leave a block's
  * quants 2-byte aligned, so a lane read an item (64 values: 16 bytes each of ql's low
@@ -454,6 +482,7 @@ static inline int kern_cmp_u64(const void *x, const void *y) {
 /* The type id the kernels dispatch on: w's type, or the id of its device layout. */
 static inline int kern_wtype(const struct tpi_weight *w) {
     if (w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8) return KERN_TYPE_Q8_0X8;
+    if (w->type == TPI_TYPE_Q4_0 && w->layout == KERN_LAYOUT_Q4_0X8) return KERN_TYPE_Q4_0X8;
     if (w->type == TPI_TYPE_Q6_K && w->layout == KERN_LAYOUT_Q6_KX8) return KERN_TYPE_Q6_KX8;
     return w->type;
 }
@@ -462,6 +491,9 @@ static inline int kern_wtype(const struct tpi_weight *w) {
 /* n_groups groups of 8 GGUF Q8_0 blocks at data (16-byte aligned) rearranged in place as
  * KERN_LAYOUT_Q8_0X8 (stream-ordered; failures recorded in ctx) */
 void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
+/* n_groups groups of 8 GGUF Q4_0 blocks at data (16-byte aligned) rearranged in place as
+ * KERN_LAYOUT_Q4_0X8 (stream-ordered; failures recorded in ctx) */
+void kern_q4_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
 /* n_groups groups of 8 GGUF Q6_K blocks at data (16-byte aligned) rearranged in place as
  * KERN_LAYOUT_Q6_KX8 (stream-ordered; failures recorded in ctx) */
 void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);

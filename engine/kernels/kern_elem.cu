@@ -448,6 +448,25 @@ __global__ void q8_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
     }
 }
 
+/* One thread per group of 8 Q4_0 blocks (144 bytes, 16-byte aligned): the group read as
+ * 9 16-byte words, regrouped (kern_q4_0_x8_regroup) and written back. */
+__global__ void q4_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
+    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n_groups;
+         g += (int64_t)gridDim.x * blockDim.x) {
+        uint4 *p = (uint4 *)(data + g * KERN_Q4_0X8_BYTES);
+        uint32_t in[36], out[36];
+#pragma unroll
+        for (int i = 0; i < 9; i++) {
+            const uint4 v = p[i];
+            in[4 * i] = v.x, in[4 * i + 1] = v.y, in[4 * i + 2] = v.z, in[4 * i + 3] = v.w;
+        }
+        kern_q4_0_x8_regroup(in, out);
+#pragma unroll
+        for (int i = 0; i < 9; i++)
+            p[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
+    }
+}
+
 /* Whether the repack kernels may take the weight data at `data` (16-byte aligned: they
  * move it 16 bytes at a time); records the failure under `op` when not. */
 static bool repack_aligned(struct ops_ctx *ctx, const uint8_t *data, const char *op) {
@@ -461,6 +480,12 @@ void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
     if (n_groups <= 0 || !repack_aligned(ctx, data, "cuda q8_0 repack")) return;
     q8_0_x8_repack_kernel<<<grid_for(ctx, n_groups, 128), 128, 0, ctx->stream>>>(data, n_groups);
     LAUNCH_OK(ctx, "cuda q8_0 repack");
+}
+
+void kern_q4_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
+    if (n_groups <= 0 || !repack_aligned(ctx, data, "cuda q4_0 repack")) return;
+    q4_0_x8_repack_kernel<<<grid_for(ctx, n_groups, 128), 128, 0, ctx->stream>>>(data, n_groups);
+    LAUNCH_OK(ctx, "cuda q4_0 repack");
 }
 
 /* A warp per group of 8 Q6_K blocks (1680 bytes, 16-byte aligned): the group copied to

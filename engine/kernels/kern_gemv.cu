@@ -198,7 +198,7 @@ static bool gv_covers(const struct tpi_weight *w, int n_rows) {
             if (w->ne0 % gv<T>::BLK != 0) return;
             /* 16-byte loads in the blocks */
             if ((T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K || T == KERN_TYPE_Q8_0X8 ||
-                 T == KERN_TYPE_Q6_KX8) &&
+                 T == KERN_TYPE_Q4_0X8 || T == KERN_TYPE_Q6_KX8) &&
                 !a16)
                 return;
             /* gv_ld_a2 rounds down to 4 bytes, gv_win_load to 16 */
@@ -394,6 +394,17 @@ int kern_gemv_host_regroup(int type, void *w, size_t n_bytes) {
                 p[o] = in[kern_q6_k_x8_src(o)];
         }
         return KERN_TYPE_Q6_KX8;
+    }
+    if (type == TPI_TYPE_Q4_0) {
+        if (n_bytes % KERN_Q4_0X8_BYTES != 0) return -1;
+        for (size_t g = 0; g < n_bytes / KERN_Q4_0X8_BYTES; g++) {
+            uint8_t *p = (uint8_t *)w + g * KERN_Q4_0X8_BYTES;
+            uint32_t in[36], out[36];
+            memcpy(in, p, sizeof in);
+            kern_q4_0_x8_regroup(in, out);
+            memcpy(p, out, sizeof out);
+        }
+        return KERN_TYPE_Q4_0X8;
     }
     if (type != TPI_TYPE_Q8_0 || n_bytes % KERN_Q8_0X8_BYTES != 0) return -1;
     for (size_t g = 0; g < n_bytes / KERN_Q8_0X8_BYTES; g++) {

@@ -212,6 +212,31 @@ template <> struct gu<TPI_TYPE_Q4_0> {
     }
 };
 
+/* Q4_0 in groups of 8 blocks: unit u = nibble u & 1 of block u >> 1's 16 quant bytes at
+ * b+16(u >> 1) (one aligned load); its f16 d at b+128+2(u >> 1). */
+template <> struct gu<KERN_TYPE_Q4_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q4_0X8_BYTES, UPB = 16;
+    struct raw {
+        int4 q;
+        uint32_t d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        w.q = gv_ld128(b + 16 * (u >> 1));
+        w.d = gv_ld16(b + 128 + 2 * (u >> 1));
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const uint32_t qw[4] = {(uint32_t)w.q.x, (uint32_t)w.q.y, (uint32_t)w.q.z, (uint32_t)w.q.w};
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = gv_vsub4((qw[i] >> (4 * (u & 1))) & 0x0F0F0F0Fu, 0x08080808u);
+        gu_dot16<NR>(q, gv_h2f((uint16_t)w.d) * keep, x, ds, xs, nr, acc);
+    }
+};
+
 /* Q5_0: f16 d, qh (32 bits) at b+2, 16 bytes at b+6 as Q4_0; bit j of qh is the fifth
  * bit of value j; q - 16. */
 template <> struct gu<TPI_TYPE_Q5_0> {
@@ -1384,9 +1409,10 @@ struct gv_cfg {
  * cases, filtered). */
 template <int T>
 constexpr bool gv_type_covered =
-    T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 || T == TPI_TYPE_Q4_0 || T == TPI_TYPE_Q5_0 ||
-    T == TPI_TYPE_Q4_1 || T == TPI_TYPE_Q5_1 || T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K ||
-    T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
+    T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 || T == TPI_TYPE_Q4_0 || T == KERN_TYPE_Q4_0X8 ||
+    T == TPI_TYPE_Q5_0 || T == TPI_TYPE_Q4_1 || T == TPI_TYPE_Q5_1 || T == TPI_TYPE_Q4_K ||
+    T == TPI_TYPE_Q5_K || T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 ||
+    T == TPI_TYPE_F16;
 /* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6); Q4_K's
  * and Q5_K's items are 64 values in order (gv_perm_k4) */
 template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;

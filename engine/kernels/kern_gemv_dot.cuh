@@ -1,11 +1,11 @@
 /*
  * kern_gemv_dot.cuh — the per-type dot products of the int8 decode path: how a weight
  * block of each quantized type (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K and the
- * device layouts KERN_TYPE_Q8_0X8, KERN_TYPE_Q6_KX8) is loaded into registers and dotted
- * with int8 x in blocks of 32 and their (d, d*sum) pairs (kern_xq.cuh). The matrix-vector
- * kernels of kern_gemv.cuh and the fused decode-layer kernel of kern_layer.cu share them,
- * so both compute each item's products alike. Host and device (the host emulation runs
- * them).
+ * device layouts KERN_TYPE_Q8_0X8, KERN_TYPE_Q4_0X8, KERN_TYPE_Q6_KX8) is loaded into
+ * registers and dotted with int8 x in blocks of 32 and their (d, d*sum) pairs
+ * (kern_xq.cuh). The matrix-vector kernels of kern_gemv.cuh and the fused decode-layer
+ * kernel of kern_layer.cu share them, so both compute each item's products alike. Host
+ * and device (the host emulation runs them).
  */
 #ifndef KERN_GEMV_DOT_CUH
 #define KERN_GEMV_DOT_CUH
@@ -306,6 +306,28 @@ template <> struct gv<TPI_TYPE_Q4_0> {
             hi[i] = gv_vsub4((w[i] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
         }
         gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q4_0 in groups of 8 blocks (KERN_LAYOUT_Q4_0X8): an item is block c of the group, its
+ * 16 quant bytes one 16-byte load at b+16c, its f16 d at b+128+2c; the dot is Q4_0's. */
+template <> struct gv<KERN_TYPE_Q4_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q4_0X8_BYTES, IPB = 8;
+    using raw = gv<TPI_TYPE_Q4_0>::raw;
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
+        const int4 a = gv_ld128(b + 16 * c);
+        w.q[0] = (uint32_t)a.x, w.q[1] = (uint32_t)a.y, w.q[2] = (uint32_t)a.z;
+        w.q[3] = (uint32_t)a.w;
+        w.d = gv_ld16(b + 128 + 2 * c);
+    }
+    /* x, ds: the group's first (kind a; item c's are 32c values and c pairs on) or the
+     * item's own (kind p: x from gv_item_rows, ds as kind a) */
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int c, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        gv<TPI_TYPE_Q4_0>::dot<NR, PERM>(w, c, PERM ? x : x + 32 * c, xs, ds + c, dss, nr, keep,
+                                         acc);
     }
 };
 

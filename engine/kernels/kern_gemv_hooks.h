@@ -27,8 +27,8 @@
  * d*sum pairs).
  * kern_gemv_host_emulate: the kernel of kind 'a', 'b' or 'p' for a quantized type run on
  * the host with wpr (1, 2, 4) warps per row; -1 when not covered.
- * kern_gemv_host_regroup: w (n_bytes of `type` rows: Q8_0 of whole 256 values, Q6_K of
- * whole 2048) rearranged in place as the CUDA backend keeps them; returns the type id
+ * kern_gemv_host_regroup: w (n_bytes of `type` rows: Q8_0 and Q4_0 of whole 256 values,
+ * Q6_K of whole 2048) rearranged in place as the CUDA backend keeps them; returns the type id
  * kern_gemv_host_emulate takes for that layout, -1 for other types or when n_bytes is
  * not whole 8-block groups. */
 int kern_gemv_configure(const char *spec);

@@ -225,9 +225,15 @@ template <> struct mvq<TPI_TYPE_Q4_0> {
     template <int NR>
     static __device__ __forceinline__ void dot(const uint8_t *b, int, const float *xb, int ne0,
                                                int nr, float (&acc)[NR]) {
-        const float d = kq_f16(b), k = 24.0f * d; /* (16 + q) d - 24 d = (q - 8) d */
         uint32_t w[4];
         mv_ld_a2<4>(b + 2, w);
+        block<NR>(w, kq_f16(b), xb, ne0, nr, acc);
+    }
+    /* one block: its 16 quant bytes w, scale d, x at xb */
+    template <int NR>
+    static __device__ __forceinline__ void block(const uint32_t (&w)[4], float d, const float *xb,
+                                                 int ne0, int nr, float (&acc)[NR]) {
+        const float k = 24.0f * d; /* (16 + q) d - 24 d = (q - 8) d */
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float lo[4], hi[4];
@@ -239,6 +245,21 @@ template <> struct mvq<TPI_TYPE_Q4_0> {
             mv_fma4<NR>(acc, xb + 4 * i, ne0, nr, lo[0], lo[1], lo[2], lo[3]);
             mv_fma4<NR>(acc, xb + 16 + 4 * i, ne0, nr, hi[0], hi[1], hi[2], hi[3]);
         }
+    }
+};
+
+/* Q4_0 in groups of 8 blocks (KERN_LAYOUT_Q4_0X8): unit u = block u, its 16 quant bytes at
+ * b + 16u, its scale at b + 128 + 2u. */
+template <> struct mvq<KERN_TYPE_Q4_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q4_0X8_BYTES, UPB = 8;
+    template <int NR>
+    static __device__ __forceinline__ void dot(const uint8_t *b, int u, const float *xb, int ne0,
+                                               int nr, float (&acc)[NR]) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w[i] = kq_u32_a4(b + 16 * u + 4 * i);
+        mvq<TPI_TYPE_Q4_0>::block<NR>(w, kq_f16(b + 128 + 2 * u), xb + 32 * u, ne0, nr, acc);
     }
 };
 

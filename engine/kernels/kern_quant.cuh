@@ -70,6 +70,30 @@ template <> struct kq<TPI_TYPE_Q4_0> {
     }
 };
 
+/* Q4_0 in groups of 8 blocks (KERN_LAYOUT_Q4_0X8): 8 x 16 quant bytes, then 8 f16 scales.
+ * Unit u = Q4_0's unit u & 3 of block u >> 2 (4-byte aligned). */
+template <> struct kq<KERN_TYPE_Q4_0X8> {
+    static constexpr int BLK = 256, BYTES = KERN_Q4_0X8_BYTES, UPB = 32, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 32 * (u >> 2) + 16 * g + 4 * (u & 3);
+    }
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const int k = u >> 2;
+        const float d = kq_f16(b + 128 + 2 * k);
+        const uint32_t q = kq_u32_a4(b + 16 * k + 4 * (u & 3));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int x = (q >> (8 * i)) & 0xFF;
+            v[i] = (float)((x & 0xF) - 8) * d;
+            v[4 + i] = (float)((x >> 4) - 8) * d;
+        }
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
+    }
+};
+
 /* Q4_1: f16 d, f16 m, 16 bytes; value q*d + m. 20-byte blocks: 4-byte aligned. */
 template <> struct kq<TPI_TYPE_Q4_1> {
     static constexpr int BLK = 32, BYTES = 20, UPB = 4, G = 2;
@@ -348,6 +372,7 @@ template <typename F> bool kq_dispatch(int type, F &&f) {
         KQ_CASE(TPI_TYPE_F16, false)
         KQ_CASE(TPI_TYPE_BF16, false)
         KQ_CASE(TPI_TYPE_Q4_0, true)
+        KQ_CASE(KERN_TYPE_Q4_0X8, true)
         KQ_CASE(TPI_TYPE_Q4_1, true)
         KQ_CASE(TPI_TYPE_Q5_0, true)
         KQ_CASE(TPI_TYPE_Q5_1, true)
