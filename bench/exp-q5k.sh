@@ -10,12 +10,13 @@
 #      main against the branch and against the branch without the wo ring
 #      (TPI_GEMV_RING1=0), then pp512 of both.
 # Binaries built on the CPU machine with -DCMAKE_CUDA_ARCHITECTURES=90-real and stripped.
-# Logs under $OUT.
+# BIN_DIR: where the .xz files are (default .dev; e.g. .dev/q4x8-A, carried with
+# .dev/device). Logs under $OUT.
 PART=${1:?usage: exp-q5k.sh A|B}
 sh .dev/device/setup.sh > "$OUT/setup.log" 2>&1 || { echo setup failed; tail "$OUT/setup.log"; }
 [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
 export CK_FORK=no CK_DEFAULT_TIMEOUT=900
-unxz() { xz -dc ".dev/$1.xz" > "/tmp/$1" && chmod +x "/tmp/$1"; }
+unxz() { xz -dc "${BIN_DIR:-.dev}/$1.xz" > "/tmp/$1" && chmod +x "/tmp/$1"; }
 if [ "$PART" = A ]; then
     unxz test_gemv_cuda && unxz test_ops_fused || exit 1
     for g in host Q5_K api; do echo "gemv $g: $(/tmp/test_gemv_cuda $g 2>&1 | tail -1)"; done
