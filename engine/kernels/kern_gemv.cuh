@@ -649,12 +649,14 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
             }
         }
     };
-    /* kind p's one x row and weight row a warp of Q4_K and Q6_K's groups: rows of 6 items
-     * a lane (K 12288, the down products) in one batch of 6 instead of 4, then 2 with 2
-     * redone at weight 0 (test_gemv_cuda bench, us: Q4_K 12288 x 4096 10.53 -> 9.47, Q6_K
-     * groups 13.69 -> 13.23; tg128 Q4_K_M +1.5 %; bench/NOTES.md change 74) */
+    /* kind p's one x row and weight row a warp of Q4_K (Q5_K: change 137, to be measured)
+     * and Q6_K's groups: rows of 6 items a lane (K 12288, the down products) in one batch
+     * of 6 instead of 4, then 2 with 2 redone at weight 0 (test_gemv_cuda bench, us: Q4_K
+     * 12288 x 4096 10.53 -> 9.47, Q6_K groups 13.69 -> 13.23; tg128 Q4_K_M +1.5 %;
+     * bench/NOTES.md change 74) */
     constexpr bool ONE6 =
-        NR == 1 && RW == 1 && PERM && (TYPE == TPI_TYPE_Q4_K || TYPE == KERN_TYPE_Q6_KX8);
+        NR == 1 && RW == 1 && PERM &&
+        (TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q5_K || TYPE == KERN_TYPE_Q6_KX8);
     if (n_items <= 2 * step)
         rows(std::integral_constant<int, 2>{});
     else if (ONE6 && n_items == 6 * step)
@@ -1074,6 +1076,21 @@ template <> struct gv_ring_item<TPI_TYPE_Q4_K> { /* 64 values: 4 units, 2 pairs 
         return Q::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
     }
 };
+/* Q5_K: Q4_K's item with its fifth bits (gv<Q5_K>::unpack), the same x units and sums. */
+template <> struct gv_ring_item<TPI_TYPE_Q5_K> : gv_ring_item<TPI_TYPE_Q4_K> {
+    using Q = gv<TPI_TYPE_Q5_K>;
+    static __device__ __forceinline__ float dot(const uint8_t *row, int blk, int c,
+                                                const int4 (&xv)[UNITS], const dsv f) {
+        const uint8_t *b = row + blk * Q::BYTES;
+        Q::raw w;
+        w.qa = *(const int4 *)(b + 48 + 32 * c);
+        w.qb = *(const int4 *)(b + 48 + 32 * c + 16);
+        w.ha = *(const int4 *)(b + 16);
+        w.hb = *(const int4 *)(b + 32);
+        w.hd = *(const int4 *)b;
+        return gv<TPI_TYPE_Q4_K>::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
+    }
+};
 /* A ring kernel's lane's NI items of x (kind a's plain x, or kind p's permuted copy) and
  * their (d, d*sum) pairs, into registers for all its rows (loaded after the PDL wait). */
 template <int T, bool PERM, int NI>
@@ -1178,14 +1195,15 @@ template <auto K> static bool gv_smem_optin(size_t smem) {
     allowed = smem;
     return true;
 }
-/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K rows of GV_RING_NE0
- * values, 16-byte aligned, its shared memory allowed); false: nothing launched. */
+/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K or Q5_K rows of
+ * GV_RING_NE0 values, 16-byte aligned, its shared memory allowed); false: nothing
+ * launched. */
 template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
                                const gv_xlayout &olay, cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K) {
+    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K) {
         return false;
     } else {
         using Q = gv<T>;
@@ -1267,13 +1285,14 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
 }
 
 /* Launch gv_ring1_kernel for one weight w (n_sm * per_sm blocks) if it takes the shape
- * (Q4_K rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows a warp, the shared
- * memory allowed); false: nothing launched. x: kind p's permuted copy for Q4_K. */
+ * (Q4_K or Q5_K rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows a warp, the
+ * shared memory allowed); false: nothing launched. x: kind p's permuted copy for the
+ * 64-value K-quant items (gv_perm_k4). */
 template <int T>
 static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, const struct tpi_weight *w, int per_sm,
                             const int8_t *x, const float2 *ds, float *y, bool accumulate,
                             cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K) {
+    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K) {
         return false;
     } else {
         using Q = gv<T>;
