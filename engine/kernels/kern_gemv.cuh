@@ -649,11 +649,11 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
             }
         }
     };
-    /* kind p's one x row and weight row a warp of Q4_K (Q5_K: change 137, to be measured)
-     * and Q6_K's groups: rows of 6 items a lane (K 12288, the down products) in one batch
-     * of 6 instead of 4, then 2 with 2 redone at weight 0 (test_gemv_cuda bench, us: Q4_K
-     * 12288 x 4096 10.53 -> 9.47, Q6_K groups 13.69 -> 13.23; tg128 Q4_K_M +1.5 %;
-     * bench/NOTES.md change 74) */
+    /* kind p's one x row and weight row a warp of Q4_K, Q5_K and Q6_K's groups: rows of 6
+     * items a lane (K 12288, the down products) in one batch of 6 instead of 4, then 2
+     * with 2 redone at weight 0 (test_gemv_cuda bench, us: Q4_K 12288 x 4096 10.53 ->
+     * 9.47, Q6_K groups 13.69 -> 13.23; tg128 Q4_K_M +1.5 %; bench/NOTES.md change 74;
+     * Q5_K with its rings, change 137: Q5_K_M +6.2 %) */
     constexpr bool ONE6 =
         NR == 1 && RW == 1 && PERM &&
         (TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q5_K || TYPE == KERN_TYPE_Q6_KX8);
