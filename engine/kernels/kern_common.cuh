@@ -399,24 +399,6 @@ bool kern_type_supported(int type);
 #define KERN_TYPE_Q8_0X8 1008 /* no ggml type id: the kernels' name for that layout */
 #define KERN_Q8_0X8_BYTES 272
 
-/* One group of 8 GGUF Q8_0 blocks (in: its 272 bytes as 68 little-endian words) in
- * KERN_LAYOUT_Q8_0X8 (out). Block k's bytes start at 34k: halfword 17k is its scale,
- * halfwords 17k+1 .. 17k+16 its quants, which go to bytes 32k.., the scale to 256 + 2k.
- * The repack kernel and the host emulation's test share it. */
-__host__ __device__ __forceinline__ void kern_q8_0_x8_regroup(const uint32_t (&in)[68],
-                                                              uint32_t (&out)[68]) {
-    /* halfword h of the group (constant indices once unrolled) */
-    auto half_at = [&](int h) -> uint32_t { return (in[h >> 1] >> (16 * (h & 1))) & 0xFFFFu; };
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-#pragma unroll
-        for (int j = 0; j < 8; j++) /* quants: output word 8k + j = halfwords 2j, 2j+1 */
-            out[8 * k + j] = half_at(17 * k + 1 + 2 * j) | (half_at(17 * k + 2 + 2 * j) << 16);
-#pragma unroll
-    for (int k = 0; k < 4; k++) /* scales of blocks 2k, 2k+1 */
-        out[64 + k] = half_at(17 * (2 * k)) | (half_at(17 * (2 * k + 1)) << 16);
-}
-
 /* Q4_0 weights with rows of whole 256 values are kept in groups of 8 blocks as Q8_0's
  * are: block k's 16 quant bytes at 16k (128 bytes, 16-byte aligned), then the 8 f16
  * scales (16 bytes); 144 bytes a group, as 8 GGUF blocks take. GGUF's 18-byte blocks leave
@@ -427,21 +409,26 @@ __host__ __device__ __forceinline__ void kern_q8_0_x8_regroup(const uint32_t (&i
 #define KERN_TYPE_Q4_0X8 1002 /* no ggml type id: the kernels' name for that layout */
 #define KERN_Q4_0X8_BYTES 144
 
-/* One group of 8 GGUF Q4_0 blocks (in: its 144 bytes as 36 little-endian words) in
- * KERN_LAYOUT_Q4_0X8 (out). Block k's bytes start at 18k: halfword 9k is its scale,
- * halfwords 9k+1 .. 9k+8 its quants, which go to bytes 16k.., the scale to 128 + 2k. The
- * repack kernel and the host emulation's test share it. */
-__host__ __device__ __forceinline__ void kern_q4_0_x8_regroup(const uint32_t (&in)[36],
-                                                              uint32_t (&out)[36]) {
+/* One group of 8 GGUF blocks whose first halfword is the f16 scale and the rest quants
+ * (Q8_0: 17 halfwords a block, Q4_0: 9; BYTES = 8 blocks = 16 x the halfwords a block) in
+ * the grouped layout (KERN_LAYOUT_Q8_0X8, KERN_LAYOUT_Q4_0X8): in, out the group's bytes
+ * as little-endian words. Block k's quants go to bytes (BYTES - 16) / 8 * k.., its scale
+ * after all the quants, to BYTES - 16 + 2k. The repack kernels and the host emulation's
+ * test share it. */
+template <int BYTES>
+__host__ __device__ __forceinline__ void kern_x8_regroup(const uint32_t (&in)[BYTES / 4],
+                                                         uint32_t (&out)[BYTES / 4]) {
+    constexpr int HW = BYTES / 16, QW = (HW - 1) / 2; /* halfwords, quant words a block */
+    /* halfword h of the group (constant indices once unrolled) */
     auto half_at = [&](int h) -> uint32_t { return (in[h >> 1] >> (16 * (h & 1))) & 0xFFFFu; };
 #pragma unroll
     for (int k = 0; k < 8; k++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) /* quants: output word 4k + j = halfwords 2j, 2j+1 */
-            out[4 * k + j] = half_at(9 * k + 1 + 2 * j) | (half_at(9 * k + 2 + 2 * j) << 16);
+        for (int j = 0; j < QW; j++) /* quants: output word QW k + j = halfwords 2j+1, 2j+2 */
+            out[QW * k + j] = half_at(HW * k + 1 + 2 * j) | (half_at(HW * k + 2 + 2 * j) << 16);
 #pragma unroll
     for (int k = 0; k < 4; k++) /* scales of blocks 2k, 2k+1 */
-        out[32 + k] = half_at(9 * (2 * k)) | (half_at(9 * (2 * k + 1)) << 16);
+        out[8 * QW + k] = half_at(HW * (2 * k)) | (half_at(HW * (2 * k + 1)) << 16);
 }
 
 /* Q6_K weights with rows of whole 2048 values are kept on the device in groups of 8

@@ -429,40 +429,22 @@ static void dequant_launch(struct ops_ctx *ctx, const char *op, const struct tpi
     LAUNCH_OK(ctx, op);
 }
 
-/* One thread per group of 8 Q8_0 blocks (272 bytes, 16-byte aligned): the group read as
- * 17 16-byte words, regrouped (kern_q8_0_x8_regroup) and written back. */
-__global__ void q8_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
+/* One thread per group of 8 Q8_0 or Q4_0 blocks (BYTES: 272 or 144, 16-byte aligned): the
+ * group read as BYTES / 16 16-byte words, regrouped (kern_x8_regroup) and written back. */
+template <int BYTES> __global__ void x8_repack_kernel(uint8_t *data, int64_t n_groups) {
+    constexpr int V = BYTES / 16;
     for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n_groups;
          g += (int64_t)gridDim.x * blockDim.x) {
-        uint4 *p = (uint4 *)(data + g * KERN_Q8_0X8_BYTES);
-        uint32_t in[68], out[68];
+        uint4 *p = (uint4 *)(data + g * BYTES);
+        uint32_t in[4 * V], out[4 * V];
 #pragma unroll
-        for (int i = 0; i < 17; i++) {
+        for (int i = 0; i < V; i++) {
             const uint4 v = p[i];
             in[4 * i] = v.x, in[4 * i + 1] = v.y, in[4 * i + 2] = v.z, in[4 * i + 3] = v.w;
         }
-        kern_q8_0_x8_regroup(in, out);
+        kern_x8_regroup<BYTES>(in, out);
 #pragma unroll
-        for (int i = 0; i < 17; i++)
-            p[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
-    }
-}
-
-/* One thread per group of 8 Q4_0 blocks (144 bytes, 16-byte aligned): the group read as
- * 9 16-byte words, regrouped (kern_q4_0_x8_regroup) and written back. */
-__global__ void q4_0_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
-    for (int64_t g = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; g < n_groups;
-         g += (int64_t)gridDim.x * blockDim.x) {
-        uint4 *p = (uint4 *)(data + g * KERN_Q4_0X8_BYTES);
-        uint32_t in[36], out[36];
-#pragma unroll
-        for (int i = 0; i < 9; i++) {
-            const uint4 v = p[i];
-            in[4 * i] = v.x, in[4 * i + 1] = v.y, in[4 * i + 2] = v.z, in[4 * i + 3] = v.w;
-        }
-        kern_q4_0_x8_regroup(in, out);
-#pragma unroll
-        for (int i = 0; i < 9; i++)
+        for (int i = 0; i < V; i++)
             p[i] = make_uint4(out[4 * i], out[4 * i + 1], out[4 * i + 2], out[4 * i + 3]);
     }
 }
@@ -476,16 +458,20 @@ static bool repack_aligned(struct ops_ctx *ctx, const uint8_t *data, const char 
     return false;
 }
 
+/* Regroup n_groups groups of BYTES at data in place (x8_repack_kernel); op names a failure. */
+template <int BYTES>
+static void x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups, const char *op) {
+    if (n_groups <= 0 || !repack_aligned(ctx, data, op)) return;
+    x8_repack_kernel<BYTES><<<grid_for(ctx, n_groups, 128), 128, 0, ctx->stream>>>(data, n_groups);
+    LAUNCH_OK(ctx, op);
+}
+
 void kern_q8_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
-    if (n_groups <= 0 || !repack_aligned(ctx, data, "cuda q8_0 repack")) return;
-    q8_0_x8_repack_kernel<<<grid_for(ctx, n_groups, 128), 128, 0, ctx->stream>>>(data, n_groups);
-    LAUNCH_OK(ctx, "cuda q8_0 repack");
+    x8_repack<KERN_Q8_0X8_BYTES>(ctx, data, n_groups, "cuda q8_0 repack");
 }
 
 void kern_q4_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
-    if (n_groups <= 0 || !repack_aligned(ctx, data, "cuda q4_0 repack")) return;
-    q4_0_x8_repack_kernel<<<grid_for(ctx, n_groups, 128), 128, 0, ctx->stream>>>(data, n_groups);
-    LAUNCH_OK(ctx, "cuda q4_0 repack");
+    x8_repack<KERN_Q4_0X8_BYTES>(ctx, data, n_groups, "cuda q4_0 repack");
 }
 
 /* A warp per group of 8 Q6_K blocks (1680 bytes, 16-byte aligned): the group copied to

@@ -395,26 +395,24 @@ int kern_gemv_host_regroup(int type, void *w, size_t n_bytes) {
         }
         return KERN_TYPE_Q6_KX8;
     }
-    if (type == TPI_TYPE_Q4_0) {
-        if (n_bytes % KERN_Q4_0X8_BYTES != 0) return -1;
-        for (size_t g = 0; g < n_bytes / KERN_Q4_0X8_BYTES; g++) {
-            uint8_t *p = (uint8_t *)w + g * KERN_Q4_0X8_BYTES;
-            uint32_t in[36], out[36];
+    /* Q4_0 and Q8_0: kern_x8_regroup, a group of BYTES at a time */
+    auto regroup = [&](auto bytes_c, int as) {
+        constexpr int BYTES = decltype(bytes_c)::value;
+        if (n_bytes % BYTES != 0) return -1;
+        for (size_t g = 0; g < n_bytes / BYTES; g++) {
+            uint8_t *p = (uint8_t *)w + g * BYTES;
+            uint32_t in[BYTES / 4], out[BYTES / 4];
             memcpy(in, p, sizeof in);
-            kern_q4_0_x8_regroup(in, out);
+            kern_x8_regroup<BYTES>(in, out);
             memcpy(p, out, sizeof out);
         }
-        return KERN_TYPE_Q4_0X8;
-    }
-    if (type != TPI_TYPE_Q8_0 || n_bytes % KERN_Q8_0X8_BYTES != 0) return -1;
-    for (size_t g = 0; g < n_bytes / KERN_Q8_0X8_BYTES; g++) {
-        uint8_t *p = (uint8_t *)w + g * KERN_Q8_0X8_BYTES;
-        uint32_t in[68], out[68];
-        memcpy(in, p, sizeof in);
-        kern_q8_0_x8_regroup(in, out);
-        memcpy(p, out, sizeof out);
-    }
-    return KERN_TYPE_Q8_0X8;
+        return as;
+    };
+    if (type == TPI_TYPE_Q4_0)
+        return regroup(std::integral_constant<int, KERN_Q4_0X8_BYTES>{}, KERN_TYPE_Q4_0X8);
+    if (type == TPI_TYPE_Q8_0)
+        return regroup(std::integral_constant<int, KERN_Q8_0X8_BYTES>{}, KERN_TYPE_Q8_0X8);
+    return -1;
 }
 
 void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *ds) {

@@ -48,6 +48,17 @@ __device__ __forceinline__ void kq_scale_min_k4(int j, const uint8_t *s, int *sc
 
 template <int TYPE> struct kq;
 
+/* The 8 values of Q4_0 quant word q (byte i: value i's low nibble, value 4 + i's high),
+ * (q - 8) * d, into v. */
+__device__ __forceinline__ void kq_q4_0_word(uint32_t q, float d, float (&v)[8]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int x = (q >> (8 * i)) & 0xFF;
+        v[i] = (float)((x & 0xF) - 8) * d;
+        v[4 + i] = (float)((x >> 4) - 8) * d;
+    }
+}
+
 /* Q4_0: f16 d, 16 bytes; byte j holds elements j (low nibble) and j+16 (high), q-8. */
 template <> struct kq<TPI_TYPE_Q4_0> {
     static constexpr int BLK = 32, BYTES = 18, UPB = 4, G = 2;
@@ -59,12 +70,7 @@ template <> struct kq<TPI_TYPE_Q4_0> {
                                                 int (&off)[2]) {
         const float d = kq_f16(b);
         const uint32_t q = kq_u32_a2(b + 2 + 4 * u);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int x = (q >> (8 * i)) & 0xFF;
-            v[i] = (float)((x & 0xF) - 8) * d;
-            v[4 + i] = (float)((x >> 4) - 8) * d;
-        }
+        kq_q4_0_word(q, d, v);
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
     }
@@ -83,12 +89,7 @@ template <> struct kq<KERN_TYPE_Q4_0X8> {
         const int k = u >> 2;
         const float d = kq_f16(b + 128 + 2 * k);
         const uint32_t q = kq_u32_a4(b + 16 * k + 4 * (u & 3));
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int x = (q >> (8 * i)) & 0xFF;
-            v[i] = (float)((x & 0xF) - 8) * d;
-            v[4 + i] = (float)((x >> 4) - 8) * d;
-        }
+        kq_q4_0_word(q, d, v);
         off[0] = goff(u, 0);
         off[1] = goff(u, 1);
     }
