@@ -10,10 +10,9 @@
 # BIN_DIR: where the .xz files are (default .dev; e.g. .dev/q4x8-A, carried with
 # .dev/device). Logs under $OUT.
 PART=${1:?usage: exp-q4x8.sh A|B}
-sh .dev/device/setup.sh > "$OUT/setup.log" 2>&1 || { echo setup failed; tail "$OUT/setup.log"; }
-[ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
-export CK_FORK=no CK_DEFAULT_TIMEOUT=900
-unxz() { xz -dc "${BIN_DIR:-.dev}/$1.xz" > "/tmp/$1" && chmod +x "/tmp/$1"; }
+# shellcheck source=bench/gpu-lib.sh
+. "$(dirname "$0")/gpu-lib.sh"
+device_prep
 if [ "$PART" = A ]; then
     unxz test_gemv_cuda && unxz test_ops_cuda_elem || exit 1
     for g in host Q4_0 api; do echo "gemv $g: $(/tmp/test_gemv_cuda $g 2>&1 | tail -1)"; done

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # bench/gpu-lib.sh — helpers shared by the device-run scripts (gpu-session.sh,
-# gpu-multi.sh); sourced, not run. The caller sets T0=$SECONDS, BUDGET_S, SUM (summary
-# file) and STEPS first.
+# gpu-multi.sh, the exp-*.sh experiments); sourced, not run. For the timed steps the
+# caller sets T0=$SECONDS, BUDGET_S, SUM (summary file) and STEPS first.
 
 elapsed() { echo $((SECONDS - T0)); }
 left() { echo $((BUDGET_S - (SECONDS - T0))); }
@@ -56,3 +56,15 @@ pack_logs() {
         [ -n "$logs" ] && tar czf logs.tgz $logs && rm -f $logs
     )
 }
+
+# device_prep: on the device machine, Check's packages (.dev/device/setup.sh, its log in
+# $OUT), /work/main naming this tree (the tests find ../shared through it), and Check's
+# settings for running a test binary by hand.
+device_prep() {
+    sh .dev/device/setup.sh >"$OUT/setup.log" 2>&1 || { echo setup failed; tail "$OUT/setup.log"; }
+    [ -e /work/main ] || { mkdir -p /work && ln -s "$PWD" /work/main; }
+    export CK_FORK=no CK_DEFAULT_TIMEOUT=900
+}
+
+# unxz NAME: ${BIN_DIR:-.dev}/NAME.xz (a binary built elsewhere) unpacked to /tmp/NAME.
+unxz() { xz -dc "${BIN_DIR:-.dev}/$1.xz" >"/tmp/$1" && chmod +x "/tmp/$1"; }
