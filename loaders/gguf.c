@@ -725,7 +725,9 @@ int gguf_open(const char *path, struct gguf_file **out, struct tpi_error *err) {
     if (!st) {
         int64_t want;
         const struct gguf_kv *tkv = part_find_kv(&f->parts[0], "split.tensors.count");
-        if (tkv && (!scalar_int(tkv->type, tkv->data, &want) || want != f->n_tensors))
+        if (tkv && !scalar_int(tkv->type, tkv->data, &want))
+            st = ferr(err, TPI_ERR_FORMAT, path, "metadata 'split.tensors.count': not an integer");
+        else if (tkv && want != f->n_tensors)
             st = ferr(err, TPI_ERR_FORMAT, path,
                       "split.tensors.count says %lld tensors, the %d part(s) hold %lld",
                       (long long)want, f->n_parts, (long long)f->n_tensors);

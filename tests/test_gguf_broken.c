@@ -361,8 +361,10 @@ END_TEST
 /* ---- split sets
  * ---------------------------------------------------------------------------------- */
 
-static void write_part(const char *path, int no, int count, int n_tensors_total,
-                       const char *tname) {
+/* One part of a split set: split.no, split.count, split.tensors.count (n_tensors_total, or
+ * the string tc_str when it is not NULL) and one tensor tname. */
+static void write_part_tc(const char *path, int no, int count, int n_tensors_total,
+                          const char *tc_str, const char *tname) {
     struct gguf_writer *w = gguf_writer_new(0);
     uint16_t v_no = (uint16_t)no, v_count = (uint16_t)count;
     struct gguf_kv kno = {
@@ -371,13 +373,20 @@ static void write_part(const char *path, int no, int count, int n_tensors_total,
         .key = {11, "split.count"}, .type = GGUF_VT_U16, .data = (void *)&v_count, .n_bytes = 2};
     ck_assert_int_eq(gguf_writer_copy_kv(w, &kno), TPI_OK);
     ck_assert_int_eq(gguf_writer_copy_kv(w, &kcount), TPI_OK);
-    ck_assert_int_eq(gguf_writer_set_i32(w, "split.tensors.count", n_tensors_total), TPI_OK);
+    if (tc_str)
+        ck_assert_int_eq(gguf_writer_set_str(w, "split.tensors.count", tc_str), TPI_OK);
+    else
+        ck_assert_int_eq(gguf_writer_set_i32(w, "split.tensors.count", n_tensors_total), TPI_OK);
     static const float data[32];
     int64_t ne[1] = {32};
     ck_assert_int_ge(gguf_writer_add_tensor(w, tname, TPI_TYPE_F32, 1, ne, data), 0);
     struct tpi_error err;
     ck_assert_int_eq(gguf_writer_write(w, path, &err), TPI_OK);
     gguf_writer_free(&w);
+}
+static void write_part(const char *path, int no, int count, int n_tensors_total,
+                       const char *tname) {
+    write_part_tc(path, no, count, n_tensors_total, NULL, tname);
 }
 
 START_TEST(test_bad_split_sets) {
@@ -409,6 +418,9 @@ START_TEST(test_bad_split_sets) {
     write_part(p1, 0, 3, 5, "t0");
     write_part(p3, 2, 3, 3, "t2");
     expect_fail_path("split.tensors.count 5", p1, "split.tensors.count");
+    /* split.tensors.count not an integer: said so, with no count made up. */
+    write_part_tc(p1, 0, 3, 0, "three", "t0");
+    expect_fail_path("split.tensors.count a string", p1, "split.tensors.count': not an integer");
     /* A split.count > 1 in a file not named like a split set. */
     const char *odd = tu_tmp_path("single.gguf");
     write_part(odd, 0, 3, 3, "t0");
