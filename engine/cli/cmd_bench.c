@@ -495,6 +495,7 @@ int cmd_bench(int argc, char **argv) {
     br.seq = malloc(sizeof(int32_t) * (size_t)max_tok);
     uint64_t *samples = malloc(sizeof(uint64_t) * (size_t)o.reps);
     if (!br.tokens || !br.pos || !br.seq || !samples) {
+        free(br.tokens), free(br.pos), free(br.seq), free(samples);
         tpi_err(&err, TPI_ERR_NOMEM, "out of memory");
         return die_rank(&g, &err);
     }
