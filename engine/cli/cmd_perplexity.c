@@ -35,10 +35,14 @@ static char *read_text(const char *path, size_t *n, struct tpi_error *err) {
     }
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
-    while (buf) {
+    bool nomem = !buf;
+    while (!nomem) {
         if (len + 1 == cap) {
             char *p = realloc(buf, cap *= 2);
-            if (!p) break;
+            if (!p) { /* not a short file: the whole text or none */
+                nomem = true;
+                break;
+            }
             buf = p;
         }
         size_t got = fread(buf + len, 1, cap - len - 1, f);
@@ -47,9 +51,12 @@ static char *read_text(const char *path, size_t *n, struct tpi_error *err) {
     }
     int bad = ferror(f);
     fclose(f);
-    if (!buf || bad) {
+    if (nomem || bad) {
         free(buf);
-        tpi_err(err, TPI_ERR_IO, "%s: read failed", path);
+        if (nomem)
+            tpi_err(err, TPI_ERR_NOMEM, "%s: out of memory after %zu bytes", path, len);
+        else
+            tpi_err(err, TPI_ERR_IO, "%s: read failed", path);
         return NULL;
     }
     buf[len] = '\0';
