@@ -368,6 +368,27 @@ START_TEST(test_inputs) {
     }
     g_model = model0;
     free(model);
+
+    /* An output that cannot take the records (a full disk): exit 1 and one line that says
+     * why, with or without --fsync. */
+    if (access("/dev/full", W_OK) != 0) {
+        fprintf(stderr, "test_inputs: no writable /dev/full here: the full-disk case skipped\n");
+        return;
+    }
+    for (int sync = 0; sync < 2; sync++) {
+        g_stderr_to = path_in("full.err");
+        const char *fargs[] = {"-f", path_in("keep.jsonl"), "-o", "/dev/full", "-n", "2",
+                               sync ? "--fsync" : NULL, NULL};
+        const int st = run(1, fargs);
+        g_stderr_to = NULL;
+        char *e = tu_read_file(path_in("full.err"), NULL);
+        fprintf(stderr, "-o /dev/full%s: exit %d: %s", sync ? " --fsync" : "", st,
+                e ? e : "(no stderr)\n");
+        ck_assert_int_eq(st, 1);
+        ck_assert_msg(e && strstr(e, "tpinfer run: cannot write a result record: "),
+                      "unclear error: %s", e);
+        free(e);
+    }
 }
 END_TEST
 

@@ -143,7 +143,10 @@ static int write_line(struct batch_out *o, char *json, struct tpi_error *err) {
         off += (size_t)k;
     }
     json[n] = '\0';
-    if (o->sync) fsync(o->fd);
+    /* --fsync: a record is on disk before the next is made, or the run stops (EINVAL: the
+     * output is a pipe or terminal, which has no disk to reach) */
+    if (o->sync && fsync(o->fd) != 0 && errno != EINVAL)
+        return tpi_err(err, TPI_ERR_IO, "cannot fsync a result record: %s", strerror(errno));
     o->n_written++;
     return TPI_OK;
 }
@@ -228,10 +231,11 @@ int batch_out_close(struct batch_out *o, struct tpi_error *err) {
         free_choices(&o->acc[i], o->in->reqs[i].n_choices);
     free(o->acc);
     o->acc = NULL;
-    if (o->own_fd) {
-        if (o->sync) fsync(o->fd);
-        close(o->fd);
-    }
+    /* the file's last writes can fail only here (a full or remote file system) */
+    if (o->own_fd && o->sync && fsync(o->fd) != 0 && errno != EINVAL && !rc)
+        rc = tpi_err(err, TPI_ERR_IO, "cannot fsync the output: %s", strerror(errno));
+    if (o->own_fd && close(o->fd) != 0 && !rc)
+        rc = tpi_err(err, TPI_ERR_IO, "cannot close the output: %s", strerror(errno));
     o->fd = -1;
     return rc;
 }

@@ -67,7 +67,7 @@ int batch_out_result(struct batch_out *o, int idx, int choice, const struct sche
                      struct tpi_error *err);
 
 /* Write whatever is queued, even out of order (used when a run stops early), and
- * close the file. */
+ * close the file; a failed write, fsync (--fsync) or close of it is the error returned. */
 int batch_out_close(struct batch_out *o, struct tpi_error *err);
 
 #endif /* SCHED_OUTPUT_H */
