@@ -378,7 +378,8 @@ START_TEST(test_inputs) {
     for (int sync = 0; sync < 2; sync++) {
         g_stderr_to = path_in("full.err");
         const char *opt = sync ? "--fsync" : NULL;
-        const char *fargs[] = {"-f", path_in("keep.jsonl"), "-o", "/dev/full", "-n", "2", opt, NULL};
+        const char *fargs[] = {"-f", path_in("keep.jsonl"), "-o", "/dev/full", "-n", "2", opt,
+                               NULL};
         const int st = run(1, fargs);
         g_stderr_to = NULL;
         char *e = tu_read_file(path_in("full.err"), NULL);
