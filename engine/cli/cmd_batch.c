@@ -332,7 +332,12 @@ int cmd_run_batch(int argc, char **argv) {
         struct tpi_error cerr = {0};
         int crc = batch_out_close(&ctx.out, &cerr);
         if (!ctx.rc && crc) ctx.rc = crc, ctx.err = cerr;
-        if (ctx.rc) fprintf(stderr, "tpinfer run: %s\n", ctx.err.msg);
+        if (ctx.rc && o.output) /* the file failed: what is in it, how the rest gets there */
+            fprintf(stderr,
+                    "tpinfer run: %s (%ld records written this run; --resume finishes the rest)\n",
+                    ctx.err.msg, ctx.out.n_written);
+        else if (ctx.rc)
+            fprintf(stderr, "tpinfer run: %s\n", ctx.err.msg);
         double wall = st.t_now_s - st.t_start_s;
         const double n_all = (double)(st.n_gen_tokens + st.n_prompt_tokens + st.n_prompt_shared);
         fprintf(stderr,
