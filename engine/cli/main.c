@@ -2,6 +2,8 @@
  * main.c — `tpinfer` entry point: dispatch to a subcommand.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,20 @@ static void usage(FILE *out) {
     fprintf(out, "Any command: --debug-comm sets NCCL_DEBUG=INFO (INIT,NET) on every rank.\n");
 }
 
+/* A command's exit status once its stdout is flushed: a result that could not be written
+ * (a full disk, a closed pipe's EPIPE with SIGPIPE ignored) makes it 1, with one line. */
+static int finish(const char *cmd, int rc) {
+    errno = 0;
+    const bool flush_failed = fflush(stdout) != 0;
+    if (flush_failed || ferror(stdout)) {
+        fprintf(stderr, "tpinfer%s%s: cannot write the output (stdout)%s%s\n", cmd ? " " : "",
+                cmd ? cmd : "", flush_failed && errno ? ": " : "",
+                flush_failed && errno ? strerror(errno) : "");
+        if (rc == 0) rc = 1;
+    }
+    return rc;
+}
+
 int main(int argc, char **argv) {
     // The CPU backend's OpenMP threads must sleep, not spin, at barriers: ranks and
     // other work share the cores, and a spinning thread that holds up a barrier
@@ -61,11 +77,11 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
-        return 0;
+        return finish(NULL, 0);
     }
     if (!strcmp(argv[1], "--version")) {
         printf("tpinfer %s\n", cli_build_commit());
-        return 0;
+        return finish(NULL, 0);
     }
     // --debug-comm works with every subcommand: NCCL reads its variables at init, so
     // they are set here, before any communicator exists (on every rank, since every
@@ -79,7 +95,8 @@ int main(int argc, char **argv) {
         i--;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name))
+            return finish(commands[i].name, commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "tpinfer: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;
