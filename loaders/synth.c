@@ -900,9 +900,16 @@ int synth_write(const struct synth_config *c, const char *path, struct synth_sta
     struct gguf_writer *w = NULL;
     struct chunk *chunks = NULL;
     int64_t *tensor_index = NULL;
-    char tmp_path[4200];
+    char tmp_path[4200], real[4096];
     int fd = -1;
     bool tmp_made = false;
+    /* The rename below replaces whatever path names: a link is followed to its file, and
+     * anything but a regular file (a device, a directory, a pipe) is refused, not replaced. */
+    struct stat pst;
+    if (lstat(path, &pst) == 0 && S_ISLNK(pst.st_mode) && realpath(path, real)) path = real;
+    if (stat(path, &pst) == 0 && !S_ISREG(pst.st_mode))
+        return tpi_err(err, TPI_ERR_INVALID, "%s: not a regular file (mkmodel writes a GGUF file)",
+                       path);
     snprintf(tmp_path, sizeof tmp_path, "%s.tmp", path);
 
     int st = synth_check_config(c, err);

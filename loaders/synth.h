@@ -119,7 +119,8 @@ struct synth_stats {
 };
 
 /* Write the model to `path` (through path.tmp, renamed on success, so a failed
- * run leaves no partial file). stats may be NULL. Errors say what and where
+ * run leaves no partial file; a link's file, and nothing but a regular file or a new
+ * name: a device or a directory is refused). stats may be NULL. Errors say what and where
  * ("out.gguf: cannot create: Permission denied", "--heads 7 does not divide ..."). */
 int synth_write(const struct synth_config *c, const char *path, struct synth_stats *stats,
                 struct tpi_error *err);

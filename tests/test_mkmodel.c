@@ -579,6 +579,32 @@ START_TEST(test_config_errors) {
     small_config(&c, "qwen3", SYNTH_FT_Q8_0);
     ck_assert_int_eq(synth_write(&c, "/nonexistent-dir/x.gguf", NULL, &err), TPI_ERR_IO);
     ck_assert_msg(strstr(err.msg, "/nonexistent-dir/x.gguf"), "message: %s", err.msg);
+    /* an output that is no regular file (a pipe, a directory): refused and left as it was,
+     * not replaced by the finished file's rename */
+    const char *fifo = tmp_file("pipe.gguf"), *dir = tmp_file("dir.gguf");
+    ck_assert_int_eq(mkfifo(fifo, 0644), 0);
+    ck_assert_int_eq(mkdir(dir, 0755), 0);
+    const char *odd[2] = {fifo, dir};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(synth_write(&c, odd[i], NULL, &err), TPI_ERR_INVALID);
+        ck_assert_msg(strstr(err.msg, odd[i]) && strstr(err.msg, "not a regular file"),
+                      "message: %s", err.msg);
+        struct stat sb;
+        ck_assert_int_eq(lstat(odd[i], &sb), 0);
+        ck_assert(i == 0 ? S_ISFIFO(sb.st_mode) : S_ISDIR(sb.st_mode));
+    }
+    /* a link to a file: the file gets the model, the link stays */
+    const char *target = tmp_file("target.gguf"), *link = tmp_file("link.gguf");
+    FILE *tf = fopen(target, "w");
+    ck_assert_ptr_nonnull(tf);
+    fclose(tf);
+    ck_assert_int_eq(symlink(target, link), 0);
+    ck_assert_int_eq(synth_write(&c, link, NULL, &err), TPI_OK);
+    struct stat lsb, tsb;
+    ck_assert_int_eq(lstat(link, &lsb), 0);
+    ck_assert(S_ISLNK(lsb.st_mode));
+    ck_assert_int_eq(stat(target, &tsb), 0);
+    ck_assert(S_ISREG(tsb.st_mode) && tsb.st_size > 1000);
     /* a missing vocabulary file */
     snprintf(c.vocab_from, sizeof c.vocab_from, "%s", "/nonexistent-dir/tokenizer.json");
     ck_assert_int_eq(synth_write(&c, tmp_file("x.gguf"), NULL, &err), TPI_ERR_IO);
