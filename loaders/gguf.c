@@ -375,7 +375,9 @@ static void part_free(struct gguf_part *pt) {
 static int part_map(struct gguf_part *pt, const char *path, struct tpi_error *err) {
     pt->path = strdup(path);
     if (!pt->path) return tpi_err(err, TPI_ERR_NOMEM, "%s: out of memory", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a named pipe would block open until a writer came, and could never be
+     * mapped anyway; it is refused below as not a regular file (no effect on files) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return ferr(err, TPI_ERR_IO, path, "cannot open: %s", strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {

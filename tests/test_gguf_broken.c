@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -432,6 +433,19 @@ START_TEST(test_bad_split_sets) {
 }
 END_TEST
 
+/* A path that names no regular file: refused with the path, at once (a named pipe would
+ * block a plain open until some writer came). */
+START_TEST(test_not_a_file) {
+    tu_tmpdir_make("test_gguf_broken");
+    const char *fifo = tu_tmp_path("pipe.gguf");
+    ck_assert_int_eq(mkfifo(fifo, 0644), 0);
+    expect_fail_path("a named pipe", fifo, "not a regular file");
+    expect_fail_path("a directory", tu_tmpdir(), "not a regular file");
+    unlink(fifo);
+    tu_tmpdir_remove();
+}
+END_TEST
+
 /* ---- the binary
  * ------------------------------------------------------------------------------------ */
 
@@ -556,6 +570,7 @@ int main(void) {
     tcase_add_test(tc, test_bad_metadata);
     tcase_add_test(tc, test_bad_tensors);
     tcase_add_test(tc, test_bad_split_sets);
+    tcase_add_test(tc, test_not_a_file);
     tcase_add_test(tc, test_cli_info);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
