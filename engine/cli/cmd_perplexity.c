@@ -5,6 +5,7 @@
  * half of each scored. Progress goes to stderr; the final "PPL = x +/- y" line is
  * the only thing on stdout.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +31,7 @@ static void progress(int w, int n, double ppl, void *user) {
 static char *read_text(const char *path, size_t *n, struct tpi_error *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        tpi_err(err, TPI_ERR_IO, "%s: cannot open", path);
+        tpi_err(err, TPI_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 16, len = 0;
@@ -45,18 +46,20 @@ static char *read_text(const char *path, size_t *n, struct tpi_error *err) {
             }
             buf = p;
         }
+        errno = 0;
         size_t got = fread(buf + len, 1, cap - len - 1, f);
         len += got;
         if (got == 0) break;
     }
-    int bad = ferror(f);
+    const int bad = ferror(f), read_errno = errno;
     fclose(f);
     if (nomem || bad) {
         free(buf);
         if (nomem)
             tpi_err(err, TPI_ERR_NOMEM, "%s: out of memory after %zu bytes", path, len);
         else
-            tpi_err(err, TPI_ERR_IO, "%s: read failed", path);
+            tpi_err(err, TPI_ERR_IO, "%s: read failed: %s", path,
+                    read_errno ? strerror(read_errno) : "I/O error");
         return NULL;
     }
     buf[len] = '\0';
