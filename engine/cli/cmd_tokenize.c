@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE /* getline */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,13 +58,14 @@ static void print_error_line(long lineno, const char *msg) {
 static int run_jsonl(const struct tokenizer *t, const char *in_path, bool special) {
     FILE *in = strcmp(in_path, "-") == 0 ? stdin : fopen(in_path, "r");
     if (!in) {
-        fprintf(stderr, "tpinfer tokenize: cannot open %s\n", in_path);
+        fprintf(stderr, "tpinfer tokenize: cannot open %s: %s\n", in_path, strerror(errno));
         return 1;
     }
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
     long lineno = 0, n_bad = 0;
+    errno = 0;
     while ((n = getline(&line, &cap, in)) > 0) {
         lineno++;
         cJSON *j = tpi_json_parse(line, (size_t)n);
@@ -90,11 +92,13 @@ static int run_jsonl(const struct tokenizer *t, const char *in_path, bool specia
         free(ids);
         cJSON_Delete(j);
     }
-    bool read_err = ferror(in);
+    const bool read_err = ferror(in);
+    const int read_errno = errno;
     free(line);
     if (in != stdin) fclose(in);
     if (read_err) {
-        fprintf(stderr, "tpinfer tokenize: read error on %s after line %ld\n", in_path, lineno);
+        fprintf(stderr, "tpinfer tokenize: read error on %s after line %ld: %s\n", in_path, lineno,
+                read_errno ? strerror(read_errno) : "I/O error");
         return 1;
     }
     if (n_bad) fprintf(stderr, "tpinfer tokenize: %ld of %ld lines failed\n", n_bad, lineno);
