@@ -6,6 +6,7 @@
 #include "sched/requests.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -331,7 +332,7 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
 static char *read_all(const char *path, size_t *n_out, struct tpi_error *err) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f) {
-        tpi_err(err, TPI_ERR_IO, "cannot open the prompt file %s", path);
+        tpi_err(err, TPI_ERR_IO, "cannot open the prompt file %s: %s", path, strerror(errno));
         return NULL;
     }
     size_t cap = 1 << 16, n = 0;
@@ -347,11 +348,13 @@ static char *read_all(const char *path, size_t *n_out, struct tpi_error *err) {
             buf = q;
             cap *= 2;
         }
+        errno = 0;
         size_t got = fread(buf + n, 1, cap - n - 1, f);
         n += got;
         if (got == 0) break;
     }
-    bool bad = ferror(f);
+    const bool bad = ferror(f);
+    const int read_errno = errno;
     if (f != stdin) fclose(f);
     if (!buf) {
         tpi_err(err, TPI_ERR_NOMEM, "out of memory reading %s", path);
@@ -359,7 +362,8 @@ static char *read_all(const char *path, size_t *n_out, struct tpi_error *err) {
     }
     if (bad) {
         free(buf);
-        tpi_err(err, TPI_ERR_IO, "error reading the prompt file %s", path);
+        tpi_err(err, TPI_ERR_IO, "error reading the prompt file %s: %s", path,
+                read_errno ? strerror(read_errno) : "I/O error");
         return NULL;
     }
     buf[n] = '\0';
