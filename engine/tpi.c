@@ -7,6 +7,7 @@
 #include "tpi.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <sched.h>
 #include <stdio.h>
@@ -96,6 +97,34 @@ int tpi_cpu_count(void) {
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
+}
+
+char *tpi_read_stream(FILE *f, size_t *n) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return errno = ENOMEM, NULL;
+    for (;;) {
+        if (len + 1 == cap) {
+            char *p = realloc(buf, cap *= 2);
+            if (!p) { /* the whole stream or nothing: no short text */
+                free(buf);
+                return errno = ENOMEM, NULL;
+            }
+            buf = p;
+        }
+        errno = 0;
+        const size_t got = fread(buf + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) {
+        const int e = errno ? errno : EIO;
+        free(buf);
+        return errno = e, NULL;
+    }
+    buf[len] = '\0';
+    *n = len;
+    return buf;
 }
 
 struct cJSON *tpi_json_parse(const char *text, size_t len) {

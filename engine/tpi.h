@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum tpi_status {
     TPI_OK = 0,
@@ -75,6 +76,11 @@ uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n);
  * cJSON_Delete. */
 struct cJSON;
 struct cJSON *tpi_json_parse(const char *text, size_t len);
+
+/* All of stream f (to its end) in a NUL-terminated buffer of *n bytes (the NUL not
+ * counted), free with free(); NULL with errno set: ENOMEM out of memory, else the read's
+ * error (EIO when it gave none). f stays open. */
+char *tpi_read_stream(FILE *f, size_t *n);
 
 /* Half/bfloat16 conversions (round to nearest even), shared by every module. */
 float tpi_f16_to_f32(uint16_t h);

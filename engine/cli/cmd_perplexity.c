@@ -34,36 +34,13 @@ static char *read_text(const char *path, size_t *n, struct tpi_error *err) {
         tpi_err(err, TPI_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    bool nomem = !buf;
-    while (!nomem) {
-        if (len + 1 == cap) {
-            char *p = realloc(buf, cap *= 2);
-            if (!p) { /* not a short file: the whole text or none */
-                nomem = true;
-                break;
-            }
-            buf = p;
-        }
-        errno = 0;
-        size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) break;
-    }
-    const int bad = ferror(f), read_errno = errno;
+    char *buf = tpi_read_stream(f, n);
+    const int e = errno;
     fclose(f);
-    if (nomem || bad) {
-        free(buf);
-        if (nomem)
-            tpi_err(err, TPI_ERR_NOMEM, "%s: out of memory after %zu bytes", path, len);
-        else
-            tpi_err(err, TPI_ERR_IO, "%s: read failed: %s", path,
-                    read_errno ? strerror(read_errno) : "I/O error");
-        return NULL;
-    }
-    buf[len] = '\0';
-    *n = len;
+    if (!buf && e == ENOMEM)
+        tpi_err(err, TPI_ERR_NOMEM, "%s: out of memory", path);
+    else if (!buf)
+        tpi_err(err, TPI_ERR_IO, "%s: read failed: %s", path, strerror(e));
     return buf;
 }
 

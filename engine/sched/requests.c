@@ -335,39 +335,13 @@ static char *read_all(const char *path, size_t *n_out, struct tpi_error *err) {
         tpi_err(err, TPI_ERR_IO, "cannot open the prompt file %s: %s", path, strerror(errno));
         return NULL;
     }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n + 1 >= cap) {
-            char *q = realloc(buf, cap * 2);
-            if (!q) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = q;
-            cap *= 2;
-        }
-        errno = 0;
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (got == 0) break;
-    }
-    const bool bad = ferror(f);
-    const int read_errno = errno;
+    char *buf = tpi_read_stream(f, n_out);
+    const int e = errno;
     if (f != stdin) fclose(f);
-    if (!buf) {
+    if (!buf && e == ENOMEM)
         tpi_err(err, TPI_ERR_NOMEM, "out of memory reading %s", path);
-        return NULL;
-    }
-    if (bad) {
-        free(buf);
-        tpi_err(err, TPI_ERR_IO, "error reading the prompt file %s: %s", path,
-                read_errno ? strerror(read_errno) : "I/O error");
-        return NULL;
-    }
-    buf[n] = '\0';
-    *n_out = n;
+    else if (!buf)
+        tpi_err(err, TPI_ERR_IO, "error reading the prompt file %s: %s", path, strerror(e));
     return buf;
 }
 
