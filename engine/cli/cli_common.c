@@ -4,6 +4,8 @@
 #include "cli_common.h"
 
 #include <errno.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,7 +33,7 @@ void cli_common_usage(FILE *f) {
             "  -c, --ctx-size N       KV cache positions (min(4096, model context))\n"
             "  -t, --threads N        CPU threads (all cores)\n"
             "  --ubatch N             tokens per micro-batch (512)\n"
-            "  --seed N               sampling seed (random)\n"
+            "  --seed N               sampling seed, -1 = random (random)\n"
             "  --comm-timeout S       seconds before a silent peer is an error (60)\n"
             "  -v, --verbose          debug logs\n");
 }
@@ -47,6 +49,73 @@ static int parse_int(const char *cmd, const char *opt, const char *s, long lo, l
     }
     *out = (int)v;
     return 0;
+}
+
+int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
+                       const char *cmd) {
+    // Ranges as a request line's fields have them (sched/requests.c), except the
+    // temperature: any value <= 0 is greedy, as llama.cpp's --temp.
+    static const struct {
+        const char *name;
+        bool is_int;
+        double lo, hi;
+        size_t off;
+    } opts[] = {
+        {"--temp", false, -HUGE_VAL, HUGE_VAL, offsetof(struct sampler_params, temp)},
+        {"--top-k", true, -1, 1 << 30, offsetof(struct sampler_params, top_k)},
+        {"--top-p", false, 0, 1, offsetof(struct sampler_params, top_p)},
+        {"--min-p", false, 0, 1, offsetof(struct sampler_params, min_p)},
+        {"--repeat-penalty", false, 1e-3, 100, offsetof(struct sampler_params, repeat_penalty)},
+        {"--repeat-last-n", true, 0, 1 << 24, offsetof(struct sampler_params, repeat_last_n)},
+        {"--presence-penalty", false, -2, 2, offsetof(struct sampler_params, presence_penalty)},
+        {"--frequency-penalty", false, -2, 2, offsetof(struct sampler_params, frequency_penalty)},
+    };
+    const char *a = argv[*i];
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        if (strcmp(a, opts[k].name) != 0) continue;
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "tpinfer %s: option %s needs a value\n", cmd, a);
+            return -1;
+        }
+        const char *val = argv[++*i];
+        char *end;
+        errno = 0;
+        const double v = strtod(val, &end);
+        if (errno || *end || end == val || !isfinite(v) || v < opts[k].lo || v > opts[k].hi ||
+            (opts[k].is_int && v != floor(v))) {
+            if (opts[k].is_int)
+                fprintf(stderr, "tpinfer %s: %s expects an integer in [%.0f, %.0f], got '%s'\n", cmd,
+                        a, opts[k].lo, opts[k].hi, val);
+            else if (isfinite(opts[k].lo))
+                fprintf(stderr, "tpinfer %s: %s expects a number in [%g, %g], got '%s'\n", cmd, a,
+                        opts[k].lo, opts[k].hi, val);
+            else
+                fprintf(stderr, "tpinfer %s: %s expects a finite number, got '%s'\n", cmd, a,
+                        val);
+            return -1;
+        }
+        char *field = (char *)sp + opts[k].off;
+        if (opts[k].is_int) *(int *)field = (int)v;
+        else *(float *)field = (float)v;
+        return 1;
+    }
+    return 0;
+}
+
+void cli_sampling_usage(FILE *f) {
+    fprintf(f,
+            "  --temp T               temperature, <= 0 greedy (0.8)\n"
+            "  --top-k K              (40; 0 or -1 = off)   --top-p P in [0, 1] (0.95)\n"
+            "  --min-p P              in [0, 1] (0.05)      --repeat-penalty R (1.0 = off)\n"
+            "  --repeat-last-n N      tokens the repeat penalty looks back over (64)\n"
+            "  --presence-penalty P --frequency-penalty F   OpenAI's, in [-2, 2], over the\n"
+            "                         generated tokens (0)\n");
+}
+
+uint64_t cli_shared_random_seed(MPI_Comm world) {
+    uint64_t s = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    MPI_Bcast(&s, 1, MPI_UINT64_T, 0, world);
+    return s;
 }
 
 int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const char *cmd) {
@@ -101,16 +170,25 @@ int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const 
         return parse_int(cmd, a, val, 1, 1 << 20, &c->n_ubatch) ? -1 : 1;
     } else if (!strcmp(a, "--seed") || !strcmp(a, "-s")) {
         NEED_VAL;
+        if (!strcmp(val, "-1")) { // llama.cpp's spelling of "a random seed"
+            c->seed_set = false;
+            c->seed_random = true;
+            return 1;
+        }
         char *end;
         errno = 0;
         unsigned long long v = strtoull(val, &end, 10);
-        if (errno || *end || end == val) {
-            fprintf(stderr, "tpinfer %s: --seed expects a non-negative integer, got '%s'\n", cmd,
-                    val);
+        // strtoull takes "-2" as 2^64 - 2; a seed is written without a sign.
+        if (errno || *end || end == val || val[strspn(val, " \t")] == '-') {
+            fprintf(stderr,
+                    "tpinfer %s: --seed expects an integer in [0, 2^64) or -1 (random), got "
+                    "'%s'\n",
+                    cmd, val);
             return -1;
         }
         c->seed = v;
         c->seed_set = true;
+        c->seed_random = false;
     } else if (!strcmp(a, "--comm-timeout")) {
         NEED_VAL;
         char *end;
@@ -181,11 +259,7 @@ int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, 
 
     // One seed for the run: rank 0's choice, so the identity check agrees and a run
     // can be repeated from the seed it reports.
-    if (!c->seed_set) {
-        uint64_t s = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-        MPI_Bcast(&s, 1, MPI_UINT64_T, 0, r->grid.world);
-        c->seed = s;
-    }
+    if (!c->seed_set) c->seed = cli_shared_random_seed(r->grid.world);
     if (!c->model) {
         err = (struct tpi_error){TPI_ERR_INVALID, ""};
         snprintf(err.msg, sizeof err.msg, "no model given (-m FILE)");

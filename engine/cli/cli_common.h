@@ -1,7 +1,7 @@
 /*
  * cli_common.h — what the model-running subcommands share: the common options
  * (--tp, --pp, --pp-layers, --backend, --comm, -c, -t, --ubatch, --seed,
- * --comm-timeout), MPI + rank-grid setup, loading the model and tokenizer on
+ * --comm-timeout) and the sampling options, MPI + rank-grid setup, loading the model and tokenizer on
  * every rank, and ending a run so that an error on any rank is one clear line
  * and a non-zero exit everywhere, never a hang.
  */
@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "model/model.h"
+#include "model/sampling.h"
 #include "parallel/grid.h"
 
 struct tokenizer;
@@ -28,7 +29,8 @@ struct cli_common {
     int n_threads;        /* -t/--threads (0: all cores) */
     int n_ubatch;         /* --ubatch (512) */
     uint64_t seed;        /* --seed (random, the same on every rank) */
-    bool seed_set;
+    bool seed_set;        /* --seed N given */
+    bool seed_random;     /* --seed -1 given: random even where the command's default is not */
     double comm_timeout_s;/* --comm-timeout (60) */
     bool verbose;         /* -v */
 };
@@ -42,6 +44,19 @@ int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const 
 
 /* The common options' help lines. */
 void cli_common_usage(FILE *f);
+
+/* If argv[*i] is a sampling option (--temp, --top-k, --top-p, --min-p, --repeat-penalty,
+ * --repeat-last-n, --presence-penalty, --frequency-penalty), check its value's range,
+ * store it in sp, advance *i past the value and return 1; 0 when it is not one; -1 after
+ * printing a usage error to stderr. */
+int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
+                       const char *cmd);
+
+/* The sampling options' help lines, with the defaults sampler_params_default sets. */
+void cli_sampling_usage(FILE *f);
+
+/* A seed drawn on world rank 0 and broadcast, so every rank of the run has the same. */
+uint64_t cli_shared_random_seed(MPI_Comm world);
 
 /* The context of a running command on one rank. */
 struct cli_run {

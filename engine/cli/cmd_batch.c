@@ -53,12 +53,12 @@ static void usage(FILE *out) {
             "  --no-prefix-share     prefill every prompt whole (default: a prompt that begins\n"
             "                        like one whose KV a slot still holds reuses that prefix)\n"
             "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
-            "  --temp T --top-k K --top-p P --min-p P --repeat-penalty R   sampling defaults\n"
-            "  --presence-penalty P --frequency-penalty F   OpenAI's, over generated tokens (0)\n"
-            "  --seed S              run seed (default 0); a request without \"seed\" uses S +\n"
-            "                        its line\n"
+            "  --seed S              run seed (default 0; -1 = random, printed); a request\n"
+            "                        without \"seed\" uses S + its line\n"
             "  --logprobs K          top-K logprobs per generated token for every request\n"
-            "Model and parallel options (as tpinfer run -p):\n");
+            "Sampling defaults for the requests that do not set their own:\n");
+    cli_sampling_usage(out);
+    fprintf(out, "Model and parallel options (as tpinfer run -p):\n");
     cli_common_usage(out);
 }
 
@@ -78,14 +78,6 @@ static bool parse_int(const char *s, int *out) {
     return true;
 }
 
-static bool parse_float(const char *s, float *out) {
-    char *e;
-    double v = strtod(s, &e);
-    if (!*s || *e || !isfinite((float)v)) return false;
-    *out = (float)v;
-    return true;
-}
-
 /* Returns 0, or 2 after printing a usage error. */
 static int parse_args(int argc, char **argv, struct batch_opts *o) {
     memset(o, 0, sizeof *o);
@@ -98,6 +90,7 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true, takes = true;
         int common = cli_common_parse(&o->c, argc, argv, &i, "run");
+        if (!common) common = cli_sampling_parse(&o->sp, argc, argv, &i, "run");
         if (common < 0) return 2;
         if (common > 0) continue;
 #define IS(s) (strcmp(a, s) == 0)
@@ -110,15 +103,6 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         else if (IS("-n") || IS("--max-tokens") || IS("--n-predict"))
             ok = v && parse_int(v, &o->max_tokens) && o->max_tokens != 0 && o->max_tokens >= -1;
         else if (IS("--logprobs")) ok = v && parse_int(v, &o->n_logprobs) && o->n_logprobs >= 0 && o->n_logprobs <= 20;
-        else if (IS("--temp")) ok = v && parse_float(v, &o->sp.temp);
-        else if (IS("--top-p")) ok = v && parse_float(v, &o->sp.top_p);
-        else if (IS("--min-p")) ok = v && parse_float(v, &o->sp.min_p);
-        else if (IS("--repeat-penalty")) ok = v && parse_float(v, &o->sp.repeat_penalty) && o->sp.repeat_penalty > 0;
-        else if (IS("--presence-penalty"))
-            ok = v && parse_float(v, &o->sp.presence_penalty) && fabsf(o->sp.presence_penalty) <= 2;
-        else if (IS("--frequency-penalty"))
-            ok = v && parse_float(v, &o->sp.frequency_penalty) && fabsf(o->sp.frequency_penalty) <= 2;
-        else if (IS("--top-k")) ok = v && parse_int(v, &o->sp.top_k);
         else {
             takes = false;
             if (IS("--ordered")) o->ordered = true;
@@ -141,7 +125,7 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         if (takes) i++;
     }
     // Unlike a single prompt, a batch run repeats by default: seed 0 unless given.
-    if (!o->c.seed_set) o->c.seed = 0;
+    if (!o->c.seed_set && !o->c.seed_random) o->c.seed = 0;
     if (!o->c.model || !o->file) {
         fprintf(stderr, "tpinfer run: -m MODEL and -f FILE are required (tpinfer run --help)\n");
         return 2;
@@ -254,6 +238,12 @@ int cmd_run_batch(int argc, char **argv) {
     grid_ok = true;
     const bool root = grid.world_rank == 0;
     if (grid.world_size > 1) tpi_log_set(TPI_LOG_INFO, grid.world_rank);
+    if (o.c.seed_random) {
+        o.c.seed = cli_shared_random_seed(grid.world);
+        if (root)
+            TPI_LOGI("batch: --seed -1 drew the run seed %llu (--seed %llu repeats this run)",
+                     (unsigned long long)o.c.seed, (unsigned long long)o.c.seed);
+    }
 
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);

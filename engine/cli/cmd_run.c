@@ -36,25 +36,12 @@ static void usage(FILE *f) {
             "  --chat                 wrap the prompt as a user message in the chat template\n"
             "  --system TEXT          system message for --chat\n"
             "  -n, --n-predict N      most tokens to generate (128)\n"
-            "  --temp T               temperature, 0 = greedy (0.8)\n"
-            "  --top-k K              (40, 0 = off)   --top-p P (0.95)   --min-p P (0.05)\n"
-            "  --repeat-penalty R     (1.0 = off)     --repeat-last-n N (64)\n"
-            "  --presence-penalty P --frequency-penalty F   OpenAI's, over generated tokens (0)\n"
             "  --stop TEXT            stop before this text (repeatable)\n"
             "  --logprobs K           top-K logprobs of each generated token\n"
             "  --prompt-logprobs K    top-K logprobs after each prompt token\n"
             "  --json                 one JSON line on stdout instead of streamed text\n");
+    cli_sampling_usage(f);
     cli_common_usage(f);
-}
-
-static int parse_float(const char *opt, const char *s, float *out) {
-    char *end;
-    *out = strtof(s, &end);
-    if (*end || end == s || !isfinite(*out)) {
-        fprintf(stderr, "tpinfer run: %s expects a finite number, got '%s'\n", opt, s);
-        return -1;
-    }
-    return 0;
 }
 
 static int parse_count(const char *opt, const char *s, int *out) {
@@ -76,6 +63,7 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
     o->gp.stop = o->stop;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&o->c, argc, argv, &i, "run");
+        if (!r) r = cli_sampling_parse(&o->gp.sp, argc, argv, &i, "run");
         if (r < 0) return 2;
         if (r > 0) continue;
         const char *a = argv[i];
@@ -98,15 +86,6 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
         else if (!strcmp(a, "--system")) o->system = v;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_count(a, v, &o->gp.n_predict);
-        else if (!strcmp(a, "--temp")) bad = parse_float(a, v, &o->gp.sp.temp);
-        else if (!strcmp(a, "--top-k")) bad = parse_count(a, v, &o->gp.sp.top_k);
-        else if (!strcmp(a, "--top-p")) bad = parse_float(a, v, &o->gp.sp.top_p);
-        else if (!strcmp(a, "--min-p")) bad = parse_float(a, v, &o->gp.sp.min_p);
-        else if (!strcmp(a, "--repeat-penalty")) bad = parse_float(a, v, &o->gp.sp.repeat_penalty);
-        else if (!strcmp(a, "--repeat-last-n")) bad = parse_count(a, v, &o->gp.sp.repeat_last_n);
-        else if (!strcmp(a, "--presence-penalty")) bad = parse_float(a, v, &o->gp.sp.presence_penalty);
-        else if (!strcmp(a, "--frequency-penalty"))
-            bad = parse_float(a, v, &o->gp.sp.frequency_penalty);
         else if (!strcmp(a, "--logprobs")) bad = parse_count(a, v, &o->gp.n_logprobs);
         else if (!strcmp(a, "--prompt-logprobs")) bad = parse_count(a, v, &o->gp.n_prompt_logprobs);
         else if (!strcmp(a, "--stop")) {
@@ -123,6 +102,10 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
     }
     if (!!o->prompt + !!o->prompt_ids != 1) {
         fprintf(stderr, "tpinfer run: give exactly one of -p TEXT or --prompt-ids LIST\n");
+        return 2;
+    }
+    if (o->system && !o->chat) {
+        fprintf(stderr, "tpinfer run: --system applies to --chat only: add --chat\n");
         return 2;
     }
     if (o->chat && !o->prompt) {

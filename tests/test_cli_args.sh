@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# tests/test_cli_args.sh SRC TPINFER — the sampling options and --seed, which `run -p` and
+# the batch `run -f` share: a value out of range is refused before any model is loaded
+# (exit 2, one line naming the option and the value), both forms take the same values,
+# `--seed -1` draws a random seed that the run reports and that repeats the run, and
+# `--system` without `--chat` is refused.
+# Exit 0 pass, 1 fail.
+set -u
+src=$1
+tp=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+n_fail=0
+fail() {
+    echo "test_cli_args: $*" >&2
+    n_fail=$((n_fail + 1))
+}
+m=$src/tests/data/qwen3-tiny-q4_k_m.gguf
+[ -f "$m" ] || { echo "test_cli_args: $m is missing" >&2; exit 1; }
+printf '{"id": "a", "prompt": "Hello", "max_tokens": 4}\n' >"$tmp/p.jsonl"
+run_p=(run -m "$m" --backend cpu -p Hello -n 4)
+run_f=(run -m "$m" --backend cpu -f "$tmp/p.jsonl")
+
+refused() { # refused OPTION VALUE: both forms exit 2 with one line naming both
+    local form
+    for form in p f; do
+        local -n args=run_$form
+        "$tp" "${args[@]}" "$1" "$2" >"$tmp/out" 2>"$tmp/err"
+        local rc=$?
+        [ "$rc" = 2 ] || fail "run -$form $1 '$2': exit $rc, want 2"
+        [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q -- "^tpinfer run: $1 .*'$2'" "$tmp/err" ||
+            fail "run -$form $1 '$2': want one line naming it, got: $(cat "$tmp/err")"
+        [ -s "$tmp/out" ] && fail "run -$form $1 '$2': wrote results"
+    done
+}
+taken() { # taken OPTION VALUE: both forms run
+    local form
+    for form in p f; do
+        local -n args=run_$form
+        "$tp" "${args[@]}" "$1" "$2" >"$tmp/out" 2>"$tmp/err" ||
+            fail "run -$form $1 '$2': exit $?: $(tail -1 "$tmp/err")"
+    done
+}
+
+refused --temp nan
+refused --temp inf
+refused --temp 0.5x
+refused --top-k -2
+refused --top-k 1.5
+refused --top-k 2000000000
+refused --top-p 1.5
+refused --top-p -0.1
+refused --min-p 2
+refused --repeat-penalty 0
+refused --repeat-penalty -1
+refused --repeat-last-n -1
+refused --presence-penalty 2.5
+refused --frequency-penalty -3
+refused --seed -2
+refused --seed 1e3
+refused --seed 18446744073709551616
+taken --temp -1
+taken --top-k -1
+taken --top-k 0
+taken --top-p 1
+taken --min-p 0
+taken --repeat-penalty 1.1
+taken --repeat-last-n 0
+taken --presence-penalty -2
+taken --seed 18446744073709551615
+
+# --system without --chat would be dropped silently: refused instead.
+"$tp" "${run_p[@]}" --system "Be brief." >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ "$rc" = 2 ] && grep -q -- "--system applies to --chat only" "$tmp/err" ||
+    fail "run -p --system without --chat: exit $rc: $(cat "$tmp/err")"
+"$tp" "${run_p[@]}" --chat --system "Be brief." >"$tmp/out" 2>"$tmp/err" ||
+    fail "run -p --chat --system: exit $?: $(tail -1 "$tmp/err")"
+
+# --seed -1: a random seed, reported, and the reported seed repeats the text.
+"$tp" "${run_p[@]}" --seed -1 --temp 1 >"$tmp/r1" 2>"$tmp/e1" || fail "run -p --seed -1: exit $?"
+seed=$(sed -n 's/.*, seed \([0-9]*\)$/\1/p' "$tmp/e1")
+if [ -z "$seed" ]; then
+    fail "run -p --seed -1: no seed reported: $(tail -1 "$tmp/e1")"
+else
+    "$tp" "${run_p[@]}" --seed "$seed" --temp 1 >"$tmp/r2" 2>/dev/null
+    cmp -s "$tmp/r1" "$tmp/r2" || fail "run -p --seed $seed does not repeat the --seed -1 run"
+fi
+"$tp" "${run_f[@]}" --seed -1 --temp 1 >"$tmp/b1" 2>"$tmp/e1" || fail "run -f --seed -1: exit $?"
+seed=$(sed -n 's/.*--seed -1 drew the run seed \([0-9]*\) .*/\1/p' "$tmp/e1")
+if [ -z "$seed" ]; then
+    fail "run -f --seed -1: no seed reported: $(cat "$tmp/e1")"
+else
+    "$tp" "${run_f[@]}" --seed "$seed" --temp 1 >"$tmp/b2" 2>/dev/null
+    # The records' timings differ; the texts and tokens must not.
+    strip() { sed 's/"ttft_ms".*//' "$1"; }
+    [ "$(strip "$tmp/b1")" = "$(strip "$tmp/b2")" ] && [ -s "$tmp/b1" ] ||
+        fail "run -f --seed $seed does not repeat the --seed -1 run: $(cat "$tmp/b1" "$tmp/b2")"
+fi
+# Without --seed a batch run is repeatable (seed 0), unlike run -p.
+"$tp" "${run_f[@]}" --temp 1 >"$tmp/b1" 2>/dev/null
+"$tp" "${run_f[@]}" --temp 1 --seed 0 >"$tmp/b2" 2>/dev/null
+[ "$(sed 's/"ttft_ms".*//' "$tmp/b1")" = "$(sed 's/"ttft_ms".*//' "$tmp/b2")" ] ||
+    fail "run -f without --seed differs from --seed 0"
+
+[ "$n_fail" = 0 ] || exit 1
+echo "test_cli_args: sampling options and --seed checked"
