@@ -78,30 +78,25 @@ rc=$?
 "$tp" "${run_p[@]}" --chat --system "Be brief." >"$tmp/out" 2>"$tmp/err" ||
     fail "run -p --chat --system: exit $?: $(tail -1 "$tmp/err")"
 
-# --seed -1: a random seed, reported, and the reported seed repeats the text.
-"$tp" "${run_p[@]}" --seed -1 --temp 1 >"$tmp/r1" 2>"$tmp/e1" || fail "run -p --seed -1: exit $?"
-seed=$(sed -n 's/.*, seed \([0-9]*\)$/\1/p' "$tmp/e1")
-if [ -z "$seed" ]; then
-    fail "run -p --seed -1: no seed reported: $(tail -1 "$tmp/e1")"
-else
-    "$tp" "${run_p[@]}" --seed "$seed" --temp 1 >"$tmp/r2" 2>/dev/null
-    cmp -s "$tmp/r1" "$tmp/r2" || fail "run -p --seed $seed does not repeat the --seed -1 run"
-fi
-"$tp" "${run_f[@]}" --seed -1 --temp 1 >"$tmp/b1" 2>"$tmp/e1" || fail "run -f --seed -1: exit $?"
-seed=$(sed -n 's/.*--seed -1 drew the run seed \([0-9]*\) .*/\1/p' "$tmp/e1")
-if [ -z "$seed" ]; then
-    fail "run -f --seed -1: no seed reported: $(cat "$tmp/e1")"
-else
-    "$tp" "${run_f[@]}" --seed "$seed" --temp 1 >"$tmp/b2" 2>/dev/null
-    # The records' timings differ; the texts and tokens must not.
-    strip() { sed 's/"ttft_ms".*//' "$1"; }
-    [ "$(strip "$tmp/b1")" = "$(strip "$tmp/b2")" ] && [ -s "$tmp/b1" ] ||
-        fail "run -f --seed $seed does not repeat the --seed -1 run: $(cat "$tmp/b1" "$tmp/b2")"
-fi
+# --seed -1: a random seed, reported, and the reported seed repeats the run's results
+# (the records' timings differ; their texts and tokens must not).
+results() { sed 's/"ttft_ms".*//' "$1"; }
+repeats() { # repeats FORM PATTERN: PATTERN's \1 is the seed the --seed -1 run reported
+    local -n args=run_$1
+    "$tp" "${args[@]}" --seed -1 --temp 1 >"$tmp/r1" 2>"$tmp/e1" || fail "run -$1 --seed -1: exit $?"
+    local seed
+    seed=$(sed -n "s/$2/\1/p" "$tmp/e1")
+    [ -n "$seed" ] || { fail "run -$1 --seed -1: no seed reported: $(cat "$tmp/e1")"; return; }
+    "$tp" "${args[@]}" --seed "$seed" --temp 1 >"$tmp/r2" 2>/dev/null
+    [ -s "$tmp/r1" ] && [ "$(results "$tmp/r1")" = "$(results "$tmp/r2")" ] ||
+        fail "run -$1 --seed $seed does not repeat the --seed -1 run: $(cat "$tmp/r1" "$tmp/r2")"
+}
+repeats p '.*, seed \([0-9]*\)$'
+repeats f '.*--seed -1 drew the run seed \([0-9]*\) .*'
 # Without --seed a batch run is repeatable (seed 0), unlike run -p.
 "$tp" "${run_f[@]}" --temp 1 >"$tmp/b1" 2>/dev/null
 "$tp" "${run_f[@]}" --temp 1 --seed 0 >"$tmp/b2" 2>/dev/null
-[ "$(sed 's/"ttft_ms".*//' "$tmp/b1")" = "$(sed 's/"ttft_ms".*//' "$tmp/b2")" ] ||
+[ "$(results "$tmp/b1")" = "$(results "$tmp/b2")" ] ||
     fail "run -f without --seed differs from --seed 0"
 
 [ "$n_fail" = 0 ] || exit 1
