@@ -207,6 +207,15 @@ START_TEST(test_inputs) {
     char long_prompt[4096] = "{\"id\": \"long\", \"prompt\": \"";
     for (int i = 0; i < 120; i++) strcat(long_prompt, "word ");
     strcat(long_prompt, "\"}\n");
+    // Prompts of token ids at the context's edge (-c 64): 64 leave no room to generate,
+    // 63 leave room for one token.
+    char edge[2][512];
+    for (int e = 0; e < 2; e++) {
+        int k = snprintf(edge[e], sizeof edge[e], "{\"id\": \"edge%d\", \"prompt\": [", 64 - e);
+        for (int t = 0; t < 64 - e; t++)
+            k += snprintf(edge[e] + k, sizeof edge[e] - (size_t)k, "%s%d", t ? "," : "", 100 + t);
+        snprintf(edge[e] + k, sizeof edge[e] - (size_t)k, "]}\n");
+    }
     char text[8192];
     snprintf(text, sizeof text,
              "\xEF\xBB\xBF" // a UTF-8 byte order mark: still a JSON lines file
@@ -230,15 +239,16 @@ START_TEST(test_inputs) {
              "{\"id\": \"bigseed\", \"prompt\": \"Hi\", \"seed\": 3.1e33}\n"
              "{\"id\": \"maxseed\", \"prompt\": \"Hi\", \"seed\": 18446744073709551615}\n"
              "{\"id\": \"minseed\", \"prompt\": \"Hi\", \"seed\": -9223372036854775808}\n"
-             "{\"id\": \"two\", \"prompt\": \"Hi\"} {\"id\": \"more\"}\n",
-             long_prompt);
+             "{\"id\": \"two\", \"prompt\": \"Hi\"} {\"id\": \"more\"}\n"
+             "%s%s",
+             long_prompt, edge[0], edge[1]);
     write_file(path_in("in.jsonl"), text);
     const char *args[] = {"-f", path_in("in.jsonl"), "-o", path_in("out.jsonl"), "-n", "8",
                           "--temp", "0", "-c", "64", NULL};
     ck_assert_int_eq(run(1, args), 0);
     int n = 0;
     char *norm = normalized(path_in("out.jsonl"), &n);
-    ck_assert_int_eq(n, 15); // every non-blank line has one record
+    ck_assert_int_eq(n, 17); // every non-blank line has one record
 
     struct { long line; const char *id; const char *err_part; } errs[] = {
         {3, "\"num\"", "line 3: \"prompt\" must be a string"},
@@ -248,6 +258,7 @@ START_TEST(test_inputs) {
         {12, "12", "line 12: \"temperature\" must be a number"},
         {13, "\"bigseed\"", "line 13: \"seed\" must be an integer in [-2^63, 2^64)"},
         {16, "16", "line 16: not valid JSON"}, // a value, then more: not one JSON line
+        {17, "\"edge64\"", "line 17: the prompt has 64 tokens and the context 64 positions"},
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
         cJSON *j = record_by_line(norm, errs[i].line);
@@ -261,7 +272,7 @@ START_TEST(test_inputs) {
         cJSON_Delete(j);
     }
     // Good lines of ours: text, tokens, finish reason, counts.
-    long good[] = {1, 2, 8, 14, 15}; // 14, 15: the ends of the seeds' range
+    long good[] = {1, 2, 8, 14, 15, 18}; // 14, 15: the ends of the seeds' range
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         cJSON *j = record_by_line(norm, good[i]);
         const char *fr = cJSON_GetObjectItem(j, "finish_reason")->valuestring;
@@ -272,6 +283,11 @@ START_TEST(test_inputs) {
         ck_assert_int_gt(strlen(cJSON_GetObjectItem(j, "text")->valuestring), 0);
         ck_assert_int_gt((int)cJSON_GetObjectItem(j, "prompt_tokens")->valuedouble, 0);
         if (good[i] == 2) ck_assert_int_eq((int)cJSON_GetObjectItem(j, "prompt_tokens")->valuedouble, 3);
+        if (good[i] == 18) { // the last position of the context: one token, then "length"
+            ck_assert_int_eq((int)cJSON_GetObjectItem(j, "prompt_tokens")->valuedouble, 63);
+            ck_assert_int_eq(nt, 1);
+            ck_assert_str_eq(fr, "length");
+        }
         if (good[i] == 8) { // logprobs: per token, 2 [id, logprob] pairs, best first
             cJSON *lp = cJSON_GetObjectItem(j, "logprobs");
             ck_assert_int_eq(cJSON_GetArraySize(lp), nt);

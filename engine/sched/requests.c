@@ -417,8 +417,8 @@ int batch_input_load(const char *path, const struct tokenizer *tok, const struct
             }
             if (!r->error && r->n_prompt == 0) req_fail(r, "the prompt is empty");
             if (!r->error && r->n_prompt >= d->n_ctx)
-                req_fail(r, "the prompt has %d tokens, more than the context of %d allows "
-                            "(raise -c/--ctx-size)", r->n_prompt, d->n_ctx);
+                req_fail(r, "the prompt has %d tokens and the context %d positions: no room "
+                            "to generate (raise -c/--ctx-size)", r->n_prompt, d->n_ctx);
             if (r->error) { // the engine never sees it: drop what parsing built
                 free(r->prompt);
                 r->prompt = NULL;
