@@ -449,9 +449,10 @@ END_TEST
 /* ---- the binary
  * ------------------------------------------------------------------------------------ */
 
-/* Run `tpinfer info ARGS...`; returns the wait status, stderr into err_buf. */
-static int run_info(const char *path, bool json, char *out_buf, size_t out_n, char *err_buf,
-                    size_t err_n) {
+/* Run `tpinfer info [--json] [--tp TP] PATH`; returns the wait status, stdout into
+ * out_buf, stderr into err_buf. */
+static int run_info(const char *path, bool json, const char *tp, char *out_buf, size_t out_n,
+                    char *err_buf, size_t err_n) {
     char out_path[512], err_path[512];
     snprintf(out_path, sizeof out_path, "%s/stdout.txt", tu_tmpdir());
     snprintf(err_path, sizeof err_path, "%s/stderr.txt", tu_tmpdir());
@@ -463,10 +464,15 @@ static int run_info(const char *path, bool json, char *out_buf, size_t out_n, ch
         if (fo < 0 || fe < 0) _exit(120);
         dup2(fo, 1);
         dup2(fe, 2);
-        if (json)
-            execl(tu_binary(), tu_binary(), "info", "--json", path, (char *)NULL);
-        else
-            execl(tu_binary(), tu_binary(), "info", path, (char *)NULL);
+        const char *argv[8];
+        int k = 0;
+        argv[k++] = tu_binary();
+        argv[k++] = "info";
+        if (json) argv[k++] = "--json";
+        if (tp) argv[k++] = "--tp", argv[k++] = tp;
+        argv[k++] = path;
+        argv[k] = NULL;
+        execv(argv[0], (char *const *)argv);
         _exit(121);
     }
     int status;
@@ -481,10 +487,12 @@ static int run_info(const char *path, bool json, char *out_buf, size_t out_n, ch
     return status;
 }
 
-static void expect_cli_fail(const char *label, const char *path) {
+/* `tpinfer info` on path, plain and --json (with --tp tp when not NULL): exit 1, stdout
+ * empty, one line on stderr that names the file once. */
+static void expect_cli_fail_tp(const char *label, const char *path, const char *tp) {
     static char out[1 << 16], errs[1 << 16];
     for (int json = 0; json < 2; json++) {
-        int status = run_info(path, json, out, sizeof out, errs, sizeof errs);
+        int status = run_info(path, json, tp, out, sizeof out, errs, sizeof errs);
         ck_assert_msg(!WIFSIGNALED(status), "%s: tpinfer info died of signal %d", label,
                       WTERMSIG(status));
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1, "%s: exit %d, want 1", label,
@@ -492,10 +500,17 @@ static void expect_cli_fail(const char *label, const char *path) {
         size_t n = strlen(errs);
         ck_assert_msg(n > 0 && errs[n - 1] == '\n' && strchr(errs, '\n') == errs + n - 1,
                       "%s: stderr is not one line: '%s'", label, errs);
-        ck_assert_msg(strstr(errs, path) != NULL, "%s: stderr does not name the file: %s", label,
+        const char *at = strstr(errs, path);
+        ck_assert_msg(at != NULL, "%s: stderr does not name the file: %s", label, errs);
+        ck_assert_msg(!strstr(at + strlen(path), path), "%s: the file named twice: %s", label,
                       errs);
         ck_assert_msg(out[0] == '\0', "%s: stdout not empty: %s", label, out);
     }
+}
+
+static void expect_cli_fail(const char *label, const char *path) {
+    expect_cli_fail_tp(label, path, NULL);
+    expect_cli_fail_tp(label, path, "2");
 }
 
 START_TEST(test_cli_info) {
@@ -510,7 +525,7 @@ START_TEST(test_cli_info) {
     snprintf(bad, sizeof bad, "%s", tu_tmp_path("broken.gguf"));
     snprintf(missing, sizeof missing, "%s", tu_tmp_path("does-not-exist.gguf"));
     /* --json on the valid file: exactly one object with the tensor table. */
-    int status = run_info(good, true, out, sizeof out, errs, sizeof errs);
+    int status = run_info(good, true, NULL, out, sizeof out, errs, sizeof errs);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --json: status %d, %s",
                   status, errs);
     cJSON *j = cJSON_Parse(out);
@@ -531,7 +546,7 @@ START_TEST(test_cli_info) {
     ck_assert_int_eq(cJSON_GetObjectItem(toks, "n")->valueint, 3);
     cJSON_Delete(j);
     /* Text output mentions the tensors. */
-    status = run_info(good, false, out, sizeof out, errs, sizeof errs);
+    status = run_info(good, false, NULL, out, sizeof out, errs, sizeof errs);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info: status %d, %s", status,
                   errs);
     ck_assert_ptr_nonnull(strstr(out, "b.weight"));
@@ -556,6 +571,8 @@ START_TEST(test_cli_info) {
     write_bytes(bad, copy, n);
     expect_cli_fail("key length 2^62", bad);
     expect_cli_fail("missing file", missing);
+    /* A valid file that is no whole model: its shard plan cannot be made. */
+    expect_cli_fail_tp("no model in it, --tp 2", good, "2");
     free(bytes);
     tu_tmpdir_remove();
 }

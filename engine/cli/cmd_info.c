@@ -469,7 +469,11 @@ int cmd_info(int argc, char **argv) {
             rc = shard_plan(f, o.tp, o.pp, true, &plan, &err);
         }
         if (rc) {
-            fprintf(stderr, "tpinfer info: %s: %s\n", o.path, err.msg);
+            // The config's errors name the file already; the plan's do not.
+            const size_t n = strlen(o.path);
+            const bool named = !strncmp(err.msg, o.path, n) && err.msg[n] == ':';
+            fprintf(stderr, "tpinfer info: %s%s%s\n", named ? "" : o.path, named ? "" : ": ",
+                    err.msg);
             gguf_close(&f);
             return 1;
         }
