@@ -5,6 +5,8 @@
  *   inputs    every line shape and every error record, plain-text files
  *   parallel  --parallel 8 and --ubatch 4 give the records of --parallel 1
  *   resume    SIGKILL mid-run, then --resume: every id once, same texts
+ *   chat      a model with Qwen3's chat template: thinking on and off, history,
+ *             what it cannot render
  *   sigterm   SIGTERM mid-run: exit 143, complete records, --resume finishes
  *   mpi_tp    mpirun -np 2 --tp 2 equals one rank (greedy)
  *   mpi_pp    mpirun -np 2 --pp 2 equals one rank (greedy)
@@ -841,6 +843,112 @@ static void interrupted_run(int sig) {
     free(want);
 }
 
+/* A record's prompt length: ours "prompt_tokens", OpenAI's usage; -1 for an error record
+ * (whose message then goes to *msg when msg is not NULL). */
+static int prompt_len(const char *norm, long line, char *msg, size_t n_msg) {
+    cJSON *j = record_by_line(norm, line);
+    const cJSON *resp = cJSON_GetObjectItem(j, "response");
+    const cJSON *body = cJSON_GetObjectItem(resp, "body");
+    const cJSON *pt = resp
+                          ? cJSON_GetObjectItem(cJSON_GetObjectItem(body, "usage"), "prompt_tokens")
+                          : cJSON_GetObjectItem(j, "prompt_tokens");
+    int n = cJSON_IsNumber(pt) ? (int)pt->valuedouble : -1;
+    const cJSON *e = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message");
+    if (msg) snprintf(msg, n_msg, "%s", cJSON_IsString(e) ? e->valuestring : "");
+    cJSON_Delete(j);
+    return n;
+}
+
+/* Chats through a model with Qwen3's chat template (its vocabulary on a one-layer model
+ * from mkmodel). enable_thinking false, from a line's "chat_template_kwargs" or from
+ * --chat-template-kwargs for the lines without their own, closes an empty think block
+ * after the generation prompt: "<think>", "\n\n", "</think>", "\n\n", 4 tokens. The
+ * reasoning of an earlier turn is dropped whether it is in the content or apart. What
+ * the template cannot render is that line's error. (test_tokenizer checks the bytes.) */
+START_TEST(test_chat) {
+    const char *vocab = tu_data_path("qwen3-vocab.gguf");
+    char *model = path_in("qwen3-vocab-1layer.gguf");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "'%s' mkmodel -o '%s' --vocab-from '%s' --vocab 151936 --layers 1 --embd 64 "
+             "--heads 2 --kv-heads 1 --head-dim 32 --ff 128 -q",
+             TPI_BATCH_DRIVER, model, vocab);
+    ck_assert_int_eq(system(cmd), 0);
+    g_model = model;
+    const char *q = "\"messages\": [{\"role\": \"user\", \"content\": \"What is 2 + 2?\"}";
+    char text[4096];
+    snprintf(text, sizeof text,
+             "{\"id\": \"plain\", %s]}\n"
+             "{\"id\": \"off\", %s], \"chat_template_kwargs\": {\"enable_thinking\": false}}\n"
+             "{\"id\": \"on\", %s], \"chat_template_kwargs\": {\"enable_thinking\": true, "
+             "\"other\": 1}}\n"
+             "{\"custom_id\": \"oai\", \"url\": \"/v1/chat/completions\", \"body\": {%s], "
+             "\"chat_template_kwargs\": {\"enable_thinking\": false}}}\n"
+             "{\"id\": \"hist\", %s, {\"role\": \"assistant\", \"content\": "
+             "\"<think>\\nhm\\n</think>\\n\\n4\"}, {\"role\": \"user\", \"content\": \"ok\"}]}\n"
+             "{\"id\": \"apart\", %s, {\"role\": \"assistant\", \"content\": \"4\", "
+             "\"reasoning_content\": \"hm\"}, {\"role\": \"user\", \"content\": \"ok\"}]}\n"
+             "{\"id\": \"bare\", %s, {\"role\": \"assistant\", \"content\": \"4\"}, "
+             "{\"role\": \"user\", \"content\": \"ok\"}]}\n"
+             "{\"id\": \"dev\", \"messages\": [{\"role\": \"developer\", \"content\": \"x\"}]}\n"
+             "{\"id\": \"tools\", %s], \"tools\": [{\"type\": \"function\"}]}\n"
+             "{\"id\": \"calls\", %s, {\"role\": \"assistant\", \"tool_calls\": [{}]}]}\n"
+             "{\"id\": \"kw\", %s], \"chat_template_kwargs\": {\"enable_thinking\": 0}}\n"
+             "{\"id\": \"json\", %s], \"response_format\": {\"type\": \"json_object\"}}\n",
+             q, q, q, q, q, q, q, q, q, q, q);
+    write_file(path_in("chat.jsonl"), text);
+    const char *args[] = {
+        "-f", path_in("chat.jsonl"), "-o", path_in("chat.out"), "-n", "1", "--temp", "0", NULL};
+    char *norm = run_records(1, args, path_in("chat.out"), 12);
+    const int plain = prompt_len(norm, 1, NULL, 0);
+    ck_assert_int_gt(plain, 0);
+    ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
+    ck_assert_int_eq(prompt_len(norm, 3, NULL, 0), plain);
+    ck_assert_int_eq(prompt_len(norm, 4, NULL, 0), plain + 4);
+    const int bare = prompt_len(norm, 7, NULL, 0);
+    ck_assert_int_gt(bare, plain);
+    ck_assert_int_eq(prompt_len(norm, 5, NULL, 0), bare);
+    ck_assert_int_eq(prompt_len(norm, 6, NULL, 0), bare);
+    struct {
+        long line;
+        const char *err_part;
+    } errs[] = {
+        {8, "renders no 'developer' messages"},
+        {9, "\"tools\" is not supported"},
+        {10, "message 1: \"tool_calls\" is not supported"},
+        {11, "\"enable_thinking\" must be true or false"},
+        {12, "\"response_format\" is not supported"},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        char msg[512];
+        ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
+        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line, msg,
+                      errs[i].err_part);
+    }
+    free(norm);
+
+    // The run-wide setting: the lines without their own take it.
+    const char *off[] = {"-f",
+                         path_in("chat.jsonl"),
+                         "-o",
+                         path_in("chat-off.out"),
+                         "-n",
+                         "1",
+                         "--temp",
+                         "0",
+                         "--chat-template-kwargs",
+                         "{\"enable_thinking\": false}",
+                         NULL};
+    norm = run_records(1, off, path_in("chat-off.out"), 12);
+    ck_assert_int_eq(prompt_len(norm, 1, NULL, 0), plain + 4);
+    ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
+    ck_assert_int_eq(prompt_len(norm, 3, NULL, 0), plain);
+    free(norm);
+    const char *bad[] = {"-f", path_in("chat.jsonl"), "--chat-template-kwargs", "[1]", NULL};
+    ck_assert_int_eq(run(1, bad), 2);
+}
+END_TEST
+
 START_TEST(test_resume) { interrupted_run(SIGKILL); }
 END_TEST
 
@@ -896,7 +1004,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(g_mode, "choices")) tcase_add_test(tc, test_choices);
     else if (!strcmp(g_mode, "prefix")) tcase_add_test(tc, test_prefix);
     else if (!strcmp(g_mode, "echo")) tcase_add_test(tc, test_echo);
-    else if (!strcmp(g_mode, "resume")) tcase_add_test(tc, test_resume);
+    else if (!strcmp(g_mode, "chat")) {
+        if (!tu_data_or_skip("qwen3-vocab.gguf")) return TU_SKIP;
+        tcase_add_test(tc, test_chat);
+    } else if (!strcmp(g_mode, "resume"))
+        tcase_add_test(tc, test_resume);
     else if (!strcmp(g_mode, "sigterm")) tcase_add_test(tc, test_sigterm);
     else if (!strcmp(g_mode, "mpi_tp")) tcase_add_test(tc, test_mpi_tp);
     else if (!strcmp(g_mode, "mpi_pp")) tcase_add_test(tc, test_mpi_pp);

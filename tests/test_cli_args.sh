@@ -3,7 +3,7 @@
 # the batch `run -f` share: a value out of range is refused before any model is loaded
 # (exit 2, one line naming the option and the value), both forms take the same values,
 # `--seed -1` draws a random seed that the run reports and that repeats the run, and
-# `--system` without `--chat` is refused.
+# `--system` or `--chat-template-kwargs` without `--chat` is refused.
 # Exit 0 pass, 1 fail.
 set -u
 src=$1
@@ -77,6 +77,20 @@ rc=$?
     fail "run -p --system without --chat: exit $rc: $(cat "$tmp/err")"
 "$tp" "${run_p[@]}" --chat --system "Be brief." >"$tmp/out" 2>"$tmp/err" ||
     fail "run -p --chat --system: exit $?: $(tail -1 "$tmp/err")"
+# So would --chat-template-kwargs; a value that is not an object, or an enable_thinking
+# that is not a boolean, is refused.
+"$tp" "${run_p[@]}" --chat-template-kwargs '{"enable_thinking": false}' >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ "$rc" = 2 ] && grep -q -- "--chat-template-kwargs applies to --chat only" "$tmp/err" ||
+    fail "run -p --chat-template-kwargs without --chat: exit $rc: $(cat "$tmp/err")"
+for v in '[1]' '{"enable_thinking": 0}' '{'; do
+    "$tp" "${run_p[@]}" --chat --chat-template-kwargs "$v" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -q -- "--chat-template-kwargs: " "$tmp/err" && grep -qF -- "'$v'" "$tmp/err" ||
+        fail "run -p --chat-template-kwargs '$v': exit $rc: $(cat "$tmp/err")"
+done
+"$tp" "${run_p[@]}" --chat --chat-template-kwargs '{"enable_thinking": false}' >"$tmp/out" \
+    2>"$tmp/err" || fail "run -p --chat --chat-template-kwargs: exit $?: $(tail -1 "$tmp/err")"
 
 # --seed -1: a random seed, reported, and the reported seed repeats the run's results
 # (the records' timings differ; their texts and tokens must not).

@@ -414,11 +414,12 @@ END_TEST
 /* ---- chat ------------------------------------------------------------------------- */
 
 START_TEST(test_chatml) {
-    struct tok_message msgs[2] = {{"system", "You are a helpful assistant."}, {"user", "hi"}};
+    struct tok_message msgs[2] = {{"system", "You are a helpful assistant.", NULL},
+                                  {"user", "hi", NULL}};
     char *out = NULL;
     size_t n = 0;
     struct tpi_error err = {0};
-    ck_assert_int_eq(tok_apply_chat(g_qwen3, msgs, 2, true, &out, &n, &err), TPI_OK);
+    ck_assert_int_eq(tok_apply_chat(g_qwen3, msgs, 2, NULL, &out, &n, &err), TPI_OK);
     const char *want = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
                        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
     ck_assert_str_eq(out, want);
@@ -436,7 +437,8 @@ START_TEST(test_chatml) {
     free(ids);
     free(out);
 
-    ck_assert_int_eq(tok_apply_chat(g_qwen3, msgs, 2, false, &out, &n, &err), TPI_OK);
+    const struct tok_chat_opts no_prompt = {.add_generation_prompt = false, .enable_thinking = -1};
+    ck_assert_int_eq(tok_apply_chat(g_qwen3, msgs, 2, &no_prompt, &out, &n, &err), TPI_OK);
     ck_assert_str_eq(out, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
                           "<|im_start|>user\nhi<|im_end|>\n");
     free(out);
@@ -502,9 +504,9 @@ START_TEST(test_from_arrays_and_errors) {
     ck_assert_int_eq(ids[3], 258);
     free(ids);
     /* no template but ChatML tokens: ChatML */
-    struct tok_message m = {"user", "x"};
+    struct tok_message m = {"user", "x", NULL};
     char *out = NULL;
-    ck_assert_int_eq(tok_apply_chat(t, &m, 1, true, &out, NULL, &err), TPI_OK);
+    ck_assert_int_eq(tok_apply_chat(t, &m, 1, NULL, &out, NULL, &err), TPI_OK);
     ck_assert_str_eq(out, "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
     free(out);
     tok_free(&t);
@@ -512,7 +514,7 @@ START_TEST(test_from_arrays_and_errors) {
     /* a template that is not ChatML is refused */
     ck_assert_int_eq(
         tiny_vocab(NULL, "{% for m in messages %}[INST] {{ m.content }}", false, &t, &err), TPI_OK);
-    ck_assert_int_eq(tok_apply_chat(t, &m, 1, true, &out, NULL, &err), TPI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(tok_apply_chat(t, &m, 1, NULL, &out, NULL, &err), TPI_ERR_UNSUPPORTED);
     ck_assert_msg(strstr(err.msg, "ChatML") != NULL, "message: %s", err.msg);
     tok_free(&t);
 
@@ -522,6 +524,101 @@ START_TEST(test_from_arrays_and_errors) {
     ck_assert_int_eq(tiny_vocab("qwen2", NULL, true, &t, &err), TPI_ERR_FORMAT);
     ck_assert_msg(strstr(err.msg, "0x71") != NULL, "message: %s", err.msg);
     ck_assert_ptr_null(t);
+}
+END_TEST
+
+/* Every conversation of tests/chat/cases.jsonl, rendered by jinja2 from the real Qwen3,
+ * Qwen2.5 and plain ChatML templates (tests/chat/make-cases.py), renders to the same
+ * bytes here; the Qwen3 template there is the one qwen3-vocab.gguf carries. */
+START_TEST(test_chat_templates) {
+    const char *names[3] = {"qwen3", "qwen2.5", "chatml"};
+    char *tmpl[3];
+    struct tokenizer *tok[3];
+    struct tpi_error err = {0};
+    for (int k = 0; k < 3; k++) {
+        char path[512];
+        size_t n;
+        snprintf(path, sizeof path, "%s/tests/chat/%s.jinja", tu_source_dir(), names[k]);
+        tmpl[k] = tu_read_file(path, &n);
+        ck_assert_msg(tmpl[k] != NULL, "cannot read %s", path);
+        ck_assert_int_eq(tiny_vocab("qwen2", tmpl[k], false, &tok[k], &err), TPI_OK);
+    }
+    ck_assert_str_eq(tmpl[0], tok_chat_template(g_qwen3));
+
+    char path[512];
+    size_t n_text;
+    snprintf(path, sizeof path, "%s/tests/chat/cases.jsonl", tu_source_dir());
+    char *all = tu_read_file(path, &n_text);
+    ck_assert_msg(all != NULL, "cannot read %s", path);
+    int n_cases = 0, n_think = 0;
+    for (char *line = all, *next; *line; line = next) {
+        next = strchr(line, '\n');
+        *next++ = '\0';
+        cJSON *c = cJSON_Parse(line);
+        ck_assert_ptr_nonnull(c);
+        const char *name = cJSON_GetObjectItem(c, "template")->valuestring;
+        int k = 0;
+        while (k < 3 && strcmp(names[k], name))
+            k++;
+        ck_assert_int_lt(k, 3);
+        const cJSON *msgs = cJSON_GetObjectItem(c, "messages");
+        struct tok_message m[16];
+        int n_m = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, msgs) {
+            ck_assert_int_lt(n_m, 16);
+            const cJSON *rc = cJSON_GetObjectItem(it, "reasoning_content");
+            m[n_m++] = (struct tok_message){cJSON_GetObjectItem(it, "role")->valuestring,
+                                            cJSON_GetObjectItem(it, "content")->valuestring,
+                                            rc ? rc->valuestring : NULL};
+        }
+        const cJSON *et = cJSON_GetObjectItem(c, "enable_thinking");
+        const struct tok_chat_opts opts = {
+            .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
+            .enable_thinking = cJSON_IsBool(et) ? cJSON_IsTrue(et) : -1};
+        char *out = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(tok_apply_chat(tok[k], m, n_m, &opts, &out, &n, &err), TPI_OK);
+        const char *want = cJSON_GetObjectItem(c, "text")->valuestring;
+        ck_assert_msg(!strcmp(out, want),
+                      "%s, %s, prompt %d, enable_thinking %d:\n--- got\n%s\n"
+                      "--- want\n%s\n---",
+                      name, cJSON_GetObjectItem(c, "case")->valuestring, opts.add_generation_prompt,
+                      opts.enable_thinking, out, want);
+        ck_assert_int_eq(n, strlen(want));
+        n_think += strstr(want, "<think>\n\n</think>") != NULL;
+        free(out);
+        cJSON_Delete(c);
+        n_cases++;
+    }
+    fprintf(stderr,
+            "chat: %d conversations rendered as jinja2 renders them (%d with an empty "
+            "<think> block)\n",
+            n_cases, n_think);
+    ck_assert_int_ge(n_cases, 150);
+    ck_assert_int_gt(n_think, 0);
+    free(all);
+
+    /* Roles those templates do not render are refused (plain ChatML renders any). */
+    struct tok_message dev[2] = {{"developer", "Be brief.", NULL}, {"user", "Hi", NULL}};
+    char *out = NULL;
+    for (int k = 0; k < 3; k++) {
+        int rc = tok_apply_chat(tok[k], dev, 2, NULL, &out, NULL, &err);
+        if (k == 2) {
+            ck_assert_int_eq(rc, TPI_OK);
+            ck_assert_str_eq(out, "<|im_start|>developer\nBe brief.<|im_end|>\n<|im_start|>user\n"
+                                  "Hi<|im_end|>\n<|im_start|>assistant\n");
+            free(out);
+        } else {
+            ck_assert_int_eq(rc, TPI_ERR_UNSUPPORTED);
+            ck_assert_msg(strstr(err.msg, "message 0") && strstr(err.msg, "'developer'"), "%s",
+                          err.msg);
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        tok_free(&tok[k]);
+        free(tmpl[k]);
+    }
 }
 END_TEST
 
@@ -589,12 +686,18 @@ int main(void) {
     }
     tcase_add_test(tc, test_cli_tokenize);
     /* the library tests run in the other build of this file */
-    const TTest *lib_tests[] = {test_qwen3_cases,           test_mini2048_cases,
-                                test_vocab_queries,         test_parse_special_off,
-                                test_invalid_utf8,          test_long_word,
-                                test_whitespace_edges,      test_stream_decode,
-                                test_stream_all_cases,      test_chatml,
-                                test_from_arrays_and_errors};
+    const TTest *lib_tests[] = {test_qwen3_cases,
+                                test_mini2048_cases,
+                                test_vocab_queries,
+                                test_parse_special_off,
+                                test_invalid_utf8,
+                                test_long_word,
+                                test_whitespace_edges,
+                                test_stream_decode,
+                                test_stream_all_cases,
+                                test_chatml,
+                                test_from_arrays_and_errors,
+                                test_chat_templates};
     (void)lib_tests;
 #else
     (void)test_cli_tokenize;
@@ -615,6 +718,7 @@ int main(void) {
     tcase_add_test(tc, test_stream_all_cases);
     tcase_add_test(tc, test_chatml);
     tcase_add_test(tc, test_from_arrays_and_errors);
+    tcase_add_test(tc, test_chat_templates);
 #endif
     suite_add_tcase(s, tc);
     int rc = tu_run_suite(s);

@@ -50,6 +50,8 @@ static void usage(FILE *out) {
             "  --fsync               fsync after every record\n"
             "  --progress            progress on stderr even when it is not a terminal\n"
             "  --chat                plain lines and \"prompt\" strings become user chat turns\n"
+            "  --chat-template-kwargs JSON   e.g. '{\"enable_thinking\": false}' for the chats\n"
+            "                        of lines without their own \"chat_template_kwargs\"\n"
             "  --no-prefix-share     prefill every prompt whole (default: a prompt that begins\n"
             "                        like one whose KV a slot still holds reuses that prefix)\n"
             "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
@@ -66,6 +68,7 @@ struct batch_opts {
     struct cli_common c; /* -m, --tp/--pp/--pp-layers, --backend, --comm, -c, -t, --ubatch, ... */
     const char *file, *output;
     int n_parallel, max_tokens, n_logprobs;
+    int enable_thinking; /* --chat-template-kwargs (-1: unset) */
     struct sampler_params sp;
     bool ordered, resume, fsync, progress, chat, no_prefix_share;
 };
@@ -84,6 +87,7 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
     cli_common_init(&o->c);
     o->n_parallel = 8;
     o->max_tokens = -1;
+    o->enable_thinking = -1;
     sampler_params_default(&o->sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -102,7 +106,15 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         else if (IS("--parallel") || IS("-np")) ok = v && parse_int(v, &o->n_parallel) && o->n_parallel > 0;
         else if (IS("-n") || IS("--max-tokens") || IS("--n-predict"))
             ok = v && parse_int(v, &o->max_tokens) && o->max_tokens != 0 && o->max_tokens >= -1;
-        else if (IS("--logprobs")) ok = v && parse_int(v, &o->n_logprobs) && o->n_logprobs >= 0 && o->n_logprobs <= 20;
+        else if (IS("--chat-template-kwargs")) {
+            struct tpi_error e;
+            if (v && req_parse_chat_kwargs(v, &o->enable_thinking, &e)) {
+                fprintf(stderr, "tpinfer run: --chat-template-kwargs: %s, got '%s'\n", e.msg, v);
+                return 2;
+            }
+            ok = v;
+        } else if (IS("--logprobs"))
+            ok = v && parse_int(v, &o->n_logprobs) && o->n_logprobs >= 0 && o->n_logprobs <= 20;
         else {
             takes = false;
             if (IS("--ordered")) o->ordered = true;
@@ -286,6 +298,7 @@ int cmd_run_batch(int argc, char **argv) {
                                  .seed = o.c.seed,
                                  .n_logprobs = o.n_logprobs,
                                  .chat = o.chat,
+                                 .enable_thinking = o.enable_thinking,
                                  .n_ctx = m->n_ctx,
                                  .n_vocab = m->cfg.n_vocab};
         rc = output_apart(o.output, o.file, o.c.model, &err);

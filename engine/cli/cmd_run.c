@@ -14,6 +14,7 @@
 #include "cli_common.h"
 #include "cmd_batch.h"
 #include "model/generate.h"
+#include "sched/requests.h"
 #include "text/tokenizer.h"
 
 #define MAX_STOP 16
@@ -24,6 +25,8 @@ struct run_opts {
     const char *prompt_ids; /* --prompt-ids */
     const char *system;     /* --system */
     bool chat, json;
+    int enable_thinking;    /* --chat-template-kwargs (-1: unset) */
+    const char *chat_kwargs;
     struct gen_params gp;
     const char *stop[MAX_STOP];
 };
@@ -35,6 +38,7 @@ static void usage(FILE *f) {
             "  --prompt-ids LIST      prompt as comma-separated token ids\n"
             "  --chat                 wrap the prompt as a user message in the chat template\n"
             "  --system TEXT          system message for --chat\n"
+            "  --chat-template-kwargs JSON   for --chat, e.g. '{\"enable_thinking\": false}'\n"
             "  -n, --n-predict N      most tokens to generate (128)\n"
             "  --stop TEXT            stop before this text (repeatable)\n"
             "  --logprobs K           top-K logprobs of each generated token\n"
@@ -60,6 +64,7 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
     cli_common_init(&o->c);
     sampler_params_default(&o->gp.sp);
     o->gp.n_predict = 128;
+    o->enable_thinking = -1;
     o->gp.stop = o->stop;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&o->c, argc, argv, &i, "run");
@@ -85,6 +90,14 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
         else if (!strcmp(a, "--system")) o->system = v;
+        else if (!strcmp(a, "--chat-template-kwargs")) {
+            struct tpi_error e;
+            o->chat_kwargs = v;
+            if (req_parse_chat_kwargs(v, &o->enable_thinking, &e)) {
+                fprintf(stderr, "tpinfer run: --chat-template-kwargs: %s, got '%s'\n", e.msg, v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_count(a, v, &o->gp.n_predict);
         else if (!strcmp(a, "--logprobs")) bad = parse_count(a, v, &o->gp.n_logprobs);
         else if (!strcmp(a, "--prompt-logprobs")) bad = parse_count(a, v, &o->gp.n_prompt_logprobs);
@@ -104,8 +117,9 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
         fprintf(stderr, "tpinfer run: give exactly one of -p TEXT or --prompt-ids LIST\n");
         return 2;
     }
-    if (o->system && !o->chat) {
-        fprintf(stderr, "tpinfer run: --system applies to --chat only: add --chat\n");
+    if ((o->system || o->chat_kwargs) && !o->chat) {
+        fprintf(stderr, "tpinfer run: %s applies to --chat only: add --chat\n",
+                o->system ? "--system" : "--chat-template-kwargs");
         return 2;
     }
     if (o->chat && !o->prompt) {
@@ -137,11 +151,13 @@ static int prompt_tokens(const struct run_opts *o, const struct tokenizer *tok, 
     if (!o->chat) return tok_encode(tok, o->prompt, strlen(o->prompt), true, ids, n, err);
     struct tok_message msgs[2];
     int n_msgs = 0;
-    if (o->system) msgs[n_msgs++] = (struct tok_message){"system", o->system};
-    msgs[n_msgs++] = (struct tok_message){"user", o->prompt};
+    if (o->system) msgs[n_msgs++] = (struct tok_message){"system", o->system, NULL};
+    msgs[n_msgs++] = (struct tok_message){"user", o->prompt, NULL};
+    const struct tok_chat_opts opts = {.add_generation_prompt = true,
+                                       .enable_thinking = o->enable_thinking};
     char *text;
     size_t n_text;
-    int rc = tok_apply_chat(tok, msgs, n_msgs, true, &text, &n_text, err);
+    int rc = tok_apply_chat(tok, msgs, n_msgs, &opts, &text, &n_text, err);
     if (rc) return rc;
     rc = tok_encode(tok, text, n_text, true, ids, n, err);
     free(text);

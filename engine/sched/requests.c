@@ -102,6 +102,68 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "best_of")) && !cJSON_IsNull(v) &&
         !(cJSON_IsNumber(v) && v->valuedouble == (cJSON_IsNumber(n) ? n->valuedouble : 1.0)))
         return req_fail(r, "\"best_of\" is not supported (only equal to \"n\")");
+    // OpenAI's and vLLM's other fields that would change the prompt or the output:
+    // refused unless absent, null or neutral.
+    enum neutral { NULL_ONLY, EMPTY_LIST, IS_FALSE, IS_TRUE, IS_ZERO, NONE_OR_AUTO, TEXT_FORMAT };
+    static const struct {
+        const char *key;
+        enum neutral ok;
+        const char *what;
+    } fields[] = {
+        {"tools", EMPTY_LIST, "tool definitions"},
+        {"functions", EMPTY_LIST, "tool definitions"},
+        {"tool_choice", NONE_OR_AUTO, "tool calls"},
+        {"function_call", NONE_OR_AUTO, "tool calls"},
+        {"response_format", TEXT_FORMAT, "structured output"},
+        {"guided_json", NULL_ONLY, "structured output"},
+        {"guided_regex", NULL_ONLY, "structured output"},
+        {"guided_choice", NULL_ONLY, "structured output"},
+        {"guided_grammar", NULL_ONLY, "structured output"},
+        {"structured_outputs", NULL_ONLY, "structured output"},
+        {"chat_template", NULL_ONLY, "a chat template of the request's own"},
+        {"prompt_logprobs", NULL_ONLY, "prompt logprobs (use /v1/completions with echo)"},
+        {"use_beam_search", IS_FALSE, "beam search"},
+        {"ignore_eos", IS_FALSE, "generating past the end of text"},
+        {"min_tokens", IS_ZERO, "a minimum length"},
+        {"stop_token_ids", EMPTY_LIST, "stop token ids"},
+        {"allowed_token_ids", EMPTY_LIST, "restricted vocabularies"},
+        {"bad_words", EMPTY_LIST, "banned words"},
+        {"logits_processors", EMPTY_LIST, "logits processors"},
+        {"include_stop_str_in_output", IS_FALSE, "stop strings in the output"},
+        {"skip_special_tokens", IS_TRUE, "special tokens in the text"},
+        {"continue_final_message", IS_FALSE, "continuing the final message"},
+    };
+    for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
+        if (!(v = cJSON_GetObjectItemCaseSensitive(o, fields[k].key)) || cJSON_IsNull(v)) continue;
+        bool neutral = false;
+        switch (fields[k].ok) {
+        case NULL_ONLY:
+            break;
+        case EMPTY_LIST:
+            neutral = cJSON_IsArray(v) && !v->child;
+            break;
+        case IS_FALSE:
+            neutral = cJSON_IsFalse(v);
+            break;
+        case IS_TRUE:
+            neutral = cJSON_IsTrue(v);
+            break;
+        case IS_ZERO:
+            neutral = cJSON_IsNumber(v) && v->valuedouble == 0;
+            break;
+        case NONE_OR_AUTO:
+            neutral = cJSON_IsString(v) &&
+                      (!strcmp(v->valuestring, "none") || !strcmp(v->valuestring, "auto"));
+            break;
+        case TEXT_FORMAT: {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+            neutral = cJSON_IsObject(v) && cJSON_IsString(t) && !strcmp(t->valuestring, "text");
+            break;
+        }
+        }
+        if (!neutral)
+            return req_fail(r, "\"%s\" is not supported (%s)", fields[k].key, fields[k].what);
+    }
     return 0;
 }
 
@@ -137,14 +199,53 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
     return get_stop(r, o);
 }
 
-/* Encode text; chat wraps it as one user message first. */
+/* chat_template_kwargs (an object; absent or null: nothing): its "enable_thinking", true
+ * or false, into *enable_thinking. The Qwen templates read no other key, so the others
+ * change nothing, as in Jinja. Returns NULL, or why the value is refused. */
+static const char *chat_kwargs(const cJSON *kw, int *enable_thinking) {
+    if (!kw || cJSON_IsNull(kw)) return NULL;
+    if (!cJSON_IsObject(kw)) return "\"chat_template_kwargs\" must be an object";
+    const cJSON *et = cJSON_GetObjectItemCaseSensitive(kw, "enable_thinking");
+    if (!et || cJSON_IsNull(et)) return NULL;
+    if (!cJSON_IsBool(et))
+        return "\"chat_template_kwargs\": \"enable_thinking\" must be true or false";
+    *enable_thinking = cJSON_IsTrue(et);
+    return NULL;
+}
+
+int req_parse_chat_kwargs(const char *json, int *enable_thinking, struct tpi_error *err) {
+    cJSON *j = cJSON_Parse(json);
+    const char *why = j ? chat_kwargs(j, enable_thinking) : "not valid JSON";
+    if (!why && !cJSON_IsObject(j)) why = "not a JSON object";
+    cJSON_Delete(j);
+    return why ? tpi_err(err, TPI_ERR_INVALID, "%s", why) : TPI_OK;
+}
+
+/* How a line's chat is rendered: the run's defaults, then the line's
+ * "chat_template_kwargs" and "add_generation_prompt" (vLLM's fields). */
+static int get_chat_opts(struct batch_req *r, const cJSON *o, const struct req_defaults *d,
+                         struct tok_chat_opts *opts) {
+    opts->add_generation_prompt = true;
+    opts->enable_thinking = d->enable_thinking;
+    const char *why = chat_kwargs(cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs"),
+                                  &opts->enable_thinking);
+    if (why) return req_fail(r, "%s", why);
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt");
+    if (g && !cJSON_IsNull(g)) {
+        if (!cJSON_IsBool(g)) return req_fail(r, "\"add_generation_prompt\" must be true or false");
+        opts->add_generation_prompt = cJSON_IsTrue(g);
+    }
+    return 0;
+}
+
+/* Encode text; with chat (opts not NULL) it is wrapped as one user message first. */
 static int encode_text(struct batch_req *r, const struct tokenizer *tok, const char *text,
-                       bool chat) {
+                       const struct tok_chat_opts *chat) {
     struct tpi_error e = {0};
     char *rendered = NULL;
     if (chat) {
-        struct tok_message msg = {"user", text};
-        if (tok_apply_chat(tok, &msg, 1, true, &rendered, NULL, &e))
+        struct tok_message msg = {"user", text, NULL};
+        if (tok_apply_chat(tok, &msg, 1, chat, &rendered, NULL, &e))
             return req_fail(r, "%s", e.msg);
         text = rendered;
     }
@@ -154,8 +255,10 @@ static int encode_text(struct batch_req *r, const struct tokenizer *tok, const c
     return 0;
 }
 
-/* "messages": [{"role", "content": string | [{"type": "text", "text"}...]}]. */
-static int encode_messages(struct batch_req *r, const struct tokenizer *tok, const cJSON *msgs) {
+/* "messages": [{"role", "content": string | [{"type": "text", "text"}...],
+ * "reasoning_content"}]; tool calls in them are refused. */
+static int encode_messages(struct batch_req *r, const struct tokenizer *tok, const cJSON *msgs,
+                           const struct tok_chat_opts *opts) {
     if (!cJSON_IsArray(msgs)) return req_fail(r, "\"messages\" must be a list");
     int n = cJSON_GetArraySize(msgs);
     struct tok_message *m = calloc((size_t)n + 1, sizeof *m);
@@ -171,6 +274,18 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
             break;
         }
         m[i].role = role->valuestring;
+        const cJSON *rc_ = cJSON_GetObjectItemCaseSensitive(it, "reasoning_content");
+        if (cJSON_IsString(rc_)) {
+            m[i].reasoning_content = rc_->valuestring;
+        } else if (rc_ && !cJSON_IsNull(rc_)) {
+            rc = req_fail(r, "message %d: \"reasoning_content\" must be a string", i);
+            break;
+        }
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+        if (calls && !cJSON_IsNull(calls) && !(cJSON_IsArray(calls) && !calls->child)) {
+            rc = req_fail(r, "message %d: \"tool_calls\" is not supported", i);
+            break;
+        }
         if (cJSON_IsString(content)) {
             m[i].content = content->valuestring;
         } else if (cJSON_IsArray(content)) { // content parts: the text ones, joined
@@ -202,7 +317,7 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
     char *text = NULL;
     struct tpi_error e = {0};
     if (!rc && n == 0) rc = req_fail(r, "\"messages\" is empty");
-    if (!rc && tok_apply_chat(tok, m, n, true, &text, NULL, &e)) rc = req_fail(r, "%s", e.msg);
+    if (!rc && tok_apply_chat(tok, m, n, opts, &text, NULL, &e)) rc = req_fail(r, "%s", e.msg);
     if (!rc && tok_encode(tok, text, strlen(text), true, &r->prompt, &r->n_prompt, &e))
         rc = req_fail(r, "%s", e.msg);
     free(text);
@@ -212,9 +327,9 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
     return rc;
 }
 
-/* "prompt": text, or a list of token ids. */
+/* "prompt": text (a user turn when chat is not NULL), or a list of token ids. */
 static int encode_prompt(struct batch_req *r, const struct tokenizer *tok, const cJSON *p,
-                         const struct req_defaults *d, bool chat) {
+                         const struct req_defaults *d, const struct tok_chat_opts *chat) {
     if (cJSON_IsString(p)) return encode_text(r, tok, p->valuestring, chat);
     if (!cJSON_IsArray(p))
         return req_fail(r, "\"prompt\" must be a string or a list of token ids");
@@ -262,14 +377,18 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
         r->fmt = REQ_OURS;
         r->n_logprobs = d->n_logprobs;
         long long k = r->n_logprobs;
-        if (!get_sampling(r, j) && !get_int(r, j, "logprobs", 0, REQ_MAX_LOGPROBS, &k)) {
+        struct tok_chat_opts chat;
+        if (!get_sampling(r, j) && !get_int(r, j, "logprobs", 0, REQ_MAX_LOGPROBS, &k) &&
+            !get_chat_opts(r, j, d, &chat)) {
             r->n_logprobs = r->n_top_out = (int)k;
             r->want_logprobs = k > 0;
             const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
             const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "messages");
             if (p && m) req_fail(r, "give \"prompt\" or \"messages\", not both");
-            else if (m) encode_messages(r, tok, m);
-            else if (p) encode_prompt(r, tok, p, d, d->chat);
+            else if (m)
+                encode_messages(r, tok, m, &chat);
+            else if (p)
+                encode_prompt(r, tok, p, d, d->chat ? &chat : NULL);
             else req_fail(r, "no \"prompt\" or \"messages\"");
         }
         cJSON_Delete(j);
@@ -307,9 +426,11 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
         else if (!get_int(r, body, "top_logprobs", 0, REQ_MAX_LOGPROBS, &k))
             r->want_logprobs = cJSON_IsTrue(lp);
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
-        if (!r->error) {
+        struct tok_chat_opts chat;
+        if (!r->error && !get_chat_opts(r, body, d, &chat)) {
             if (!m) req_fail(r, "chat completion body has no \"messages\"");
-            else encode_messages(r, tok, m);
+            else
+                encode_messages(r, tok, m, &chat);
         }
     } else { // logprobs: int (top alternatives; 0 still gives the chosen token's)
         if (!get_int(r, body, "logprobs", 0, REQ_MAX_LOGPROBS, &k))
@@ -403,7 +524,9 @@ int batch_input_load(const char *path, const struct tokenizer *tok, const struct
             if (in->plain) {
                 char save = data[i + len];
                 data[i + len] = '\0';
-                encode_text(r, tok, data + i, d->chat);
+                const struct tok_chat_opts chat = {.add_generation_prompt = true,
+                                                   .enable_thinking = d->enable_thinking};
+                encode_text(r, tok, data + i, d->chat ? &chat : NULL);
                 data[i + len] = save;
                 r->n_logprobs = r->n_top_out = d->n_logprobs;
                 r->want_logprobs = d->n_logprobs > 0;

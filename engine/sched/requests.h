@@ -9,9 +9,12 @@
  *   OpenAI:  {"custom_id", "method": "POST", "url": "/v1/chat/completions" |
  *            "/v1/completions", "body": {...}} (the batch format vLLM's run-batch
  *            reads);
- * presence_penalty and frequency_penalty too, and "echo" on /v1/completions; OpenAI
- * fields that change results but are not implemented (echo elsewhere, suffix,
- * logit_bias, best_of other than n) refuse the line unless they hold their neutral
+ * presence_penalty and frequency_penalty too, and "echo" on /v1/completions; chats
+ * take "chat_template_kwargs" ({"enable_thinking": bool}) and "add_generation_prompt",
+ * and their messages "reasoning_content"; OpenAI's and vLLM's fields that change
+ * results but are not implemented (echo elsewhere, suffix, logit_bias, best_of other
+ * than n, tools and tool calls, response_format and guided decoding, min_tokens,
+ * ignore_eos, stop_token_ids, ...) refuse the line unless they hold their neutral
  * value;
  * and plain text (one prompt per line) when the first non-blank line does not
  * start with '{'. Blank lines are skipped but still counted: `line` numbers
@@ -43,6 +46,8 @@ struct req_defaults {
     uint64_t seed;             /* --seed: a request without one uses seed + line */
     int n_logprobs;            /* --logprobs K for every request of ours (0: none) */
     bool chat;                 /* --chat: plain lines and "prompt" strings become user turns */
+    int enable_thinking;       /* --chat-template-kwargs' enable_thinking (-1: unset) for
+                                  the chats of lines that do not set their own */
     int n_ctx, n_vocab;        /* prompts must satisfy 1 <= n < n_ctx, ids < n_vocab */
 };
 
@@ -86,6 +91,11 @@ struct batch_input {
  * naming the path; OOM). Free with batch_input_free. */
 int batch_input_load(const char *path, const struct tokenizer *tok, const struct req_defaults *d,
                      struct batch_input *in, struct tpi_error *err);
+
+/* Parse chat_template_kwargs given as JSON text (--chat-template-kwargs): an object whose
+ * "enable_thinking", true or false, goes to *enable_thinking (left alone when absent);
+ * other keys are ignored, as the Qwen templates read none. TPI_ERR_INVALID saying why. */
+int req_parse_chat_kwargs(const char *json, int *enable_thinking, struct tpi_error *err);
 
 /* The sampling seed of choice c of a request whose seed is `seed`: the seed itself
  * for choice 0 (so n = 1 samples as before), a hash of both for the others, so the

@@ -1,11 +1,14 @@
 /*
  * chat.c — chat rendering for tok_apply_chat (tokenizer.h).
  *
- * We do not run Jinja: the Qwen family's templates all reduce to ChatML for
- * plain role/content messages, so the template is only inspected to decide that
- * it is ChatML. Anything else is refused with a clear error rather than being
- * rendered in a format the model was not trained on.
+ * We do not run Jinja: the Qwen family's templates are ChatML with a few additions, so
+ * the template is inspected for which additions it makes (a default system message,
+ * tool responses as user turns, Qwen3's <think> handling, enable_thinking) and those
+ * are rendered in C, as the template renders them (tests/chat/cases.jsonl holds
+ * jinja2's renderings of the real templates to compare with). Anything else is refused
+ * with a clear error rather than rendered in a format the model was not trained on.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,8 +45,129 @@ static char *default_system(const char *tmpl) {
     return NULL;
 }
 
+/* What a ChatML template adds to the plain loop, from its text. */
+enum {
+    CHAT_ROLES_BY_NAME = 1,  /* branches on role names: renders only the four below */
+    CHAT_TOOL_RESPONSE = 2,  /* "tool" messages: one user turn of <tool_response> blocks */
+    CHAT_THINK = 4,          /* Qwen3: an assistant turn's reasoning by the last query */
+    CHAT_ENABLE_THINKING = 8 /* enable_thinking false closes an empty <think> block */
+};
+
+static unsigned chat_dialect(const char *tmpl) {
+    if (!tmpl) return 0;
+    unsigned d = 0;
+    if (strstr(tmpl, "== \"user\"") || strstr(tmpl, "== 'user'")) d |= CHAT_ROLES_BY_NAME;
+    if (strstr(tmpl, "<tool_response>") &&
+        (strstr(tmpl, "== \"tool\"") || strstr(tmpl, "== 'tool'")))
+        d |= CHAT_TOOL_RESPONSE;
+    if (strstr(tmpl, "reasoning_content") && strstr(tmpl, "last_query_index") &&
+        strstr(tmpl, "</think>"))
+        d |= CHAT_THINK;
+    if (strstr(tmpl, "enable_thinking")) d |= CHAT_ENABLE_THINKING;
+    return d;
+}
+
+/* A growing output string; `failed` once an allocation failed. */
+struct chat_buf {
+    char *p;
+    size_t n, cap;
+    bool failed;
+};
+
+static void put_n(struct chat_buf *b, const char *s, size_t len) {
+    if (b->failed) return;
+    if (b->n + len + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->n + len + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->failed = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, len);
+    b->n += len;
+    b->p[b->n] = '\0';
+}
+
+static void put(struct chat_buf *b, const char *s) {
+    put_n(b, s, strlen(s));
+}
+
+/* Python's s.strip('\n') family on [*b, *e): drop newlines at the front / back. */
+static void lstrip_nl(const char **b, const char *e) {
+    while (*b < e && **b == '\n')
+        (*b)++;
+}
+static void rstrip_nl(const char *b, const char **e) {
+    while (*e > b && (*e)[-1] == '\n')
+        (*e)--;
+}
+
+/* The last occurrence of needle in [b, e), or NULL. */
+static const char *last_of(const char *b, const char *e, const char *needle) {
+    const size_t n = strlen(needle);
+    if ((size_t)(e - b) < n) return NULL;
+    for (const char *p = e - n;; p--) {
+        if (!memcmp(p, needle, n)) return p;
+        if (p == b) return NULL;
+    }
+}
+
+static bool is_tool_response(const char *s) {
+    static const char open[] = "<tool_response>", close[] = "</tool_response>";
+    const size_t n = strlen(s);
+    return !strncmp(s, open, strlen(open)) && n >= strlen(close) &&
+           !strcmp(s + n - strlen(close), close);
+}
+
+/* An assistant turn as Qwen3's template writes it: the reasoning is the message's
+ * reasoning_content, else what its content holds between <think> and the first </think>
+ * (the content then being what follows the last </think>); after the last user query
+ * the turn is "<think>\nREASONING\n</think>\n\nCONTENT" when it is the last message or
+ * has reasoning, otherwise the content alone. */
+static void put_assistant_think(struct chat_buf *b, const struct tok_message *m, bool after_query,
+                                bool last) {
+    const char *c = m->content ? m->content : "";
+    const char *cb = c, *ce = c + strlen(c); // content
+    const char *rb = "", *re = rb;           // reasoning
+    if (m->reasoning_content) {
+        rb = m->reasoning_content;
+        re = rb + strlen(rb);
+    } else {
+        const char *first_end = strstr(c, "</think>");
+        if (first_end) {
+            cb = last_of(c, ce, "</think>") + strlen("</think>");
+            lstrip_nl(&cb, ce);
+            rb = c;
+            re = first_end;
+            rstrip_nl(rb, &re);
+            const char *open = last_of(rb, re, "<think>");
+            if (open) rb = open + strlen("<think>");
+            lstrip_nl(&rb, re);
+        }
+    }
+    put(b, "<|im_start|>assistant\n");
+    if (after_query && (last || re > rb)) {
+        lstrip_nl(&rb, re);
+        rstrip_nl(rb, &re);
+        lstrip_nl(&cb, ce);
+        put(b, "<think>\n");
+        put_n(b, rb, (size_t)(re - rb));
+        put(b, "\n</think>\n\n");
+    }
+    put_n(b, cb, (size_t)(ce - cb));
+}
+
 int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, int n_msgs,
-                   bool add_generation_prompt, char **out, size_t *n_bytes, struct tpi_error *err) {
+                   const struct tok_chat_opts *opts, char **out, size_t *n_bytes,
+                   struct tpi_error *err) {
+    static const struct tok_chat_opts plain = {.add_generation_prompt = true,
+                                               .enable_thinking = -1};
+    if (!opts) opts = &plain;
     *out = NULL;
     if (n_bytes) *n_bytes = 0;
     const char *tmpl = tok_chat_template(t);
@@ -58,56 +182,72 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
                        tmpl ? "" : " (and tokenizer.chat_template is absent)");
     if (n_msgs < 0 || (n_msgs > 0 && !msgs))
         return tpi_err(err, TPI_ERR_INVALID, "tok_apply_chat: bad message list");
+    const unsigned d = chat_dialect(tmpl);
+    for (int i = 0; i < n_msgs; i++) {
+        const char *r = msgs[i].role;
+        if (!r || !r[0]) return tpi_err(err, TPI_ERR_INVALID, "chat message %d has no role", i);
+        if ((d & CHAT_ROLES_BY_NAME) && strcmp(r, "system") && strcmp(r, "user") &&
+            strcmp(r, "assistant") && strcmp(r, "tool"))
+            return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                           "chat message %d: the model's chat template renders no '%.32s' "
+                           "messages (only system, user, assistant and tool)",
+                           i, r);
+    }
+    // The last user query: Qwen3 renders the assistant turns after it with their reasoning.
+    int last_query = n_msgs - 1;
+    for (int i = n_msgs - 1; i >= 0; i--) {
+        if (!strcmp(msgs[i].role, "user") &&
+            !is_tool_response(msgs[i].content ? msgs[i].content : "")) {
+            last_query = i;
+            break;
+        }
+    }
 
+    struct chat_buf b = {0};
     /* A conversation without a system message gets the template's default one, as the
      * template itself renders it. */
-    char *sys = (n_msgs == 0 || !msgs[0].role || strcmp(msgs[0].role, "system"))
-                    ? default_system(tmpl)
-                    : NULL;
-    /* size first, then one allocation */
-    size_t per_msg = strlen(IM_START) + 1 + strlen(IM_END) + 1; /* "\n" after role and end */
-    size_t total = sys ? per_msg + strlen("system") + strlen(sys) : 0;
-    for (int i = 0; i < n_msgs; i++) {
-        if (!msgs[i].role || !msgs[i].role[0]) {
-            free(sys);
-            return tpi_err(err, TPI_ERR_INVALID, "chat message %d has no role", i);
-        }
-        total += per_msg + strlen(msgs[i].role) + (msgs[i].content ? strlen(msgs[i].content) : 0);
-    }
-    const char gen[] = "<|im_start|>assistant\n";
-    if (add_generation_prompt) total += strlen(gen);
-    char *buf = malloc(total + 1);
-    if (!buf) {
+    char *sys = (n_msgs == 0 || strcmp(msgs[0].role, "system")) ? default_system(tmpl) : NULL;
+    if (sys) {
+        put(&b, IM_START);
+        put(&b, "system\n");
+        put(&b, sys);
+        put(&b, IM_END);
+        put(&b, "\n");
         free(sys);
+    }
+    for (int i = 0; i < n_msgs; i++) {
+        const struct tok_message *m = &msgs[i];
+        const char *content = m->content ? m->content : "";
+        if ((d & CHAT_TOOL_RESPONSE) && !strcmp(m->role, "tool")) {
+            if (i == 0 || strcmp(msgs[i - 1].role, "tool")) put(&b, "<|im_start|>user");
+            put(&b, "\n<tool_response>\n");
+            put(&b, content);
+            put(&b, "\n</tool_response>");
+            if (i == n_msgs - 1 || strcmp(msgs[i + 1].role, "tool")) put(&b, "<|im_end|>\n");
+            continue;
+        }
+        if ((d & CHAT_THINK) && !strcmp(m->role, "assistant")) {
+            put_assistant_think(&b, m, i > last_query, i == n_msgs - 1);
+        } else {
+            put(&b, IM_START);
+            put(&b, m->role);
+            put(&b, "\n");
+            put(&b, content);
+        }
+        put(&b, IM_END);
+        put(&b, "\n");
+    }
+    if (opts->add_generation_prompt) {
+        put(&b, "<|im_start|>assistant\n");
+        if ((d & CHAT_ENABLE_THINKING) && opts->enable_thinking == 0)
+            put(&b, "<think>\n\n</think>\n\n");
+    }
+    if (!b.p) put(&b, ""); // an empty conversation without a prompt: ""
+    if (b.failed) {
+        free(b.p);
         return tpi_err(err, TPI_ERR_NOMEM, "tok_apply_chat: out of memory");
     }
-    size_t o = 0;
-#define PUT(s)                                                                                     \
-    do {                                                                                           \
-        size_t l_ = strlen(s);                                                                     \
-        memcpy(buf + o, (s), l_);                                                                  \
-        o += l_;                                                                                   \
-    } while (0)
-    if (sys) {
-        PUT(IM_START);
-        PUT("system\n");
-        PUT(sys);
-        PUT(IM_END);
-        PUT("\n");
-        free(sys);
-    }
-    for (int i = 0; i < n_msgs; i++) {
-        PUT(IM_START);
-        PUT(msgs[i].role);
-        PUT("\n");
-        if (msgs[i].content) PUT(msgs[i].content);
-        PUT(IM_END);
-        PUT("\n");
-    }
-    if (add_generation_prompt) PUT(gen);
-#undef PUT
-    buf[o] = '\0';
-    *out = buf;
-    if (n_bytes) *n_bytes = o;
+    *out = b.p;
+    if (n_bytes) *n_bytes = b.n;
     return TPI_OK;
 }

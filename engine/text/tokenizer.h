@@ -136,20 +136,34 @@ void tok_stream_flush(struct tok_stream *s, const char **bytes, size_t *n_bytes)
 
 /* ---- chat ----------------------------------------------------------------- */
 
-/* One chat message; both strings NUL-terminated. */
+/* One chat message; the strings NUL-terminated. */
 struct tok_message {
-    const char *role; /* "system", "user", "assistant", ... */
-    const char *content;
+    const char *role;              /* "system", "user", "assistant", "tool", ... */
+    const char *content;           /* NULL renders as "" */
+    const char *reasoning_content; /* an assistant turn's reasoning given apart from its
+                                      content (vLLM's field); NULL when not given */
 };
 
-/* Render messages with the model's chat format: ChatML
- * (`<|im_start|>ROLE\nCONTENT<|im_end|>\n` per message, then
- * `<|im_start|>assistant\n` when add_generation_prompt). ChatML is chosen when
- * tokenizer.chat_template contains "<|im_start|>", or when there is no template
- * and the vocabulary has <|im_start|>; any other template is
- * TPI_ERR_UNSUPPORTED. *out is malloc'd, NUL-terminated (caller frees). Encode
- * the result with parse_special = true. */
+/* How to render a conversation. */
+struct tok_chat_opts {
+    bool add_generation_prompt; /* end with the assistant's turn opened */
+    int enable_thinking;        /* the template variable: -1 unset, 0 false, 1 true */
+};
+
+/* Render messages as the model's tokenizer.chat_template does, for the ChatML templates
+ * of the Qwen family (`<|im_start|>ROLE\nCONTENT<|im_end|>\n` per message), without
+ * running Jinja: the template is inspected for what it adds to plain ChatML and that is
+ * rendered too — a default system message (Qwen2, Qwen2.5), "tool" messages as user
+ * turns of <tool_response> blocks (Qwen2.5, Qwen3), an assistant turn's <think> block
+ * dropped before the last user query and written out after it (Qwen3), and
+ * enable_thinking = 0 closing an empty <think> block after the generation prompt
+ * (Qwen3). A template that reads roles by name renders only system, user, assistant and
+ * tool: any other role is TPI_ERR_UNSUPPORTED naming the message, as is a template that
+ * is not ChatML (no "<|im_start|>"); without a template the vocabulary's <|im_start|>
+ * gives plain ChatML. opts NULL: the generation prompt, enable_thinking unset. *out is
+ * malloc'd, NUL-terminated (caller frees). Encode the result with parse_special = true. */
 int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, int n_msgs,
-                   bool add_generation_prompt, char **out, size_t *n_bytes, struct tpi_error *err);
+                   const struct tok_chat_opts *opts, char **out, size_t *n_bytes,
+                   struct tpi_error *err);
 
 #endif /* TOKENIZER_H */

@@ -50,13 +50,23 @@ static void tokenizer_pass(const struct gguf_file *f) {
         free(out);
     }
     free(ids);
-    /* The chat template comes from the file: render with and without a system turn. */
-    static const struct tok_message msgs[2] = {{"system", "Be brief."}, {"user", "Hi"}};
-    for (int first = 0; first < 2; first++) {
+    /* The chat template comes from the file: render with and without a system turn, and
+     * a conversation with reasoning and tool turns with thinking off. */
+    static const struct tok_message msgs[6] = {
+        {"system", "Be brief.", NULL},
+        {"user", "Hi", NULL},
+        {"assistant", "<think>\nhm</think>\n\nCalling.", NULL},
+        {"tool", "{}", NULL},
+        {"tool", "<tool_response>", NULL},
+        {"assistant", "Done", "\nthought\n"}};
+    static const int n_msgs[3] = {2, 1, 6};
+    for (int k = 0; k < 3; k++) {
         char *chat = NULL;
         size_t n_chat = 0;
         tpi_err_clear(&err);
-        rc = tok_apply_chat(tok, msgs + first, 2 - first, true, &chat, &n_chat, &err);
+        const struct tok_chat_opts opts = {.add_generation_prompt = k != 1,
+                                           .enable_thinking = k - 1};
+        rc = tok_apply_chat(tok, msgs + (k == 1), n_msgs[k], &opts, &chat, &n_chat, &err);
         check_refusal(rc, &err);
         if (rc == TPI_OK && strlen(chat) != n_chat) abort();
         free(chat);

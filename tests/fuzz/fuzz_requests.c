@@ -123,6 +123,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d.seed = 7;
     d.n_logprobs = flags & 1 ? 3 : 0;
     d.chat = flags & 2;
+    d.enable_thinking = flags & 8 ? flags & 1 : -1; // the seeds' digits '8' and '9'
+
     d.n_ctx = 64;
     d.n_vocab = tok_n_vocab(g_tok);
     char in_path[64], out_path[64];
