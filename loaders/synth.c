@@ -708,7 +708,8 @@ static int vocab_from_tokenizer_json(struct vocab *v, const char *path, struct t
             ct[len] = '\0';
             cJSON *cj = cJSON_Parse(ct);
             const cJSON *tmpl = cJSON_GetObjectItemCaseSensitive(cj, "chat_template");
-            if (cJSON_IsString(tmpl)) v->chat_template = strdup(tmpl->valuestring);
+            if (cJSON_IsString(tmpl) && !v->chat_template)
+                v->chat_template = strdup(tmpl->valuestring);
             cJSON_Delete(cj);
         }
         free(ct);
@@ -728,6 +729,20 @@ static int vocab_load(const struct synth_config *c, struct vocab *v, int64_t *n_
                       struct tpi_error *err) {
     memset(v, 0, sizeof *v);
     int st;
+    if (c->chat_template_from[0]) {
+        FILE *f = fopen(c->chat_template_from, "rb");
+        size_t n = 0;
+        if (!f)
+            return tpi_err(err, TPI_ERR_IO, "--chat-template %s: cannot open: %s",
+                           c->chat_template_from, strerror(errno));
+        v->chat_template = tpi_read_stream(f, &n);
+        const bool bad = ferror(f) || !v->chat_template;
+        fclose(f);
+        if (bad || memchr(v->chat_template, '\0', n) || n == 0)
+            return tpi_err(err, bad ? TPI_ERR_IO : TPI_ERR_INVALID,
+                           "--chat-template %s: %s", c->chat_template_from,
+                           bad ? "cannot read it" : n ? "holds a NUL byte" : "is empty");
+    }
     if (c->vocab_from[0] && ends_with(c->vocab_from, ".gguf")) {
         if ((st = gguf_open(c->vocab_from, &v->src, err))) return tpi_err_wrap(err, "--vocab-from");
         const struct gguf_kv *toks = gguf_find_kv(v->src, "tokenizer.ggml.tokens");
@@ -783,14 +798,20 @@ static int put_metadata(const struct synth_config *c, const struct vocab *v, str
 #undef KEY
     if (st) return tpi_err(err, TPI_ERR_NOMEM, "metadata: out of memory");
     if (v->src) {
-        /* Copy every tokenizer.* key of the source file byte for byte, in its order. */
+        /* Copy every tokenizer.* key of the source file byte for byte, in its order (the
+         * chat template given apart instead of the source's). */
+        static const char tmpl_key[] = "tokenizer.chat_template";
         for (int64_t i = 0; i < gguf_n_kv(v->src); i++) {
             const struct gguf_kv *kv = gguf_kv_at(v->src, i);
+            if (v->chat_template && kv->key.len == strlen(tmpl_key) &&
+                !memcmp(kv->key.data, tmpl_key, kv->key.len))
+                continue;
             if (kv->key.len > 10 && !memcmp(kv->key.data, "tokenizer.", 10) &&
                 gguf_writer_copy_kv(w, kv))
                 return tpi_err(err, TPI_ERR_FORMAT, "%s: cannot copy key '%.*s'", c->vocab_from,
                                (int)kv->key.len, kv->key.data);
         }
+        if (v->chat_template) st |= gguf_writer_set_str(w, tmpl_key, v->chat_template);
     } else {
         st |= gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2");
         st |= gguf_writer_set_str(w, "tokenizer.ggml.pre", "qwen2");

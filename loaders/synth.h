@@ -50,6 +50,8 @@ struct synth_config {
     int n_merges; /* built-in vocabulary: BPE merges learned from a built-in text */
     char
         vocab_from[1024]; /* "" (built-in), a tokenizer.json, or a .gguf to copy tokenizer.* from */
+    char chat_template_from[1024]; /* "": the vocabulary's template (ChatML when it has none);
+                                      else a file whose text is tokenizer.chat_template */
     int n_threads;        /* 0: every core */
     bool verbose;         /* progress lines on stderr */
 };

@@ -535,6 +535,64 @@ START_TEST(test_vocab_from_tokenizer_json) {
 }
 END_TEST
 
+/* --chat-template FILE: the file's text becomes tokenizer.chat_template, for the built-in
+ * vocabulary and in place of a copied vocabulary's own (its other keys copied as ever). */
+START_TEST(test_chat_template_file) {
+    char tmpl_path[1024];
+    snprintf(tmpl_path, sizeof tmpl_path, "%s/tests/chat/qwen3.jinja", tu_source_dir());
+    size_t n_tmpl = 0;
+    char *want = tu_read_file(tmpl_path, &n_tmpl);
+    ck_assert_ptr_nonnull(want);
+    const char *qv = tu_data_path("qwen3-vocab.gguf");
+    for (int copied = 0; copied < 1 + (qv != NULL); copied++) {
+        struct synth_config c;
+        small_config(&c, "qwen3", SYNTH_FT_Q8_0);
+        if (copied) {
+            c.n_vocab = 0;
+            snprintf(c.vocab_from, sizeof c.vocab_from, "%s", qv);
+            // the Qwen3 vocabulary carries that template already: give another one
+            snprintf(tmpl_path, sizeof tmpl_path, "%s/tests/chat/qwen2.5.jinja", tu_source_dir());
+            free(want);
+            want = tu_read_file(tmpl_path, &n_tmpl);
+            ck_assert_ptr_nonnull(want);
+        }
+        snprintf(c.chat_template_from, sizeof c.chat_template_from, "%s", tmpl_path);
+        const char *path = tmp_file("tmpl.gguf");
+        struct synth_stats st;
+        struct tpi_error err;
+        ck_assert_msg(synth_write(&c, path, &st, &err) == TPI_OK, "%s", err.msg);
+        struct gguf_file *dst;
+        ck_assert_int_eq(gguf_open(path, &dst, &err), TPI_OK);
+        struct gguf_str got;
+        ck_assert(gguf_get_str(dst, "tokenizer.chat_template", &got));
+        ck_assert_msg(got.len == n_tmpl && !memcmp(got.data, want, n_tmpl),
+                      "template of %zu bytes, want the %zu of %s", (size_t)got.len, n_tmpl,
+                      tmpl_path);
+        if (copied) {
+            struct gguf_file *src;
+            ck_assert_int_eq(gguf_open(qv, &src, &err), TPI_OK);
+            expect_tokenizer_copied(src, dst, false);
+            gguf_close(&src);
+        }
+        gguf_close(&dst);
+        unlink(path);
+    }
+    free(want);
+    // A file that is missing or empty is refused, naming it.
+    struct synth_config c;
+    small_config(&c, "qwen3", SYNTH_FT_Q8_0);
+    const char *bad[2] = {"/nonexistent-dir/t.jinja", "/dev/null"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(c.chat_template_from, sizeof c.chat_template_from, "%s", bad[k]);
+        struct synth_stats st;
+        struct tpi_error err;
+        ck_assert_int_ne(synth_write(&c, tmp_file("bad.gguf"), &st, &err), TPI_OK);
+        ck_assert_msg(strstr(err.msg, "--chat-template") && strstr(err.msg, bad[k]), "%s",
+                      err.msg);
+    }
+}
+END_TEST
+
 /* ---- errors ---------------------------------------------------------------- */
 
 START_TEST(test_config_errors) {
@@ -679,6 +737,7 @@ int main(void) {
     tcase_add_test(tc, test_builtin_vocab);
     tcase_add_test(tc, test_vocab_from_gguf);
     tcase_add_test(tc, test_vocab_from_tokenizer_json);
+    tcase_add_test(tc, test_chat_template_file);
     tcase_add_test(tc, test_config_errors);
     tcase_add_test(tc, test_cli);
     tcase_set_timeout(tc, 120);

@@ -29,6 +29,8 @@ static void usage(FILE *out) {
         "  --pure                every matrix in the base type, no mix\n"
         "  --seed S              random seed (default 42)\n"
         "  --vocab-from FILE     tokenizer.json, or a .gguf whose tokenizer.* keys are copied\n"
+        "  --chat-template FILE  tokenizer.chat_template from this file (default: the\n"
+        "                        vocabulary's own, plain ChatML for the built-in one)\n"
         "  --merges N            built-in vocabulary: BPE merges to learn (default 128; the "
         "built-in text gives at most ~200)\n"
         "  --name NAME           general.name\n"
@@ -132,11 +134,13 @@ int cmd_mkmodel(int argc, char **argv) {
             snprintf(cfg.name, sizeof cfg.name, "%s", val);
         else if (!strcmp(a, "--vocab-from"))
             snprintf(cfg.vocab_from, sizeof cfg.vocab_from, "%s", val);
+        else if (!strcmp(a, "--chat-template"))
+            snprintf(cfg.chat_template_from, sizeof cfg.chat_template_from, "%s", val);
         else if (!strcmp(a, "--seed")) {
             char *end;
             errno = 0;
             unsigned long long s = strtoull(val, &end, 0);
-            if (errno || end == val || *end) {
+            if (errno || end == val || *end || val[strspn(val, " \t")] == '-') {
                 fprintf(stderr, "tpinfer mkmodel: --seed '%s': expected an unsigned integer\n",
                         val);
                 bad = 1;
