@@ -5,6 +5,7 @@
  *   inputs    every line shape and every error record, plain-text files
  *   parallel  --parallel 8 and --ubatch 4 give the records of --parallel 1
  *   resume    SIGKILL mid-run, then --resume: every id once, same texts
+ *   ends      stop_token_ids, min_tokens, ignore_eos
  *   chat      a model with Qwen3's chat template: thinking on and off, history,
  *             what it cannot render
  *   sigterm   SIGTERM mid-run: exit 143, complete records, --resume finishes
@@ -949,6 +950,139 @@ START_TEST(test_chat) {
 }
 END_TEST
 
+/* A record's generated ids (n of them) and finish reason; the record is freed. */
+static int32_t *record_tokens(const char *norm, long line, int *n, char *finish, size_t n_fin) {
+    cJSON *j = record_by_line(norm, line);
+    const cJSON *t = cJSON_GetObjectItem(j, "tokens");
+    ck_assert_msg(cJSON_IsArray(t), "line %ld: no tokens", line);
+    *n = cJSON_GetArraySize(t);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(*n + 1));
+    ck_assert_ptr_nonnull(ids);
+    for (int i = 0; i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(t, i)->valuedouble;
+    snprintf(finish, n_fin, "%s", cJSON_GetObjectItem(j, "finish_reason")->valuestring);
+    cJSON_Delete(j);
+    return ids;
+}
+
+/* vLLM's ends of a sequence: stop_token_ids end it where the greedy run has those ids;
+ * min_tokens keeps them (and the end-of-generation ids) from being drawn before; with
+ * ignore_eos the end-of-generation ids are ordinary tokens. The last two need runs that
+ * draw an end-of-generation id: near-uniform draws (temperature 100, no filters) over
+ * 128 seeds find some (each of 64 draws is one of the tiny vocabulary's 2 end ids with
+ * probability ~1/1000): with ignore_eos those runs go on past the end id, the same
+ * draws; with min_tokens 64 no run of the 128 ends early (without the ban, all 128
+ * running to the end has a chance of ~e^-8). */
+START_TEST(test_ends) {
+    const char *greedy = "\"prompt\": \"the quick\", \"max_tokens\": 6, \"temperature\": 0";
+    char text[1 << 16];
+    int k = snprintf(text, sizeof text, "{%s}\n", greedy);
+    write_file(path_in("base.jsonl"), text);
+    const char *base_args[] = {"-f", path_in("base.jsonl"), "-o", path_in("base.out"), NULL};
+    char *norm = run_records(1, base_args, path_in("base.out"), 1);
+    int n_base;
+    char fin[32];
+    int32_t *base = record_tokens(norm, 1, &n_base, fin, sizeof fin);
+    free(norm);
+    ck_assert_int_eq(n_base, 6);
+    k = snprintf(text, sizeof text,
+                 "{%s, \"stop_token_ids\": [%d]}\n"
+                 "{%s, \"stop_token_ids\": [5, %d]}\n"
+                 "{%s, \"stop_token_ids\": [%d], \"min_tokens\": 1}\n"
+                 "{%s, \"min_tokens\": 7}\n"
+                 "{%s, \"stop_token_ids\": [2048]}\n"
+                 "{%s, \"ignore_eos\": 1}\n",
+                 greedy, base[0], greedy, base[2], greedy, base[0], greedy, greedy, greedy);
+    write_file(path_in("ids.jsonl"), text);
+    const char *ids_args[] = {"-f", path_in("ids.jsonl"), "-o", path_in("ids.out"), NULL};
+    norm = run_records(1, ids_args, path_in("ids.out"), 6);
+    int n;
+    int32_t *t = record_tokens(norm, 1, &n, fin, sizeof fin);
+    ck_assert_int_eq(n, 0); // the first greedy id ends it at once
+    ck_assert_str_eq(fin, "stop");
+    free(t);
+    t = record_tokens(norm, 2, &n, fin, sizeof fin);
+    ck_assert_int_eq(n, 2); // the third one: two tokens, then the end
+    ck_assert(t[0] == base[0] && t[1] == base[1]);
+    ck_assert_str_eq(fin, "stop");
+    free(t);
+    t = record_tokens(norm, 3, &n, fin, sizeof fin);
+    ck_assert_int_ge(n, 1); // not drawn as the first token: another one is
+    ck_assert_int_ne(t[0], base[0]);
+    free(t);
+    struct { long line; const char *err_part; } errs[] = {
+        {4, "\"min_tokens\" 7 is more than \"max_tokens\" 6"},
+        {5, "\"stop_token_ids\" entry 0 is not an id in [0, 2048)"},
+        {6, "\"ignore_eos\" must be true or false"},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        char msg[512];
+        ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
+        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line,
+                      msg, errs[i].err_part);
+    }
+    free(norm);
+
+    // Near-uniform draws until some runs end at an end-of-generation id.
+    const char *flat = "\"prompt\": \"the quick\", \"max_tokens\": 64, \"temperature\": 100, "
+                       "\"top_k\": 0, \"top_p\": 1, \"min_p\": 0";
+    k = 0;
+    for (int i = 0; i < 128; i++)
+        k += snprintf(text + k, sizeof text - (size_t)k, "{%s, \"seed\": %d}\n", flat, i);
+    write_file(path_in("flat.jsonl"), text);
+    const char *flat_args[] = {"-f", path_in("flat.jsonl"), "-o", path_in("flat.out"),
+                               "--parallel", "32", NULL};
+    norm = run_records(1, flat_args, path_in("flat.out"), 128);
+    int ended[128], at[128], n_ended = 0;
+    int32_t *orig[128];
+    for (int i = 0; i < 128; i++) {
+        orig[i] = record_tokens(norm, i + 1, &n, fin, sizeof fin);
+        if (!strcmp(fin, "stop")) ended[n_ended] = i, at[n_ended++] = n;
+        else ck_assert_int_eq(n, 64);
+    }
+    free(norm);
+    ck_assert_msg(n_ended > 0, "no run of 128 drew an end-of-generation id");
+    k = 0;
+    for (int e = 0; e < n_ended; e++)
+        k += snprintf(text + k, sizeof text - (size_t)k,
+                      "{%s, \"seed\": %d, \"ignore_eos\": true}\n", flat, ended[e]);
+    write_file(path_in("again.jsonl"), text);
+    const char *again_args[] = {"-f", path_in("again.jsonl"), "-o", path_in("again.out"), NULL};
+    norm = run_records(1, again_args, path_in("again.out"), n_ended);
+    for (int e = 0; e < n_ended; e++) {
+        // the same draws, the end id kept as a token, on to max_tokens
+        const int32_t *o = orig[ended[e]];
+        const int a = at[e];
+        t = record_tokens(norm, e + 1, &n, fin, sizeof fin);
+        ck_assert_int_eq(n, 64);
+        ck_assert_str_eq(fin, "length");
+        ck_assert_msg(!memcmp(t, o, sizeof(int32_t) * (size_t)a), "seed %d", ended[e]);
+        ck_assert_msg(t[a] == 2045 || t[a] == 2047, "seed %d: id %d where the end was",
+                      ended[e], (int)t[a]);
+        free(t);
+    }
+    free(norm);
+    const char *min_args[] = {"-f", path_in("flat-min.jsonl"), "-o", path_in("flat-min.out"),
+                              "--parallel", "32", NULL};
+    k = 0;
+    for (int i = 0; i < 128; i++)
+        k += snprintf(text + k, sizeof text - (size_t)k, "{%s, \"seed\": %d, \"min_tokens\": 64}\n",
+                      flat, i);
+    write_file(path_in("flat-min.jsonl"), text);
+    norm = run_records(1, min_args, path_in("flat-min.out"), 128);
+    for (int i = 0; i < 128; i++) {
+        t = record_tokens(norm, i + 1, &n, fin, sizeof fin);
+        ck_assert_msg(n == 64 && !strcmp(fin, "length"), "seed %d: %d tokens, %s", i, n, fin);
+        for (int x = 0; x < n; x++) ck_assert(t[x] != 2045 && t[x] != 2047);
+        free(t);
+    }
+    fprintf(stderr, "ends: %d of 128 near-uniform runs drew an end id; ignore_eos checked "
+                    "on them, min_tokens 64 on all 128\n", n_ended);
+    for (int i = 0; i < 128; i++) free(orig[i]);
+    free(norm);
+    free(base);
+}
+END_TEST
+
 START_TEST(test_resume) { interrupted_run(SIGKILL); }
 END_TEST
 
@@ -1004,6 +1138,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(g_mode, "choices")) tcase_add_test(tc, test_choices);
     else if (!strcmp(g_mode, "prefix")) tcase_add_test(tc, test_prefix);
     else if (!strcmp(g_mode, "echo")) tcase_add_test(tc, test_echo);
+    else if (!strcmp(g_mode, "ends")) tcase_add_test(tc, test_ends);
     else if (!strcmp(g_mode, "chat")) {
         if (!tu_data_or_skip("qwen3-vocab.gguf")) return TU_SKIP;
         tcase_add_test(tc, test_chat);

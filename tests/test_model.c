@@ -393,6 +393,51 @@ START_TEST(test_sampling) {
         }
         sampler_free(&s);
     }
+    // Banned ids are never drawn, greedy or at any temperature, with or without the
+    // penalties; cleared, a sampler draws as one that never had a ban (the same history
+    // and the same number of draws before).
+    {
+        const int32_t ban[2] = {1, 5}; // the best and the third best of logits[]
+        struct sampler_params q;
+        sampler_params_default(&q);
+        q.temp = 0;
+        ck_assert_int_eq(sampler_init(&s, &q, 6, &err), TPI_OK);
+        sampler_ban(&s, ban, 2);
+        ck_assert_int_eq(sampler_sample(&s, logits), 3);
+        sampler_ban(&s, NULL, 0);
+        ck_assert_int_eq(sampler_sample(&s, logits), 1);
+        sampler_free(&s);
+        for (int pen = 0; pen < 2; pen++) {
+            sampler_params_default(&q);
+            q.temp = 5.0f, q.top_k = 0, q.top_p = 1.0f, q.min_p = 0.0f, q.seed = 11;
+            if (pen) q.repeat_penalty = 1.3f, q.presence_penalty = 0.5f;
+            struct sampler a, b;
+            ck_assert_int_eq(sampler_init(&a, &q, 6, &err), TPI_OK);
+            ck_assert_int_eq(sampler_init(&b, &q, 6, &err), TPI_OK);
+            int seen[6] = {0};
+            for (int i = 0; i < 400; i++) {
+                sampler_ban(&a, ban, 2);
+                const int32_t id = sampler_sample(&a, logits);
+                ck_assert_msg(id != 1 && id != 5, "draw %d took banned id %d", i, (int)id);
+                seen[id]++;
+                (void)sampler_sample(&b, logits); // one draw of the stream, as a's
+                sampler_accept_output(&a, id);
+                sampler_accept_output(&b, id);
+            }
+            ck_assert(seen[0] && seen[2] && seen[3] && seen[4]); // the others all come up
+            sampler_ban(&a, NULL, 0); // cleared: a draws as b, which never had a ban
+            for (int i = 0; i < 50; i++) {
+                const int32_t x = sampler_sample(&a, logits), y = sampler_sample(&b, logits);
+                ck_assert_int_eq(x, y);
+                seen[x] += 1000;
+                sampler_accept_output(&a, x);
+                sampler_accept_output(&b, y);
+            }
+            ck_assert_int_ge(seen[1], 1000); // the best id is back
+            sampler_free(&a);
+            sampler_free(&b);
+        }
+    }
     // Non-finite parameters are refused with the field named.
     {
         struct sampler_params q = p;

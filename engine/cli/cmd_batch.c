@@ -200,6 +200,10 @@ static int cb_next(void *user, struct sched_request *rq) {
         rq->sp.seed = req_choice_seed(r->sp.seed, choice);
         rq->stop = (const char *const *)r->stop;
         rq->n_stop = r->n_stop;
+        rq->stop_ids = r->stop_ids;
+        rq->n_stop_ids = r->n_stop_ids;
+        rq->ignore_eos = r->ignore_eos;
+        rq->min_tokens = r->min_tokens;
         return 1;
     }
     return 0;

@@ -157,13 +157,14 @@ static void extend_sorted(struct sampler_cand *c, int n, int *sorted, int want) 
     }
 }
 
-/* seen[] flags: the id is in the repetition window / was generated. */
-enum { PEN_REPEAT = 1, PEN_OUTPUT = 2 };
+/* seen[] flags: the id is in the repetition window / was generated / is banned. */
+enum { PEN_REPEAT = 1, PEN_OUTPUT = 2, PEN_BAN = 4 };
 
 /* The penalties of id (flags from seen[]), in vLLM's order: repetition (llama.cpp /
  * CTRL: positive logits divided by the penalty, negative ones multiplied), then
  * frequency (times generated) and presence (generated at all). */
 static inline float penalize_logit(const struct sampler *s, int32_t id, uint8_t flags, float l) {
+    if (flags & PEN_BAN) return -INFINITY;
     if (flags & PEN_REPEAT) l = l <= 0.0f ? l * s->p.repeat_penalty : l / s->p.repeat_penalty;
     if (flags & PEN_OUTPUT) {
         l = l - s->p.frequency_penalty * (float)s->counts[id];
@@ -215,9 +216,12 @@ static void heap_top_k(const float *logits, int n, int k, struct sampler_cand *c
 
 static int32_t sample_sorted(struct sampler *s, struct sampler_cand *c, int n_cand, int sorted);
 
-/* Set (on) or clear the seen[] flags of the ids the penalties touch. */
+/* Set (on) or clear the seen[] flags of the ids the penalties and the ban touch. */
 static void mark_penalized(struct sampler *s, bool rep, bool occ, bool on) {
     const int n_vocab = s->n_vocab;
+    for (int i = 0; i < s->n_ban; i++)
+        if (s->ban[i] >= 0 && s->ban[i] < n_vocab)
+            s->seen[s->ban[i]] = on ? s->seen[s->ban[i]] | PEN_BAN : 0;
     if (rep)
         for (int i = 0; i < s->n_hist; i++)
             if (s->hist[i] >= 0 && s->hist[i] < n_vocab)
@@ -246,14 +250,20 @@ static int32_t argmax_first(const float *l, int n) {
     return 0;
 }
 
+void sampler_ban(struct sampler *s, const int32_t *ids, int n) {
+    s->ban = n > 0 ? ids : NULL;
+    s->n_ban = n > 0 ? n : 0;
+}
+
 int32_t sampler_sample(struct sampler *s, const float *logits) {
     const int n_vocab = s->n_vocab;
     const bool rep = s->p.repeat_penalty != 1.0f && s->n_hist > 0;
     const bool occ = s->counts && s->n_gen > 0;
-    if (s->p.temp <= 0.0f && !rep && !occ) return argmax_first(logits, n_vocab);
+    const bool ban = s->n_ban > 0;
+    if (s->p.temp <= 0.0f && !rep && !occ && !ban) return argmax_first(logits, n_vocab);
     // Each distinct penalized id is flagged once, whatever its repeats in the history.
     mark_penalized(s, rep, occ, true);
-    const struct sampler *pen = rep || occ ? s : NULL;
+    const struct sampler *pen = rep || occ || ban ? s : NULL;
     struct sampler_cand *c = s->cand;
     // Greedy is the top 1; top-k draws from a sorted top k; otherwise every candidate
     // is kept and sorted only as far as the filters look (sample_sorted).

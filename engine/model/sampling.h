@@ -46,6 +46,8 @@ struct sampler {
                                   frequency penalty on), else NULL */
     int32_t *gen_ids;          /* the distinct generated ids, n_gen of them */
     int n_gen;
+    const int32_t *ban;        /* (n_ban) ids that cannot be sampled now (sampler_ban) */
+    int n_ban;
 };
 
 /* Set up a sampler over n_vocab logits; free with sampler_free. Errors: OOM, bad params. */
@@ -59,6 +61,11 @@ void sampler_accept(struct sampler *s, int32_t id);
 /* Record a generated token: the history as sampler_accept, and the counts the
  * presence and frequency penalties read (prompt tokens do not count, as in vLLM). */
 void sampler_accept_output(struct sampler *s, int32_t id);
+
+/* Until the next call, ids[0..n) (kept by pointer; n = 0 clears) cannot be sampled:
+ * their logits count as -inf after the penalties (vLLM's min_tokens keeps the ends of
+ * generation out this way). The logprobs functions below do not see it. */
+void sampler_ban(struct sampler *s, const int32_t *ids, int n);
 
 /* Choose a token from logits (n_vocab floats, not modified). Does not accept it. */
 int32_t sampler_sample(struct sampler *s, const float *logits);

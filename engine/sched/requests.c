@@ -17,6 +17,7 @@
 
 #define REQ_MAX_STOP 16     /* stop strings per request */
 #define REQ_MAX_LOGPROBS 20 /* OpenAI's limit for top_logprobs */
+#define REQ_MAX_STOP_IDS 64 /* stop_token_ids per request */
 
 /* Record why line r cannot run: "line N: <msg>". Returns -1 for chaining. */
 static int req_fail(struct batch_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -104,7 +105,7 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
         return req_fail(r, "\"best_of\" is not supported (only equal to \"n\")");
     // OpenAI's and vLLM's other fields that would change the prompt or the output:
     // refused unless absent, null or neutral.
-    enum neutral { NULL_ONLY, EMPTY_LIST, IS_FALSE, IS_TRUE, IS_ZERO, NONE_OR_AUTO, TEXT_FORMAT };
+    enum neutral { NULL_ONLY, EMPTY_LIST, IS_FALSE, IS_TRUE, NONE_OR_AUTO, TEXT_FORMAT };
     static const struct {
         const char *key;
         enum neutral ok;
@@ -123,9 +124,6 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
         {"chat_template", NULL_ONLY, "a chat template of the request's own"},
         {"prompt_logprobs", NULL_ONLY, "prompt logprobs (use /v1/completions with echo)"},
         {"use_beam_search", IS_FALSE, "beam search"},
-        {"ignore_eos", IS_FALSE, "generating past the end of text"},
-        {"min_tokens", IS_ZERO, "a minimum length"},
-        {"stop_token_ids", EMPTY_LIST, "stop token ids"},
         {"allowed_token_ids", EMPTY_LIST, "restricted vocabularies"},
         {"bad_words", EMPTY_LIST, "banned words"},
         {"logits_processors", EMPTY_LIST, "logits processors"},
@@ -147,9 +145,6 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
             break;
         case IS_TRUE:
             neutral = cJSON_IsTrue(v);
-            break;
-        case IS_ZERO:
-            neutral = cJSON_IsNumber(v) && v->valuedouble == 0;
             break;
         case NONE_OR_AUTO:
             neutral = cJSON_IsString(v) &&
@@ -235,6 +230,40 @@ static int get_chat_opts(struct batch_req *r, const cJSON *o, const struct req_d
         if (!cJSON_IsBool(g)) return req_fail(r, "\"add_generation_prompt\" must be true or false");
         opts->add_generation_prompt = cJSON_IsTrue(g);
     }
+    return 0;
+}
+
+/* vLLM's ends of a sequence: "stop_token_ids" (ids that end it as the end-of-generation
+ * tokens do), "ignore_eos" (those tokens are ordinary ones) and "min_tokens" (no end
+ * before that many tokens, at most max_tokens). */
+static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaults *d) {
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "stop_token_ids");
+    if (ids && !cJSON_IsNull(ids)) {
+        const int n = cJSON_IsArray(ids) ? cJSON_GetArraySize(ids) : -1;
+        if (n < 0 || n > REQ_MAX_STOP_IDS)
+            return req_fail(r, "\"stop_token_ids\" must be a list of at most %d token ids",
+                            REQ_MAX_STOP_IDS);
+        if (!(r->stop_ids = malloc(sizeof(int32_t) * (size_t)(n + 1))))
+            return req_fail(r, "out of memory");
+        const cJSON *it;
+        cJSON_ArrayForEach(it, ids) {
+            if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
+                it->valuedouble < 0 || it->valuedouble >= d->n_vocab)
+                return req_fail(r, "\"stop_token_ids\" entry %d is not an id in [0, %d)",
+                                r->n_stop_ids, d->n_vocab);
+            r->stop_ids[r->n_stop_ids++] = (int32_t)it->valuedouble;
+        }
+    }
+    const cJSON *ie = cJSON_GetObjectItemCaseSensitive(o, "ignore_eos");
+    if (ie && !cJSON_IsNull(ie)) {
+        if (!cJSON_IsBool(ie)) return req_fail(r, "\"ignore_eos\" must be true or false");
+        r->ignore_eos = cJSON_IsTrue(ie);
+    }
+    long long v = 0;
+    if (get_int(r, o, "min_tokens", 0, 1LL << 30, &v)) return -1;
+    if (v > r->max_tokens)
+        return req_fail(r, "\"min_tokens\" %lld is more than \"max_tokens\" %d", v, r->max_tokens);
+    r->min_tokens = (int)v;
     return 0;
 }
 
@@ -378,8 +407,8 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
         r->n_logprobs = d->n_logprobs;
         long long k = r->n_logprobs;
         struct tok_chat_opts chat;
-        if (!get_sampling(r, j) && !get_int(r, j, "logprobs", 0, REQ_MAX_LOGPROBS, &k) &&
-            !get_chat_opts(r, j, d, &chat)) {
+        if (!get_sampling(r, j) && !get_ends(r, j, d) &&
+            !get_int(r, j, "logprobs", 0, REQ_MAX_LOGPROBS, &k) && !get_chat_opts(r, j, d, &chat)) {
             r->n_logprobs = r->n_top_out = (int)k;
             r->want_logprobs = k > 0;
             const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
@@ -414,7 +443,7 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
     if (cJSON_IsString(model)) r->model_name = dup_str(model->valuestring);
-    if (get_sampling(r, body)) {
+    if (get_sampling(r, body) || get_ends(r, body, d)) {
         cJSON_Delete(j);
         return;
     }
@@ -571,6 +600,7 @@ void batch_input_free(struct batch_input *in) {
         free(r->prompt);
         for (int s = 0; s < r->n_stop; s++) free(r->stop[s]);
         free(r->stop);
+        free(r->stop_ids);
         free(r->error);
     }
     free(in->reqs);

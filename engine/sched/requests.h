@@ -13,9 +13,9 @@
  * take "chat_template_kwargs" ({"enable_thinking": bool}) and "add_generation_prompt",
  * and their messages "reasoning_content"; OpenAI's and vLLM's fields that change
  * results but are not implemented (echo elsewhere, suffix, logit_bias, best_of other
- * than n, tools and tool calls, response_format and guided decoding, min_tokens,
- * ignore_eos, stop_token_ids, ...) refuse the line unless they hold their neutral
- * value;
+ * than n, tools and tool calls, response_format and guided decoding, ...) refuse the
+ * line unless they hold their neutral value; vLLM's stop_token_ids, ignore_eos and
+ * min_tokens are taken;
  * and plain text (one prompt per line) when the first non-blank line does not
  * start with '{'. Blank lines are skipped but still counted: `line` numbers
  * are 1-based lines of the file. A line that cannot run keeps its error
@@ -75,6 +75,10 @@ struct batch_req {
     int n_top_out;         /* top alternatives a record lists per token */
     char **stop;           /* (n_stop) NUL-terminated */
     int n_stop;
+    int32_t *stop_ids;     /* (n_stop_ids) "stop_token_ids": end the sequence as EOG does */
+    int n_stop_ids;
+    bool ignore_eos;       /* "ignore_eos": EOG ids are ordinary tokens */
+    int min_tokens;        /* "min_tokens": no end before this many (<= max_tokens) */
     char *error;           /* NULL, or why this line cannot run ("line N: ...") */
     bool done;             /* already in the output file (--resume) */
 };

@@ -35,6 +35,12 @@ struct slot {
     char **stop;             /* (n_stop) owned */
     int n_stop;
     size_t max_stop_len;
+    int32_t *stop_ids;       /* (n_stop_ids) owned */
+    int n_stop_ids;
+    bool ignore_eos;
+    int min_tokens;
+    int32_t *ban;            /* decider, min_tokens > 0: the ids that would end it (n_ban) */
+    int n_ban;
     struct sampler smp;      /* decider only */
     bool smp_init;
     struct tok_stream *ts;
@@ -52,6 +58,8 @@ static void slot_clear(struct slot *s) {
     free(s->prompt);
     for (int i = 0; i < s->n_stop; i++) free(s->stop[i]);
     free(s->stop);
+    free(s->stop_ids);
+    free(s->ban);
     if (s->smp_init) sampler_free(&s->smp);
     tok_stream_free(&s->ts);
     free(s->tokens);
@@ -137,6 +145,10 @@ static void put_request(struct buf *b, int slot_idx, const struct sched_request 
         put_i32(b, len);
         put(b, rq->stop[i], (size_t)len);
     }
+    put_i32(b, rq->ignore_eos);
+    put_i32(b, rq->min_tokens);
+    put_i32(b, rq->n_stop_ids);
+    put(b, rq->stop_ids, sizeof(int32_t) * (size_t)rq->n_stop_ids);
     put(b, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
 }
 
@@ -175,6 +187,15 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
         s->stop[i][len] = '\0';
         s->max_stop_len = TPI_MAX(s->max_stop_len, (size_t)len);
     }
+    s->ignore_eos = get_i32(b) != 0;
+    s->min_tokens = get_i32(b);
+    s->n_stop_ids = get_i32(b);
+    if (b->bad || s->min_tokens < 0 || s->n_stop_ids < 0 ||
+        (size_t)s->n_stop_ids > (b->n - b->off) / sizeof(int32_t))
+        return tpi_err(err, TPI_ERR_COMM, "batch scheduler: bad stop ids in message");
+    if (!(s->stop_ids = malloc(sizeof(int32_t) * (size_t)(s->n_stop_ids + 1))))
+        return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+    get(b, s->stop_ids, sizeof(int32_t) * (size_t)s->n_stop_ids);
     if ((size_t)s->n_prompt > (b->n - b->off) / sizeof(int32_t))
         return tpi_err(err, TPI_ERR_COMM, "batch scheduler: truncated prompt in message");
     if (s->n_prompt >= m->n_ctx)
@@ -218,6 +239,13 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
         s->smp_init = true;
         // The repetition penalty looks at the prompt too, as llama.cpp's does.
         for (int i = 0; i < s->n_prompt; i++) sampler_accept(&s->smp, s->prompt[i]);
+        if (s->min_tokens > 0) { // what may not be sampled before min_tokens: the ends
+            if (!(s->ban = malloc(sizeof(int32_t) * (size_t)(s->n_stop_ids + 3))))
+                return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+            s->n_ban = s->ignore_eos ? 0 : tok_eog_ids(tok, s->ban);
+            memcpy(s->ban + s->n_ban, s->stop_ids, sizeof(int32_t) * (size_t)s->n_stop_ids);
+            s->n_ban += s->n_stop_ids;
+        }
     }
     // The slot's cache may still hold a prefix of this prompt (an earlier sequence
     // of the slot began alike): keep it, never the last token (its logits are needed).
@@ -256,7 +284,9 @@ enum finish { FIN_NONE = 0, FIN_EOG, FIN_STOP_STRING, FIN_LENGTH, FIN_ERROR };
 static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int32_t id,
                                const int32_t *lp_ids, const float *lp_vals, float lp_chosen,
                                int *rc, struct tpi_error *err) {
-    if (tok_is_eog(tok, id)) return FIN_EOG;
+    if (!s->ignore_eos && tok_is_eog(tok, id)) return FIN_EOG;
+    for (int i = 0; i < s->n_stop_ids; i++)
+        if (id == s->stop_ids[i]) return FIN_EOG;
     const int j = s->n_tokens++;
     s->tokens[j] = id;
     if (s->K > 0) {
@@ -272,7 +302,7 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
         *rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for text");
         return FIN_ERROR;
     }
-    if (s->n_stop > 0 && nb > 0) {
+    if (s->n_stop > 0 && nb > 0 && s->n_tokens >= s->min_tokens) {
         // A stop string may straddle the old end of the text.
         size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
         long at = gen_find_stop(s->text, s->n_text, from, (const char *const *)s->stop, s->n_stop);
@@ -543,6 +573,8 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                                                  msg_i + oi, msg_f + of + 1);
                     continue;
                 }
+                const bool early = s->n_tokens < s->min_tokens;
+                sampler_ban(&s->smp, s->ban, early ? s->n_ban : 0);
                 int32_t id = sampler_sample(&s->smp, row);
                 sampler_accept_output(&s->smp, id);
                 msg_i[oi++] = id;

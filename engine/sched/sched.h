@@ -47,6 +47,12 @@ struct sched_request {
     struct sampler_params sp; /* the request's own sampler and seed */
     const char *const *stop;  /* NUL-terminated stop strings, n_stop of them */
     int n_stop;
+    const int32_t *stop_ids;  /* (n_stop_ids) ids that end the sequence as EOG does */
+    int n_stop_ids;
+    bool ignore_eos;          /* EOG ids are ordinary tokens (vLLM's ignore_eos) */
+    int min_tokens;           /* tokens before the sequence may end (vLLM's min_tokens): the
+                                 end ids cannot be sampled and stop strings are not looked
+                                 for until then */
 };
 
 /* What a finished request produced (valid during the done callback only). */

@@ -618,6 +618,17 @@ bool tok_is_eog(const struct tokenizer *t, int32_t id) {
     return id >= 0 && (id == t->eos || id == t->im_end || id == t->endoftext);
 }
 
+int tok_eog_ids(const struct tokenizer *t, int32_t ids[3]) {
+    const int32_t all[3] = {t->eos, t->im_end, t->endoftext};
+    int n = 0;
+    for (int i = 0; i < 3; i++) {
+        bool seen = all[i] < 0;
+        for (int j = 0; j < n; j++) seen |= ids[j] == all[i];
+        if (!seen) ids[n++] = all[i];
+    }
+    return n;
+}
+
 int tok_type_of(const struct tokenizer *t, int32_t id) {
     return (id >= 0 && id < t->n_vocab) ? t->types[id] : -1;
 }

@@ -81,6 +81,9 @@ bool tok_add_bos(const struct tokenizer *t);
 /* True for ids that end generation: EOS, `<|im_end|>`, `<|endoftext|>`. */
 bool tok_is_eog(const struct tokenizer *t, int32_t id);
 
+/* Those ids, each once, into ids[0..3); returns how many there are. */
+int tok_eog_ids(const struct tokenizer *t, int32_t ids[3]);
+
 /* Type of token `id` (enum tok_type); -1 when out of range. */
 int tok_type_of(const struct tokenizer *t, int32_t id);
 
