@@ -1106,13 +1106,17 @@ static void mpi_run(const char *flag) {
                "\"body\": {\"prompt\": \"the quick brown fox jumps over a lazy dog\", "
                "\"max_tokens\": 3, %s\"echo\": true}}\n",
             strcmp(flag, "--pp") == 0 ? "\"logprobs\": 2, " : "");
+    // vLLM's ends travel to every rank with the request (340 is the greedy third token).
+    fprintf(f,
+            "{\"id\": \"ends\", \"max_tokens\": 6, \"prompt\": \"the quick\", \"min_tokens\": 2, "
+            "\"stop_token_ids\": [5, 340], \"ignore_eos\": true}\n");
     fclose(f);
     const char *one[] = {"-f", path_in("m.jsonl"), "-o", path_in("m1.jsonl"), "--temp", "0",
                          "--parallel", "4", "--no-prefix-share", NULL};
     const char *two[] = {"-f", path_in("m.jsonl"), "-o", path_in("m2.jsonl"), "--temp", "0",
                          "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
-    char *r1 = run_records(1, one, path_in("m1.jsonl"), 10);
-    char *r2 = run_records(2, two, path_in("m2.jsonl"), 10);
+    char *r1 = run_records(1, one, path_in("m1.jsonl"), 11);
+    char *r2 = run_records(2, two, path_in("m2.jsonl"), 11);
     assert_same(flag, r2, r1);
     free(r1);
     free(r2);
