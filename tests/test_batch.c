@@ -15,6 +15,7 @@
  * OpenAI "created"), keyed and sorted by line.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -964,7 +965,8 @@ static int32_t *record_tokens(const char *norm, long line, int *n, char *finish,
     return ids;
 }
 
-/* vLLM's ends of a sequence: stop_token_ids end it where the greedy run has those ids;
+/* vLLM's ends of a sequence: stop_token_ids end it where the greedy run has those ids
+ * (OpenAI records name what ended them in "stop_reason");
  * min_tokens keeps them (and the end-of-generation ids) from being drawn before; with
  * ignore_eos the end-of-generation ids are ordinary tokens. The last two need runs that
  * draw an end-of-generation id: near-uniform draws (temperature 100, no filters) over
@@ -1019,6 +1021,47 @@ START_TEST(test_ends) {
         ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
         ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line,
                       msg, errs[i].err_part);
+    }
+    free(norm);
+
+    // OpenAI records say what ended a "stop" in vLLM's "stop_reason": the stop_token_ids
+    // id, the stop string (two letters of the greedy text), or null.
+    norm = normalized(path_in("base.out"), &n);
+    cJSON *b = record_by_line(norm, 1);
+    const char *bt = cJSON_GetObjectItem(b, "text")->valuestring;
+    char two[3] = {0};
+    for (const char *p = bt; p[0] && p[1] && !two[0]; p++)
+        if (isalpha((unsigned char)p[0]) && isalpha((unsigned char)p[1]))
+            two[0] = p[0], two[1] = p[1];
+    ck_assert_msg(two[0], "no two letters in '%s'", bt);
+    cJSON_Delete(b);
+    free(norm);
+    const char *oai =
+        "{\"custom_id\": \"%s\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
+        "\"the quick\", \"max_tokens\": 6, \"temperature\": 0%s}}\n";
+    char extra[2][64];
+    snprintf(extra[0], sizeof extra[0], ", \"stop_token_ids\": [%d]", base[2]);
+    snprintf(extra[1], sizeof extra[1], ", \"stop\": [\"zzzz\", \"%s\"]", two);
+    k = snprintf(text, sizeof text, oai, "id", extra[0]);
+    k += snprintf(text + k, sizeof text - (size_t)k, oai, "string", extra[1]);
+    k += snprintf(text + k, sizeof text - (size_t)k, oai, "none", "");
+    write_file(path_in("oai.jsonl"), text);
+    const char *oai_args[] = {"-f", path_in("oai.jsonl"), "-o", path_in("oai.out"), NULL};
+    norm = run_records(1, oai_args, path_in("oai.out"), 3);
+    for (int line = 1; line <= 3; line++) {
+        cJSON *j = record_by_line(norm, line);
+        const cJSON *c = cJSON_GetArrayItem(
+            cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "body"),
+                                "choices"),
+            0);
+        const cJSON *sr = cJSON_GetObjectItem(c, "stop_reason");
+        const char *fr = cJSON_GetObjectItem(c, "finish_reason")->valuestring;
+        ck_assert_ptr_nonnull(sr);
+        if (line == 1) ck_assert(cJSON_IsNumber(sr) && sr->valuedouble == base[2]);
+        if (line == 2) ck_assert(cJSON_IsString(sr) && !strcmp(sr->valuestring, two));
+        if (line == 3) ck_assert(cJSON_IsNull(sr));
+        ck_assert_str_eq(fr, line == 3 ? "length" : "stop");
+        cJSON_Delete(j);
     }
     free(norm);
 

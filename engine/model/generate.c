@@ -40,7 +40,7 @@ static int text_append(struct gen_result *r, size_t *cap, const char *b, size_t 
 }
 
 long gen_find_stop(const char *text, size_t n, size_t from, const char *const *stop,
-                   int n_stop) {
+                   int n_stop, int *which) {
     long best = -1;
     for (int s = 0; s < n_stop; s++) {
         size_t len = strlen(stop[s]);
@@ -49,6 +49,7 @@ long gen_find_stop(const char *text, size_t n, size_t from, const char *const *s
             if (best >= 0 && (long)i >= best) break;
             if (!memcmp(text + i, stop[s], len)) {
                 best = (long)i;
+                if (which) *which = s;
                 break;
             }
         }
@@ -180,7 +181,8 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
             size_t nb;
             if ((rc = tok_stream_push(ts, id, &b, &nb, err))) goto done;
             if (text_append(res, &cap, b, nb)) goto nomem;
-            long at = gen_find_stop(res->text, res->n_text, n_emitted, gp->stop, gp->n_stop);
+            long at =
+                gen_find_stop(res->text, res->n_text, n_emitted, gp->stop, gp->n_stop, NULL);
             if (at >= 0) {
                 res->n_text = (size_t)at;
                 res->text[at] = '\0';

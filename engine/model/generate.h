@@ -61,8 +61,10 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
 void gen_result_free(struct gen_result *r);
 
 /* Offset of the earliest occurrence of any of the n_stop stop strings in
- * text[from..n) (the match may not start before `from`); -1 when none. */
+ * text[from..n) (the match may not start before `from`); -1 when none. *which (when
+ * not NULL) gets the index of the string found there (the first listed of those that
+ * begin there). */
 long gen_find_stop(const char *text, size_t n, size_t from, const char *const *stop,
-                   int n_stop);
+                   int n_stop, int *which);
 
 #endif /* GENERATE_H */

@@ -487,6 +487,12 @@ static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, 
                           : chat            ? chat_logprobs(o, r, res)
                                             : completion_logprobs(o, r, res));
     cJSON_AddStringToObject(c, "finish_reason", res->finish_reason);
+    // vLLM's: what ended a "stop": the stop string or the stop_token_ids id (null for the
+    // end-of-generation token and for "length").
+    cJSON_AddItemToObject(c, "stop_reason",
+                          res->stop_string    ? cJSON_CreateString(res->stop_string)
+                          : res->stop_id >= 0 ? cJSON_CreateNumber(res->stop_id)
+                                              : cJSON_CreateNull());
     return c;
 }
 

@@ -41,6 +41,8 @@ struct slot {
     int min_tokens;
     int32_t *ban;            /* decider, min_tokens > 0: the ids that would end it (n_ban) */
     int n_ban;
+    int stop_which;          /* the stop string that ended it (-1: none) */
+    int32_t stop_id;         /* the stop id that ended it (-1: none) */
     struct sampler smp;      /* decider only */
     bool smp_init;
     struct tok_stream *ts;
@@ -162,6 +164,7 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
         return tpi_err(err, TPI_ERR_COMM, "batch scheduler: bad admission message (slot %d)", idx);
     struct slot *s = &slots[idx];
     memset(s, 0, sizeof *s);
+    s->stop_which = s->stop_id = -1;
     get(b, &s->tag, sizeof s->tag);
     s->n_prompt = get_i32(b);
     int max_tokens = get_i32(b);
@@ -286,7 +289,10 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
                                int *rc, struct tpi_error *err) {
     if (!s->ignore_eos && tok_is_eog(tok, id)) return FIN_EOG;
     for (int i = 0; i < s->n_stop_ids; i++)
-        if (id == s->stop_ids[i]) return FIN_EOG;
+        if (id == s->stop_ids[i]) {
+            s->stop_id = id;
+            return FIN_EOG;
+        }
     const int j = s->n_tokens++;
     s->tokens[j] = id;
     if (s->K > 0) {
@@ -305,7 +311,8 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
     if (s->n_stop > 0 && nb > 0 && s->n_tokens >= s->min_tokens) {
         // A stop string may straddle the old end of the text.
         size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
-        long at = gen_find_stop(s->text, s->n_text, from, (const char *const *)s->stop, s->n_stop);
+        long at = gen_find_stop(s->text, s->n_text, from, (const char *const *)s->stop, s->n_stop,
+                                &s->stop_which);
         if (at >= 0) {
             s->n_text = (size_t)at;
             s->text[at] = '\0';
@@ -638,6 +645,8 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                     .text = s->text,
                     .n_text = s->n_text,
                     .finish_reason = fin == FIN_LENGTH ? "length" : "stop",
+                    .stop_string = fin == FIN_STOP_STRING ? s->stop[s->stop_which] : NULL,
+                    .stop_id = fin == FIN_EOG ? s->stop_id : -1,
                     .n_prompt = s->n_prompt,
                     .lp_k = s->K,
                     .lp_ids = s->lp_ids,

@@ -62,6 +62,8 @@ struct sched_result {
     const char *text;          /* NUL-terminated, cut before a stop string */
     size_t n_text;
     const char *finish_reason; /* "stop" (EOG or stop string) or "length" */
+    const char *stop_string;   /* the stop string that ended it, or NULL */
+    int32_t stop_id;           /* the stop_token_ids id that ended it, or -1 */
     int n_prompt;
     int lp_k;                  /* K of the logprobs below (0: none) */
     const int32_t *lp_ids;     /* (n_tokens, lp_k) top-K ids, best first */
