@@ -5,7 +5,7 @@
  *   inputs    every line shape and every error record, plain-text files
  *   parallel  --parallel 8 and --ubatch 4 give the records of --parallel 1
  *   resume    SIGKILL mid-run, then --resume: every id once, same texts
- *   ends      stop_token_ids, min_tokens, ignore_eos
+ *   ends      stop_token_ids, min_tokens, ignore_eos, stop_reason; logit_bias
  *   chat      a model with Qwen3's chat template: thinking on and off, history,
  *             what it cannot render
  *   sigterm   SIGTERM mid-run: exit 143, complete records, --resume finishes
@@ -501,7 +501,7 @@ START_TEST(test_choices) {
                "\"presence_penalty\": 0, \"frequency_penalty\": 0, \"echo\": false, \"best_of\": 1, "
                "\"logit_bias\": {}, \"suffix\": \"\"}\n"
                "{\"id\": \"bo\", \"prompt\": \"x\", \"n\": 2, \"best_of\": 3}\n"
-               "{\"id\": \"lb\", \"prompt\": \"x\", \"logit_bias\": {\"50\": 1}}\n");
+               "{\"id\": \"sfx\", \"prompt\": \"x\", \"suffix\": \"y\"}\n");
     const char *a1[] = {"-f", path_in("c.jsonl"), "-o", path_in("c1.jsonl"), "--temp", "0",
                         "--parallel", "1", NULL};
     const char *a3[] = {"-f", path_in("c.jsonl"), "-o", path_in("c3.jsonl"), "--temp", "0",
@@ -585,7 +585,7 @@ START_TEST(test_choices) {
     struct { long line; const char *part; } refused[] = {
         {8, "only /v1/completions takes it"},
         {11, "\"best_of\" is not supported"},
-        {12, "\"logit_bias\" is not supported"},
+        {12, "\"suffix\" is not supported"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         cJSON *e = record_by_line(r1, refused[i].line);
@@ -1126,6 +1126,61 @@ START_TEST(test_ends) {
 }
 END_TEST
 
+/* OpenAI's logit_bias: -100 keeps the greedy first token out, +100 makes one id every
+ * token (or two ids share every draw at temperature 1); a bad key or value is the
+ * line's error. */
+START_TEST(test_bias) {
+    const char *greedy = "\"prompt\": \"the quick\", \"max_tokens\": 6, \"temperature\": 0";
+    char text[4096];
+    snprintf(text, sizeof text,
+             "{%s}\n"
+             "{%s, \"logit_bias\": {\"487\": -100}}\n"
+             "{%s, \"logit_bias\": {\"77\": 100}}\n"
+             "{\"prompt\": \"the quick\", \"max_tokens\": 6, \"temperature\": 1, \"seed\": 3, "
+             "\"logit_bias\": {\"77\": 100, \"78\": 100}}\n"
+             "{%s, \"logit_bias\": {\"x\": 1}}\n"
+             "{%s, \"logit_bias\": {\"5\": 101}}\n"
+             "{%s, \"logit_bias\": [1]}\n",
+             greedy, greedy, greedy, greedy, greedy, greedy);
+    write_file(path_in("bias.jsonl"), text);
+    const char *args[] = {"-f", path_in("bias.jsonl"), "-o", path_in("bias.out"), NULL};
+    char *norm = run_records(1, args, path_in("bias.out"), 7);
+    int n;
+    char fin[32];
+    int32_t *base = record_tokens(norm, 1, &n, fin, sizeof fin);
+    ck_assert_int_eq(base[0], 487); // the greedy first token the next line biases away
+    int32_t *t = record_tokens(norm, 2, &n, fin, sizeof fin);
+    ck_assert_int_eq(n, 6);
+    ck_assert_int_ne(t[0], 487);
+    free(t);
+    for (int line = 3; line <= 4; line++) {
+        t = record_tokens(norm, line, &n, fin, sizeof fin);
+        ck_assert_int_eq(n, 6);
+        int n78 = 0;
+        for (int i = 0; i < n; i++) {
+            ck_assert_msg(t[i] == 77 || (line == 4 && t[i] == 78), "line %d: id %d", line,
+                          (int)t[i]);
+            n78 += t[i] == 78;
+        }
+        if (line == 4) ck_assert_int_gt(n78, 0); // seed 3 draws both
+        free(t);
+    }
+    struct { long line; const char *err_part; } errs[] = {
+        {5, "\"logit_bias\" key \"x\" is not a token id in [0, 2048)"},
+        {6, "\"logit_bias\" of 5 must be a number in [-100, 100]"},
+        {7, "\"logit_bias\" must be an object"},
+    };
+    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
+        char msg[512];
+        ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
+        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line,
+                      msg, errs[i].err_part);
+    }
+    free(base);
+    free(norm);
+}
+END_TEST
+
 START_TEST(test_resume) { interrupted_run(SIGKILL); }
 END_TEST
 
@@ -1149,17 +1204,20 @@ static void mpi_run(const char *flag) {
                "\"body\": {\"prompt\": \"the quick brown fox jumps over a lazy dog\", "
                "\"max_tokens\": 3, %s\"echo\": true}}\n",
             strcmp(flag, "--pp") == 0 ? "\"logprobs\": 2, " : "");
-    // vLLM's ends travel to every rank with the request (340 is the greedy third token).
+    // vLLM's ends travel to every rank with the request (340 is the greedy third token),
+    // and a logit bias to the decider.
     fprintf(f,
             "{\"id\": \"ends\", \"max_tokens\": 6, \"prompt\": \"the quick\", \"min_tokens\": 2, "
-            "\"stop_token_ids\": [5, 340], \"ignore_eos\": true}\n");
+            "\"stop_token_ids\": [5, 340], \"ignore_eos\": true}\n"
+            "{\"id\": \"bias\", \"max_tokens\": 4, \"prompt\": \"the quick\", "
+            "\"logit_bias\": {\"77\": 100}}\n");
     fclose(f);
     const char *one[] = {"-f", path_in("m.jsonl"), "-o", path_in("m1.jsonl"), "--temp", "0",
                          "--parallel", "4", "--no-prefix-share", NULL};
     const char *two[] = {"-f", path_in("m.jsonl"), "-o", path_in("m2.jsonl"), "--temp", "0",
                          "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
-    char *r1 = run_records(1, one, path_in("m1.jsonl"), 11);
-    char *r2 = run_records(2, two, path_in("m2.jsonl"), 11);
+    char *r1 = run_records(1, one, path_in("m1.jsonl"), 12);
+    char *r2 = run_records(2, two, path_in("m2.jsonl"), 12);
     assert_same(flag, r2, r1);
     free(r1);
     free(r2);
@@ -1185,7 +1243,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(g_mode, "choices")) tcase_add_test(tc, test_choices);
     else if (!strcmp(g_mode, "prefix")) tcase_add_test(tc, test_prefix);
     else if (!strcmp(g_mode, "echo")) tcase_add_test(tc, test_echo);
-    else if (!strcmp(g_mode, "ends")) tcase_add_test(tc, test_ends);
+    else if (!strcmp(g_mode, "ends")) {
+        tcase_add_test(tc, test_ends);
+        tcase_add_test(tc, test_bias);
+    }
     else if (!strcmp(g_mode, "chat")) {
         if (!tu_data_or_skip("qwen3-vocab.gguf")) return TU_SKIP;
         tcase_add_test(tc, test_chat);

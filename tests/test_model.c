@@ -438,6 +438,39 @@ START_TEST(test_sampling) {
             sampler_free(&b);
         }
     }
+    // Logit bias, before the penalties: -100 on the best id moves greedy to the next,
+    // +30 on the worst makes it the choice; an id out of range or listed twice is refused.
+    {
+        struct sampler_params q;
+        sampler_params_default(&q);
+        q.temp = 0;
+        ck_assert_int_eq(sampler_init(&s, &q, 6, &err), TPI_OK);
+        const int32_t ids[2] = {1, 2};
+        const float down_up[2] = {-100.0f, 30.0f}, down[1] = {-100.0f};
+        ck_assert_int_eq(sampler_set_bias(&s, ids, down, 1, &err), TPI_OK);
+        ck_assert_int_eq(sampler_sample(&s, logits), 5);
+        ck_assert_int_eq(sampler_set_bias(&s, ids, down_up, 2, &err), TPI_OK);
+        ck_assert_int_eq(sampler_sample(&s, logits), 2);
+        ck_assert_int_eq(sampler_set_bias(&s, NULL, NULL, 0, &err), TPI_OK);
+        ck_assert_int_eq(sampler_sample(&s, logits), 1);
+        const int32_t bad[2] = {3, 6}, twice[2] = {4, 4};
+        ck_assert_int_eq(sampler_set_bias(&s, bad, down_up, 2, &err), TPI_ERR_INVALID);
+        ck_assert_int_eq(sampler_set_bias(&s, twice, down_up, 2, &err), TPI_ERR_INVALID);
+        ck_assert_msg(strstr(err.msg, "id 4 twice"), "%s", err.msg);
+        // With the repetition penalty 2 on id 2 as well, the bias comes first, as in
+        // llama.cpp: (-2 + 7.5) / 2 = 2.75 stays below id 1's 3.0 (the penalty first would
+        // give -4 + 7.5 = 3.5, and id 2); +8.5 gives (6.5) / 2 = 3.25 and id 2.
+        sampler_free(&s);
+        q.repeat_penalty = 2.0f;
+        ck_assert_int_eq(sampler_init(&s, &q, 6, &err), TPI_OK);
+        sampler_accept(&s, 2);
+        const float b75[1] = {7.5f}, b85[1] = {8.5f};
+        ck_assert_int_eq(sampler_set_bias(&s, ids + 1, b75, 1, &err), TPI_OK);
+        ck_assert_int_eq(sampler_sample(&s, logits), 1);
+        ck_assert_int_eq(sampler_set_bias(&s, ids + 1, b85, 1, &err), TPI_OK);
+        ck_assert_int_eq(sampler_sample(&s, logits), 2);
+        sampler_free(&s);
+    }
     // Non-finite parameters are refused with the field named.
     {
         struct sampler_params q = p;

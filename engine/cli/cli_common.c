@@ -84,8 +84,8 @@ int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
         if (errno || *end || end == val || !isfinite(v) || v < opts[k].lo || v > opts[k].hi ||
             (opts[k].is_int && v != floor(v))) {
             if (opts[k].is_int)
-                fprintf(stderr, "tpinfer %s: %s expects an integer in [%.0f, %.0f], got '%s'\n", cmd,
-                        a, opts[k].lo, opts[k].hi, val);
+                fprintf(stderr, "tpinfer %s: %s expects an integer in [%.0f, %.0f], got '%s'\n",
+                        cmd, a, opts[k].lo, opts[k].hi, val);
             else if (isfinite(opts[k].lo))
                 fprintf(stderr, "tpinfer %s: %s expects a number in [%g, %g], got '%s'\n", cmd, a,
                         opts[k].lo, opts[k].hi, val);

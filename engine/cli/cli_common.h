@@ -1,8 +1,8 @@
 /*
  * cli_common.h — what the model-running subcommands share: the common options
  * (--tp, --pp, --pp-layers, --backend, --comm, -c, -t, --ubatch, --seed,
- * --comm-timeout) and the sampling options, MPI + rank-grid setup, loading the model and tokenizer on
- * every rank, and ending a run so that an error on any rank is one clear line
+ * --comm-timeout) and the sampling options, MPI + rank-grid setup, loading the model and
+ * tokenizer on every rank, and ending a run so that an error on any rank is one clear line
  * and a non-zero exit everywhere, never a hang.
  */
 #ifndef CLI_COMMON_H

@@ -204,6 +204,9 @@ static int cb_next(void *user, struct sched_request *rq) {
         rq->n_stop_ids = r->n_stop_ids;
         rq->ignore_eos = r->ignore_eos;
         rq->min_tokens = r->min_tokens;
+        rq->bias_ids = r->bias_ids;
+        rq->bias_vals = r->bias_vals;
+        rq->n_bias = r->n_bias;
         return 1;
     }
     return 0;

@@ -77,6 +77,11 @@ void sampler_free(struct sampler *s) {
     free(s->hist);
     free(s->counts);
     free(s->gen_ids);
+    free(s->bias_ids);
+    free(s->bias_vals);
+    s->bias_ids = NULL;
+    s->bias_vals = NULL;
+    s->n_bias = 0;
     s->cand = NULL;
     s->seen = NULL;
     s->hist = NULL;
@@ -157,14 +162,27 @@ static void extend_sorted(struct sampler_cand *c, int n, int *sorted, int want) 
     }
 }
 
-/* seen[] flags: the id is in the repetition window / was generated / is banned. */
-enum { PEN_REPEAT = 1, PEN_OUTPUT = 2, PEN_BAN = 4 };
+/* seen[] flags: the id is in the repetition window / was generated / is banned / has a
+ * logit bias. */
+enum { PEN_REPEAT = 1, PEN_OUTPUT = 2, PEN_BAN = 4, PEN_BIAS = 8 };
+
+/* The logit bias of id (flagged PEN_BIAS, so present): a binary search of the sorted ids. */
+static float bias_of(const struct sampler *s, int32_t id) {
+    int lo = 0, hi = s->n_bias - 1;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo) / 2;
+        if (s->bias_ids[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return s->bias_ids[lo] == id ? s->bias_vals[lo] : 0.0f;
+}
 
 /* The penalties of id (flags from seen[]), in vLLM's order: repetition (llama.cpp /
  * CTRL: positive logits divided by the penalty, negative ones multiplied), then
  * frequency (times generated) and presence (generated at all). */
 static inline float penalize_logit(const struct sampler *s, int32_t id, uint8_t flags, float l) {
     if (flags & PEN_BAN) return -INFINITY;
+    if (flags & PEN_BIAS) l += bias_of(s, id);
     if (flags & PEN_REPEAT) l = l <= 0.0f ? l * s->p.repeat_penalty : l / s->p.repeat_penalty;
     if (flags & PEN_OUTPUT) {
         l = l - s->p.frequency_penalty * (float)s->counts[id];
@@ -222,6 +240,8 @@ static void mark_penalized(struct sampler *s, bool rep, bool occ, bool on) {
     for (int i = 0; i < s->n_ban; i++)
         if (s->ban[i] >= 0 && s->ban[i] < n_vocab)
             s->seen[s->ban[i]] = on ? s->seen[s->ban[i]] | PEN_BAN : 0;
+    for (int i = 0; i < s->n_bias; i++)
+        s->seen[s->bias_ids[i]] = on ? s->seen[s->bias_ids[i]] | PEN_BIAS : 0;
     if (rep)
         for (int i = 0; i < s->n_hist; i++)
             if (s->hist[i] >= 0 && s->hist[i] < n_vocab)
@@ -250,6 +270,49 @@ static int32_t argmax_first(const float *l, int n) {
     return 0;
 }
 
+static int cmp_i32(const void *a, const void *b) {
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int sampler_set_bias(struct sampler *s, const int32_t *ids, const float *bias, int n,
+                     struct tpi_error *err) {
+    free(s->bias_ids);
+    free(s->bias_vals);
+    s->bias_ids = NULL;
+    s->bias_vals = NULL;
+    s->n_bias = 0;
+    if (n <= 0) return TPI_OK;
+    int32_t *order = malloc(sizeof *order * (size_t)n * 2); // (id, index) pairs
+    s->bias_ids = malloc(sizeof *s->bias_ids * (size_t)n);
+    s->bias_vals = malloc(sizeof *s->bias_vals * (size_t)n);
+    if (!order || !s->bias_ids || !s->bias_vals) {
+        free(order);
+        return tpi_err(err, TPI_ERR_NOMEM, "sampler: out of memory for %d logit biases", n);
+    }
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= s->n_vocab || !isfinite(bias[i])) {
+            free(order);
+            return tpi_err(err, TPI_ERR_INVALID, "sampler: logit bias %g for id %d (vocabulary %d)",
+                           (double)bias[i], (int)ids[i], s->n_vocab);
+        }
+        order[2 * i] = ids[i], order[2 * i + 1] = i;
+    }
+    qsort(order, (size_t)n, sizeof(int32_t) * 2, cmp_i32); // by id: the pair's first int
+    for (int i = 0; i < n; i++) {
+        if (i > 0 && order[2 * i] == order[2 * i - 2]) {
+            const int id = order[2 * i];
+            free(order);
+            return tpi_err(err, TPI_ERR_INVALID, "sampler: logit bias for id %d twice", id);
+        }
+        s->bias_ids[i] = order[2 * i];
+        s->bias_vals[i] = bias[order[2 * i + 1]];
+    }
+    free(order);
+    s->n_bias = n;
+    return TPI_OK;
+}
+
 void sampler_ban(struct sampler *s, const int32_t *ids, int n) {
     s->ban = n > 0 ? ids : NULL;
     s->n_ban = n > 0 ? n : 0;
@@ -259,7 +322,7 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
     const int n_vocab = s->n_vocab;
     const bool rep = s->p.repeat_penalty != 1.0f && s->n_hist > 0;
     const bool occ = s->counts && s->n_gen > 0;
-    const bool ban = s->n_ban > 0;
+    const bool ban = s->n_ban > 0 || s->n_bias > 0;
     if (s->p.temp <= 0.0f && !rep && !occ && !ban) return argmax_first(logits, n_vocab);
     // Each distinct penalized id is flagged once, whatever its repeats in the history.
     mark_penalized(s, rep, occ, true);

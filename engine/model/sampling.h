@@ -1,7 +1,7 @@
 /*
  * sampling.h — choosing the next token from a row of logits, with llama.cpp's
- * semantics and order: repetition penalty over the last n tokens (then OpenAI's
- * frequency and presence penalties over the generated tokens), then top-k,
+ * semantics and order: OpenAI's logit bias, repetition penalty over the last n tokens
+ * (then OpenAI's frequency and presence penalties over the generated tokens), then top-k,
  * top-p, min-p, temperature, and a draw from the softmax; temperature <= 0 is
  * greedy (argmax of the penalized logits). The random draw uses the sampler's
  * own PRNG (splitmix64), so a seed makes a run repeatable on any platform.
@@ -48,6 +48,9 @@ struct sampler {
     int n_gen;
     const int32_t *ban;        /* (n_ban) ids that cannot be sampled now (sampler_ban) */
     int n_ban;
+    int32_t *bias_ids;         /* (n_bias) ascending, with bias_vals: sampler_set_bias */
+    float *bias_vals;
+    int n_bias;
 };
 
 /* Set up a sampler over n_vocab logits; free with sampler_free. Errors: OOM, bad params. */
@@ -61,6 +64,12 @@ void sampler_accept(struct sampler *s, int32_t id);
 /* Record a generated token: the history as sampler_accept, and the counts the
  * presence and frequency penalties read (prompt tokens do not count, as in vLLM). */
 void sampler_accept_output(struct sampler *s, int32_t id);
+
+/* OpenAI's logit_bias: bias[i] is added to the logit of ids[i] (each in [0, n_vocab),
+ * each once) before the penalties, at every draw of this sampler; n = 0 clears. The
+ * logprobs functions below do not see it. Errors: OOM, an id out of range or twice. */
+int sampler_set_bias(struct sampler *s, const int32_t *ids, const float *bias, int n,
+                     struct tpi_error *err);
 
 /* Until the next call, ids[0..n) (kept by pointer; n = 0 clears) cannot be sampled:
  * their logits count as -inf after the penalties (vLLM's min_tokens keeps the ends of

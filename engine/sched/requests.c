@@ -18,6 +18,7 @@
 #define REQ_MAX_STOP 16     /* stop strings per request */
 #define REQ_MAX_LOGPROBS 20 /* OpenAI's limit for top_logprobs */
 #define REQ_MAX_STOP_IDS 64 /* stop_token_ids per request */
+#define REQ_MAX_BIAS 1024   /* logit_bias entries per request */
 
 /* Record why line r cannot run: "line N: <msg>". Returns -1 for chaining. */
 static int req_fail(struct batch_req *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -96,9 +97,6 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "suffix")) && !cJSON_IsNull(v) &&
         !(cJSON_IsString(v) && v->valuestring[0] == '\0'))
         return req_fail(r, "\"suffix\" is not supported");
-    if ((v = cJSON_GetObjectItemCaseSensitive(o, "logit_bias")) && !cJSON_IsNull(v) &&
-        !(cJSON_IsObject(v) && !v->child))
-        return req_fail(r, "\"logit_bias\" is not supported");
     const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "n");
     if ((v = cJSON_GetObjectItemCaseSensitive(o, "best_of")) && !cJSON_IsNull(v) &&
         !(cJSON_IsNumber(v) && v->valuedouble == (cJSON_IsNumber(n) ? n->valuedouble : 1.0)))
@@ -233,9 +231,9 @@ static int get_chat_opts(struct batch_req *r, const cJSON *o, const struct req_d
     return 0;
 }
 
-/* vLLM's ends of a sequence: "stop_token_ids" (ids that end it as the end-of-generation
- * tokens do), "ignore_eos" (those tokens are ordinary ones) and "min_tokens" (no end
- * before that many tokens, at most max_tokens). */
+/* OpenAI's "logit_bias", and vLLM's ends of a sequence: "stop_token_ids" (ids that end
+ * it as the end-of-generation tokens do), "ignore_eos" (those tokens are ordinary ones)
+ * and "min_tokens" (no end before that many tokens, at most max_tokens). */
 static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaults *d) {
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "stop_token_ids");
     if (ids && !cJSON_IsNull(ids)) {
@@ -252,6 +250,32 @@ static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaul
                 return req_fail(r, "\"stop_token_ids\" entry %d is not an id in [0, %d)",
                                 r->n_stop_ids, d->n_vocab);
             r->stop_ids[r->n_stop_ids++] = (int32_t)it->valuedouble;
+        }
+    }
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
+    if (lb && !cJSON_IsNull(lb)) { // OpenAI's: {"token id": bias in [-100, 100]}
+        const int n = cJSON_IsObject(lb) ? cJSON_GetArraySize(lb) : -1;
+        if (n < 0 || n > REQ_MAX_BIAS)
+            return req_fail(r, "\"logit_bias\" must be an object of at most %d token ids",
+                            REQ_MAX_BIAS);
+        r->bias_ids = malloc(sizeof(int32_t) * (size_t)(n + 1));
+        r->bias_vals = malloc(sizeof(float) * (size_t)(n + 1));
+        if (!r->bias_ids || !r->bias_vals) return req_fail(r, "out of memory");
+        const cJSON *it;
+        cJSON_ArrayForEach(it, lb) {
+            char *end;
+            errno = 0;
+            const long id = strtol(it->string, &end, 10);
+            if (errno || end == it->string || *end || id < 0 || id >= d->n_vocab)
+                return req_fail(r, "\"logit_bias\" key \"%.32s\" is not a token id in [0, %d)",
+                                it->string, d->n_vocab);
+            if (!cJSON_IsNumber(it) || !(fabs(it->valuedouble) <= 100))
+                return req_fail(r, "\"logit_bias\" of %ld must be a number in [-100, 100]", id);
+            for (int i = 0; i < r->n_bias; i++)
+                if (r->bias_ids[i] == id)
+                    return req_fail(r, "\"logit_bias\" lists %ld twice", id);
+            r->bias_ids[r->n_bias] = (int32_t)id;
+            r->bias_vals[r->n_bias++] = (float)it->valuedouble;
         }
     }
     const cJSON *ie = cJSON_GetObjectItemCaseSensitive(o, "ignore_eos");
@@ -601,6 +625,8 @@ void batch_input_free(struct batch_input *in) {
         for (int s = 0; s < r->n_stop; s++) free(r->stop[s]);
         free(r->stop);
         free(r->stop_ids);
+        free(r->bias_ids);
+        free(r->bias_vals);
         free(r->error);
     }
     free(in->reqs);

@@ -12,9 +12,9 @@
  * presence_penalty and frequency_penalty too, and "echo" on /v1/completions; chats
  * take "chat_template_kwargs" ({"enable_thinking": bool}) and "add_generation_prompt",
  * and their messages "reasoning_content"; OpenAI's and vLLM's fields that change
- * results but are not implemented (echo elsewhere, suffix, logit_bias, best_of other
- * than n, tools and tool calls, response_format and guided decoding, ...) refuse the
- * line unless they hold their neutral value; vLLM's stop_token_ids, ignore_eos and
+ * results but are not implemented (echo elsewhere, suffix, best_of other than n, tools
+ * and tool calls, response_format and guided decoding, ...) refuse the line unless they
+ * hold their neutral value; logit_bias and vLLM's stop_token_ids, ignore_eos and
  * min_tokens are taken;
  * and plain text (one prompt per line) when the first non-blank line does not
  * start with '{'. Blank lines are skipped but still counted: `line` numbers
@@ -79,6 +79,9 @@ struct batch_req {
     int n_stop_ids;
     bool ignore_eos;       /* "ignore_eos": EOG ids are ordinary tokens */
     int min_tokens;        /* "min_tokens": no end before this many (<= max_tokens) */
+    int32_t *bias_ids;     /* (n_bias) "logit_bias": ids, each once, */
+    float *bias_vals;      /* and their biases in [-100, 100] */
+    int n_bias;
     char *error;           /* NULL, or why this line cannot run ("line N: ...") */
     bool done;             /* already in the output file (--resume) */
 };

@@ -151,6 +151,9 @@ static void put_request(struct buf *b, int slot_idx, const struct sched_request 
     put_i32(b, rq->min_tokens);
     put_i32(b, rq->n_stop_ids);
     put(b, rq->stop_ids, sizeof(int32_t) * (size_t)rq->n_stop_ids);
+    put_i32(b, rq->n_bias);
+    put(b, rq->bias_ids, sizeof(int32_t) * (size_t)rq->n_bias);
+    put(b, rq->bias_vals, sizeof(float) * (size_t)rq->n_bias);
     put(b, rq->prompt, sizeof(int32_t) * (size_t)rq->n_prompt);
 }
 
@@ -199,6 +202,13 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
     if (!(s->stop_ids = malloc(sizeof(int32_t) * (size_t)(s->n_stop_ids + 1))))
         return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
     get(b, s->stop_ids, sizeof(int32_t) * (size_t)s->n_stop_ids);
+    const int n_bias = get_i32(b);
+    if (b->bad || n_bias < 0 ||
+        (size_t)n_bias > (b->n - b->off) / (sizeof(int32_t) + sizeof(float)))
+        return tpi_err(err, TPI_ERR_COMM, "batch scheduler: bad logit bias in message");
+    // Only the decider samples; the others skip the bias.
+    const size_t bias_at = b->off;
+    b->off += (sizeof(int32_t) + sizeof(float)) * (size_t)n_bias;
     if ((size_t)s->n_prompt > (b->n - b->off) / sizeof(int32_t))
         return tpi_err(err, TPI_ERR_COMM, "batch scheduler: truncated prompt in message");
     if (s->n_prompt >= m->n_ctx)
@@ -242,6 +252,21 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
         s->smp_init = true;
         // The repetition penalty looks at the prompt too, as llama.cpp's does.
         for (int i = 0; i < s->n_prompt; i++) sampler_accept(&s->smp, s->prompt[i]);
+        if (n_bias > 0) {
+            int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_bias);
+            float *vals = malloc(sizeof(float) * (size_t)n_bias);
+            if (ids && vals) {
+                memcpy(ids, b->p + bias_at, sizeof(int32_t) * (size_t)n_bias);
+                memcpy(vals, b->p + bias_at + sizeof(int32_t) * (size_t)n_bias,
+                       sizeof(float) * (size_t)n_bias);
+                rc = sampler_set_bias(&s->smp, ids, vals, n_bias, err);
+            } else {
+                rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
+            }
+            free(ids);
+            free(vals);
+            if (rc) return rc;
+        }
         if (s->min_tokens > 0) { // what may not be sampled before min_tokens: the ends
             if (!(s->ban = malloc(sizeof(int32_t) * (size_t)(s->n_stop_ids + 3))))
                 return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");

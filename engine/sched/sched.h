@@ -50,6 +50,9 @@ struct sched_request {
     const int32_t *stop_ids;  /* (n_stop_ids) ids that end the sequence as EOG does */
     int n_stop_ids;
     bool ignore_eos;          /* EOG ids are ordinary tokens (vLLM's ignore_eos) */
+    const int32_t *bias_ids;  /* (n_bias) OpenAI's logit_bias: ids, each once, */
+    const float *bias_vals;   /* and what is added to their logits at every draw */
+    int n_bias;
     int min_tokens;           /* tokens before the sequence may end (vLLM's min_tokens): the
                                  end ids cannot be sampled and stop strings are not looked
                                  for until then */
