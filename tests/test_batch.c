@@ -865,8 +865,9 @@ static int prompt_len(const char *norm, long line, char *msg, size_t n_msg) {
  * from mkmodel). enable_thinking false, from a line's "chat_template_kwargs" or from
  * --chat-template-kwargs for the lines without their own, closes an empty think block
  * after the generation prompt: "<think>", "\n\n", "</think>", "\n\n", 4 tokens. The
- * reasoning of an earlier turn is dropped whether it is in the content or apart. What
- * the template cannot render is that line's error. (test_tokenizer checks the bytes.) */
+ * reasoning of an earlier turn is dropped whether it is in the content or apart. A final
+ * assistant turn can be continued (continue_final_message). What the template cannot
+ * render is that line's error. (test_tokenizer checks the bytes.) */
 START_TEST(test_chat) {
     const char *vocab = tu_data_path("qwen3-vocab.gguf");
     char *model = path_in("qwen3-vocab-1layer.gguf");
@@ -896,12 +897,19 @@ START_TEST(test_chat) {
              "{\"id\": \"tools\", %s], \"tools\": [{\"type\": \"function\"}]}\n"
              "{\"id\": \"calls\", %s, {\"role\": \"assistant\", \"tool_calls\": [{}]}]}\n"
              "{\"id\": \"kw\", %s], \"chat_template_kwargs\": {\"enable_thinking\": 0}}\n"
-             "{\"id\": \"json\", %s], \"response_format\": {\"type\": \"json_object\"}}\n",
-             q, q, q, q, q, q, q, q, q, q, q);
+             "{\"id\": \"json\", %s], \"response_format\": {\"type\": \"json_object\"}}\n"
+             "{\"id\": \"cont\", %s, {\"role\": \"assistant\", \"content\": \"<think>\\nhm\\n</think>"
+             "\\n\\nIt is \"}], \"continue_final_message\": true, \"add_generation_prompt\": false}\n"
+             "{\"id\": \"cont-gen\", %s, {\"role\": \"assistant\", \"content\": \"It is\"}], "
+             "\"continue_final_message\": true}\n"
+             "{\"id\": \"cont-lost\", %s, {\"role\": \"assistant\", \"content\": \"<think>x</think>"
+             "\\n\\n<think>y\"}], \"continue_final_message\": true, \"add_generation_prompt\": "
+             "false}\n",
+             q, q, q, q, q, q, q, q, q, q, q, q, q, q);
     write_file(path_in("chat.jsonl"), text);
     const char *args[] = {
         "-f", path_in("chat.jsonl"), "-o", path_in("chat.out"), "-n", "1", "--temp", "0", NULL};
-    char *norm = run_records(1, args, path_in("chat.out"), 12);
+    char *norm = run_records(1, args, path_in("chat.out"), 15);
     const int plain = prompt_len(norm, 1, NULL, 0);
     ck_assert_int_gt(plain, 0);
     ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
@@ -911,6 +919,8 @@ START_TEST(test_chat) {
     ck_assert_int_gt(bare, plain);
     ck_assert_int_eq(prompt_len(norm, 5, NULL, 0), bare);
     ck_assert_int_eq(prompt_len(norm, 6, NULL, 0), bare);
+    // The assistant's turn continued: the prompt ends inside it, its reasoning written out
+    ck_assert_int_gt(prompt_len(norm, 13, NULL, 0), plain + 4);
     struct {
         long line;
         const char *err_part;
@@ -920,6 +930,8 @@ START_TEST(test_chat) {
         {10, "message 1: \"tool_calls\" is not supported"},
         {11, "\"enable_thinking\" must be true or false"},
         {12, "\"response_format\" is not supported"},
+        {14, "\"continue_final_message\" needs \"add_generation_prompt\": false"},
+        {15, "the final message does not appear in the rendered chat"},
     };
     for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
         char msg[512];
@@ -941,7 +953,7 @@ START_TEST(test_chat) {
                          "--chat-template-kwargs",
                          "{\"enable_thinking\": false}",
                          NULL};
-    norm = run_records(1, off, path_in("chat-off.out"), 12);
+    norm = run_records(1, off, path_in("chat-off.out"), 15);
     ck_assert_int_eq(prompt_len(norm, 1, NULL, 0), plain + 4);
     ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
     ck_assert_int_eq(prompt_len(norm, 3, NULL, 0), plain);
@@ -1025,7 +1037,8 @@ START_TEST(test_ends) {
     free(norm);
 
     // OpenAI records say what ended a "stop" in vLLM's "stop_reason": the stop_token_ids
-    // id, the stop string (two letters of the greedy text), or null.
+    // id, the stop string (two letters of the greedy text), or null; with
+    // include_stop_str_in_output the text keeps the stop string.
     norm = normalized(path_in("base.out"), &n);
     cJSON *b = record_by_line(norm, 1);
     const char *bt = cJSON_GetObjectItem(b, "text")->valuestring;
@@ -1039,16 +1052,19 @@ START_TEST(test_ends) {
     const char *oai =
         "{\"custom_id\": \"%s\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
         "\"the quick\", \"max_tokens\": 6, \"temperature\": 0%s}}\n";
-    char extra[2][64];
+    char extra[3][96];
     snprintf(extra[0], sizeof extra[0], ", \"stop_token_ids\": [%d]", base[2]);
     snprintf(extra[1], sizeof extra[1], ", \"stop\": [\"zzzz\", \"%s\"]", two);
+    snprintf(extra[2], sizeof extra[2], "%s, \"include_stop_str_in_output\": true", extra[1]);
     k = snprintf(text, sizeof text, oai, "id", extra[0]);
     k += snprintf(text + k, sizeof text - (size_t)k, oai, "string", extra[1]);
     k += snprintf(text + k, sizeof text - (size_t)k, oai, "none", "");
+    k += snprintf(text + k, sizeof text - (size_t)k, oai, "kept", extra[2]);
     write_file(path_in("oai.jsonl"), text);
     const char *oai_args[] = {"-f", path_in("oai.jsonl"), "-o", path_in("oai.out"), NULL};
-    norm = run_records(1, oai_args, path_in("oai.out"), 3);
-    for (int line = 1; line <= 3; line++) {
+    norm = run_records(1, oai_args, path_in("oai.out"), 4);
+    char cut[256] = "";
+    for (int line = 1; line <= 4; line++) {
         cJSON *j = record_by_line(norm, line);
         const cJSON *c = cJSON_GetArrayItem(
             cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "body"),
@@ -1058,8 +1074,14 @@ START_TEST(test_ends) {
         const char *fr = cJSON_GetObjectItem(c, "finish_reason")->valuestring;
         ck_assert_ptr_nonnull(sr);
         if (line == 1) ck_assert(cJSON_IsNumber(sr) && sr->valuedouble == base[2]);
-        if (line == 2) ck_assert(cJSON_IsString(sr) && !strcmp(sr->valuestring, two));
+        const char *txt = cJSON_GetObjectItem(c, "text")->valuestring;
+        if (line == 2) {
+            ck_assert(cJSON_IsString(sr) && !strcmp(sr->valuestring, two));
+            ck_assert(!strstr(txt, two));
+            snprintf(cut, sizeof cut, "%s%s", txt, two); // what include_stop_str_in_output keeps
+        }
         if (line == 3) ck_assert(cJSON_IsNull(sr));
+        if (line == 4) ck_assert_str_eq(txt, cut);
         ck_assert_str_eq(fr, line == 3 ? "length" : "stop");
         cJSON_Delete(j);
     }

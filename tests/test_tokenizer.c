@@ -550,7 +550,7 @@ START_TEST(test_chat_templates) {
     snprintf(path, sizeof path, "%s/tests/chat/cases.jsonl", tu_source_dir());
     char *all = tu_read_file(path, &n_text);
     ck_assert_msg(all != NULL, "cannot read %s", path);
-    int n_cases = 0, n_think = 0;
+    int n_cases = 0, n_think = 0, n_refused = 0;
     for (char *line = all, *next; *line; line = next) {
         next = strchr(line, '\n');
         *next++ = '\0';
@@ -575,11 +575,22 @@ START_TEST(test_chat_templates) {
         const cJSON *et = cJSON_GetObjectItem(c, "enable_thinking");
         const struct tok_chat_opts opts = {
             .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
-            .enable_thinking = cJSON_IsBool(et) ? cJSON_IsTrue(et) : -1};
+            .enable_thinking = cJSON_IsBool(et) ? cJSON_IsTrue(et) : -1,
+            .continue_final = cJSON_IsTrue(cJSON_GetObjectItem(c, "continue_final_message"))};
         char *out = NULL;
         size_t n = 0;
+        const cJSON *text = cJSON_GetObjectItem(c, "text");
+        if (cJSON_IsNull(text)) { // transformers refuses to continue it: so do we
+            ck_assert_int_eq(tok_apply_chat(tok[k], m, n_m, &opts, &out, &n, &err),
+                             TPI_ERR_INVALID);
+            ck_assert_msg(strstr(err.msg, "cannot be continued"), "%s", err.msg);
+            n_refused++;
+            cJSON_Delete(c);
+            n_cases++;
+            continue;
+        }
         ck_assert_int_eq(tok_apply_chat(tok[k], m, n_m, &opts, &out, &n, &err), TPI_OK);
-        const char *want = cJSON_GetObjectItem(c, "text")->valuestring;
+        const char *want = text->valuestring;
         ck_assert_msg(!strcmp(out, want),
                       "%s, %s, prompt %d, enable_thinking %d:\n--- got\n%s\n"
                       "--- want\n%s\n---",
@@ -593,10 +604,11 @@ START_TEST(test_chat_templates) {
     }
     fprintf(stderr,
             "chat: %d conversations rendered as jinja2 renders them (%d with an empty "
-            "<think> block)\n",
-            n_cases, n_think);
-    ck_assert_int_ge(n_cases, 150);
+            "<think> block, %d not continuable)\n",
+            n_cases, n_think, n_refused);
+    ck_assert_int_ge(n_cases, 180);
     ck_assert_int_gt(n_think, 0);
+    ck_assert_int_eq(n_refused, 1);
     free(all);
 
     /* Roles those templates do not render are refused (plain ChatML renders any). */

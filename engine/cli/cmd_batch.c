@@ -203,6 +203,7 @@ static int cb_next(void *user, struct sched_request *rq) {
         rq->stop_ids = r->stop_ids;
         rq->n_stop_ids = r->n_stop_ids;
         rq->ignore_eos = r->ignore_eos;
+        rq->keep_stop_string = r->keep_stop_string;
         rq->min_tokens = r->min_tokens;
         rq->bias_ids = r->bias_ids;
         rq->bias_vals = r->bias_vals;

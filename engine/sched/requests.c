@@ -125,9 +125,7 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
         {"allowed_token_ids", EMPTY_LIST, "restricted vocabularies"},
         {"bad_words", EMPTY_LIST, "banned words"},
         {"logits_processors", EMPTY_LIST, "logits processors"},
-        {"include_stop_str_in_output", IS_FALSE, "stop strings in the output"},
         {"skip_special_tokens", IS_TRUE, "special tokens in the text"},
-        {"continue_final_message", IS_FALSE, "continuing the final message"},
     };
     for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
         if (!(v = cJSON_GetObjectItemCaseSensitive(o, fields[k].key)) || cJSON_IsNull(v)) continue;
@@ -215,7 +213,8 @@ int req_parse_chat_kwargs(const char *json, int *enable_thinking, struct tpi_err
 }
 
 /* How a line's chat is rendered: the run's defaults, then the line's
- * "chat_template_kwargs" and "add_generation_prompt" (vLLM's fields). */
+ * "chat_template_kwargs", "add_generation_prompt" and "continue_final_message" (vLLM's
+ * fields). */
 static int get_chat_opts(struct batch_req *r, const cJSON *o, const struct req_defaults *d,
                          struct tok_chat_opts *opts) {
     opts->add_generation_prompt = true;
@@ -223,17 +222,24 @@ static int get_chat_opts(struct batch_req *r, const cJSON *o, const struct req_d
     const char *why = chat_kwargs(cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs"),
                                   &opts->enable_thinking);
     if (why) return req_fail(r, "%s", why);
-    const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, "add_generation_prompt");
-    if (g && !cJSON_IsNull(g)) {
-        if (!cJSON_IsBool(g)) return req_fail(r, "\"add_generation_prompt\" must be true or false");
-        opts->add_generation_prompt = cJSON_IsTrue(g);
+    const char *names[2] = {"add_generation_prompt", "continue_final_message"};
+    bool *to[2] = {&opts->add_generation_prompt, &opts->continue_final};
+    opts->continue_final = false;
+    for (int k = 0; k < 2; k++) {
+        const cJSON *g = cJSON_GetObjectItemCaseSensitive(o, names[k]);
+        if (!g || cJSON_IsNull(g)) continue;
+        if (!cJSON_IsBool(g)) return req_fail(r, "\"%s\" must be true or false", names[k]);
+        *to[k] = cJSON_IsTrue(g);
     }
+    if (opts->continue_final && opts->add_generation_prompt) // vLLM refuses it too
+        return req_fail(r, "\"continue_final_message\" needs \"add_generation_prompt\": false");
     return 0;
 }
 
 /* OpenAI's "logit_bias", and vLLM's ends of a sequence: "stop_token_ids" (ids that end
- * it as the end-of-generation tokens do), "ignore_eos" (those tokens are ordinary ones)
- * and "min_tokens" (no end before that many tokens, at most max_tokens). */
+ * it as the end-of-generation tokens do), "ignore_eos" (those tokens are ordinary ones),
+ * "include_stop_str_in_output" and "min_tokens" (no end before that many tokens, at
+ * most max_tokens). */
 static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaults *d) {
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "stop_token_ids");
     if (ids && !cJSON_IsNull(ids)) {
@@ -278,10 +284,13 @@ static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaul
             r->bias_vals[r->n_bias++] = (float)it->valuedouble;
         }
     }
-    const cJSON *ie = cJSON_GetObjectItemCaseSensitive(o, "ignore_eos");
-    if (ie && !cJSON_IsNull(ie)) {
-        if (!cJSON_IsBool(ie)) return req_fail(r, "\"ignore_eos\" must be true or false");
-        r->ignore_eos = cJSON_IsTrue(ie);
+    const char *flags[2] = {"ignore_eos", "include_stop_str_in_output"};
+    bool *to[2] = {&r->ignore_eos, &r->keep_stop_string};
+    for (int k = 0; k < 2; k++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, flags[k]);
+        if (!f || cJSON_IsNull(f)) continue;
+        if (!cJSON_IsBool(f)) return req_fail(r, "\"%s\" must be true or false", flags[k]);
+        *to[k] = cJSON_IsTrue(f);
     }
     long long v = 0;
     if (get_int(r, o, "min_tokens", 0, 1LL << 30, &v)) return -1;

@@ -10,12 +10,12 @@
  *            "/v1/completions", "body": {...}} (the batch format vLLM's run-batch
  *            reads);
  * presence_penalty and frequency_penalty too, and "echo" on /v1/completions; chats
- * take "chat_template_kwargs" ({"enable_thinking": bool}) and "add_generation_prompt",
- * and their messages "reasoning_content"; OpenAI's and vLLM's fields that change
+ * take "chat_template_kwargs" ({"enable_thinking": bool}), "add_generation_prompt" and
+ * "continue_final_message", and their messages "reasoning_content"; OpenAI's and vLLM's fields that change
  * results but are not implemented (echo elsewhere, suffix, best_of other than n, tools
  * and tool calls, response_format and guided decoding, ...) refuse the line unless they
- * hold their neutral value; logit_bias and vLLM's stop_token_ids, ignore_eos and
- * min_tokens are taken;
+ * hold their neutral value; logit_bias and vLLM's stop_token_ids, ignore_eos,
+ * include_stop_str_in_output and min_tokens are taken;
  * and plain text (one prompt per line) when the first non-blank line does not
  * start with '{'. Blank lines are skipped but still counted: `line` numbers
  * are 1-based lines of the file. A line that cannot run keeps its error
@@ -78,6 +78,7 @@ struct batch_req {
     int32_t *stop_ids;     /* (n_stop_ids) "stop_token_ids": end the sequence as EOG does */
     int n_stop_ids;
     bool ignore_eos;       /* "ignore_eos": EOG ids are ordinary tokens */
+    bool keep_stop_string; /* "include_stop_str_in_output": the text keeps the stop string */
     int min_tokens;        /* "min_tokens": no end before this many (<= max_tokens) */
     int32_t *bias_ids;     /* (n_bias) "logit_bias": ids, each once, */
     float *bias_vals;      /* and their biases in [-100, 100] */

@@ -37,7 +37,7 @@ struct slot {
     size_t max_stop_len;
     int32_t *stop_ids;       /* (n_stop_ids) owned */
     int n_stop_ids;
-    bool ignore_eos;
+    bool ignore_eos, keep_stop_string;
     int min_tokens;
     int32_t *ban;            /* decider, min_tokens > 0: the ids that would end it (n_ban) */
     int n_ban;
@@ -98,7 +98,7 @@ struct buf {
 };
 
 static void put(struct buf *b, const void *src, size_t n) {
-    if (b->bad) return;
+    if (b->bad || n == 0) return; // an empty list may come as NULL
     if (b->n + n > b->cap) {
         size_t nc = b->cap ? b->cap * 2 : 4096;
         while (nc < b->n + n) nc *= 2;
@@ -115,6 +115,7 @@ static void put(struct buf *b, const void *src, size_t n) {
 }
 
 static void get(struct buf *b, void *dst, size_t n) {
+    if (n == 0) return;
     if (b->bad || b->off + n > b->n) {
         b->bad = true;
         memset(dst, 0, n);
@@ -147,7 +148,7 @@ static void put_request(struct buf *b, int slot_idx, const struct sched_request 
         put_i32(b, len);
         put(b, rq->stop[i], (size_t)len);
     }
-    put_i32(b, rq->ignore_eos);
+    put_i32(b, (rq->ignore_eos ? 1 : 0) | (rq->keep_stop_string ? 2 : 0));
     put_i32(b, rq->min_tokens);
     put_i32(b, rq->n_stop_ids);
     put(b, rq->stop_ids, sizeof(int32_t) * (size_t)rq->n_stop_ids);
@@ -193,7 +194,9 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
         s->stop[i][len] = '\0';
         s->max_stop_len = TPI_MAX(s->max_stop_len, (size_t)len);
     }
-    s->ignore_eos = get_i32(b) != 0;
+    const int32_t flags = get_i32(b);
+    s->ignore_eos = flags & 1;
+    s->keep_stop_string = flags & 2;
     s->min_tokens = get_i32(b);
     s->n_stop_ids = get_i32(b);
     if (b->bad || s->min_tokens < 0 || s->n_stop_ids < 0 ||
@@ -339,6 +342,7 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
         long at = gen_find_stop(s->text, s->n_text, from, (const char *const *)s->stop, s->n_stop,
                                 &s->stop_which);
         if (at >= 0) {
+            if (s->keep_stop_string) at += (long)strlen(s->stop[s->stop_which]);
             s->n_text = (size_t)at;
             s->text[at] = '\0';
             return FIN_STOP_STRING;

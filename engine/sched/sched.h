@@ -50,6 +50,8 @@ struct sched_request {
     const int32_t *stop_ids;  /* (n_stop_ids) ids that end the sequence as EOG does */
     int n_stop_ids;
     bool ignore_eos;          /* EOG ids are ordinary tokens (vLLM's ignore_eos) */
+    bool keep_stop_string;    /* the text ends after the stop string, not before it (vLLM's
+                                 include_stop_str_in_output) */
     const int32_t *bias_ids;  /* (n_bias) OpenAI's logit_bias: ids, each once, */
     const float *bias_vals;   /* and what is added to their logits at every draw */
     int n_bias;

@@ -117,6 +117,37 @@ static const char *last_of(const char *b, const char *e, const char *needle) {
     }
 }
 
+/* Length of the whitespace character at s (Python's str.isspace: ASCII \t-\r and space,
+ * \x1c-\x1f, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F,
+ * U+3000), or 0. */
+static int space_len(const unsigned char *s, const unsigned char *e) {
+    if (s >= e) return 0;
+    if ((*s >= 0x09 && *s <= 0x0d) || *s == ' ' || (*s >= 0x1c && *s <= 0x1f)) return 1;
+    if (e - s >= 2 && s[0] == 0xc2 && (s[1] == 0x85 || s[1] == 0xa0)) return 2;
+    if (e - s < 3) return 0;
+    const unsigned cp = ((s[0] & 0x0fu) << 12) | ((s[1] & 0x3fu) << 6) | (s[2] & 0x3fu);
+    if ((s[0] & 0xf0) != 0xe0 || (s[1] & 0xc0) != 0x80 || (s[2] & 0xc0) != 0x80) return 0;
+    return cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+                   cp == 0x202f || cp == 0x205f || cp == 0x3000
+               ? 3
+               : 0;
+}
+
+/* [*b, *e) with Python's str.strip(): whitespace dropped at both ends. */
+static void strip_space(const char **b, const char **e) {
+    int n;
+    while ((n = space_len((const unsigned char *)*b, (const unsigned char *)*e)) > 0) *b += n;
+    for (;;) { // the last character: step back over UTF-8 continuation bytes
+        const char *p = *e;
+        while (p > *b && ((unsigned char)p[-1] & 0xc0) == 0x80 && *e - p < 3) p--;
+        if (p > *b) p--;
+        if (p < *b || p == *e ||
+            space_len((const unsigned char *)p, (const unsigned char *)*e) != *e - p)
+            break;
+        *e = p;
+    }
+}
+
 static bool is_tool_response(const char *s) {
     static const char open[] = "<tool_response>", close[] = "</tool_response>";
     const size_t n = strlen(s);
@@ -182,6 +213,11 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
                        tmpl ? "" : " (and tokenizer.chat_template is absent)");
     if (n_msgs < 0 || (n_msgs > 0 && !msgs))
         return tpi_err(err, TPI_ERR_INVALID, "tok_apply_chat: bad message list");
+    if (opts->continue_final && (opts->add_generation_prompt || n_msgs == 0))
+        return tpi_err(err, TPI_ERR_INVALID,
+                       n_msgs ? "continuing the final message and adding a generation prompt "
+                                "cannot go together"
+                              : "no final message to continue");
     const unsigned d = chat_dialect(tmpl);
     for (int i = 0; i < n_msgs; i++) {
         const char *r = msgs[i].role;
@@ -246,6 +282,32 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
     if (b.failed) {
         free(b.p);
         return tpi_err(err, TPI_ERR_NOMEM, "tok_apply_chat: out of memory");
+    }
+    if (opts->continue_final) { // cut after the last place the stripped content stands
+        const char *fb = msgs[n_msgs - 1].content ? msgs[n_msgs - 1].content : "";
+        const char *fe = fb + strlen(fb);
+        strip_space(&fb, &fe);
+        const char *at = b.p + b.n; // nothing left of it: Python's rindex("") is the end
+        if (fe > fb) {
+            char *want = malloc((size_t)(fe - fb) + 1);
+            if (!want) {
+                free(b.p);
+                return tpi_err(err, TPI_ERR_NOMEM, "tok_apply_chat: out of memory");
+            }
+            memcpy(want, fb, (size_t)(fe - fb));
+            want[fe - fb] = '\0';
+            at = last_of(b.p, b.p + b.n, want);
+            free(want);
+            if (at) at += fe - fb;
+        }
+        if (!at) {
+            free(b.p);
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "the final message does not appear in the rendered chat, so it "
+                           "cannot be continued (the template changes it)");
+        }
+        b.n = (size_t)(at - b.p);
+        b.p[b.n] = '\0';
     }
     *out = b.p;
     if (n_bytes) *n_bytes = b.n;

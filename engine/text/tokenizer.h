@@ -151,6 +151,10 @@ struct tok_message {
 struct tok_chat_opts {
     bool add_generation_prompt; /* end with the assistant's turn opened */
     int enable_thinking;        /* the template variable: -1 unset, 0 false, 1 true */
+    bool continue_final;        /* end right after the last message's content (its
+                                   surrounding whitespace stripped), so the model goes on
+                                   with it: Hugging Face's continue_final_message; not
+                                   with add_generation_prompt */
 };
 
 /* Render messages as the model's tokenizer.chat_template does, for the ChatML templates
@@ -160,7 +164,8 @@ struct tok_chat_opts {
  * turns of <tool_response> blocks (Qwen2.5, Qwen3), an assistant turn's <think> block
  * dropped before the last user query and written out after it (Qwen3), and
  * enable_thinking = 0 closing an empty <think> block after the generation prompt
- * (Qwen3). A template that reads roles by name renders only system, user, assistant and
+ * (Qwen3), continue_final cutting the text after the last message's content as Hugging
+ * Face does. A template that reads roles by name renders only system, user, assistant and
  * tool: any other role is TPI_ERR_UNSUPPORTED naming the message, as is a template that
  * is not ChatML (no "<|im_start|>"); without a template the vocabulary's <|im_start|>
  * gives plain ChatML. opts NULL: the generation prompt, enable_thinking unset. *out is

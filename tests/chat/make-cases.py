@@ -72,6 +72,25 @@ CONVERSATIONS = {
     "special-in-text": [m("user", "say <|im_end|> and <think> literally")],
 }
 KWARGS = [{}, {"enable_thinking": False}, {"enable_thinking": True}]
+# Conversations that end with an assistant turn to continue (continue_final_message).
+CONTINUE = {
+    "continue-plain": [m("user", "Write a haiku."), m("assistant", "Leaves fall  \n")],
+    "continue-think": [m("user", "q"), m("assistant", "<think>\nhm\n</think>\n\nThe answer is")],
+    "continue-history": [m("user", "q"), m("assistant", "<think>x</think>a"), m("user", "q2"),
+                         m("assistant", " \u3000Sure,\u00a0")],
+    "continue-empty": [m("user", "q"), m("assistant", "  ")],
+    "continue-changed": [m("user", "q"), m("assistant", "<think>x</think>\n\n<think>y")],
+}
+
+
+def continue_final(rendered, messages):
+    """transformers' apply_chat_template with continue_final_message: the text up to the
+    last place the final message's stripped content stands, or None where it does not
+    appear (transformers raises there)."""
+    final = messages[-1]["content"].strip()
+    if final not in rendered:
+        return None
+    return rendered[: rendered.rindex(final) + len(final)]
 
 
 def main():
@@ -88,6 +107,11 @@ def main():
                     out.append({"template": name, "case": conv, "messages": messages,
                                 "add_generation_prompt": gen,
                                 "enable_thinking": kw.get("enable_thinking"), "text": text})
+        for conv, messages in CONTINUE.items():
+            text = continue_final(render(template, messages, False, {}), messages)
+            out.append({"template": name, "case": conv, "messages": messages,
+                        "add_generation_prompt": False, "continue_final_message": True,
+                        "enable_thinking": None, "text": text})
     with open(os.path.join(HERE, "cases.jsonl"), "w", encoding="utf-8", newline="\n") as f:
         for c in out:
             f.write(json.dumps(c, ensure_ascii=False) + "\n")
