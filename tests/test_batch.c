@@ -861,6 +861,22 @@ static int prompt_len(const char *norm, long line, char *msg, size_t n_msg) {
     return n;
 }
 
+/* A line's error record and a part of its message. */
+struct line_error {
+    long line;
+    const char *err_part;
+};
+
+/* Each of errs[0..n) is an error record whose message holds its part. */
+static void expect_errors(const char *norm, const struct line_error *errs, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char msg[512];
+        ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
+        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line,
+                      msg, errs[i].err_part);
+    }
+}
+
 /* Chats through a model with Qwen3's chat template (its vocabulary on a one-layer model
  * from mkmodel). enable_thinking false, from a line's "chat_template_kwargs" or from
  * --chat-template-kwargs for the lines without their own, closes an empty think block
@@ -921,10 +937,7 @@ START_TEST(test_chat) {
     ck_assert_int_eq(prompt_len(norm, 6, NULL, 0), bare);
     // The assistant's turn continued: the prompt ends inside it, its reasoning written out
     ck_assert_int_gt(prompt_len(norm, 13, NULL, 0), plain + 4);
-    struct {
-        long line;
-        const char *err_part;
-    } errs[] = {
+    const struct line_error errs[] = {
         {8, "renders no 'developer' messages"},
         {9, "\"tools\" is not supported"},
         {10, "message 1: \"tool_calls\" is not supported"},
@@ -933,12 +946,7 @@ START_TEST(test_chat) {
         {14, "\"continue_final_message\" needs \"add_generation_prompt\": false"},
         {15, "the final message does not appear in the rendered chat"},
     };
-    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
-        char msg[512];
-        ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
-        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line, msg,
-                      errs[i].err_part);
-    }
+    expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
     free(norm);
 
     // The run-wide setting: the lines without their own take it.
@@ -1023,17 +1031,12 @@ START_TEST(test_ends) {
     ck_assert_int_ge(n, 1); // not drawn as the first token: another one is
     ck_assert_int_ne(t[0], base[0]);
     free(t);
-    struct { long line; const char *err_part; } errs[] = {
+    const struct line_error errs[] = {
         {4, "\"min_tokens\" 7 is more than \"max_tokens\" 6"},
         {5, "\"stop_token_ids\" entry 0 is not an id in [0, 2048)"},
         {6, "\"ignore_eos\" must be true or false"},
     };
-    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
-        char msg[512];
-        ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
-        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line,
-                      msg, errs[i].err_part);
-    }
+    expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
     free(norm);
 
     // OpenAI records say what ended a "stop" in vLLM's "stop_reason": the stop_token_ids
@@ -1187,17 +1190,12 @@ START_TEST(test_bias) {
         if (line == 4) ck_assert_int_gt(n78, 0); // seed 3 draws both
         free(t);
     }
-    struct { long line; const char *err_part; } errs[] = {
+    const struct line_error errs[] = {
         {5, "\"logit_bias\" key \"x\" is not a token id in [0, 2048)"},
         {6, "\"logit_bias\" of 5 must be a number in [-100, 100]"},
         {7, "\"logit_bias\" must be an object"},
     };
-    for (size_t i = 0; i < sizeof errs / sizeof errs[0]; i++) {
-        char msg[512];
-        ck_assert_int_eq(prompt_len(norm, errs[i].line, msg, sizeof msg), -1);
-        ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: '%s' lacks '%s'", errs[i].line,
-                      msg, errs[i].err_part);
-    }
+    expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
     free(base);
     free(norm);
 }
