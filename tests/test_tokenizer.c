@@ -531,11 +531,13 @@ END_TEST
  * Qwen2.5 and plain ChatML templates (tests/chat/make-cases.py), renders to the same
  * bytes here; the Qwen3 template there is the one qwen3-vocab.gguf carries. */
 START_TEST(test_chat_templates) {
-    const char *names[3] = {"qwen3", "qwen2.5", "chatml"};
-    char *tmpl[3];
-    struct tokenizer *tok[3];
+    enum { NT = 6 };
+    const char *names[NT] = {"qwen3",           "qwen2.5",      "chatml",
+                             "thinking-prompt", "always-think", "drop-think"};
+    char *tmpl[NT];
+    struct tokenizer *tok[NT];
     struct tpi_error err = {0};
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < NT; k++) {
         char path[512];
         size_t n;
         snprintf(path, sizeof path, "%s/tests/chat/%s.jinja", tu_source_dir(), names[k]);
@@ -558,9 +560,9 @@ START_TEST(test_chat_templates) {
         ck_assert_ptr_nonnull(c);
         const char *name = cJSON_GetObjectItem(c, "template")->valuestring;
         int k = 0;
-        while (k < 3 && strcmp(names[k], name))
+        while (k < NT && strcmp(names[k], name))
             k++;
-        ck_assert_int_lt(k, 3);
+        ck_assert_int_lt(k, NT);
         const cJSON *msgs = cJSON_GetObjectItem(c, "messages");
         struct tok_message m[16];
         int n_m = 0;
@@ -606,9 +608,9 @@ START_TEST(test_chat_templates) {
             "chat: %d conversations rendered as jinja2 renders them (%d with an empty "
             "<think> block, %d not continuable)\n",
             n_cases, n_think, n_refused);
-    ck_assert_int_ge(n_cases, 180);
+    ck_assert_int_ge(n_cases, 360);
     ck_assert_int_gt(n_think, 0);
-    ck_assert_int_eq(n_refused, 1);
+    ck_assert_int_ge(n_refused, 1);
     free(all);
 
     /* Roles those templates do not render are refused (plain ChatML renders any). */
@@ -627,9 +629,33 @@ START_TEST(test_chat_templates) {
                           err.msg);
         }
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < NT; k++) {
         tok_free(&tok[k]);
         free(tmpl[k]);
+    }
+    /* A generation prompt that is more than literals and enable_thinking tests is refused,
+     * naming it; a template without one writes none, as Jinja does. */
+    static const char loop[] = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + "
+                               "m.content + '<|im_end|>\\n' }}{% endfor %}";
+    static const char *const tails[3] = {
+        "{% if add_generation_prompt %}{{ '<|im_start|>' + 'assistant\\n' }}{% endif %}",
+        "{% if add_generation_prompt %}{% if messages|length > 1 %}{{ 'x' }}{% endif %}{% endif %}",
+        ""};
+    for (int k = 0; k < 3; k++) {
+        char t[1024];
+        snprintf(t, sizeof t, "%s%s", loop, tails[k]);
+        struct tokenizer *tt = NULL;
+        ck_assert_int_eq(tiny_vocab("qwen2", t, false, &tt, &err), TPI_OK);
+        const int rc = tok_apply_chat(tt, dev + 1, 1, NULL, &out, NULL, &err);
+        if (k < 2) {
+            ck_assert_int_eq(rc, TPI_ERR_UNSUPPORTED);
+            ck_assert_msg(strstr(err.msg, "generation prompt"), "%s", err.msg);
+        } else {
+            ck_assert_int_eq(rc, TPI_OK);
+            ck_assert_str_eq(out, "<|im_start|>user\nHi<|im_end|>\n");
+            free(out);
+        }
+        tok_free(&tt);
     }
 }
 END_TEST

@@ -3,11 +3,14 @@
  *
  * We do not run Jinja: the Qwen family's templates are ChatML with a few additions, so
  * the template is inspected for which additions it makes (a default system message,
- * tool responses as user turns, Qwen3's <think> handling, enable_thinking) and those
- * are rendered in C, as the template renders them (tests/chat/cases.jsonl holds
- * jinja2's renderings of the real templates to compare with). Anything else is refused
+ * tool responses as user turns, Qwen3's and QwQ's <think> handling) and those are
+ * rendered in C, as the template renders them; only the generation-prompt block, where
+ * the templates differ most, is run as Jinja would (string literals, tests of
+ * enable_thinking, whitespace rules). tests/chat/cases.jsonl holds jinja2's renderings
+ * of real and test templates to compare with. Anything else is refused
  * with a clear error rather than rendered in a format the model was not trained on.
  */
+#include <ctype.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,10 +50,10 @@ static char *default_system(const char *tmpl) {
 
 /* What a ChatML template adds to the plain loop, from its text. */
 enum {
-    CHAT_ROLES_BY_NAME = 1,  /* branches on role names: renders only the four below */
-    CHAT_TOOL_RESPONSE = 2,  /* "tool" messages: one user turn of <tool_response> blocks */
-    CHAT_THINK = 4,          /* Qwen3: an assistant turn's reasoning by the last query */
-    CHAT_ENABLE_THINKING = 8 /* enable_thinking false closes an empty <think> block */
+    CHAT_ROLES_BY_NAME = 1, /* branches on role names: renders only the four below */
+    CHAT_TOOL_RESPONSE = 2, /* "tool" messages: one user turn of <tool_response> blocks */
+    CHAT_THINK = 4,         /* Qwen3: an assistant turn's reasoning by the last query */
+    CHAT_DROP_THINK = 8     /* QwQ: every assistant turn keeps what follows its </think> */
 };
 
 static unsigned chat_dialect(const char *tmpl) {
@@ -63,7 +66,8 @@ static unsigned chat_dialect(const char *tmpl) {
     if (strstr(tmpl, "reasoning_content") && strstr(tmpl, "last_query_index") &&
         strstr(tmpl, "</think>"))
         d |= CHAT_THINK;
-    if (strstr(tmpl, "enable_thinking")) d |= CHAT_ENABLE_THINKING;
+    else if (strstr(tmpl, "message.content.split('</think>')[-1].lstrip('\\n')"))
+        d |= CHAT_DROP_THINK;
     return d;
 }
 
@@ -95,6 +99,239 @@ static void put_n(struct chat_buf *b, const char *s, size_t len) {
 
 static void put(struct chat_buf *b, const char *s) {
     put_n(b, s, strlen(s));
+}
+
+/* ---- the generation prompt -------------------------------------------------------
+ * What the template writes under `{% if add_generation_prompt %}`, run here: string
+ * literals written out, `if` / `elif` / `else` on enable_thinking (defined or not, true,
+ * false, not, and, or), and the text between tags under Jinja's whitespace rules as
+ * Hugging Face sets them (trim_blocks, lstrip_blocks, '-' marks). Anything else in that
+ * block is refused rather than guessed. */
+
+/* One `{% %}`, `{{ }}` or `{# #}` tag of the template: [b, e) its inside, without the '-'
+ * marks. Comments take the whitespace rules of block tags. */
+struct jtag {
+    const char *at, *end; /* the tag's first and one-past-last characters */
+    const char *b, *e;    /* its inside, trimmed */
+    bool block;           /* {% %} or {# #} (else {{ }}) */
+    bool comment;         /* {# #} */
+    bool dash_l, dash_r;  /* {%- / -%} */
+};
+
+/* The next tag at or after p, or false at the end / a broken tag. */
+static bool next_tag(const char *p, struct jtag *t) {
+    const char *a = strchr(p, '{');
+    while (a && a[1] != '%' && a[1] != '{' && a[1] != '#')
+        a = strchr(a + 1, '{');
+    if (!a) return false;
+    const char kind = a[1];
+    const char *close = strstr(a + 2, kind == '%' ? "%}" : kind == '{' ? "}}" : "#}");
+    if (!close) return false;
+    t->at = a;
+    t->end = close + 2;
+    t->block = kind != '{';
+    t->comment = kind == '#';
+    t->b = a + 2;
+    t->e = close;
+    t->dash_l = t->b < t->e && (*t->b == '-' || *t->b == '+');
+    if (t->dash_l) t->dash_l = *t->b++ == '-';
+    t->dash_r = t->e > t->b && t->e[-1] == '-';
+    if (t->dash_r) t->e--;
+    while (t->b < t->e && (*t->b == ' ' || *t->b == '\t' || *t->b == '\n'))
+        t->b++;
+    while (t->e > t->b && (t->e[-1] == ' ' || t->e[-1] == '\t' || t->e[-1] == '\n'))
+        t->e--;
+    return true;
+}
+
+/* Does the tag's inside begin with word w (then a space or its end)? *rest: what follows. */
+static bool tag_word(const struct jtag *t, const char *w, const char **rest) {
+    const size_t n = strlen(w);
+    if ((size_t)(t->e - t->b) < n || memcmp(t->b, w, n)) return false;
+    if (t->b + n < t->e && t->b[n] != ' ' && t->b[n] != '\t' && t->b[n] != '\n') return false;
+    if (rest) *rest = t->b + n;
+    return true;
+}
+
+/* The text between two tags as Jinja outputs it (prev NULL: none before). */
+static void put_between(struct chat_buf *out, const struct jtag *prev, const char *b, const char *e,
+                        const struct jtag *next) {
+    if (prev && prev->dash_r) {
+        while (b < e && (*b == ' ' || *b == '\t' || *b == '\n' || *b == '\r'))
+            b++;
+    } else if (prev && prev->block && b < e && *b == '\n') { // trim_blocks
+        b++;
+    }
+    if (next->dash_l) {
+        while (e > b && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+            e--;
+    } else if (next->block) { // lstrip_blocks: blanks from the line's start to the tag
+        const char *q = e;
+        while (q > b && (q[-1] == ' ' || q[-1] == '\t'))
+            q--;
+        if (q == b ? !prev || prev->end == b : q[-1] == '\n') e = q;
+    }
+    put_n(out, b, (size_t)(e - b));
+}
+
+/* A condition on enable_thinking (-1 undefined, 0 false, 1 true), Jinja's way: words
+ * separated by blanks, `not`, `and`, `or`, parentheses, and the atoms `enable_thinking`,
+ * `enable_thinking is [not] defined|true|false|none`. Returns 0/1, -1 when not that. */
+struct jcond {
+    const char *p, *e;
+    int et;
+    bool bad;
+};
+
+static bool cond_word(struct jcond *c, const char *w) {
+    while (c->p < c->e && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n'))
+        c->p++;
+    const size_t n = strlen(w);
+    if ((size_t)(c->e - c->p) < n || memcmp(c->p, w, n)) return false;
+    const char after = c->p + n < c->e ? c->p[n] : ' ';
+    if (w[0] != '(' && w[0] != ')' && (isalnum((unsigned char)after) || after == '_')) return false;
+    c->p += n;
+    return true;
+}
+
+static bool cond_or(struct jcond *c);
+
+static bool cond_atom(struct jcond *c) {
+    if (cond_word(c, "not")) return !cond_atom(c);
+    if (cond_word(c, "(")) {
+        const bool v = cond_or(c);
+        if (!cond_word(c, ")")) c->bad = true;
+        return v;
+    }
+    if (!cond_word(c, "enable_thinking")) {
+        c->bad = true;
+        return false;
+    }
+    if (!cond_word(c, "is")) return c->et == 1; // truthiness: undefined and false are false
+    const bool neg = cond_word(c, "not");
+    bool v;
+    if (cond_word(c, "defined"))
+        v = c->et >= 0;
+    else if (cond_word(c, "true"))
+        v = c->et == 1;
+    else if (cond_word(c, "false"))
+        v = c->et == 0;
+    else if (cond_word(c, "none"))
+        v = false;
+    else
+        c->bad = true, v = false;
+    return neg ? !v : v;
+}
+
+static bool cond_and(struct jcond *c) {
+    bool v = cond_atom(c);
+    while (cond_word(c, "and"))
+        v = cond_atom(c) && v;
+    return v;
+}
+
+static bool cond_or(struct jcond *c) {
+    bool v = cond_and(c);
+    while (cond_word(c, "or"))
+        v = cond_and(c) || v;
+    return v;
+}
+
+static int eval_cond(const char *b, const char *e, int enable_thinking) {
+    struct jcond c = {b, e, enable_thinking, false};
+    const bool v = cond_or(&c);
+    while (c.p < c.e && (*c.p == ' ' || *c.p == '\t' || *c.p == '\n'))
+        c.p++;
+    return c.bad || c.p != c.e ? -1 : v;
+}
+
+/* A tag whose inside is one Jinja string literal: its decoded text into out. */
+static bool put_literal(struct chat_buf *out, const struct jtag *t) {
+    const char *p = t->b;
+    if (t->e - p < 2 || (*p != '\'' && *p != '"') || t->e[-1] != *p) return false;
+    const char q = *p++;
+    for (; p < t->e - 1; p++) {
+        if (*p == q) return false; // two literals, or an operator between them
+        if (*p != '\\') {
+            put_n(out, p, 1);
+            continue;
+        }
+        if (++p >= t->e - 1) return false;
+        const char esc = *p == 'n' ? '\n' : *p == 't' ? '\t' : *p == 'r' ? '\r' : *p;
+        if (!strchr("ntr\\'\"", *p)) return false;
+        put_n(out, &esc, 1);
+    }
+    return true;
+}
+
+/* Run the template's generation-prompt block for enable_thinking into out. Returns 1 when
+ * it ran, 0 when the template has no such block, -1 (why in *why) when the block holds
+ * what is not run here. */
+static int put_generation_prompt(struct chat_buf *out, const char *tmpl, int enable_thinking,
+                                 const char **why) {
+    struct jtag t, prev;
+    const char *p = tmpl;
+    for (;;) { // the `if add_generation_prompt` tag
+        if (!next_tag(p, &t)) return 0;
+        const char *rest;
+        if (t.block && !t.comment && tag_word(&t, "if", &rest) &&
+            eval_cond(rest, t.e, 0) < 0 && // not a condition on enable_thinking
+            t.e - rest >= 21 && !memcmp(t.e - 21, "add_generation_prompt", 21)) {
+            const char *r = rest;
+            while (r < t.e && (*r == ' ' || *r == '\t'))
+                r++;
+            if (r == t.e - 21) break;
+        }
+        p = t.end;
+    }
+    // Nested ifs: each level's state. active: this level writes; taken: a branch ran.
+    bool active[16] = {true}, taken[16] = {true};
+    int depth = 0;
+    prev = t;
+    for (;;) {
+        if (!next_tag(prev.end, &t)) {
+            *why = "its generation prompt block does not end";
+            return -1;
+        }
+        const bool on = active[depth];
+        if (on) put_between(out, &prev, prev.end, t.at, &t);
+        const char *rest;
+        if (t.comment) {
+            // nothing written
+        } else if (!t.block) {
+            if (on && !put_literal(out, &t)) {
+                *why = "its generation prompt writes more than string literals";
+                return -1;
+            }
+        } else if (tag_word(&t, "if", &rest)) {
+            const int v = eval_cond(rest, t.e, enable_thinking);
+            if (v < 0 || depth == 15) {
+                *why = "its generation prompt tests more than enable_thinking";
+                return -1;
+            }
+            depth++;
+            active[depth] = on && v;
+            taken[depth] = v;
+        } else if (tag_word(&t, "elif", &rest)) {
+            const int v = eval_cond(rest, t.e, enable_thinking);
+            if (v < 0 || depth == 0) {
+                *why = "its generation prompt tests more than enable_thinking";
+                return -1;
+            }
+            active[depth] = active[depth - 1] && !taken[depth] && v;
+            taken[depth] = taken[depth] || v;
+        } else if (tag_word(&t, "else", NULL) && depth > 0) {
+            active[depth] = active[depth - 1] && !taken[depth];
+            taken[depth] = true;
+        } else if (tag_word(&t, "endif", NULL)) {
+            if (depth == 0) return 1; // the block's own end
+            depth--;
+        } else {
+            *why = "its generation prompt holds statements other than if and literals";
+            return -1;
+        }
+        prev = t;
+    }
 }
 
 /* Python's s.strip('\n') family on [*b, *e): drop newlines at the front / back. */
@@ -264,6 +501,13 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
         }
         if ((d & CHAT_THINK) && !strcmp(m->role, "assistant")) {
             put_assistant_think(&b, m, i > last_query, i == n_msgs - 1);
+        } else if ((d & CHAT_DROP_THINK) && !strcmp(m->role, "assistant")) {
+            const char *cb = content, *ce = content + strlen(content);
+            const char *end = last_of(cb, ce, "</think>");
+            if (end) cb = end + strlen("</think>");
+            lstrip_nl(&cb, ce);
+            put(&b, "<|im_start|>assistant\n");
+            put_n(&b, cb, (size_t)(ce - cb));
         } else {
             put(&b, IM_START);
             put(&b, m->role);
@@ -274,9 +518,14 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
         put(&b, "\n");
     }
     if (opts->add_generation_prompt) {
-        put(&b, "<|im_start|>assistant\n");
-        if ((d & CHAT_ENABLE_THINKING) && opts->enable_thinking == 0)
-            put(&b, "<think>\n\n</think>\n\n");
+        const char *why = NULL;
+        const int ran = tmpl ? put_generation_prompt(&b, tmpl, opts->enable_thinking, &why) : 0;
+        if (ran < 0) {
+            free(b.p);
+            return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                           "tokenizer.chat_template: %s, which tpinfer does not render", why);
+        }
+        if (!tmpl) put(&b, "<|im_start|>assistant\n"); // plain ChatML without a template
     }
     if (!b.p) put(&b, ""); // an empty conversation without a prompt: ""
     if (b.failed) {

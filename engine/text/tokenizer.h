@@ -162,14 +162,15 @@ struct tok_chat_opts {
  * running Jinja: the template is inspected for what it adds to plain ChatML and that is
  * rendered too — a default system message (Qwen2, Qwen2.5), "tool" messages as user
  * turns of <tool_response> blocks (Qwen2.5, Qwen3), an assistant turn's <think> block
- * dropped before the last user query and written out after it (Qwen3), and
- * enable_thinking = 0 closing an empty <think> block after the generation prompt
- * (Qwen3), continue_final cutting the text after the last message's content as Hugging
- * Face does. A template that reads roles by name renders only system, user, assistant and
- * tool: any other role is TPI_ERR_UNSUPPORTED naming the message, as is a template that
- * is not ChatML (no "<|im_start|>"); without a template the vocabulary's <|im_start|>
- * gives plain ChatML. opts NULL: the generation prompt, enable_thinking unset. *out is
- * malloc'd, NUL-terminated (caller frees). Encode the result with parse_special = true. */
+ * dropped before the last user query and written out after it (Qwen3) or dropped
+ * everywhere (QwQ); the template's own generation-prompt block is run (its literals and
+ * its tests of enable_thinking: Qwen3's empty think block when it is 0, templates that
+ * always open one), and continue_final cuts the text after the last message's content
+ * as Hugging Face does. A template that reads roles by name renders only system, user, assistant
+ * and tool: any other role is TPI_ERR_UNSUPPORTED naming the message, as is a template that is not
+ * ChatML (no "<|im_start|>"); without a template the vocabulary's <|im_start|> gives plain ChatML.
+ * opts NULL: the generation prompt, enable_thinking unset. *out is malloc'd, NUL-terminated (caller
+ * frees). Encode the result with parse_special = true. */
 int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, int n_msgs,
                    const struct tok_chat_opts *opts, char **out, size_t *n_bytes,
                    struct tpi_error *err);

@@ -11,6 +11,11 @@ The templates, verbatim (tokenizer.chat_template of each GGUF):
   qwen2.5.jinja  Qwen2.5 (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the default job's model,
                  docs/MODELS.md)
   chatml.jinja   the plain ChatML loop (tests/data's tiny models)
+and three written for these tests, in the ways other Qwen-family templates go:
+  thinking-prompt.jinja  a generation prompt that depends on enable_thinking
+  always-think.jinja     one that always opens a think block, with Jinja's whitespace
+                         rules around plain block tags
+  drop-think.jinja       QwQ's way: every assistant turn keeps what follows </think>
 
 Run: python3 tests/chat/make-cases.py  (needs jinja2; the output is committed).
 """
@@ -93,9 +98,12 @@ def continue_final(rendered, messages):
     return rendered[: rendered.rindex(final) + len(final)]
 
 
+TEMPLATES = ("qwen3", "qwen2.5", "chatml", "thinking-prompt", "always-think", "drop-think")
+
+
 def main():
     out = []
-    for name in ("qwen3", "qwen2.5", "chatml"):
+    for name in TEMPLATES:
         with open(os.path.join(HERE, name + ".jinja"), encoding="utf-8", newline="") as f:
             template = f.read()
         for conv, messages in CONVERSATIONS.items():
