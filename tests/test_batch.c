@@ -968,6 +968,21 @@ START_TEST(test_chat) {
     free(norm);
     const char *bad[] = {"-f", path_in("chat.jsonl"), "--chat-template-kwargs", "[1]", NULL};
     ck_assert_int_eq(run(1, bad), 2);
+
+    // run -p --chat renders the same prompt, and takes --chat-template-kwargs too.
+    for (int off_think = 0; off_think < 2; off_think++) {
+        const char *one[] = {"-p", "What is 2 + 2?", "--chat", "-n", "1", "--json",
+                             off_think ? "--chat-template-kwargs" : NULL,
+                             "{\"enable_thinking\": false}", NULL};
+        g_stdout_to = path_in("one.json");
+        ck_assert_int_eq(run(1, one), 0);
+        g_stdout_to = NULL;
+        cJSON *j = tu_read_json(path_in("one.json"));
+        ck_assert_ptr_nonnull(j);
+        ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "prompt_tokens")),
+                         plain + 4 * off_think);
+        cJSON_Delete(j);
+    }
 }
 END_TEST
 
