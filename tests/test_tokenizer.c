@@ -531,9 +531,9 @@ END_TEST
  * Qwen2.5 and plain ChatML templates (tests/chat/make-cases.py), renders to the same
  * bytes here; the Qwen3 template there is the one qwen3-vocab.gguf carries. */
 START_TEST(test_chat_templates) {
-    enum { NT = 6 };
-    const char *names[NT] = {"qwen3",           "qwen2.5",      "chatml",
-                             "thinking-prompt", "always-think", "drop-think"};
+    enum { NT = 7 };
+    const char *names[NT] = {"qwen3",        "qwen2.5",    "chatml",   "thinking-prompt",
+                             "always-think", "drop-think", "same-line"};
     char *tmpl[NT];
     struct tokenizer *tok[NT];
     struct tpi_error err = {0};
@@ -608,7 +608,7 @@ START_TEST(test_chat_templates) {
             "chat: %d conversations rendered as jinja2 renders them (%d with an empty "
             "<think> block, %d not continuable)\n",
             n_cases, n_think, n_refused);
-    ck_assert_int_ge(n_cases, 360);
+    ck_assert_int_ge(n_cases, 420);
     ck_assert_int_gt(n_think, 0);
     ck_assert_int_ge(n_refused, 1);
     free(all);

@@ -169,7 +169,7 @@ static void put_between(struct chat_buf *out, const struct jtag *prev, const cha
         const char *q = e;
         while (q > b && (q[-1] == ' ' || q[-1] == '\t'))
             q--;
-        if (q == b ? !prev || prev->end == b : q[-1] == '\n') e = q;
+        if (q[-1] == '\n') e = q; // (a tag comes before: q is never the template's start)
     }
     put_n(out, b, (size_t)(e - b));
 }

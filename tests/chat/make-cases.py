@@ -11,11 +11,13 @@ The templates, verbatim (tokenizer.chat_template of each GGUF):
   qwen2.5.jinja  Qwen2.5 (Qwen2.5-Coder-0.5B-Instruct Q4_K_M, the default job's model,
                  docs/MODELS.md)
   chatml.jinja   the plain ChatML loop (tests/data's tiny models)
-and three written for these tests, in the ways other Qwen-family templates go:
+and four written for these tests, in the ways other Qwen-family templates go:
   thinking-prompt.jinja  a generation prompt that depends on enable_thinking
   always-think.jinja     one that always opens a think block, with Jinja's whitespace
                          rules around plain block tags
   drop-think.jinja       QwQ's way: every assistant turn keeps what follows </think>
+  same-line.jinja        Jinja's whitespace rules between tags on one line and at a
+                         line's start
 
 Run: python3 tests/chat/make-cases.py  (needs jinja2; the output is committed).
 """
@@ -98,7 +100,8 @@ def continue_final(rendered, messages):
     return rendered[: rendered.rindex(final) + len(final)]
 
 
-TEMPLATES = ("qwen3", "qwen2.5", "chatml", "thinking-prompt", "always-think", "drop-think")
+TEMPLATES = ("qwen3", "qwen2.5", "chatml", "thinking-prompt", "always-think", "drop-think",
+             "same-line")
 
 
 def main():
