@@ -637,17 +637,17 @@ START_TEST(test_chat_templates) {
      * naming it; a template without one writes none, as Jinja does. */
     static const char loop[] = "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + "
                                "m.content + '<|im_end|>\\n' }}{% endfor %}";
-    static const char *const tails[3] = {
+    static const char *const tails[4] = {
         "{% if add_generation_prompt %}{{ '<|im_start|>' + 'assistant\\n' }}{% endif %}",
         "{% if add_generation_prompt %}{% if messages|length > 1 %}{{ 'x' }}{% endif %}{% endif %}",
-        ""};
-    for (int k = 0; k < 3; k++) {
+        "{% if add_generation_prompt and true %}{{ '<|im_start|>assistant\\n' }}{% endif %}", ""};
+    for (int k = 0; k < 4; k++) {
         char t[1024];
         snprintf(t, sizeof t, "%s%s", loop, tails[k]);
         struct tokenizer *tt = NULL;
         ck_assert_int_eq(tiny_vocab("qwen2", t, false, &tt, &err), TPI_OK);
         const int rc = tok_apply_chat(tt, dev + 1, 1, NULL, &out, NULL, &err);
-        if (k < 2) {
+        if (k < 3) {
             ck_assert_int_eq(rc, TPI_ERR_UNSUPPORTED);
             ck_assert_msg(strstr(err.msg, "generation prompt"), "%s", err.msg);
         } else {

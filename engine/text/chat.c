@@ -519,7 +519,11 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
     }
     if (opts->add_generation_prompt) {
         const char *why = NULL;
-        const int ran = tmpl ? put_generation_prompt(&b, tmpl, opts->enable_thinking, &why) : 0;
+        int ran = tmpl ? put_generation_prompt(&b, tmpl, opts->enable_thinking, &why) : 0;
+        if (ran == 0 && tmpl && strstr(tmpl, "add_generation_prompt")) {
+            why = "its generation prompt is not one plain `if add_generation_prompt` block";
+            ran = -1;
+        }
         if (ran < 0) {
             free(b.p);
             return tpi_err(err, TPI_ERR_UNSUPPORTED,
