@@ -3,7 +3,8 @@
 # the batch `run -f` share: a value out of range is refused before any model is loaded
 # (exit 2, one line naming the option and the value), both forms take the same values,
 # `--seed -1` draws a random seed that the run reports and that repeats the run, and
-# `--system` or `--chat-template-kwargs` without `--chat` is refused.
+# `--system` or `--chat-template-kwargs` without `--chat` is refused; and run -p's
+# --logit-bias and --ignore-eos.
 # Exit 0 pass, 1 fail.
 set -u
 src=$1
@@ -91,6 +92,31 @@ for v in '[1]' '{"enable_thinking": 0}' '{'; do
 done
 "$tp" "${run_p[@]}" --chat --chat-template-kwargs '{"enable_thinking": false}' >"$tmp/out" \
     2>"$tmp/err" || fail "run -p --chat --chat-template-kwargs: exit $?: $(tail -1 "$tmp/err")"
+
+# run -p's --logit-bias (llama.cpp's ID+BIAS / ID-BIAS) and --ignore-eos: +100 makes a token
+# every token; +100 on the end of generation (2047 in the tiny vocabulary) ends at once,
+# unless --ignore-eos keeps it out of the draws; -inf keeps the greedy first token out.
+json_of() { "$tp" "${run_p[@]}" --temp 0 --json "$@" 2>/dev/null; }
+[[ "$(json_of --logit-bias 77+100)" == *'"tokens":[77,77,77,77],'* ]] ||
+    fail "--logit-bias 77+100: $(json_of --logit-bias 77+100)"
+[[ "$(json_of --logit-bias 2047+100)" == *'"tokens":[],'*'"finish_reason":"stop"'* ]] ||
+    fail "--logit-bias 2047+100: $(json_of --logit-bias 2047+100)"
+out=$(json_of --logit-bias 2047+100 --ignore-eos)
+[[ "$out" == *'"finish_reason":"length"'* && "$out" != *2047* ]] ||
+    fail "--logit-bias 2047+100 --ignore-eos: $out"
+first=$(json_of | sed -n 's/.*"tokens":\[\([0-9]*\).*/\1/p')
+[ -n "$first" ] && [[ "$(json_of --logit-bias "$first-inf")" != *"\"tokens\":[$first,"* ]] ||
+    fail "--logit-bias $first-inf: $(json_of --logit-bias "$first-inf")"
+for v in 5+x '5*2' 5+inf -5+1 5+; do
+    "$tp" "${run_p[@]}" --logit-bias "$v" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [ "$rc" = 2 ] && grep -qF -- "--logit-bias expects ID+BIAS or ID-BIAS" "$tmp/err" ||
+        fail "--logit-bias '$v': exit $rc: $(cat "$tmp/err")"
+done
+"$tp" "${run_p[@]}" --logit-bias 5000+1 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ "$rc" = 1 ] && grep -q "token 5000 is outside the vocabulary of 2048" "$tmp/err" ||
+    fail "--logit-bias 5000+1: exit $rc: $(cat "$tmp/err")"
 
 # --seed -1: a random seed, reported, and the reported seed repeats the run's results
 # (the records' timings differ; their texts and tokens must not).

@@ -5,6 +5,7 @@
  * plugs in beside run_single(): the options, model and tokenizer are shared.
  */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "text/tokenizer.h"
 
 #define MAX_STOP 16
+#define MAX_BIAS 256 /* --logit-bias options */
 
 struct run_opts {
     struct cli_common c;
@@ -29,6 +31,8 @@ struct run_opts {
     const char *chat_kwargs;
     struct gen_params gp;
     const char *stop[MAX_STOP];
+    int32_t bias_ids[MAX_BIAS];
+    float bias_vals[MAX_BIAS];
 };
 
 static void usage(FILE *f) {
@@ -43,6 +47,8 @@ static void usage(FILE *f) {
             "  --stop TEXT            stop before this text (repeatable)\n"
             "  --logprobs K           top-K logprobs of each generated token\n"
             "  --prompt-logprobs K    top-K logprobs after each prompt token\n"
+            "  --logit-bias ID+B|ID-B add B to token ID's logit (repeatable; ID-inf: never)\n"
+            "  --ignore-eos           never sample the end of generation: run to -n\n"
             "  --json                 one JSON line on stdout instead of streamed text\n");
     cli_sampling_usage(f);
     cli_common_usage(f);
@@ -59,6 +65,43 @@ static int parse_count(const char *opt, const char *s, int *out) {
     return 0;
 }
 
+/* --logit-bias ID+B / ID-B (llama.cpp's form): B finite, or inf after '-' (never sampled).
+ * 0, or -1 after printing why. */
+static int parse_bias(struct run_opts *o, const char *s) {
+    char *end;
+    errno = 0;
+    const long id = strtol(s, &end, 10);
+    const char sign = end != s ? *end : 0;
+    const char *num = end + (sign ? 1 : 0);
+    float b = 0;
+    bool ok = !errno && (sign == '+' || sign == '-') && id >= 0 && id <= INT32_MAX && *num;
+    if (ok) {
+        b = strtof(num, &end);
+        ok = !*end && end != num && *num != '+' && *num != '-' &&
+             (isfinite(b) || (isinf(b) && sign == '-'));
+        if (sign == '-') b = -b;
+    }
+    if (!ok) {
+        fprintf(stderr,
+                "tpinfer run: --logit-bias expects ID+BIAS or ID-BIAS (e.g. 15043+1.5, "
+                "151645-inf), got '%s'\n",
+                s);
+        return -1;
+    }
+    if (o->gp.n_bias == MAX_BIAS) {
+        fprintf(stderr, "tpinfer run: at most %d --logit-bias options\n", MAX_BIAS);
+        return -1;
+    }
+    for (int i = 0; i < o->gp.n_bias; i++)
+        if (o->bias_ids[i] == id) {
+            fprintf(stderr, "tpinfer run: --logit-bias gives token %ld twice\n", id);
+            return -1;
+        }
+    o->bias_ids[o->gp.n_bias] = (int32_t)id;
+    o->bias_vals[o->gp.n_bias++] = b;
+    return 0;
+}
+
 /* 0 on success, 2 on a usage error (printed), -1 for --help. */
 static int parse_args(struct run_opts *o, int argc, char **argv) {
     cli_common_init(&o->c);
@@ -66,6 +109,8 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
     o->gp.n_predict = 128;
     o->enable_thinking = -1;
     o->gp.stop = o->stop;
+    o->gp.bias_ids = o->bias_ids;
+    o->gp.bias_vals = o->bias_vals;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&o->c, argc, argv, &i, "run");
         if (!r) r = cli_sampling_parse(&o->gp.sp, argc, argv, &i, "run");
@@ -79,6 +124,10 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
         }
         if (!strcmp(a, "--json")) {
             o->json = true;
+            continue;
+        }
+        if (!strcmp(a, "--ignore-eos")) {
+            o->gp.ignore_eos = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -101,6 +150,8 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_count(a, v, &o->gp.n_predict);
         else if (!strcmp(a, "--logprobs")) bad = parse_count(a, v, &o->gp.n_logprobs);
         else if (!strcmp(a, "--prompt-logprobs")) bad = parse_count(a, v, &o->gp.n_prompt_logprobs);
+        else if (!strcmp(a, "--logit-bias"))
+            bad = parse_bias(o, v);
         else if (!strcmp(a, "--stop")) {
             if (o->gp.n_stop == MAX_STOP) {
                 fprintf(stderr, "tpinfer run: at most %d --stop strings\n", MAX_STOP);

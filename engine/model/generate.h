@@ -26,6 +26,11 @@ struct gen_params {
     int n_prompt_logprobs;       /* top-K logprobs after each prompt token (0: none) */
     const char *const *stop;     /* user stop strings (NUL-terminated), n_stop of them */
     int n_stop;
+    const int32_t *bias_ids; /* (n_bias) ids whose logits get bias_vals added (each */
+    const float *bias_vals;  /* once); -inf keeps the id from being sampled at all */
+    int n_bias;
+    bool ignore_eos;             /* the end-of-generation ids are never sampled (llama.cpp's
+                                    --ignore-eos): the completion runs to n_predict */
     int slot;                    /* KV slot to use (0 for single-prompt runs) */
 };
 
