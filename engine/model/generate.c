@@ -8,7 +8,6 @@
  */
 #include "generate.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,8 +95,7 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
 
     int rc = TPI_OK;
     struct sampler smp = {0};
-    int32_t *ban = NULL; // decider: the ids never sampled (n_ban)
-    int n_ban = 0;
+    int32_t eog[3]; // decider, --ignore-eos: the ids never sampled
     struct tok_stream *ts = NULL;
     float *logits = NULL;
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_prompt);
@@ -122,30 +120,8 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     if (!rc && is_decider) {
         rc = sampler_init(&smp, &gp->sp, n_vocab, err);
         for (int i = 0; !rc && i < n_prompt; i++) sampler_accept(&smp, prompt[i]);
-        // The logit bias: finite values added, -inf (and --ignore-eos's ids) banned.
-        ban = malloc(sizeof(int32_t) * (size_t)(gp->n_bias + 3));
-        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(gp->n_bias + 1));
-        float *vals = malloc(sizeof(float) * (size_t)(gp->n_bias + 1));
-        if (!rc && (!ban || !ids || !vals)) rc = tpi_err(err, TPI_ERR_NOMEM, "out of memory");
-        int n_fin = 0;
-        for (int i = 0; !rc && i < gp->n_bias; i++)
-            if (gp->bias_ids[i] < 0 || gp->bias_ids[i] >= n_vocab)
-                rc = tpi_err(err, TPI_ERR_INVALID,
-                             "logit bias: token %d is outside the vocabulary of %d",
-                             (int)gp->bias_ids[i], n_vocab);
-        for (int i = 0; !rc && i < gp->n_bias; i++) {
-            if (isinf(gp->bias_vals[i]) && gp->bias_vals[i] < 0) {
-                ban[n_ban++] = gp->bias_ids[i];
-            } else {
-                ids[n_fin] = gp->bias_ids[i];
-                vals[n_fin++] = gp->bias_vals[i];
-            }
-        }
-        if (!rc && gp->ignore_eos && tok) n_ban += tok_eog_ids(tok, ban + n_ban);
-        if (!rc) rc = sampler_set_bias(&smp, ids, vals, n_fin, err);
-        if (!rc) sampler_ban(&smp, ban, n_ban);
-        free(ids);
-        free(vals);
+        if (!rc) rc = sampler_set_bias(&smp, gp->bias_ids, gp->bias_vals, gp->n_bias, err);
+        if (!rc && gp->ignore_eos && tok) sampler_ban(&smp, eog, tok_eog_ids(tok, eog));
     }
     if (!rc && tok && !(ts = tok_stream_new(tok, false)))
         rc = tpi_err(err, TPI_ERR_NOMEM, "out of memory for the text stream");
@@ -246,7 +222,6 @@ nomem:
     rc = tpi_err(err, TPI_ERR_NOMEM, "out of memory for the completion text");
 done:
     if (is_decider) sampler_free(&smp);
-    free(ban);
     tok_stream_free(&ts);
     model_logits_free(m, logits);
     free(pos);

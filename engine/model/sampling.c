@@ -291,10 +291,16 @@ int sampler_set_bias(struct sampler *s, const int32_t *ids, const float *bias, i
         return tpi_err(err, TPI_ERR_NOMEM, "sampler: out of memory for %d logit biases", n);
     }
     for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= s->n_vocab || !isfinite(bias[i])) {
+        if (ids[i] < 0 || ids[i] >= s->n_vocab) {
             free(order);
-            return tpi_err(err, TPI_ERR_INVALID, "sampler: logit bias %g for id %d (vocabulary %d)",
-                           (double)bias[i], (int)ids[i], s->n_vocab);
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "logit bias: token %d is outside the vocabulary of %d", (int)ids[i],
+                           s->n_vocab);
+        }
+        if (isnan(bias[i]) || bias[i] == INFINITY) {
+            free(order);
+            return tpi_err(err, TPI_ERR_INVALID, "logit bias %g for token %d", (double)bias[i],
+                           (int)ids[i]);
         }
         order[2 * i] = ids[i], order[2 * i + 1] = i;
     }

@@ -66,8 +66,9 @@ void sampler_accept(struct sampler *s, int32_t id);
 void sampler_accept_output(struct sampler *s, int32_t id);
 
 /* OpenAI's logit_bias: bias[i] is added to the logit of ids[i] (each in [0, n_vocab),
- * each once) before the penalties, at every draw of this sampler; n = 0 clears. The
- * logprobs functions below do not see it. Errors: OOM, an id out of range or twice. */
+ * each once) before the penalties, at every draw of this sampler; -inf keeps the id from
+ * being drawn; n = 0 clears. The logprobs functions below do not see it. Errors: OOM, an
+ * id out of range or twice, a bias that is NaN or +inf. */
 int sampler_set_bias(struct sampler *s, const int32_t *ids, const float *bias, int n,
                      struct tpi_error *err);
 
