@@ -895,37 +895,55 @@ START_TEST(test_chat) {
     ck_assert_int_eq(system(cmd), 0);
     g_model = model;
     const char *q = "\"messages\": [{\"role\": \"user\", \"content\": \"What is 2 + 2?\"}";
-    char text[4096];
-    snprintf(text, sizeof text,
-             "{\"id\": \"plain\", %s]}\n"
-             "{\"id\": \"off\", %s], \"chat_template_kwargs\": {\"enable_thinking\": false}}\n"
-             "{\"id\": \"on\", %s], \"chat_template_kwargs\": {\"enable_thinking\": true, "
-             "\"other\": 1}}\n"
-             "{\"custom_id\": \"oai\", \"url\": \"/v1/chat/completions\", \"body\": {%s], "
-             "\"chat_template_kwargs\": {\"enable_thinking\": false}}}\n"
-             "{\"id\": \"hist\", %s, {\"role\": \"assistant\", \"content\": "
-             "\"<think>\\nhm\\n</think>\\n\\n4\"}, {\"role\": \"user\", \"content\": \"ok\"}]}\n"
-             "{\"id\": \"apart\", %s, {\"role\": \"assistant\", \"content\": \"4\", "
-             "\"reasoning_content\": \"hm\"}, {\"role\": \"user\", \"content\": \"ok\"}]}\n"
-             "{\"id\": \"bare\", %s, {\"role\": \"assistant\", \"content\": \"4\"}, "
-             "{\"role\": \"user\", \"content\": \"ok\"}]}\n"
-             "{\"id\": \"dev\", \"messages\": [{\"role\": \"developer\", \"content\": \"x\"}]}\n"
-             "{\"id\": \"tools\", %s], \"tools\": [{\"type\": \"function\"}]}\n"
-             "{\"id\": \"calls\", %s, {\"role\": \"assistant\", \"tool_calls\": [{}]}]}\n"
-             "{\"id\": \"kw\", %s], \"chat_template_kwargs\": {\"enable_thinking\": 0}}\n"
-             "{\"id\": \"json\", %s], \"response_format\": {\"type\": \"json_object\"}}\n"
-             "{\"id\": \"cont\", %s, {\"role\": \"assistant\", \"content\": \"<think>\\nhm\\n</think>"
-             "\\n\\nIt is \"}], \"continue_final_message\": true, \"add_generation_prompt\": false}\n"
-             "{\"id\": \"cont-gen\", %s, {\"role\": \"assistant\", \"content\": \"It is\"}], "
-             "\"continue_final_message\": true}\n"
-             "{\"id\": \"cont-lost\", %s, {\"role\": \"assistant\", \"content\": \"<think>x</think>"
-             "\\n\\n<think>y\"}], \"continue_final_message\": true, \"add_generation_prompt\": "
-             "false}\n",
-             q, q, q, q, q, q, q, q, q, q, q, q, q, q);
+    const char *oai = "{\"custom_id\": \"t\", \"url\": \"/v1/chat/completions\", \"body\": {";
+    const char *oai_m = "{\"url\": \"/v1/chat/completions\", \"body\": {\"messages\": ";
+    const char *tools = "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"clock\", "
+                        "\"description\": \"The time\", \"parameters\": {\"type\": \"object\", "
+                        "\"properties\": {\"tz\": {\"type\": \"number\", \"default\": 0.0}}}}}]";
+    char text[8192];
+    snprintf(
+        text, sizeof text,
+        "{\"id\": \"plain\", %s]}\n"
+        "{\"id\": \"off\", %s], \"chat_template_kwargs\": {\"enable_thinking\": false}}\n"
+        "{\"id\": \"on\", %s], \"chat_template_kwargs\": {\"enable_thinking\": true, "
+        "\"other\": 1}}\n"
+        "{\"custom_id\": \"oai\", \"url\": \"/v1/chat/completions\", \"body\": {%s], "
+        "\"chat_template_kwargs\": {\"enable_thinking\": false}}}\n"
+        "{\"id\": \"hist\", %s, {\"role\": \"assistant\", \"content\": "
+        "\"<think>\\nhm\\n</think>\\n\\n4\"}, {\"role\": \"user\", \"content\": \"ok\"}]}\n"
+        "{\"id\": \"apart\", %s, {\"role\": \"assistant\", \"content\": \"4\", "
+        "\"reasoning_content\": \"hm\"}, {\"role\": \"user\", \"content\": \"ok\"}]}\n"
+        "{\"id\": \"bare\", %s, {\"role\": \"assistant\", \"content\": \"4\"}, "
+        "{\"role\": \"user\", \"content\": \"ok\"}]}\n"
+        "{\"id\": \"dev\", \"messages\": [{\"role\": \"developer\", \"content\": \"x\"}]}\n"
+        "{\"id\": \"tools\", %s], \"tools\": [{\"type\": \"function\"}]}\n"
+        "{\"id\": \"calls\", %s, {\"role\": \"assistant\", \"tool_calls\": [{}]}]}\n"
+        "{\"id\": \"kw\", %s], \"chat_template_kwargs\": {\"enable_thinking\": 0}}\n"
+        "{\"id\": \"json\", %s], \"response_format\": {\"type\": \"json_object\"}}\n"
+        "{\"id\": \"cont\", %s, {\"role\": \"assistant\", \"content\": \"<think>\\nhm\\n</think>"
+        "\\n\\nIt is \"}], \"continue_final_message\": true, \"add_generation_prompt\": false}\n"
+        "{\"id\": \"cont-gen\", %s, {\"role\": \"assistant\", \"content\": \"It is\"}], "
+        "\"continue_final_message\": true}\n"
+        "{\"id\": \"cont-lost\", %s, {\"role\": \"assistant\", \"content\": \"<think>x</think>"
+        "\\n\\n<think>y\"}], \"continue_final_message\": true, \"add_generation_prompt\": "
+        "false}\n"
+        "%s%s], %s}}\n"
+        "%s%s], %s, \"tool_choice\": \"none\", \"parallel_tool_calls\": false}}\n"
+        "%s%s], %s, \"tool_choice\": \"required\"}}\n"
+        "%s%s], \"tools\": [{\"function\": {\"name\": \"f\", \"strict\": true}}]}}\n"
+        "%s%s, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"c1\", "
+        "\"type\": \"function\", \"function\": {\"name\": \"clock\", \"arguments\": \"{}\"}}]}, "
+        "{\"role\": \"tool\", \"content\": \"12:00\"}], %s}}\n"
+        "%s[{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": [{\"function\": "
+        "{\"name\": \"f\", \"arguments\": \"{}\"}}]}]}}\n"
+        "%s%s, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": "
+        "{\"name\": \"f\", \"arguments\": \"{oops}\"}}]}]}}\n",
+        q, q, q, q, q, q, q, q, q, q, q, q, q, q, oai, q, tools, oai, q, tools, oai, q, tools, oai,
+        q, oai, q, tools, oai_m, oai, q);
     write_file(path_in("chat.jsonl"), text);
     const char *args[] = {
         "-f", path_in("chat.jsonl"), "-o", path_in("chat.out"), "-n", "1", "--temp", "0", NULL};
-    char *norm = run_records(1, args, path_in("chat.out"), 15);
+    char *norm = run_records(1, args, path_in("chat.out"), 22);
     const int plain = prompt_len(norm, 1, NULL, 0);
     ck_assert_int_gt(plain, 0);
     ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
@@ -937,14 +955,24 @@ START_TEST(test_chat) {
     ck_assert_int_eq(prompt_len(norm, 6, NULL, 0), bare);
     // The assistant's turn continued: the prompt ends inside it, its reasoning written out
     ck_assert_int_gt(prompt_len(norm, 13, NULL, 0), plain + 4);
+    // Tools in the system turn: the same prompt whether the model may call them or not;
+    // an earlier call and its result make the prompt longer still.
+    const int with_tools = prompt_len(norm, 16, NULL, 0);
+    ck_assert_int_gt(with_tools, plain + 100);
+    ck_assert_int_eq(prompt_len(norm, 17, NULL, 0), with_tools);
+    ck_assert_int_gt(prompt_len(norm, 20, NULL, 0), with_tools + 10);
     const struct line_error errs[] = {
         {8, "renders no 'developer' messages"},
         {9, "\"tools\" is not supported"},
-        {10, "message 1: \"tool_calls\" is not supported"},
+        {10, "message 1: tool call 0 has no \"function\" with \"name\" and \"arguments\""},
         {11, "\"enable_thinking\" must be true or false"},
         {12, "\"response_format\" is not supported"},
         {14, "\"continue_final_message\" needs \"add_generation_prompt\": false"},
         {15, "the final message does not appear in the rendered chat"},
+        {18, "\"tool_choice\" must be \"auto\" or \"none\""},
+        {19, "tools[0]: a tool function's \"strict\" schema adherence is not supported"},
+        {21, "message 0: only assistant messages carry \"tool_calls\""},
+        {22, "message 1: tool call 0: the tool call's \"arguments\" are not JSON"},
     };
     expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
     free(norm);
@@ -961,7 +989,7 @@ START_TEST(test_chat) {
                          "--chat-template-kwargs",
                          "{\"enable_thinking\": false}",
                          NULL};
-    norm = run_records(1, off, path_in("chat-off.out"), 15);
+    norm = run_records(1, off, path_in("chat-off.out"), 22);
     ck_assert_int_eq(prompt_len(norm, 1, NULL, 0), plain + 4);
     ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
     ck_assert_int_eq(prompt_len(norm, 3, NULL, 0), plain);

@@ -19,6 +19,7 @@
 
 #include "gguf.h"
 #include "testutil.h"
+#include "text/json_py.h"
 #include "text/tokenizer.h"
 
 static struct tokenizer *g_qwen3; /* qwen3-vocab.gguf */
@@ -414,8 +415,8 @@ END_TEST
 /* ---- chat ------------------------------------------------------------------------- */
 
 START_TEST(test_chatml) {
-    struct tok_message msgs[2] = {{"system", "You are a helpful assistant.", NULL},
-                                  {"user", "hi", NULL}};
+    struct tok_message msgs[2] = {{.role = "system", .content = "You are a helpful assistant."},
+                                  {.role = "user", .content = "hi"}};
     char *out = NULL;
     size_t n = 0;
     struct tpi_error err = {0};
@@ -504,7 +505,7 @@ START_TEST(test_from_arrays_and_errors) {
     ck_assert_int_eq(ids[3], 258);
     free(ids);
     /* no template but ChatML tokens: ChatML */
-    struct tok_message m = {"user", "x", NULL};
+    struct tok_message m = {.role = "user", .content = "x"};
     char *out = NULL;
     ck_assert_int_eq(tok_apply_chat(t, &m, 1, NULL, &out, NULL, &err), TPI_OK);
     ck_assert_str_eq(out, "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n");
@@ -552,10 +553,23 @@ START_TEST(test_chat_templates) {
     snprintf(path, sizeof path, "%s/tests/chat/cases.jsonl", tu_source_dir());
     char *all = tu_read_file(path, &n_text);
     ck_assert_msg(all != NULL, "cannot read %s", path);
-    int n_cases = 0, n_think = 0, n_refused = 0;
+    int n_cases = 0, n_think = 0, n_refused = 0, n_tools = 0, n_no_tools = 0;
     for (char *line = all, *next; *line; line = next) {
         next = strchr(line, '\n');
         *next++ = '\0';
+        // tools from the line's text (their numbers as written), tool calls from the tree
+        char *tools[4] = {0};
+        int n_t = 0;
+        const char *tb, *te, *ib, *ie;
+        if (json_member(line, next - 1, "tools", &tb, &te)) {
+            while (json_item(tb, te, n_t, &ib, &ie)) {
+                ck_assert_int_lt(n_t, 4);
+                tools[n_t] = tok_tool_json(ib, ie, &err);
+                ck_assert_msg(tools[n_t] != NULL, "%s", err.msg);
+                n_t++;
+            }
+        }
+        struct tok_tool_call calls[16][2];
         cJSON *c = cJSON_Parse(line);
         ck_assert_ptr_nonnull(c);
         const char *name = cJSON_GetObjectItem(c, "template")->valuestring;
@@ -570,51 +584,83 @@ START_TEST(test_chat_templates) {
         cJSON_ArrayForEach(it, msgs) {
             ck_assert_int_lt(n_m, 16);
             const cJSON *rc = cJSON_GetObjectItem(it, "reasoning_content");
-            m[n_m++] = (struct tok_message){cJSON_GetObjectItem(it, "role")->valuestring,
-                                            cJSON_GetObjectItem(it, "content")->valuestring,
-                                            rc ? rc->valuestring : NULL};
+            const cJSON *tc = cJSON_GetObjectItem(it, "tool_calls"), *call;
+            int n_c = 0;
+            cJSON_ArrayForEach(call, tc) {
+                ck_assert_int_lt(n_c, 2);
+                const cJSON *fn = cJSON_GetObjectItem(call, "function");
+                ck_assert_int_eq(
+                    tok_tool_call_init(&calls[n_m][n_c++],
+                                       cJSON_GetObjectItem(fn, "name")->valuestring,
+                                       cJSON_GetObjectItem(fn, "arguments")->valuestring, &err),
+                    TPI_OK);
+            }
+            m[n_m] =
+                (struct tok_message){.role = cJSON_GetObjectItem(it, "role")->valuestring,
+                                     .content = cJSON_GetObjectItem(it, "content")->valuestring,
+                                     .reasoning_content = rc ? rc->valuestring : NULL,
+                                     .tool_calls = calls[n_m],
+                                     .n_tool_calls = n_c};
+            n_m++;
         }
         const cJSON *et = cJSON_GetObjectItem(c, "enable_thinking");
         const struct tok_chat_opts opts = {
             .add_generation_prompt = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")),
             .enable_thinking = cJSON_IsBool(et) ? cJSON_IsTrue(et) : -1,
-            .continue_final = cJSON_IsTrue(cJSON_GetObjectItem(c, "continue_final_message"))};
+            .continue_final = cJSON_IsTrue(cJSON_GetObjectItem(c, "continue_final_message")),
+            .tools = (const char *const *)tools,
+            .n_tools = n_t};
         char *out = NULL;
         size_t n = 0;
         const cJSON *text = cJSON_GetObjectItem(c, "text");
-        if (cJSON_IsNull(text)) { // transformers refuses to continue it: so do we
+        const bool tool_case = cJSON_HasObjectItem(c, "tools"); // TOOL_CONVERSATIONS
+        n_tools += tool_case && !cJSON_IsNull(text);
+        if (tool_case && cJSON_IsNull(text)) { // a template without tools: refused
+            ck_assert_int_eq(tok_apply_chat(tok[k], m, n_m, &opts, &out, &n, &err),
+                             TPI_ERR_UNSUPPORTED);
+            ck_assert_msg(strstr(err.msg, "tool"), "%s", err.msg);
+            n_no_tools++;
+        } else if (cJSON_IsNull(text)) { // transformers refuses to continue it: so do we
             ck_assert_int_eq(tok_apply_chat(tok[k], m, n_m, &opts, &out, &n, &err),
                              TPI_ERR_INVALID);
             ck_assert_msg(strstr(err.msg, "cannot be continued"), "%s", err.msg);
             n_refused++;
-            cJSON_Delete(c);
-            n_cases++;
-            continue;
+        } else {
+            ck_assert_msg(tok_apply_chat(tok[k], m, n_m, &opts, &out, &n, &err) == TPI_OK, "%s",
+                          err.msg);
+            const char *want = text->valuestring;
+            ck_assert_msg(!strcmp(out, want),
+                          "%s, %s, prompt %d, enable_thinking %d:\n--- got\n%s\n"
+                          "--- want\n%s\n---",
+                          name, cJSON_GetObjectItem(c, "case")->valuestring,
+                          opts.add_generation_prompt, opts.enable_thinking, out, want);
+            ck_assert_int_eq(n, strlen(want));
+            n_think += strstr(want, "<think>\n\n</think>") != NULL;
+            free(out);
         }
-        ck_assert_int_eq(tok_apply_chat(tok[k], m, n_m, &opts, &out, &n, &err), TPI_OK);
-        const char *want = text->valuestring;
-        ck_assert_msg(!strcmp(out, want),
-                      "%s, %s, prompt %d, enable_thinking %d:\n--- got\n%s\n"
-                      "--- want\n%s\n---",
-                      name, cJSON_GetObjectItem(c, "case")->valuestring, opts.add_generation_prompt,
-                      opts.enable_thinking, out, want);
-        ck_assert_int_eq(n, strlen(want));
-        n_think += strstr(want, "<think>\n\n</think>") != NULL;
-        free(out);
+        for (int i = 0; i < n_m; i++)
+            for (int j = 0; j < m[i].n_tool_calls; j++)
+                tok_tool_call_free(&calls[i][j]);
+        for (int i = 0; i < n_t; i++)
+            free(tools[i]);
         cJSON_Delete(c);
         n_cases++;
     }
     fprintf(stderr,
             "chat: %d conversations rendered as jinja2 renders them (%d with an empty "
-            "<think> block, %d not continuable)\n",
-            n_cases, n_think, n_refused);
-    ck_assert_int_ge(n_cases, 420);
+            "<think> block, %d not continuable, %d with tools or tool calls and %d more "
+            "refused by templates without them)\n",
+            n_cases, n_think, n_refused, n_tools, n_no_tools);
+    ck_assert_int_ge(n_cases, 500);
+    ck_assert_int_ge(n_tools, 24);
+    ck_assert_int_ge(n_no_tools, 60);
     ck_assert_int_gt(n_think, 0);
     ck_assert_int_ge(n_refused, 1);
     free(all);
 
     /* Roles those templates do not render are refused (plain ChatML renders any). */
-    struct tok_message dev[2] = {{"developer", "Be brief.", NULL}, {"user", "Hi", NULL}};
+    struct tok_message dev[2] = {{.role = "developer", .content = "Be brief."},
+                                 {.role = "user", .content = "Hi"}};
     char *out = NULL;
     for (int k = 0; k < 3; k++) {
         int rc = tok_apply_chat(tok[k], dev, 2, NULL, &out, NULL, &err);
@@ -657,6 +703,159 @@ START_TEST(test_chat_templates) {
         }
         tok_free(&tt);
     }
+}
+END_TEST
+
+/* JSON printed as Python's json.dumps(json.loads(text), ensure_ascii=False) prints it (the
+ * expected strings are Python 3's), what is refused, and the tool helpers on top. */
+START_TEST(test_json_py) {
+    static const char *const cases[][2] = {
+        {"1E400", "Infinity"},
+        {"-1e400", "-Infinity"},
+        {"-0", "0"},
+        {"-0.0", "-0.0"},
+        {"1.0E2", "100.0"},
+        {"1e16", "1e+16"},
+        {"1e15", "1000000000000000.0"},
+        {"0.0001", "0.0001"},
+        {"0.00001", "1e-05"},
+        {"5e-324", "5e-324"},
+        {"0.1", "0.1"},
+        {"123456789012345678901234567890", "123456789012345678901234567890"},
+        {"1.7976931348623157e308", "1.7976931348623157e+308"},
+        {"2.2250738585072014e-308", "2.2250738585072014e-308"},
+        {"0.30000000000000004", "0.30000000000000004"},
+        {"9007199254740993.0", "9007199254740992.0"},
+        {"[1,2.50,{\"a\" :\"x\\u00e9\\ud83d\\ude00\\n\\u0001\\/\"}]",
+         "[1, 2.5, {\"a\": \"x\xc3\xa9\xf0\x9f\x98\x80\\n\\u0001/\"}]"},
+        {"{\"b\":1,\"a\":[true,false,null],\"c\":{}}",
+         "{\"b\": 1, \"a\": [true, false, null], \"c\": {}}"},
+        {" [ ]\t", "[]"},
+        {"\"tab\\tcr\\rbs\\bff\\f\\u007f\\u2028 \\\"q\\\" \\\\\"",
+         "\"tab\\tcr\\rbs\\bff\\f\x7f\xe2\x80\xa8 \\\"q\\\" \\\\\""},
+        {"\"\xe4\xb8\x96\xe7\x95\x8c\"", "\"\xe4\xb8\x96\xe7\x95\x8c\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *why = NULL, *in = cases[i][0];
+        char *out = json_py_dumps(in, in + strlen(in), &why);
+        ck_assert_msg(out && !strcmp(out, cases[i][1]), "%s: got %s, want %s", in, out ? out : why,
+                      cases[i][1]);
+        free(out);
+    }
+    static const char *const bad[][2] = {
+        {"\"\\u0000\"", "NUL"},
+        {"\"\\ud800\"", "surrogate"},
+        {"\"\\udc00x\"", "surrogate"},
+        {"{\"a\":1,\"a\":2}", "repeats a key"},
+        {"[1,]", "valid"},
+        {"01", "valid"},
+        {"1.", "valid"},
+        {".5", "valid"},
+        {"tru", "valid"},
+        {"\"\x01\"", "valid"},
+        {"{\"a\" 1}", "valid"},
+        {"[1] 2", "valid"},
+        {"", "valid"},
+        {"\"\\x\"", "valid"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const char *why = NULL, *in = bad[i][0];
+        char *out = json_py_dumps(in, in + strlen(in), &why);
+        ck_assert_msg(!out && why && strstr(why, bad[i][1]), "%s: %s", in, out ? out : why);
+    }
+    char deep[1200];
+    memset(deep, '[', 600);
+    memset(deep + 600, ']', 600);
+    const char *why = NULL;
+    ck_assert_ptr_null(json_py_dumps(deep, deep + sizeof deep, &why));
+    ck_assert_str_eq(why, "nesting deeper than 512");
+
+    // members and items: escaped names compared decoded, a repeated name's last value
+    const char obj[] = "{\"a\": 1, \"\\u0074ools\": [10, {\"x\": 2}], \"a\": \"last\"}";
+    const char *vb, *ve, *ib, *ie;
+    ck_assert(json_member(obj, obj + strlen(obj), "tools", &vb, &ve));
+    ck_assert(json_item(vb, ve, 1, &ib, &ie));
+    ck_assert_int_eq((int)(ie - ib), 8);
+    ck_assert(!json_item(vb, ve, 2, &ib, &ie));
+    ck_assert(json_member(obj, obj + strlen(obj), "a", &vb, &ve));
+    ck_assert(json_is_string(vb, ve));
+    ck_assert(!json_member(obj, obj + strlen(obj), "b", &vb, &ve));
+
+    // a tool as vLLM's model dump; what is refused, and why
+    struct tpi_error err = {0};
+    const char tool[] = "{\"function\": {\"parameters\": {\"t\": 1.50}, \"name\": \"f\\u00e9\", "
+                        "\"strict\": false}}";
+    char *t = tok_tool_json(tool, tool + strlen(tool), &err);
+    ck_assert_msg(t != NULL, "%s", err.msg);
+    ck_assert_str_eq(t, "{\"type\": \"function\", \"function\": {\"name\": \"f\xc3\xa9\", "
+                        "\"description\": null, \"parameters\": {\"t\": 1.5}}}");
+    free(t);
+    static const char *const bad_tools[][3] = {
+        {"[]", "3", "not a JSON object"},
+        {"{\"type\": \"function\"}", "3", "no \"function\" object"},
+        {"{\"type\": \"code\", \"function\": {\"name\": \"f\"}}", "5", "must be \"function\""},
+        {"{\"function\": {\"name\": \"f\"}, \"extra\": 1}", "5", "\"extra\" is not supported"},
+        {"{\"function\": {\"name\": \"f\", \"strict\": true}}", "5", "\"strict\""},
+        {"{\"function\": {\"name\": \"f\", \"examples\": []}}", "5", "\"examples\""},
+        {"{\"function\": {\"name\": 3}}", "3", "no \"name\" string"},
+        {"{\"function\": {\"name\": \"f\", \"description\": 1}}", "3", "\"description\""},
+        {"{\"function\": {\"name\": \"f\", \"parameters\": []}}", "3", "\"parameters\""},
+        {"{\"function\": {\"name\": \"f\", \"parameters\": {\"a\": 1, \"a\": 2}}}", "3",
+         "repeats a key"},
+    };
+    for (size_t i = 0; i < sizeof bad_tools / sizeof bad_tools[0]; i++) {
+        const char *in = bad_tools[i][0];
+        ck_assert_ptr_null(tok_tool_json(in, in + strlen(in), &err));
+        ck_assert_int_eq(err.status, atoi(bad_tools[i][1]));
+        ck_assert_msg(strstr(err.msg, bad_tools[i][2]), "%s: %s", in, err.msg);
+    }
+    struct tok_tool_call call;
+    ck_assert_int_eq(tok_tool_call_init(&call, "f", "{\"a\": [1.0, \"\\u00e9\"]}", &err), TPI_OK);
+    ck_assert_str_eq(call.arguments, "{\"a\": [1.0, \"\xc3\xa9\"]}");
+    ck_assert_ptr_null(call.arguments_str);
+    tok_tool_call_free(&call);
+    ck_assert_int_eq(tok_tool_call_init(&call, "f", " \"now\" ", &err), TPI_OK);
+    ck_assert_str_eq(call.arguments, "\"now\"");
+    ck_assert_str_eq(call.arguments_str, "now");
+    tok_tool_call_free(&call);
+    ck_assert_int_eq(tok_tool_call_init(&call, "f", "{city: 1}", &err), TPI_ERR_INVALID);
+    ck_assert_msg(strstr(err.msg, "\"arguments\" are not JSON"), "%s", err.msg);
+
+    // generated text's tool calls, as vLLM's hermes parser takes them
+    struct tok_tool_call *calls = NULL;
+    size_t content = 99;
+    const char gen[] = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                       "{\"city\": \"Paris\", \"days\": 2.50}}\n</tool_call>\n<tool_call>\n"
+                       "{\"arguments\": {}, \"name\": \"clock\", \"name\": \"time\"}\n";
+    ck_assert_int_eq(tok_parse_tool_calls(gen, &calls, &content), 2);
+    ck_assert_int_eq((int)content, 13);
+    ck_assert_str_eq(calls[0].name, "get_weather");
+    ck_assert_str_eq(calls[0].arguments, "{\"city\": \"Paris\", \"days\": 2.5}");
+    ck_assert_str_eq(calls[1].name, "time"); // the last of a repeated key, as json.loads
+    ck_assert_str_eq(calls[1].arguments, "{}");
+    for (int k = 0; k < 2; k++)
+        tok_tool_call_free(&calls[k]);
+    free(calls);
+    static const char *const not_calls[] = {
+        "no calls here",
+        "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",            // no arguments
+        "<tool_call>{\"name\": 1, \"arguments\": {}}</tool_call>", // name not a string
+        "<tool_call>[\"f\", {}]</tool_call>",                      // not an object
+        "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"
+        "<tool_call>{\"name\": \"g\", \"arguments\": {}</tool_call>", // a second one broken
+        "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1, \"a\": 2}}</tool_call>",
+    };
+    for (size_t i = 0; i < sizeof not_calls / sizeof not_calls[0]; i++) {
+        ck_assert_int_eq(tok_parse_tool_calls(not_calls[i], &calls, &content), 0);
+        ck_assert_ptr_null(calls);
+    }
+    ck_assert_int_eq(
+        tok_parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": 7}", &calls, &content),
+        1);
+    ck_assert_int_eq((int)content, 0);
+    ck_assert_str_eq(calls[0].arguments, "7");
+    tok_tool_call_free(&calls[0]);
+    free(calls);
 }
 END_TEST
 
@@ -735,7 +934,8 @@ int main(void) {
                                 test_stream_all_cases,
                                 test_chatml,
                                 test_from_arrays_and_errors,
-                                test_chat_templates};
+                                test_chat_templates,
+                                test_json_py};
     (void)lib_tests;
 #else
     (void)test_cli_tokenize;
@@ -757,6 +957,7 @@ int main(void) {
     tcase_add_test(tc, test_chatml);
     tcase_add_test(tc, test_from_arrays_and_errors);
     tcase_add_test(tc, test_chat_templates);
+    tcase_add_test(tc, test_json_py);
 #endif
     suite_add_tcase(s, tc);
     int rc = tu_run_suite(s);

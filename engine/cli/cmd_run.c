@@ -202,8 +202,8 @@ static int prompt_tokens(const struct run_opts *o, const struct tokenizer *tok, 
     if (!o->chat) return tok_encode(tok, o->prompt, strlen(o->prompt), true, ids, n, err);
     struct tok_message msgs[2];
     int n_msgs = 0;
-    if (o->system) msgs[n_msgs++] = (struct tok_message){"system", o->system, NULL};
-    msgs[n_msgs++] = (struct tok_message){"user", o->prompt, NULL};
+    if (o->system) msgs[n_msgs++] = (struct tok_message){.role = "system", .content = o->system};
+    msgs[n_msgs++] = (struct tok_message){.role = "user", .content = o->prompt};
     const struct tok_chat_opts opts = {.add_generation_prompt = true,
                                        .enable_thinking = o->enable_thinking};
     char *text;

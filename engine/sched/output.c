@@ -444,6 +444,56 @@ static void ours_timing(cJSON *j, double ttft_s, double decode_tokens, double de
     cJSON_AddNumberToObject(j, "decode_tps", round(tps * 100) / 100);
 }
 
+/* A chat choice's message "content" and, where the line's tools are "auto" and the text
+ * holds <tool_call> blocks, its "tool_calls" (vLLM's hermes parser: the content is the
+ * text before the first block, null when empty; *n_calls of them). False: out of memory. */
+static bool add_message_body(cJSON *msg, const struct batch_req *r, int index,
+                             const struct sched_result *res, int *n_calls) {
+    struct tok_tool_call *calls = NULL;
+    size_t n_content = 0;
+    const int n =
+        r->tools == REQ_TOOLS_AUTO ? tok_parse_tool_calls(res->text, &calls, &n_content) : 0;
+    if (n < 0) return false;
+    *n_calls = n > 0 && r->one_tool_call ? 1 : n;
+    if (n == 0) {
+        cJSON_AddStringToObject(msg, "content", res->text);
+        return true;
+    }
+    bool ok = true;
+    char *content = n_content ? malloc(n_content + 1) : NULL;
+    if (content) {
+        memcpy(content, res->text, n_content);
+        content[n_content] = '\0';
+        cJSON_AddStringToObject(msg, "content", content);
+    } else {
+        ok = n_content == 0;
+        cJSON_AddNullToObject(msg, "content");
+    }
+    free(content);
+    cJSON *arr = cJSON_AddArrayToObject(msg, "tool_calls");
+    for (int k = 0; k < *n_calls; k++) {
+        char id[64];
+        uint64_t h = tpi_fnv1a(TPI_FNV_INIT, r->id_json, strlen(r->id_json));
+        h = tpi_fnv1a(h, &r->line, sizeof r->line);
+        h = tpi_fnv1a(h, &index, sizeof index);
+        h = tpi_fnv1a(h, &k, sizeof k);
+        const uint64_t h2 = tpi_fnv1a(h, "tool", 4);
+        snprintf(id, sizeof id, "chatcmpl-tool-%016llx%016llx", (unsigned long long)h,
+                 (unsigned long long)h2);
+        cJSON *call = cJSON_CreateObject();
+        cJSON_AddStringToObject(call, "id", id);
+        cJSON_AddStringToObject(call, "type", "function");
+        cJSON *fn = cJSON_AddObjectToObject(call, "function");
+        cJSON_AddStringToObject(fn, "name", calls[k].name);
+        cJSON_AddStringToObject(fn, "arguments", calls[k].arguments);
+        cJSON_AddItemToArray(arr, call);
+    }
+    for (int k = 0; k < n; k++)
+        tok_tool_call_free(&calls[k]);
+    free(calls);
+    return ok;
+}
+
 /* One choice of a request as the record lists it (ours or OpenAI). */
 static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, int index,
                           const struct sched_result *res) {
@@ -455,10 +505,14 @@ static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, 
         return c;
     }
     const bool chat = r->fmt == REQ_OAI_CHAT;
+    int n_calls = 0;
     if (chat) {
         cJSON *msg = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
-        cJSON_AddStringToObject(msg, "content", res->text);
+        if (!add_message_body(msg, r, index, res, &n_calls)) {
+            cJSON_Delete(c);
+            return NULL;
+        }
     } else if (r->echo) { // the prompt's text, then the completion's
         char *prompt = NULL;
         size_t n_prompt = 0;
@@ -486,7 +540,7 @@ static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, 
                           !r->want_logprobs ? cJSON_CreateNull()
                           : chat            ? chat_logprobs(o, r, res)
                                             : completion_logprobs(o, r, res));
-    cJSON_AddStringToObject(c, "finish_reason", res->finish_reason);
+    cJSON_AddStringToObject(c, "finish_reason", n_calls > 0 ? "tool_calls" : res->finish_reason);
     // vLLM's: what ended a "stop": the stop string or the stop_token_ids id (null for the
     // end-of-generation token and for "length").
     cJSON_AddItemToObject(c, "stop_reason",

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/json_py.h"
 #include "text/tokenizer.h"
 
 #define REQ_MAX_STOP 16     /* stop strings per request */
@@ -109,9 +110,9 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
         enum neutral ok;
         const char *what;
     } fields[] = {
-        {"tools", EMPTY_LIST, "tool definitions"},
+        {"tools", EMPTY_LIST, "tool definitions are taken by /v1/chat/completions lines"},
         {"functions", EMPTY_LIST, "tool definitions"},
-        {"tool_choice", NONE_OR_AUTO, "tool calls"},
+        {"tool_choice", NONE_OR_AUTO, "tool calls are made by /v1/chat/completions lines"},
         {"function_call", NONE_OR_AUTO, "tool calls"},
         {"response_format", TEXT_FORMAT, "structured output"},
         {"guided_json", NULL_ONLY, "structured output"},
@@ -129,6 +130,9 @@ static int refuse_unsupported(struct batch_req *r, const cJSON *o) {
     };
     for (size_t k = 0; k < sizeof fields / sizeof fields[0]; k++) {
         if (!(v = cJSON_GetObjectItemCaseSensitive(o, fields[k].key)) || cJSON_IsNull(v)) continue;
+        if (r->fmt == REQ_OAI_CHAT &&
+            (!strcmp(fields[k].key, "tools") || !strcmp(fields[k].key, "tool_choice")))
+            continue; // get_tools'
         bool neutral = false;
         switch (fields[k].ok) {
         case NULL_ONLY:
@@ -217,7 +221,7 @@ int req_parse_chat_kwargs(const char *json, int *enable_thinking, struct tpi_err
  * fields). */
 static int get_chat_opts(struct batch_req *r, const cJSON *o, const struct req_defaults *d,
                          struct tok_chat_opts *opts) {
-    opts->add_generation_prompt = true;
+    *opts = (struct tok_chat_opts){.add_generation_prompt = true};
     opts->enable_thinking = d->enable_thinking;
     const char *why = chat_kwargs(cJSON_GetObjectItemCaseSensitive(o, "chat_template_kwargs"),
                                   &opts->enable_thinking);
@@ -306,7 +310,7 @@ static int encode_text(struct batch_req *r, const struct tokenizer *tok, const c
     struct tpi_error e = {0};
     char *rendered = NULL;
     if (chat) {
-        struct tok_message msg = {"user", text, NULL};
+        struct tok_message msg = {.role = "user", .content = text};
         if (tok_apply_chat(tok, &msg, 1, chat, &rendered, NULL, &e))
             return req_fail(r, "%s", e.msg);
         text = rendered;
@@ -317,8 +321,86 @@ static int encode_text(struct batch_req *r, const struct tokenizer *tok, const c
     return 0;
 }
 
+/* An OpenAI chat body's "tools" (from its text [bb, be), where their numbers stand as
+ * written), "tool_choice" and "parallel_tool_calls" into r and *tools (n_tools; the
+ * caller frees them). Returns 0, or -1 with the line failed. */
+static int get_tools(struct batch_req *r, const char *bb, const char *be, const cJSON *body,
+                     char ***tools, int *n_tools) {
+    *tools = NULL;
+    *n_tools = 0;
+    const char *tb, *te, *ib, *ie;
+    const cJSON *tj = cJSON_GetObjectItemCaseSensitive(body, "tools");
+    const bool raw = bb && json_member(bb, be, "tools", &tb, &te);
+    if (tj && !cJSON_IsNull(tj) && !raw) // cJSON reads more than RFC 8259's JSON
+        return req_fail(r, "\"tools\": the line is not strict JSON, so its numbers cannot be "
+                           "passed on as written");
+    if (raw && !json_is_null(tb, te)) {
+        if (!json_value_end(tb, te) || *tb != '[') return req_fail(r, "\"tools\" must be a list");
+        int n = 0;
+        while (json_item(tb, te, n, &ib, &ie))
+            n++;
+        if (n > 0 && !(*tools = calloc((size_t)n, sizeof **tools)))
+            return req_fail(r, "out of memory");
+        for (int i = 0; i < n; i++) {
+            struct tpi_error e = {0};
+            json_item(tb, te, i, &ib, &ie);
+            if (!((*tools)[i] = tok_tool_json(ib, ie, &e)))
+                return req_fail(r, "tools[%d]: %s", i, e.msg);
+            *n_tools = i + 1;
+        }
+    }
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
+    const char *choice = !tc || cJSON_IsNull(tc) ? "auto"
+                         : cJSON_IsString(tc)    ? tc->valuestring
+                                                 : "";
+    if (strcmp(choice, "auto") && strcmp(choice, "none"))
+        return req_fail(r, "\"tool_choice\" must be \"auto\" or \"none\" (\"required\" and named "
+                           "functions need constrained decoding, which tpinfer does not do)");
+    r->tools = *n_tools == 0             ? REQ_TOOLS_NONE
+               : !strcmp(choice, "auto") ? REQ_TOOLS_AUTO
+                                         : REQ_TOOLS_PROMPT;
+    const cJSON *par = cJSON_GetObjectItemCaseSensitive(body, "parallel_tool_calls");
+    if (par && !cJSON_IsNull(par) && !cJSON_IsBool(par))
+        return req_fail(r, "\"parallel_tool_calls\" must be true or false");
+    r->one_tool_call = cJSON_IsFalse(par);
+    return 0;
+}
+
+/* A message's "tool_calls" ([{"id", "type": "function", "function": {"name",
+ * "arguments"}}]) into *calls (*n_calls; freed by the caller). */
+static int get_tool_calls(struct batch_req *r, int i, const cJSON *it, const char *role,
+                          struct tok_tool_call **calls, int *n_calls) {
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
+    if (!tc || cJSON_IsNull(tc) || (cJSON_IsArray(tc) && !tc->child)) return 0;
+    if (!cJSON_IsArray(tc)) return req_fail(r, "message %d: \"tool_calls\" must be a list", i);
+    if (strcmp(role, "assistant"))
+        return req_fail(r, "message %d: only assistant messages carry \"tool_calls\"", i);
+    const int n = cJSON_GetArraySize(tc);
+    if (!(*calls = calloc((size_t)n, sizeof **calls))) return req_fail(r, "out of memory");
+    const cJSON *c = tc->child;
+    for (int k = 0; k < n; k++, c = c->next) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(c, "type");
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (type && !cJSON_IsNull(type) &&
+            !(cJSON_IsString(type) && !strcmp(type->valuestring, "function")))
+            return req_fail(r, "message %d: tool call %d: \"type\" must be \"function\"", i, k);
+        if (!cJSON_IsString(name) || !cJSON_IsString(args))
+            return req_fail(r,
+                            "message %d: tool call %d has no \"function\" with \"name\" and "
+                            "\"arguments\" strings",
+                            i, k);
+        struct tpi_error e = {0};
+        if (tok_tool_call_init(&(*calls)[k], name->valuestring, args->valuestring, &e))
+            return req_fail(r, "message %d: tool call %d: %s", i, k, e.msg);
+        *n_calls = k + 1;
+    }
+    return 0;
+}
+
 /* "messages": [{"role", "content": string | [{"type": "text", "text"}...],
- * "reasoning_content"}]; tool calls in them are refused. */
+ * "reasoning_content", "tool_calls"}]. */
 static int encode_messages(struct batch_req *r, const struct tokenizer *tok, const cJSON *msgs,
                            const struct tok_chat_opts *opts) {
     if (!cJSON_IsArray(msgs)) return req_fail(r, "\"messages\" must be a list");
@@ -343,11 +425,16 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
             rc = req_fail(r, "message %d: \"reasoning_content\" must be a string", i);
             break;
         }
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(it, "tool_calls");
-        if (calls && !cJSON_IsNull(calls) && !(cJSON_IsArray(calls) && !calls->child)) {
-            rc = req_fail(r, "message %d: \"tool_calls\" is not supported", i);
-            break;
+        struct tok_tool_call *calls = NULL;
+        int n_calls = 0;
+        rc = get_tool_calls(r, i, it, role->valuestring, &calls, &n_calls);
+        m[i].tool_calls = calls;
+        m[i].n_tool_calls = n_calls;
+        if (calls && !n_calls) { // none made: nothing to keep
+            free(calls);
+            m[i].tool_calls = NULL;
         }
+        if (rc) break;
         if (cJSON_IsString(content)) {
             m[i].content = content->valuestring;
         } else if (cJSON_IsArray(content)) { // content parts: the text ones, joined
@@ -384,6 +471,12 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
         rc = req_fail(r, "%s", e.msg);
     free(text);
     for (int i = 0; owned && i < n; i++) free(owned[i]);
+    for (int i = 0; m && i < n; i++) {
+        struct tok_tool_call *calls = (struct tok_tool_call *)m[i].tool_calls;
+        for (int k = 0; k < m[i].n_tool_calls; k++)
+            tok_tool_call_free(&calls[k]);
+        free(calls);
+    }
     free(owned);
     free(m);
     return rc;
@@ -489,11 +582,22 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
             r->want_logprobs = cJSON_IsTrue(lp);
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
         struct tok_chat_opts chat;
-        if (!r->error && !get_chat_opts(r, body, d, &chat)) {
+        char **tools = NULL;
+        int n_tools = 0;
+        const char *bb = NULL, *be = NULL;
+        const char *t0 = len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? text + 3 : text;
+        json_member(t0, text + len, "body", &bb, &be); // the tools' text, as cJSON's BOM-less
+        if (!r->error && !get_chat_opts(r, body, d, &chat) &&
+            !get_tools(r, bb, be, body, &tools, &n_tools)) {
+            chat.tools = (const char *const *)tools;
+            chat.n_tools = n_tools;
             if (!m) req_fail(r, "chat completion body has no \"messages\"");
             else
                 encode_messages(r, tok, m, &chat);
         }
+        for (int i = 0; i < n_tools; i++)
+            free(tools[i]);
+        free(tools);
     } else { // logprobs: int (top alternatives; 0 still gives the chosen token's)
         if (!get_int(r, body, "logprobs", 0, REQ_MAX_LOGPROBS, &k))
             r->want_logprobs = lp && cJSON_IsNumber(lp);

@@ -55,6 +55,16 @@ struct req_defaults {
  * idx * REQ_MAX_CHOICES + choice. */
 #define REQ_MAX_CHOICES 64
 
+/* What an OpenAI chat line's tools do (vLLM's with its hermes tool parser, the one for
+ * the Qwen family's <tool_call> blocks). */
+enum req_tools {
+    REQ_TOOLS_NONE = 0,   /* no tools */
+    REQ_TOOLS_PROMPT = 1, /* "tool_choice": "none": the tools are in the prompt, the
+                             output is text */
+    REQ_TOOLS_AUTO = 2    /* "auto" (the default with tools): <tool_call> blocks in the
+                             output become the message's tool_calls */
+};
+
 struct batch_req {
     long line;             /* 1-based line of the input */
     enum req_format fmt;
@@ -83,6 +93,8 @@ struct batch_req {
     int32_t *bias_ids;     /* (n_bias) "logit_bias": ids, each once, */
     float *bias_vals;      /* and their biases in [-100, 100] */
     int n_bias;
+    enum req_tools tools;  /* a chat line's "tools" and "tool_choice" */
+    bool one_tool_call;    /* "parallel_tool_calls": false: only the first call is kept */
     char *error;           /* NULL, or why this line cannot run ("line N: ...") */
     bool done;             /* already in the output file (--resume) */
 };

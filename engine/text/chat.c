@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/json_py.h"
 #include "text/tokenizer.h"
 
 static const char IM_START[] = "<|im_start|>";
@@ -48,12 +49,190 @@ static char *default_system(const char *tmpl) {
     return NULL;
 }
 
+static char *dup_s(const char *s) {
+    const size_t n = strlen(s);
+    char *d = malloc(n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+static void jput(struct json_buf *b, const char *s) {
+    json_buf_put(b, s, strlen(s));
+}
+
+void tok_tool_call_free(struct tok_tool_call *c) {
+    if (!c) return;
+    free(c->name);
+    free(c->arguments);
+    free(c->arguments_str);
+    memset(c, 0, sizeof *c);
+}
+
+int tok_tool_call_init(struct tok_tool_call *c, const char *name, const char *arguments,
+                       struct tpi_error *err) {
+    memset(c, 0, sizeof *c);
+    const char *ab = arguments ? arguments : "", *ae = ab + strlen(ab);
+    const char *why = NULL;
+    c->name = dup_s(name ? name : "");
+    c->arguments = json_py_dumps(ab, ae, &why);
+    const bool str = c->arguments && json_is_string(ab, ae);
+    if (str) c->arguments_str = json_string_value(ab, ae);
+    if (c->name && c->arguments && (!str || c->arguments_str)) return TPI_OK;
+    tok_tool_call_free(c);
+    if (why && strcmp(why, "out of memory"))
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "the tool call's \"arguments\" are not JSON tpinfer "
+                       "can pass on (%s)",
+                       why);
+    return tpi_err(err, TPI_ERR_NOMEM, "out of memory for a tool call");
+}
+
+char *tok_tool_json(const char *b, const char *e, struct tpi_error *err) {
+    static const char *const tool_keys[] = {"type", "function", NULL};
+    static const char *const fn_keys[] = {"name", "description", "parameters", "strict", NULL};
+    const char *vb, *ve, *fb, *fe;
+    char *other = NULL;
+    if (!json_is_object(b, e)) {
+        tpi_err(err, TPI_ERR_INVALID, "a tool is not a JSON object");
+        return NULL;
+    }
+    if ((other = json_other_member(b, e, tool_keys))) {
+        tpi_err(err, TPI_ERR_UNSUPPORTED, "a tool's field \"%.40s\" is not supported", other);
+        free(other);
+        return NULL;
+    }
+    if (json_member(b, e, "type", &vb, &ve) && !json_is_null(vb, ve)) {
+        char *t = json_string_value(vb, ve);
+        const bool fn = t && !strcmp(t, "function");
+        free(t);
+        if (!fn) {
+            tpi_err(err, TPI_ERR_UNSUPPORTED, "a tool's \"type\" must be \"function\"");
+            return NULL;
+        }
+    }
+    if (!json_member(b, e, "function", &fb, &fe) || !json_is_object(fb, fe)) {
+        tpi_err(err, TPI_ERR_INVALID, "a tool has no \"function\" object");
+        return NULL;
+    }
+    if ((other = json_other_member(fb, fe, fn_keys))) {
+        tpi_err(err, TPI_ERR_UNSUPPORTED, "a tool function's field \"%.40s\" is not supported",
+                other);
+        free(other);
+        return NULL;
+    }
+    if (json_member(fb, fe, "strict", &vb, &ve) && !json_is_null(vb, ve)) {
+        const char *p = vb;
+        while (p < ve && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+            p++;
+        if (ve - p < 5 || memcmp(p, "false", 5)) {
+            tpi_err(err, TPI_ERR_UNSUPPORTED,
+                    "a tool function's \"strict\" schema adherence is "
+                    "not supported (only false)");
+            return NULL;
+        }
+    }
+    char *name = json_member(fb, fe, "name", &vb, &ve) ? json_string_value(vb, ve) : NULL;
+    if (!name) {
+        tpi_err(err, TPI_ERR_INVALID, "a tool function has no \"name\" string");
+        return NULL;
+    }
+    struct json_buf o = {0};
+    const char *why = NULL;
+    jput(&o, "{\"type\": \"function\", \"function\": {\"name\": ");
+    json_py_put_string(&o, name);
+    free(name);
+    jput(&o, ", \"description\": ");
+    bool ok = true;
+    if (!json_member(fb, fe, "description", &vb, &ve) || json_is_null(vb, ve)) {
+        jput(&o, "null");
+    } else if (!json_is_string(vb, ve) || !json_py_put(&o, vb, ve, &why)) {
+        tpi_err(err, TPI_ERR_INVALID, "a tool function's \"description\" is not a string%s%s",
+                why ? ": " : "", why ? why : "");
+        ok = false;
+    }
+    jput(&o, ", \"parameters\": ");
+    if (!ok) {
+        // reported
+    } else if (!json_member(fb, fe, "parameters", &vb, &ve) || json_is_null(vb, ve)) {
+        jput(&o, "null");
+    } else if (!json_is_object(vb, ve) || !json_py_put(&o, vb, ve, &why)) {
+        tpi_err(err, TPI_ERR_INVALID, "a tool function's \"parameters\" are not a JSON object%s%s",
+                why ? ": " : "", why ? why : "");
+        ok = false;
+    }
+    jput(&o, "}}");
+    if (ok && o.failed) {
+        tpi_err(err, TPI_ERR_NOMEM, "out of memory for a tool");
+        ok = false;
+    }
+    if (!ok) {
+        free(o.p);
+        return NULL;
+    }
+    return o.p;
+}
+
+int tok_parse_tool_calls(const char *text, struct tok_tool_call **calls, size_t *content_len) {
+    static const char open[] = "<tool_call>", close[] = "</tool_call>";
+    *calls = NULL;
+    *content_len = 0;
+    const char *first = strstr(text, open);
+    if (!first) return 0;
+    int n = 0, cap = 0, rc = 0;
+    struct tok_tool_call *c = NULL;
+    const char *end = text + strlen(text);
+    for (const char *p = first; p && rc == 0; p = strstr(p, open)) {
+        const char *b = p + strlen(open), *e = strstr(b, close);
+        p = e ? e + strlen(close) : end;
+        if (!e) e = end;
+        const char *nb, *ne, *ab, *ae;
+        char *name = NULL;
+        if (!json_is_object(b, e) || !json_member(b, e, "name", &nb, &ne) ||
+            !(name = json_string_value(nb, ne)) || !json_member(b, e, "arguments", &ab, &ae)) {
+            free(name);
+            rc = 1; // vLLM logs it and returns the text as it is
+            break;
+        }
+        if (n == cap) {
+            cap = cap ? 2 * cap : 4;
+            struct tok_tool_call *g = realloc(c, (size_t)cap * sizeof *g);
+            if (!g) {
+                free(name);
+                rc = -1;
+                break;
+            }
+            c = g;
+        }
+        const char *why = NULL;
+        c[n] = (struct tok_tool_call){.name = name, .arguments = json_py_dumps(ab, ae, &why)};
+        n++;
+        if (!c[n - 1].arguments) rc = why && !strcmp(why, "out of memory") ? -1 : 1;
+    }
+    if (rc != 0) {
+        for (int k = 0; k < n; k++)
+            tok_tool_call_free(&c[k]);
+        free(c);
+        return rc < 0 ? -1 : 0;
+    }
+    *calls = c;
+    *content_len = (size_t)(first - text);
+    return n;
+}
+
 /* What a ChatML template adds to the plain loop, from its text. */
 enum {
     CHAT_ROLES_BY_NAME = 1, /* branches on role names: renders only the four below */
     CHAT_TOOL_RESPONSE = 2, /* "tool" messages: one user turn of <tool_response> blocks */
     CHAT_THINK = 4,         /* Qwen3: an assistant turn's reasoning by the last query */
-    CHAT_DROP_THINK = 8     /* QwQ: every assistant turn keeps what follows its </think> */
+    CHAT_DROP_THINK = 8,    /* QwQ: every assistant turn keeps what follows its </think> */
+    CHAT_TOOLS_Q25 = 16,    /* Qwen2.5's tools block: the system message's content (else
+                               the default one), then the tools */
+    CHAT_TOOLS_Q3 = 32,     /* Qwen3's: the system message's content and a blank line, if
+                               there is one, then the tools */
+    CHAT_CALLS_Q25 = 64,    /* Qwen2.5's tool calls: "\n<tool_call>..." each, after the
+                               content where there is one */
+    CHAT_CALLS_Q3 = 128     /* Qwen3's: after the turn's content, a newline before each
+                               but a first one after no content */
 };
 
 static unsigned chat_dialect(const char *tmpl) {
@@ -68,6 +247,19 @@ static unsigned chat_dialect(const char *tmpl) {
         d |= CHAT_THINK;
     else if (strstr(tmpl, "message.content.split('</think>')[-1].lstrip('\\n')"))
         d |= CHAT_DROP_THINK;
+    if (strstr(tmpl, "{{- tool | tojson }}")) {
+        if (strstr(tmpl, "{{- messages[0].content + '\\n\\n' }}"))
+            d |= CHAT_TOOLS_Q3;
+        else if (strstr(tmpl, "{{- messages[0]['content'] }}"))
+            d |= CHAT_TOOLS_Q25;
+    }
+    if (strstr(tmpl, "{{- '\\n<tool_call>\\n{\"name\": \"' }}") &&
+        strstr(tmpl, "{{- tool_call.arguments | tojson }}") &&
+        !(d & (CHAT_THINK | CHAT_DROP_THINK)))
+        d |= CHAT_CALLS_Q25;
+    if (strstr(tmpl, "{{- '<tool_call>\\n{\"name\": \"' }}") &&
+        strstr(tmpl, "(loop.first and content) or (not loop.first)") && (d & CHAT_THINK))
+        d |= CHAT_CALLS_Q3;
     return d;
 }
 
@@ -397,7 +589,7 @@ static bool is_tool_response(const char *s) {
  * (the content then being what follows the last </think>); after the last user query
  * the turn is "<think>\nREASONING\n</think>\n\nCONTENT" when it is the last message or
  * has reasoning, otherwise the content alone. */
-static void put_assistant_think(struct chat_buf *b, const struct tok_message *m, bool after_query,
+static bool put_assistant_think(struct chat_buf *b, const struct tok_message *m, bool after_query,
                                 bool last) {
     const char *c = m->content ? m->content : "";
     const char *cb = c, *ce = c + strlen(c); // content
@@ -418,6 +610,7 @@ static void put_assistant_think(struct chat_buf *b, const struct tok_message *m,
             lstrip_nl(&rb, re);
         }
     }
+    const bool has_content = ce > cb; // the template's `content`, as its tool calls test it
     put(b, "<|im_start|>assistant\n");
     if (after_query && (last || re > rb)) {
         lstrip_nl(&rb, re);
@@ -428,6 +621,54 @@ static void put_assistant_think(struct chat_buf *b, const struct tok_message *m,
         put(b, "\n</think>\n\n");
     }
     put_n(b, cb, (size_t)(ce - cb));
+    return has_content;
+}
+
+/* The tools block's two literals around the definitions: the one that ends in "<tools>"
+ * (*pre) and the one that begins "\n</tools>" (*post). False when the template lacks one. */
+static bool tools_text(const char *tmpl, struct chat_buf *pre, struct chat_buf *post) {
+    struct jtag t;
+    for (const char *p = tmpl; next_tag(p, &t); p = t.end) {
+        if (t.block) continue;
+        struct chat_buf lit = {0};
+        if (put_literal(&lit, &t) && lit.p && !lit.failed) {
+            if (!pre->p && lit.n >= 7 && !strcmp(lit.p + lit.n - 7, "<tools>")) {
+                *pre = lit;
+                continue;
+            }
+            if (!post->p && !strncmp(lit.p, "\n</tools>", 9)) {
+                *post = lit;
+                continue;
+            }
+        }
+        free(lit.p);
+    }
+    return pre->p && post->p;
+}
+
+/* Qwen2.5's tools block without a system message: the literal of its `else` branch after
+ * `{{- messages[0]['content'] }}`, malloc'd; NULL when the template is not so. */
+static char *tools_default_system(const char *tmpl) {
+    const char *at = strstr(tmpl, "{{- messages[0]['content'] }}");
+    struct jtag t;
+    if (!at || !next_tag(at, &t) || !next_tag(t.end, &t) || !t.block ||
+        !tag_word(&t, "else", NULL) || !next_tag(t.end, &t) || t.block)
+        return NULL;
+    struct chat_buf lit = {0};
+    if (!put_literal(&lit, &t) || lit.failed || !lit.p) {
+        free(lit.p);
+        return NULL;
+    }
+    return lit.p;
+}
+
+/* One tool call as the template writes it (Qwen3 prints string arguments as they are). */
+static void put_tool_call(struct chat_buf *b, const struct tok_tool_call *c, bool qwen3) {
+    put(b, "<tool_call>\n{\"name\": \"");
+    put(b, c->name);
+    put(b, "\", \"arguments\": ");
+    put(b, qwen3 && c->arguments_str ? c->arguments_str : c->arguments);
+    put(b, "}\n</tool_call>");
 }
 
 int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, int n_msgs,
@@ -466,6 +707,24 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
                            "messages (only system, user, assistant and tool)",
                            i, r);
     }
+    const bool tools = opts->n_tools > 0;
+    if (tools && (!opts->tools || !(d & (CHAT_TOOLS_Q25 | CHAT_TOOLS_Q3))))
+        return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                       "the model's chat template has no tools block that tpinfer renders "
+                       "(Qwen2.5's or Qwen3's)");
+    for (int i = 0; i < n_msgs; i++) {
+        if (msgs[i].n_tool_calls <= 0) continue;
+        if (strcmp(msgs[i].role, "assistant") || !msgs[i].tool_calls)
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "chat message %d: only assistant messages "
+                           "carry tool calls",
+                           i);
+        if (!(d & (CHAT_CALLS_Q25 | CHAT_CALLS_Q3)))
+            return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                           "chat message %d: the model's chat template writes no tool calls "
+                           "in a form tpinfer renders (Qwen2.5's or Qwen3's)",
+                           i);
+    }
     // The last user query: Qwen3 renders the assistant turns after it with their reasoning.
     int last_query = n_msgs - 1;
     for (int i = n_msgs - 1; i >= 0; i--) {
@@ -477,9 +736,31 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
     }
 
     struct chat_buf b = {0};
+    const bool first_system = n_msgs > 0 && !strcmp(msgs[0].role, "system");
+    if (tools) { // the system turn the tools block writes, with the first system message
+        struct chat_buf pre = {0}, post = {0};
+        char *dflt = (d & CHAT_TOOLS_Q25) && !first_system ? tools_default_system(tmpl) : NULL;
+        if (!tools_text(tmpl, &pre, &post) || ((d & CHAT_TOOLS_Q25) && !first_system && !dflt)) {
+            free(pre.p), free(post.p), free(dflt);
+            return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                           "the model's chat template has no tools block that tpinfer renders "
+                           "(its text around the tools was not found)");
+        }
+        put(&b, "<|im_start|>system\n");
+        if (first_system) put(&b, msgs[0].content ? msgs[0].content : "");
+        if (first_system && (d & CHAT_TOOLS_Q3)) put(&b, "\n\n");
+        if (dflt) put(&b, dflt);
+        put(&b, pre.p);
+        for (int k = 0; k < opts->n_tools; k++) {
+            put(&b, "\n");
+            put(&b, opts->tools[k] ? opts->tools[k] : "null");
+        }
+        put(&b, post.p);
+        free(pre.p), free(post.p), free(dflt);
+    }
     /* A conversation without a system message gets the template's default one, as the
      * template itself renders it. */
-    char *sys = (n_msgs == 0 || strcmp(msgs[0].role, "system")) ? default_system(tmpl) : NULL;
+    char *sys = !tools && !first_system ? default_system(tmpl) : NULL;
     if (sys) {
         put(&b, IM_START);
         put(&b, "system\n");
@@ -491,6 +772,7 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
     for (int i = 0; i < n_msgs; i++) {
         const struct tok_message *m = &msgs[i];
         const char *content = m->content ? m->content : "";
+        if (tools && i == 0 && first_system) continue; // written in the tools block
         if ((d & CHAT_TOOL_RESPONSE) && !strcmp(m->role, "tool")) {
             if (i == 0 || strcmp(msgs[i - 1].role, "tool")) put(&b, "<|im_start|>user");
             put(&b, "\n<tool_response>\n");
@@ -500,7 +782,18 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
             continue;
         }
         if ((d & CHAT_THINK) && !strcmp(m->role, "assistant")) {
-            put_assistant_think(&b, m, i > last_query, i == n_msgs - 1);
+            const bool has_content = put_assistant_think(&b, m, i > last_query, i == n_msgs - 1);
+            for (int k = 0; k < m->n_tool_calls; k++) {
+                if (k > 0 || has_content) put(&b, "\n");
+                put_tool_call(&b, &m->tool_calls[k], true);
+            }
+        } else if (m->n_tool_calls > 0) { // Qwen2.5's (checked above)
+            put(&b, "<|im_start|>assistant");
+            if (content[0]) put(&b, "\n"), put(&b, content);
+            for (int k = 0; k < m->n_tool_calls; k++) {
+                put(&b, "\n");
+                put_tool_call(&b, &m->tool_calls[k], false);
+            }
         } else if ((d & CHAT_DROP_THINK) && !strcmp(m->role, "assistant")) {
             const char *cb = content, *ce = content + strlen(content);
             const char *end = last_of(cb, ce, "</think>");

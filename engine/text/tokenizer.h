@@ -139,12 +139,45 @@ void tok_stream_flush(struct tok_stream *s, const char **bytes, size_t *n_bytes)
 
 /* ---- chat ----------------------------------------------------------------- */
 
+/* One tool call of an assistant turn, as vLLM hands it to the template: the arguments
+ * (an OpenAI request's JSON string) parsed, so `tojson` prints them again. */
+struct tok_tool_call {
+    char *name;          /* the function's name */
+    char *arguments;     /* the arguments as the template's tojson prints them */
+    char *arguments_str; /* where the arguments are one JSON string: its value, which
+                            Qwen3's template prints as is; else NULL */
+};
+
+/* A tool call from an OpenAI request's function name and arguments (JSON text), into *c
+ * (free with tok_tool_call_free). TPI_ERR_INVALID when the arguments are not one JSON
+ * value tpinfer can print as Python would (why in err), TPI_ERR_NOMEM. */
+int tok_tool_call_init(struct tok_tool_call *c, const char *name, const char *arguments,
+                       struct tpi_error *err);
+void tok_tool_call_free(struct tok_tool_call *c);
+
+/* An OpenAI request's tool definition, the JSON object [b, e), as vLLM hands it to the
+ * template (its pydantic model dumped: {"type": "function", "function": {"name", "description",
+ * "parameters"}}, absent fields null) and tojson prints it; malloc'd. NULL with err
+ * (TPI_ERR_INVALID naming the field, TPI_ERR_UNSUPPORTED for "strict": true) otherwise. */
+char *tok_tool_json(const char *b, const char *e, struct tpi_error *err);
+
+/* The tool calls in generated text as vLLM's hermes parser (the Qwen family's) finds
+ * them: every "<tool_call>" up to its "</tool_call>" (or the text's end) is a JSON object
+ * with a "name" string and "arguments", printed again as json.dumps prints them. On
+ * success *calls (free each with tok_tool_call_free, then the array) and *content_len
+ * (the text before the first block) are set and the count returned; 0 when the text has
+ * no block or any block does not parse (then the whole text is the content, as vLLM
+ * falls back); -1 when memory ran out. */
+int tok_parse_tool_calls(const char *text, struct tok_tool_call **calls, size_t *content_len);
+
 /* One chat message; the strings NUL-terminated. */
 struct tok_message {
     const char *role;              /* "system", "user", "assistant", "tool", ... */
     const char *content;           /* NULL renders as "" */
     const char *reasoning_content; /* an assistant turn's reasoning given apart from its
                                       content (vLLM's field); NULL when not given */
+    const struct tok_tool_call *tool_calls; /* an assistant turn's calls (n_tool_calls) */
+    int n_tool_calls;
 };
 
 /* How to render a conversation. */
@@ -155,6 +188,9 @@ struct tok_chat_opts {
                                    surrounding whitespace stripped), so the model goes on
                                    with it: Hugging Face's continue_final_message; not
                                    with add_generation_prompt */
+    const char *const *tools;   /* n_tools tool definitions, each as tok_tool_json gives
+                                   it: the template's tools block (none when n_tools is 0) */
+    int n_tools;
 };
 
 /* Render messages as the model's tokenizer.chat_template does, for the ChatML templates
@@ -166,11 +202,13 @@ struct tok_chat_opts {
  * everywhere (QwQ); the template's own generation-prompt block is run (its literals and
  * its tests of enable_thinking: Qwen3's empty think block when it is 0, templates that
  * always open one), and continue_final cuts the text after the last message's content
- * as Hugging Face does. A template that reads roles by name renders only system, user, assistant
- * and tool: any other role is TPI_ERR_UNSUPPORTED naming the message, as is a template that is not
- * ChatML (no "<|im_start|>"); without a template the vocabulary's <|im_start|> gives plain ChatML.
- * opts NULL: the generation prompt, enable_thinking unset. *out is malloc'd, NUL-terminated (caller
- * frees). Encode the result with parse_special = true. */
+ * as Hugging Face does. Tools and assistant tool calls are rendered where the template
+ * is Qwen2.5's or Qwen3's form of them (the tools block's text taken from the template);
+ * any other template given them is TPI_ERR_UNSUPPORTED. A template that reads roles by name renders
+ * only system, user, assistant and tool: any other role is TPI_ERR_UNSUPPORTED naming the message,
+ * as is a template that is not ChatML (no "<|im_start|>"); without a template the vocabulary's
+ * <|im_start|> gives plain ChatML. opts NULL: the generation prompt, enable_thinking unset. *out is
+ * malloc'd, NUL-terminated (caller frees). Encode the result with parse_special = true. */
 int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, int n_msgs,
                    const struct tok_chat_opts *opts, char **out, size_t *n_bytes,
                    struct tpi_error *err);

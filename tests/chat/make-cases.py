@@ -18,9 +18,12 @@ and four written for these tests, in the ways other Qwen-family templates go:
   drop-think.jinja       QwQ's way: every assistant turn keeps what follows </think>
   same-line.jinja        Jinja's whitespace rules between tags on one line and at a
                          line's start
+Tools and tool calls go in as vLLM hands them to the template (vllm_tool, vllm_messages);
+a template without a tools block has them refused (text null).
 
 Run: python3 tests/chat/make-cases.py  (needs jinja2; the output is committed).
 """
+import copy
 import json
 import os
 
@@ -37,13 +40,36 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
                       sort_keys=sort_keys)
 
 
-def render(template, messages, add_generation_prompt, kwargs):
+def vllm_tool(tool):
+    """A request's tool as vLLM hands it to the template: its pydantic model dumped
+    (ChatCompletionToolsParam: type, then function's name, description, parameters)."""
+    f = tool["function"]
+    return {"type": "function", "function": {"name": f["name"],
+                                             "description": f.get("description"),
+                                             "parameters": f.get("parameters")}}
+
+
+def vllm_messages(messages):
+    """vLLM's conversation: an assistant turn's tool-call arguments (JSON strings in the
+    request) parsed, as its chat_utils does for Hugging Face templates."""
+    out = []
+    for msg in messages:
+        msg = copy.deepcopy(msg)
+        if msg["role"] == "assistant" and isinstance(msg.get("tool_calls"), list):
+            for call in msg["tool_calls"]:
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        out.append(msg)
+    return out
+
+
+def render(template, messages, add_generation_prompt, kwargs, tools=None):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
-    return env.from_string(template).render(messages=messages, tools=None, documents=None,
-                                            add_generation_prompt=add_generation_prompt,
-                                            **kwargs)
+    return env.from_string(template).render(
+        messages=vllm_messages(messages), documents=None,
+        tools=None if tools is None else [vllm_tool(t) for t in tools],
+        add_generation_prompt=add_generation_prompt, **kwargs)
 
 
 def m(role, content, **extra):
@@ -77,6 +103,40 @@ CONVERSATIONS = {
     "empty-and-unicode": [m("system", ""), m("user", "héllo 世界 🙂\nline two"),
                           m("assistant", ""), m("user", "")],
     "special-in-text": [m("user", "say <|im_end|> and <think> literally")],
+}
+# Tools (an OpenAI request's "tools") and assistant tool calls (its "tool_calls", the
+# arguments a JSON string). Keys out of vLLM's order, floats written as 0.0 and 1e-05, a
+# missing description and parameters, and text that JSON escapes check tojson's printing.
+WEATHER = {"function": {"parameters": {"type": "object", "properties": {
+    "city": {"type": "string", "description": "Città, e.g. \"Paris\"\n(UTF-8: 東京)"},
+    "unit": {"enum": ["c", "f"], "default": "c"},
+    "days": {"type": "integer", "minimum": 0.0, "maximum": 1e1, "multipleOf": 1},
+    "eps": {"type": "number", "default": 1e-05, "exclusiveMaximum": 1e+300}},
+    "required": ["city"]}, "name": "get_weather",
+    "description": "Weather <b>now</b> & \t later"}, "type": "function"}
+CLOCK = {"type": "function", "function": {"name": "clock"}}
+CALL_W = {"id": "call_1", "type": "function",
+          "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2.50}'}}
+CALL_C = {"id": "call_2", "type": "function", "function": {"name": "clock", "arguments": "{}"}}
+CALL_S = {"id": "call_3", "type": "function",
+          "function": {"name": "clock", "arguments": '"now, \\u00e9"'}}
+TOOL_CONVERSATIONS = {
+    "tools-user": ([WEATHER], [m("user", "Weather in Paris?")]),
+    "tools-system": ([WEATHER, CLOCK], [m("system", "Be terse."), m("user", "Time?")]),
+    "tool-calls": ([WEATHER, CLOCK],
+                   [m("user", "Weather?"), m("assistant", "", tool_calls=[CALL_W]),
+                    m("tool", '{"t": 21.0}'), m("assistant", "21 degrees."), m("user", "Time?")]),
+    "tool-calls-content": ([CLOCK], [m("user", "q"),
+                                     m("assistant", "Checking both.", tool_calls=[CALL_W, CALL_C]),
+                                     m("tool", "a"), m("tool", "b")]),
+    "tool-calls-think": ([CLOCK], [m("user", "q"),
+                                   m("assistant", "<think>\nplan\n</think>\n\n",
+                                     tool_calls=[CALL_C]),
+                                   m("tool", "12:00"),
+                                   m("assistant", "Noon.", reasoning_content="read it",
+                                     tool_calls=[CALL_S])]),
+    "tool-calls-no-tools": (None, [m("user", "q"), m("assistant", "x", tool_calls=[CALL_S]),
+                                   m("tool", "r"), m("user", "q2")]),
 }
 KWARGS = [{}, {"enable_thinking": False}, {"enable_thinking": True}]
 # Conversations that end with an assistant turn to continue (continue_final_message).
@@ -118,6 +178,14 @@ def main():
                     out.append({"template": name, "case": conv, "messages": messages,
                                 "add_generation_prompt": gen,
                                 "enable_thinking": kw.get("enable_thinking"), "text": text})
+        # Tools or tool calls where the template has no tools block: refused (null).
+        has_tools = "{{- tool | tojson }}" in template
+        for conv, (tools, messages) in TOOL_CONVERSATIONS.items():
+            for gen in (True, False):
+                text = render(template, messages, gen, {}, tools) if has_tools else None
+                out.append({"template": name, "case": conv, "tools": tools, "messages": messages,
+                            "add_generation_prompt": gen, "enable_thinking": None,
+                            "text": text})
         for conv, messages in CONTINUE.items():
             text = continue_final(render(template, messages, False, {}), messages)
             out.append({"template": name, "case": conv, "messages": messages,

@@ -7,7 +7,10 @@
  * a request either carries an error that names its line or a prompt that fits the
  * context with ids inside the vocabulary and 1..REQ_MAX_CHOICES choices, and resume
  * marks no more than there are.
- * The first input byte picks the options (--chat, --logprobs, ordered output).
+ * The first input byte picks the options (--chat, --logprobs, ordered output, the
+ * context: 4096 tokens where its bit 6 is set, e.g. '@', else 64). A chat line
+ * whose tools the model may call gets a first choice of two tool calls (the record's
+ * tool_calls), its others the prompt's text through the same parser.
  * Build: CC=clang cmake -DTPI_FUZZ=ON (see the end of CMakeLists.txt).
  */
 #define _GNU_SOURCE
@@ -91,13 +94,26 @@ static void write_records(struct batch_input *in, bool ordered) {
                 vals[t * k + j] = -(float)j;
             }
         }
+        // A line whose tools the model may call: the first choice "generates" two calls
+        // after a line of text (the record's tool_calls), the others the prompt, whose
+        // tools block has the format's own <tool_call> example (the text kept whole).
+        static const char calls[] = "Hi.\n<tool_call>\n{\"name\": \"f\", \"arguments\": "
+                                    "{\"x\": 1.50, \"y\": [\"\\u00e9\"]}}\n</tool_call>\n"
+                                    "<tool_call>{\"name\": \"g\", \"arguments\": \"s\"}";
         // Choices finish out of order: the last first.
         for (int c = r->n_choices - 1; c >= 0; c--) {
-            struct sched_result res = {.tokens = r->prompt, .n_tokens = r->n_prompt - c % 2,
-                                       .text = text, .n_text = n_text,
+            const bool call = r->tools == REQ_TOOLS_AUTO && c == 0;
+            struct sched_result res = {.tokens = r->prompt,
+                                       .n_tokens = r->n_prompt - c % 2,
+                                       .text = call ? calls : text,
+                                       .n_text = call ? sizeof calls - 1 : n_text,
                                        .finish_reason = (i + c) % 2 ? "stop" : "length",
-                                       .n_prompt = r->n_prompt, .lp_k = k, .lp_ids = ids,
-                                       .lp_vals = vals, .lp_chosen = chosen, .t_first_s = 0.25,
+                                       .n_prompt = r->n_prompt,
+                                       .lp_k = k,
+                                       .lp_ids = ids,
+                                       .lp_vals = vals,
+                                       .lp_chosen = chosen,
+                                       .t_first_s = 0.25,
                                        .t_decode_s = 1.0};
             if (batch_out_result(&out, i, c, &res, &err) != TPI_OK) abort();
         }
@@ -125,7 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     d.chat = flags & 2;
     d.enable_thinking = flags & 8 ? flags & 1 : -1; // the seeds' digits '8' and '9'
 
-    d.n_ctx = 64;
+    d.n_ctx = flags & 64 ? 4096 : 64; // '@' and letters: room for tools blocks
     d.n_vocab = tok_n_vocab(g_tok);
     char in_path[64], out_path[64];
     fuzz_memfile(&in_fd, in_path, "fuzz-prompts.jsonl", data, size);
