@@ -263,33 +263,13 @@ static unsigned chat_dialect(const char *tmpl) {
     return d;
 }
 
-/* A growing output string; `failed` once an allocation failed. */
-struct chat_buf {
-    char *p;
-    size_t n, cap;
-    bool failed;
-};
-
-static void put_n(struct chat_buf *b, const char *s, size_t len) {
-    if (b->failed) return;
-    if (b->n + len + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + len + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->failed = true;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, s, len);
-    b->n += len;
-    b->p[b->n] = '\0';
+/* The output is a json_buf (json_py.h): a growing string, `failed` once an allocation
+ * failed. */
+static void put_n(struct json_buf *b, const char *s, size_t len) {
+    json_buf_put(b, s, len);
 }
 
-static void put(struct chat_buf *b, const char *s) {
+static void put(struct json_buf *b, const char *s) {
     put_n(b, s, strlen(s));
 }
 
@@ -346,7 +326,7 @@ static bool tag_word(const struct jtag *t, const char *w, const char **rest) {
 }
 
 /* The text between two tags as Jinja outputs it (prev NULL: none before). */
-static void put_between(struct chat_buf *out, const struct jtag *prev, const char *b, const char *e,
+static void put_between(struct json_buf *out, const struct jtag *prev, const char *b, const char *e,
                         const struct jtag *next) {
     if (prev && prev->dash_r) {
         while (b < e && (*b == ' ' || *b == '\t' || *b == '\n' || *b == '\r'))
@@ -438,7 +418,7 @@ static int eval_cond(const char *b, const char *e, int enable_thinking) {
 }
 
 /* A tag whose inside is one Jinja string literal: its decoded text into out. */
-static bool put_literal(struct chat_buf *out, const struct jtag *t) {
+static bool put_literal(struct json_buf *out, const struct jtag *t) {
     const char *p = t->b;
     if (t->e - p < 2 || (*p != '\'' && *p != '"') || t->e[-1] != *p) return false;
     const char q = *p++;
@@ -459,7 +439,7 @@ static bool put_literal(struct chat_buf *out, const struct jtag *t) {
 /* Run the template's generation-prompt block for enable_thinking into out. Returns 1 when
  * it ran, 0 when the template has no such block, -1 (why in *why) when the block holds
  * what is not run here. */
-static int put_generation_prompt(struct chat_buf *out, const char *tmpl, int enable_thinking,
+static int put_generation_prompt(struct json_buf *out, const char *tmpl, int enable_thinking,
                                  const char **why) {
     struct jtag t, prev;
     const char *p = tmpl;
@@ -589,7 +569,7 @@ static bool is_tool_response(const char *s) {
  * (the content then being what follows the last </think>); after the last user query
  * the turn is "<think>\nREASONING\n</think>\n\nCONTENT" when it is the last message or
  * has reasoning, otherwise the content alone. */
-static bool put_assistant_think(struct chat_buf *b, const struct tok_message *m, bool after_query,
+static bool put_assistant_think(struct json_buf *b, const struct tok_message *m, bool after_query,
                                 bool last) {
     const char *c = m->content ? m->content : "";
     const char *cb = c, *ce = c + strlen(c); // content
@@ -626,11 +606,11 @@ static bool put_assistant_think(struct chat_buf *b, const struct tok_message *m,
 
 /* The tools block's two literals around the definitions: the one that ends in "<tools>"
  * (*pre) and the one that begins "\n</tools>" (*post). False when the template lacks one. */
-static bool tools_text(const char *tmpl, struct chat_buf *pre, struct chat_buf *post) {
+static bool tools_text(const char *tmpl, struct json_buf *pre, struct json_buf *post) {
     struct jtag t;
     for (const char *p = tmpl; next_tag(p, &t); p = t.end) {
         if (t.block) continue;
-        struct chat_buf lit = {0};
+        struct json_buf lit = {0};
         if (put_literal(&lit, &t) && lit.p && !lit.failed) {
             if (!pre->p && lit.n >= 7 && !strcmp(lit.p + lit.n - 7, "<tools>")) {
                 *pre = lit;
@@ -654,7 +634,7 @@ static char *tools_default_system(const char *tmpl) {
     if (!at || !next_tag(at, &t) || !next_tag(t.end, &t) || !t.block ||
         !tag_word(&t, "else", NULL) || !next_tag(t.end, &t) || t.block)
         return NULL;
-    struct chat_buf lit = {0};
+    struct json_buf lit = {0};
     if (!put_literal(&lit, &t) || lit.failed || !lit.p) {
         free(lit.p);
         return NULL;
@@ -663,7 +643,7 @@ static char *tools_default_system(const char *tmpl) {
 }
 
 /* One tool call as the template writes it (Qwen3 prints string arguments as they are). */
-static void put_tool_call(struct chat_buf *b, const struct tok_tool_call *c, bool qwen3) {
+static void put_tool_call(struct json_buf *b, const struct tok_tool_call *c, bool qwen3) {
     put(b, "<tool_call>\n{\"name\": \"");
     put(b, c->name);
     put(b, "\", \"arguments\": ");
@@ -735,10 +715,10 @@ int tok_apply_chat(const struct tokenizer *t, const struct tok_message *msgs, in
         }
     }
 
-    struct chat_buf b = {0};
+    struct json_buf b = {0};
     const bool first_system = n_msgs > 0 && !strcmp(msgs[0].role, "system");
     if (tools) { // the system turn the tools block writes, with the first system message
-        struct chat_buf pre = {0}, post = {0};
+        struct json_buf pre = {0}, post = {0};
         char *dflt = (d & CHAT_TOOLS_Q25) && !first_system ? tools_default_system(tmpl) : NULL;
         if (!tools_text(tmpl, &pre, &post) || ((d & CHAT_TOOLS_Q25) && !first_system && !dflt)) {
             free(pre.p), free(post.p), free(dflt);
