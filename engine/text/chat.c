@@ -635,11 +635,11 @@ static char *tools_default_system(const char *tmpl) {
         !tag_word(&t, "else", NULL) || !next_tag(t.end, &t) || t.block)
         return NULL;
     struct json_buf lit = {0};
-    if (!put_literal(&lit, &t) || lit.failed || !lit.p) {
+    if (!put_literal(&lit, &t) || lit.failed) {
         free(lit.p);
         return NULL;
     }
-    return lit.p;
+    return lit.p ? lit.p : calloc(1, 1); // '' writes nothing
 }
 
 /* One tool call as the template writes it (Qwen3 prints string arguments as they are). */
