@@ -560,13 +560,13 @@ START_TEST(test_chat_templates) {
         // tools from the line's text (their numbers as written), tool calls from the tree
         char *tools[4] = {0};
         int n_t = 0;
-        const char *tb, *te, *ib, *ie;
-        if (json_member(line, next - 1, "tools", &tb, &te)) {
-            while (json_item(tb, te, n_t, &ib, &ie)) {
-                ck_assert_int_lt(n_t, 4);
-                tools[n_t] = tok_tool_json(ib, ie, &err);
-                ck_assert_msg(tools[n_t] != NULL, "%s", err.msg);
-                n_t++;
+        const char *tb, *te, *ib[4], *ie[4];
+        if (json_member(line, next - 1, "tools", &tb, &te) && *tb == '[') {
+            n_t = json_items(tb, te, ib, ie, 4);
+            ck_assert_int_le(n_t, 4);
+            for (int i = 0; i < n_t; i++) {
+                tools[i] = tok_tool_json(ib[i], ie[i], &err);
+                ck_assert_msg(tools[i] != NULL, "%s", err.msg);
             }
         }
         struct tok_tool_call calls[16][2];
@@ -772,11 +772,15 @@ START_TEST(test_json_py) {
 
     // members and items: escaped names compared decoded, a repeated name's last value
     const char obj[] = "{\"a\": 1, \"\\u0074ools\": [10, {\"x\": 2}], \"a\": \"last\"}";
-    const char *vb, *ve, *ib, *ie;
+    const char *vb, *ve, *ib[2], *ie[2];
     ck_assert(json_member(obj, obj + strlen(obj), "tools", &vb, &ve));
-    ck_assert(json_item(vb, ve, 1, &ib, &ie));
-    ck_assert_int_eq((int)(ie - ib), 8);
-    ck_assert(!json_item(vb, ve, 2, &ib, &ie));
+    ck_assert_int_eq(json_items(vb, ve, ib, ie, 1), 2);
+    ck_assert_int_eq((int)(ie[0] - ib[0]), 2);
+    ck_assert_int_eq(json_items(vb, ve, ib, ie, 2), 2);
+    ck_assert_int_eq((int)(ie[1] - ib[1]), 8);
+    ck_assert_int_eq(json_items(vb, vb + 1, ib, ie, 2), -1);
+    ck_assert_int_eq(json_items("[ ]", "[ ]" + 3, NULL, NULL, 0), 0);
+    ck_assert_int_eq(json_items("{}", "{}" + 2, NULL, NULL, 0), -1);
     ck_assert(json_member(obj, obj + strlen(obj), "a", &vb, &ve));
     ck_assert(json_is_string(vb, ve));
     ck_assert(!json_member(obj, obj + strlen(obj), "b", &vb, &ve));

@@ -328,26 +328,30 @@ static int get_tools(struct batch_req *r, const char *bb, const char *be, const 
                      char ***tools, int *n_tools) {
     *tools = NULL;
     *n_tools = 0;
-    const char *tb, *te, *ib, *ie;
+    const char *tb, *te;
     const cJSON *tj = cJSON_GetObjectItemCaseSensitive(body, "tools");
     const bool raw = bb && json_member(bb, be, "tools", &tb, &te);
     if (tj && !cJSON_IsNull(tj) && !raw) // cJSON reads more than RFC 8259's JSON
         return req_fail(r, "\"tools\": the line is not strict JSON, so its numbers cannot be "
                            "passed on as written");
     if (raw && !json_is_null(tb, te)) {
-        if (!json_value_end(tb, te) || *tb != '[') return req_fail(r, "\"tools\" must be a list");
-        int n = 0;
-        while (json_item(tb, te, n, &ib, &ie))
-            n++;
-        if (n > 0 && !(*tools = calloc((size_t)n, sizeof **tools)))
+        const int n = json_items(tb, te, NULL, NULL, 0);
+        if (n < 0) return req_fail(r, "\"tools\" must be a list");
+        const char **ib = malloc(2 * sizeof *ib * (size_t)(n > 0 ? n : 1)), **ie = ib + n;
+        if (!ib || (n > 0 && !(*tools = calloc((size_t)n, sizeof **tools)))) {
+            free(ib);
             return req_fail(r, "out of memory");
+        }
+        json_items(tb, te, ib, ie, n);
         for (int i = 0; i < n; i++) {
             struct tpi_error e = {0};
-            json_item(tb, te, i, &ib, &ie);
-            if (!((*tools)[i] = tok_tool_json(ib, ie, &e)))
+            if (!((*tools)[i] = tok_tool_json(ib[i], ie[i], &e))) {
+                free(ib);
                 return req_fail(r, "tools[%d]: %s", i, e.msg);
+            }
             *n_tools = i + 1;
         }
+        free(ib);
     }
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
     const char *choice = !tc || cJSON_IsNull(tc) ? "auto"

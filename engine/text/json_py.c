@@ -530,26 +530,25 @@ char *json_other_member(const char *b, const char *e, const char *const *names) 
     return o.other;
 }
 
-struct item_ctx {
-    int want, at;
-    const char *vb, *ve;
+struct items_ctx {
+    const char **vb, **ve;
+    int max, n;
 };
 
-static bool item_hit(void *ctx, const char *kb, const char *ke, const char *vb, const char *ve) {
+static bool items_hit(void *ctx, const char *kb, const char *ke, const char *vb, const char *ve) {
     (void)kb, (void)ke;
-    struct item_ctx *it = ctx;
-    if (it->at++ != it->want) return false;
-    it->vb = vb;
-    it->ve = ve;
-    return true;
+    struct items_ctx *it = ctx;
+    if (it->n < it->max) it->vb[it->n] = vb, it->ve[it->n] = ve;
+    it->n++;
+    return false;
 }
 
-bool json_item(const char *b, const char *e, int i, const char **vb, const char **ve) {
-    struct item_ctx it = {.want = i};
-    if (i < 0 || !walk(b, e, false, item_hit, &it)) return false;
-    *vb = it.vb;
-    *ve = it.ve;
-    return true;
+int json_items(const char *b, const char *e, const char **vb, const char **ve, int max) {
+    const char *p = b, *q = e;
+    if (!whole_value(&p, &q) || *p != '[') return -1;
+    struct items_ctx it = {.vb = vb, .ve = ve, .max = max};
+    walk(b, e, false, items_hit, &it);
+    return it.n;
 }
 
 bool json_py_put(struct json_buf *b, const char *vb, const char *ve, const char **why) {

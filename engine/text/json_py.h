@@ -26,8 +26,10 @@ const char *json_value_end(const char *p, const char *e);
  * repeated key, the last (Python's json.loads keeps the last value). */
 bool json_member(const char *b, const char *e, const char *key, const char **vb, const char **ve);
 
-/* The i-th (from 0) element of the JSON array [b, e): true with [*vb, *ve) its text. */
-bool json_item(const char *b, const char *e, int i, const char **vb, const char **ve);
+/* The elements of the JSON array [b, e), in one pass: the first `max` of their texts into
+ * [vb[i], ve[i]) (vb, ve may be NULL when max is 0); returns how many there are (all of
+ * them, past max too), or -1 when [b, e) is not an array. */
+int json_items(const char *b, const char *e, const char **vb, const char **ve, int max);
 
 /* The first member name of the JSON object [b, e) that is none of `names` (a NULL-ended
  * list), decoded and malloc'd; NULL when every name is one of them. */
