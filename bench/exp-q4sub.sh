@@ -1,0 +1,71 @@
+#!/bin/bash
+# Changes 138-139's measurement (branch exp/q4-sub, bench/NOTES.md), in two device calls
+# on one held machine (each ~5-7 min with the start):
+#   PART=A: the branch's default build (build/: change 138's rings and change 139's
+#     three-instruction offsets, TPI_GV_SUB=1) with tpinfer, test_gemv_cuda and
+#     test_ops_fused, and build-sub0/ (TPI_GV_SUB=0: __vsub4, change 138 alone) with
+#     tpinfer; test_gemv_cuda of every type with an offset, api; bench/ab.sh of main
+#     (carried: $BIN_DIR/tpinfer-main.xz, default .dev/q4r) against both on the 8B Q4_0
+#     and on the 8B Q4_K_M (Q6_K's offsets) at depths 0 and 8192; test_ops_fused cuda.
+#   PART=B: Q4_0's other two forms (TPI_GV_Q40=1 and 2) built in build-q40-1/2 with
+#     tpinfer and test_gemv_cuda; their test_gemv_cuda Q4_0, and bench/ab.sh of build/
+#     against both on the 8B Q4_0 (made again if the machine was not kept).
+# Logs under $OUT.
+# shellcheck source=bench/gpu-lib.sh
+. "$(dirname "$0")/gpu-lib.sh"
+device_prep
+export PATH=/usr/local/cuda/bin:$PATH
+cfg() { # cfg DIR [CUDA_FLAGS]
+    cmake -S . -B "$1" -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+        ${2:+"-DCMAKE_CUDA_FLAGS=$2"} >>"$OUT/build.log" 2>&1
+}
+bld() { # bld DIR TARGET...
+    local d=$1
+    shift
+    (time cmake --build "$d" -j 16 --target "$@") >>"$OUT/build.log" 2>&1 ||
+        { tail -20 "$OUT/build.log"; exit 1; }
+    echo "built $d: $(grep real "$OUT/build.log" | tail -1)"
+}
+mk() { # mk TYPE: the 8B of TYPE at /tmp/TYPE.gguf, unless there
+    [ -s "/tmp/$1.gguf" ] || build/tpinfer mkmodel --preset qwen3-8b --type "$1" -o "/tmp/$1.gguf" -q
+}
+ab() { # ab TYPE NAME=BIN...
+    local t=$1
+    shift
+    echo "== $t"
+    MODEL=/tmp/$t.gguf DEPTHS="0 8192" ROUNDS=${ROUNDS:-3} GREEDY_LENS="300" OUT="$OUT" \
+        bash bench/ab.sh "$@" 2>&1 | grep -v "^d[0-9]"
+    cp "$OUT/ab.txt" "$OUT/ab-$t-$PART.txt" 2>/dev/null
+}
+case ${PART:-A} in
+A)
+    cfg build
+    bld build tpinfer test_gemv_cuda test_ops_fused
+    mk q4_0 &
+    MP=$!
+    for g in api Q4_0 Q5_0 Q6_K Q4_K Q8_0; do
+        echo "gemv $g: $(build/tests/test_gemv_cuda $g 2>&1 | tail -1)"
+    done
+    cfg build-sub0 -DTPI_GV_SUB=0
+    bld build-sub0 tpinfer
+    wait $MP
+    mk q4_k_m
+    BIN_DIR=${BIN_DIR:-.dev/q4r} unxz tpinfer-main || exit 1
+    ab q4_0 main=/tmp/tpinfer-main sub0=build-sub0/tpinfer sub=build/tpinfer
+    ab q4_k_m main=/tmp/tpinfer-main sub=build/tpinfer
+    build/tests/test_ops_fused cuda >"$OUT/fused.log" 2>&1
+    echo "fused cuda rc=$?: $(tail -1 "$OUT/fused.log")"
+    ;;
+B)
+    [ -x build/tpinfer ] || { cfg build; bld build tpinfer; }
+    mk q4_0 &
+    MP=$!
+    for v in 1 2; do
+        cfg build-q40-$v -DTPI_GV_Q40=$v
+        bld build-q40-$v tpinfer test_gemv_cuda
+        echo "q40=$v gemv Q4_0: $(build-q40-$v/tests/test_gemv_cuda Q4_0 2>&1 | tail -1)"
+    done
+    wait $MP
+    ab q4_0 sub=build/tpinfer q40s=build-q40-1/tpinfer q40m=build-q40-2/tpinfer
+    ;;
+esac
