@@ -10,6 +10,12 @@
 #   PART=B: Q4_0's other two forms (TPI_GV_Q40=1 and 2) built in build-q40-1/2 with
 #     tpinfer and test_gemv_cuda; their test_gemv_cuda Q4_0, and bench/ab.sh of build/
 #     against both on the 8B Q4_0 (made again if the machine was not kept).
+#   PART=C: change 140 (the same bits): build-walk (TPI_GV_WALK=1: gv_item_rows's
+#     addresses walked by pointers, whole batches without the redo) and build-wq (with
+#     TPI_GV_Q4K=1 too: Q4_K's high nibbles in place and its scales by byte permutes);
+#     build-wq's test_gemv_cuda of the types it touches and test_ops_fused cuda (the rings
+#     bitwise the one-row kernels); bench/ab.sh of build/ against both on the 8B Q4_K_M
+#     (depths 0 and 8192, 5 rounds), and against build-walk on the 8B Q8_0 and Q4_0 (depth 0).
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"
@@ -33,7 +39,7 @@ ab() { # ab TYPE NAME=BIN...
     local t=$1
     shift
     echo "== $t"
-    MODEL=/tmp/$t.gguf DEPTHS="0 8192" ROUNDS=${ROUNDS:-3} GREEDY_LENS="300" OUT="$OUT" \
+    MODEL=/tmp/$t.gguf DEPTHS="${ABD:-0 8192}" ROUNDS=${ROUNDS:-3} GREEDY_LENS="300" OUT="$OUT" \
         bash bench/ab.sh "$@" 2>&1 | grep -v "^d[0-9]"
     cp "$OUT/ab.txt" "$OUT/ab-$t-$PART.txt" 2>/dev/null
 }
@@ -67,5 +73,25 @@ B)
     done
     wait $MP
     ab q4_0 sub=build/tpinfer q40s=build-q40-1/tpinfer q40m=build-q40-2/tpinfer
+    ;;
+C)
+    [ -x build/tpinfer ] || { cfg build; bld build tpinfer; }
+    mk q4_k_m &
+    MP=$!
+    cfg build-walk -DTPI_GV_WALK=1
+    bld build-walk tpinfer
+    cfg build-wq "-DTPI_GV_WALK=1 -DTPI_GV_Q4K=1"
+    bld build-wq tpinfer test_gemv_cuda test_ops_fused
+    for g in Q4_K Q5_K Q6_K Q8_0 Q4_0; do
+        echo "wq gemv $g: $(build-wq/tests/test_gemv_cuda $g 2>&1 | tail -1)"
+    done
+    build-wq/tests/test_ops_fused cuda >"$OUT/fused-wq.log" 2>&1
+    echo "wq fused cuda rc=$?: $(tail -1 "$OUT/fused-wq.log")"
+    wait $MP
+    ROUNDS=5 ab q4_k_m sub=build/tpinfer walk=build-walk/tpinfer wq=build-wq/tpinfer
+    mk q8_0
+    ABD=0 ab q8_0 sub=build/tpinfer walk=build-walk/tpinfer
+    mk q4_0
+    ABD=0 ab q4_0 sub=build/tpinfer walk=build-walk/tpinfer
     ;;
 esac

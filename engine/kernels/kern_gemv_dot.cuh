@@ -443,10 +443,28 @@ template <> struct gv<TPI_TYPE_Q5_1> : gv_min_block<true> {};
  * contributes d*sc*dx*sum(q*xq) - dmin*m*(dx*sum xq). The two sub-blocks' (d, d*sum)
  * pairs are one 16-byte load. */
 
-/* Q4_K. HI16 (the layer tail): the high nibbles dotted in place, as 16 times their values
- * (unsigned bytes against signed x), the sum scaled back by 1/16: the same floats (an
- * integer times a power of two), one shift a word fewer. */
+/* Q4_K. HI16 (the layer tail; the matrix-vector kernels with TPI_GV_Q4K): the high nibbles
+ * dotted in place, as 16 times their values (unsigned bytes against signed x), the sum
+ * scaled back by 1/16: the same floats (an integer times a power of two), one shift a
+ * word fewer. */
+#ifndef TPI_GV_Q4K
+#define TPI_GV_Q4K 0 /* 1: HI16 and the byte-permute scales in the matrix-vector kernels */
+#endif
+/* Bytes of the 8-byte {b, a} (a's bytes 0-3, b's 4-7) that sel's four nibbles (0-7) name,
+ * as one word (PTX prmt's default mode). */
+__host__ __device__ __forceinline__ uint32_t gv_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, sel);
+#else
+    const uint64_t ab = (uint64_t)b << 32 | a;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)(ab >> (8 * ((sel >> (4 * i)) & 7)) & 0xFFu) << (8 * i);
+    return r;
+#endif
+}
 template <> struct gv<TPI_TYPE_Q4_K> {
+    static constexpr bool HI = TPI_GV_Q4K != 0; /* the matrix-vector kernels' HI16 */
     static constexpr int BLK = 256, BYTES = 144, IPB = 4;
     struct raw {
         int4 qa, qb, hd;
@@ -484,12 +502,23 @@ template <> struct gv<TPI_TYPE_Q4_K> {
          * 16 bits at 16*(c&1)) of the scale words s0 = b[4..7], s1 = b[8..11], s2 = b[12..15];
          * sc_j = s0_j & 63, m_j = s1_j & 63 for j < 4, else sc_j = (s2_j & 15) | (s0_j >> 6) << 4,
          * m_j = (s2_j >> 4) | (s1_j >> 6) << 4 (both sub-blocks at once, one per byte) */
+#if TPI_GV_Q4K
+        /* the same fields by byte permutes whose selectors, shift and mask depend on c only
+         * (one lane's items share c: hoisted out of its loop); s2's word zero for c < 2 */
+        const uint32_t sel = c & 1 ? 0x4432u : 0x4410u, hi2 = c >= 2;
+        const uint32_t a = gv_prmt((uint32_t)hd.y, 0, sel), bb = gv_prmt((uint32_t)hd.z, 0, sel);
+        const uint32_t e = gv_prmt((uint32_t)hd.w, 0, hi2 ? sel : 0x4444u);
+        const uint32_t s2 = hi2 ? 2 : 0, ms = hi2 ? 0x3030u : 0x3F3Fu;
+        const uint32_t scp = (e & 0x0F0Fu) | ((a >> s2) & ms);
+        const uint32_t mnp = ((e >> 4) & 0x0F0Fu) | ((bb >> s2) & ms);
+#else
         const int sh = 16 * (c & 1);
         const uint32_t a = ((uint32_t)hd.y >> sh) & 0xFFFFu, bb = ((uint32_t)hd.z >> sh) & 0xFFFFu;
         const uint32_t e = ((uint32_t)hd.w >> sh) & 0xFFFFu;
         const uint32_t scp = c < 2 ? (a & 0x3F3Fu) : ((e & 0x0F0Fu) | ((a >> 2) & 0x3030u));
         const uint32_t mnp =
             c < 2 ? (bb & 0x3F3Fu) : (((e >> 4) & 0x0F0Fu) | ((bb >> 2) & 0x3030u));
+#endif
         prep p;
         p.d0 = d * (float)(scp & 0xFFu);
         p.d1 = d * (float)(scp >> 8);
@@ -511,7 +540,7 @@ template <> struct gv<TPI_TYPE_Q4_K> {
         t = fmaf(-p.m0, f.y, t);
         return fmaf(-p.m1, f.w, t);
     }
-    template <int NR, bool PERM, bool HI16 = false>
+    template <int NR, bool PERM, bool HI16 = HI>
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
