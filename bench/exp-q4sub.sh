@@ -1,5 +1,5 @@
 #!/bin/bash
-# Changes 138-139's measurement (branch exp/q4-sub, bench/NOTES.md), in two device calls
+# Changes 138-140's measurement (branch exp/q4-sub, bench/NOTES.md), in three device calls
 # on one held machine (each ~5-7 min with the start):
 #   PART=A: the branch's default build (build/: change 138's rings and change 139's
 #     three-instruction offsets, TPI_GV_SUB=1) with tpinfer, test_gemv_cuda and
@@ -13,9 +13,10 @@
 #   PART=C: change 140 (the same bits): build-walk (TPI_GV_WALK=1: gv_item_rows's
 #     addresses walked by pointers, whole batches without the redo) and build-wq (with
 #     TPI_GV_Q4K=1 too: Q4_K's high nibbles in place and its scales by byte permutes);
-#     build-wq's test_gemv_cuda of the types it touches and test_ops_fused cuda (the rings
-#     bitwise the one-row kernels); bench/ab.sh of build/ against both on the 8B Q4_K_M
-#     (depths 0 and 8192, 5 rounds), and against build-walk on the 8B Q8_0 and Q4_0 (depth 0).
+#     build-pad (TPI_GV_PAD=32: 32 instructions more an item, a measurement only);
+#     build-wq's test_gemv_cuda of Q4_K, Q6_K and Q8_0 and test_ops_fused cuda (the rings
+#     bitwise the one-row kernels); bench/ab.sh of build/ against the three on the 8B
+#     Q4_K_M (depths 0 and 8192, 4 rounds), and against build-walk on the 8B Q8_0 (depth 0).
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"
@@ -82,16 +83,19 @@ C)
     bld build-walk tpinfer
     cfg build-wq "-DTPI_GV_WALK=1 -DTPI_GV_Q4K=1"
     bld build-wq tpinfer test_gemv_cuda test_ops_fused
-    for g in Q4_K Q5_K Q6_K Q8_0 Q4_0; do
+    cfg build-pad -DTPI_GV_PAD=32
+    bld build-pad tpinfer
+    for g in Q4_K Q6_K Q8_0; do
         echo "wq gemv $g: $(build-wq/tests/test_gemv_cuda $g 2>&1 | tail -1)"
     done
     build-wq/tests/test_ops_fused cuda >"$OUT/fused-wq.log" 2>&1
     echo "wq fused cuda rc=$?: $(tail -1 "$OUT/fused-wq.log")"
     wait $MP
-    ROUNDS=5 ab q4_k_m sub=build/tpinfer walk=build-walk/tpinfer wq=build-wq/tpinfer
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=4 ab q4_k_m sub=build/tpinfer walk=build-walk/tpinfer wq=build-wq/tpinfer \
+        pad=build-pad/tpinfer
+    echo "at ${SECONDS}s"
     mk q8_0
     ABD=0 ab q8_0 sub=build/tpinfer walk=build-walk/tpinfer
-    mk q4_0
-    ABD=0 ab q4_0 sub=build/tpinfer walk=build-walk/tpinfer
     ;;
 esac

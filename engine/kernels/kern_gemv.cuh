@@ -31,6 +31,31 @@ static_assert(GV_WARPS == 1 << GV_LOG_WARPS, "GV_LOG_WARPS is log2(GV_WARPS)");
 
 #include "kern_gemv_dot.cuh" /* helpers and gv<T>: the per-type dot products */
 
+/* A measuring knob, never the default (bench/NOTES.md change 140): TPI_GV_PAD instructions
+ * more an item in gv_item_rows (TPI_GV_WALK 0), two chains of LOP3 on the item's first
+ * loaded word and their sum added to its row as +0 (nr >> 16 is 0 for the up to 8 rows
+ * a launch takes, which ptxas cannot know), so that the step's time says what an
+ * instruction of these loops costs. Device only. */
+#ifndef TPI_GV_PAD
+#define TPI_GV_PAD 0
+#endif
+template <typename R> __host__ __device__ __forceinline__ float gv_pad(const R &w, int nr) {
+#if TPI_GV_PAD > 2 && defined(__CUDA_ARCH__)
+    uint32_t v;
+    memcpy(&v, &w, sizeof v);
+    uint32_t t0 = v, t1 = v ^ 0x0F0F0F0Fu;
+#pragma unroll
+    for (int i = 0; i < (TPI_GV_PAD - 2) / 2; i++) {
+        asm volatile("lop3.b32 %0, %0, %1, 0x5a5a5a5a, 0x96;" : "+r"(t0) : "r"(v));
+        asm volatile("lop3.b32 %0, %0, %1, 0x3c3c3c3c, 0x96;" : "+r"(t1) : "r"(v));
+    }
+    return __int_as_float((t0 ^ t1) & (uint32_t)(nr >> 16));
+#else
+    (void)w, (void)nr;
+    return 0.0f;
+#endif
+}
+
 /* Kind p's permuted copies of x and where prepare puts them: kern_xq.cuh. */
 
 /* BF16/F16 weights, f32 x: an item is 8 values (16 bytes), a "block" of one item. */
@@ -698,6 +723,9 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
                     Q::template dot<NR, PERM>(w[u][rw], i % Q::IPB, xi, xs,
                                               ds + (size_t)blk * (Q::BLK / GV_QK), ne0 / GV_QK, nr,
                                               ok ? 1.0f : 0.0f, acc[rw]);
+#pragma unroll
+                for (int rw = 0; rw < RW; rw++)
+                    if (TPI_GV_PAD) acc[rw][0] += gv_pad(w[u][rw], nr);
             }
         }
     };
