@@ -12,7 +12,8 @@
 #     against both on the 8B Q4_0 (made again if the machine was not kept).
 #   PART=C: change 140 (the same bits): build-walk (TPI_GV_WALK=1: gv_item_rows's
 #     addresses walked by pointers, whole batches without the redo) and build-wq (with
-#     TPI_GV_Q4K=1 too: Q4_K's high nibbles in place and its scales by byte permutes);
+#     TPI_GV_Q4K=1 and TPI_GV_Q6S=1 too: Q4_K's high nibbles in place and its scales by
+#     byte permutes, Q6_K's groups' values without the offset and x's sum taken off);
 #     build-pad (TPI_GV_PAD=32: 32 instructions more an item, a measurement only);
 #     build-wq's test_gemv_cuda of Q4_K, Q6_K and Q8_0 and test_ops_fused cuda (the rings
 #     bitwise the one-row kernels); bench/ab.sh of build/ against the three on the 8B
@@ -81,7 +82,7 @@ C)
     MP=$!
     cfg build-walk -DTPI_GV_WALK=1
     bld build-walk tpinfer
-    cfg build-wq "-DTPI_GV_WALK=1 -DTPI_GV_Q4K=1"
+    cfg build-wq "-DTPI_GV_WALK=1 -DTPI_GV_Q4K=1 -DTPI_GV_Q6S=1"
     bld build-wq tpinfer test_gemv_cuda test_ops_fused
     cfg build-pad -DTPI_GV_PAD=32
     bld build-pad tpinfer

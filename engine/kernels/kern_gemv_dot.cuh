@@ -616,6 +616,9 @@ template <> struct gv<TPI_TYPE_Q5_K> {
  * 32 times x's sum (a dp4a with ones) taken off: the same integer sums with fewer
  * instructions than the per-byte subtraction, which sm_90 has no single instruction for
  * (3 a word); where x is shared by several rows its sum is taken once. */
+#ifndef TPI_GV_Q6S
+#define TPI_GV_Q6S 0
+#endif
 template <bool SUMX> __host__ __device__ __forceinline__ uint32_t gv_q6_ofs(uint32_t v) {
     return SUMX ? v : gv_vsub4(v, 0x20202020u); /* four 6-bit values, less 32 unless SUMX */
 }
@@ -706,8 +709,9 @@ template <> struct gv<KERN_TYPE_Q6_KX8> {
         w.d = gv_ld16(b + 1664 + 2 * (l >> 2));
     }
     /* x, ds: the group's first (kind a; block c's are 256c values and 8c pairs on) or the
-     * item's own x (kind p, from gv_item_rows) */
-    template <int NR, bool PERM, bool SUMX = false>
+     * item's own x (kind p, from gv_item_rows). TPI_GV_Q6S 1: SUMX in the matrix-vector
+     * kernels too (the layer tail takes it always; the same bits). */
+    template <int NR, bool PERM, bool SUMX = TPI_GV_Q6S != 0>
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int l, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
