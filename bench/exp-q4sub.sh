@@ -18,6 +18,11 @@
 #     build-wq's test_gemv_cuda of Q4_K, Q6_K and Q8_0 and test_ops_fused cuda (the rings
 #     bitwise the one-row kernels); bench/ab.sh of build/ against the three on the 8B
 #     Q4_K_M (depths 0 and 8192, 4 rounds), and against build-walk on the 8B Q8_0 (depth 0).
+#   PART=D: run 232's lead, Q4_K's and Q6_K's dots of change 140 (TPI_GV_Q4K=1 and
+#     TPI_GV_Q6S=1) on the default's addresses, without TPI_GV_WALK: that build made on the
+#     CPU machine (90-real, stripped) and carried as $BIN_DIR/tpinfer-q.xz (default
+#     .dev/q4d); bench/ab.sh of build/ against it on the 8B Q4_K_M (depths 0 and 8192, 4
+#     rounds; the greedy bytes checked as every ab.sh run does).
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"
@@ -100,5 +105,11 @@ C)
     [ "$SECONDS" -lt 470 ] || { echo "no time left for Q8_0"; exit 0; }
     mk q8_0
     ABD=0 ab q8_0 sub=build/tpinfer walk=build-walk/tpinfer
+    ;;
+D)
+    [ -x build/tpinfer ] || { cfg build; bld build tpinfer; }
+    BIN_DIR=${BIN_DIR:-.dev/q4d} unxz tpinfer-q || exit 1
+    mk q4_k_m
+    ROUNDS=4 ab q4_k_m sub=build/tpinfer q=/tmp/tpinfer-q
     ;;
 esac
