@@ -22,7 +22,8 @@
 #     TPI_GV_Q6S=1) on the default's addresses, without TPI_GV_WALK: that build made on the
 #     CPU machine (90-real, stripped) and carried as $BIN_DIR/tpinfer-q.xz (default
 #     .dev/q4d); bench/ab.sh of build/ against it on the 8B Q4_K_M (depths 0 and 8192, 4
-#     rounds; the greedy bytes checked as every ab.sh run does).
+#     rounds; the greedy bytes checked as every ab.sh run does); main's tpinfer as well
+#     where .dev/q4r is carried (PART=A's Q4_K_M pair: one call for the goal's model).
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"
@@ -109,7 +110,10 @@ C)
 D)
     [ -x build/tpinfer ] || { cfg build; bld build tpinfer; }
     BIN_DIR=${BIN_DIR:-.dev/q4d} unxz tpinfer-q || exit 1
+    # main too where its binary came (.dev/q4r): PART=A's Q4_K_M pair in the same call
+    M=()
+    BIN_DIR=.dev/q4r unxz tpinfer-main 2>/dev/null && M=(main=/tmp/tpinfer-main)
     mk q4_k_m
-    ROUNDS=4 ab q4_k_m sub=build/tpinfer q=/tmp/tpinfer-q
+    ROUNDS=4 ab q4_k_m "${M[@]}" sub=build/tpinfer q=/tmp/tpinfer-q
     ;;
 esac
