@@ -24,6 +24,10 @@
 #     .dev/q4d); bench/ab.sh of build/ against it on the 8B Q4_K_M (depths 0 and 8192, 4
 #     rounds; the greedy bytes checked as every ab.sh run does); main's tpinfer as well
 #     where .dev/q4r is carried (PART=A's Q4_K_M pair: one call for the goal's model).
+#   PART=M: the merge candidate (branch merge-141: changes 139 and 141 the defaults, change
+#     138's Q4_0 rings left out): every target built, `ctest -L gpu -E "parallel|comm"`,
+#     then bench/ab.sh of main (.dev/q4r) against it on the 8B Q4_K_M (depths 0 and 8192)
+#     and the 8B Q4_0 (depth 0).
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"
@@ -48,7 +52,7 @@ ab() { # ab TYPE NAME=BIN...
     shift
     echo "== $t"
     MODEL=/tmp/$t.gguf DEPTHS="${ABD:-0 8192}" ROUNDS=${ROUNDS:-3} GREEDY_LENS="300" OUT="$OUT" \
-        bash bench/ab.sh "$@" 2>&1 | grep -v "^d[0-9]"
+        bash bench/ab.sh "$@" 2>&1 | grep -v "^d[0-9]* "
     cp "$OUT/ab.txt" "$OUT/ab-$t-$PART.txt" 2>/dev/null
 }
 case ${PART:-A} in
@@ -115,5 +119,19 @@ D)
     BIN_DIR=.dev/q4r unxz tpinfer-main 2>/dev/null && M=(main=/tmp/tpinfer-main)
     mk q4_k_m
     ROUNDS=4 ab q4_k_m "${M[@]}" sub=build/tpinfer q=/tmp/tpinfer-q
+    ;;
+M)
+    cfg build
+    bld build
+    (mk q4_k_m && mk q4_0) &
+    MP=$!
+    (cd build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
+    wait $MP
+    BIN_DIR=${BIN_DIR:-.dev/q4r} unxz tpinfer-main || exit 1
+    echo "at ${SECONDS}s: ab"
+    ab q4_k_m main=/tmp/tpinfer-main m=build/tpinfer
+    ROUNDS=2 ABD=0 ab q4_0 main=/tmp/tpinfer-main m=build/tpinfer
+    echo "at ${SECONDS}s"
     ;;
 esac

@@ -1180,42 +1180,6 @@ template <> struct gv_ring_item<TPI_TYPE_Q5_K> : gv_ring_item<TPI_TYPE_Q4_K> {
         return gv<TPI_TYPE_Q4_K>::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
     }
 };
-/* Q4_0 in groups of 8 blocks (KERN_LAYOUT_Q4_0X8): an item is a block, 32 values (2 x
- * units) and one x scale; the sum and its scaling are gv<Q4_0>::dot's for one row. */
-template <> struct gv_ring_item<KERN_TYPE_Q4_0X8> {
-    using Q = gv<KERN_TYPE_Q4_0X8>;
-    static constexpr int UNITS = 2;
-#if TPI_GV_Q40 == 2
-    using dsv = float2; /* the block's (dx, dx*sum) */
-    static __device__ __forceinline__ dsv load_ds(const float2 *ds, int blk, int c) {
-        return gv_ldf2(ds + (size_t)blk * (Q::BLK / GV_QK) + c);
-    }
-#else
-    using dsv = float; /* the block's dx */
-    static __device__ __forceinline__ dsv load_ds(const float2 *ds, int blk, int c) {
-        return gv_ldf2(ds + (size_t)blk * (Q::BLK / GV_QK) + c).x;
-    }
-#endif
-    static __device__ __forceinline__ float dot(const uint8_t *row, int blk, int c,
-                                                const int4 (&xv)[UNITS], const dsv f) {
-        const uint8_t *b = row + blk * Q::BYTES;
-        const int4 a = *(const int4 *)(b + 16 * c);
-        const uint32_t w[4] = {(uint32_t)a.x, (uint32_t)a.y, (uint32_t)a.z, (uint32_t)a.w};
-        uint32_t lo[4], hi[4];
-        gv_q4_0_bytes<TPI_GV_Q40 != 0>(w, lo, hi);
-        int s = gv_dp4a_x4(hi, xv[1], gv_dp4a_x4(lo, xv[0], 0));
-        const float d = gv_h2f(*(const uint16_t *)(b + 128 + 2 * c));
-#if TPI_GV_Q40 == 2
-        return fmaf(d * f.x, (float)s, -8.0f * d * f.y);
-#else
-        if (TPI_GV_Q40 == 1) {
-            const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
-            s -= 8 * gv_dp4a_x4(ones, xv[1], gv_dp4a_x4(ones, xv[0], 0));
-        }
-        return d * f * (float)s;
-#endif
-    }
-};
 /* A ring kernel's lane's NI items of x (kind a's plain x, or kind p's permuted copy) and
  * their (d, d*sum) pairs, into registers for all its rows (loaded after the PDL wait). */
 template <int T, bool PERM, int NI>
@@ -1320,15 +1284,15 @@ template <auto K> static bool gv_smem_optin(size_t smem) {
     allowed = smem;
     return true;
 }
-/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K, Q5_K or grouped Q4_0
- * rows of GV_RING_NE0 values, 16-byte aligned, its shared memory allowed); false: nothing
+/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K or Q5_K rows of
+ * GV_RING_NE0 values, 16-byte aligned, its shared memory allowed); false: nothing
  * launched. */
 template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
                                const gv_xlayout &olay, cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K && T != KERN_TYPE_Q4_0X8) {
+    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K) {
         return false;
     } else {
         using Q = gv<T>;
@@ -1410,14 +1374,14 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
 }
 
 /* Launch gv_ring1_kernel for one weight w (n_sm * per_sm blocks) if it takes the shape
- * (Q4_K, Q5_K or grouped Q4_0 rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows
- * a warp, the shared memory allowed); false: nothing launched. x: kind p's permuted copy
- * of the type's items (gv_xp_of). */
+ * (Q4_K or Q5_K rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows a warp, the
+ * shared memory allowed); false: nothing launched. x: kind p's permuted copy of the type's
+ * items (gv_xp_of). */
 template <int T>
 static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, const struct tpi_weight *w, int per_sm,
                             const int8_t *x, const float2 *ds, float *y, bool accumulate,
                             cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K && T != KERN_TYPE_Q4_0X8) {
+    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K) {
         return false;
     } else {
         using Q = gv<T>;

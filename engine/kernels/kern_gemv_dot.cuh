@@ -448,7 +448,7 @@ template <> struct gv<TPI_TYPE_Q5_1> : gv_min_block<true> {};
  * scaled back by 1/16: the same floats (an integer times a power of two), one shift a
  * word fewer. */
 #ifndef TPI_GV_Q4K
-#define TPI_GV_Q4K 0 /* 1: HI16 and the byte-permute scales in the matrix-vector kernels */
+#define TPI_GV_Q4K 1 /* 0: the matrix-vector kernels without HI16 and the byte permutes */
 #endif
 /* Bytes of the 8-byte {b, a} (a's bytes 0-3, b's 4-7) that sel's four nibbles (0-7) name,
  * as one word (PTX prmt's default mode). */
@@ -617,7 +617,7 @@ template <> struct gv<TPI_TYPE_Q5_K> {
  * instructions than the per-byte subtraction, which sm_90 has no single instruction for
  * (3 a word); where x is shared by several rows its sum is taken once. */
 #ifndef TPI_GV_Q6S
-#define TPI_GV_Q6S 0
+#define TPI_GV_Q6S 1 /* 0: the per-byte subtraction in the matrix-vector kernels too */
 #endif
 template <bool SUMX> __host__ __device__ __forceinline__ uint32_t gv_q6_ofs(uint32_t v) {
     return SUMX ? v : gv_vsub4(v, 0x20202020u); /* four 6-bit values, less 32 unless SUMX */
