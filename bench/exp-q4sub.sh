@@ -26,8 +26,8 @@
 #     where .dev/q4r is carried (PART=A's Q4_K_M pair: one call for the goal's model).
 #   PART=M: the merge candidate (branch merge-141: changes 139 and 141 the defaults, change
 #     138's Q4_0 rings left out): every target built, `ctest -L gpu -E "parallel|comm"`,
-#     then bench/ab.sh of main (.dev/q4r) against it on the 8B Q4_K_M (depths 0 and 8192)
-#     and the 8B Q4_0 (depth 0).
+#     then bench/ab.sh of main (.dev/q4r) against it, 2 rounds, on the 8B Q4_K_M (depths 0
+#     and 8192) and the 8B Q4_0 (depth 0). ~4.5 min on a fresh machine.
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"
@@ -130,7 +130,7 @@ M)
     wait $MP
     BIN_DIR=${BIN_DIR:-.dev/q4r} unxz tpinfer-main || exit 1
     echo "at ${SECONDS}s: ab"
-    ab q4_k_m main=/tmp/tpinfer-main m=build/tpinfer
+    ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main m=build/tpinfer
     ROUNDS=2 ABD=0 ab q4_0 main=/tmp/tpinfer-main m=build/tpinfer
     echo "at ${SECONDS}s"
     ;;
