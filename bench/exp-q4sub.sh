@@ -28,6 +28,8 @@
 #     138's Q4_0 rings left out): every target built, `ctest -L gpu -E "parallel|comm"`,
 #     then bench/ab.sh of main (.dev/q4r) against it, 2 rounds, on the 8B Q4_K_M (depths 0
 #     and 8192) and the 8B Q4_0 (depth 0). ~4.5 min on a fresh machine.
+#   PART=T: PART=M's tests alone, for a call with little device time: test_gemv_cuda of
+#     every type the change touches and test_ops_fused cuda (~2 min on a fresh machine).
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"
@@ -119,6 +121,15 @@ D)
     BIN_DIR=.dev/q4r unxz tpinfer-main 2>/dev/null && M=(main=/tmp/tpinfer-main)
     mk q4_k_m
     ROUNDS=4 ab q4_k_m "${M[@]}" sub=build/tpinfer q=/tmp/tpinfer-q
+    ;;
+T)
+    cfg build
+    bld build test_gemv_cuda test_ops_fused
+    for g in api Q4_K Q5_K Q6_K Q4_0 Q5_0 Q8_0; do
+        echo "gemv $g: $(build/tests/test_gemv_cuda $g 2>&1 | tail -1)"
+    done
+    build/tests/test_ops_fused cuda >"$OUT/fused.log" 2>&1
+    echo "fused cuda rc=$?: $(tail -1 "$OUT/fused.log")"
     ;;
 M)
     cfg build
