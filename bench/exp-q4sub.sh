@@ -30,6 +30,9 @@
 #     and 8192) and the 8B Q4_0 (depth 0). ~4.5 min on a fresh machine.
 #   PART=T: PART=M's tests alone, for a call with little device time: test_gemv_cuda of
 #     every type the change touches and test_ops_fused cuda (~2 min on a fresh machine).
+# On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
+# (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
+# build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
 # Logs under $OUT.
 # shellcheck source=bench/gpu-lib.sh
 . "$(dirname "$0")/gpu-lib.sh"

@@ -201,7 +201,7 @@ START_TEST(test_host) {
     tu_rng_seed(&r, 11);
     /* (ne0, ne1): one block, a segment and a bit (partial last segment for every type),
      * several segments with odd row counts, and rows of exactly two items a lane (4096,
-     * 8192: the whole batches of gv_item_rows's TPI_GV_WALK) */
+     * 8192: gv_item_rows's batches of two, each whole) */
     const int64_t shapes[][2] = {{256, 1},  {256, 7},  {4352, 5}, {2304, 33},
                                  {8448, 3}, {6144, 3}, {4096, 3}, {8192, 2}};
     const int64_t rows[] = {1, 2, 3, 8};

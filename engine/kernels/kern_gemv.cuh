@@ -22,39 +22,8 @@
 #define GV_LOG_WARPS 2 /* log2(GV_WARPS) */
 static_assert(GV_WARPS == 1 << GV_LOG_WARPS, "GV_LOG_WARPS is log2(GV_WARPS)");
 #define GV_UNROLL 4 /* kind a: items per lane loaded before the first is used */
-/* gv_item_rows's addresses: 0, each item's block, x and pairs from its index (divisions,
- * remainders, sign extensions); 1, walked by pointers from the lane's first item (the same
- * items, loads and sums; bench/NOTES.md change 140). */
-#ifndef TPI_GV_WALK
-#define TPI_GV_WALK 0
-#endif
 
 #include "kern_gemv_dot.cuh" /* helpers and gv<T>: the per-type dot products */
-
-/* A measuring knob, never the default (bench/NOTES.md change 140): TPI_GV_PAD instructions
- * more an item in gv_item_rows (TPI_GV_WALK 0), two chains of LOP3 on the item's first
- * loaded word and their sum added to its row as +0 (nr >> 16 is 0 for the up to 8 rows
- * a launch takes, which ptxas cannot know), so that the step's time says what an
- * instruction of these loops costs. Device only. */
-#ifndef TPI_GV_PAD
-#define TPI_GV_PAD 0
-#endif
-template <typename R> __host__ __device__ __forceinline__ float gv_pad(const R &w, int nr) {
-#if TPI_GV_PAD > 2 && defined(__CUDA_ARCH__)
-    uint32_t v;
-    memcpy(&v, &w, sizeof v);
-    uint32_t t0 = v, t1 = v ^ 0x0F0F0F0Fu;
-#pragma unroll
-    for (int i = 0; i < (TPI_GV_PAD - 2) / 2; i++) {
-        asm volatile("lop3.b32 %0, %0, %1, 0x5a5a5a5a, 0x96;" : "+r"(t0) : "r"(v));
-        asm volatile("lop3.b32 %0, %0, %1, 0x3c3c3c3c, 0x96;" : "+r"(t1) : "r"(v));
-    }
-    return __int_as_float((t0 ^ t1) & (uint32_t)(nr >> 16));
-#else
-    (void)w, (void)nr;
-    return 0.0f;
-#endif
-}
 
 /* Kind p's permuted copies of x and where prepare puts them: kern_xq.cuh. */
 
@@ -654,53 +623,7 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
              int xs, const float2 *ds, int ne0, int nr, float (&acc)[RW][NR]) {
     using Q = gv<TYPE>;
     constexpr int GS = Q::BLK / Q::IPB == 32 ? GV_GS_B32 : GV_GS_K4; /* values an item */
-#if TPI_GV_WALK
-    /* step is a multiple of 32 (every caller: 32 lanes times the warps a row) and IPB
-     * divides 32, so a lane's items keep their place c in their block and, kind p, in x's
-     * permuted group (i & 31): only the block moves, step / IPB blocks an item. The
-     * weights, x and the pairs are walked by pointers from the lane's first item; items
-     * past the row end take the batch's first item's (the same items and sums as below). */
-    const int c = first % Q::IPB;
-    const unsigned bst = (unsigned)step / Q::IPB, b0 = (unsigned)first / Q::IPB;
-    const unsigned wst = bst * Q::BYTES, dst = bst * (Q::BLK / GV_QK);
-    const unsigned xst = PERM ? (unsigned)GS * ((unsigned)step >> 5) : bst * Q::BLK;
-    const uint8_t *wp[RW];
-#pragma unroll
-    for (int rw = 0; rw < RW; rw++)
-        wp[rw] = wr[rw] + (size_t)b0 * Q::BYTES;
-    const int8_t *xp = x + (PERM ? (size_t)GS * ((unsigned)first >> 5) + 16 * ((unsigned)first & 31)
-                                 : (size_t)b0 * Q::BLK);
-    const float2 *dp = ds + (size_t)b0 * (Q::BLK / GV_QK);
-    auto rows = [&](auto u_c, auto full_c) {
-        constexpr int U = decltype(u_c)::value;
-        constexpr bool FULL = decltype(full_c)::value;
-        for (int it = first; it < n_items; it += U * step) {
-            typename Q::raw w[U][RW];
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const unsigned k = FULL || u == 0 || it + u * step < n_items ? u : 0;
-#pragma unroll
-                for (int rw = 0; rw < RW; rw++)
-                    Q::load(w[u][rw], wp[rw] + k * wst, c);
-            }
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const bool ok = FULL || u == 0 || it + u * step < n_items;
-                const unsigned k = ok ? u : 0;
-#pragma unroll
-                for (int rw = 0; rw < RW; rw++)
-                    Q::template dot<NR, PERM>(w[u][rw], c, xp + k * xst, xs, dp + k * dst,
-                                              ne0 / GV_QK, nr, ok ? 1.0f : 0.0f, acc[rw]);
-            }
-#pragma unroll
-            for (int rw = 0; rw < RW; rw++)
-                wp[rw] += U * wst;
-            xp += U * xst;
-            dp += U * dst;
-        }
-    };
-#else
-    auto rows = [&](auto u_c, auto) {
+    auto rows = [&](auto u_c) {
         constexpr int U = decltype(u_c)::value;
         for (int it = first; it < n_items; it += U * step) {
             typename Q::raw w[U][RW];
@@ -723,13 +646,9 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
                     Q::template dot<NR, PERM>(w[u][rw], i % Q::IPB, xi, xs,
                                               ds + (size_t)blk * (Q::BLK / GV_QK), ne0 / GV_QK, nr,
                                               ok ? 1.0f : 0.0f, acc[rw]);
-#pragma unroll
-                for (int rw = 0; rw < RW; rw++)
-                    if (TPI_GV_PAD) acc[rw][0] += gv_pad(w[u][rw], nr);
             }
         }
     };
-#endif
     /* kind p's one x row and weight row a warp of Q4_K, Q5_K and Q6_K's groups: rows of 6
      * items a lane (K 12288, the down products) in one batch of 6 instead of 4, then 2
      * with 2 redone at weight 0 (test_gemv_cuda bench, us: Q4_K 12288 x 4096 10.53 ->
@@ -738,20 +657,12 @@ gv_item_rows(const uint8_t *const (&wr)[RW], int n_items, int first, int step, c
     constexpr bool ONE6 =
         NR == 1 && RW == 1 && PERM &&
         (TYPE == TPI_TYPE_Q4_K || TYPE == TPI_TYPE_Q5_K || TYPE == KERN_TYPE_Q6_KX8);
-    /* full: every batch whole (TPI_GV_WALK; the row a whole number of batches a lane),
-     * so no item is redone and none needs its weight */
-    using full = std::integral_constant<bool, TPI_GV_WALK != 0>;
-    using part = std::false_type;
-    if (n_items <= 2 * step) {
-        if (full::value && n_items == 2 * step)
-            rows(std::integral_constant<int, 2>{}, full{});
-        else
-            rows(std::integral_constant<int, 2>{}, part{});
-    } else if (ONE6 && n_items == 6 * step) {
-        rows(std::integral_constant < int, ONE6 ? 6 : GV_UNROLL > {}, full{});
-    } else {
-        rows(std::integral_constant<int, GV_UNROLL>{}, part{});
-    }
+    if (n_items <= 2 * step)
+        rows(std::integral_constant<int, 2>{});
+    else if (ONE6 && n_items == 6 * step)
+        rows(std::integral_constant < int, ONE6 ? 6 : GV_UNROLL > {});
+    else
+        rows(std::integral_constant<int, GV_UNROLL>{});
 }
 
 /* The weights of one launch (kern_gemv_v3_run_n): up to OPS_MAX_FUSED weights that share

@@ -220,7 +220,7 @@ __host__ __device__ __forceinline__ const int8_t *gv_xunit(const int8_t *x, int 
  * int8 weights as 8 words (a: values 0..15, b: 16..31) against x row r's block; MIN (the
  * types with a block minimum m, value = d*q + m): plus m * (dx_r * sum x_r), from the
  * block's (d, d*sum) pair. */
-template <int NR, bool PERM, bool MIN = false, int OFS = 0>
+template <int NR, bool PERM, bool MIN = false>
 __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint32_t *b, float d,
                                                   const int8_t *x, int xs, const float2 *ds,
                                                   int dss, int nr, float (&acc)[NR],
@@ -231,11 +231,7 @@ __host__ __device__ __forceinline__ void gv_dot32(const uint32_t *a, const uint3
             const int8_t *xr = x + (size_t)r * xs;
             const int4 x0 = gv_ldx128(gv_xunit<PERM>(xr, 0, 0));
             const int4 x1 = gv_ldx128(gv_xunit<PERM>(xr, 16, 1));
-            int s = gv_dp4a_x4(b, x1, gv_dp4a_x4(a, x0, 0));
-            if (OFS) { /* the weights' offset OFS off every value: OFS times x's sum */
-                const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
-                s -= OFS * gv_dp4a_x4(ones, x1, gv_dp4a_x4(ones, x0, 0));
-            }
+            const int s = gv_dp4a_x4(b, x1, gv_dp4a_x4(a, x0, 0));
             if (MIN) {
                 const float2 f = gv_ldf2(ds + (size_t)r * dss);
                 acc[r] += fmaf(d * f.x, (float)s, m * f.y);
@@ -290,29 +286,17 @@ template <> struct gv<KERN_TYPE_Q8_0X8> {
 };
 
 /* Q4_0's 16 quant bytes as 4 words w (byte j: value j's low nibble, value j + 16's high)
- * to bytes q - 8 (OFS false) or q (OFS true: the 8 taken off elsewhere): values 0..15 in
- * lo, 16..31 in hi. */
-template <bool OFS = false>
+ * to the signed bytes q - 8: values 0..15 in lo, 16..31 in hi. */
 __host__ __device__ __forceinline__ void gv_q4_0_bytes(const uint32_t *w, uint32_t (&lo)[4],
                                                        uint32_t (&hi)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         lo[i] = w[i] & 0x0F0F0F0Fu;
         hi[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
-        if (!OFS) {
-            lo[i] = gv_vsub4(lo[i], 0x08080808u);
-            hi[i] = gv_vsub4(hi[i], 0x08080808u);
-        }
+        lo[i] = gv_vsub4(lo[i], 0x08080808u);
+        hi[i] = gv_vsub4(hi[i], 0x08080808u);
     }
 }
-
-/* Q4_0's form of the dot (an experiment's knob): 0 the signed bytes q - 8; 1 the nibbles
- * as they are and 8 times x's sum taken off (one row: the same integer sums, more dp4a
- * and fewer ALU instructions); 2 the nibbles as they are and -8d as a block minimum
- * against the pair's d*sum (Q4_1's form: other roundings). */
-#ifndef TPI_GV_Q40
-#define TPI_GV_Q40 0
-#endif
 
 /* Q4_0: an item is a block: f16 d, 16 bytes; byte j = value j (low nibble), j+16
  * (high), q - 8. */
@@ -331,16 +315,8 @@ template <> struct gv<TPI_TYPE_Q4_0> {
                                                         float keep, float (&acc)[NR]) {
         const float d = gv_h2f((uint16_t)wr.d) * keep;
         uint32_t lo[4], hi[4];
-        if (TPI_GV_Q40 == 2) {
-            gv_q4_0_bytes<true>(wr.q, lo, hi);
-            gv_dot32<NR, PERM, true>(lo, hi, d, x, xs, ds, dss, nr, acc, -8.0f * d);
-        } else if (TPI_GV_Q40 == 1 && NR == 1) {
-            gv_q4_0_bytes<true>(wr.q, lo, hi);
-            gv_dot32<NR, PERM, false, 8>(lo, hi, d, x, xs, ds, dss, nr, acc);
-        } else {
-            gv_q4_0_bytes(wr.q, lo, hi);
-            gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
-        }
+        gv_q4_0_bytes(wr.q, lo, hi);
+        gv_dot32<NR, PERM>(lo, hi, d, x, xs, ds, dss, nr, acc);
     }
 };
 
