@@ -937,13 +937,16 @@ START_TEST(test_chat) {
         "%s[{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": [{\"function\": "
         "{\"name\": \"f\", \"arguments\": \"{}\"}}]}]}}\n"
         "%s%s, {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"function\": "
-        "{\"name\": \"f\", \"arguments\": \"{oops}\"}}]}]}}\n",
+        "{\"name\": \"f\", \"arguments\": \"{oops}\"}}]}]}}\n"
+        "%s%s], %s, \"max_tokens\": 2, \"logit_bias\": {\"151644\": 100}}}\n"
+        "%s%s], %s, \"tool_choice\": \"none\", \"max_tokens\": 2, \"logit_bias\": "
+        "{\"151644\": 100}}}\n",
         q, q, q, q, q, q, q, q, q, q, q, q, q, q, oai, q, tools, oai, q, tools, oai, q, tools, oai,
-        q, oai, q, tools, oai_m, oai, q);
+        q, oai, q, tools, oai_m, oai, q, oai, q, tools, oai, q, tools);
     write_file(path_in("chat.jsonl"), text);
     const char *args[] = {
         "-f", path_in("chat.jsonl"), "-o", path_in("chat.out"), "-n", "1", "--temp", "0", NULL};
-    char *norm = run_records(1, args, path_in("chat.out"), 22);
+    char *norm = run_records(1, args, path_in("chat.out"), 24);
     const int plain = prompt_len(norm, 1, NULL, 0);
     ck_assert_int_gt(plain, 0);
     ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
@@ -961,6 +964,19 @@ START_TEST(test_chat) {
     ck_assert_int_gt(with_tools, plain + 100);
     ck_assert_int_eq(prompt_len(norm, 17, NULL, 0), with_tools);
     ck_assert_int_gt(prompt_len(norm, 20, NULL, 0), with_tools + 10);
+    // A control token drawn (<|im_start|>, biased): in the text where the model may call
+    // tools (vLLM's tool parsers keep special tokens), dropped where it may not.
+    const char *const want_text[2] = {"<|im_start|><|im_start|>", ""};
+    for (int k = 0; k < 2; k++) {
+        cJSON *rec = record_by_line(norm, 23 + k);
+        const cJSON *body = cJSON_GetObjectItem(cJSON_GetObjectItem(rec, "response"), "body");
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(body, "choices"), 0);
+        const cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "message"), "content");
+        ck_assert_msg(cJSON_IsString(content) && !strcmp(content->valuestring, want_text[k]),
+                      "line %d: content %s", 23 + k,
+                      cJSON_IsString(content) ? content->valuestring : "(none)");
+        cJSON_Delete(rec);
+    }
     const struct line_error errs[] = {
         {8, "renders no 'developer' messages"},
         {9, "\"tools\" is not supported"},
@@ -989,7 +1005,7 @@ START_TEST(test_chat) {
                          "--chat-template-kwargs",
                          "{\"enable_thinking\": false}",
                          NULL};
-    norm = run_records(1, off, path_in("chat-off.out"), 22);
+    norm = run_records(1, off, path_in("chat-off.out"), 24);
     ck_assert_int_eq(prompt_len(norm, 1, NULL, 0), plain + 4);
     ck_assert_int_eq(prompt_len(norm, 2, NULL, 0), plain + 4);
     ck_assert_int_eq(prompt_len(norm, 3, NULL, 0), plain);

@@ -204,6 +204,7 @@ static int cb_next(void *user, struct sched_request *rq) {
         rq->n_stop_ids = r->n_stop_ids;
         rq->ignore_eos = r->ignore_eos;
         rq->keep_stop_string = r->keep_stop_string;
+        rq->render_control = r->tools == REQ_TOOLS_AUTO; // a <tool_call> token kept for the parser
         rq->min_tokens = r->min_tokens;
         rq->bias_ids = r->bias_ids;
         rq->bias_vals = r->bias_vals;

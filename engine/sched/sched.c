@@ -37,7 +37,7 @@ struct slot {
     size_t max_stop_len;
     int32_t *stop_ids;       /* (n_stop_ids) owned */
     int n_stop_ids;
-    bool ignore_eos, keep_stop_string;
+    bool ignore_eos, keep_stop_string, render_control;
     int min_tokens;
     int32_t *ban;            /* decider, min_tokens > 0: the ids that would end it (n_ban) */
     int n_ban;
@@ -148,7 +148,8 @@ static void put_request(struct buf *b, int slot_idx, const struct sched_request 
         put_i32(b, len);
         put(b, rq->stop[i], (size_t)len);
     }
-    put_i32(b, (rq->ignore_eos ? 1 : 0) | (rq->keep_stop_string ? 2 : 0));
+    put_i32(b, (rq->ignore_eos ? 1 : 0) | (rq->keep_stop_string ? 2 : 0) |
+                   (rq->render_control ? 4 : 0));
     put_i32(b, rq->min_tokens);
     put_i32(b, rq->n_stop_ids);
     put(b, rq->stop_ids, sizeof(int32_t) * (size_t)rq->n_stop_ids);
@@ -197,6 +198,7 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
     const int32_t flags = get_i32(b);
     s->ignore_eos = flags & 1;
     s->keep_stop_string = flags & 2;
+    s->render_control = flags & 4;
     s->min_tokens = get_i32(b);
     s->n_stop_ids = get_i32(b);
     if (b->bad || s->min_tokens < 0 || s->n_stop_ids < 0 ||
@@ -227,7 +229,7 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
     s->tokens = malloc(sizeof(int32_t) * ng);
     s->text = malloc(256);
     s->cap_text = 256;
-    s->ts = tok_stream_new(tok, false);
+    s->ts = tok_stream_new(tok, s->render_control);
     if (K > 0) {
         s->lp_ids = malloc(sizeof(int32_t) * ng * K);
         s->lp_vals = malloc(sizeof(float) * ng * K);

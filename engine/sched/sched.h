@@ -52,6 +52,8 @@ struct sched_request {
     bool ignore_eos;          /* EOG ids are ordinary tokens (vLLM's ignore_eos) */
     bool keep_stop_string;    /* the text ends after the stop string, not before it (vLLM's
                                  include_stop_str_in_output) */
+    bool render_control;      /* CONTROL tokens are written into the text (vLLM's
+                                 skip_special_tokens false, which its tool parsers set) */
     const int32_t *bias_ids;  /* (n_bias) OpenAI's logit_bias: ids, each once, */
     const float *bias_vals;   /* and what is added to their logits at every draw */
     int n_bias;
