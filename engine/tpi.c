@@ -83,6 +83,13 @@ void tpi_log(int level, const char *fmt, ...) {
     fflush(stderr);
 }
 
+char *tpi_strdup(const char *s) {
+    const size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
 double tpi_time_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

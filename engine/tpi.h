@@ -43,6 +43,9 @@ int tpi_err_wrap(struct tpi_error *err, const char *fmt, ...) __attribute__((for
 /* Reset `err` to TPI_OK with an empty message. */
 void tpi_err_clear(struct tpi_error *err);
 
+/* A malloc'd copy of the NUL-terminated s; NULL when memory ran out. */
+char *tpi_strdup(const char *s);
+
 /* Short name of a status ("io", "format", ...); never NULL. */
 const char *tpi_status_name(int status);
 

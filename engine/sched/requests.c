@@ -36,13 +36,6 @@ static int req_fail(struct batch_req *r, const char *fmt, ...) {
     return -1;
 }
 
-static char *dup_str(const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
 /* An integer-valued JSON number into *out within [lo, hi]; absent or null keeps *out. */
 static int get_int(struct batch_req *r, const cJSON *o, const char *key, long long lo,
                    long long hi, long long *out) {
@@ -79,7 +72,8 @@ static int get_stop(struct batch_req *r, const cJSON *o) {
     const cJSON *it = cJSON_IsString(v) ? one[0] : v->child;
     for (int i = 0; i < n; i++, it = it->next) {
         if (!cJSON_IsString(it)) return req_fail(r, "\"stop\" entry %d is not a string", i);
-        if (!(r->stop[r->n_stop] = dup_str(it->valuestring))) return req_fail(r, "out of memory");
+        if (!(r->stop[r->n_stop] = tpi_strdup(it->valuestring)))
+            return req_fail(r, "out of memory");
         r->n_stop++;
     }
     return 0;
@@ -512,7 +506,7 @@ static int encode_prompt(struct batch_req *r, const struct tokenizer *tok, const
 static char *line_id(long line) {
     char b[32];
     snprintf(b, sizeof b, "%ld", line);
-    return dup_str(b);
+    return tpi_strdup(b);
 }
 
 /* Parse one JSON line into r (r->line, defaults already set). */
@@ -572,7 +566,7 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
         return;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
-    if (cJSON_IsString(model)) r->model_name = dup_str(model->valuestring);
+    if (cJSON_IsString(model)) r->model_name = tpi_strdup(model->valuestring);
     if (get_sampling(r, body) || get_ends(r, body, d)) {
         cJSON_Delete(j);
         return;

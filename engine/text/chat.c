@@ -49,13 +49,6 @@ static char *default_system(const char *tmpl) {
     return NULL;
 }
 
-static char *dup_s(const char *s) {
-    const size_t n = strlen(s);
-    char *d = malloc(n + 1);
-    if (d) memcpy(d, s, n + 1);
-    return d;
-}
-
 static void jput(struct json_buf *b, const char *s) {
     json_buf_put(b, s, strlen(s));
 }
@@ -73,9 +66,9 @@ int tok_tool_call_init(struct tok_tool_call *c, const char *name, const char *ar
     memset(c, 0, sizeof *c);
     const char *ab = arguments ? arguments : "", *ae = ab + strlen(ab);
     const char *why = NULL;
-    c->name = dup_s(name ? name : "");
+    c->name = tpi_strdup(name ? name : "");
     c->arguments = json_py_dumps(ab, ae, &why);
-    const bool str = c->arguments && json_is_string(ab, ae);
+    const bool str = c->arguments && c->arguments[0] == '"'; // printed: a string's quote
     if (str) c->arguments_str = json_string_value(ab, ae);
     if (c->name && c->arguments && (!str || c->arguments_str)) return TPI_OK;
     tok_tool_call_free(c);
@@ -85,6 +78,23 @@ int tok_tool_call_init(struct tok_tool_call *c, const char *name, const char *ar
                        "can pass on (%s)",
                        why);
     return tpi_err(err, TPI_ERR_NOMEM, "out of memory for a tool call");
+}
+
+/* A tool function's optional member `key` of [fb, fe) as vLLM's model dump has it, into o:
+ * its value as Python prints it (a string, or with `object` a JSON object), or null when
+ * absent or null. False (err set) when it is of another kind or cannot be printed. */
+static bool put_optional(struct json_buf *o, const char *fb, const char *fe, const char *key,
+                         bool object, struct tpi_error *err) {
+    const char *vb, *ve, *why = NULL;
+    if (!json_member(fb, fe, key, &vb, &ve) || json_is_null(vb, ve)) {
+        jput(o, "null");
+        return true;
+    }
+    if ((object ? json_is_object(vb, ve) : json_is_string(vb, ve)) && json_py_put(o, vb, ve, &why))
+        return true;
+    tpi_err(err, TPI_ERR_INVALID, "a tool function's \"%s\" %s%s%s", key,
+            object ? "are not a JSON object" : "is not a string", why ? ": " : "", why ? why : "");
+    return false;
 }
 
 char *tok_tool_json(const char *b, const char *e, struct tpi_error *err) {
@@ -137,29 +147,13 @@ char *tok_tool_json(const char *b, const char *e, struct tpi_error *err) {
         return NULL;
     }
     struct json_buf o = {0};
-    const char *why = NULL;
     jput(&o, "{\"type\": \"function\", \"function\": {\"name\": ");
     json_py_put_string(&o, name);
     free(name);
     jput(&o, ", \"description\": ");
-    bool ok = true;
-    if (!json_member(fb, fe, "description", &vb, &ve) || json_is_null(vb, ve)) {
-        jput(&o, "null");
-    } else if (!json_is_string(vb, ve) || !json_py_put(&o, vb, ve, &why)) {
-        tpi_err(err, TPI_ERR_INVALID, "a tool function's \"description\" is not a string%s%s",
-                why ? ": " : "", why ? why : "");
-        ok = false;
-    }
+    bool ok = put_optional(&o, fb, fe, "description", false, err);
     jput(&o, ", \"parameters\": ");
-    if (!ok) {
-        // reported
-    } else if (!json_member(fb, fe, "parameters", &vb, &ve) || json_is_null(vb, ve)) {
-        jput(&o, "null");
-    } else if (!json_is_object(vb, ve) || !json_py_put(&o, vb, ve, &why)) {
-        tpi_err(err, TPI_ERR_INVALID, "a tool function's \"parameters\" are not a JSON object%s%s",
-                why ? ": " : "", why ? why : "");
-        ok = false;
-    }
+    ok = ok && put_optional(&o, fb, fe, "parameters", true, err);
     jput(&o, "}}");
     if (ok && o.failed) {
         tpi_err(err, TPI_ERR_NOMEM, "out of memory for a tool");
