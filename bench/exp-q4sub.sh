@@ -30,6 +30,12 @@
 #     and 8192) and the 8B Q4_0 (depth 0). ~4.5 min on a fresh machine.
 #   PART=T: PART=M's tests alone, for a call with little device time: test_gemv_cuda of
 #     every type the change touches and test_ops_fused cuda (~2 min on a fresh machine).
+#   PART=R: change 142 (branch q4-ring: change 138's Q4_0 rings on main, gv_ring1_kernel
+#     keeping the one-row kernel's split of a row over 2 warps): every target built,
+#     `ctest -L gpu -E "parallel|comm"` (main's own changes 139 and 141 checked with it),
+#     build-r0 (TPI_GV_Q40RING=0: this main without the Q4_0 rings) built beside it;
+#     bench/ab.sh, 2 rounds: main before 139/141 (.dev/q4r), r0 and the branch on the 8B
+#     Q4_0 (depth 0), main before and the branch on the 8B Q4_K_M (depths 0 and 8192).
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -146,6 +152,26 @@ M)
     echo "at ${SECONDS}s: ab"
     ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main m=build/tpinfer
     ROUNDS=2 ABD=0 ab q4_0 main=/tmp/tpinfer-main m=build/tpinfer
+    echo "at ${SECONDS}s"
+    ;;
+R)
+    cfg build
+    bld build
+    (mk q4_0 && mk q4_k_m) &
+    MP=$!
+    (cd build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    CP=$!
+    cfg build-r0 -DTPI_GV_Q40RING=0
+    bld build-r0 tpinfer
+    wait $CP
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
+    wait $MP
+    BIN_DIR=${BIN_DIR:-.dev/q4r} unxz tpinfer-main || exit 1
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=2 ABD=0 ab q4_0 main=/tmp/tpinfer-main r0=build-r0/tpinfer ring=build/tpinfer
+    echo "at ${SECONDS}s"
+    [ "$SECONDS" -lt 450 ] || { echo "no time left for Q4_K_M"; exit 0; }
+    ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main ring=build/tpinfer
     echo "at ${SECONDS}s"
     ;;
 esac

@@ -1056,6 +1056,9 @@ template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
  * sums and the output stage are the kernel above's (gv_ring_item runs what gv<T>::dot
  * runs), so g, u and g's int8 form are bitwise the same. */
 #define GV_RING_NE0 4096 /* the one row length */
+#ifndef TPI_GV_Q40RING
+#define TPI_GV_Q40RING 1 /* 0: grouped Q4_0 takes neither ring kernel (measuring change 142) */
+#endif
 /* One item of type T from a row in shared memory against x units held in registers
  * (a type the ring kernel takes specializes it). */
 template <int T> struct gv_ring_item;
@@ -1089,6 +1092,27 @@ template <> struct gv_ring_item<TPI_TYPE_Q5_K> : gv_ring_item<TPI_TYPE_Q4_K> {
         w.hb = *(const int4 *)(b + 32);
         w.hd = *(const int4 *)b;
         return gv<TPI_TYPE_Q4_K>::row_dot(Q::unpack(w, c, 1.0f), xv[0], xv[1], xv[2], xv[3], f);
+    }
+};
+/* Q4_0 in groups of 8 blocks (KERN_LAYOUT_Q4_0X8): an item is a block, 32 values (2 x
+ * units) and one x scale; the sum and its scaling are gv<Q4_0>::dot's for one row. */
+template <> struct gv_ring_item<KERN_TYPE_Q4_0X8> {
+    using Q = gv<KERN_TYPE_Q4_0X8>;
+    static constexpr int UNITS = 2;
+    using dsv = float; /* the block's dx */
+    static __device__ __forceinline__ dsv load_ds(const float2 *ds, int blk, int c) {
+        return gv_ldf2(ds + (size_t)blk * (Q::BLK / GV_QK) + c).x;
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *row, int blk, int c,
+                                                const int4 (&xv)[UNITS], const dsv f) {
+        const uint8_t *b = row + blk * Q::BYTES;
+        const int4 a = *(const int4 *)(b + 16 * c);
+        const uint32_t w[4] = {(uint32_t)a.x, (uint32_t)a.y, (uint32_t)a.z, (uint32_t)a.w};
+        uint32_t lo[4], hi[4];
+        gv_q4_0_bytes(w, lo, hi);
+        const int s = gv_dp4a_x4(hi, xv[1], gv_dp4a_x4(lo, xv[0], 0));
+        const float d = gv_h2f(*(const uint16_t *)(b + 128 + 2 * c));
+        return d * f * (float)s;
     }
 };
 /* A ring kernel's lane's NI items of x (kind a's plain x, or kind p's permuted copy) and
@@ -1195,15 +1219,16 @@ template <auto K> static bool gv_smem_optin(size_t smem) {
     allowed = smem;
     return true;
 }
-/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K or Q5_K rows of
- * GV_RING_NE0 values, 16-byte aligned, its shared memory allowed); false: nothing
+/* Launch the ring kernel for one gate/up pair if it takes it (Q4_K, Q5_K or grouped Q4_0
+ * rows of GV_RING_NE0 values, 16-byte aligned, its shared memory allowed); false: nothing
  * launched. */
 template <int T, bool PERM>
 static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg, const uint8_t *du,
                                size_t row_bytes, int ne0, int n_ff, const int8_t *x,
                                const float2 *ds, float *g, float *u, int8_t *oq, float2 *ods,
                                const gv_xlayout &olay, cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K) {
+    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K &&
+                  (T != KERN_TYPE_Q4_0X8 || !TPI_GV_Q40RING)) {
         return false;
     } else {
         using Q = gv<T>;
@@ -1230,10 +1255,12 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
  * it loads x (kind p's permuted copy, in registers), dots its rows from shared memory and
  * stores. The items, their order and the sums are the one-row kind p kernel's
  * (gv_ring_item runs what gv<T>::dot runs; y's value added last, copied into shared
- * memory at the wait as gv_y_pre does): y bitwise the same. bench/NOTES.md change 97
- * (`TPI_GEMV_RING1`). */
+ * memory at the wait as gv_y_pre does): y bitwise the same. P: that kernel's warps a row
+ * (gv_wpr: 2 for Q4_0's 128 items on fewer rows than 1056 of 4096 values); each lane
+ * then sums part v % P's items apart, and the P warp sums are added in gv_store's order.
+ * bench/NOTES.md change 97 (`TPI_GEMV_RING1`), change 142 (Q4_0). */
 #define GV_RING1_WARPS 4
-template <int T, int S>
+template <int T, int S, int P>
 __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
     gv_ring1_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int ne1, const int8_t *x,
                     const float2 *ds, float *y, bool accumulate) {
@@ -1242,6 +1269,7 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
     constexpr int W = GV_RING1_WARPS, RB = GV_RING_NE0 / Q::BLK * Q::BYTES, PIECES = RB / 16;
     constexpr int NI = GV_RING_NE0 / Q::BLK * Q::IPB / 32; /* items a lane */
     static_assert(RB % 16 == 0 && S <= 32, "rows of whole 16-byte pieces, a y value a lane");
+    static_assert(NI % P == 0, "whole parts");
     extern __shared__ __align__(16) uint8_t gv_ring[];
     __shared__ float ys[W][S];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -1273,42 +1301,60 @@ __global__ void __launch_bounds__(GV_RING1_WARPS * 32)
 #pragma unroll 1
     for (int k = 0; k < nr; k++) {
         const uint8_t *slot = ring + (size_t)k * RB;
-        float acc = 0.0f;
+        float part[P];
+#pragma unroll
+        for (int p = 0; p < P; p++)
+            part[p] = 0.0f;
 #pragma unroll
         for (int v = 0; v < NI; v++) {
             const int i = lane + 32 * v;
-            acc += It::dot(slot, i / Q::IPB, i % Q::IPB, xv[v], xf[v]);
+            part[v % P] += It::dot(slot, i / Q::IPB, i % Q::IPB, xv[v], xf[v]);
         }
-        acc = gv_warp_sum(acc);
+        float acc = gv_warp_sum(part[0]);
+        if (P > 1) { /* gv_store's sum of the parts: from 0, in part order */
+            acc = 0.0f;
+#pragma unroll
+            for (int p = 0; p < P; p++)
+                acc += gv_warp_sum(part[p]);
+        }
         if (lane == 0) y[r0 + k] = accumulate ? ys[warp][k] + acc : acc;
     }
 }
 
 /* Launch gv_ring1_kernel for one weight w (n_sm * per_sm blocks) if it takes the shape
- * (Q4_K or Q5_K rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows a warp, the
- * shared memory allowed); false: nothing launched. x: kind p's permuted copy of the type's
- * items (gv_xp_of). */
+ * (Q4_K, Q5_K or grouped Q4_0 rows of GV_RING_NE0 values, 16-byte aligned, at most 8 rows
+ * a warp, the shared memory allowed); false: nothing launched. x: kind p's permuted copy
+ * of the type's items (gv_xp_of). wpr: the warps a row the one-row kind p launch of w
+ * gives it (gv_segs_of; 1 or 2), whose split of the items and order of sums the kernel
+ * keeps. */
 template <int T>
 static bool gv_ring1_launch(struct ops_ctx *ctx, bool pdl, const struct tpi_weight *w, int per_sm,
-                            const int8_t *x, const float2 *ds, float *y, bool accumulate,
-                            cudaStream_t stream) {
-    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K) {
+                            int wpr, const int8_t *x, const float2 *ds, float *y,
+                            bool accumulate, cudaStream_t stream) {
+    if constexpr (T != TPI_TYPE_Q4_K && T != TPI_TYPE_Q5_K &&
+                  (T != KERN_TYPE_Q4_0X8 || !TPI_GV_Q40RING)) {
         return false;
     } else {
         using Q = gv<T>;
         const int ne1 = (int)w->ne1, blocks = ctx->n_sm * per_sm;
         const int rows = (ne1 + blocks * GV_RING1_WARPS - 1) / (blocks * GV_RING1_WARPS);
         if (w->ne0 != GV_RING_NE0 || w->row_bytes != (size_t)GV_RING_NE0 / Q::BLK * Q::BYTES ||
-            ((uintptr_t)w->data & 15) || rows > 8 || blocks <= 0)
+            ((uintptr_t)w->data & 15) || rows > 8 || blocks <= 0 ||
+            (wpr != 1 && (wpr != 2 || T != KERN_TYPE_Q4_0X8)))
             return false;
-        auto go = [&](auto s_c) {
+        auto go_p = [&](auto s_c, auto p_c) {
             constexpr int S = decltype(s_c)::value;
             const size_t smem = (size_t)GV_RING1_WARPS * S * w->row_bytes;
-            constexpr auto kern = gv_ring1_kernel<T, S>;
+            constexpr auto kern = gv_ring1_kernel<T, S, decltype(p_c)::value>;
             if (smem > (size_t)ctx->smem_optin || !gv_smem_optin<kern>(smem)) return false;
             kern_launch(pdl, kern, dim3((unsigned)blocks), dim3(GV_RING1_WARPS * 32), smem, stream,
                         (const uint8_t *)w->data, w->row_bytes, ne1, x, ds, y, accumulate);
             return true;
+        };
+        auto go = [&](auto s_c) {
+            if constexpr (T == KERN_TYPE_Q4_0X8)
+                if (wpr == 2) return go_p(s_c, std::integral_constant<int, 2>{});
+            return go_p(s_c, std::integral_constant<int, 1>{});
         };
         return rows <= 2   ? go(std::integral_constant<int, 2>{})
                : rows <= 4 ? go(std::integral_constant<int, 4>{})

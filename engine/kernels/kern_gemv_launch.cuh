@@ -136,7 +136,8 @@ static void gv_run_t(struct ops_ctx *ctx, int n, const struct tpi_weight *const 
              * attention's blocks and lost 1.6 %: runs 167-168, bench/NOTES.md change 97) */
             if (NR == 1 && n == 1 && rpw == 1 && c.ring1 && !sg.trigger &&
                 (c.ring1all || ctx->gemv_prefetch == 2) &&
-                gv_ring1_launch<T>(ctx, pdl, w, c.ring1, xp, gx->ds, ys[0], accumulate, stream))
+                gv_ring1_launch<T>(ctx, pdl, w, c.ring1, sg.wpr[0], xp, gx->ds, ys[0], accumulate,
+                                   stream))
                 return;
             by_rpw([&](auto rw_c) {
                 kern_launch(pdl,
