@@ -1256,7 +1256,7 @@ static bool gv_glu_ring_launch(struct ops_ctx *ctx, bool pdl, const uint8_t *dg,
  * stores. The items, their order and the sums are the one-row kind p kernel's
  * (gv_ring_item runs what gv<T>::dot runs; y's value added last, copied into shared
  * memory at the wait as gv_y_pre does): y bitwise the same. P: that kernel's warps a row
- * (gv_wpr: 2 for Q4_0's 128 items on fewer rows than 1056 of 4096 values); each lane
+ * (gv_wpr: 2 for Q4_0's 128 items on fewer than n_sm x 16 rows of 4096 values); each lane
  * then sums part v % P's items apart, and the P warp sums are added in gv_store's order.
  * bench/NOTES.md change 97 (`TPI_GEMV_RING1`), change 142 (Q4_0). */
 #define GV_RING1_WARPS 4
