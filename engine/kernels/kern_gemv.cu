@@ -28,9 +28,9 @@
  *   wavefronts of kind a divided by 2-4 at kind a's instruction count; the default
  *   except for Q4_K/Q6_K with 5-8 x rows, which take kind b (the kind knob below).
  * Two launches copy their rows into shared memory with cp.async instead of loading them
- * into registers: Q4_K gate/up (gv_glu_ring_kernel, a ring of row pairs) and a Q4_K wo
- * right after a decode attention that lets it in at its start (gv_ring1_kernel, every
- * row copied before the wait); their sums are kind p's.
+ * into registers: Q4_K, Q5_K and grouped Q4_0 gate/up (gv_glu_ring_kernel, a ring of
+ * row pairs) and such a wo right after a decode attention that lets it in at its start
+ * (gv_ring1_kernel, every row copied before the wait); their sums are kind p's.
  * All compute the same products (the same int8 x, exact integer dp4a sums); only the
  * float grouping and summation order differ between kinds, and each is fixed (never
  * timing-dependent): each output is written by one lane after a fixed shuffle tree and
