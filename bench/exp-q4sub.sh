@@ -51,7 +51,7 @@ cfg() { # cfg DIR [CUDA_FLAGS]
 bld() { # bld DIR TARGET...
     local d=$1
     shift
-    (time cmake --build "$d" -j 16 --target "$@") >>"$OUT/build.log" 2>&1 ||
+    (time cmake --build "$d" -j 16 ${1:+--target "$@"}) >>"$OUT/build.log" 2>&1 ||
         { tail -20 "$OUT/build.log"; exit 1; }
     echo "built $d: $(grep real "$OUT/build.log" | tail -1)"
 }
