@@ -1071,11 +1071,12 @@ START_TEST(test_ends) {
                  "{%s, \"stop_token_ids\": [%d], \"min_tokens\": 1}\n"
                  "{%s, \"min_tokens\": 7}\n"
                  "{%s, \"stop_token_ids\": [2048]}\n"
-                 "{%s, \"ignore_eos\": 1}\n",
-                 greedy, base[0], greedy, base[2], greedy, base[0], greedy, greedy, greedy);
+                 "{%s, \"ignore_eos\": 1}\n"
+                 "{%s, \"stop\": [\"a\", \"\"]}\n",
+                 greedy, base[0], greedy, base[2], greedy, base[0], greedy, greedy, greedy, greedy);
     write_file(path_in("ids.jsonl"), text);
     const char *ids_args[] = {"-f", path_in("ids.jsonl"), "-o", path_in("ids.out"), NULL};
-    norm = run_records(1, ids_args, path_in("ids.out"), 6);
+    norm = run_records(1, ids_args, path_in("ids.out"), 7);
     int n;
     int32_t *t = record_tokens(norm, 1, &n, fin, sizeof fin);
     ck_assert_int_eq(n, 0); // the first greedy id ends it at once
@@ -1094,13 +1095,16 @@ START_TEST(test_ends) {
         {4, "\"min_tokens\" 7 is more than \"max_tokens\" 6"},
         {5, "\"stop_token_ids\" entry 0 is not an id in [0, 2048)"},
         {6, "\"ignore_eos\" must be true or false"},
+        {7, "\"stop\" entry 1 is an empty string"}, // as vLLM refuses it
     };
     expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
     free(norm);
 
     // OpenAI records say what ended a "stop" in vLLM's "stop_reason": the stop_token_ids
     // id, the stop string (two letters of the greedy text), or null; with
-    // include_stop_str_in_output the text keeps the stop string.
+    // include_stop_str_in_output the text keeps the stop string. Of several stop strings
+    // the first listed that a step's text completes ends it, as vLLM looks (line 5: the
+    // second letter before the pair, where the earliest match would be the pair's start).
     norm = normalized(path_in("base.out"), &n);
     cJSON *b = record_by_line(norm, 1);
     const char *bt = cJSON_GetObjectItem(b, "text")->valuestring;
@@ -1114,19 +1118,21 @@ START_TEST(test_ends) {
     const char *oai =
         "{\"custom_id\": \"%s\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
         "\"the quick\", \"max_tokens\": 6, \"temperature\": 0%s}}\n";
-    char extra[3][96];
+    char extra[4][96];
     snprintf(extra[0], sizeof extra[0], ", \"stop_token_ids\": [%d]", base[2]);
     snprintf(extra[1], sizeof extra[1], ", \"stop\": [\"zzzz\", \"%s\"]", two);
     snprintf(extra[2], sizeof extra[2], "%s, \"include_stop_str_in_output\": true", extra[1]);
+    snprintf(extra[3], sizeof extra[3], ", \"stop\": [\"%c\", \"%s\"]", two[1], two);
     k = snprintf(text, sizeof text, oai, "id", extra[0]);
     k += snprintf(text + k, sizeof text - (size_t)k, oai, "string", extra[1]);
     k += snprintf(text + k, sizeof text - (size_t)k, oai, "none", "");
     k += snprintf(text + k, sizeof text - (size_t)k, oai, "kept", extra[2]);
+    k += snprintf(text + k, sizeof text - (size_t)k, oai, "listed", extra[3]);
     write_file(path_in("oai.jsonl"), text);
     const char *oai_args[] = {"-f", path_in("oai.jsonl"), "-o", path_in("oai.out"), NULL};
-    norm = run_records(1, oai_args, path_in("oai.out"), 4);
+    norm = run_records(1, oai_args, path_in("oai.out"), 5);
     char cut[256] = "";
-    for (int line = 1; line <= 4; line++) {
+    for (int line = 1; line <= 5; line++) {
         cJSON *j = record_by_line(norm, line);
         const cJSON *c = cJSON_GetArrayItem(
             cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "response"), "body"),
@@ -1144,6 +1150,12 @@ START_TEST(test_ends) {
         }
         if (line == 3) ck_assert(cJSON_IsNull(sr));
         if (line == 4) ck_assert_str_eq(txt, cut);
+        if (line == 5) { // the greedy text up to its first second letter; that letter named
+            const char second[2] = {two[1], 0};
+            ck_assert(cJSON_IsString(sr) && !strcmp(sr->valuestring, second));
+            ck_assert_int_eq((long)strlen(txt), (long)(strchr(cut, two[1]) - cut));
+            ck_assert(!strncmp(txt, cut, strlen(txt)));
+        }
         ck_assert_str_eq(fr, line == 3 ? "length" : "stop");
         cJSON_Delete(j);
     }

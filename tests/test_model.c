@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "gguf.h"
+#include "model/generate.h"
 #include "model/model.h"
 #include "model/perplexity.h"
 #include "model/sampling.h"
@@ -742,6 +743,46 @@ START_TEST(test_sampling_partial_sort) {
 }
 END_TEST
 
+/* gen_find_stop_listed against vLLM's check_stop_strings (Python's str.find from
+ * 1 - new_chars - len(stop) for each stop string in list order), the expected offsets
+ * and indices worked out with that code: the first listed string wins over an earlier
+ * match of a later one, a match may straddle the old end, and one that ended in the old
+ * text (before min_tokens) is not found again. */
+START_TEST(test_stop_strings) {
+    static const struct {
+        const char *text;
+        size_t before;
+        const char *stop[3];
+        long at;
+        int which;
+    } cases[] = {
+        {"hello world", 6, {"or", "wo", NULL}, 7, 0}, // the earliest would be "wo" at 6
+        {"abcdef", 3, {"cde", NULL}, 2, 0},           // straddles the old end
+        {"xyzab", 3, {"xy", NULL}, -1, 0},            // wholly in the old text
+        {"abcd", 2, {"ab", NULL}, -1, 0},             // ends at the old end: old
+        {"ab", 0, {"b", "a", NULL}, 1, 0},            // list order, not position
+        {"ab", 0, {"abc", "b", NULL}, 1, 1},          // longer than the text: skipped
+        {"aaaa", 3, {"aa", NULL}, 2, 0},              // the first occurrence past from
+        {"a\u00e9b", 1, {"\u00e9", NULL}, 1, 0},      // two bytes of one character
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int n_stop = 0;
+        while (n_stop < 3 && cases[i].stop[n_stop])
+            n_stop++;
+        int which = -1;
+        const long at = gen_find_stop_listed(cases[i].text, strlen(cases[i].text), cases[i].before,
+                                             cases[i].stop, n_stop, &which);
+        ck_assert_msg(at == cases[i].at, "case %zu: at %ld, want %ld", i, at, cases[i].at);
+        if (at >= 0) ck_assert_msg(which == cases[i].which, "case %zu: which %d", i, which);
+    }
+    // gen_find_stop (tpinfer run's search) takes the earliest match instead.
+    const char *both[] = {"or", "wo"};
+    int which = -1;
+    ck_assert_int_eq(gen_find_stop("hello world", 11, 0, both, 2, &which), 6);
+    ck_assert_int_eq(which, 1);
+}
+END_TEST
+
 START_TEST(test_config_errors) {
     // qwen3-tiny: config read from metadata, every tensor checked.
     const char *path = tu_data_path("qwen3-tiny-q4_k_m.gguf");
@@ -847,6 +888,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_plan);
         tcase_add_test(tc, test_sampling);
         tcase_add_test(tc, test_sampling_partial_sort);
+        tcase_add_test(tc, test_stop_strings);
         tcase_add_test(tc, test_config_errors);
         tcase_add_test(tc, test_kv_copy);
     }

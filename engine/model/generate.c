@@ -57,6 +57,20 @@ long gen_find_stop(const char *text, size_t n, size_t from, const char *const *s
     return best;
 }
 
+long gen_find_stop_listed(const char *text, size_t n, size_t before, const char *const *stop,
+                          int n_stop, int *which) {
+    for (int s = 0; s < n_stop; s++) {
+        const size_t len = strlen(stop[s]);
+        if (len == 0 || len > n) continue;
+        for (size_t i = before + 1 > len ? before + 1 - len : 0; i + len <= n; i++)
+            if (!memcmp(text + i, stop[s], len)) {
+                if (which) *which = s;
+                return (long)i;
+            }
+    }
+    return -1;
+}
+
 /* Length of the longest suffix of text[from..n) that is a proper prefix of a stop
  * string: text that may still turn into a stop string, held back from the stream. */
 static size_t stop_holdback(const char *text, size_t n, size_t from, const char *const *stop,

@@ -69,7 +69,15 @@ void gen_result_free(struct gen_result *r);
  * text[from..n) (the match may not start before `from`); -1 when none. *which (when
  * not NULL) gets the index of the string found there (the first listed of those that
  * begin there). */
-long gen_find_stop(const char *text, size_t n, size_t from, const char *const *stop,
-                   int n_stop, int *which);
+long gen_find_stop(const char *text, size_t n, size_t from, const char *const *stop, int n_stop,
+                   int *which);
+
+/* vLLM's stop-string check after a step that appended text[before..n): the first stop
+ * string in list order with an occurrence that ends past `before` (its first such
+ * occurrence: Python's str.find from before + 1 - len); its offset, *which (when not
+ * NULL) its index; -1 when none. Earlier text is not searched again, so a string that
+ * lay in it (before min_tokens) does not end the sequence later. */
+long gen_find_stop_listed(const char *text, size_t n, size_t before, const char *const *stop,
+                          int n_stop, int *which);
 
 #endif /* GENERATE_H */

@@ -72,6 +72,8 @@ static int get_stop(struct batch_req *r, const cJSON *o) {
     const cJSON *it = cJSON_IsString(v) ? one[0] : v->child;
     for (int i = 0; i < n; i++, it = it->next) {
         if (!cJSON_IsString(it)) return req_fail(r, "\"stop\" entry %d is not a string", i);
+        if (!it->valuestring[0]) // vLLM: "stop cannot contain an empty string."
+            return req_fail(r, "\"stop\" entry %d is an empty string", i);
         if (!(r->stop[r->n_stop] = tpi_strdup(it->valuestring)))
             return req_fail(r, "out of memory");
         r->n_stop++;

@@ -32,10 +32,9 @@ struct slot {
     float *plp_chosen;       /* score: (n_prompt) */
     int32_t next_tok;
     int max_gen, K;
-    char **stop;             /* (n_stop) owned */
+    char **stop; /* (n_stop) owned */
     int n_stop;
-    size_t max_stop_len;
-    int32_t *stop_ids;       /* (n_stop_ids) owned */
+    int32_t *stop_ids; /* (n_stop_ids) owned */
     int n_stop_ids;
     bool ignore_eos, keep_stop_string, render_control;
     int min_tokens;
@@ -193,7 +192,6 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
             return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
         get(b, s->stop[i], (size_t)len);
         s->stop[i][len] = '\0';
-        s->max_stop_len = TPI_MAX(s->max_stop_len, (size_t)len);
     }
     const int32_t flags = get_i32(b);
     s->ignore_eos = flags & 1;
@@ -338,11 +336,13 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
         *rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for text");
         return FIN_ERROR;
     }
-    if (s->n_stop > 0 && nb > 0 && s->n_tokens >= s->min_tokens) {
-        // A stop string may straddle the old end of the text.
-        size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
-        long at = gen_find_stop(s->text, s->n_text, from, (const char *const *)s->stop, s->n_stop,
-                                &s->stop_which);
+    // vLLM's detokenizer looks for stop strings once more than min_tokens tokens exist
+    // (the text of the first min_tokens only as the start of one that straddles).
+    if (s->n_stop > 0 && nb > 0 && s->n_tokens > s->min_tokens) {
+        // vLLM's order: the first listed string that ends in the new text (it may
+        // straddle the old end); not the earliest of them.
+        long at = gen_find_stop_listed(s->text, s->n_text, before, (const char *const *)s->stop,
+                                       s->n_stop, &s->stop_which);
         if (at >= 0) {
             if (s->keep_stop_string) at += (long)strlen(s->stop[s->stop_which]);
             s->n_text = (size_t)at;
