@@ -734,6 +734,7 @@ START_TEST(test_json_py) {
         {"\"tab\\tcr\\rbs\\bff\\f\\u007f\\u2028 \\\"q\\\" \\\\\"",
          "\"tab\\tcr\\rbs\\bff\\f\x7f\xe2\x80\xa8 \\\"q\\\" \\\\\""},
         {"\"\xe4\xb8\x96\xe7\x95\x8c\"", "\"\xe4\xb8\x96\xe7\x95\x8c\""},
+        {"[NaN,Infinity, -Infinity,-1]", "[NaN, Infinity, -Infinity, -1]"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *why = NULL, *in = cases[i][0];
@@ -757,6 +758,11 @@ START_TEST(test_json_py) {
         {"[1] 2", "valid"},
         {"", "valid"},
         {"\"\\x\"", "valid"},
+        {"-NaN", "valid"},
+        {"nan", "valid"},
+        {"Infinit", "valid"},
+        {"-Inf", "valid"},
+        {"[NaNa]", "valid"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const char *why = NULL, *in = bad[i][0];
@@ -858,6 +864,14 @@ START_TEST(test_json_py) {
         1);
     ck_assert_int_eq((int)content, 0);
     ck_assert_str_eq(calls[0].arguments, "7");
+    tok_tool_call_free(&calls[0]);
+    free(calls);
+    // json.loads takes NaN and Infinity, and json.dumps writes them back
+    ck_assert_int_eq(tok_parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": "
+                                          "NaN, \"y\": -Infinity}}</tool_call>",
+                                          &calls, &content),
+                     1);
+    ck_assert_str_eq(calls[0].arguments, "{\"x\": NaN, \"y\": -Infinity}");
     tok_tool_call_free(&calls[0]);
     free(calls);
 }

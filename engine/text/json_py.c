@@ -402,9 +402,15 @@ static const char *scan_value(const char *p, const char *e, struct json_buf *out
     }
     case 't':
     case 'f':
-    case 'n': {
-        static const char *const lits[] = {"true", "false", "null"};
-        for (int i = 0; i < 3; i++) {
+    case 'n':
+    case 'N':
+    case 'I':
+    case '-': {
+        // Python's json.loads also takes NaN, Infinity and -Infinity, and json.dumps
+        // writes them back as such.
+        static const char *const lits[] = {"true", "false", "null", "NaN", "Infinity", "-Infinity"};
+        if (*p == '-' && (e - p < 2 || p[1] != 'I')) return scan_number(p, e, out);
+        for (int i = 0; i < 6; i++) {
             const size_t n = strlen(lits[i]);
             if ((size_t)(e - p) >= n && !memcmp(p, lits[i], n)) {
                 if (out) json_buf_put(out, p, n);
