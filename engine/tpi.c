@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <math.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,53 @@ char *tpi_read_stream(FILE *f, size_t *n) {
     return buf;
 }
 
+struct json_member_at {
+    cJSON *item;
+    size_t at;
+};
+
+static const char *json_key(const cJSON *c) {
+    return c->string ? c->string : "";
+}
+
+static int cmp_member_at(const void *a, const void *b) {
+    const struct json_member_at *x = a, *y = b;
+    const int c = strcmp(json_key(x->item), json_key(y->item));
+    return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* Every object under v (v included) made what Python's json.loads makes of it: a repeated
+ * key keeps its first place and its last value. False when memory ran out. */
+static bool json_last_wins(cJSON *v) {
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v)) return true;
+    size_t n = 0;
+    for (cJSON *c = v->child; c; c = c->next) {
+        if (!json_last_wins(c)) return false;
+        n++;
+    }
+    if (!cJSON_IsObject(v) || n < 2) return true;
+    struct json_member_at *m = malloc(n * sizeof *m);
+    if (!m) return false;
+    size_t i = 0;
+    for (cJSON *c = v->child; c; c = c->next, i++)
+        m[i] = (struct json_member_at){c, i};
+    qsort(m, n, sizeof *m, cmp_member_at);
+    for (i = 0; i < n;) {
+        size_t j = i;
+        while (j + 1 < n && !strcmp(json_key(m[j + 1].item), json_key(m[i].item)))
+            j++;
+        if (j > i) { // m[i] holds the first place, m[j] the last value; the rest go
+            for (size_t k = i + 1; k < j; k++)
+                cJSON_Delete(cJSON_DetachItemViaPointer(v, m[k].item));
+            cJSON *last = cJSON_DetachItemViaPointer(v, m[j].item);
+            cJSON_ReplaceItemViaPointer(v, m[i].item, last);
+        }
+        i = j + 1;
+    }
+    free(m);
+    return true;
+}
+
 struct cJSON *tpi_json_parse(const char *text, size_t len) {
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
@@ -142,6 +190,10 @@ struct cJSON *tpi_json_parse(const char *text, size_t len) {
     while (end < stop && (*end == ' ' || *end == '\t' || *end == '\n' || *end == '\r'))
         end++;
     if (end < stop && !(*end == '\0' && end + 1 == stop)) { /* something after the value */
+        cJSON_Delete(j);
+        return NULL;
+    }
+    if (!json_last_wins(j)) {
         cJSON_Delete(j);
         return NULL;
     }

@@ -75,8 +75,10 @@ int tpi_cpu_count(void);
 uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n);
 
 /* One JSON value that fills text[0, len) but for surrounding whitespace (cJSON's own
- * parse stops after the first value: `{"a":1} x` would pass), or NULL; free with
- * cJSON_Delete. */
+ * parse stops after the first value: `{"a":1} x` would pass), or NULL (also when memory
+ * ran out); a repeated key keeps its first place and its last value, as Python's
+ * json.loads (and so vLLM) reads it, where cJSON's lookups would find the first. Free
+ * with cJSON_Delete. */
 struct cJSON;
 struct cJSON *tpi_json_parse(const char *text, size_t len);
 

@@ -1,8 +1,10 @@
 /*
- * test_core.c — the basics every module uses: error records and f16/bf16
- * conversion against exact reference values.
+ * test_core.c — the basics every module uses: error records, f16/bf16 conversion
+ * against exact reference values, and JSON read as Python reads it.
  */
+#include <cjson/cJSON.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -36,11 +38,29 @@ START_TEST(test_half_conversions) {
 }
 END_TEST
 
+/* tpi_json_parse reads a repeated key as Python's json.loads does: the first place, the
+ * last value (at any depth); and nothing may follow the value. */
+START_TEST(test_json_parse) {
+    const char *text = "{\"a\": 1, \"b\": [{\"c\": 1, \"d\": 0, \"c\": 2, \"c\": 3}], \"a\": "
+                       "{\"x\": true}} ";
+    cJSON *j = tpi_json_parse(text, strlen(text));
+    ck_assert_ptr_nonnull(j);
+    char *out = cJSON_PrintUnformatted(j);
+    ck_assert_str_eq(out, "{\"a\":{\"x\":true},\"b\":[{\"c\":3,\"d\":0}]}");
+    free(out);
+    cJSON_Delete(j);
+    const char *bad[] = {"{\"a\": 1} x", "[1,]", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        ck_assert_ptr_null(tpi_json_parse(bad[i], strlen(bad[i])));
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("core");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_error_wrap);
     tcase_add_test(tc, test_half_conversions);
+    tcase_add_test(tc, test_json_parse);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -2,7 +2,8 @@
  * json_py.c — JSON text scanned in place and printed as Python's json.dumps prints it
  * (json_py.h). One recursive scanner validates a value and, when given a buffer, writes
  * it out: strings decoded and escaped again the Python way, integers as written (bar
- * "-0"), floats parsed and written in Python's repr, objects checked for repeated keys.
+ * "-0"), floats parsed and written in Python's repr, an object's repeated key printed as
+ * Python's dict keeps it (its first place, its last value).
  */
 #include "text/json_py.h"
 
@@ -304,12 +305,120 @@ static const char *scan_number(const char *p, const char *e, struct json_buf *ou
     return p;
 }
 
-static int cmp_keys(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+/* One member of an object being printed: its decoded key, its value as printed, and
+ * its place in the text. */
+struct py_member {
+    char *key;
+    struct json_buf val;
+    size_t at;
+};
+
+static int cmp_members(const void *a, const void *b) {
+    const struct py_member *x = *(const struct py_member *const *)a;
+    const struct py_member *y = *(const struct py_member *const *)b;
+    const int c = strcmp(x->key, y->key);
+    return c ? c : (x->at > y->at) - (x->at < y->at);
 }
 
-/* One value starting at the first non-space of [p, e): one past it, or NULL. With `out`,
- * printed the Python way and objects checked for repeated keys (*why set). */
+static const char *scan_value(const char *p, const char *e, struct json_buf *out, int depth,
+                              const char **why);
+
+/* The object whose '{' is at p printed as Python prints the dict json.loads makes of it:
+ * a repeated key keeps its first place and takes its last value. One past the object,
+ * or NULL when invalid. */
+static const char *print_object(const char *p, const char *e, struct json_buf *out, int depth,
+                                const char **why) {
+    struct py_member *m = NULL;
+    size_t n = 0, cap = 0;
+    const char *res = NULL;
+    bool oom = false;
+    p = skip_ws(p + 1, e);
+    if (p < e && *p == '}') {
+        res = p + 1;
+    } else {
+        for (;;) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 8;
+                struct py_member *q = realloc(m, cap * sizeof *q);
+                if (!q) {
+                    oom = true;
+                    break;
+                }
+                m = q;
+            }
+            struct py_member *it = &m[n];
+            *it = (struct py_member){.at = n};
+            struct json_buf key = {0};
+            const char *ke = scan_string(skip_ws(p, e), e, &key, why);
+            it->key = key.p ? key.p : calloc(1, 1);
+            n++;
+            if (!it->key || key.failed) oom = true;
+            if (!ke || oom) break;
+            p = skip_ws(ke, e);
+            if (p >= e || *p != ':') break;
+            p = scan_value(p + 1, e, &it->val, depth + 1, why);
+            if (it->val.failed) oom = true;
+            if (!p || oom) break;
+            p = skip_ws(p, e);
+            if (p < e && *p == ',') {
+                p++;
+                continue;
+            }
+            if (p < e && *p == '}') res = p + 1;
+            break;
+        }
+    }
+    struct py_member **by_key = res && n ? malloc(n * sizeof *by_key) : NULL;
+    if (res && n && !by_key) oom = true;
+    if (res && !oom) {
+        // sorted by key, then place: each run of one key is printed at its first member's
+        // place with its last member's value
+        for (size_t i = 0; i < n; i++)
+            by_key[i] = &m[i];
+        qsort(by_key, n, sizeof *by_key, cmp_members);
+        size_t *value_of = malloc((n ? n : 1) * sizeof *value_of);
+        if (!value_of) {
+            oom = true;
+        } else {
+            for (size_t i = 0; i < n; i++)
+                value_of[i] = SIZE_MAX; // SIZE_MAX: a later repeat, not printed
+            for (size_t i = 0; i < n;) {
+                size_t j = i;
+                while (j + 1 < n && !strcmp(by_key[j + 1]->key, by_key[i]->key))
+                    j++;
+                value_of[by_key[i]->at] = by_key[j]->at;
+                i = j + 1;
+            }
+            put_s(out, "{");
+            bool first = true;
+            for (size_t i = 0; i < n; i++) {
+                if (value_of[i] == SIZE_MAX) continue;
+                if (!first) put_s(out, ", ");
+                first = false;
+                json_py_put_string(out, m[i].key);
+                put_s(out, ": ");
+                const struct json_buf *v = &m[value_of[i]].val;
+                json_buf_put(out, v->p ? v->p : "", v->n);
+            }
+            put_s(out, "}");
+            free(value_of);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        free(m[i].key);
+        free(m[i].val.p);
+    }
+    free(m);
+    free(by_key);
+    if (oom) {
+        out->failed = true;
+        return NULL;
+    }
+    return res;
+}
+
+/* One value starting at the first non-space of [p, e): one past it, or NULL (*why set
+ * for a lone surrogate, a NUL or nesting too deep). With `out`, printed the Python way. */
 static const char *scan_value(const char *p, const char *e, struct json_buf *out, int depth,
                               const char **why) {
     p = skip_ws(p, e);
@@ -331,6 +440,7 @@ static const char *scan_value(const char *p, const char *e, struct json_buf *out
             return NULL;
         }
         const bool obj = *p == '{';
+        if (obj && out) return print_object(p, e, out, depth, why);
         const char close = obj ? '}' : ']';
         if (out) json_buf_put(out, p, 1);
         p = skip_ws(p + 1, e);
@@ -338,43 +448,17 @@ static const char *scan_value(const char *p, const char *e, struct json_buf *out
             if (out) json_buf_put(out, &close, 1);
             return p + 1;
         }
-        char **keys = NULL;
-        size_t n_keys = 0, cap_keys = 0;
-        const char *res = NULL;
         for (bool first = true;; first = false) {
             if (!first && out) put_s(out, ", ");
             if (obj) {
-                p = skip_ws(p, e);
-                struct json_buf key = {0};
-                const char *ke = scan_string(p, e, out ? &key : NULL, why);
-                if (ke && out) {
-                    json_py_put_string(out, key.p ? key.p : "");
-                    if (n_keys == cap_keys) {
-                        cap_keys = cap_keys ? 2 * cap_keys : 8;
-                        char **k = realloc(keys, cap_keys * sizeof *k);
-                        if (!k) {
-                            free(key.p);
-                            out->failed = true;
-                            break;
-                        }
-                        keys = k;
-                    }
-                    keys[n_keys++] = key.p ? key.p : calloc(1, 1);
-                    if (!keys[n_keys - 1]) {
-                        out->failed = true;
-                        break;
-                    }
-                } else {
-                    free(key.p);
-                }
-                if (!ke) break;
+                const char *ke = scan_string(skip_ws(p, e), e, NULL, why);
+                if (!ke) return NULL;
                 p = skip_ws(ke, e);
-                if (p >= e || *p != ':') break;
-                if (out) put_s(out, ": ");
+                if (p >= e || *p != ':') return NULL;
                 p++;
             }
             p = scan_value(p, e, out, depth + 1, why);
-            if (!p) break;
+            if (!p) return NULL;
             p = skip_ws(p, e);
             if (p < e && *p == ',') {
                 p++;
@@ -382,23 +466,10 @@ static const char *scan_value(const char *p, const char *e, struct json_buf *out
             }
             if (p < e && *p == close) {
                 if (out) json_buf_put(out, &close, 1);
-                res = p + 1;
+                return p + 1;
             }
-            break;
+            return NULL;
         }
-        if (res && n_keys > 1) {
-            qsort(keys, n_keys, sizeof *keys, cmp_keys);
-            for (size_t i = 1; i < n_keys && res; i++) {
-                if (!strcmp(keys[i - 1], keys[i])) {
-                    if (why) *why = "an object repeats a key";
-                    res = NULL;
-                }
-            }
-        }
-        for (size_t i = 0; i < n_keys; i++)
-            free(keys[i]);
-        free(keys);
-        return res;
     }
     case 't':
     case 'f':

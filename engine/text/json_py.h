@@ -8,7 +8,8 @@
  * shortest repr. A parsed tree (cJSON) has lost the int/float difference, so these
  * functions work on the text itself: they find a member's value in an object, and print
  * a value the Python way. Everything is bounded by [b, e): no NUL terminator is needed.
- * Objects with a repeated key are refused (Python would keep one of them silently).
+ * A repeated key is printed as Python's dict keeps it: at its first place, with its last
+ * value.
  */
 #ifndef JSON_PY_H
 #define JSON_PY_H
@@ -46,8 +47,7 @@ char *json_string_value(const char *b, const char *e);
 
 /* Python's json.dumps(json.loads(text), ensure_ascii=False) of the JSON value [b, e),
  * malloc'd and NUL-terminated; NULL with *why set (a static message) when the text is
- * not one valid value, has an object with a repeated key or a string with a lone
- * surrogate or a NUL, or memory ran out. */
+ * not one valid value, has a string with a lone surrogate or a NUL, or memory ran out. */
 char *json_py_dumps(const char *b, const char *e, const char **why);
 
 /* A growing string the printers append to; `failed` once an allocation failed. */
