@@ -32,9 +32,9 @@ struct slot {
     float *plp_chosen;       /* score: (n_prompt) */
     int32_t next_tok;
     int max_gen, K;
-    char **stop; /* (n_stop) owned */
+    char **stop;             /* (n_stop) owned */
     int n_stop;
-    int32_t *stop_ids; /* (n_stop_ids) owned */
+    int32_t *stop_ids;       /* (n_stop_ids) owned */
     int n_stop_ids;
     bool ignore_eos, keep_stop_string, render_control;
     int min_tokens;
