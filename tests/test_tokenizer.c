@@ -738,6 +738,8 @@ START_TEST(test_json_py) {
         // a repeated key as Python's dict keeps it: its first place, its last value
         {"{\"a\":1,\"b\":[{\"c\":1,\"c\":{}}],\"a\":2}", "{\"a\": 2, \"b\": [{\"c\": {}}]}"},
         {"{\"\":1,\"x\":2,\"\":3}", "{\"\": 3, \"x\": 2}"},
+        {"{ }", "{}"},
+        {"[{},{\"a\":{}}]", "[{}, {\"a\": {}}]"},
         {"{\"\\u0061\":1,\"a\":2}", "{\"a\": 2}"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -375,7 +375,7 @@ static const char *print_object(const char *p, const char *e, struct json_buf *o
         // place with its last member's value
         for (size_t i = 0; i < n; i++)
             by_key[i] = &m[i];
-        qsort(by_key, n, sizeof *by_key, cmp_members);
+        if (n) qsort(by_key, n, sizeof *by_key, cmp_members);
         size_t *value_of = malloc((n ? n : 1) * sizeof *value_of);
         if (!value_of) {
             oom = true;
