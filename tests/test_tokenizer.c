@@ -874,22 +874,21 @@ START_TEST(test_json_py) {
     ck_assert_str_eq(calls[0].arguments, "7");
     tok_tool_call_free(&calls[0]);
     free(calls);
-    // json.loads keeps a repeated key's last value
-    ck_assert_int_eq(tok_parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1, "
-                                          "\"a\": 2}}</tool_call>",
-                                          &calls, &content),
-                     1);
-    ck_assert_str_eq(calls[0].arguments, "{\"a\": 2}");
-    tok_tool_call_free(&calls[0]);
-    free(calls);
-    // json.loads takes NaN and Infinity, and json.dumps writes them back
-    ck_assert_int_eq(tok_parse_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": "
-                                          "NaN, \"y\": -Infinity}}</tool_call>",
-                                          &calls, &content),
-                     1);
-    ck_assert_str_eq(calls[0].arguments, "{\"x\": NaN, \"y\": -Infinity}");
-    tok_tool_call_free(&calls[0]);
-    free(calls);
+    // as json.loads reads the arguments and json.dumps writes them: a repeated key's last
+    // value; NaN and Infinity taken and written back
+    static const char *const py_args[][2] = {
+        {"{\"a\": 1, \"a\": 2}", "{\"a\": 2}"},
+        {"{\"x\": NaN, \"y\": -Infinity}", "{\"x\": NaN, \"y\": -Infinity}"},
+    };
+    for (size_t i = 0; i < sizeof py_args / sizeof py_args[0]; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "<tool_call>{\"name\": \"f\", \"arguments\": %s}</tool_call>",
+                 py_args[i][0]);
+        ck_assert_int_eq(tok_parse_tool_calls(text, &calls, &content), 1);
+        ck_assert_str_eq(calls[0].arguments, py_args[i][1]);
+        tok_tool_call_free(&calls[0]);
+        free(calls);
+    }
 }
 END_TEST
 
