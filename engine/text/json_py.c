@@ -174,33 +174,14 @@ void json_py_put_string(struct json_buf *b, const char *s) {
         json_buf_put(b, run, (size_t)(p - run));
         if (!*p) break;
         const unsigned char c = (unsigned char)*p++;
+        static const char from[] = "\"\\\n\r\t\b\f", to[] = "\"\\nrtbf";
+        const char *k = strchr(from, c); // c is not NUL
         char esc[8];
-        switch (c) {
-        case '"':
-            put_s(b, "\\\"");
-            break;
-        case '\\':
-            put_s(b, "\\\\");
-            break;
-        case '\n':
-            put_s(b, "\\n");
-            break;
-        case '\r':
-            put_s(b, "\\r");
-            break;
-        case '\t':
-            put_s(b, "\\t");
-            break;
-        case '\b':
-            put_s(b, "\\b");
-            break;
-        case '\f':
-            put_s(b, "\\f");
-            break;
-        default:
+        if (k)
+            snprintf(esc, sizeof esc, "\\%c", to[k - from]);
+        else
             snprintf(esc, sizeof esc, "\\u%04x", c);
-            put_s(b, esc);
-        }
+        put_s(b, esc);
     }
     put_s(b, "\"");
 }
@@ -305,116 +286,114 @@ static const char *scan_number(const char *p, const char *e, struct json_buf *ou
     return p;
 }
 
-/* One member of an object being printed: its decoded key, its value as printed, and
- * its place in the text. */
+/* One member of an object being printed: its decoded key, its place, and where its
+ * value was printed in the buffer ([vb, ve) offsets). */
 struct py_member {
     char *key;
-    struct json_buf val;
-    size_t at;
+    size_t at, vb, ve;
 };
 
 static int cmp_members(const void *a, const void *b) {
-    const struct py_member *x = *(const struct py_member *const *)a;
-    const struct py_member *y = *(const struct py_member *const *)b;
+    const struct py_member *x = a, *y = b;
     const int c = strcmp(x->key, y->key);
     return c ? c : (x->at > y->at) - (x->at < y->at);
+}
+
+/* The object printed at out->p[start..] with its n members m (in place order) printed
+ * again as Python's dict keeps a repeated key: at its first place, with its last value.
+ * Nothing is done when no key repeats. m is left sorted by key. */
+static void keep_last_values(struct json_buf *out, size_t start, struct py_member *m, size_t n) {
+    qsort(m, n, sizeof *m, cmp_members);
+    bool repeats = false;
+    for (size_t i = 0; i + 1 < n && !repeats; i++)
+        repeats = !strcmp(m[i].key, m[i + 1].key);
+    if (!repeats) return;
+    size_t *value_at = malloc(n * sizeof *value_at); // by place: the member whose value
+    char *was = malloc(out->n - start);              // prints there, SIZE_MAX none
+    if (!value_at || !was) {
+        out->failed = true;
+    } else {
+        memcpy(was, out->p + start, out->n - start);
+        for (size_t i = 0; i < n; i++)
+            value_at[i] = SIZE_MAX;
+        for (size_t i = 0; i < n;) { // a run of one key: the first place, the last value
+            size_t j = i;
+            while (j + 1 < n && !strcmp(m[j + 1].key, m[i].key))
+                j++;
+            value_at[m[i].at] = j;
+            i = j + 1;
+        }
+        out->n = start;
+        put_s(out, "{");
+        bool first = true;
+        for (size_t at = 0; at < n; at++) {
+            if (value_at[at] == SIZE_MAX) continue;
+            const struct py_member *v = &m[value_at[at]];
+            put_s(out, first ? "" : ", ");
+            first = false;
+            json_py_put_string(out, v->key);
+            put_s(out, ": ");
+            json_buf_put(out, was + (v->vb - start), v->ve - v->vb);
+        }
+        put_s(out, "}");
+    }
+    free(value_at);
+    free(was);
 }
 
 static const char *scan_value(const char *p, const char *e, struct json_buf *out, int depth,
                               const char **why);
 
-/* The object whose '{' is at p printed as Python prints the dict json.loads makes of it:
- * a repeated key keeps its first place and takes its last value. One past the object,
- * or NULL when invalid. */
+/* The object whose '{' is at p printed as Python prints the dict json.loads makes of it
+ * (keep_last_values). One past the object, or NULL when invalid or out of memory. */
 static const char *print_object(const char *p, const char *e, struct json_buf *out, int depth,
                                 const char **why) {
+    const size_t start = out->n;
     struct py_member *m = NULL;
     size_t n = 0, cap = 0;
     const char *res = NULL;
-    bool oom = false;
+    put_s(out, "{");
     p = skip_ws(p + 1, e);
-    if (p < e && *p == '}') {
-        res = p + 1;
-    } else {
-        for (;;) {
-            if (n == cap) {
-                cap = cap ? 2 * cap : 8;
-                struct py_member *q = realloc(m, cap * sizeof *q);
-                if (!q) {
-                    oom = true;
-                    break;
-                }
-                m = q;
+    if (p < e && *p == '}') res = p + 1;
+    while (!res) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 8;
+            struct py_member *q = realloc(m, cap * sizeof *q);
+            if (!q) {
+                out->failed = true;
+                break;
             }
-            struct py_member *it = &m[n];
-            *it = (struct py_member){.at = n};
-            struct json_buf key = {0};
-            const char *ke = scan_string(skip_ws(p, e), e, &key, why);
-            it->key = key.p ? key.p : calloc(1, 1);
-            n++;
-            if (!it->key || key.failed) oom = true;
-            if (!ke || oom) break;
-            p = skip_ws(ke, e);
-            if (p >= e || *p != ':') break;
-            p = scan_value(p + 1, e, &it->val, depth + 1, why);
-            if (it->val.failed) oom = true;
-            if (!p || oom) break;
-            p = skip_ws(p, e);
-            if (p < e && *p == ',') {
-                p++;
-                continue;
-            }
+            m = q;
+        }
+        struct json_buf key = {0};
+        const char *ke = scan_string(skip_ws(p, e), e, &key, why);
+        struct py_member *it = &m[n++];
+        *it = (struct py_member){.key = key.p ? key.p : calloc(1, 1), .at = n - 1};
+        if (!it->key || key.failed) out->failed = true;
+        if (!ke || out->failed) break;
+        p = skip_ws(ke, e);
+        if (p >= e || *p != ':') break;
+        put_s(out, n > 1 ? ", " : "");
+        json_py_put_string(out, it->key);
+        put_s(out, ": ");
+        it->vb = out->n;
+        p = scan_value(p + 1, e, out, depth + 1, why);
+        it->ve = out->n;
+        if (!p) break;
+        p = skip_ws(p, e);
+        if (p < e && *p == ',') {
+            p++;
+        } else {
             if (p < e && *p == '}') res = p + 1;
             break;
         }
     }
-    struct py_member **by_key = res && n ? malloc(n * sizeof *by_key) : NULL;
-    if (res && n && !by_key) oom = true;
-    if (res && !oom) {
-        // sorted by key, then place: each run of one key is printed at its first member's
-        // place with its last member's value
-        for (size_t i = 0; i < n; i++)
-            by_key[i] = &m[i];
-        if (n) qsort(by_key, n, sizeof *by_key, cmp_members);
-        size_t *value_of = malloc((n ? n : 1) * sizeof *value_of);
-        if (!value_of) {
-            oom = true;
-        } else {
-            for (size_t i = 0; i < n; i++)
-                value_of[i] = SIZE_MAX; // SIZE_MAX: a later repeat, not printed
-            for (size_t i = 0; i < n;) {
-                size_t j = i;
-                while (j + 1 < n && !strcmp(by_key[j + 1]->key, by_key[i]->key))
-                    j++;
-                value_of[by_key[i]->at] = by_key[j]->at;
-                i = j + 1;
-            }
-            put_s(out, "{");
-            bool first = true;
-            for (size_t i = 0; i < n; i++) {
-                if (value_of[i] == SIZE_MAX) continue;
-                if (!first) put_s(out, ", ");
-                first = false;
-                json_py_put_string(out, m[i].key);
-                put_s(out, ": ");
-                const struct json_buf *v = &m[value_of[i]].val;
-                json_buf_put(out, v->p ? v->p : "", v->n);
-            }
-            put_s(out, "}");
-            free(value_of);
-        }
-    }
-    for (size_t i = 0; i < n; i++) {
+    put_s(out, "}");
+    if (res && n > 1 && !out->failed) keep_last_values(out, start, m, n);
+    for (size_t i = 0; i < n; i++)
         free(m[i].key);
-        free(m[i].val.p);
-    }
     free(m);
-    free(by_key);
-    if (oom) {
-        out->failed = true;
-        return NULL;
-    }
-    return res;
+    return out->failed ? NULL : res;
 }
 
 /* One value starting at the first non-space of [p, e): one past it, or NULL (*why set
