@@ -36,6 +36,16 @@
 #     build-r0 (TPI_GV_Q40RING=0: this main without the Q4_0 rings) built beside it;
 #     bench/ab.sh, 2 rounds: main before 139/141 (.dev/q4r), r0 and the branch on the 8B
 #     Q4_0 (depth 0), main before and the branch on the 8B Q4_K_M (depths 0 and 8192).
+#   PART=H: a commit's figures on this machine: MAIN_REV (default HEAD, which on the
+#     device is the session's first commit) exported to /tmp/m and built there, `ctest -L
+#     gpu -E "parallel|comm"` on it, the 8B models made, and the table: tg128 + pp512
+#     (-r 3) of Q4_K_M, Q8_0, BF16 and Q4_0, depth 8192 of Q4_K_M and Q8_0 (-r 2); its
+#     tpinfer kept as /tmp/tpinfer-main, the tree's own build/ made beside the tests for
+#     a comparison in the next call. ~6 min with the start.
+#   PART=Q: change 143 (TPI_GEMV_Q40B=6|12, run 236, not merged: it builds only in a tree
+#     with that code): build/, test_gemv_cuda host and Q4_0, then bench/ab.sh of MAIN_REV's
+#     tpinfer (PART=H's, else built now) against the tree at q40b 0, 6 and 12 on the 8B
+#     Q4_0 at depth 0, 4 rounds.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -55,8 +65,8 @@ bld() { # bld DIR TARGET...
         { tail -20 "$OUT/build.log"; exit 1; }
     echo "built $d: $(grep real "$OUT/build.log" | tail -1)"
 }
-mk() { # mk TYPE: the 8B of TYPE at /tmp/TYPE.gguf, unless there
-    [ -s "/tmp/$1.gguf" ] || build/tpinfer mkmodel --preset qwen3-8b --type "$1" -o "/tmp/$1.gguf" -q
+mk() { # mk TYPE: the 8B of TYPE at /tmp/TYPE.gguf, unless there (made by $MK_BIN)
+    [ -s "/tmp/$1.gguf" ] || ${MK_BIN:-build/tpinfer} mkmodel --preset qwen3-8b --type "$1" -o "/tmp/$1.gguf" -q
 }
 ab() { # ab TYPE NAME=BIN...
     local t=$1
@@ -172,6 +182,49 @@ R)
     echo "at ${SECONDS}s"
     [ "$SECONDS" -lt 450 ] || { echo "no time left for Q4_K_M"; exit 0; }
     ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main ring=build/tpinfer
+    echo "at ${SECONDS}s"
+    ;;
+H)
+    cfg build
+    rm -rf /tmp/m && mkdir -p /tmp/m && git archive "${MAIN_REV:-HEAD}" | tar -C /tmp/m -xf - ||
+        { echo "no git here: main not built"; exit 1; }
+    echo "main = $(git rev-parse --short "${MAIN_REV:-HEAD}"); the tree: $(git status --short | wc -l) files changed"
+    (cd /tmp/m && cfg build && bld build)
+    cp /tmp/m/build/tpinfer /tmp/tpinfer-main
+    export MK_BIN=/tmp/tpinfer-main
+    (mk q4_k_m && mk q8_0 && mk bf16 && mk q4_0) &
+    MP=$!
+    (cd /tmp/m/build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    CP=$!
+    bld build tpinfer test_gemv_cuda
+    wait $CP
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
+    wait $MP
+    echo "at ${SECONDS}s: table"
+    for t in q4_k_m q8_0 bf16 q4_0; do
+        /tmp/tpinfer-main bench -m /tmp/$t.gguf -p 512 -n 128 -r 3 -o md --roofline-gbps 4000 2>&1 |
+            grep -E "^\||build"
+    done
+    for t in q4_k_m q8_0; do
+        /tmp/tpinfer-main bench -m /tmp/$t.gguf -p 0 -n 128 -d 8192 -r 2 -o md \
+            --roofline-gbps 4000 2>&1 | grep -E "^\| .*tg"
+    done
+    echo "at ${SECONDS}s"
+    ;;
+Q)
+    if [ ! -x /tmp/tpinfer-main ]; then
+        rm -rf /tmp/m && mkdir -p /tmp/m && git archive "${MAIN_REV:-HEAD}" | tar -C /tmp/m -xf - &&
+            (cd /tmp/m && cfg build && bld build tpinfer) && cp /tmp/m/build/tpinfer /tmp/tpinfer-main
+    fi
+    cfg build
+    bld build tpinfer test_gemv_cuda
+    for g in host Q4_0; do
+        echo "gemv $g: $(build/tests/test_gemv_cuda $g 2>&1 | tail -1)"
+    done
+    mk q4_0
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=${QR:-4} ABD=0 ab q4_0 main=/tmp/tpinfer-main b0=build/tpinfer \
+        b6=build/tpinfer@TPI_GEMV_Q40B=6 b12=build/tpinfer@TPI_GEMV_Q40B=12
     echo "at ${SECONDS}s"
     ;;
 esac
