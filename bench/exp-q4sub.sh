@@ -68,6 +68,14 @@ bld() { # bld DIR TARGET...
 mk() { # mk TYPE: the 8B of TYPE at /tmp/TYPE.gguf, unless there (made by $MK_BIN)
     [ -s "/tmp/$1.gguf" ] || ${MK_BIN:-build/tpinfer} mkmodel --preset qwen3-8b --type "$1" -o "/tmp/$1.gguf" -q
 }
+main_at() { # main_at [TARGET...]: MAIN_REV (default HEAD) exported to /tmp/m, built there
+    local rev=${MAIN_REV:-HEAD}
+    git cat-file -e "$rev^{commit}" 2>/dev/null || { echo "no commit $rev here: main not built"; exit 1; }
+    rm -rf /tmp/m && mkdir -p /tmp/m && git archive "$rev" | tar -C /tmp/m -xf - || exit 1
+    (cd /tmp/m && cfg build && bld build "$@") || exit 1
+    cp /tmp/m/build/tpinfer /tmp/tpinfer-main
+    echo "main = $(git rev-parse --short "$rev"); the tree: $(git status --short | wc -l) files changed"
+}
 ab() { # ab TYPE NAME=BIN...
     local t=$1
     shift
@@ -186,11 +194,7 @@ R)
     ;;
 H)
     cfg build
-    rm -rf /tmp/m && mkdir -p /tmp/m && git archive "${MAIN_REV:-HEAD}" | tar -C /tmp/m -xf - ||
-        { echo "no git here: main not built"; exit 1; }
-    echo "main = $(git rev-parse --short "${MAIN_REV:-HEAD}"); the tree: $(git status --short | wc -l) files changed"
-    (cd /tmp/m && cfg build && bld build)
-    cp /tmp/m/build/tpinfer /tmp/tpinfer-main
+    main_at
     export MK_BIN=/tmp/tpinfer-main
     (mk q4_k_m && mk q8_0 && mk bf16 && mk q4_0) &
     MP=$!
@@ -212,10 +216,7 @@ H)
     echo "at ${SECONDS}s"
     ;;
 Q)
-    if [ ! -x /tmp/tpinfer-main ]; then
-        rm -rf /tmp/m && mkdir -p /tmp/m && git archive "${MAIN_REV:-HEAD}" | tar -C /tmp/m -xf - &&
-            (cd /tmp/m && cfg build && bld build tpinfer) && cp /tmp/m/build/tpinfer /tmp/tpinfer-main
-    fi
+    [ -x /tmp/tpinfer-main ] || main_at tpinfer
     cfg build
     bld build tpinfer test_gemv_cuda
     for g in host Q4_0; do
