@@ -42,6 +42,11 @@
 #     (-r 3) of Q4_K_M, Q8_0, BF16 and Q4_0, depth 8192 of Q4_K_M and Q8_0 (-r 2); its
 #     tpinfer kept as /tmp/tpinfer-main, the tree's own build/ made beside the tests for
 #     a comparison in the next call. ~6 min with the start.
+#   PART=N: PART=H without the tree's build, then change 144's split (branch exp/ntail's
+#     tpinfer, carried as $BIN_DIR/tpinfer.xz, default .dev/nt): bench/ab.sh on the 8B
+#     Q4_K_M at depths 0 and 8192, 2 rounds, of MAIN_REV's tpinfer, the same with
+#     TPI_DIAG_SKIP=norm, the branch's TPI_GEMV_NTAIL=2 (the default kernel in clusters of
+#     8, no tail) and TPI_GEMV_NTAIL=1 (the tail). ~7-8 min with the start.
 #   PART=Q: change 143 (TPI_GEMV_Q40B=6|12, run 236, not merged: it builds only in a tree
 #     with that code): build/, test_gemv_cuda host and Q4_0, then bench/ab.sh of MAIN_REV's
 #     tpinfer (PART=H's, else built now) against the tree at q40b 0, 6 and 12 on the 8B
@@ -192,15 +197,14 @@ R)
     ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main ring=build/tpinfer
     echo "at ${SECONDS}s"
     ;;
-H)
-    cfg build
+H | N)
     main_at
     export MK_BIN=/tmp/tpinfer-main
     (mk q4_k_m && mk q8_0 && mk bf16 && mk q4_0) &
     MP=$!
     (cd /tmp/m/build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
     CP=$!
-    bld build tpinfer test_gemv_cuda
+    [ "$PART" = H ] && { cfg build && bld build tpinfer test_gemv_cuda; }
     wait $CP
     grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
     wait $MP
@@ -213,6 +217,12 @@ H)
         /tmp/tpinfer-main bench -m /tmp/$t.gguf -p 0 -n 128 -d 8192 -r 2 -o md \
             --roofline-gbps 4000 2>&1 | grep -E "^\| .*tg"
     done
+    echo "at ${SECONDS}s"
+    [ "$PART" = N ] || exit 0
+    [ "$SECONDS" -lt 420 ] || { echo "no time left for the clusters' pair"; exit 0; }
+    BIN_DIR=${BIN_DIR:-.dev/nt} unxz tpinfer || exit 1
+    ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main skip=/tmp/tpinfer-main@TPI_DIAG_SKIP=norm \
+        cl=/tmp/tpinfer@TPI_GEMV_NTAIL=2 tail=/tmp/tpinfer@TPI_GEMV_NTAIL=1
     echo "at ${SECONDS}s"
     ;;
 Q)
