@@ -47,6 +47,12 @@
 #     Q4_K_M at depths 0 and 8192, 2 rounds, of MAIN_REV's tpinfer, the same with
 #     TPI_DIAG_SKIP=norm, the branch's TPI_GEMV_NTAIL=2 (the default kernel in clusters of
 #     8, no tail) and TPI_GEMV_NTAIL=1 (the tail). ~7-8 min with the start.
+#   PART=P: change 145 (knobs only): MAIN_REV's tpinfer built, then bench/ab.sh on the 8B
+#     Q4_K_M at depths 0 and 8192, 2 rounds: main, main with TPI_ATTN_DEC_CLUSTER=0 (the
+#     decode attention's splits merged through global memory), main with PDL off
+#     (TPI_PDL=0 TPI_GEMV_PDL=0), and exp/ntail's tpinfer (.dev/nt) at TPI_GEMV_NTAIL=2
+#     with PDL off (does an 8-block cluster cost a one-wave launch its PDL overlap or its
+#     placement?). ~4-5 min with the start.
 #   PART=Q: change 143 (TPI_GEMV_Q40B=6|12, run 236, not merged: it builds only in a tree
 #     with that code): build/, test_gemv_cuda host and Q4_0, then bench/ab.sh of MAIN_REV's
 #     tpinfer (PART=H's, else built now) against the tree at q40b 0, 6 and 12 on the 8B
@@ -223,6 +229,16 @@ H | N)
     BIN_DIR=${BIN_DIR:-.dev/nt} unxz tpinfer || exit 1
     ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main skip=/tmp/tpinfer-main@TPI_DIAG_SKIP=norm \
         cl=/tmp/tpinfer@TPI_GEMV_NTAIL=2 tail=/tmp/tpinfer@TPI_GEMV_NTAIL=1
+    echo "at ${SECONDS}s"
+    ;;
+P)
+    main_at tpinfer
+    MK_BIN=/tmp/tpinfer-main mk q4_k_m
+    BIN_DIR=${BIN_DIR:-.dev/nt} unxz tpinfer || exit 1
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main ncl=/tmp/tpinfer-main@TPI_ATTN_DEC_CLUSTER=0 \
+        p0=/tmp/tpinfer-main@TPI_PDL=0@TPI_GEMV_PDL=0 \
+        clp0=/tmp/tpinfer@TPI_GEMV_NTAIL=2@TPI_PDL=0@TPI_GEMV_PDL=0
     echo "at ${SECONDS}s"
     ;;
 Q)
