@@ -41,7 +41,7 @@
 #     gpu -E "parallel|comm"` on it, the 8B models made, and the table: tg128 + pp512
 #     (-r 3) of Q4_K_M, Q8_0, BF16 and Q4_0, depth 8192 of Q4_K_M and Q8_0 (-r 2); its
 #     tpinfer kept as /tmp/tpinfer-main, the tree's own build/ made beside the tests for
-#     a comparison in the next call. ~6 min with the start.
+#     a comparison in the next call (TREE=0: not). ~6 min with the start.
 #   PART=N: PART=H without the tree's build, then change 144's split (branch exp/ntail's
 #     tpinfer, carried as $BIN_DIR/tpinfer.xz, default .dev/nt): bench/ab.sh on the 8B
 #     Q4_K_M at depths 0 and 8192, 2 rounds, of MAIN_REV's tpinfer, the same with
@@ -210,7 +210,7 @@ H | N)
     MP=$!
     (cd /tmp/m/build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
     CP=$!
-    [ "$PART" = H ] && { cfg build && bld build tpinfer test_gemv_cuda; }
+    [ "$PART" = H ] && [ "${TREE:-1}" = 1 ] && { cfg build && bld build tpinfer test_gemv_cuda; }
     wait $CP
     grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
     wait $MP
