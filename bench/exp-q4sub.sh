@@ -57,6 +57,10 @@
 #     with that code): build/, test_gemv_cuda host and Q4_0, then bench/ab.sh of MAIN_REV's
 #     tpinfer (PART=H's, else built now) against the tree at q40b 0, 6 and 12 on the 8B
 #     Q4_0 at depth 0, 4 rounds.
+#   PART=S: where a depth-8192 step's time goes (run 240): MAIN_REV's tpinfer (PART=H's,
+#     else built now), then bench/ab.sh on the 8B Q4_K_M at depths 8192 and 0, ROUNDS
+#     (default 1): main, and main with TPI_DIAG_SKIP=attn, =norm and =norm,attn (outputs
+#     wrong, timing only; no greedy check). After PART=H in the same call: ~1 min more.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -91,7 +95,7 @@ ab() { # ab TYPE NAME=BIN...
     local t=$1
     shift
     echo "== $t"
-    MODEL=/tmp/$t.gguf DEPTHS="${ABD:-0 8192}" ROUNDS=${ROUNDS:-3} GREEDY_LENS="300" OUT="$OUT" \
+    MODEL=/tmp/$t.gguf DEPTHS="${ABD:-0 8192}" ROUNDS=${ROUNDS:-3} GREEDY_LENS="${GREEDY_LENS-300}" OUT="$OUT" \
         bash bench/ab.sh "$@" 2>&1 | grep -v "^d[0-9]* "
     cp "$OUT/ab.txt" "$OUT/ab-$t-$PART.txt" 2>/dev/null
 }
@@ -239,6 +243,15 @@ P)
     ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main ncl=/tmp/tpinfer-main@TPI_ATTN_DEC_CLUSTER=0 \
         p0=/tmp/tpinfer-main@TPI_PDL=0@TPI_GEMV_PDL=0 \
         clp0=/tmp/tpinfer@TPI_GEMV_NTAIL=2@TPI_PDL=0@TPI_GEMV_PDL=0
+    echo "at ${SECONDS}s"
+    ;;
+S)
+    [ -x /tmp/tpinfer-main ] || main_at tpinfer
+    MK_BIN=/tmp/tpinfer-main mk q4_k_m
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=${ROUNDS:-1} ABD="8192 0" GREEDY_LENS="" ab q4_k_m main=/tmp/tpinfer-main \
+        na=/tmp/tpinfer-main@TPI_DIAG_SKIP=attn nn=/tmp/tpinfer-main@TPI_DIAG_SKIP=norm \
+        nb=/tmp/tpinfer-main@TPI_DIAG_SKIP=norm,attn
     echo "at ${SECONDS}s"
     ;;
 Q)
