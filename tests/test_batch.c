@@ -182,13 +182,32 @@ static cJSON *record_by_line(const char *norm, long line) {
     return NULL;
 }
 
-/* Run the driver (np ranks) with args, which write -o `out`; expect exit 0 and
- * n_records records; returns them normalized (caller frees). */
+/* Error records among the normalized records (ours: finish_reason "error"; OpenAI's:
+ * a non-null "error"). */
+static int count_error_records(const char *norm) {
+    int n = 0;
+    for (const char *s = norm; *s;) {
+        const char *e = strchr(s, '\n');
+        cJSON *j = cJSON_ParseWithLength(s, (size_t)(e - s));
+        const cJSON *fr = cJSON_GetObjectItem(j, "finish_reason");
+        const cJSON *er = cJSON_GetObjectItem(j, "error");
+        n += (cJSON_IsString(fr) && !strcmp(fr->valuestring, "error")) ||
+             (er && !cJSON_IsNull(er));
+        cJSON_Delete(j);
+        s = e + 1;
+    }
+    return n;
+}
+
+/* Run the driver (np ranks) with args, which write -o `out`; expect n_records records
+ * and exit 0, or exit 4 when some of them are error records; returns them normalized
+ * (caller frees). */
 static char *run_records(int np, const char *const *args, const char *out, int n_records) {
-    ck_assert_int_eq(run(np, args), 0);
+    const int code = run(np, args);
     int n;
     char *norm = normalized(out, &n);
     ck_assert_int_eq(n, n_records);
+    ck_assert_int_eq(code, count_error_records(norm) ? 4 : 0);
     return norm;
 }
 
@@ -249,10 +268,19 @@ START_TEST(test_inputs) {
     write_file(path_in("in.jsonl"), text);
     const char *args[] = {"-f", path_in("in.jsonl"), "-o", path_in("out.jsonl"), "-n", "8",
                           "--temp", "0", "-c", "64", NULL};
-    ck_assert_int_eq(run(1, args), 0);
+    g_stderr_to = path_in("in.err");
+    // Lines that cannot run: exit 4, each named on stderr, the others' records written.
+    ck_assert_int_eq(run(1, args), 4);
+    g_stderr_to = NULL;
+    char *stderr_text = tu_read_file(path_in("in.err"), NULL);
+    ck_assert_ptr_nonnull(stderr_text);
     int n = 0;
     char *norm = normalized(path_in("out.jsonl"), &n);
     ck_assert_int_eq(n, 17); // every non-blank line has one record
+    ck_assert_int_eq(count_error_records(norm), 9);
+    ck_assert_msg(strstr(stderr_text, "in.jsonl: 9 of 17 lines could not run"),
+                  "no closing line: %s", stderr_text);
+    ck_assert_msg(strstr(stderr_text, "in.jsonl: line 11: "), "line 11 unnamed: %s", stderr_text);
 
     struct { long line; const char *id; const char *err_part; } errs[] = {
         {3, "\"num\"", "line 3: \"prompt\" must be a string"},
@@ -272,6 +300,9 @@ START_TEST(test_inputs) {
         const char *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message")->valuestring;
         ck_assert_msg(strstr(msg, errs[i].err_part), "line %ld: message '%s' lacks '%s'",
                       errs[i].line, msg, errs[i].err_part);
+        char named[128]; // the same message on stderr, after the file's name
+        snprintf(named, sizeof named, "in.jsonl: %s", errs[i].err_part);
+        ck_assert_msg(strstr(stderr_text, named), "stderr lacks '%s': %s", named, stderr_text);
         free(id);
         cJSON_Delete(j);
     }
@@ -334,6 +365,7 @@ START_TEST(test_inputs) {
     ck_assert(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message")->valuestring, "line 11"));
     cJSON_Delete(j);
     free(norm);
+    free(stderr_text);
 
     // Plain text: a prompt a line, ids are line numbers; stdin works too.
     write_file(path_in("plain.txt"), "The cat sat\n\nOn the mat\n{not json but plain}\n");
@@ -349,6 +381,28 @@ START_TEST(test_inputs) {
         ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "tokens")), 4);
         cJSON_Delete(j);
     }
+    free(norm);
+
+    // Many lines that cannot run: the first ten named, then how many more; the good line
+    // still runs.
+    char many[1024] = "";
+    for (int i = 0; i < 12; i++) strcat(many, "{\"prompt\": 5}\n");
+    strcat(many, "{\"prompt\": \"Good\", \"max_tokens\": 2}\n");
+    write_file(path_in("many.jsonl"), many);
+    const char *margs[] = {"-f", path_in("many.jsonl"), "-o", path_in("many.out"), NULL};
+    g_stderr_to = path_in("many.err");
+    ck_assert_int_eq(run(1, margs), 4);
+    g_stderr_to = NULL;
+    char *merr = tu_read_file(path_in("many.err"), NULL);
+    ck_assert_ptr_nonnull(merr);
+    ck_assert_msg(strstr(merr, "many.jsonl: line 10: \"prompt\" must be"), "%s", merr);
+    ck_assert_msg(!strstr(merr, "many.jsonl: line 11: "), "line 11 named: %s", merr);
+    ck_assert_msg(strstr(merr, "many.jsonl: 2 more lines with errors"), "%s", merr);
+    ck_assert_msg(strstr(merr, "many.jsonl: 12 of 13 lines could not run"), "%s", merr);
+    free(merr);
+    norm = normalized(path_in("many.out"), &n);
+    ck_assert_int_eq(n, 13);
+    ck_assert_int_eq(count_error_records(norm), 12);
     free(norm);
 
     // An output that is the prompt file or the model, spelled another way: refused with

@@ -9,6 +9,10 @@
  * scheduler's per-step broadcast stops every rank after the same step. What is
  * complete is on disk already (one write() per record), so --resume finishes
  * the rest.
+ *
+ * Exit status, the same on every rank: 0 every line ran; 4 the run completed but some
+ * lines could not run (error records, the first ten named on stderr); 1 the run failed;
+ * 128 + the signal when stopped.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cli/cmd_batch.h"
@@ -36,6 +40,25 @@ static volatile sig_atomic_t g_stop_signal = 0;
 
 static void on_signal(int sig) { g_stop_signal = sig; }
 
+/* The exit status of a run that completed with some lines as error records. */
+#define BATCH_EXIT_LINE_ERRORS 4
+/* At most this many of the lines that cannot run are named on stderr. */
+#define BATCH_ERRORS_SHOWN 10
+
+/* Names the first lines that cannot run on stderr, one line each ("FILE: line N: why"),
+ * and how many more there are. */
+static void report_error_lines(const char *file, const struct batch_input *in, int n_err) {
+    int shown = 0;
+    for (int i = 0; i < in->n_reqs && shown < BATCH_ERRORS_SHOWN; i++)
+        if (in->reqs[i].error) {
+            fprintf(stderr, "tpinfer run: %s: %s\n", file, in->reqs[i].error);
+            shown++;
+        }
+    if (n_err > shown)
+        fprintf(stderr, "tpinfer run: %s: %d more lines with errors (see their records)\n",
+                file, n_err - shown);
+}
+
 static void usage(FILE *out) {
     fprintf(out,
             "usage: tpinfer run -m MODEL.gguf -f PROMPTS [-o RESULTS] [options]\n"
@@ -58,6 +81,8 @@ static void usage(FILE *out) {
             "  --seed S              run seed (default 0; -1 = random, printed); a request\n"
             "                        without \"seed\" uses S + its line\n"
             "  --logprobs K          top-K logprobs per generated token for every request\n"
+            "A line that cannot run gets an error record and is named on stderr; the others\n"
+            "run, and the exit status is then 4 (0: every line ran; 1: the run failed).\n"
             "Sampling defaults for the requests that do not set their own:\n");
     cli_sampling_usage(out);
     fprintf(out, "Model and parallel options (as tpinfer run -p):\n");
@@ -331,8 +356,10 @@ int cmd_run_batch(int argc, char **argv) {
                      "--parallel %d --ubatch %d",
                      ctx.in.n_reqs, o.file, n_err_lines, n_resumed, ctx.n_todo, o.n_parallel,
                      o.c.n_ubatch);
+        if (!rc) report_error_lines(strcmp(o.file, "-") ? o.file : "stdin", &ctx.in, n_err_lines);
     }
     if ((rc = model_agree(m, rc, &err))) goto fail;
+    MPI_Bcast(&n_err_lines, 1, MPI_INT, 0, grid.world); /* every rank exits with one code */
 
     struct sched_params sp = {.n_parallel = o.n_parallel, .n_ubatch = o.c.n_ubatch,
                               .no_prefix_share = o.no_prefix_share};
@@ -377,6 +404,16 @@ int cmd_run_batch(int argc, char **argv) {
     }
     if (rc) goto fail;
     exit_code = 0;
+    if (n_err_lines) {
+        if (root)
+            fprintf(stderr,
+                    "tpinfer run: %s: %d of %d lines could not run (their error records are in "
+                    "%s); the other %d ran\n",
+                    strcmp(o.file, "-") ? o.file : "stdin", n_err_lines, ctx.in.n_reqs,
+                    o.output ? o.output : "the results",
+                    ctx.in.n_reqs - n_err_lines);
+        exit_code = BATCH_EXIT_LINE_ERRORS;
+    }
     goto out;
 
 fail:
