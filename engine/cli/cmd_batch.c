@@ -325,6 +325,7 @@ int cmd_run_batch(int argc, char **argv) {
     const char *slash = strrchr(o.c.model, '/');
     const char *model_name = slash ? slash + 1 : o.c.model;
     int n_resumed = 0, n_err_lines = 0;
+    const char *in_name = strcmp(o.file, "-") ? o.file : "stdin"; /* in the error lines */
     rc = TPI_OK;
     if (root) {
         struct req_defaults d = {.max_tokens = o.max_tokens,
@@ -356,7 +357,7 @@ int cmd_run_batch(int argc, char **argv) {
                      "--parallel %d --ubatch %d",
                      ctx.in.n_reqs, o.file, n_err_lines, n_resumed, ctx.n_todo, o.n_parallel,
                      o.c.n_ubatch);
-        if (!rc) report_error_lines(strcmp(o.file, "-") ? o.file : "stdin", &ctx.in, n_err_lines);
+        if (!rc) report_error_lines(in_name, &ctx.in, n_err_lines);
     }
     if ((rc = model_agree(m, rc, &err))) goto fail;
     MPI_Bcast(&n_err_lines, 1, MPI_INT, 0, grid.world); /* every rank exits with one code */
@@ -409,8 +410,7 @@ int cmd_run_batch(int argc, char **argv) {
             fprintf(stderr,
                     "tpinfer run: %s: %d of %d lines could not run (their error records are in "
                     "%s); the other %d ran\n",
-                    strcmp(o.file, "-") ? o.file : "stdin", n_err_lines, ctx.in.n_reqs,
-                    o.output ? o.output : "the results",
+                    in_name, n_err_lines, ctx.in.n_reqs, o.output ? o.output : "the results",
                     ctx.in.n_reqs - n_err_lines);
         exit_code = BATCH_EXIT_LINE_ERRORS;
     }
