@@ -484,11 +484,13 @@ void kern_q4_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
 /* n_groups groups of 8 GGUF Q6_K blocks at data (16-byte aligned) rearranged in place as
  * KERN_LAYOUT_Q6_KX8 (stream-ordered; failures recorded in ctx) */
 void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
+/* rows ids[0..n_tokens) (device memory) of the embedding w dequantized to f32 at out. */
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
                 float *out);
 /* rows [row0, row0+n_rows) of w dequantized to bf16, n_rows * ne0 values at dst */
 void kern_dequant_bf16(struct ops_ctx *ctx, const struct tpi_weight *w, int64_t row0,
                        int64_t n_rows, __nv_bfloat16 *dst);
+/* y[i] = bf16(x[i]) for i < n, rounded to nearest even. */
 void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int64_t n);
 /* kern_mmq's row limit: n_rows <= 16 MT for MT m-tiles of 16 rows, MT <= 4; by default
  * it takes up to 32 (TPI_MMQ). */
@@ -506,9 +508,14 @@ bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat
  * would say no for one of them, or when they differ in type or row length. */
 bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
                 const __nv_bfloat16 *x16, float *const *ys, int64_t n_rows, float beta);
+/* Each of n_rows rows of x normalized by its rms (eps added to the mean square), times w,
+ * into y (ops.h rmsnorm); up to 8 rows may also leave their int8 form for the next matmul. */
 void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,
                   int64_t n_cols, float eps);
+/* y[r][c] += b[c] for n_rows rows of n_cols. */
 void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols);
+/* NEOX rope in place on the first n_rot dims of each of n_head heads of every token of b,
+ * at the token's position (ops.h rope_neox); a bad n_rot is recorded in ctx. */
 void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
                     int head_dim, int n_rot, float freq_base);
 /* qk_norm_rope's table of inverse frequencies for (n_rot, freq_base) on the device (made
@@ -518,8 +525,12 @@ const double *kern_rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_bas
 void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                        const float *k_norm, const struct ops_batch *b, int n_head, int n_kv_head,
                        int head_dim, int n_rot, float freq_base, float eps);
+/* y[i] = silu(g[i]) * u[i] for i < n; may leave y's int8 form for the next matmul. */
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
+/* x[i] += y[i] for i < n. */
 void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n);
+/* dst's row r = src's row idx_host[r] (host memory) for r < n_idx, rows of n_cols floats;
+ * a negative index is recorded in ctx and its row written as zeros. */
 void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
                    int64_t n_cols, float *dst);
 
@@ -535,9 +546,24 @@ void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_hos
  * on the v3 path, not a decode size, or no memory); remember that x (n_vals values) now
  * has its int8 form in the claimed scratch. */
 void kern_xq_forget(struct ops_ctx *ctx);
+bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
+                   float2 **ds);
+/* kern_xq_claim in another scratch than q8 (a producer that reads q8 while it writes). */
+bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
+                      int64_t ne0, int8_t **xq, float2 **ds);
+void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
+/* y (n_rows, ne1) = x (n_rows, ne0) * W^T, by the decode products up to MATVEC_MAX_ROWS
+ * rows and the batch products above (ops.h matmul); failures recorded in ctx. */
+void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
+                 int64_t n_rows);
+/* ops.h matmul_n: several weights reading one x (x quantized / converted once). */
+void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
+                   float *const *ys, int64_t n_rows);
+
 /* ---- the persistent decode-layer tail (kern_layer.cu) ---- */
 /* Its barrier memory and shared-memory opt-in, at context init; false (recorded) on failure. */
 bool kern_layer_init(struct ops_ctx *ctx);
+/* Frees what kern_layer_init made (printing the trace first if TPI_LAYER_TRACE kept one). */
 void kern_layer_free(struct ops_ctx *ctx);
 /* Block b of G's rows [r0[s], r1[s]) of each of a phase's n_seg weights (rows[s] rows of
  * seg_bytes[s] bytes), as the layer-tail kernel splits them (unit: one weight whose
@@ -547,17 +573,6 @@ extern "C" int kern_layer_rows(int n_seg, const int *rows, const long long *seg_
                                int b, int G, int *r0, int *r1);
 /* ops->layer_tail: true when launched; false (nothing queued) when not covered. */
 bool kern_layer_tail(struct ops_ctx *ctx, const struct ops_layer_tail *t);
-bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int8_t **xq,
-                   float2 **ds);
-/* kern_xq_claim in another scratch than q8 (a producer that reads q8 while it writes). */
-bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
-                      int64_t ne0, int8_t **xq, float2 **ds);
-void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,
-                 int64_t n_rows);
-/* ops.h matmul_n: several weights reading one x (x quantized / converted once). */
-void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
-                   float *const *ys, int64_t n_rows);
 /* ops.h matmul_silu_mul: the FFN's gate, up and silu*mul (one launch for a decode row). */
 void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
                           const struct tpi_weight *wu, const float *x, float *g, float *u,
