@@ -200,6 +200,43 @@ struct cJSON *tpi_json_parse(const char *text, size_t len) {
     return j;
 }
 
+struct cJSON *tpi_json_text(const char *s, size_t n) {
+    const bool has_nul = memchr(s, 0, n) != NULL;
+    /* no NUL: cJSON's own string, from a terminated copy; else the quoted text by hand,
+     * escaped as cJSON's printer escapes (", \\, \b \f \n \r \t, other controls as \u00XX) */
+    char *b = malloc(has_nul ? n * 6 + 3 : n + 1);
+    if (!b) return NULL;
+    cJSON *j;
+    if (!has_nul) {
+        memcpy(b, s, n);
+        b[n] = '\0';
+        j = cJSON_CreateString(b);
+    } else {
+        static const char hex[] = "0123456789abcdef";
+        size_t o = 0;
+        b[o++] = '"';
+        for (size_t i = 0; i < n; i++) {
+            const unsigned char c = (unsigned char)s[i];
+            const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\b' ? "\\b"
+                          : c == '\f' ? "\\f" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
+                          : c == '\t' ? "\\t" : NULL;
+            if (e) {
+                b[o++] = e[0], b[o++] = e[1];
+            } else if (c < 32) {
+                memcpy(b + o, "\\u00", 4), o += 4;
+                b[o++] = hex[c >> 4], b[o++] = hex[c & 15];
+            } else {
+                b[o++] = (char)c;
+            }
+        }
+        b[o++] = '"';
+        b[o] = '\0';
+        j = cJSON_CreateRaw(b);
+    }
+    free(b);
+    return j;
+}
+
 #ifdef TPI_CPU_AVX2
 int tpi_cpu_avx2(void) {
     static int known = -1; /* a race here only writes the same value twice */

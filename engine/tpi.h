@@ -82,6 +82,11 @@ uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n);
 struct cJSON;
 struct cJSON *tpi_json_parse(const char *text, size_t len);
 
+/* A JSON string node of the n bytes at s (UTF-8; NULs allowed: cJSON's strings end at the
+ * first NUL, so text holding one becomes a raw node, escaped as cJSON escapes, with
+ * \u0000 for each NUL); NULL when memory runs out. */
+struct cJSON *tpi_json_text(const char *s, size_t n);
+
 /* All of stream f (to its end) in a NUL-terminated buffer of *n bytes (the NUL not
  * counted), free with free(); NULL with errno set: ENOMEM out of memory, else the read's
  * error (EIO when it gave none). f stays open. */

@@ -1326,6 +1326,119 @@ START_TEST(test_bias) {
 }
 END_TEST
 
+/* Whether [s, s + n) is well-formed UTF-8 (Unicode's table 3-7). */
+static bool utf8_ok(const unsigned char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        const unsigned c = s[i];
+        const int k = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+                                   : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+        if (!k || i + (size_t)k > n) return false;
+        for (int j = 1; j < k; j++) {
+            unsigned lo = 0x80, hi = 0xbf;
+            if (j == 1 && c == 0xe0) lo = 0xa0;
+            if (j == 1 && c == 0xed) hi = 0x9f;
+            if (j == 1 && c == 0xf0) lo = 0x90;
+            if (j == 1 && c == 0xf4) hi = 0x8f;
+            if (s[i + j] < lo || s[i + j] > hi) return false;
+        }
+        i += (size_t)k;
+    }
+    return true;
+}
+
+/* A record's first choice (OpenAI lines). */
+static cJSON *first_choice(cJSON *rec) {
+    return cJSON_GetArrayItem(
+        cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(rec, "response"), "body"),
+                            "choices"), 0);
+}
+
+/* Text that is not plain characters, on the tiny model's byte tokens (378: E2 80, the
+ * start of a 3-byte character; 188: the byte 00; 9: "*"): a completion's text is valid
+ * UTF-8 however the tokens cut its characters (each broken one U+FFFD, echoed prompt
+ * and completion alike), a NUL the model writes stays in the text as \u0000, and
+ * text_offset indexes the text in characters. A \u0000 in a request is that line's
+ * error (the JSON reader's strings end at a NUL), a list of one prompt is that prompt,
+ * and a chat message's text parts are joined by "\n", as vLLM joins them. */
+START_TEST(test_text) {
+    write_file(path_in("tx.jsonl"),
+               "{\"custom_id\": \"cut\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
+               "[378, 9, 378], \"echo\": true, \"logprobs\": 1, \"max_tokens\": 3, "
+               "\"temperature\": 0, \"logit_bias\": {\"378\": 100}}}\n"
+               "{\"id\": \"nul\", \"prompt\": [65, 66], \"max_tokens\": 3, \"temperature\": 0, "
+               "\"logit_bias\": {\"188\": 100}}\n"
+               "{\"id\": \"in\", \"prompt\": \"a\\u0000b\", \"max_tokens\": 1}\n"
+               "{\"custom_id\": \"one\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
+               "[\"the quick\"], \"max_tokens\": 3, \"temperature\": 0}}\n"
+               "{\"custom_id\": \"str\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
+               "\"the quick\", \"max_tokens\": 3, \"temperature\": 0}}\n"
+               "{\"custom_id\": \"two\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
+               "[\"a\", \"b\"]}}\n"
+               "{\"custom_id\": \"parts\", \"url\": \"/v1/chat/completions\", \"body\": "
+               "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": "
+               "\"the\"}, {\"type\": \"text\", \"text\": \"quick\"}]}], \"max_tokens\": 3, "
+               "\"temperature\": 0}}\n"
+               "{\"custom_id\": \"nl\", \"url\": \"/v1/chat/completions\", \"body\": {\"messages\": "
+               "[{\"role\": \"user\", \"content\": \"the\\nquick\"}], \"max_tokens\": 3, "
+               "\"temperature\": 0}}\n"
+               "{\"custom_id\": \"off\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
+               "\"\\u00e9vent \\u00e9t\\u00e9 \\u65e5\\u672c\", \"echo\": true, \"logprobs\": 0, "
+               "\"max_tokens\": 4, \"temperature\": 0}}\n");
+    const char *args[] = {"-f", path_in("tx.jsonl"), "-o", path_in("tx.out"), NULL};
+    char *norm = run_records(1, args, path_in("tx.out"), 9);
+    size_t n_raw = 0;
+    char *raw = tu_read_file(path_in("tx.out"), &n_raw);
+    ck_assert_msg(utf8_ok((const unsigned char *)raw, n_raw), "the records are not UTF-8");
+    ck_assert_msg(strstr(raw, "\"text\":\"\\u0000\\u0000\\u0000\""), "the NULs are not kept");
+    free(raw);
+
+    cJSON *rec = record_by_line(norm, 1);
+    const cJSON *c = first_choice(rec);
+    ck_assert_str_eq(cJSON_GetObjectItem(c, "text")->valuestring,
+                     "\xef\xbf\xbd*\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");
+    const cJSON *off = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "logprobs"), "text_offset");
+    static const int want_off[] = {0, 0, 2, 3, 3, 4}; // a held-back lead adds nothing yet
+    ck_assert_int_eq(cJSON_GetArraySize(off), 6);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(cJSON_GetArrayItem(off, i)->valueint, want_off[i]);
+    cJSON_Delete(rec);
+
+    const struct line_error errs[] = {{3, "\\u0000"}, {6, "\"prompt\" lists 2 prompts"}};
+    expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
+    for (long line = 4; line <= 7; line += 3) { // the same prompt, the same record
+        cJSON *a = record_by_line(norm, line), *b = record_by_line(norm, line + 1);
+        ck_assert_int_eq(prompt_len(norm, line, NULL, 0), prompt_len(norm, line + 1, NULL, 0));
+        cJSON *ca = cJSON_Duplicate(first_choice(a), true), *cb = first_choice(b);
+        ck_assert(cJSON_Compare(ca, cb, true));
+        cJSON_Delete(ca);
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+    }
+
+    rec = record_by_line(norm, 9); // each whole token's string stands at its offset
+    c = first_choice(rec);
+    const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+    const cJSON *lp = cJSON_GetObjectItem(c, "logprobs");
+    const cJSON *toks = cJSON_GetObjectItem(lp, "tokens");
+    off = cJSON_GetObjectItem(lp, "text_offset");
+    int n_checked = 0;
+    for (int i = 0; i < cJSON_GetArraySize(toks); i++) {
+        const char *tok = cJSON_GetArrayItem(toks, i)->valuestring;
+        const int at = cJSON_GetArrayItem(off, i)->valueint;
+        const char *p = text;
+        for (int ch = 0; *p && ch < at; ch++) // character `at` of the text
+            for (p++; (*p & 0xc0) == 0x80; p++) {}
+        if (strstr(tok, "\xef\xbf\xbd")) continue; // a piece of a character
+        ck_assert_msg(!strncmp(p, tok, strlen(tok)), "token %d '%s' is not at offset %d of '%s'",
+                      i, tok, at, text);
+        n_checked++;
+    }
+    ck_assert_int_ge(n_checked, 4);
+    cJSON_Delete(rec);
+    free(norm);
+}
+END_TEST
+
 START_TEST(test_resume) { interrupted_run(SIGKILL); }
 END_TEST
 
@@ -1391,6 +1504,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(g_mode, "ends")) {
         tcase_add_test(tc, test_ends);
         tcase_add_test(tc, test_bias);
+        tcase_add_test(tc, test_text);
     }
     else if (!strcmp(g_mode, "chat")) {
         if (!tu_data_or_skip("qwen3-vocab.gguf")) return TU_SKIP;

@@ -386,6 +386,65 @@ START_TEST(test_stream_decode) {
 }
 END_TEST
 
+/* The id whose bytes are exactly b[0..n) (-1: none). */
+static int32_t id_of_bytes(const struct tokenizer *t, const char *b, size_t n) {
+    for (int32_t id = 0; id < tok_n_vocab(t); id++) {
+        struct tok_str s = tok_token_bytes(t, id);
+        if (s.len == n && !memcmp(s.data, b, n)) return id;
+    }
+    return -1;
+}
+
+/* Pushes ids[0..n) and flushes; the bytes that came out, NUL-terminated, in out. */
+static size_t stream_all(const int32_t *ids, int n, char *out) {
+    struct tok_stream *s = tok_stream_new(g_qwen3, false);
+    const char *chunk;
+    size_t n_chunk, o = 0;
+    struct tpi_error err = {0};
+    for (int i = 0; i < n; i++) {
+        ck_assert_int_eq(tok_stream_push(s, ids[i], &chunk, &n_chunk, &err), TPI_OK);
+        memcpy(out + o, chunk, n_chunk), o += n_chunk;
+    }
+    tok_stream_flush(s, &chunk, &n_chunk);
+    memcpy(out + o, chunk, n_chunk), o += n_chunk;
+    out[o] = '\0';
+    tok_stream_free(&s);
+    return o;
+}
+
+/* A broken character is one U+FFFD for each maximal subpart of it (Unicode's practice,
+ * which Python's errors="replace", Rust's from_utf8_lossy and Hugging Face's decode
+ * follow): a cut-off 3-byte lead and its continuation are one, a lead byte with a
+ * continuation its table forbids (E0 80, ED A0: an overlong form, a surrogate) two. */
+START_TEST(test_stream_replacement) {
+    const int32_t e2_80 = id_of_bytes(g_qwen3, "\xe2\x80", 2), e0 = id_of_bytes(g_qwen3, "\xe0", 1),
+                  ed = id_of_bytes(g_qwen3, "\xed", 1), x80 = id_of_bytes(g_qwen3, "\x80", 1),
+                  xa0 = id_of_bytes(g_qwen3, "\xa0", 1), a = tok_id_of(g_qwen3, "a"),
+                  x94 = id_of_bytes(g_qwen3, "\x94", 1);
+    ck_assert(e2_80 >= 0 && e0 >= 0 && ed >= 0 && x80 >= 0 && xa0 >= 0 && a >= 0 && x94 >= 0);
+    static const char R[] = "\xef\xbf\xbd";
+    char out[64], want[64];
+    const int32_t cut3[] = {e2_80, e2_80, e2_80}; /* HF: decode gives three U+FFFD */
+    ck_assert_int_eq(stream_all(cut3, 3, out), 9);
+    snprintf(want, sizeof want, "%s%s%s", R, R, R);
+    ck_assert_str_eq(out, want);
+    const int32_t whole[] = {e2_80, x94, a}; /* E2 80 94, an em dash, then "a" */
+    ck_assert_int_eq(stream_all(whole, 3, out), 4);
+    ck_assert_str_eq(out, "\xe2\x80\x94" "a");
+    const int32_t cut_a[] = {e2_80, a};
+    ck_assert_int_eq(stream_all(cut_a, 2, out), 4);
+    snprintf(want, sizeof want, "%sa", R);
+    ck_assert_str_eq(out, want);
+    const int32_t overlong[] = {e0, x80, a}, surrogate[] = {ed, xa0, x80};
+    ck_assert_int_eq(stream_all(overlong, 3, out), 7);
+    snprintf(want, sizeof want, "%s%sa", R, R);
+    ck_assert_str_eq(out, want);
+    ck_assert_int_eq(stream_all(surrogate, 3, out), 9);
+    snprintf(want, sizeof want, "%s%s%s", R, R, R);
+    ck_assert_str_eq(out, want);
+}
+END_TEST
+
 /* Every reference case streams back to its own decode. */
 START_TEST(test_stream_all_cases) {
     const char *cases = tu_data_or_skip("tokenizer-cases.jsonl");
@@ -964,6 +1023,7 @@ int main(void) {
                                 test_long_word,
                                 test_whitespace_edges,
                                 test_stream_decode,
+                                test_stream_replacement,
                                 test_stream_all_cases,
                                 test_chatml,
                                 test_from_arrays_and_errors,
@@ -986,6 +1046,7 @@ int main(void) {
     tcase_add_test(tc, test_long_word);
     tcase_add_test(tc, test_whitespace_edges);
     tcase_add_test(tc, test_stream_decode);
+    tcase_add_test(tc, test_stream_replacement);
     tcase_add_test(tc, test_stream_all_cases);
     tcase_add_test(tc, test_chatml);
     tcase_add_test(tc, test_from_arrays_and_errors);

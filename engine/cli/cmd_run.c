@@ -245,7 +245,7 @@ static cJSON *logprobs_json(const int32_t *ids, const float *vals, int n_rows, i
 
 static void print_json(const struct gen_result *g, const int32_t *prompt, int n_prompt) {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "text", g->text);
+    cJSON_AddItemToObject(o, "text", tpi_json_text(g->text, g->n_text));
     cJSON_AddItemToObject(o, "tokens", ids_json(g->tokens, g->n_tokens));
     cJSON_AddItemToObject(o, "prompt_tokens", ids_json(prompt, n_prompt));
     cJSON_AddStringToObject(o, "finish_reason", g->finish_reason);

@@ -295,32 +295,62 @@ int batch_out_errors(struct batch_out *o, struct tpi_error *err) {
     return TPI_OK;
 }
 
-/* A token's bytes as a JSON-safe string: invalid UTF-8 (a token that ends inside a
- * character) becomes U+FFFD, as OpenAI's "token" fields do; "bytes" keeps the truth. */
-static char *token_string(const struct tokenizer *tok, int32_t id, struct tok_str *raw) {
-    *raw = tok_token_bytes(tok, id);
-    const unsigned char *b = (const unsigned char *)raw->data;
-    char *s = malloc(raw->len * 3 + 1);
-    if (!s) return NULL;
-    size_t o = 0;
-    for (size_t i = 0; i < raw->len;) {
-        unsigned c = b[i];
-        size_t k = c < 0x80 ? 1 : (c >= 0xc2 && c <= 0xdf) ? 2 : (c >= 0xe0 && c <= 0xef) ? 3
-                                : (c >= 0xf0 && c <= 0xf4) ? 4 : 0;
-        bool ok = k > 0 && i + k <= raw->len;
-        for (size_t j = 1; ok && j < k; j++) ok = (b[i + j] & 0xc0) == 0x80;
-        if (ok) {
-            memcpy(s + o, b + i, k);
-            o += k;
-            i += k;
-        } else {
-            memcpy(s + o, "\xef\xbf\xbd", 3);
-            o += 3;
-            i++;
+/* The text of ids[0..n) as valid UTF-8, decoded as the generated text is (one stream,
+ * control tokens rendered: bytes that do not form a character become U+FFFD), in a
+ * malloc'd buffer of *len bytes plus a NUL; NULL when memory runs out. */
+static char *valid_text(const struct tokenizer *tok, const int32_t *ids, int n, size_t *len) {
+    struct tok_stream *ts = tok_stream_new(tok, true);
+    char *buf = NULL;
+    size_t cap = 0, o = 0;
+    bool ok = ts != NULL;
+    for (int i = 0; ok && i <= n; i++) {
+        const char *b;
+        size_t nb;
+        struct tpi_error e = {0};
+        if (i < n) ok = tok_stream_push(ts, ids[i], &b, &nb, &e) == TPI_OK;
+        else tok_stream_flush(ts, &b, &nb);
+        if (ok && o + nb + 1 > cap) {
+            size_t nc = cap ? cap : 64;
+            while (nc < o + nb + 1) nc *= 2;
+            char *g = realloc(buf, nc);
+            ok = g != NULL;
+            if (ok) buf = g, cap = nc;
         }
+        if (ok) memcpy(buf + o, b, nb), o += nb;
     }
-    s[o] = '\0';
-    return s;
+    tok_stream_free(&ts);
+    if (ok && !buf) ok = (buf = malloc(1)) != NULL;
+    if (!ok) {
+        free(buf);
+        return NULL;
+    }
+    buf[o] = '\0';
+    *len = o;
+    return buf;
+}
+
+/* A token as a JSON string node, its bytes made valid UTF-8 as valid_text does (OpenAI's
+ * "token" fields; "bytes" keeps the truth in *raw); *n_chars (if not NULL) its length
+ * in characters, as text_offset counts them. NULL when memory runs out. */
+static cJSON *token_json(const struct tokenizer *tok, int32_t id, struct tok_str *raw,
+                         size_t *n_chars) {
+    *raw = tok_token_bytes(tok, id);
+    size_t n = 0;
+    char *s = valid_text(tok, &id, 1, &n);
+    if (!s) return NULL;
+    if (n_chars) {
+        *n_chars = 0;
+        for (size_t i = 0; i < n; i++) *n_chars += ((unsigned char)s[i] & 0xc0) != 0x80;
+    }
+    cJSON *j = tpi_json_text(s, n);
+    free(s);
+    return j;
+}
+
+/* A map key for a token's string (valid UTF-8; a NUL ends it, as cJSON's keys do). */
+static char *token_key(const struct tokenizer *tok, int32_t id) {
+    size_t n;
+    return valid_text(tok, &id, 1, &n);
 }
 
 static cJSON *bytes_array(struct tok_str raw) {
@@ -337,19 +367,15 @@ static cJSON *chat_logprobs(const struct batch_out *o, const struct batch_req *r
     cJSON *content = cJSON_AddArrayToObject(lp, "content");
     for (int t = 0; t < res->n_tokens; t++) {
         struct tok_str raw;
-        char *s = token_string(o->tok, res->tokens[t], &raw);
         cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "token", s ? s : "");
-        free(s);
+        cJSON_AddItemToObject(e, "token", token_json(o->tok, res->tokens[t], &raw, NULL));
         cJSON_AddNumberToObject(e, "logprob", res->lp_chosen[t]);
         cJSON_AddItemToObject(e, "bytes", bytes_array(raw));
         cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
         for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
             int32_t id = res->lp_ids[(size_t)t * res->lp_k + k];
-            char *ts = token_string(o->tok, id, &raw);
             cJSON *a = cJSON_CreateObject();
-            cJSON_AddStringToObject(a, "token", ts ? ts : "");
-            free(ts);
+            cJSON_AddItemToObject(a, "token", token_json(o->tok, id, &raw, NULL));
             cJSON_AddNumberToObject(a, "logprob", res->lp_vals[(size_t)t * res->lp_k + k]);
             cJSON_AddItemToObject(a, "bytes", bytes_array(raw));
             cJSON_AddItemToArray(top, a);
@@ -364,16 +390,35 @@ static cJSON *top_map(const struct batch_out *o, const struct batch_req *r, cons
                       const float *vals, int k) {
     cJSON *m = cJSON_CreateObject();
     for (int j = 0; j < r->n_top_out && j < k; j++) {
-        struct tok_str raw;
-        char *ts = token_string(o->tok, ids[j], &raw);
+        char *ts = token_key(o->tok, ids[j]);
         if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts)) cJSON_AddNumberToObject(m, ts, vals[j]);
         free(ts);
     }
     return m;
 }
 
+/* Characters in the n bytes of UTF-8 at b. */
+static size_t utf8_chars(const char *b, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)b[i] & 0xc0) != 0x80;
+    return c;
+}
+
+/* Characters id adds to the text stream ts decodes (0 while a character is held back);
+ * without a stream (memory ran out) the token's own string's, *fallback. */
+static size_t stream_chars(struct tok_stream *ts, int32_t id, size_t fallback) {
+    const char *b;
+    size_t nb;
+    struct tpi_error e = {0};
+    if (!ts || tok_stream_push(ts, id, &b, &nb, &e) != TPI_OK) return fallback;
+    return utf8_chars(b, nb);
+}
+
 /* OpenAI completion logprobs: tokens, token_logprobs, top_logprobs, text_offset; with
- * echo the prompt's tokens come first (the first with null logprobs, as OpenAI's). */
+ * echo the prompt's tokens come first (the first with null logprobs, as OpenAI's). A
+ * token's text_offset is where its text starts in the choice's "text", in characters:
+ * the text decoded as the record's text is (the prompt, then the completion), so a token
+ * that ends inside a character adds nothing until the character completes. */
 static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_req *r,
                                   const struct sched_result *res) {
     cJSON *lp = cJSON_CreateObject();
@@ -382,13 +427,18 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
     cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs");
     cJSON *off = cJSON_AddArrayToObject(lp, "text_offset");
     size_t at = 0;
-    for (int i = 0; r->echo && res->plp_chosen && i < res->n_prompt; i++) {
+    struct tok_stream *ts = r->echo ? tok_stream_new(o->tok, true) : NULL;
+    for (int i = 0; r->echo && i < r->n_prompt; i++) {
+        const bool listed = res->plp_chosen && i < res->n_prompt;
         struct tok_str raw;
-        char *s = token_string(o->tok, r->prompt[i], &raw);
-        cJSON_AddItemToArray(toks, cJSON_CreateString(s ? s : ""));
-        free(s);
-        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
-        at += raw.len;
+        size_t n_chars = 0;
+        cJSON *tj = listed ? token_json(o->tok, r->prompt[i], &raw, &n_chars) : NULL;
+        if (listed) {
+            cJSON_AddItemToArray(toks, tj);
+            cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+        }
+        at += stream_chars(ts, r->prompt[i], n_chars);
+        if (!listed) continue;
         if (i == 0) { // nothing before the first token to score it
             cJSON_AddItemToArray(tlp, cJSON_CreateNull());
             cJSON_AddItemToArray(top, cJSON_CreateNull());
@@ -398,23 +448,31 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
         cJSON_AddItemToArray(top, top_map(o, r, res->plp_ids + (size_t)i * res->lp_k,
                                           res->plp_vals + (size_t)i * res->lp_k, res->lp_k));
     }
+    if (ts) { // the prompt's text ends here: a character still held back is one U+FFFD
+        const char *b;
+        size_t nb;
+        tok_stream_flush(ts, &b, &nb);
+        at += utf8_chars(b, nb);
+        tok_stream_free(&ts);
+    }
+    ts = tok_stream_new(o->tok, false); // as the scheduler decodes a completion's text
     for (int t = 0; t < res->n_tokens; t++) {
         struct tok_str raw;
-        char *s = token_string(o->tok, res->tokens[t], &raw);
-        cJSON_AddItemToArray(toks, cJSON_CreateString(s ? s : ""));
-        free(s);
+        size_t n_chars = 0;
+        cJSON_AddItemToArray(toks, token_json(o->tok, res->tokens[t], &raw, &n_chars));
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(res->lp_chosen[t]));
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
-        at += raw.len;
+        at += stream_chars(ts, res->tokens[t], n_chars);
         cJSON_AddItemToArray(top, top_map(o, r, res->lp_ids + (size_t)t * res->lp_k,
                                           res->lp_vals + (size_t)t * res->lp_k, res->lp_k));
     }
+    tok_stream_free(&ts);
     return lp;
 }
 
 /* Ours: the per-completion fields of a record or of one of its "choices". */
 static void ours_completion(cJSON *j, const struct sched_result *res) {
-    cJSON_AddStringToObject(j, "text", res->text);
+    cJSON_AddItemToObject(j, "text", tpi_json_text(res->text, res->n_text));
     cJSON *toks = cJSON_AddArrayToObject(j, "tokens");
     for (int t = 0; t < res->n_tokens; t++)
         cJSON_AddItemToArray(toks, cJSON_CreateNumber(res->tokens[t]));
@@ -456,7 +514,7 @@ static bool add_message_body(cJSON *msg, const struct batch_req *r, int index,
     if (n < 0) return false;
     *n_calls = n > 0 && r->one_tool_call ? 1 : n;
     if (n == 0) {
-        cJSON_AddStringToObject(msg, "content", res->text);
+        cJSON_AddItemToObject(msg, "content", tpi_json_text(res->text, res->n_text));
         return true;
     }
     bool ok = true;
@@ -514,10 +572,9 @@ static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, 
             return NULL;
         }
     } else if (r->echo) { // the prompt's text, then the completion's
-        char *prompt = NULL;
         size_t n_prompt = 0;
-        struct tpi_error e = {0};
-        if (tok_decode(o->tok, r->prompt, r->n_prompt, &prompt, &n_prompt, &e) != TPI_OK) {
+        char *prompt = valid_text(o->tok, r->prompt, r->n_prompt, &n_prompt);
+        if (!prompt) {
             cJSON_Delete(c);
             return NULL;
         }
@@ -531,10 +588,10 @@ static cJSON *make_choice(const struct batch_out *o, const struct batch_req *r, 
             cJSON_Delete(c);
             return NULL;
         }
-        cJSON_AddStringToObject(c, "text", both);
+        cJSON_AddItemToObject(c, "text", tpi_json_text(both, n_prompt + res->n_text));
         free(both);
     } else {
-        cJSON_AddStringToObject(c, "text", res->text);
+        cJSON_AddItemToObject(c, "text", tpi_json_text(res->text, res->n_text));
     }
     cJSON_AddItemToObject(c, "logprobs",
                           !r->want_logprobs ? cJSON_CreateNull()

@@ -300,18 +300,22 @@ static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaul
     return 0;
 }
 
-/* Encode text; with chat (opts not NULL) it is wrapped as one user message first. */
+/* Encode the n bytes of text; with chat (opts not NULL) it is wrapped as one user message
+ * first (a NUL in it is then refused: the template takes C strings). */
 static int encode_text(struct batch_req *r, const struct tokenizer *tok, const char *text,
-                       const struct tok_chat_opts *chat) {
+                       size_t n, const struct tok_chat_opts *chat) {
     struct tpi_error e = {0};
     char *rendered = NULL;
+    if (chat && memchr(text, 0, n))
+        return req_fail(r, "the text holds a NUL byte, which a chat prompt cannot take");
     if (chat) {
         struct tok_message msg = {.role = "user", .content = text};
         if (tok_apply_chat(tok, &msg, 1, chat, &rendered, NULL, &e))
             return req_fail(r, "%s", e.msg);
         text = rendered;
+        n = strlen(rendered);
     }
-    int rc = tok_encode(tok, text, strlen(text), true, &r->prompt, &r->n_prompt, &e);
+    int rc = tok_encode(tok, text, n, true, &r->prompt, &r->n_prompt, &e);
     free(rendered);
     if (rc) return req_fail(r, "%s", e.msg);
     return 0;
@@ -437,7 +441,7 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
         if (rc) break;
         if (cJSON_IsString(content)) {
             m[i].content = content->valuestring;
-        } else if (cJSON_IsArray(content)) { // content parts: the text ones, joined
+        } else if (cJSON_IsArray(content)) { // text parts, joined by "\n" (as vLLM joins them)
             size_t len = 1;
             const cJSON *p;
             cJSON_ArrayForEach(p, content) {
@@ -446,16 +450,22 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
                     rc = req_fail(r, "message %d: only text content parts are supported", i);
                     break;
                 }
-                len += strlen(t->valuestring);
+                len += strlen(t->valuestring) + 1;
             }
             if (rc) break;
             if (!(owned[i] = malloc(len))) {
                 rc = req_fail(r, "out of memory");
                 break;
             }
-            owned[i][0] = '\0';
-            cJSON_ArrayForEach(p, content)
-                strcat(owned[i], cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring);
+            size_t at = 0;
+            cJSON_ArrayForEach(p, content) {
+                const char *t = cJSON_GetObjectItemCaseSensitive(p, "text")->valuestring;
+                const size_t nt = strlen(t);
+                if (p != content->child) owned[i][at++] = '\n';
+                memcpy(owned[i] + at, t, nt);
+                at += nt;
+            }
+            owned[i][at] = '\0';
             m[i].content = owned[i];
         } else if (content && !cJSON_IsNull(content)) {
             rc = req_fail(r, "message %d: \"content\" must be a string or a list of parts", i);
@@ -485,12 +495,14 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
 /* "prompt": text (a user turn when chat is not NULL), or a list of token ids. */
 static int encode_prompt(struct batch_req *r, const struct tokenizer *tok, const cJSON *p,
                          const struct req_defaults *d, const struct tok_chat_opts *chat) {
-    if (cJSON_IsString(p)) return encode_text(r, tok, p->valuestring, chat);
+    if (cJSON_IsString(p)) return encode_text(r, tok, p->valuestring, strlen(p->valuestring), chat);
     if (!cJSON_IsArray(p))
         return req_fail(r, "\"prompt\" must be a string or a list of token ids");
     int n = cJSON_GetArraySize(p);
-    if (n > 0 && cJSON_IsString(p->child))
-        return req_fail(r, "\"prompt\" lists several prompts; give one per line");
+    if (n == 1 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        return encode_prompt(r, tok, p->child, d, chat); // a list of one prompt is that prompt
+    if (n > 0 && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        return req_fail(r, "\"prompt\" lists %d prompts; give one per line", n);
     r->prompt = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     if (!r->prompt) return req_fail(r, "out of memory");
     const cJSON *it;
@@ -511,6 +523,19 @@ static char *line_id(long line) {
     return tpi_strdup(b);
 }
 
+/* Whether the JSON text [s, s + n) has a string with a \u0000 escape: cJSON's strings end
+ * at a NUL, so the text after it would be lost without a word. */
+static bool json_holds_nul(const char *s, size_t n) {
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '"') in_str = !in_str;
+        else if (in_str && s[i] == '\\' && ++i < n && s[i] == 'u' && i + 4 < n &&
+                 !memcmp(s + i + 1, "0000", 4))
+            return true;
+    }
+    return false;
+}
+
 /* Parse one JSON line into r (r->line, defaults already set). */
 static void parse_json_line(struct batch_req *r, const char *text, size_t len,
                             const struct tokenizer *tok, const struct req_defaults *d) {
@@ -527,6 +552,11 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
     if (id && !cJSON_IsNull(id)) {
         if (!(cJSON_IsString(id) || cJSON_IsNumber(id))) req_fail(r, "the id must be a string or a number");
         else r->id_json = cJSON_PrintUnformatted(id);
+    }
+    if (json_holds_nul(text, len)) {
+        req_fail(r, "a string holds \\u0000 (a NUL character), which tpinfer cannot take");
+        cJSON_Delete(j);
+        return;
     }
     if (!r->oai) {
         r->fmt = REQ_OURS;
@@ -692,7 +722,7 @@ int batch_input_load(const char *path, const struct tokenizer *tok, const struct
                 data[i + len] = '\0';
                 const struct tok_chat_opts chat = {.add_generation_prompt = true,
                                                    .enable_thinking = d->enable_thinking};
-                encode_text(r, tok, data + i, d->chat ? &chat : NULL);
+                encode_text(r, tok, data + i, len, d->chat ? &chat : NULL);
                 data[i + len] = save;
                 r->n_logprobs = r->n_top_out = d->n_logprobs;
                 r->want_logprobs = d->n_logprobs > 0;

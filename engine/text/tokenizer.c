@@ -946,6 +946,24 @@ static int utf8_seq_len(unsigned char c) {
     return 0;
 }
 
+/* How many of the n bytes at p (a lead byte announcing k) begin a well-formed character
+ * (Unicode's table 3-7: E0 A0-BF, ED 80-9F, F0 90-BF, F4 80-8F, else 80-BF after the
+ * lead): k for a whole character, fewer for a cut-off or broken one (its maximal
+ * subpart, which becomes one U+FFFD, as Python's and Rust's lossy decoders do). */
+static int utf8_valid_prefix(const unsigned char *p, size_t n, int k) {
+    unsigned lo = 0x80, hi = 0xbf;
+    if (p[0] == 0xe0) lo = 0xa0;
+    else if (p[0] == 0xed) hi = 0x9f;
+    else if (p[0] == 0xf0) lo = 0x90;
+    else if (p[0] == 0xf4) hi = 0x8f;
+    int m = 1;
+    for (; m < k && (size_t)m < n; m++) {
+        if (p[m] < lo || p[m] > hi) break;
+        lo = 0x80, hi = 0xbf;
+    }
+    return m;
+}
+
 int tok_stream_push(struct tok_stream *s, int32_t id, const char **bytes, size_t *n_bytes,
                     struct tpi_error *err) {
     *bytes = "";
@@ -971,23 +989,15 @@ int tok_stream_push(struct tok_stream *s, int32_t id, const char **bytes, size_t
             memcpy(o + no, REPLACEMENT, 3), no += 3, i++;
             continue;
         }
-        if (i + (size_t)k > nin) {
-            /* the tail may be a character still arriving: hold it if every byte
-             * so far is a continuation byte */
-            bool prefix = true;
-            for (size_t j = i + 1; j < nin; j++)
-                prefix &= (in[j] & 0xc0) == 0x80;
-            if (prefix) {
-                memcpy(s->pend, in + i, nin - i);
-                s->n_pend = (int)(nin - i);
-                break;
-            }
-            memcpy(o + no, REPLACEMENT, 3), no += 3, i++;
-            continue;
+        const int m = utf8_valid_prefix(in + i, nin - i, k);
+        if (m < k && i + (size_t)m == nin) {
+            /* the tail is the start of a character still arriving: hold it */
+            memcpy(s->pend, in + i, (size_t)m);
+            s->n_pend = m;
+            break;
         }
-        utf8proc_int32_t cp;
-        if (k > 1 && (utf8proc_iterate(in + i, k, &cp) != k || cp < 0)) {
-            memcpy(o + no, REPLACEMENT, 3), no += 3, i++;
+        if (m < k) { /* a broken character: one U+FFFD for its maximal subpart */
+            memcpy(o + no, REPLACEMENT, 3), no += 3, i += (size_t)m;
             continue;
         }
         memmove(o + no, in + i, (size_t)k);

@@ -120,7 +120,8 @@ int tok_decode(const struct tokenizer *t, const int32_t *ids, int n_ids, char **
  * Feed generated ids one at a time and get back only complete UTF-8: a token
  * that ends inside a multi-byte character has those bytes held back until the
  * character completes. Output is always valid UTF-8: bytes that cannot start or
- * continue a character become U+FFFD. */
+ * continue a character become U+FFFD, one for each maximal subpart of a broken
+ * character (a cut-off one is one U+FFFD), as Python's and Rust's lossy decoders do. */
 struct tok_stream; /* opaque */
 
 /* New stream over `t`; with render_control false, CONTROL tokens (e.g.
