@@ -200,6 +200,38 @@ struct cJSON *tpi_json_parse(const char *text, size_t len) {
     return j;
 }
 
+int tpi_utf8_scan(const unsigned char *p, size_t n, int *len) {
+    const unsigned c = p[0];
+    const int k = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
+                             : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    *len = k;
+    unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80;
+    unsigned hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    int m = 1;
+    for (; m < k && (size_t)m < n && p[m] >= lo && p[m] <= hi; m++)
+        lo = 0x80, hi = 0xbf;
+    return m;
+}
+
+char *tpi_utf8_fix(const char *s, size_t n, size_t *out_n) {
+    char *o = malloc(n * 3 + 1);
+    if (!o) return NULL;
+    size_t no = 0;
+    for (size_t i = 0; i < n;) {
+        int k;
+        const int m = tpi_utf8_scan((const unsigned char *)s + i, n - i, &k);
+        if (m == k) {
+            memcpy(o + no, s + i, (size_t)k), no += (size_t)k;
+        } else {
+            memcpy(o + no, "\xef\xbf\xbd", 3), no += 3;
+        }
+        i += (size_t)m;
+    }
+    o[no] = '\0';
+    *out_n = no;
+    return o;
+}
+
 struct cJSON *tpi_json_text(const char *s, size_t n) {
     const bool has_nul = memchr(s, 0, n) != NULL;
     /* no NUL: cJSON's own string, from a terminated copy; else the quoted text by hand,

@@ -82,6 +82,17 @@ uint64_t tpi_fnv1a(uint64_t h, const void *data, size_t n);
 struct cJSON;
 struct cJSON *tpi_json_parse(const char *text, size_t len);
 
+/* UTF-8 at p (n >= 1 bytes): *len gets the length its first byte announces (0: not a
+ * lead byte); returns how many bytes, 1 to *len, begin a well-formed character (Unicode's
+ * table 3-7: E0 A0-BF, ED 80-9F, F0 90-BF, F4 80-8F, else 80-BF after the lead): *len for
+ * a whole one, fewer for a cut-off or broken one (its maximal subpart), 1 for a non-lead. */
+int tpi_utf8_scan(const unsigned char *p, size_t n, int *len);
+
+/* The n bytes at s with each maximal subpart of a broken character made one U+FFFD (as
+ * Python's errors="replace" does), malloc'd and NUL-terminated, its length in *out_n;
+ * NULL when memory runs out. */
+char *tpi_utf8_fix(const char *s, size_t n, size_t *out_n);
+
 /* A JSON string node of the n bytes at s (UTF-8; NULs allowed: cJSON's strings end at the
  * first NUL, so text holding one becomes a raw node, escaped as cJSON escapes, with
  * \u0000 for each NUL); NULL when memory runs out. */

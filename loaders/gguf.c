@@ -7,8 +7,10 @@
  * are there, counts are checked against what the remaining bytes could hold
  * before anything is sized by them, and arrays grow as entries are actually
  * parsed, so no allocation is larger than a small multiple of the file size.
- * Names and keys are looked up through open-addressing hash indexes (FNV-1a),
- * which also find duplicates at open in O(n).
+ * Names and keys are looked up through open-addressing hash indexes (FNV-1a
+ * from a per-process random seed, then a 64-bit mix), which also find duplicates
+ * at open in O(n): with a fixed hash a file could list keys that all land in one
+ * slot and make opening it quadratic (hours for a 100 MB header).
  *
  * kv->n_bytes is the size of the payload that kv->data points at: the value
  * for scalars, the bytes for strings, and the items as stored for arrays (for
@@ -25,7 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../engine/kernels/quant.h"
@@ -46,6 +50,7 @@ static const uint8_t vt_size[GGUF_VT_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 
 struct name_index {
     int64_t *slots;
     uint64_t mask;
+    uint64_t seed; /* hash_seed() */
 };
 
 struct gguf_part {
@@ -102,8 +107,30 @@ static const char *printable(char *buf, size_t buf_n, const char *s, uint64_t le
     return buf;
 }
 
-static uint64_t name_hash(const char *s, uint64_t len) {
-    return tpi_fnv1a(TPI_FNV_INIT, s, (size_t)len);
+/* A seed for the indexes, random once a process (the kernel's, or the clock and pid
+ * where getrandom fails), so that no file can be made to collide in them. */
+static uint64_t hash_seed(void) {
+    static uint64_t seed; /* 0: not drawn yet (a race draws twice: either value serves) */
+    uint64_t v = __atomic_load_n(&seed, __ATOMIC_RELAXED);
+    if (v) return v;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        v = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ULL ^ (uint64_t)ts.tv_sec ^
+            (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&seed;
+    }
+    v |= 1;
+    __atomic_store_n(&seed, v, __ATOMIC_RELAXED);
+    return v;
+}
+
+static uint64_t name_hash(const struct name_index *ix, const char *s, uint64_t len) {
+    uint64_t h = tpi_fnv1a(TPI_FNV_INIT ^ ix->seed, s, (size_t)len);
+    h ^= h >> 30; /* splitmix64's finalizer: every bit of h reaches the slot bits */
+    h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27;
+    h *= 0x94d049bb133111ebULL;
+    return h ^ (h >> 31);
 }
 
 /* Allocate a table for n entries (load factor <= 1/2). */
@@ -113,6 +140,7 @@ static int index_init(struct name_index *ix, int64_t n) {
         cap <<= 1;
     ix->slots = calloc(cap, sizeof *ix->slots);
     ix->mask = cap - 1;
+    ix->seed = hash_seed();
     return ix->slots ? TPI_OK : TPI_ERR_NOMEM;
 }
 
@@ -121,7 +149,7 @@ typedef void (*index_name_fn)(const void *ctx, int64_t i, const char **s, uint64
 
 static int64_t *index_slot(const struct name_index *ix, const char *s, uint64_t len,
                            index_name_fn get_name, const void *ctx) {
-    uint64_t h = name_hash(s, len) & ix->mask;
+    uint64_t h = name_hash(ix, s, len) & ix->mask;
     for (;;) {
         int64_t *slot = &ix->slots[h];
         if (*slot == 0) return slot;
@@ -585,6 +613,8 @@ static int part_parse(struct gguf_file *f, int part_no, struct tpi_error *err) {
     for (int64_t i = first; i < f->n_tensors; i++) {
         struct gguf_tensor *t = &f->tensors[i];
         const struct quant_traits *tr = quant_traits(t->type);
+        char name[96];
+        printable(name, sizeof name, t->name, strlen(t->name));
         /* Rows and elements are checked apart: with ne[0] = 0 the element count
          * is 0 whatever the other dimensions multiply to. */
         int64_t n_elems = 1, n_rows = 1;
@@ -593,27 +623,27 @@ static int part_parse(struct gguf_file *f, int part_no, struct tpi_error *err) {
                 (d > 0 && __builtin_mul_overflow(n_rows, t->ne[d], &n_rows)))
                 return ferr(err, TPI_ERR_FORMAT, path,
                             "tensor '%s': shape [%lld, %lld, %lld, %lld] overflows 64 bits",
-                            t->name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
                             (long long)t->ne[3]);
         if (t->ne[0] % tr->blck_size != 0)
             return ferr(err, TPI_ERR_FORMAT, path,
                         "tensor '%s': ne[0] = %lld is not a multiple of the %s block size %d",
-                        t->name, (long long)t->ne[0], tr->name, tr->blck_size);
+                        name, (long long)t->ne[0], tr->name, tr->blck_size);
         uint64_t row_bytes = (uint64_t)(t->ne[0] / tr->blck_size) * tr->type_size, n_bytes;
         if (__builtin_mul_overflow(row_bytes, (uint64_t)n_rows, &n_bytes))
             return ferr(err, TPI_ERR_FORMAT, path, "tensor '%s': byte size overflows 64 bits",
-                        t->name);
+                        name);
         t->n_bytes = n_bytes;
         if (t->offset % pt->alignment != 0)
             return ferr(err, TPI_ERR_FORMAT, path,
                         "tensor '%s': data offset %llu is not a multiple of the alignment %llu",
-                        t->name, (unsigned long long)t->offset, (unsigned long long)pt->alignment);
+                        name, (unsigned long long)t->offset, (unsigned long long)pt->alignment);
         uint64_t begin, end;
         if (__builtin_add_overflow(pt->data_offset, t->offset, &begin) ||
             __builtin_add_overflow(begin, n_bytes, &end) || end > pt->size)
             return ferr(err, TPI_ERR_FORMAT, path,
                         "tensor '%s': data range [%llu, %llu%s) past end of file (size %llu)",
-                        t->name, (unsigned long long)(pt->data_offset + t->offset),
+                        name, (unsigned long long)(pt->data_offset + t->offset),
                         (unsigned long long)(pt->data_offset + t->offset + n_bytes),
                         (begin < pt->data_offset || end < begin) ? ", overflowing" : "",
                         (unsigned long long)pt->size);
@@ -743,15 +773,17 @@ int gguf_open(const char *path, struct gguf_file **out, struct tpi_error *err) {
             index_slot(&f->tensor_index, t->name, strlen(t->name), tensor_name, f->tensors);
         if (*slot) {
             const struct gguf_tensor *t0 = &f->tensors[*slot - 1];
+            char name[96];
+            printable(name, sizeof name, t->name, strlen(t->name));
             if (f->n_parts > 1)
                 st = ferr(err, TPI_ERR_FORMAT, path,
                           "tensor '%s': duplicate name (tensors #%lld in part %d and #%lld in part "
                           "%d, %s)",
-                          t->name, (long long)(*slot - 1), t0->part + 1, (long long)i, t->part + 1,
+                          name, (long long)(*slot - 1), t0->part + 1, (long long)i, t->part + 1,
                           f->parts[t->part].path);
             else
                 st = ferr(err, TPI_ERR_FORMAT, path,
-                          "tensor '%s': duplicate name (tensors #%lld and #%lld)", t->name,
+                          "tensor '%s': duplicate name (tensors #%lld and #%lld)", name,
                           (long long)(*slot - 1), (long long)i);
             break;
         }

@@ -349,6 +349,14 @@ START_TEST(test_bad_tensors) {
     /* A hostile name is printed safely. */
     one_tensor(&b, "bad\x01name", 7, ne8, TPI_TYPE_F32, 0, 32);
     expect_fail("control character in name", &b, "bad?name");
+    /* also where the data's checks name it (after the infos) and as a duplicate */
+    one_tensor(&b, "x\ntpinfer: fine\x1b[31m", 1, ne8, TPI_TYPE_F32, 4, 64);
+    expect_fail("newline in a misaligned tensor's name", &b, "'x?tpinfer: fine?[31m': data offset");
+    bb_header(&b, 2, 0);
+    bb_tensor(&b, "du\np", 1, ne8, TPI_TYPE_F32, 0);
+    bb_tensor(&b, "du\np", 1, ne8, TPI_TYPE_F32, 32);
+    bb_data(&b, 64);
+    expect_fail("newline in a duplicate name", &b, "tensor 'du?p': duplicate name");
     /* Alignment from metadata applies to offsets. */
     bb_header(&b, 1, 1);
     bb_str(&b, "general.alignment"), bb_u32(&b, GGUF_VT_U32), bb_u32(&b, 64);
@@ -573,6 +581,31 @@ START_TEST(test_cli_info) {
     expect_cli_fail("missing file", missing);
     /* A valid file that is no whole model: its shard plan cannot be made. */
     expect_cli_fail_tp("no model in it, --tp 2", good, "2");
+    /* Names and strings that are not plain text: the text table escapes a key's and a
+     * tensor's control bytes (no line of its own), the JSON is valid UTF-8 with the NUL
+     * kept as \u0000 and a broken byte as U+FFFD. */
+    struct gguf_writer *w = gguf_writer_new(0);
+    ck_assert_int_eq(gguf_writer_set_str(w, "general.odd\nforged = 1", "x"), TPI_OK);
+    static const char val[] = "ab\0c\xe9";
+    const struct gguf_kv sv = {.key = {12, "general.odd2"}, .type = GGUF_VT_STRING,
+                               .data = (const void *)val, .n_bytes = 5, .str_len = 5};
+    ck_assert_int_eq(gguf_writer_copy_kv(w, &sv), TPI_OK);
+    static const float zero[8];
+    int64_t ne8[1] = {8};
+    ck_assert_int_ge(gguf_writer_add_tensor(w, "t\nforged", TPI_TYPE_F32, 1, ne8, zero), 0);
+    struct tpi_error werr;
+    const char *odd = tu_tmp_path("odd.gguf");
+    ck_assert_int_eq(gguf_writer_write(w, odd, &werr), TPI_OK);
+    gguf_writer_free(&w);
+    status = run_info(odd, false, NULL, out, sizeof out, errs, sizeof errs);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info: %s", errs);
+    ck_assert_msg(strstr(out, "general.odd\\x0aforged = 1") && strstr(out, "t\\x0aforged") &&
+                      !strstr(out, "\nforged"),
+                  "text: %s", out);
+    status = run_info(odd, true, NULL, out, sizeof out, errs, sizeof errs);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --json: %s", errs);
+    ck_assert_msg(strstr(out, "\"general.odd2\":\"ab\\u0000c\xef\xbf\xbd\""), "json: %s", out);
+    ck_assert_ptr_nonnull(strstr(out, "\"general.odd\\nforged = 1\""));
     free(bytes);
     tu_tmpdir_remove();
 }

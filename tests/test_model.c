@@ -816,6 +816,133 @@ START_TEST(test_config_errors) {
 }
 END_TEST
 
+/* One change to a copy of a model: key `drop` left out, and `key` (if not NULL) set to
+ * value (type u32, f32, bool or str); tensors past `n_tensors` (-1: all) left out. */
+struct key_edit {
+    const char *drop, *key;
+    char vt; /* 'u', 'f', 'b' or 's' */
+    double num;
+    const char *str;
+    int64_t n_tensors;
+};
+
+static const char *edited_copy(const struct gguf_file *f, const struct key_edit *e) {
+    struct gguf_writer *w = gguf_writer_new(0);
+    ck_assert_ptr_nonnull(w);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        const bool is = (e->drop && strlen(e->drop) == kv->key.len &&
+                         !memcmp(kv->key.data, e->drop, kv->key.len)) ||
+                        (e->key && strlen(e->key) == kv->key.len &&
+                         !memcmp(kv->key.data, e->key, kv->key.len));
+        if (!is) ck_assert_int_eq(gguf_writer_copy_kv(w, kv), TPI_OK);
+    }
+    int rc = TPI_OK;
+    if (e->key && e->vt == 'u') rc = gguf_writer_set_u32(w, e->key, (uint32_t)e->num);
+    if (e->key && e->vt == 'f') rc = gguf_writer_set_f32(w, e->key, (float)e->num);
+    if (e->key && e->vt == 'b') rc = gguf_writer_set_bool(w, e->key, e->num != 0);
+    if (e->key && e->vt == 's') rc = gguf_writer_set_str(w, e->key, e->str);
+    ck_assert_int_eq(rc, TPI_OK);
+    const int64_t n = e->n_tensors >= 0 ? e->n_tensors : gguf_n_tensors(f);
+    for (int64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        ck_assert_int_ge(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data), 0);
+    }
+    const char *path = tu_tmp_path("edited.gguf");
+    struct tpi_error err = {0};
+    ck_assert_msg(gguf_writer_write(w, path, &err) == TPI_OK, "%s", err.msg);
+    gguf_writer_free(&w);
+    return path;
+}
+
+/* What a model file's metadata must hold beyond what the reader checks: each bad value
+ * is an error naming the file and the key, not a model that runs and computes NaN or a
+ * cut-short stack (a rope base of 0, an epsilon of NaN, block_count as a bool or too
+ * small, a head size past what the backends compute, keys of the wrong type, a
+ * tokenizer with another count of tokens than the embedding has rows). */
+START_TEST(test_config_values) {
+    const char *src = tu_data_path("qwen3-tiny-q4_k_m.gguf");
+    if (!src) return;
+    struct gguf_file *f = NULL;
+    struct tpi_error err = {0};
+    ck_assert_int_eq(gguf_open(src, &f, &err), TPI_OK);
+    static const struct {
+        struct key_edit e;
+        const char *want;
+    } cases[] = {
+        {{NULL, "qwen3.rope.freq_base", 'f', 0.0, NULL, -1}, "'qwen3.rope.freq_base' = 0 is out"},
+        {{NULL, "qwen3.rope.freq_base", 'f', -5.0, NULL, -1}, "freq_base' = -5 is out"},
+        {{NULL, "qwen3.rope.freq_base", 'f', NAN, NULL, -1}, "freq_base' = nan is out"},
+        {{NULL, "qwen3.attention.layer_norm_rms_epsilon", 'f', -1.0, NULL, -1},
+         "layer_norm_rms_epsilon' = -1 is out"},
+        {{NULL, "qwen3.attention.layer_norm_rms_epsilon", 'f', INFINITY, NULL, -1},
+         "layer_norm_rms_epsilon' = inf is out"},
+        {{NULL, "qwen3.rope.freq_base", 'b', 1, NULL, -1}, "freq_base' is not a number"},
+        {{NULL, "qwen3.block_count", 'b', 1, NULL, -1}, "'qwen3.block_count' is a bool"},
+        {{NULL, "qwen3.block_count", 'u', 2, NULL, -1}, "tensor 'blk.2...' is past qwen3.block_count 2"},
+        {{NULL, "general.architecture", 'u', 3, NULL, -1},
+         "'general.architecture' has type u32, expected a string"},
+        {{NULL, "qwen3.rope.scaling.type", 'u', 2, NULL, -1},
+         "'qwen3.rope.scaling.type' has type u32, expected a string"},
+        {{NULL, "qwen3.rope.scaling.factor", 's', 0, "4", -1},
+         "'qwen3.rope.scaling.factor' is not a number"},
+        {{NULL, "qwen3.attention.key_length", 'u', 2048, NULL, -1},
+         "head size of 2048 (attention.key_length) is above the 1024"},
+        {{"qwen3.attention.key_length", "qwen3.attention.head_count", 'u', 1024, NULL, -1},
+         "'qwen3.attention.key_length' is missing and embedding_length 512 is not a multiple"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *path = edited_copy(f, &cases[i].e);
+        struct gguf_file *g = NULL;
+        ck_assert_int_eq(gguf_open(path, &g, &err), TPI_OK);
+        struct model_config c;
+        const int rc = model_config_from_gguf(&c, g, &err);
+        gguf_close(&g);
+        ck_assert_msg(rc != TPI_OK, "case %zu: accepted", i);
+        ck_assert_msg(strstr(err.msg, path) && strstr(err.msg, cases[i].want) &&
+                          !strchr(err.msg, '\n'),
+                      "case %zu: '%s' lacks '%s'", i, err.msg, cases[i].want);
+    }
+    // The tokenizer against the embedding: 2048 tokens, and a copy whose embedding lost
+    // its rows (the config check finds the shapes fine as long as output agrees, so the
+    // tokenizer is what must refuse it).
+    const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    ck_assert_int_eq(emb->ne[1], 2048);
+    struct gguf_writer *w = gguf_writer_new(0);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++)
+        ck_assert_int_eq(gguf_writer_copy_kv(w, gguf_kv_at(f, i)), TPI_OK);
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
+        if (!strcmp(t->name, "token_embd.weight") || !strcmp(t->name, "output.weight"))
+            ne[1] = 2000;
+        ck_assert_int_ge(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, ne, t->data), 0);
+    }
+    const char *path = tu_tmp_path("rows.gguf");
+    ck_assert_int_eq(gguf_writer_write(w, path, &err), TPI_OK);
+    gguf_writer_free(&w);
+    struct gguf_file *g = NULL;
+    ck_assert_int_eq(gguf_open(path, &g, &err), TPI_OK);
+    struct model_config c;
+    ck_assert_msg(model_config_from_gguf(&c, g, &err) == TPI_OK, "%s", err.msg);
+    struct tokenizer *tok = NULL;
+    ck_assert_int_ne(tok_load(g, &tok, &err), TPI_OK);
+    ck_assert_msg(strstr(err.msg, "tokenizer.ggml.tokens has 2048 entries and token_embd.weight "
+                                  "2000 rows"),
+                  "%s", err.msg);
+    gguf_close(&g);
+    ck_assert_int_eq(tok_load(f, &tok, &err), TPI_OK); // the model itself is fine
+    tok_free(&tok);
+    // A plan with more ranks than output rows.
+    ck_assert_int_eq(model_config_from_gguf(&c, f, &err), TPI_OK);
+    c.n_vocab = 3;
+    struct model_plan plan;
+    ck_assert_int_ne(model_plan_make(&plan, &c, 4, 1, 0, 0, NULL, 0, &err), TPI_OK);
+    ck_assert_msg(strstr(err.msg, "--tp 4 exceeds the model's vocabulary of 3"), "%s", err.msg);
+    gguf_close(&f);
+}
+END_TEST
+
 /* model_kv_copy on the CPU backend: the next token after a copied prefix gives
  * bit for bit the logits of the slot that computed the prefix, a slot holding
  * another sequence does not, and bad slots or lengths are refused. */
@@ -890,6 +1017,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_sampling_partial_sort);
         tcase_add_test(tc, test_stop_strings);
         tcase_add_test(tc, test_config_errors);
+        tcase_add_test(tc, test_config_values);
         tcase_add_test(tc, test_kv_copy);
     }
     suite_add_tcase(s, tc);

@@ -84,6 +84,18 @@ static void print_str(const char *s, uint64_t len, uint64_t max_n) {
     if (len > max_n) printf("... (%" PRIu64 " bytes)", len);
 }
 
+/* A key or tensor name from the file, its control bytes escaped as print_str escapes
+ * them (a name cannot start a line of its own), padded to width columns. */
+static void print_name(const char *s, size_t len, int width) {
+    int n = 0;
+    for (size_t i = 0; i < len && i < 200; i++) {
+        unsigned char c = (unsigned char)s[i];
+        n += c < 0x20 || c == 0x7f ? printf("\\x%02x", c) : (putchar(c), 1);
+    }
+    if (len > 200) n += printf("...");
+    for (; n < width; n++) putchar(' ');
+}
+
 static void print_scalar(enum gguf_vtype t, const uint8_t *p) {
     float f32;
     double f64;
@@ -141,7 +153,9 @@ static bool has_prefix(const struct gguf_kv *kv, const char *prefix) {
 }
 
 static void print_kv_line(const struct gguf_kv *kv) {
-    printf("  %-44.*s = ", (int)TPI_MIN(kv->key.len, 200), kv->key.data);
+    fputs("  ", stdout);
+    print_name(kv->key.data, (size_t)kv->key.len, 44);
+    fputs(" = ", stdout);
     print_value(kv);
     putchar('\n');
 }
@@ -253,8 +267,9 @@ static void print_text(const struct gguf_file *f) {
         format_shape(t, shape, sizeof shape);
         snprintf(type, sizeof type, "%s%s", quant_type_name(t->type),
                  tr && !tr->supported ? "*" : "");
-        printf("  %5" PRId64 "  %-*s  %-8s  %-22s  %12" PRIu64 "  %12" PRIu64, i, name_w, t->name,
-               type, shape, t->n_bytes, t->offset);
+        printf("  %5" PRId64 "  ", i);
+        print_name(t->name, strlen(t->name), name_w);
+        printf("  %-8s  %-22s  %12" PRIu64 "  %12" PRIu64, type, shape, t->n_bytes, t->offset);
         if (split) printf("  %4d", t->part + 1);
         putchar('\n');
     }
@@ -263,9 +278,10 @@ static void print_text(const struct gguf_file *f) {
 /* ---- JSON output ------------------------------------------------------------------ */
 
 static cJSON *json_value(const struct gguf_kv *kv) {
-    if (kv->type == GGUF_VT_STRING) {
-        char *s = strndup((const char *)kv->data, (size_t)kv->str_len);
-        cJSON *j = s ? cJSON_CreateString(s) : NULL;
+    if (kv->type == GGUF_VT_STRING) { // valid UTF-8 (U+FFFD for broken bytes), NULs kept
+        size_t n = 0;
+        char *s = tpi_utf8_fix((const char *)kv->data, (size_t)kv->str_len, &n);
+        cJSON *j = s ? tpi_json_text(s, n) : NULL;
         free(s);
         return j;
     }
@@ -300,7 +316,8 @@ static int print_json(const struct gguf_file *f, cJSON *plan) {
     plan = NULL;
     for (int64_t i = 0; i < gguf_n_kv(f); i++) {
         const struct gguf_kv *kv = gguf_kv_at(f, i);
-        char *key = strndup(kv->key.data, (size_t)kv->key.len);
+        size_t n_key = 0;
+        char *key = tpi_utf8_fix(kv->key.data, (size_t)kv->key.len, &n_key); // keys hold no NUL
         cJSON *v = json_value(kv);
         if (!key || !v) {
             free(key);
@@ -320,7 +337,11 @@ static int print_json(const struct gguf_file *f, cJSON *plan) {
             goto oom;
         }
         cJSON_AddItemToArray(tensors, jt);
-        cJSON_AddStringToObject(jt, "name", t->name);
+        size_t n_name = 0;
+        char *name = tpi_utf8_fix(t->name, strlen(t->name), &n_name);
+        if (!name) goto oom;
+        cJSON_AddStringToObject(jt, "name", name);
+        free(name);
         cJSON_AddStringToObject(jt, "type", quant_type_name(t->type));
         for (int d = 0; d < t->n_dims; d++)
             cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->ne[d]));

@@ -4,7 +4,9 @@
  * weight is touched, so a bad file fails with the name of the first tensor
  * that is off instead of computing garbage.
  */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gguf.h"
@@ -17,6 +19,10 @@ static int get_int_key(const struct gguf_file *f, const char *arch, const char *
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, name);
     int64_t v;
+    const struct gguf_kv *kv = gguf_find_kv(f, key);
+    if (kv && kv->type == GGUF_VT_BOOL) // the reader reads a bool as 0 or 1; a count is not one
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is a bool, expected an integer",
+                       gguf_path(f), key);
     if (!gguf_get_int(f, key, &v)) {
         if (gguf_find_kv(f, key))
             return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is not an integer",
@@ -34,12 +40,20 @@ static int get_int_key(const struct gguf_file *f, const char *arch, const char *
     return TPI_OK;
 }
 
+/* Number key "<arch>.<name>", finite and at least lo (above it when `above`). */
 static int get_f32_key(const struct gguf_file *f, const char *arch, const char *name, float *out,
-                       bool required, float def, struct tpi_error *err) {
+                       bool required, float def, float lo, bool above, struct tpi_error *err) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, name);
-    if (gguf_get_f32(f, key, out)) return TPI_OK;
-    if (gguf_find_kv(f, key))
+    const struct gguf_kv *kv = gguf_find_kv(f, key);
+    if (kv && kv->type != GGUF_VT_BOOL && gguf_get_f32(f, key, out)) {
+        if (!isfinite(*out) || *out < lo || (above && *out == lo))
+            return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' = %g is out of range (%s %g)",
+                           gguf_path(f), key, (double)*out, above ? "above" : "at least",
+                           (double)lo);
+        return TPI_OK;
+    }
+    if (kv)
         return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is not a number",
                        gguf_path(f), key);
     if (required)
@@ -118,6 +132,18 @@ static int check_tensors(const struct model_config *c, const struct gguf_file *f
             if ((rc = check_tensor(f, name, list[i].ne0, list[i].ne1, false, NULL, err))) return rc;
         }
     }
+    // A layer's tensors past block_count mean the count is wrong (a model cut short
+    // would run without a word): refuse, as llama.cpp's tensor count check does.
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const char *name = gguf_tensor_at(f, i)->name;
+        if (strncmp(name, "blk.", 4) || name[4] < '0' || name[4] > '9') continue;
+        const long l = strtol(name + 4, NULL, 10);
+        if (l >= c->n_layer)
+            return tpi_err(err, TPI_ERR_FORMAT,
+                           "%s: tensor 'blk.%ld...' is past %s.block_count %d: the count or the "
+                           "tensors are wrong",
+                           gguf_path(f), l, c->arch_name, c->n_layer);
+    }
     return TPI_OK;
 }
 
@@ -125,6 +151,11 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
                            struct tpi_error *err) {
     memset(cfg, 0, sizeof *cfg);
     struct gguf_str arch;
+    const struct gguf_kv *akv = gguf_find_kv(f, "general.architecture");
+    if (akv && akv->type != GGUF_VT_STRING)
+        return tpi_err(err, TPI_ERR_FORMAT,
+                       "%s: metadata key 'general.architecture' has type %s, expected a string",
+                       gguf_path(f), gguf_vtype_name(akv->type));
     if (!gguf_get_str(f, "general.architecture", &arch))
         return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key 'general.architecture' is missing",
                        gguf_path(f));
@@ -144,6 +175,7 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
     const char *a = cfg->arch_name;
 
     int rc;
+    char key[128];
     if ((rc = get_int_key(f, a, "block_count", &cfg->n_layer, true, 0, err)) ||
         (rc = get_int_key(f, a, "embedding_length", &cfg->n_embd, true, 0, err)) ||
         (rc = get_int_key(f, a, "feed_forward_length", &cfg->n_ff, true, 0, err)) ||
@@ -154,21 +186,36 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
         return rc;
     // key_length is the real head size: Qwen3 has head_dim 128 with n_embd / n_head = 64
     // for some sizes, so n_embd / n_head is only a fall-back for files without the key.
+    snprintf(key, sizeof key, "%s.attention.key_length", a);
+    if (!gguf_find_kv(f, key) && cfg->n_embd % cfg->n_head != 0)
+        return tpi_err(err, TPI_ERR_FORMAT,
+                       "%s: metadata key '%s' is missing and embedding_length %d is not a multiple "
+                       "of head_count %d",
+                       gguf_path(f), key, cfg->n_embd, cfg->n_head);
     if ((rc = get_int_key(f, a, "attention.key_length", &cfg->head_dim, false,
                           cfg->n_embd / cfg->n_head, err)) ||
         (rc = get_int_key(f, a, "attention.value_length", &cfg->head_dim_v, false, cfg->head_dim,
                           err)) ||
         (rc = get_int_key(f, a, "rope.dimension_count", &cfg->n_rot, false, cfg->head_dim, err)))
         return rc;
-    if ((rc = get_f32_key(f, a, "rope.freq_base", &cfg->rope_base, false, 10000.0f, err)) ||
+    if (cfg->head_dim > MODEL_MAX_HEAD_DIM)
+        return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                       "%s: a head size of %d (attention.key_length) is above the %d tpinfer "
+                       "supports",
+                       gguf_path(f), cfg->head_dim, MODEL_MAX_HEAD_DIM);
+    if ((rc = get_f32_key(f, a, "rope.freq_base", &cfg->rope_base, false, 10000.0f, 0.0f, true,
+                          err)) ||
         (rc = get_f32_key(f, a, "attention.layer_norm_rms_epsilon", &cfg->rms_eps, false, 1e-6f,
-                          err)))
+                          0.0f, false, err)))
         return rc;
 
     // Rope scaling (YaRN, linear) changes every position's angle: running without it
     // would give silently wrong logits past the trained context, so refuse instead.
-    char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    const struct gguf_kv *skv = gguf_find_kv(f, key);
+    if (skv && skv->type != GGUF_VT_STRING)
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' has type %s, expected a string",
+                       gguf_path(f), key, gguf_vtype_name(skv->type));
     struct gguf_str st;
     if (gguf_get_str(f, key, &st) && !(st.len == 4 && !memcmp(st.data, "none", 4)))
         return tpi_err(err, TPI_ERR_UNSUPPORTED,
@@ -178,6 +225,9 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
     // A factor without a type key is linear scaling to llama.cpp: refuse it too.
     snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
     float factor;
+    if (gguf_find_kv(f, key) && !gguf_get_f32(f, key, &factor))
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is not a number", gguf_path(f),
+                       key);
     if (gguf_get_f32(f, key, &factor) && factor != 1.0f && factor != 0.0f) {
         snprintf(key, sizeof key, "%s.rope.scaling.type", a);
         if (!gguf_find_kv(f, key))

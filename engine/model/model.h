@@ -32,6 +32,9 @@ enum model_arch { MODEL_ARCH_QWEN2 = 0, MODEL_ARCH_QWEN3 = 1 };
 /* Most pipeline stages a plan describes (a stage holds at least one layer). */
 #define MODEL_MAX_STAGES 256
 
+/* Largest head size the backends compute (the CPU rope rotates at most 512 pairs). */
+#define MODEL_MAX_HEAD_DIM 1024
+
 struct model_config {
     enum model_arch arch;
     char arch_name[16]; /* "qwen2" / "qwen3": the metadata key prefix */
@@ -172,7 +175,7 @@ void model_config_describe(const struct model_config *cfg, char *buf, size_t n);
 /* The shard of rank (tp_rank, pp_stage) under tp x pp. pp_layers (n_pp_layers == pp
  * counts summing to n_layer) overrides the balanced split. Errors: heads not
  * divisible by tp (suggests --pp), KV heads neither split nor replicable, n_ff not
- * divisible by tp, pp > n_layer, bad pp_layers. */
+ * divisible by tp, tp > n_vocab, pp > n_layer, bad pp_layers. */
 int model_plan_make(struct model_plan *plan, const struct model_config *cfg, int tp, int pp,
                     int tp_rank, int pp_stage, const int *pp_layers, int n_pp_layers,
                     struct tpi_error *err);

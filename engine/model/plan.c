@@ -64,6 +64,11 @@ int model_plan_make(struct model_plan *p, const struct model_config *c, int tp, 
     p->ff0 = tp_rank * p->n_ff_local;
 
     // ---- vocab ----
+    if (c->n_vocab < tp)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "--tp %d exceeds the model's vocabulary of %d tokens: every rank needs a "
+                       "row of the output",
+                       tp, c->n_vocab);
     model_vocab_range(c->n_vocab, tp, tp_rank, &p->vocab0, &p->n_vocab_local);
     p->n_vocab_pad = (c->n_vocab + tp - 1) / tp;
 

@@ -501,6 +501,17 @@ int tok_load(const struct gguf_file *f, struct tokenizer **out, struct tpi_error
                      (unsigned long long)n_toks);
         goto done;
     }
+    // In a model file, one embedding row a token (llama.cpp refuses a mismatch too): ids
+    // past the rows would read outside the embedding, rows past the ids could be sampled
+    // and not decoded.
+    const struct gguf_tensor *emb = gguf_find_tensor(f, "token_embd.weight");
+    if (emb && (uint64_t)emb->ne[1] != n_toks) {
+        rc = tpi_err(err, TPI_ERR_FORMAT,
+                     "%s: tokenizer.ggml.tokens has %llu entries and token_embd.weight %lld rows; "
+                     "they must be equal",
+                     path, (unsigned long long)n_toks, (long long)emb->ne[1]);
+        goto done;
+    }
     kv = gguf_find_kv(f, "tokenizer.ggml.merges");
     if (!kv || kv->type != GGUF_VT_ARRAY || kv->arr_type != GGUF_VT_STRING) {
         rc = tpi_err(err, TPI_ERR_FORMAT, "%s: tokenizer.ggml.merges missing or not a string array",
@@ -937,33 +948,6 @@ void tok_stream_free(struct tok_stream **ps) {
 
 static const char REPLACEMENT[3] = {(char)0xef, (char)0xbf, (char)0xbd}; /* U+FFFD */
 
-/* Length a lead byte announces (0: not a lead byte). */
-static int utf8_seq_len(unsigned char c) {
-    if (c < 0x80) return 1;
-    if (c >= 0xc2 && c <= 0xdf) return 2;
-    if (c >= 0xe0 && c <= 0xef) return 3;
-    if (c >= 0xf0 && c <= 0xf4) return 4;
-    return 0;
-}
-
-/* How many of the n bytes at p (a lead byte announcing k) begin a well-formed character
- * (Unicode's table 3-7: E0 A0-BF, ED 80-9F, F0 90-BF, F4 80-8F, else 80-BF after the
- * lead): k for a whole character, fewer for a cut-off or broken one (its maximal
- * subpart, which becomes one U+FFFD, as Python's and Rust's lossy decoders do). */
-static int utf8_valid_prefix(const unsigned char *p, size_t n, int k) {
-    unsigned lo = 0x80, hi = 0xbf;
-    if (p[0] == 0xe0) lo = 0xa0;
-    else if (p[0] == 0xed) hi = 0x9f;
-    else if (p[0] == 0xf0) lo = 0x90;
-    else if (p[0] == 0xf4) hi = 0x8f;
-    int m = 1;
-    for (; m < k && (size_t)m < n; m++) {
-        if (p[m] < lo || p[m] > hi) break;
-        lo = 0x80, hi = 0xbf;
-    }
-    return m;
-}
-
 int tok_stream_push(struct tok_stream *s, int32_t id, const char **bytes, size_t *n_bytes,
                     struct tpi_error *err) {
     *bytes = "";
@@ -984,12 +968,12 @@ int tok_stream_push(struct tok_stream *s, int32_t id, const char **bytes, size_t
     char *o = s->buf;
     size_t no = 0, i = 0;
     while (i < nin) {
-        int k = utf8_seq_len(in[i]);
+        int k;
+        const int m = tpi_utf8_scan(in + i, nin - i, &k);
         if (k == 0) {
             memcpy(o + no, REPLACEMENT, 3), no += 3, i++;
             continue;
         }
-        const int m = utf8_valid_prefix(in + i, nin - i, k);
         if (m < k && i + (size_t)m == nin) {
             /* the tail is the start of a character still arriving: hold it */
             memcpy(s->pend, in + i, (size_t)m);

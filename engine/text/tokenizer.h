@@ -64,7 +64,8 @@ int tok_init_from_arrays(const struct tok_vocab_spec *spec, struct tokenizer **o
 
 /* Build a tokenizer from an open GGUF's tokenizer.ggml.* keys (model must be
  * "gpt2", pre "qwen2"; vocab-only files are fine). The tokenizer does not keep
- * references into `f`. Errors name the file and the key. */
+ * references into `f`. In a file with weights, token_embd.weight must have one row
+ * a token. Errors name the file and the key. */
 int tok_load(const struct gguf_file *f, struct tokenizer **out, struct tpi_error *err);
 
 /* Free a tokenizer; sets *t to NULL. Accepts NULL. */
