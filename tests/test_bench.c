@@ -122,12 +122,13 @@ struct want {
 };
 
 static void check_result(const cJSON *o, const struct want *w, double ts_rtol) {
-    ck_assert_str_eq(str(o, "backend"), "cpu");
+    ck_assert_str_eq(str(o, "backends"), "CPU");
     ck_assert_str_eq(str(o, "comm"), "mpi");
     ck_assert_msg(strstr(str(o, "model_filename"), MODEL) != NULL, "model_filename %s",
                   str(o, "model_filename"));
     ck_assert_str_eq(str(o, "model_type"), "qwen3 ?B Q4_K - Medium");
     ck_assert_msg(strlen(str(o, "build_commit")) > 0, "empty build_commit");
+    ck_assert_msg(num(o, "build_number") >= 0, "build_number %g", num(o, "build_number"));
     ck_assert_msg(strlen(str(o, "gpu_info")) > 0, "empty gpu_info");
     const char *tt = str(o, "test_time");
     ck_assert_msg(strlen(tt) == 20 && tt[4] == '-' && tt[10] == 'T' && tt[19] == 'Z',
@@ -347,10 +348,10 @@ START_TEST(test_csv_tp2) {
     char *hdr[64], *val[64];
     const int n_hdr = csv_split(lines[0], hdr, 64);
     ck_assert_int_le(n_hdr, 64);
-    const char *need[] = {"build_commit", "model_filename", "model_type", "model_size",
+    const char *need[] = {"build_commit", "build_number", "model_filename", "model_type", "model_size",
                           "model_n_params", "n_batch", "n_ubatch", "n_threads", "n_prompt",
                           "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts",
-                          "stddev_ts", "samples_ns", "samples_ts", "tp", "pp", "comm", "backend",
+                          "stddev_ts", "samples_ns", "samples_ts", "tp", "pp", "comm", "backends",
                           "gpu_info", "comm_allreduce_calls", "comm_allreduce_bytes",
                           "comm_sendrecv_bytes", "tg_weight_gbps"};
     for (size_t k = 0; k < sizeof need / sizeof need[0]; k++) {
@@ -385,8 +386,8 @@ START_TEST(test_md_tp2_depth) {
     ck_assert_msg(code == 0, "exit %d, stderr:\n%s", code, err);
     ck_assert_msg(strncmp(out, "| model ", 8) == 0, "markdown must open with the header:\n%s", out);
     // The header's cells, trimmed, in order.
-    const char *cols[] = {"model", "size", "params", "backend", "tp", "pp", "comm", "test", "t/s",
-                          "GB/s"};
+    const char *cols[] = {"model", "size", "params", "backend", "threads", "tp", "pp", "comm",
+                          "test", "t/s", "GB/s"};
     const size_t n_cols = sizeof cols / sizeof cols[0];
     char hdr[1024];
     snprintf(hdr, sizeof hdr, "%.*s", (int)strcspn(out, "\n"), out);
@@ -422,6 +423,29 @@ START_TEST(test_md_tp2_depth) {
 }
 END_TEST
 
+/* Swept batch sizes get their columns, so the rows say which is which; the footer names
+ * the build as llama-bench's does ("build: COMMIT (NUMBER)"). */
+START_TEST(test_md_sweep) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -p 8 -n 0 -b 4,8 -ub 4 -r 1 -t 1 --no-warmup", path);
+    int code;
+    char *out = run_bench(0, args, &code);
+    ck_assert_msg(code == 0, "exit %d", code);
+    ck_assert_msg(strstr(out, "| backend | threads | n_batch | n_ubatch |  tp |"), "header:\n%s",
+                  out);
+    ck_assert_msg(strstr(out, "| CPU     |       1 |       4 |        4 |   1 |") &&
+                      strstr(out, "| CPU     |       1 |       8 |        4 |   1 |"),
+                  "rows:\n%s", out);
+    char commit[64];
+    long number = -1;
+    const char *foot = strstr(out, "\nbuild: ");
+    ck_assert_msg(foot && sscanf(foot, "\nbuild: %63s (%ld)", commit, &number) == 2 && number >= 0,
+                  "footer:\n%s", out);
+    free(out);
+}
+END_TEST
+
 /* ---- errors --------------------------------------------------------------------- */
 
 START_TEST(test_error_tp_world) {
@@ -453,6 +477,23 @@ START_TEST(test_error_missing_model) {
 }
 END_TEST
 
+/* Every test of a long sweep runs: 64 prompt sizes x 9 batch sizes are 576 tests, one
+ * JSONL row each (a fixed table of 512 once cut the rest without a word). */
+START_TEST(test_many_tests) {
+    MODEL_OR_SKIP(model);
+    char args[1024];
+    int o = snprintf(args, sizeof args, "-m %s -n 0 -b 1,2,3,4,5,6,7,8,9 -r 1 -t 1 --no-warmup "
+                                        "-o jsonl -p 1", model);
+    for (int i = 1; i < 64; i++) o += snprintf(args + o, sizeof args - (size_t)o, ",1");
+    int code;
+    char *out = run_bench(0, args, &code);
+    int rows = 0;
+    for (const char *p = out; (p = strchr(p, '\n')); p++) rows++;
+    ck_assert_msg(code == 0 && rows == 576, "exit %d, %d rows", code, rows);
+    free(out);
+}
+END_TEST
+
 /* ---- the formatting helpers ----------------------------------------------------- */
 
 START_TEST(test_names) {
@@ -465,15 +506,21 @@ START_TEST(test_names) {
     ck_assert_str_eq(bench_ftype_name(2), "Q4_0");
     ck_assert_str_eq(bench_ftype_name(0), "all F32");
     ck_assert_str_eq(bench_ftype_name(-1), "?");
-    ck_assert_str_eq(bench_size_class("qwen3", 8190735360ull), "8B");
-    ck_assert_str_eq(bench_size_class("qwen3", 596049920ull), "0.6B");
-    ck_assert_str_eq(bench_size_class("qwen3", 32762123264ull), "32B");
-    ck_assert_str_eq(bench_size_class("qwen2", 494032768ull), "0.5B");
-    ck_assert_str_eq(bench_size_class("qwen3", 11539456ull), "?B");
+    // llama.cpp's names (load_arch_hparams): Qwen3-8B, -0.6B, -4B, -32B; Qwen2.5-0.5B (896
+    // wide: "1B" there), -1.5B, -7B, -72B ("70B").
+    ck_assert_str_eq(bench_size_class("qwen3", 36, 4096, 32), "8B");
+    ck_assert_str_eq(bench_size_class("qwen3", 28, 1024, 16), "0.6B");
+    ck_assert_str_eq(bench_size_class("qwen3", 36, 2560, 32), "4B");
+    ck_assert_str_eq(bench_size_class("qwen3", 64, 5120, 64), "32B");
+    ck_assert_str_eq(bench_size_class("qwen2", 24, 896, 14), "1B");
+    ck_assert_str_eq(bench_size_class("qwen2", 28, 1536, 12), "1.5B");
+    ck_assert_str_eq(bench_size_class("qwen2", 28, 3584, 28), "7B");
+    ck_assert_str_eq(bench_size_class("qwen2", 80, 8192, 64), "70B");
+    ck_assert_str_eq(bench_size_class("qwen3", 4, 512, 8), "?B");
     char buf[128];
-    bench_model_type(buf, sizeof buf, "qwen3", 8190735360ull, 15);
+    bench_model_type(buf, sizeof buf, "qwen3", 36, 4096, 32, 15);
     ck_assert_str_eq(buf, "qwen3 8B Q4_K - Medium");
-    bench_model_type(buf, sizeof buf, "qwen3", 11539456ull, 32);
+    bench_model_type(buf, sizeof buf, "qwen3", 4, 512, 8, 32);
     ck_assert_str_eq(buf, "qwen3 ?B BF16");
     bench_test_name(buf, sizeof buf, 512, 0, 0);
     ck_assert_str_eq(buf, "pp512");
@@ -502,11 +549,13 @@ int main(void) {
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_error_tp_world);
     tcase_add_test(tc, test_error_missing_model);
+    tcase_add_test(tc, test_many_tests);
     tcase_add_test(tc, test_json_tp2);
     tcase_add_test(tc, test_json_depth);
     tcase_add_test(tc, test_jsonl_pp2);
     tcase_add_test(tc, test_csv_tp2);
     tcase_add_test(tc, test_md_tp2_depth);
+    tcase_add_test(tc, test_md_sweep);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

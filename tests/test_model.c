@@ -226,9 +226,11 @@ START_TEST(test_perplexity_vs_llamacpp) {
     ck_assert_msg(tok_load(m->gguf, &tok, &err) == TPI_OK, "tok_load: %s", err.msg);
     size_t n_text;
     char *text = tu_read_file(textp, &n_text);
+    if (n_text > 0 && text[n_text - 1] == '\n') n_text--; // as llama-perplexity reads -f
     int32_t *ids;
     int n_ids;
-    ck_assert_msg(tok_encode(tok, text, n_text, true, &ids, &n_ids, &err) == TPI_OK, "%s", err.msg);
+    ck_assert_msg(tok_encode(tok, text, n_text, false, &ids, &n_ids, &err) == TPI_OK, "%s",
+                  err.msg);
     struct ppl_result r;
     double t0 = tpi_time_s();
     int rc = model_perplexity(m, ids, n_ids, 128, tok_add_bos(tok) ? tok_bos(tok) : -1, NULL, NULL,
@@ -247,9 +249,26 @@ START_TEST(test_perplexity_vs_llamacpp) {
 }
 END_TEST
 
+/* The token count `tpinfer perplexity` reports on stderr for a text file (-c 64). */
+static int ppl_tokens(const char *gguf, const char *path) {
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' -c 64 -t 2 2>&1 >/dev/null",
+             tu_binary(), gguf, path);
+    int st = 0;
+    char *out = tu_run_capture(cmd, &st);
+    const char *at = strstr(out, " tokens, ");
+    ck_assert_msg(st == 0 && at, "perplexity on %s: exit %d: %s", path, st, out);
+    while (at > out && at[-1] >= '0' && at[-1] <= '9') at--;
+    const int n = atoi(at);
+    free(out);
+    return n;
+}
+
 /* `tpinfer perplexity` end to end: stdout is exactly the one PPL line, within the library
  * test's bound of llama.cpp's value; a window under 4 tokens and a missing text file stop
- * with a non-zero exit, one line that names the problem, and nothing on stdout. */
+ * with a non-zero exit, one line that names the problem, and nothing on stdout. The text
+ * is read as llama-perplexity reads it: one final newline dropped, and special tokens
+ * written in it are text. */
 START_TEST(test_perplexity_cli) {
     char file[256];
     snprintf(file, sizeof file, "%s.gguf", g_name);
@@ -285,6 +304,22 @@ START_TEST(test_perplexity_cli) {
         ck_assert_msg(st != 0 && out[0] == '\0', "%s: stdout '%s'", bad[i][0], out);
         free(out);
     }
+
+    tu_tmpdir_make("test_model");
+    char body[600 * 13 + 2];
+    for (int i = 0; i < 600; i++) memcpy(body + 13 * i, "<|endoftext|>", 13);
+    body[600 * 13] = '\0';
+    const char *t1 = tu_tmp_path("eot.txt"), *t2 = tu_tmp_path("eot-nl.txt");
+    FILE *f = fopen(t1, "w");
+    fputs(body, f);
+    fclose(f);
+    f = fopen(t2, "w");
+    fprintf(f, "%s\n", body);
+    fclose(f);
+    const int n1 = ppl_tokens(gguf, t1), n2 = ppl_tokens(gguf, t2);
+    ck_assert_msg(n1 > 600, "<|endoftext|> read as a special token: %d tokens", n1);
+    ck_assert_int_eq(n2, n1);
+    tu_tmpdir_remove();
 }
 END_TEST
 
@@ -863,6 +898,7 @@ static const char *edited_copy(const struct gguf_file *f, const struct key_edit 
 START_TEST(test_config_values) {
     const char *src = tu_data_path("qwen3-tiny-q4_k_m.gguf");
     if (!src) return;
+    tu_tmpdir_make("test_model");
     struct gguf_file *f = NULL;
     struct tpi_error err = {0};
     ck_assert_int_eq(gguf_open(src, &f, &err), TPI_OK);
@@ -940,6 +976,7 @@ START_TEST(test_config_values) {
     ck_assert_int_ne(model_plan_make(&plan, &c, 4, 1, 0, 0, NULL, 0, &err), TPI_OK);
     ck_assert_msg(strstr(err.msg, "--tp 4 exceeds the model's vocabulary of 3"), "%s", err.msg);
     gguf_close(&f);
+    tu_tmpdir_remove();
 }
 END_TEST
 

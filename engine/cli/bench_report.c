@@ -54,37 +54,32 @@ const char *bench_ftype_name(int64_t ftype) {
     }
 }
 
-struct size_class {
-    const char *arch, *name;
-    double n_params; /* published total, embeddings included */
-};
-
-/* Totals as llama.cpp counts them (tied models count the embedding once). */
-static const struct size_class size_classes[] = {
-    {"qwen2", "0.5B", 494.03e6}, {"qwen2", "1.5B", 1.54e9}, {"qwen2", "3B", 3.09e9},
-    {"qwen2", "7B", 7.62e9},     {"qwen2", "14B", 14.77e9}, {"qwen2", "32B", 32.76e9},
-    {"qwen2", "72B", 72.71e9},   {"qwen3", "0.6B", 596.05e6}, {"qwen3", "1.7B", 1.72e9},
-    {"qwen3", "4B", 4.02e9},     {"qwen3", "8B", 8.19e9},   {"qwen3", "14B", 14.77e9},
-    {"qwen3", "32B", 32.76e9},
-};
-
-const char *bench_size_class(const char *arch, uint64_t n_params) {
-    const char *best = "?B";
-    double best_err = 0.10; // a synthetic model of a real shape lands within ~1 %
-    for (size_t i = 0; i < sizeof size_classes / sizeof size_classes[0]; i++) {
-        const struct size_class *c = &size_classes[i];
-        if (strcmp(c->arch, arch) != 0) continue;
-        double e = fabs((double)n_params - c->n_params) / c->n_params;
-        if (e < best_err) {
-            best_err = e;
-            best = c->name;
+/* llama.cpp's size class ("8B", "0.6B"; "?B": unknown), chosen as its model loader
+ * chooses it (load_arch_hparams of qwen2 and qwen3): by layer count, then width. */
+const char *bench_size_class(const char *arch, int n_layer, int n_embd, int n_head) {
+    if (!strcmp(arch, "qwen2")) switch (n_layer) {
+        case 24: return n_embd == 1024 ? "0.5B" : "1B";
+        case 28: return n_embd == 1536 ? "1.5B" : "7B";
+        case 32: return "7B";
+        case 36: return "3B";
+        case 40: return n_head == 20 ? "4B" : "13B";
+        case 48: return "14B";
+        case 64: return "32B";
+        case 80: return "70B";
         }
-    }
-    return best;
+    if (!strcmp(arch, "qwen3")) switch (n_layer) {
+        case 28: return n_embd == 1024 ? "0.6B" : "1.7B";
+        case 36: return n_embd == 2560 ? "4B" : "8B";
+        case 40: return "14B";
+        case 64: return "32B";
+        }
+    return "?B";
 }
 
-void bench_model_type(char *buf, size_t n, const char *arch, uint64_t n_params, int64_t ftype) {
-    snprintf(buf, n, "%s %s %s", arch, bench_size_class(arch, n_params), bench_ftype_name(ftype));
+void bench_model_type(char *buf, size_t n, const char *arch, int n_layer, int n_embd, int n_head,
+                      int64_t ftype) {
+    snprintf(buf, n, "%s %s %s", arch, bench_size_class(arch, n_layer, n_embd, n_head),
+             bench_ftype_name(ftype));
 }
 
 void bench_test_name(char *buf, size_t n, int n_prompt, int n_gen, int n_depth) {
@@ -110,21 +105,35 @@ static const struct md_col md_cols[] = {
 };
 #define MD_N_COLS (sizeof md_cols / sizeof md_cols[0])
 
-static void md_header(FILE *f, bool roofline) {
-    const size_t n = roofline ? MD_N_COLS : MD_N_COLS - 1;
-    fprintf(f, "|");
-    for (size_t i = 0; i < n; i++) fprintf(f, " %*s |", md_cols[i].width, md_cols[i].name);
-    fprintf(f, "\n|");
+/* The optional columns (after "backend"), in llama-bench's order and widths. */
+static const struct md_col md_extra[] = {{"threads", 7}, {"n_batch", 7}, {"n_ubatch", 8}};
+#define MD_EXTRA_AFTER 4 /* model, size, params, backend */
+
+static void md_col_heads(FILE *f, const struct md_col *c, size_t n, bool rule) {
     for (size_t i = 0; i < n; i++) {
-        int w = abs(md_cols[i].width);
+        if (!rule) {
+            fprintf(f, " %*s |", c[i].width, c[i].name);
+            continue;
+        }
         fputc(' ', f);
-        for (int k = 0; k < w - 1; k++) fputc('-', f);
-        fprintf(f, "%s |", md_cols[i].width > 0 ? ":" : "-");
+        for (int k = 0; k < abs(c[i].width) - 1; k++) fputc('-', f);
+        fprintf(f, "%s |", c[i].width > 0 ? ":" : "-");
     }
-    fprintf(f, "\n");
 }
 
-static void md_row(FILE *f, const struct bench_result *r) {
+static void md_header(FILE *f, bool roofline, unsigned extra) {
+    const size_t n = roofline ? MD_N_COLS : MD_N_COLS - 1;
+    for (int rule = 0; rule < 2; rule++) {
+        fprintf(f, "|");
+        md_col_heads(f, md_cols, MD_EXTRA_AFTER, rule);
+        for (size_t i = 0; i < 3; i++)
+            if (extra & (1u << i)) md_col_heads(f, &md_extra[i], 1, rule);
+        md_col_heads(f, md_cols + MD_EXTRA_AFTER, n - MD_EXTRA_AFTER, rule);
+        fprintf(f, "\n");
+    }
+}
+
+static void md_row(FILE *f, const struct bench_result *r, unsigned extra) {
     char size[32], params[32], test[64], ts_buf[64], gbps[32], roof[32], backend[16];
     if (r->model_size < 1024ull * 1024 * 1024)
         snprintf(size, sizeof size, "%.2f MiB", (double)r->model_size / 1024.0 / 1024.0);
@@ -154,8 +163,12 @@ static void md_row(FILE *f, const struct bench_result *r) {
                      100.0 * r->read_gbps / (r->roofline_gbps * r->roofline_devices));
     }
     // "±" is two bytes of UTF-8 but one column: widen by one as llama-bench does.
-    fprintf(f, "| %-30s | %10s | %10s | %-7s | %3d | %3d | %-5s | %15s | %21s | %9s |",
-            r->model_type, size, params, backend, r->tp, r->pp, r->comm, test, ts_buf, gbps);
+    fprintf(f, "| %-30s | %10s | %10s | %-7s |", r->model_type, size, params, backend);
+    const int extra_v[3] = {r->n_threads, r->n_batch, r->n_ubatch};
+    for (int i = 0; i < 3; i++)
+        if (extra & (1u << i)) fprintf(f, " %*d |", md_extra[i].width, extra_v[i]);
+    fprintf(f, " %3d | %3d | %-5s | %15s | %21s | %9s |", r->tp, r->pp, r->comm, test, ts_buf,
+            gbps);
     if (r->roofline_gbps > 0) fprintf(f, " %6s |", roof);
     fprintf(f, "\n");
 }
@@ -187,9 +200,13 @@ static int collect_fields(const struct bench_result *r, const double *ts, struct
 #define I(nm, val) fl[n++] = (struct field){.name = nm, .kind = F_INT, .v = (double)(val)}
 #define D(nm, val) fl[n++] = (struct field){.name = nm, .kind = F_FLOAT, .v = (val)}
     S("build_commit", r->build_commit);
+    I("build_number", r->build_number);
     S("cpu_info", r->cpu_info);
     S("gpu_info", r->gpu_info);
-    S("backend", r->backend);
+    S("backends", !r->backend            ? ""
+                  : !strcmp(r->backend, "cpu")  ? "CPU" // llama-bench's backend names
+                  : !strcmp(r->backend, "cuda") ? "CUDA"
+                                                : r->backend);
     S("model_filename", r->model_filename);
     S("model_type", r->model_type);
     I("model_size", r->model_size);
@@ -320,9 +337,9 @@ static cJSON *json_object(const struct bench_result *r, const double *ts) {
 
 /* ---- the printers --------------------------------------------------------- */
 
-void bench_print_header(FILE *f, enum bench_format fmt, bool roofline) {
+void bench_print_header(FILE *f, enum bench_format fmt, bool roofline, unsigned md_cols) {
     switch (fmt) {
-    case BENCH_MD: md_header(f, roofline); break;
+    case BENCH_MD: md_header(f, roofline, md_cols); break;
     case BENCH_CSV: csv_header(f); break;
     case BENCH_JSON: fprintf(f, "[\n"); break;
     case BENCH_JSONL: break;
@@ -330,11 +347,12 @@ void bench_print_header(FILE *f, enum bench_format fmt, bool roofline) {
     fflush(f);
 }
 
-void bench_print_result(FILE *f, enum bench_format fmt, const struct bench_result *r, bool first) {
+void bench_print_result(FILE *f, enum bench_format fmt, const struct bench_result *r, bool first,
+                        unsigned md_cols) {
     double ts[r->n_samples > 0 ? r->n_samples : 1];
     bench_samples_ts(r, ts);
     if (fmt == BENCH_MD) {
-        md_row(f, r);
+        md_row(f, r, md_cols);
     } else if (fmt == BENCH_CSV) {
         csv_row(f, r, ts);
     } else {
@@ -348,8 +366,9 @@ void bench_print_result(FILE *f, enum bench_format fmt, const struct bench_resul
     fflush(f);
 }
 
-void bench_print_footer(FILE *f, enum bench_format fmt, const char *build_commit) {
-    if (fmt == BENCH_MD) fprintf(f, "\nbuild: %s\n", build_commit);
+void bench_print_footer(FILE *f, enum bench_format fmt, const char *build_commit,
+                        long build_number) {
+    if (fmt == BENCH_MD) fprintf(f, "\nbuild: %s (%ld)\n", build_commit, build_number);
     else if (fmt == BENCH_JSON) fprintf(f, "\n]\n");
     fflush(f);
 }

@@ -31,6 +31,7 @@ struct bench_comm_counts {
 /* One test: a (model, config, pp/tg/depth) combination and its samples. */
 struct bench_result {
     const char *build_commit;
+    long build_number;          /* commits up to the build's (llama.cpp's build number) */
     const char *cpu_info, *gpu_info;
     const char *backend;        /* ops name: "cpu" / "cuda" */
     const char *model_filename;
@@ -69,19 +70,27 @@ void bench_samples_ts(const struct bench_result *r, double *ts);
  * "?" when unknown. Never NULL. */
 const char *bench_ftype_name(int64_t ftype);
 
-/* Size class of a parameter count for an architecture ("8B", "0.6B"), from the
- * published Qwen2/Qwen2.5/Qwen3 sizes (within 10 %); "?B" when none fits. */
-const char *bench_size_class(const char *arch, uint64_t n_params);
+/* Size class of a model ("8B", "0.6B") as llama.cpp names it, from its layer count,
+ * width and heads (so Qwen2.5-0.5B, 896 wide, is "1B" there too); "?B" when unknown. */
+const char *bench_size_class(const char *arch, int n_layer, int n_embd, int n_head);
 
 /* "ARCH CLASS FTYPE" into buf (llama-bench's model_type); ftype < 0: unknown. */
-void bench_model_type(char *buf, size_t n, const char *arch, uint64_t n_params, int64_t ftype);
+void bench_model_type(char *buf, size_t n, const char *arch, int n_layer, int n_embd, int n_head,
+                      int64_t ftype);
 
 /* "pp512", "tg128", "pp512+tg128", with " @ d8192" when n_depth > 0. */
 void bench_test_name(char *buf, size_t n, int n_prompt, int n_gen, int n_depth);
 
-/* Printers: header once, one call per result (flushed), footer once. */
-void bench_print_header(FILE *f, enum bench_format fmt, bool roofline);
-void bench_print_result(FILE *f, enum bench_format fmt, const struct bench_result *r, bool first);
-void bench_print_footer(FILE *f, enum bench_format fmt, const char *build_commit);
+/* Markdown columns shown only when they say something, as llama-bench shows them: threads
+ * on a CPU backend or when set, n_batch and n_ubatch when set or swept. */
+enum { BENCH_MD_THREADS = 1, BENCH_MD_BATCH = 2, BENCH_MD_UBATCH = 4 };
+
+/* Printers: header once, one call per result (flushed), footer once; md_cols (BENCH_MD_*)
+ * the same for the header and every result. */
+void bench_print_header(FILE *f, enum bench_format fmt, bool roofline, unsigned md_cols);
+void bench_print_result(FILE *f, enum bench_format fmt, const struct bench_result *r, bool first,
+                        unsigned md_cols);
+void bench_print_footer(FILE *f, enum bench_format fmt, const char *build_commit,
+                        long build_number);
 
 #endif /* BENCH_REPORT_H */

@@ -17,5 +17,7 @@ int cmd_comm(int argc, char **argv);       /* tpinfer comm [-b 8 -e 256M -f 2] *
 
 /* The commit this binary was built from ("unknown" outside git). */
 const char *cli_build_commit(void);
+/* Commits up to that one, as llama.cpp numbers its builds (0 when unknown). */
+long cli_build_number(void);
 
 #endif /* CLI_H */

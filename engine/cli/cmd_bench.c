@@ -233,20 +233,21 @@ struct test_spec {
 };
 
 /* Every test of one loaded model, in llama-bench's order: per batch size and depth,
- * the pp tests, then tg, then pg. Returns the count (at most cap). */
-static int make_tests(const struct bench_opts *o, struct test_spec *t, int cap) {
+ * the pp tests, then tg, then pg, into t (NULL: only counted). Returns the count. */
+static int make_tests(const struct bench_opts *o, struct test_spec *t) {
     int n = 0;
+#define ADD(...) (t ? (void)(t[n] = (struct test_spec){__VA_ARGS__}) : (void)0, n++)
     for (int ib = 0; ib < o->n_batch.n; ib++)
         for (int id = 0; id < o->n_depth.n; id++) {
             const int b = o->n_batch.v[ib], d = o->n_depth.v[id];
-            for (int i = 0; i < o->n_prompt.n && n < cap; i++)
-                if (o->n_prompt.v[i] > 0) t[n++] = (struct test_spec){o->n_prompt.v[i], 0, d, b};
-            for (int i = 0; i < o->n_gen.n && n < cap; i++)
-                if (o->n_gen.v[i] > 0) t[n++] = (struct test_spec){0, o->n_gen.v[i], d, b};
-            for (int i = 0; i < o->n_pg && n < cap; i++)
-                if (o->pg[i][0] > 0 || o->pg[i][1] > 0)
-                    t[n++] = (struct test_spec){o->pg[i][0], o->pg[i][1], d, b};
+            for (int i = 0; i < o->n_prompt.n; i++)
+                if (o->n_prompt.v[i] > 0) ADD(o->n_prompt.v[i], 0, d, b);
+            for (int i = 0; i < o->n_gen.n; i++)
+                if (o->n_gen.v[i] > 0) ADD(0, o->n_gen.v[i], d, b);
+            for (int i = 0; i < o->n_pg; i++)
+                if (o->pg[i][0] > 0 || o->pg[i][1] > 0) ADD(o->pg[i][0], o->pg[i][1], d, b);
         }
+#undef ADD
     return n;
 }
 
@@ -483,10 +484,11 @@ int cmd_bench(int argc, char **argv) {
         backend = ops_cuda_available(NULL) && ops_cuda_get() ? "cuda" : "cpu";
     const char *comm = o.common.comm ? o.common.comm : (!strcmp(backend, "cuda") ? "nccl" : "mpi");
 
-    struct test_spec tests[MAX_LIST * 8];
-    const int n_tests = make_tests(&o, tests, (int)(sizeof tests / sizeof tests[0]));
+    const int n_tests = make_tests(&o, NULL); // at most 64^4 x 3: every list's cap
+    struct test_spec *tests = malloc(sizeof *tests * (size_t)(n_tests > 0 ? n_tests : 1));
+    if (tests) make_tests(&o, tests);
     int max_tok = 1;
-    for (int i = 0; i < n_tests; i++)
+    for (int i = 0; tests && i < n_tests; i++)
         max_tok = TPI_MAX(max_tok, TPI_MAX(TPI_MIN(tests[i].n_prompt, tests[i].n_batch),
                                            TPI_MIN(tests[i].n_depth, tests[i].n_batch)));
     struct bench_run br = {.g = &g, .n_tok_cap = max_tok};
@@ -494,8 +496,8 @@ int cmd_bench(int argc, char **argv) {
     br.pos = malloc(sizeof(int32_t) * (size_t)max_tok);
     br.seq = malloc(sizeof(int32_t) * (size_t)max_tok);
     uint64_t *samples = malloc(sizeof(uint64_t) * (size_t)o.reps);
-    if (!br.tokens || !br.pos || !br.seq || !samples) {
-        free(br.tokens), free(br.pos), free(br.seq), free(samples);
+    if (!br.tokens || !br.pos || !br.seq || !samples || !tests) {
+        free(br.tokens), free(br.pos), free(br.seq), free(samples), free(tests);
         tpi_err(&err, TPI_ERR_NOMEM, "out of memory");
         return die_rank(&g, &err);
     }
@@ -504,6 +506,13 @@ int cmd_bench(int argc, char **argv) {
     cpu_info(cpu, sizeof cpu);
     if (root && n_tests == 0) TPI_LOGW("no tests: every -p, -n and -pg is 0");
     bool first_row = true, header_done = false;
+    // The markdown's optional columns: threads on the CPU or when given, the batch sizes
+    // when given (their defaults: 2048 and 0, the longest prompt) or swept.
+    const unsigned md_cols =
+        (!strcmp(backend, "cpu") || o.n_threads.n > 1 || o.n_threads.v[0] != 0 ? BENCH_MD_THREADS
+                                                                               : 0) |
+        (o.n_batch.n > 1 || o.n_batch.v[0] != 2048 ? BENCH_MD_BATCH : 0) |
+        (o.n_ubatch.n > 1 || o.n_ubatch.v[0] != 0 ? BENCH_MD_UBATCH : 0);
     int code = 0;
 
     for (int im = 0; im < o.n_models && !code; im++)
@@ -520,7 +529,7 @@ int cmd_bench(int argc, char **argv) {
                 }
                 br.m = m;
                 // The header after the first load, so a missing model prints no table.
-                if (root && !header_done) bench_print_header(stdout, o.fmt, o.roofline_gbps > 0);
+                if (root && !header_done) bench_print_header(stdout, o.fmt, o.roofline_gbps > 0, md_cols);
                 header_done = true;
                 // Deterministic ids in [0, n_vocab): the same stream on every rank.
                 uint64_t s = 0x9E3779B97F4A7C15ull;
@@ -542,7 +551,7 @@ int cmd_bench(int argc, char **argv) {
                 int64_t ftype = -1;
                 if (!gguf_get_int(m->gguf, "general.file_type", &ftype)) ftype = -1;
                 bench_model_type(li.model_type, sizeof li.model_type, m->cfg.arch_name,
-                                 li.model_n_params, ftype);
+                                 m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head, ftype);
                 snprintf(li.gpu_info, sizeof li.gpu_info, "%s", m->ops->device_name(m->octx));
                 const double mine_b[2] = {weight_bytes_per_token(m), kv_bytes_per_position(m)};
                 double all_b[2 * BENCH_MAX_RANKS];
@@ -560,7 +569,8 @@ int cmd_bench(int argc, char **argv) {
                         TPI_LOGI("bench: %s %s: %s%d repetitions", li.model_type, name,
                                  o.warmup ? "warm-up, " : "", o.reps);
                     struct bench_result r = {
-                        .build_commit = cli_build_commit(), .cpu_info = cpu,
+                        .build_commit = cli_build_commit(),
+                        .build_number = cli_build_number(), .cpu_info = cpu,
                         .gpu_info = li.gpu_info, .backend = li.backend,
                         .model_filename = li.path, .model_type = li.model_type,
                         .model_size = li.model_size, .model_n_params = li.model_n_params,
@@ -658,7 +668,7 @@ int cmd_bench(int argc, char **argv) {
                         r.read_gbps = (r.weight_bytes_per_token + r.kv_bytes_per_token) /
                                       s_per_tok / 1e9;
                     }
-                    bench_print_result(stdout, o.fmt, &r, first_row);
+                    bench_print_result(stdout, o.fmt, &r, first_row, md_cols);
                     first_row = false;
                 }
                 model_logits_free(m, br.logits);
@@ -667,8 +677,9 @@ int cmd_bench(int argc, char **argv) {
             }
 
     // Closed even after an error, so a JSON document stays well-formed.
-    if (root && header_done) bench_print_footer(stdout, o.fmt, cli_build_commit());
+    if (root && header_done) bench_print_footer(stdout, o.fmt, cli_build_commit(), cli_build_number());
     free(br.tokens);
+    free(tests);
     free(br.pos);
     free(br.seq);
     free(samples);

@@ -85,7 +85,10 @@ int cmd_perplexity(int argc, char **argv) {
     // Every rank reads and tokenizes the same text (each may have its own copy of it).
     char *text = read_text(file, &n_text, &err);
     int rc = text ? TPI_OK : err.status;
-    if (!rc) rc = tok_encode(r.tok, text, n_text, true, &ids, &n_ids, &err);
+    // As llama-perplexity reads -f: one final newline dropped (common/arg.cpp), and the
+    // text tokenized without parsing special tokens (`<|endoftext|>` in it is text).
+    if (!rc && n_text > 0 && text[n_text - 1] == '\n') text[--n_text] = '\0';
+    if (!rc) rc = tok_encode(r.tok, text, n_text, false, &ids, &n_ids, &err);
     free(text);
     if ((rc = grid_agree(&r.grid, rc, &err))) {
         free(ids);

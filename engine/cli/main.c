@@ -21,6 +21,7 @@
 #endif
 
 const char *cli_build_commit(void) { return TPI_BUILD_COMMIT; }
+long cli_build_number(void) { return TPI_BUILD_NUMBER; }
 
 struct subcommand {
     const char *name;
