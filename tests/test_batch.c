@@ -1477,6 +1477,25 @@ static void mpi_run(const char *flag) {
     char *r1 = run_records(1, one, path_in("m1.jsonl"), 12);
     char *r2 = run_records(2, two, path_in("m2.jsonl"), 12);
     assert_same(flag, r2, r1);
+    // A results file that fails on rank 0 fails the run on every rank: exit 1 (the other
+    // ranks once took it for SIGTERM and exited 143).
+    const char *full[] = {"-f", path_in("m.jsonl"), "-o", "/dev/full", flag, "2", NULL};
+    if (access("/dev/full", W_OK) == 0) ck_assert_int_eq(run(2, full), 1);
+    // --seed -1 on one rank only: a clear error on every rank, not a wait for ever (the
+    // seed was chosen by a broadcast only the ranks drawing one took part in).
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "timeout 60 %s --oversubscribe --allow-run-as-root --bind-to none -np 1 %s run -m %s "
+             "--backend cpu -t 1 -f %s -o %s %s 2 --seed -1 : -np 1 %s run -m %s --backend cpu "
+             "-t 1 -f %s -o %s %s 2 2>%s >/dev/null",
+             TPI_MPIEXEC, TPI_BATCH_DRIVER, g_model, path_in("m.jsonl"), path_in("m3.jsonl"), flag,
+             TPI_BATCH_DRIVER, g_model, path_in("m.jsonl"), path_in("m3.jsonl"), flag,
+             path_in("m3.err"));
+    const int st = system(cmd);
+    char *e = tu_read_file(path_in("m3.err"), NULL);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 && e && strstr(e, "--seed differs"),
+                  "--seed -1 on one rank: status %d, stderr %s", st, e ? e : "");
+    free(e);
     free(r1);
     free(r2);
 }

@@ -168,6 +168,22 @@ START_TEST(test_identity) {
         ck_assert_int_eq(st, TPI_ERR_INVALID);
         ck_assert_msg(strstr(err.msg, "n_ctx"), "message: %s", err.msg);
     }
+    if (g_size >= 2) { /* the options a mismatch of which once ran wrongly or hung */
+        struct run_identity mine = id;
+        if (g_rank == 1) mine.pp_layers_hash = 0x1234;
+        int st = grid_check_identity(&g, &mine, &err);
+        ck_assert_int_eq(st, TPI_ERR_INVALID);
+        ck_assert_msg(strstr(err.msg, "--pp-layers differs"), "message: %s", err.msg);
+        mine = id;
+        if (g_rank == 1) mine.n_ubatch = 2;
+        st = grid_check_identity(&g, &mine, &err);
+        ck_assert_msg(st == TPI_ERR_INVALID && strstr(err.msg, "n_ubatch"), "message: %s", err.msg);
+        mine = id;
+        if (g_rank == 1) mine.n_slot = 8;
+        st = grid_check_identity(&g, &mine, &err);
+        ck_assert_msg(st == TPI_ERR_INVALID && strstr(err.msg, "--parallel differs"), "message: %s",
+                      err.msg);
+    }
     grid_free(&g);
 }
 END_TEST

@@ -112,8 +112,8 @@ void cli_sampling_usage(FILE *f) {
             "                         generated tokens (0)\n");
 }
 
-uint64_t cli_shared_random_seed(MPI_Comm world) {
-    uint64_t s = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+uint64_t cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed) {
+    uint64_t s = draw ? (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32) : seed;
     MPI_Bcast(&s, 1, MPI_UINT64_T, 0, world);
     return s;
 }
@@ -258,8 +258,10 @@ int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, 
                 r->grid.world_size > 1 ? r->grid.world_rank : -1);
 
     // One seed for the run: rank 0's choice, so the identity check agrees and a run
-    // can be repeated from the seed it reports.
-    if (!c->seed_set) c->seed = cli_shared_random_seed(r->grid.world);
+    // can be repeated from the seed it reports. Every rank takes part, given --seed or
+    // not (a rank without it takes rank 0's; a rank whose own differs fails the check).
+    const uint64_t seed0 = cli_shared_seed(r->grid.world, !c->seed_set, c->seed);
+    if (!c->seed_set) c->seed = seed0;
     if (!c->model) {
         err = (struct tpi_error){TPI_ERR_INVALID, ""};
         snprintf(err.msg, sizeof err.msg, "no model given (-m FILE)");

@@ -55,8 +55,9 @@ int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
 /* The sampling options' help lines, with the defaults sampler_params_default sets. */
 void cli_sampling_usage(FILE *f);
 
-/* A seed drawn on world rank 0 and broadcast, so every rank of the run has the same. */
-uint64_t cli_shared_random_seed(MPI_Comm world);
+/* World rank 0's seed, broadcast: `seed`, or one it draws when `draw`. Collective:
+ * every rank calls it, whatever its own options say. */
+uint64_t cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed);
 
 /* The context of a running command on one rank. */
 struct cli_run {

@@ -239,9 +239,9 @@ static int cb_next(void *user, struct sched_request *rq) {
     return 0;
 }
 
-static bool cb_stop(void *user) {
+static int cb_stop(void *user) {
     struct run_ctx *c = user;
-    return g_stop_signal != 0 || c->rc != TPI_OK;
+    return c->rc != TPI_OK ? SCHED_STOP_FAILED : g_stop_signal != 0 ? SCHED_STOP_SIGNAL : 0;
 }
 
 static void cb_done(void *user, int64_t tag, const struct sched_result *res) {
@@ -284,8 +284,10 @@ int cmd_run_batch(int argc, char **argv) {
     grid_ok = true;
     const bool root = grid.world_rank == 0;
     if (grid.world_size > 1) tpi_log_set(TPI_LOG_INFO, grid.world_rank);
+    // Collective on every rank (a rank given --seed -1 alone must not wait for the rest).
+    const uint64_t seed0 = cli_shared_seed(grid.world, o.c.seed_random, o.c.seed);
     if (o.c.seed_random) {
-        o.c.seed = cli_shared_random_seed(grid.world);
+        o.c.seed = seed0;
         if (root)
             TPI_LOGI("batch: --seed -1 drew the run seed %llu (--seed %llu repeats this run)",
                      (unsigned long long)o.c.seed, (unsigned long long)o.c.seed);
@@ -367,6 +369,15 @@ int cmd_run_batch(int argc, char **argv) {
     struct sched_callbacks cb = {cb_next, cb_stop, cb_done, cb_step, &ctx};
     struct sched_stats st;
     rc = sched_run(m, tok, &sp, &cb, &st, &err);
+    if (grid.world_size > 1 && (rc == TPI_ERR_COMM || rc == TPI_ERR_TIMEOUT)) {
+        // A peer stuck, gone or failing: only the ranks that saw it know, so each says so
+        // itself, and the job is aborted as a failed launch is (cli_fail_rank): a rank
+        // left waiting in MPI_Finalize would never end. The records written are on disk.
+        fprintf(stderr, "tpinfer run: error on rank %d: %s (the records written so far are "
+                        "kept; --resume finishes the rest)\n", grid.world_rank, err.msg);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     if (root) {
         if (ctx.progress && ctx.tty && ctx.t_last_print > 0) fputc('\n', stderr);
         struct tpi_error cerr = {0};

@@ -171,7 +171,12 @@ static int open_and_check(struct model *m, const struct model_params *p, struct 
         .backend = strcmp(m->ops->name, "cuda") == 0 ? 1 : 0,
         .comm = (int32_t)p->comm,
         .n_ctx = p->n_ctx,
+        .n_slot = p->n_slot,
+        .n_ubatch = p->n_ubatch,
         .seed = p->seed,
+        .pp_layers_hash = p->pp_layers ? tpi_fnv1a(TPI_FNV_INIT, p->pp_layers,
+                                                   sizeof *p->pp_layers * (size_t)p->n_pp_layers)
+                                       : 0,
     };
     return grid_check_identity(m->grid, &id, err);
 }

@@ -144,7 +144,10 @@ static const struct id_field id_fields[] = {
     F32(backend, "--backend differs (backend, 0 cpu 1 cuda)"),
     F32(comm, "--comm differs (comm, 0 mpi 1 nccl)"),
     F32(n_ctx, "context size differs (n_ctx)"),
+    F32(n_slot, "--parallel differs (n_slot, sequences in the KV cache)"),
+    F32(n_ubatch, "the micro-batch differs (n_ubatch, --ubatch or the longest prompt)"),
     F64(seed, "--seed differs (seed)"),
+    F64(pp_layers_hash, "--pp-layers differs (pp_layers_hash)"),
 };
 
 static uint64_t id_get(const struct run_identity *id, const struct id_field *f) {
@@ -162,7 +165,7 @@ static uint64_t id_get(const struct run_identity *id, const struct id_field *f) 
 static void id_fmt(const struct id_field *f, uint64_t v, char *buf, size_t n) {
     if (!f->is64 || !strcmp(f->field, "seed"))
         snprintf(buf, n, "%" PRId64, (int64_t)v);
-    else if (!strcmp(f->field, "metadata_hash"))
+    else if (!strcmp(f->field, "metadata_hash") || !strcmp(f->field, "pp_layers_hash"))
         snprintf(buf, n, "%016" PRIx64, v);
     else
         snprintf(buf, n, "%" PRIu64, v);
@@ -171,7 +174,7 @@ static void id_fmt(const struct id_field *f, uint64_t v, char *buf, size_t n) {
 int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
                         struct tpi_error *err) {
     int n = g->world_size;
-    /* n * 56 bytes: if even that fails the process is lost anyway. */
+    /* n * 72 bytes: if even that fails the process is lost anyway. */
     struct run_identity *all = calloc((size_t)n, sizeof *all);
     if (!all)
         return tpi_err(err, TPI_ERR_NOMEM, "grid_check_identity: out of memory on world rank %d",

@@ -56,7 +56,10 @@ struct run_identity {
     int32_t backend;         /* 0 cpu, 1 cuda */
     int32_t comm;            /* enum comm_kind */
     int32_t n_ctx;
+    int32_t n_slot;          /* sequences in the KV cache (--parallel) */
+    int32_t n_ubatch;        /* micro-batch capacity */
     uint64_t seed;
+    uint64_t pp_layers_hash; /* FNV-1a of --pp-layers (0: balanced) */
 };
 
 /* Allgather every rank's identity and compare with rank 0's: on a mismatch every

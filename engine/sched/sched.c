@@ -451,7 +451,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         adm.n = adm.off = 0;
         adm.bad = false;
         if (is_root) {
-            hdr[0] = cb->stop && cb->stop(cb->user) ? 1 : 0;
+            hdr[0] = cb->stop ? cb->stop(cb->user) : 0;
             int n_free = 0;
             for (int i = 0; i < NP; i++) n_free += !(taken[i] = slots[i].active);
             for (; !hdr[0] && !source_empty && n_free > 0; n_free--) {
@@ -480,6 +480,10 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         }
         if ((rc = model_agree(m, rc, err))) goto done;
         if ((rc = model_bcast_i32(m, hdr, 3, 0, err))) goto done;
+        if (hdr[0] == SCHED_STOP_FAILED) {
+            rc = tpi_err(err, TPI_ERR_IO, "the run failed on world rank 0 (said there)");
+            break;
+        }
         if (hdr[0]) {
             rc = tpi_err(err, TPI_ERR_INTERRUPTED, "batch run stopped by a signal");
             break;

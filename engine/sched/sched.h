@@ -98,12 +98,15 @@ struct sched_stats {
 };
 
 /* Rank 0 callbacks. next: fill *rq with the next request to run and return 1,
- * or return 0 when there are none left. stop: true once the run must stop
- * admitting and return (checked once per step). done: a request finished.
+ * or return 0 when there are none left. stop: non-zero once the run must stop
+ * admitting and return (checked once per step): SCHED_STOP_SIGNAL (sched_run then
+ * returns TPI_ERR_INTERRUPTED on every rank) or SCHED_STOP_FAILED (rank 0 failed,
+ * e.g. its results file: TPI_ERR_IO on every rank). done: a request finished.
  * step: after every step, for progress (may be NULL). */
+enum { SCHED_STOP_SIGNAL = 1, SCHED_STOP_FAILED = 2 };
 struct sched_callbacks {
     int (*next)(void *user, struct sched_request *rq);
-    bool (*stop)(void *user);
+    int (*stop)(void *user);
     void (*done)(void *user, int64_t tag, const struct sched_result *res);
     void (*step)(void *user, const struct sched_stats *st);
     void *user;
