@@ -51,11 +51,7 @@ static double model_wait_s(void *arg) {
 static int bcast(const struct model *m, void *buf, int n, MPI_Datatype dt, int root,
                  struct tpi_error *err) {
     if (!m->grid || m->grid->world_size == 1 || n == 0) return TPI_OK;
-    int rc = MPI_Bcast(buf, n, dt, root, m->grid->world);
-    if (rc != MPI_SUCCESS)
-        return tpi_err(err, TPI_ERR_COMM, "rank %d: MPI_Bcast of %d items from rank %d failed",
-                       m->grid->world_rank, n, root);
-    return TPI_OK;
+    return grid_bcast(m->grid, buf, n, dt, root, err);
 }
 
 int model_bcast_i32(const struct model *m, int32_t *buf, int n, int root, struct tpi_error *err) {

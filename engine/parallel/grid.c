@@ -120,9 +120,28 @@ int grid_rank_of(const struct tpi_grid *g, int tp_rank, int pp_stage) {
 }
 
 int grid_agree(const struct tpi_grid *g, int status, struct tpi_error *err) {
-    /* No timeout: every rank calls this at the same step. */
+    /* Every rank calls this at the same step; one that never comes (stuck, dead) is
+     * reported after TPI_COMM_OP_TIMEOUT, as any other collective is. */
     MPI_Comm w = g->world != MPI_COMM_NULL ? g->world : MPI_COMM_WORLD;
-    return comm_agree(w, status, 0.0, err);
+    return comm_agree(w, status, comm_op_timeout_s(), err);
+}
+
+int grid_bcast(const struct tpi_grid *g, void *buf, int n, MPI_Datatype dt, int root,
+               struct tpi_error *err) {
+    MPI_Request req;
+    int rc = MPI_Ibcast(buf, n, dt, root, g->world, &req);
+    if (rc == MPI_SUCCESS) rc = comm_poll_request(&req, comm_op_timeout_s());
+    else rc = TPI_ERR_COMM;
+    if (rc == TPI_ERR_TIMEOUT)
+        return tpi_err(err, TPI_ERR_TIMEOUT,
+                       "a broadcast from world rank %d did not complete on world rank %d in "
+                       "%.1f s: a peer rank is stuck, dead or far behind (TPI_COMM_OP_TIMEOUT=S "
+                       "changes the limit; launch/README.md: when a run hangs)",
+                       root, g->world_rank, comm_op_timeout_s());
+    if (rc != TPI_OK)
+        return tpi_err(err, TPI_ERR_COMM, "world rank %d: MPI_Bcast of %d items from rank %d "
+                       "failed", g->world_rank, n, root);
+    return TPI_OK;
 }
 
 /* One field of run_identity: name, how to describe it, and where it is. */

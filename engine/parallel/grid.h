@@ -45,8 +45,15 @@ int grid_rank_of(const struct tpi_grid *g, int tp_rank, int pp_stage);
 
 /* Collective over g->world: every rank passes its local status and err. Returns
  * TPI_OK when all ranks were OK; otherwise every rank returns the first failing
- * rank's status, with err = "rank R (host H): <its message>". */
+ * rank's status, with err = "rank R (host H): <its message>"; a rank that does not
+ * come within TPI_COMM_OP_TIMEOUT is a TPI_ERR_TIMEOUT on the ranks that did. */
 int grid_agree(const struct tpi_grid *g, int status, struct tpi_error *err);
+
+/* MPI_Bcast of n items of dt at buf from world rank root, over g->world, that gives up
+ * after TPI_COMM_OP_TIMEOUT (TPI_ERR_TIMEOUT naming the ranks; the request is left
+ * posted, so the caller stops the job rather than reuse buf). */
+int grid_bcast(const struct tpi_grid *g, void *buf, int n, MPI_Datatype dt, int root,
+               struct tpi_error *err);
 
 /* The run identity ranks must share before loading a model. */
 struct run_identity {
