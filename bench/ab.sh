@@ -107,9 +107,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
                 status=1
                 continue
             fi
-            # columns: ... | test | t/s | GB/s | % roof |
-            tps=$(echo "$line" | awk -F'|' '{print $10}' | xargs)
-            roof=$(echo "$line" | awk -F'|' '{print $12}' | xargs)
+            # the last columns: ... | test | t/s | GB/s | % roof | (counted from the end:
+            # the markdown's optional columns, threads on the CPU, come before them)
+            tps=$(echo "$line" | awk -F'|' '{print $(NF-3)}' | xargs)
+            roof=$(echo "$line" | awk -F'|' '{print $(NF-1)}' | xargs)
             say "d$d ${NAMES[$i]} $tps | $roof"
             echo "$d $i ${tps%% *}" >>"$TMP/all"
         done
