@@ -529,7 +529,8 @@ int cmd_bench(int argc, char **argv) {
                 }
                 br.m = m;
                 // The header after the first load, so a missing model prints no table.
-                if (root && !header_done) bench_print_header(stdout, o.fmt, o.roofline_gbps > 0, md_cols);
+                if (root && !header_done)
+                    bench_print_header(stdout, o.fmt, o.roofline_gbps > 0, md_cols);
                 header_done = true;
                 // Deterministic ids in [0, n_vocab): the same stream on every rank.
                 uint64_t s = 0x9E3779B97F4A7C15ull;
@@ -677,7 +678,8 @@ int cmd_bench(int argc, char **argv) {
             }
 
     // Closed even after an error, so a JSON document stays well-formed.
-    if (root && header_done) bench_print_footer(stdout, o.fmt, cli_build_commit(), cli_build_number());
+    if (root && header_done)
+        bench_print_footer(stdout, o.fmt, cli_build_commit(), cli_build_number());
     free(br.tokens);
     free(tests);
     free(br.pos);

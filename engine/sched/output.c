@@ -329,6 +329,13 @@ static char *valid_text(const struct tokenizer *tok, const int32_t *ids, int n, 
     return buf;
 }
 
+/* Characters in the n bytes of UTF-8 at b. */
+static size_t utf8_chars(const char *b, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)b[i] & 0xc0) != 0x80;
+    return c;
+}
+
 /* A token as a JSON string node, its bytes made valid UTF-8 as valid_text does (OpenAI's
  * "token" fields; "bytes" keeps the truth in *raw); *n_chars (if not NULL) its length
  * in characters, as text_offset counts them. NULL when memory runs out. */
@@ -338,10 +345,7 @@ static cJSON *token_json(const struct tokenizer *tok, int32_t id, struct tok_str
     size_t n = 0;
     char *s = valid_text(tok, &id, 1, &n);
     if (!s) return NULL;
-    if (n_chars) {
-        *n_chars = 0;
-        for (size_t i = 0; i < n; i++) *n_chars += ((unsigned char)s[i] & 0xc0) != 0x80;
-    }
+    if (n_chars) *n_chars = utf8_chars(s, n);
     cJSON *j = tpi_json_text(s, n);
     free(s);
     return j;
@@ -395,13 +399,6 @@ static cJSON *top_map(const struct batch_out *o, const struct batch_req *r, cons
         free(ts);
     }
     return m;
-}
-
-/* Characters in the n bytes of UTF-8 at b. */
-static size_t utf8_chars(const char *b, size_t n) {
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++) c += ((unsigned char)b[i] & 0xc0) != 0x80;
-    return c;
 }
 
 /* Characters id adds to the text stream ts decodes (0 while a character is held back);

@@ -495,7 +495,8 @@ static int encode_messages(struct batch_req *r, const struct tokenizer *tok, con
 /* "prompt": text (a user turn when chat is not NULL), or a list of token ids. */
 static int encode_prompt(struct batch_req *r, const struct tokenizer *tok, const cJSON *p,
                          const struct req_defaults *d, const struct tok_chat_opts *chat) {
-    if (cJSON_IsString(p)) return encode_text(r, tok, p->valuestring, strlen(p->valuestring), chat);
+    if (cJSON_IsString(p))
+        return encode_text(r, tok, p->valuestring, strlen(p->valuestring), chat);
     if (!cJSON_IsArray(p))
         return req_fail(r, "\"prompt\" must be a string or a list of token ids");
     int n = cJSON_GetArraySize(p);
