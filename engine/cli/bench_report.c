@@ -133,8 +133,14 @@ static void md_header(FILE *f, bool roofline, unsigned extra) {
     }
 }
 
+/* The backend as llama-bench spells it ("CPU", "CUDA"): the markdown column and
+ * the backends field. */
+static const char *backend_name(const char *b) {
+    return !b ? "" : !strcmp(b, "cpu") ? "CPU" : !strcmp(b, "cuda") ? "CUDA" : b;
+}
+
 static void md_row(FILE *f, const struct bench_result *r, unsigned extra) {
-    char size[32], params[32], test[64], ts_buf[64], gbps[32], roof[32], backend[16];
+    char size[32], params[32], test[64], ts_buf[64], gbps[32], roof[32];
     if (r->model_size < 1024ull * 1024 * 1024)
         snprintf(size, sizeof size, "%.2f MiB", (double)r->model_size / 1024.0 / 1024.0);
     else
@@ -143,12 +149,6 @@ static void md_row(FILE *f, const struct bench_result *r, unsigned extra) {
         snprintf(params, sizeof params, "%.2f M", (double)r->model_n_params / 1e6);
     else
         snprintf(params, sizeof params, "%.2f B", (double)r->model_n_params / 1e9);
-    // Backend in llama-bench's spelling (CPU, CUDA).
-    size_t k = 0;
-    for (; r->backend[k] && k + 1 < sizeof backend; k++)
-        backend[k] = (char)(r->backend[k] >= 'a' && r->backend[k] <= 'z' ? r->backend[k] - 32
-                                                                         : r->backend[k]);
-    backend[k] = 0;
     bench_test_name(test, sizeof test, r->n_prompt, r->n_gen, r->n_depth);
     double ts[r->n_samples > 0 ? r->n_samples : 1], mean, sd;
     bench_samples_ts(r, ts);
@@ -163,7 +163,8 @@ static void md_row(FILE *f, const struct bench_result *r, unsigned extra) {
                      100.0 * r->read_gbps / (r->roofline_gbps * r->roofline_devices));
     }
     // "±" is two bytes of UTF-8 but one column: widen by one as llama-bench does.
-    fprintf(f, "| %-30s | %10s | %10s | %-7s |", r->model_type, size, params, backend);
+    fprintf(f, "| %-30s | %10s | %10s | %-7s |", r->model_type, size, params,
+            backend_name(r->backend));
     const int extra_v[3] = {r->n_threads, r->n_batch, r->n_ubatch};
     for (int i = 0; i < 3; i++)
         if (extra & (1u << i)) fprintf(f, " %*d |", md_extra[i].width, extra_v[i]);
@@ -203,10 +204,7 @@ static int collect_fields(const struct bench_result *r, const double *ts, struct
     I("build_number", r->build_number);
     S("cpu_info", r->cpu_info);
     S("gpu_info", r->gpu_info);
-    S("backends", !r->backend            ? ""
-                  : !strcmp(r->backend, "cpu")  ? "CPU" // llama-bench's backend names
-                  : !strcmp(r->backend, "cuda") ? "CUDA"
-                                                : r->backend);
+    S("backends", backend_name(r->backend));
     S("model_filename", r->model_filename);
     S("model_type", r->model_type);
     I("model_size", r->model_size);

@@ -224,11 +224,12 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
                        gguf_path(f), (int)TPI_MIN(st.len, 32), st.data, key);
     // A factor without a type key is linear scaling to llama.cpp: refuse it too.
     snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
-    float factor;
-    if (gguf_find_kv(f, key) && !gguf_get_f32(f, key, &factor))
+    float factor = 1.0f;
+    const bool has_factor = gguf_find_kv(f, key) != NULL;
+    if (has_factor && !gguf_get_f32(f, key, &factor))
         return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is not a number", gguf_path(f),
                        key);
-    if (gguf_get_f32(f, key, &factor) && factor != 1.0f && factor != 0.0f) {
+    if (has_factor && factor != 1.0f && factor != 0.0f) {
         snprintf(key, sizeof key, "%s.rope.scaling.type", a);
         if (!gguf_find_kv(f, key))
             return tpi_err(err, TPI_ERR_UNSUPPORTED,

@@ -336,14 +336,14 @@ static size_t utf8_chars(const char *b, size_t n) {
     return c;
 }
 
-/* A token as a JSON string node, its bytes made valid UTF-8 as valid_text does (OpenAI's
- * "token" fields; "bytes" keeps the truth in *raw); *n_chars (if not NULL) its length
- * in characters, as text_offset counts them. NULL when memory runs out. */
+/* A token as a JSON string node, its bytes made valid UTF-8 as valid_text makes them
+ * (OpenAI's "token" fields; "bytes" keeps the truth in *raw); *n_chars (if not NULL) its
+ * length in characters, as text_offset counts them. NULL when memory runs out. */
 static cJSON *token_json(const struct tokenizer *tok, int32_t id, struct tok_str *raw,
                          size_t *n_chars) {
     *raw = tok_token_bytes(tok, id);
     size_t n = 0;
-    char *s = valid_text(tok, &id, 1, &n);
+    char *s = tpi_utf8_fix(raw->data, raw->len, &n);
     if (!s) return NULL;
     if (n_chars) *n_chars = utf8_chars(s, n);
     cJSON *j = tpi_json_text(s, n);
@@ -353,8 +353,9 @@ static cJSON *token_json(const struct tokenizer *tok, int32_t id, struct tok_str
 
 /* A map key for a token's string (valid UTF-8; a NUL ends it, as cJSON's keys do). */
 static char *token_key(const struct tokenizer *tok, int32_t id) {
+    const struct tok_str raw = tok_token_bytes(tok, id);
     size_t n;
-    return valid_text(tok, &id, 1, &n);
+    return tpi_utf8_fix(raw.data, raw.len, &n);
 }
 
 static cJSON *bytes_array(struct tok_str raw) {
