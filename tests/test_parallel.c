@@ -345,6 +345,83 @@ START_TEST(test_cli_failures) {
     ck_assert_ptr_nonnull(strstr(errb, "/nonexistent/model.gguf"));
     ck_assert_ptr_nonnull(strstr(errb, "rank 1"));
 
+    // Ranks given different requests (each reads its own command line): every rank stops
+    // with rank 0's error naming the option, where they computed garbage or waited for a
+    // step that never came.
+    tu_tmpdir_make("tpi_tp_same");
+    const char *txt_a = tu_tmp_path("a.txt"), *txt_b = tu_tmp_path("b.txt");
+    FILE *fa = fopen(txt_a, "w"), *fb = fopen(txt_b, "w");
+    ck_assert(fa && fb);
+    for (int i = 0; i < 20; i++) {
+        fprintf(fa, "The quick brown fox jumps over the lazy dog. ");
+        fprintf(fb, "A slow green turtle walks under the busy cat. ");
+    }
+    fclose(fa);
+    fclose(fb);
+    static char ppl_a[512], ppl_b[512];
+    snprintf(ppl_a, sizeof ppl_a, "perplexity -m %s -f %s -c 16 --tp 2", a, txt_a);
+    snprintf(ppl_b, sizeof ppl_b, "perplexity -m %s -f %s -c 16 --tp 2", a, txt_b);
+    const struct {
+        const char *r0, *r1, *want;
+    } diff[] = {
+        {"run -m %s --prompt-ids 1,2,3 -n 2 --tp 2", "run -m %s --prompt-ids 1,2,3 -n 3 --tp 2",
+         "rank 1's -n is 3, rank 0's is 2"},
+        {"run -m %s --prompt-ids 1,2,3 -n 2 --tp 2", "run -m %s --prompt-ids 1,2,4 -n 2 --tp 2",
+         "rank 1's prompt (its tokens"},
+        {"run -m %s --prompt-ids 1,2,3 -n 2 --pp 2 --json --logprobs 2",
+         "run -m %s --prompt-ids 1,2,3 -n 2 --pp 2 --json", "rank 1's --logprobs is 0, rank 0's is 2"},
+        {"run -m %s -p hello -n 2 --tp 2 --stop x", "run -m %s -p hello -n 2 --tp 2 --stop y",
+         "rank 1's --stop strings does not match rank 0's"},
+        {"bench -m %s -p 8 -n 2 -r 1 --tp 2", "bench -m %s -p 16 -n 2 -r 1 --tp 2",
+         "rank 1's tests (-p, -n, -pg, -d, -b) does not match"},
+    };
+    for (size_t i = 0; i < sizeof diff / sizeof diff[0]; i++) {
+        char c0[512], c1[512];
+        snprintf(c0, sizeof c0, diff[i].r0, a);
+        snprintf(c1, sizeof c1, diff[i].r1, a);
+        snprintf(cmd, sizeof cmd, "%s %s -np 1 %s %s : -np 1 %s %s", g_mpirun, mr, bin, c0, bin, c1);
+        t0 = tpi_time_s();
+        st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+        fprintf(stderr, "%s | %s: exit %d in %.1f s, stderr:\n%s\n", c0, c1, st,
+                tpi_time_s() - t0, errb);
+        ck_assert_int_ne(st, 0);
+        ck_assert_int_ne(st, 124);
+        ck_assert_msg(strstr(errb, diff[i].want), "want '%s'", diff[i].want);
+    }
+    snprintf(cmd, sizeof cmd, "%s %s -np 1 %s %s : -np 1 %s %s", g_mpirun, mr, bin, ppl_a, bin,
+             ppl_b);
+    st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+    fprintf(stderr, "perplexity, other text: exit %d, stderr:\n%s\n", st, errb);
+    ck_assert_int_ne(st, 0);
+    ck_assert_int_ne(st, 124);
+    ck_assert_ptr_nonnull(strstr(errb, "rank 1's text (-f)"));
+    // The same text on both ranks, each its own copy: runs.
+    snprintf(cmd, sizeof cmd, "%s %s -np 1 %s %s : -np 1 %s %s", g_mpirun, mr, bin, ppl_a, bin,
+             ppl_a);
+    st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+    ck_assert_msg(st == 0 && strstr(out, "PPL = "), "same text: exit %d: %s", st, errb);
+    tu_tmpdir_remove();
+
+    // Two ranks, no --tp: the grid's error once, from `run -p` and the batch alike.
+    tu_tmpdir_make("tpi_tp_grid");
+    const char *req = tu_tmp_path("req.jsonl");
+    FILE *fr = fopen(req, "w");
+    ck_assert(fr);
+    fputs("{\"prompt\": \"hi\"}\n", fr);
+    fclose(fr);
+    for (int batch = 0; batch < 2; batch++) {
+        snprintf(cmd, sizeof cmd, "%s %s -np 2 %s run -m %s %s%s", g_mpirun, mr, bin, a,
+                 batch ? "-f " : "-p hi", batch ? req : "");
+        st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+        ck_assert_int_ne(st, 0);
+        ck_assert_int_ne(st, 124);
+        const char *want = "needs 1 ranks (tp * pp), launched with 2";
+        const char *hit = strstr(errb, want);
+        ck_assert_msg(hit && !strstr(hit + strlen(want), want), "%s: want one line:\n%s",
+                      batch ? "batch" : "run -p", errb);
+    }
+    tu_tmpdir_remove();
+
     // tp = 3 on 8 heads through the binary: one clear line.
     snprintf(cmd, sizeof cmd, "%s %s -np 3 %s run -m %s --prompt-ids 1,2,3 -n 2 --tp 3", g_mpirun,
              mr, bin, a);

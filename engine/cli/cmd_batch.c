@@ -428,7 +428,10 @@ int cmd_run_batch(int argc, char **argv) {
     goto out;
 
 fail:
-    if (!grid_ok || grid.world_rank == 0) fprintf(stderr, "tpinfer run: %s\n", err.msg);
+    // An error every rank shares (agreed, or the grid's tp * pp against the ranks) is
+    // printed once; MPI's own failures to build the grid by each rank that met one.
+    if (grid.world_rank == 0 || (!grid_ok && rc != TPI_ERR_INVALID))
+        fprintf(stderr, "tpinfer run: %s\n", err.msg);
     exit_code = 1;
 out:
     if (grid.world_rank == 0 && ctx.out.fd > 0 && ctx.out.own_fd) batch_out_close(&ctx.out, &err);

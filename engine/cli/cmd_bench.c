@@ -514,6 +514,23 @@ int cmd_bench(int argc, char **argv) {
         (o.n_batch.n > 1 || o.n_batch.v[0] != 2048 ? BENCH_MD_BATCH : 0) |
         (o.n_ubatch.n > 1 || o.n_ubatch.v[0] != 0 ? BENCH_MD_UBATCH : 0);
     int code = 0;
+    // Rank 0's tests must be every rank's: the ranks run each test's steps together.
+    const struct grid_same same[] = {
+        {"number of tests (-p, -n, -pg, -d, -b)", (uint64_t)n_tests, 0},
+        {"tests (-p, -n, -pg, -d, -b)",
+         tpi_fnv1a(TPI_FNV_INIT, tests, sizeof *tests * (size_t)n_tests), 1},
+        {"-r", (uint64_t)o.reps, 0},
+        {"--no-warmup", (uint64_t)!o.warmup, 0},
+        {"number of models (-m)", (uint64_t)o.n_models, 0},
+        {"-ub list", tpi_fnv1a(TPI_FNV_INIT, o.n_ubatch.v, sizeof(int) * (size_t)o.n_ubatch.n) ^
+                         (uint64_t)o.n_ubatch.n, 1},
+        {"number of -t values", (uint64_t)o.n_threads.n, 0},
+    };
+    if (grid_check_same(&g, same, (int)(sizeof same / sizeof same[0]), &err)) {
+        if (err.status != TPI_ERR_INVALID) return die_rank(&g, &err);
+        if (root) fprintf(stderr, "tpinfer " CMD ": error: %s\n", err.msg);
+        code = 1;
+    }
 
     for (int im = 0; im < o.n_models && !code; im++)
         for (int iu = 0; iu < o.n_ubatch.n && !code; iu++)

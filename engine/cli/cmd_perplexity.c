@@ -94,6 +94,16 @@ int cmd_perplexity(int argc, char **argv) {
         free(ids);
         return cli_fail_all(&r, "perplexity", &err);
     }
+    // Each rank's own copy of the text must be rank 0's: a different one is garbage.
+    const struct grid_same same[] = {
+        {"text (-f) length in tokens", (uint64_t)n_ids, 0},
+        {"text (-f)", tpi_fnv1a(TPI_FNV_INIT, ids, sizeof *ids * (size_t)n_ids), 1},
+    };
+    if ((rc = grid_check_same(&r.grid, same, 2, &err))) {
+        free(ids);
+        return rc == TPI_ERR_INVALID ? cli_fail_all(&r, "perplexity", &err)
+                                     : cli_fail_rank(&r, "perplexity", &err);
+    }
     if (cli_rank(&r) == 0)
         TPI_LOGI("%d tokens, %d windows of %d", n_ids, n_ids / n_window, n_window);
     struct ppl_result res;

@@ -261,6 +261,37 @@ static void print_json(const struct gen_result *g, const int32_t *prompt, int n_
     cJSON_Delete(o);
 }
 
+/* Rank 0's request must be every rank's: each rank tokenizes its own command line and
+ * runs the same steps, so a different prompt, -n, --stop or --logprobs on one rank
+ * would compute garbage or wait for a step that never comes. */
+static int check_same_request(struct cli_run *r, const struct run_opts *o, const int32_t *ids,
+                              int n_ids, struct tpi_error *err) {
+    const struct gen_params *gp = &o->gp;
+    uint64_t h_stop = TPI_FNV_INIT, h_bias = TPI_FNV_INIT, h_samp = TPI_FNV_INIT;
+    for (int i = 0; i < gp->n_stop; i++) // the terminating NUL keeps "ab","c" from "a","bc"
+        h_stop = tpi_fnv1a(h_stop, gp->stop[i], strlen(gp->stop[i]) + 1);
+    h_bias = tpi_fnv1a(h_bias, gp->bias_ids, sizeof *gp->bias_ids * (size_t)gp->n_bias);
+    h_bias = tpi_fnv1a(h_bias, gp->bias_vals, sizeof *gp->bias_vals * (size_t)gp->n_bias);
+    const struct sampler_params *sp = &gp->sp;
+    const float fs[] = {sp->temp, sp->top_p, sp->min_p, sp->repeat_penalty,
+                        sp->presence_penalty, sp->frequency_penalty};
+    const int32_t is[] = {sp->top_k, sp->repeat_last_n};
+    h_samp = tpi_fnv1a(tpi_fnv1a(h_samp, fs, sizeof fs), is, sizeof is);
+    const struct grid_same vals[] = {
+        {"prompt length in tokens", (uint64_t)n_ids, 0},
+        {"prompt (its tokens after -p/--prompt-ids, --chat, --system)",
+         tpi_fnv1a(TPI_FNV_INIT, ids, sizeof *ids * (size_t)n_ids), 1},
+        {"-n", (uint64_t)gp->n_predict, 0},
+        {"--logprobs", (uint64_t)gp->n_logprobs, 0},
+        {"--prompt-logprobs", (uint64_t)gp->n_prompt_logprobs, 0},
+        {"--stop strings", h_stop ^ (uint64_t)gp->n_stop, 1},
+        {"--logit-bias", h_bias ^ (uint64_t)gp->n_bias, 1},
+        {"--ignore-eos", (uint64_t)gp->ignore_eos, 0},
+        {"sampling options (--temp, --top-k, --top-p, --min-p, the penalties)", h_samp, 1},
+    };
+    return grid_check_same(&r->grid, vals, (int)(sizeof vals / sizeof vals[0]), err);
+}
+
 /* One prompt: tokenize, check it fits, generate, print on rank 0. */
 static int run_single(struct cli_run *r, struct run_opts *o) {
     struct tpi_error err = {0};
@@ -276,6 +307,10 @@ static int run_single(struct cli_run *r, struct run_opts *o) {
     if ((rc = grid_agree(&r->grid, rc, &err))) {
         free(ids);
         return cli_fail_all(r, "run", &err);
+    }
+    if ((rc = check_same_request(r, o, ids, n_ids, &err))) {
+        free(ids);
+        return rc == TPI_ERR_INVALID ? cli_fail_all(r, "run", &err) : cli_fail_rank(r, "run", &err);
     }
     struct gen_result g;
     rc = generate_one(r->model, r->tok, ids, n_ids, &o->gp, o->json ? NULL : stream_text, NULL, &g,

@@ -234,3 +234,59 @@ int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
     if (st != TPI_OK && st != TPI_ERR_INVALID) return grid_agree(g, st, err);
     return st;
 }
+
+int grid_check_same(const struct tpi_grid *g, const struct grid_same *vals,
+                    int n, struct tpi_error *err) {
+    if (g->world_size <= 1 || n <= 0) return TPI_OK;
+    const int nr = g->world_size;
+    uint64_t *mine = malloc(sizeof *mine * (size_t)n);
+    uint64_t *all = calloc((size_t)nr * (size_t)n, sizeof *all);
+    int st = TPI_OK;
+    if (!mine || !all) {
+        st = tpi_err(err, TPI_ERR_NOMEM, "out of memory comparing the ranks' options on world "
+                     "rank %d", g->world_rank);
+    } else {
+        for (int i = 0; i < n; i++) mine[i] = vals[i].value;
+        MPI_Request req;
+        int rc = MPI_Iallgather(mine, n, MPI_UINT64_T, all, n, MPI_UINT64_T, g->world, &req);
+        rc = rc == MPI_SUCCESS ? comm_poll_request(&req, comm_op_timeout_s()) : TPI_ERR_COMM;
+        if (rc == TPI_ERR_TIMEOUT) {
+            /* The request stays posted: the caller stops the job (cli_fail_rank). */
+            free(mine);
+            free(all);
+            return tpi_err(err, TPI_ERR_TIMEOUT,
+                           "the ranks' options were not all gathered on world rank %d in "
+                           "%.1f s: a peer rank is stuck, dead or far behind",
+                           g->world_rank, comm_op_timeout_s());
+        }
+        if (rc != TPI_OK)
+            st = tpi_err(err, TPI_ERR_COMM, "MPI_Allgather of the ranks' options failed on world "
+                         "rank %d", g->world_rank);
+    }
+    /* Every rank reads the same gathered table, so all reach the same verdict. */
+    for (int i = 0; st == TPI_OK && i < n; i++) {
+        const uint64_t ref = all[i];
+        int first = -1, n_diff = 0;
+        for (int r = 1; r < nr; r++)
+            if (all[(size_t)r * n + i] != ref) {
+                if (first < 0) first = r;
+                n_diff++;
+            }
+        if (first < 0) continue;
+        char others[48] = "";
+        if (n_diff > 1) snprintf(others, sizeof others, " (and %d more rank%s)", n_diff - 1,
+                                 n_diff > 2 ? "s" : "");
+        if (vals[i].hashed)
+            st = tpi_err(err, TPI_ERR_INVALID, "rank %d's %s does not match rank 0's%s: every rank "
+                         "must be given the same options and inputs", first,
+                         vals[i].what, others);
+        else
+            st = tpi_err(err, TPI_ERR_INVALID, "rank %d's %s is %" PRId64 ", rank 0's is %" PRId64
+                         "%s: every rank must be given the same options and inputs", first, vals[i].what, (int64_t)all[(size_t)first * n + i], (int64_t)ref,
+                         others);
+    }
+    free(mine);
+    free(all);
+    if (st != TPI_OK && st != TPI_ERR_INVALID) return grid_agree(g, st, err);
+    return st;
+}

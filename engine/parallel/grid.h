@@ -75,4 +75,19 @@ struct run_identity {
 int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
                         struct tpi_error *err);
 
+/* One value every rank of a command must share: what it is (an option or an input, as
+ * the user gave it) and its value, or a hash of it when `hashed` (not printed). */
+struct grid_same {
+    const char *what;
+    uint64_t value;
+    int hashed;
+};
+
+/* Allgather n values per rank (giving up after TPI_COMM_OP_TIMEOUT) and compare each
+ * with rank 0's: on a mismatch every rank returns TPI_ERR_INVALID naming the first
+ * value that differs and the ranks ("rank 1's -n is 5, rank 0's is 8": every rank must be
+ * given the same options and inputs). */
+int grid_check_same(const struct tpi_grid *g, const struct grid_same *vals, int n,
+                    struct tpi_error *err);
+
 #endif /* GRID_H */
