@@ -446,8 +446,51 @@ static struct gguf_tensor *push_tensor(struct gguf_file *f) {
     return t;
 }
 
+/* One tensor's data range, for the overlap check. */
+struct data_range {
+    uint64_t begin, end;
+    int64_t index;
+};
+
+static int by_begin(const void *a, const void *b) {
+    const struct data_range *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* No two tensors of one part share a byte of data (empty ones aside): writing one would
+ * change the other, and llama.cpp refuses such a file as well. */
+static int check_overlap(const struct gguf_file *f, int64_t first, const char *path,
+                         struct tpi_error *err) {
+    const int64_t n = f->n_tensors - first;
+    if (n < 2) return TPI_OK;
+    struct data_range *r = malloc(sizeof *r * (size_t)n);
+    if (!r) return ferr(err, TPI_ERR_NOMEM, path, "out of memory checking %lld tensors' data",
+                        (long long)n);
+    int64_t m = 0;
+    for (int64_t i = first; i < f->n_tensors; i++)
+        if (f->tensors[i].n_bytes > 0)
+            r[m++] = (struct data_range){f->tensors[i].offset,
+                                         f->tensors[i].offset + f->tensors[i].n_bytes, i};
+    qsort(r, (size_t)m, sizeof *r, by_begin);
+    int rc = TPI_OK;
+    for (int64_t i = 1; i < m && !rc; i++) {
+        if (r[i - 1].end <= r[i].begin) continue;
+        const char *a = f->tensors[r[i - 1].index].name, *b = f->tensors[r[i].index].name;
+        char na[96], nb[96];
+        printable(na, sizeof na, a, strlen(a));
+        printable(nb, sizeof nb, b, strlen(b));
+        rc = ferr(err, TPI_ERR_FORMAT, path,
+                  "tensors '%s' and '%s' overlap: data [%llu, %llu) and [%llu, %llu)", na, nb,
+                  (unsigned long long)r[i - 1].begin, (unsigned long long)r[i - 1].end,
+                  (unsigned long long)r[i].begin, (unsigned long long)r[i].end);
+    }
+    free(r);
+    return rc;
+}
+
 /* Parse the header, metadata and tensor infos of part `part_no`, appending its
- * tensors to f, and check every tensor's data range lies inside the part. */
+ * tensors to f, and check every tensor's data range lies inside the part and shares no
+ * byte with another's. */
 static int part_parse(struct gguf_file *f, int part_no, struct tpi_error *err) {
     struct gguf_part *pt = &f->parts[part_no];
     const char *path = pt->path;
@@ -650,7 +693,7 @@ static int part_parse(struct gguf_file *f, int part_no, struct tpi_error *err) {
         t->offset = begin;
         t->data = pt->map + begin;
     }
-    return TPI_OK;
+    return check_overlap(f, first, path, err);
 }
 
 /* ---- split sets ---------------------------------------------------------------------- */

@@ -357,6 +357,28 @@ START_TEST(test_bad_tensors) {
     bb_tensor(&b, "du\np", 1, ne8, TPI_TYPE_F32, 32);
     bb_data(&b, 64);
     expect_fail("newline in a duplicate name", &b, "tensor 'du?p': duplicate name");
+    /* Data shared by two tensors, whole or in part, in either order of the infos; an
+     * empty tensor may sit anywhere, and tensors out of file order are fine. */
+    uint64_t ne16[1] = {16}, ne0[1] = {0};
+    bb_header(&b, 2, 0);
+    bb_tensor(&b, "a", 1, ne8, TPI_TYPE_F32, 0);
+    bb_tensor(&b, "b", 1, ne8, TPI_TYPE_F32, 0);
+    bb_data(&b, 64);
+    expect_fail("two tensors on the same data", &b,
+                "tensors 'a' and 'b' overlap: data [");
+    bb_header(&b, 3, 0);
+    bb_tensor(&b, "c", 1, ne8, TPI_TYPE_F32, 96);
+    bb_tensor(&b, "late", 1, ne16, TPI_TYPE_F32, 32);
+    bb_tensor(&b, "early", 1, ne16, TPI_TYPE_F32, 0);
+    bb_data(&b, 160);
+    expect_fail("the second half of one is the first of another", &b,
+                "tensors 'early' and 'late' overlap");
+    bb_header(&b, 3, 0);
+    bb_tensor(&b, "second", 1, ne8, TPI_TYPE_F32, 32);
+    bb_tensor(&b, "first", 1, ne8, TPI_TYPE_F32, 0);
+    bb_tensor(&b, "none", 1, ne0, TPI_TYPE_F32, 0);
+    bb_data(&b, 64);
+    expect_ok("out of order, one empty tensor on another's data", &b);
     /* Alignment from metadata applies to offsets. */
     bb_header(&b, 1, 1);
     bb_str(&b, "general.alignment"), bb_u32(&b, GGUF_VT_U32), bb_u32(&b, 64);
@@ -559,6 +581,13 @@ START_TEST(test_cli_info) {
                   errs);
     ck_assert_ptr_nonnull(strstr(out, "b.weight"));
     ck_assert_ptr_nonnull(strstr(out, "Q8_0"));
+    /* -m FILE, as the other commands take the model: the same table. */
+    char cmd_m[1024];
+    snprintf(cmd_m, sizeof cmd_m, "%s info -m %s 2>/dev/null", tu_binary(), good);
+    int st_m = -1;
+    char *out_m = tu_run_capture(cmd_m, &st_m);
+    ck_assert_msg(st_m == 0 && out_m && !strcmp(out_m, out), "info -m: status %d", st_m);
+    free(out_m);
 
     /* Broken files: exit 1, one line naming the file. */
     write_bytes(bad, bytes, n / 2);

@@ -23,7 +23,7 @@
 static void usage(FILE *out) {
     fprintf(
         out,
-        "usage: tpinfer info FILE.gguf [--json]\n"
+        "usage: tpinfer info [-m] FILE.gguf [--json]\n"
         "\n"
         "Show a GGUF file: format version, architecture, hyperparameters (<arch>.*),\n"
         "tokenizer summary, other metadata, and the tensor table (name, type, shape\n"
@@ -450,6 +450,8 @@ int cmd_info(int argc, char **argv) {
             }
             *(a[2] == 't' ? &o.tp : &o.pp) = (int)v;
             i++;
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc && !o.path) {
+            o.path = argv[++i]; // as the other commands name the model
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "tpinfer info: unknown option '%s'\n", a);
             usage(stderr);
