@@ -457,8 +457,8 @@ static int by_begin(const void *a, const void *b) {
     return x->begin < y->begin ? -1 : x->begin > y->begin;
 }
 
-/* No two tensors of one part share a byte of data (empty ones aside): writing one would
- * change the other, and llama.cpp refuses such a file as well. */
+/* No two tensors of one part share a byte of data (empty ones aside): such a file is
+ * malformed (no writer makes one, and llama.cpp refuses it). */
 static int check_overlap(const struct gguf_file *f, int64_t first, const char *path,
                          struct tpi_error *err) {
     const int64_t n = f->n_tensors - first;
