@@ -804,6 +804,7 @@ START_TEST(test_echo) {
     const cJSON *plp = cJSON_GetObjectItem(ref, "prompt_logprobs");
     const int n_prompt = cJSON_GetArraySize(ptoks);
     ck_assert_int_ge(n_prompt, 70); // more scored rows than one step takes (64)
+    int n_outside = 0; // prompt tokens outside their row's top 2
     for (long line = 1; line <= 2; line++) {
         cJSON *rec = record_by_line(r1, line);
         const cJSON *c0 = cJSON_GetArrayItem(
@@ -827,13 +828,26 @@ START_TEST(test_echo) {
                     want = cJSON_GetArrayItem(pair, 1)->valuedouble;
             ck_assert_msg(want <= 0.0, "token %d: id %d not in the reference row", i, id);
             ck_assert_double_eq(cJSON_GetArrayItem(tlp, i)->valuedouble, want);
+            // The top 2, then the prompt token itself when it is not among them (OpenAI's
+            // and vLLM's logprobs + 1), with its own logprob.
             const cJSON *m = cJSON_GetArrayItem(top, i);
-            ck_assert_int_eq(cJSON_GetArraySize(m), 2);
+            const bool in_top = cJSON_GetArrayItem(cJSON_GetArrayItem(row, 0), 0)->valueint == id ||
+                                cJSON_GetArrayItem(cJSON_GetArrayItem(row, 1), 0)->valueint == id;
+            n_outside += !in_top;
+            ck_assert_int_eq(cJSON_GetArraySize(m), in_top ? 2 : 3);
             ck_assert_double_eq(m->child->valuedouble,
                                 cJSON_GetArrayItem(cJSON_GetArrayItem(row, 0), 1)->valuedouble);
+            bool has_own = false;
+            const cJSON *e;
+            cJSON_ArrayForEach(e, m) has_own |= e->valuedouble == want;
+            ck_assert_msg(has_own, "token %d: its own logprob is not in top_logprobs", i);
         }
+        // The generated tokens' maps (greedy: the chosen token is the top one): 2 each.
+        for (int i = n_prompt; i < cJSON_GetArraySize(top); i++)
+            ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetArrayItem(top, i)), 2);
         cJSON_Delete(rec);
     }
+    ck_assert_int_gt(n_outside, 0); // the + 1 case was met
     cJSON *t = record_by_line(r1, 3); // echo without logprobs: the text only
     const cJSON *c0 = cJSON_GetArrayItem(
         cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(t, "response"), "body"),
@@ -1434,6 +1448,16 @@ START_TEST(test_text) {
         n_checked++;
     }
     ck_assert_int_ge(n_checked, 4);
+    // "logprobs": 0: each map holds the token itself alone, with its logprob.
+    const cJSON *tlp = cJSON_GetObjectItem(lp, "token_logprobs");
+    const cJSON *top = cJSON_GetObjectItem(lp, "top_logprobs");
+    ck_assert(cJSON_IsNull(cJSON_GetArrayItem(top, 0)));
+    for (int i = 1; i < cJSON_GetArraySize(toks); i++) {
+        const cJSON *m = cJSON_GetArrayItem(top, i);
+        ck_assert_int_eq(cJSON_GetArraySize(m), 1);
+        ck_assert_str_eq(m->child->string, cJSON_GetArrayItem(toks, i)->valuestring);
+        ck_assert_double_eq(m->child->valuedouble, cJSON_GetArrayItem(tlp, i)->valuedouble);
+    }
     cJSON_Delete(rec);
     free(norm);
 }

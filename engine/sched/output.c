@@ -390,15 +390,26 @@ static cJSON *chat_logprobs(const struct batch_out *o, const struct batch_req *r
     return lp;
 }
 
-/* The top-K map {token: logprob} of OpenAI completion logprobs (first of equal strings). */
+/* Adds {token's string: v} to m unless a token of the same string is there already. */
+static void map_add(cJSON *m, const struct batch_out *o, int32_t id, float v) {
+    char *ts = token_key(o->tok, id);
+    if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts)) cJSON_AddNumberToObject(m, ts, v);
+    free(ts);
+}
+
+/* The map {token: logprob} of OpenAI completion logprobs: the top n_top_out (first of
+ * equal strings), then the chosen token when it is not among them, so a map holds up
+ * to logprobs + 1 entries, as OpenAI's and vLLM's do ("logprobs": 0 gives the chosen
+ * token alone). */
 static cJSON *top_map(const struct batch_out *o, const struct batch_req *r, const int32_t *ids,
-                      const float *vals, int k) {
+                      const float *vals, int k, int32_t chosen, float chosen_lp) {
     cJSON *m = cJSON_CreateObject();
+    bool listed = false;
     for (int j = 0; j < r->n_top_out && j < k; j++) {
-        char *ts = token_key(o->tok, ids[j]);
-        if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts)) cJSON_AddNumberToObject(m, ts, vals[j]);
-        free(ts);
+        map_add(m, o, ids[j], vals[j]);
+        listed |= ids[j] == chosen;
     }
+    if (!listed) map_add(m, o, chosen, chosen_lp);
     return m;
 }
 
@@ -444,7 +455,8 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
         }
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(res->plp_chosen[i]));
         cJSON_AddItemToArray(top, top_map(o, r, res->plp_ids + (size_t)i * res->lp_k,
-                                          res->plp_vals + (size_t)i * res->lp_k, res->lp_k));
+                                          res->plp_vals + (size_t)i * res->lp_k, res->lp_k,
+                                          r->prompt[i], res->plp_chosen[i]));
     }
     if (ts) { // the prompt's text ends here: a character still held back is one U+FFFD
         const char *b;
@@ -462,7 +474,8 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
         at += stream_chars(ts, res->tokens[t], n_chars);
         cJSON_AddItemToArray(top, top_map(o, r, res->lp_ids + (size_t)t * res->lp_k,
-                                          res->lp_vals + (size_t)t * res->lp_k, res->lp_k));
+                                          res->lp_vals + (size_t)t * res->lp_k, res->lp_k,
+                                          res->tokens[t], res->lp_chosen[t]));
     }
     tok_stream_free(&ts);
     return lp;
