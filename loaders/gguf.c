@@ -881,6 +881,21 @@ uint64_t gguf_metadata_hash(const struct gguf_file *f) {
     return f->meta_hash;
 }
 
+uint64_t gguf_data_sample_hash(const struct gguf_file *f) {
+    uint64_t h = TPI_FNV_INIT;
+    for (int64_t i = 0; i < f->n_tensors; i++) {
+        const struct gguf_tensor *t = &f->tensors[i];
+        const int64_t head[] = {t->type, t->n_dims, t->ne[0], t->ne[1], t->ne[2], t->ne[3],
+                                (int64_t)t->offset, t->part};
+        h = tpi_fnv1a(h, t->name, strlen(t->name) + 1);
+        h = tpi_fnv1a(h, head, sizeof head);
+        const size_t n = (size_t)TPI_MIN(t->n_bytes, (uint64_t)64);
+        h = tpi_fnv1a(h, t->data, n);
+        h = tpi_fnv1a(h, t->data + t->n_bytes - n, n);
+    }
+    return h;
+}
+
 int64_t gguf_n_kv(const struct gguf_file *f) {
     return f->parts[0].n_kv;
 }

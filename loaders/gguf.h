@@ -93,6 +93,11 @@ uint64_t gguf_alignment(const struct gguf_file *f);
  * opened the same model). */
 uint64_t gguf_metadata_hash(const struct gguf_file *f);
 
+/* 64-bit hash of every tensor's name, type, shape and offset and of the first and last
+ * 64 bytes of its data: two pages a tensor, enough for ranks to tell different weights
+ * apart in files of one size and metadata (another seed, another fine-tune). */
+uint64_t gguf_data_sample_hash(const struct gguf_file *f);
+
 /* Metadata: count, by index, and by key (NULL when absent). */
 int64_t gguf_n_kv(const struct gguf_file *f);
 const struct gguf_kv *gguf_kv_at(const struct gguf_file *f, int64_t i);

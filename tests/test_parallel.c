@@ -358,6 +358,23 @@ START_TEST(test_cli_failures) {
     }
     fclose(fa);
     fclose(fb);
+    // Two models of one size and metadata, other weights (mkmodel's seed): the identity's
+    // sample of the data tells them apart (they ran together and wrote garbage).
+    char m1[512], m2[512];
+    snprintf(m1, sizeof m1, "%s", tu_tmp_path("s1.gguf"));
+    snprintf(m2, sizeof m2, "%s", tu_tmp_path("s2.gguf"));
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s mkmodel -q -o %s --seed %d", bin, k ? m2 : m1, k + 1);
+        ck_assert_int_eq(run_cmd(cmd, out, sizeof out, errb, sizeof errb), 0);
+    }
+    snprintf(cmd, sizeof cmd,
+             "%s %s -np 1 %s run -m %s -p hi -n 2 --tp 2 : -np 1 %s run -m %s -p hi -n 2 --tp 2",
+             g_mpirun, mr, bin, m1, bin, m2);
+    st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+    fprintf(stderr, "other weights: exit %d, stderr:\n%s\n", st, errb);
+    ck_assert_int_ne(st, 0);
+    ck_assert_int_ne(st, 124);
+    ck_assert_ptr_nonnull(strstr(errb, "model weights differ (data_hash"));
     static char ppl_a[512], ppl_b[512];
     snprintf(ppl_a, sizeof ppl_a, "perplexity -m %s -f %s -c 16 --tp 2", a, txt_a);
     snprintf(ppl_b, sizeof ppl_b, "perplexity -m %s -f %s -c 16 --tp 2", a, txt_b);

@@ -162,6 +162,7 @@ static int open_and_check(struct model *m, const struct model_params *p, struct 
     struct run_identity id = {
         .model_size = gguf_total_size(m->gguf),
         .metadata_hash = gguf_metadata_hash(m->gguf),
+        .data_hash = gguf_data_sample_hash(m->gguf),
         .tp = m->grid->tp,
         .pp = m->grid->pp,
         .backend = strcmp(m->ops->name, "cuda") == 0 ? 1 : 0,

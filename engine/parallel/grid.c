@@ -158,6 +158,8 @@ struct id_field {
 static const struct id_field id_fields[] = {
     F64(model_size, "model file differs (model_size, total bytes)"),
     F64(metadata_hash, "model metadata differs (metadata_hash)"),
+    F64(data_hash, "model weights differ (data_hash: tensor infos and a sample of each "
+                   "tensor's data)"),
     F32(tp, "--tp differs (tp)"),
     F32(pp, "--pp differs (pp)"),
     F32(backend, "--backend differs (backend, 0 cpu 1 cuda)"),
@@ -184,7 +186,8 @@ static uint64_t id_get(const struct run_identity *id, const struct id_field *f) 
 static void id_fmt(const struct id_field *f, uint64_t v, char *buf, size_t n) {
     if (!f->is64 || !strcmp(f->field, "seed"))
         snprintf(buf, n, "%" PRId64, (int64_t)v);
-    else if (!strcmp(f->field, "metadata_hash") || !strcmp(f->field, "pp_layers_hash"))
+    else if (!strcmp(f->field, "metadata_hash") || !strcmp(f->field, "data_hash") ||
+             !strcmp(f->field, "pp_layers_hash"))
         snprintf(buf, n, "%016" PRIx64, v);
     else
         snprintf(buf, n, "%" PRIu64, v);
@@ -193,7 +196,7 @@ static void id_fmt(const struct id_field *f, uint64_t v, char *buf, size_t n) {
 int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
                         struct tpi_error *err) {
     int n = g->world_size;
-    /* n * 72 bytes: if even that fails the process is lost anyway. */
+    /* n * sizeof (~90 bytes): if even that fails the process is lost anyway. */
     struct run_identity *all = calloc((size_t)n, sizeof *all);
     if (!all)
         return tpi_err(err, TPI_ERR_NOMEM, "grid_check_identity: out of memory on world rank %d",

@@ -59,6 +59,7 @@ int grid_bcast(const struct tpi_grid *g, void *buf, int n, MPI_Datatype dt, int 
 struct run_identity {
     uint64_t model_size;     /* total bytes of all parts */
     uint64_t metadata_hash;  /* gguf_metadata_hash */
+    uint64_t data_hash;      /* gguf_data_sample_hash */
     int32_t tp, pp;
     int32_t backend;         /* 0 cpu, 1 cuda */
     int32_t comm;            /* enum comm_kind */
