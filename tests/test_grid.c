@@ -2,14 +2,16 @@
  * test_grid.c — the rank grid and the agreement helpers, at 1, 2 and 4 ranks:
  * every tp x pp layout that fits the world (tp_rank = rank % tp, pp_stage =
  * rank / tp, and the members of the TP and PP communicators), the error when
- * tp * pp != world, grid_agree spreading one rank's failure, and
- * grid_check_identity naming the field that differs.
+ * tp * pp != world, grid_agree spreading one rank's failure,
+ * grid_check_identity and grid_check_same naming the field that differs, and
+ * grid_bcast giving up on a late root after TPI_COMM_OP_TIMEOUT.
  */
 #define _GNU_SOURCE
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "parallel/grid.h"
 #include "testutil.h"
@@ -188,6 +190,77 @@ START_TEST(test_identity) {
 }
 END_TEST
 
+START_TEST(test_check_same) {
+    struct tpi_grid g;
+    struct tpi_error err;
+    ck_assert_int_eq(grid_init(&g, g_size, 1, &err), TPI_OK);
+    struct grid_same v[] = {{"-n", 8, 0}, {"prompt", 0xabcdef, 1}};
+    tpi_err_clear(&err);
+    ck_assert_int_eq(grid_check_same(&g, v, 2, &err), TPI_OK);
+    if (g_size >= 2) {
+        if (g_rank >= 1) v[0].value = 5; // every rank but 0: the first named, the rest counted
+        int st = grid_check_same(&g, v, 2, &err);
+        ck_assert_int_eq(st, TPI_ERR_INVALID);
+        char want[128];
+        snprintf(want, sizeof want, "rank 1's -n is 5, rank 0's is 8%s", g_size > 2 ? " (and" : ":");
+        ck_assert_msg(strstr(err.msg, want), "message: %s", err.msg);
+        v[0].value = 8;
+        if (g_rank == g_size - 1) v[1].value = 1;
+        st = grid_check_same(&g, v, 2, &err);
+        ck_assert_int_eq(st, TPI_ERR_INVALID);
+        snprintf(want, sizeof want, "rank %d's prompt does not match rank 0's", g_size - 1);
+        ck_assert_msg(strstr(err.msg, want), "message: %s", err.msg);
+    }
+    grid_free(&g);
+}
+END_TEST
+
+/* A root that comes late: the other ranks' grid_bcast gives up after the timeout with
+ * TPI_ERR_TIMEOUT naming the root, then the root's broadcast completes their posted
+ * ones (so the ranks stay in step for the tests after this one). */
+START_TEST(test_bcast_timeout) {
+    struct tpi_grid g;
+    struct tpi_error err;
+    ck_assert_int_eq(grid_init(&g, g_size, 1, &err), TPI_OK);
+    static int buf[4];
+    for (int i = 0; i < 4; i++) buf[i] = g_rank == 0 ? 10 + i : -1;
+    tpi_err_clear(&err);
+    ck_assert_int_eq(grid_bcast(&g, buf, 4, MPI_INT, 0, &err), TPI_OK);
+    for (int i = 0; i < 4; i++) ck_assert_int_eq(buf[i], 10 + i);
+    if (g_size >= 2) {
+        setenv("TPI_COMM_OP_TIMEOUT", "0.5", 1);
+        static int late[4];
+        for (int i = 0; i < 4; i++) late[i] = g_rank == 0 ? 20 + i : -1;
+        if (g_rank == 0) {
+            usleep(1500 * 1000); // past the others' timeout
+            ck_assert_int_eq(grid_bcast(&g, late, 4, MPI_INT, 0, &err), TPI_OK);
+        } else {
+            const double t0 = tpi_time_s();
+            int st = grid_bcast(&g, late, 4, MPI_INT, 0, &err);
+            const double dt = tpi_time_s() - t0;
+            ck_assert_int_eq(st, TPI_ERR_TIMEOUT);
+            ck_assert_msg(dt >= 0.45 && dt < 1.4, "gave up after %.2f s", dt);
+            char want[128];
+            snprintf(want, sizeof want, "a broadcast from world rank 0 did not complete on world "
+                     "rank %d in 0.5 s", g_rank);
+            ck_assert_msg(strstr(err.msg, want), "message: %s", err.msg);
+        }
+        unsetenv("TPI_COMM_OP_TIMEOUT");
+        // The given-up broadcasts stay posted and end once progressed (any MPI call does).
+        volatile int *lv = late;
+        const double t0 = tpi_time_s();
+        while (lv[3] != 23 && tpi_time_s() - t0 < 10) {
+            int flag;
+            MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, g.world, &flag, MPI_STATUS_IGNORE);
+            usleep(1000);
+        }
+        for (int i = 0; i < 4; i++) ck_assert_int_eq(lv[i], 20 + i);
+        MPI_Barrier(g.world);
+    }
+    grid_free(&g);
+}
+END_TEST
+
 int main(int argc, char **argv) {
     struct tpi_error err;
     if (grid_mpi_init(&argc, &argv, &err)) {
@@ -207,6 +280,8 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_bad_shape);
     tcase_add_test(tc, test_agree);
     tcase_add_test(tc, test_identity);
+    tcase_add_test(tc, test_check_same);
+    tcase_add_test(tc, test_bcast_timeout);
     suite_add_tcase(s, tc);
     int rc = tu_run_suite(s);
     int worst = rc;
