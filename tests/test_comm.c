@@ -516,6 +516,25 @@ START_TEST(test_cli_nccl_refused) {
 }
 END_TEST
 
+/* Ranks given different sweeps: rank 0's one line naming the option, where they paired
+ * all-reduces of different sizes (MPI_ERR_TRUNCATE from an aborted schedule). */
+START_TEST(test_cli_options_differ) {
+    char cmd[1024], *out, *errt;
+    double secs;
+    snprintf(cmd, sizeof cmd, "%s -np 1 %s comm -e 1M -n 2 : -np 1 %s comm -e 64K -n 2", MPIRUN,
+             tu_binary(), tu_binary());
+    int rc = run_cmd(cmd, &out, &errt, &secs);
+    fprintf(stderr, "other -e on rank 1: exit %d after %.1f s: %s", rc, secs, errt);
+    ck_assert_int_ne(rc, 0);
+    ck_assert_int_ne(rc, 124);
+    ck_assert_msg(strstr(errt, "tpinfer comm: rank 1's --maxbytes is 65536, rank 0's is 1048576"),
+                  "stderr: %s", errt);
+    ck_assert_msg(out[0] == '\0', "stdout should be empty: %s", out);
+    free(out);
+    free(errt);
+}
+END_TEST
+
 static int run_cli_suite(void) {
     Suite *s = suite_create("comm_cli");
     TCase *tc = tcase_create("cli");
@@ -524,6 +543,7 @@ static int run_cli_suite(void) {
     tcase_add_test(tc, test_cli_json);
     tcase_add_test(tc, test_cli_single_rank_warns);
     tcase_add_test(tc, test_cli_nccl_refused);
+    tcase_add_test(tc, test_cli_options_differ);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -367,6 +367,29 @@ int cmd_comm(int argc, char **argv) {
     int root = g.world_rank == 0;
     tpi_log_set(TPI_LOG_INFO, world_size > 1 ? g.world_rank : -1);
 
+    /* Every rank runs rank 0's sweep: other sizes or counts on one rank would pair
+     * collectives of different lengths (MPI_ERR_TRUNCATE) or wait for ever. */
+    const char *be = o.backend ? o.backend : "";
+    const struct grid_same same[] = {
+        {"--comm", (uint64_t)o.kind, 0},
+        {"--backend", tpi_fnv1a(TPI_FNV_INIT, be, strlen(be)), 1},
+        {"--minbytes", (uint64_t)o.min_bytes, 0},
+        {"--maxbytes", (uint64_t)o.max_bytes, 0},
+        {"--stepfactor", (uint64_t)o.factor, 0},
+        {"--iters", (uint64_t)o.iters, 0},
+        {"--warmup", (uint64_t)o.warmup, 0},
+        {"--datatype", (uint64_t)o.dt, 0},
+        {"--check-only", (uint64_t)o.check_only, 0},
+    };
+    st = grid_check_same(&g, same, (int)(sizeof same / sizeof same[0]), &err);
+    if (st == TPI_ERR_TIMEOUT) return die_all(&err);
+    if (st) {
+        if (root || st != TPI_ERR_INVALID) fprintf(stderr, "tpinfer comm: %s\n", err.msg);
+        grid_free(&g);
+        grid_mpi_finalize();
+        return 1;
+    }
+
     /* Backend and its context: a local step, then agreed so all stop together. */
     struct ops_ctx *octx = NULL;
     const struct ops *ops = ops_by_name(o.backend, &err);
