@@ -1291,8 +1291,8 @@ START_TEST(test_ends) {
 END_TEST
 
 /* OpenAI's logit_bias: -100 keeps the greedy first token out, +100 makes one id every
- * token (or two ids share every draw at temperature 1); a bad key or value is the
- * line's error. */
+ * token (or two ids share every draw at temperature 1), a bias past 100 is clamped to
+ * 100 as vLLM clamps it; a bad key or value is the line's error. */
 START_TEST(test_bias) {
     const char *greedy = "\"prompt\": \"the quick\", \"max_tokens\": 6, \"temperature\": 0";
     char text[4096];
@@ -1303,12 +1303,13 @@ START_TEST(test_bias) {
              "{\"prompt\": \"the quick\", \"max_tokens\": 6, \"temperature\": 1, \"seed\": 3, "
              "\"logit_bias\": {\"77\": 100, \"78\": 100}}\n"
              "{%s, \"logit_bias\": {\"x\": 1}}\n"
-             "{%s, \"logit_bias\": {\"5\": 101}}\n"
-             "{%s, \"logit_bias\": [1]}\n",
-             greedy, greedy, greedy, greedy, greedy, greedy);
+             "{%s, \"logit_bias\": {\"5\": 1000}}\n"
+             "{%s, \"logit_bias\": [1]}\n"
+             "{%s, \"logit_bias\": {\"5\": \"high\"}}\n",
+             greedy, greedy, greedy, greedy, greedy, greedy, greedy);
     write_file(path_in("bias.jsonl"), text);
     const char *args[] = {"-f", path_in("bias.jsonl"), "-o", path_in("bias.out"), NULL};
-    char *norm = run_records(1, args, path_in("bias.out"), 7);
+    char *norm = run_records(1, args, path_in("bias.out"), 8);
     int n;
     char fin[32];
     int32_t *base = record_tokens(norm, 1, &n, fin, sizeof fin);
@@ -1329,13 +1330,168 @@ START_TEST(test_bias) {
         if (line == 4) ck_assert_int_gt(n78, 0); // seed 3 draws both
         free(t);
     }
+    t = record_tokens(norm, 6, &n, fin, sizeof fin); // 1000 ran as 100
+    ck_assert_int_eq(n, 6);
+    for (int i = 0; i < n; i++) ck_assert_int_eq(t[i], 5);
+    free(t);
     const struct line_error errs[] = {
         {5, "\"logit_bias\" key \"x\" is not a token id in [0, 2048)"},
-        {6, "\"logit_bias\" of 5 must be a number in [-100, 100]"},
         {7, "\"logit_bias\" must be an object"},
+        {8, "\"logit_bias\" of 5 must be a number"},
     };
     expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
     free(base);
+    free(norm);
+}
+END_TEST
+
+/* An OpenAI line's response body (the record freed with *rec). */
+static const cJSON *oai_body(const char *norm, long line, cJSON **rec) {
+    *rec = record_by_line(norm, line);
+    const cJSON *b = cJSON_GetObjectItem(cJSON_GetObjectItem(*rec, "response"), "body");
+    ck_assert_msg(b, "line %ld: no response body", line);
+    return b;
+}
+
+static int usage_of(const cJSON *body, const char *key) {
+    return (int)cJSON_GetObjectItem(cJSON_GetObjectItem(body, "usage"), key)->valuedouble;
+}
+
+/* "token_id:N" (return_tokens_as_token_ids) to N; -1 when it is not that. */
+static int token_id_of(const char *s) {
+    int id = -1, n = 0;
+    return sscanf(s, "token_id:%d%n", &id, &n) == 1 && !s[n] ? id : -1;
+}
+
+/* OpenAI lines run with vLLM's semantics (-c 128): a completion without max_tokens stops
+ * at 16, null runs to the context's end (a chat without it too); max_tokens past the
+ * context is the line's error; greedy n > 1 and top_logprobs without logprobs are
+ * refused; truncate_prompt_tokens keeps the prompt's last tokens;
+ * return_tokens_as_token_ids names tokens "token_id:N"; echo with max_tokens 0 is the
+ * prompt alone; the end-of-generation token counts in the usage and, as the
+ * max_tokens-th token, is a "length"; temperature applies before min-p (every draw at
+ * temperature 2 and min-p 0.5 keeps p >= 0.25 p_max, and some fall below 0.5 p_max,
+ * which llama.cpp's order would not draw); the repetition penalty covers the whole
+ * prompt, not the last 64 tokens. */
+START_TEST(test_vllm_semantics) {
+    static char text[16384];
+    char rep[1024] = "";
+    int k = snprintf(rep, sizeof rep, "[224");
+    for (int i = 300; i < 370; i++) k += snprintf(rep + k, sizeof rep - (size_t)k, ",%d", i);
+    snprintf(rep + k, sizeof rep - (size_t)k, "]");
+#define CMPL "{\"custom_id\": \"c%d\", \"url\": \"/v1/completions\", \"body\": {"
+#define CHAT "{\"custom_id\": \"c%d\", \"url\": \"/v1/chat/completions\", \"body\": {\"messages\": " \
+             "[{\"role\": \"user\", \"content\": \"hi\"}], "
+    snprintf(text, sizeof text,
+             CMPL "\"prompt\": \"the quick\", \"temperature\": 0, \"ignore_eos\": true}}\n"
+             CMPL "\"prompt\": \"the quick\", \"temperature\": 0, \"ignore_eos\": true, "
+             "\"max_tokens\": null}}\n"
+             CMPL "\"prompt\": \"the quick\", \"max_tokens\": 127}}\n"
+             CHAT "\"temperature\": 0, \"ignore_eos\": true}}\n"
+             CMPL "\"prompt\": \"the quick\", \"temperature\": 0, \"n\": 2}}\n"
+             CHAT "\"top_logprobs\": 2}}\n"
+             CMPL "\"prompt\": \"one two three four five six seven eight\", "
+             "\"truncate_prompt_tokens\": 2, \"echo\": true, \"max_tokens\": 1}}\n"
+             CMPL "\"prompt\": \"the quick\", \"temperature\": 0, \"max_tokens\": 2, "
+             "\"logprobs\": 1, \"return_tokens_as_token_ids\": true}}\n"
+             CMPL "\"prompt\": \"The capital\", \"echo\": true, \"logprobs\": 1, "
+             "\"max_tokens\": 0}}\n"
+             CMPL "\"prompt\": \"the quick\", \"temperature\": 0, \"max_tokens\": 5, "
+             "\"logit_bias\": {\"2047\": 100}}}\n"
+             CMPL "\"prompt\": \"the quick\", \"temperature\": 0, \"max_tokens\": 1, "
+             "\"logit_bias\": {\"2047\": 100}}}\n"
+             CMPL "\"prompt\": \"the quick\", \"temperature\": 2.0, \"min_p\": 0.5, \"top_p\": 1, "
+             "\"top_k\": -1, \"max_tokens\": 16, \"n\": 64, \"seed\": 1, \"logprobs\": 1, "
+             "\"ignore_eos\": true}}\n"
+             CMPL "\"prompt\": %s, \"temperature\": 0, \"max_tokens\": 1, \"repetition_penalty\": "
+             "100, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}}\n",
+             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, rep);
+#undef CMPL
+#undef CHAT
+    write_file(path_in("v.jsonl"), text);
+    const char *args[] = {"-f", path_in("v.jsonl"), "-o", path_in("v.out"), "-c", "128", NULL};
+    char *norm = run_records(1, args, path_in("v.out"), 13);
+    cJSON *rec;
+    const cJSON *b = oai_body(norm, 1, &rec); // max_tokens absent: 16
+    ck_assert_int_eq(usage_of(b, "completion_tokens"), 16);
+    cJSON_Delete(rec);
+    for (long line = 2; line <= 4; line += 2) { // null, and a chat without it: the context
+        b = oai_body(norm, line, &rec);
+        ck_assert_int_eq(usage_of(b, "total_tokens"), 128);
+        cJSON_Delete(rec);
+    }
+    const struct line_error errs[] = {
+        {3, "\"max_tokens\" 127 need "},
+        {5, "\"n\" must be 1 when sampling greedily"},
+        {6, "\"top_logprobs\" needs \"logprobs\": true"},
+    };
+    expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
+    b = oai_body(norm, 7, &rec); // truncate_prompt_tokens 2: the last two
+    ck_assert_int_eq(usage_of(b, "prompt_tokens"), 2);
+    const char *t7 = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0),
+                                         "text")->valuestring;
+    ck_assert_msg(!strncmp(t7, " seven eight", 12) || !strncmp(t7, "seven eight", 11) ||
+                      !strncmp(t7, " eight", 6) || strstr(t7, "eight"),
+                  "echo of the truncated prompt: '%s'", t7);
+    ck_assert_ptr_null(strstr(t7, "one"));
+    cJSON_Delete(rec);
+    b = oai_body(norm, 8, &rec); // token ids as the tokens, in the list and the maps
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0),
+                                          "logprobs");
+    const cJSON *toks = cJSON_GetObjectItem(lp, "tokens");
+    ck_assert_int_eq(cJSON_GetArraySize(toks), 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_ge(token_id_of(cJSON_GetArrayItem(toks, i)->valuestring), 0);
+        const cJSON *m = cJSON_GetArrayItem(cJSON_GetObjectItem(lp, "top_logprobs"), i);
+        ck_assert_int_ge(token_id_of(m->child->string), 0);
+    }
+    cJSON_Delete(rec);
+    b = oai_body(norm, 9, &rec); // echo, max_tokens 0: the prompt alone
+    const cJSON *c9 = cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0);
+    ck_assert_str_eq(cJSON_GetObjectItem(c9, "text")->valuestring, "The capital");
+    ck_assert_str_eq(cJSON_GetObjectItem(c9, "finish_reason")->valuestring, "length");
+    ck_assert_int_eq(usage_of(b, "completion_tokens"), 0);
+    ck_assert_int_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetObjectItem(c9, "logprobs"),
+                                                            "tokens")),
+                     usage_of(b, "prompt_tokens"));
+    cJSON_Delete(rec);
+    for (long line = 10; line <= 11; line++) { // the end token first: counted; 1 is a length
+        b = oai_body(norm, line, &rec);
+        const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0);
+        ck_assert_str_eq(cJSON_GetObjectItem(c, "text")->valuestring, "");
+        ck_assert_str_eq(cJSON_GetObjectItem(c, "finish_reason")->valuestring,
+                         line == 10 ? "stop" : "length");
+        ck_assert_int_eq(usage_of(b, "completion_tokens"), 1);
+        cJSON_Delete(rec);
+    }
+    b = oai_body(norm, 12, &rec); // temperature before min-p
+    int n_draws = 0, n_wide = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(b, "choices")) {
+        const cJSON *l = cJSON_GetObjectItem(c, "logprobs");
+        const cJSON *tl = cJSON_GetObjectItem(l, "token_logprobs");
+        for (int i = 0; i < cJSON_GetArraySize(tl); i++) {
+            double best = -1e30;
+            const cJSON *e;
+            cJSON_ArrayForEach(e, cJSON_GetArrayItem(cJSON_GetObjectItem(l, "top_logprobs"), i))
+                best = e->valuedouble > best ? e->valuedouble : best;
+            const double d = cJSON_GetArrayItem(tl, i)->valuedouble - best;
+            ck_assert_msg(d >= 2 * log(0.5) - 1e-4, "a draw at p/p_max = %g", exp(d));
+            n_wide += d < log(0.5);
+            n_draws++;
+        }
+    }
+    ck_assert_int_eq(n_draws, 64 * 16);
+    fprintf(stderr, "temperature 2, min-p 0.5: %d of %d draws below 0.5 p_max\n", n_wide, n_draws);
+    ck_assert_int_gt(n_wide, 0);
+    cJSON_Delete(rec);
+    b = oai_body(norm, 13, &rec); // the penalty reaches the prompt's first token
+    const cJSON *t13 = cJSON_GetObjectItem(
+        cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0), "logprobs"),
+        "tokens");
+    const int id13 = token_id_of(cJSON_GetArrayItem(t13, 0)->valuestring);
+    ck_assert_msg(id13 != 224 && (id13 < 300 || id13 >= 370), "chose %d, a prompt token", id13);
+    cJSON_Delete(rec);
     free(norm);
 }
 END_TEST
@@ -1547,6 +1703,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(g_mode, "ends")) {
         tcase_add_test(tc, test_ends);
         tcase_add_test(tc, test_bias);
+        tcase_add_test(tc, test_vllm_semantics);
         tcase_add_test(tc, test_text);
     }
     else if (!strcmp(g_mode, "chat")) {

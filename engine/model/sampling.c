@@ -355,37 +355,46 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
     return sample_sorted(s, c, n_cand, sorted);
 }
 
+/* The candidates of c[0..n) min-p keeps: p >= min_p * p_max, that is logit >= max +
+ * log(min_p) at temperature 1 and >= max + t * log(min_p) on logits tempered by t. */
+static int min_p_keep(struct sampler_cand *c, int n_cand, int *sorted, int n, float thr) {
+    int keep = 1;
+    while (keep < n) {
+        if (keep == *sorted) extend_sorted(c, n_cand, sorted, 2 * *sorted);
+        if (c[keep].logit < thr) break;
+        keep++;
+    }
+    return keep;
+}
+
 /* Top-p, min-p, temperature and the draw over candidates c[0..n_cand), of which
  * c[0..sorted) are in cand_cmp order (at least the best one, and all of the top-k
  * when top-k applies: then n_cand is k or the sort covers it). The filters read the
- * candidates in order but only as far as they look, so the sort grows only that far. */
+ * candidates in order but only as far as they look, so the sort grows only that far.
+ * Top-k and min-p keep prefixes of the sorted order, so theirs commute; top-p measures
+ * what they left, with (temp_first) or without the temperature. */
 static int32_t sample_sorted(struct sampler *s, struct sampler_cand *c, int n_cand, int sorted) {
     int n = n_cand;
     if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
     const float top = c[0].logit;
+    const bool tf = s->p.temp_first;
+    const double inv_t = tf ? 1.0 / s->p.temp : 1.0; // top-p's scale
 
+    if (tf && s->p.min_p > 0.0f)
+        n = min_p_keep(c, n_cand, &sorted, n, top + s->p.temp * logf(s->p.min_p));
     if (s->p.top_p < 1.0f) { // smallest prefix whose probability reaches top_p
         double sum = 0.0, cum = 0.0;
-        for (int i = 0; i < n; i++) sum += exp((double)c[i].logit - top); // any order
+        for (int i = 0; i < n; i++) sum += exp(((double)c[i].logit - top) * inv_t); // any order
         for (int i = 0; i < n; i++) {
             if (i == sorted) extend_sorted(c, n_cand, &sorted, 2 * sorted);
-            cum += exp((double)c[i].logit - top) / sum;
+            cum += exp(((double)c[i].logit - top) * inv_t) / sum;
             if (cum >= s->p.top_p) {
                 n = i + 1;
                 break;
             }
         }
     }
-    if (s->p.min_p > 0.0f) { // p >= min_p * p_max  <=>  logit >= max + log(min_p)
-        float thr = top + logf(s->p.min_p);
-        int keep = 1;
-        while (keep < n) {
-            if (keep == sorted) extend_sorted(c, n_cand, &sorted, 2 * sorted);
-            if (c[keep].logit < thr) break;
-            keep++;
-        }
-        n = keep;
-    }
+    if (!tf && s->p.min_p > 0.0f) n = min_p_keep(c, n_cand, &sorted, n, top + logf(s->p.min_p));
     // The draw: the total in any order, then the walk in sorted order as far as u.
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += exp(((double)c[i].logit - top) / s->p.temp);

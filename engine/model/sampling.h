@@ -2,7 +2,8 @@
  * sampling.h — choosing the next token from a row of logits, with llama.cpp's
  * semantics and order: OpenAI's logit bias, repetition penalty over the last n tokens
  * (then OpenAI's frequency and presence penalties over the generated tokens), then top-k,
- * top-p, min-p, temperature, and a draw from the softmax; temperature <= 0 is
+ * top-p, min-p, temperature, and a draw from the softmax (or, with temp_first, vLLM's:
+ * temperature, then min-p, top-k, top-p on the tempered logits); temperature <= 0 is
  * greedy (argmax of the penalized logits). The random draw uses the sampler's
  * own PRNG (splitmix64), so a seed makes a run repeatable on any platform.
  * Also the log-softmax top-K of raw logits, for --logprobs.
@@ -10,6 +11,7 @@
 #ifndef SAMPLING_H
 #define SAMPLING_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "tpi.h"
@@ -24,6 +26,9 @@ struct sampler_params {
     float presence_penalty;  /* OpenAI's, over the generated tokens: logit -= p if seen */
     float frequency_penalty; /* logit -= f * (times generated); both 0: off */
     uint64_t seed;
+    bool temp_first;      /* vLLM's order: temperature, then min-p, top-k, top-p (each on
+                             the tempered distribution); false: llama.cpp's top-k, top-p,
+                             min-p on the raw logits, then temperature */
 };
 
 /* llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, penalty 1.0 over 64. */

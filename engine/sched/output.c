@@ -339,20 +339,33 @@ static size_t utf8_chars(const char *b, size_t n) {
 /* A token as a JSON string node, its bytes made valid UTF-8 as valid_text makes them
  * (OpenAI's "token" fields; "bytes" keeps the truth in *raw); *n_chars (if not NULL) its
  * length in characters, as text_offset counts them. NULL when memory runs out. */
-static cJSON *token_json(const struct tokenizer *tok, int32_t id, struct tok_str *raw,
-                         size_t *n_chars) {
+static cJSON *token_json(const struct tokenizer *tok, const struct batch_req *r, int32_t id,
+                         struct tok_str *raw, size_t *n_chars) {
     *raw = tok_token_bytes(tok, id);
     size_t n = 0;
     char *s = tpi_utf8_fix(raw->data, raw->len, &n);
     if (!s) return NULL;
     if (n_chars) *n_chars = utf8_chars(s, n);
-    cJSON *j = tpi_json_text(s, n);
+    cJSON *j;
+    if (r->ids_as_tokens) { // vLLM's return_tokens_as_token_ids
+        char name[32];
+        snprintf(name, sizeof name, "token_id:%d", (int)id);
+        j = cJSON_CreateString(name);
+    } else {
+        j = tpi_json_text(s, n);
+    }
     free(s);
     return j;
 }
 
-/* A map key for a token's string (valid UTF-8; a NUL ends it, as cJSON's keys do). */
-static char *token_key(const struct tokenizer *tok, int32_t id) {
+/* A map key for a token's string (valid UTF-8; a NUL ends it, as cJSON's keys do), or
+ * "token_id:N" (vLLM's return_tokens_as_token_ids). */
+static char *token_key(const struct tokenizer *tok, const struct batch_req *r, int32_t id) {
+    if (r->ids_as_tokens) {
+        char name[32];
+        snprintf(name, sizeof name, "token_id:%d", (int)id);
+        return tpi_strdup(name);
+    }
     const struct tok_str raw = tok_token_bytes(tok, id);
     size_t n;
     return tpi_utf8_fix(raw.data, raw.len, &n);
@@ -373,14 +386,14 @@ static cJSON *chat_logprobs(const struct batch_out *o, const struct batch_req *r
     for (int t = 0; t < res->n_tokens; t++) {
         struct tok_str raw;
         cJSON *e = cJSON_CreateObject();
-        cJSON_AddItemToObject(e, "token", token_json(o->tok, res->tokens[t], &raw, NULL));
+        cJSON_AddItemToObject(e, "token", token_json(o->tok, r, res->tokens[t], &raw, NULL));
         cJSON_AddNumberToObject(e, "logprob", res->lp_chosen[t]);
         cJSON_AddItemToObject(e, "bytes", bytes_array(raw));
         cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
         for (int k = 0; k < r->n_top_out && k < res->lp_k; k++) {
             int32_t id = res->lp_ids[(size_t)t * res->lp_k + k];
             cJSON *a = cJSON_CreateObject();
-            cJSON_AddItemToObject(a, "token", token_json(o->tok, id, &raw, NULL));
+            cJSON_AddItemToObject(a, "token", token_json(o->tok, r, id, &raw, NULL));
             cJSON_AddNumberToObject(a, "logprob", res->lp_vals[(size_t)t * res->lp_k + k]);
             cJSON_AddItemToObject(a, "bytes", bytes_array(raw));
             cJSON_AddItemToArray(top, a);
@@ -391,8 +404,9 @@ static cJSON *chat_logprobs(const struct batch_out *o, const struct batch_req *r
 }
 
 /* Adds {token's string: v} to m unless a token of the same string is there already. */
-static void map_add(cJSON *m, const struct batch_out *o, int32_t id, float v) {
-    char *ts = token_key(o->tok, id);
+static void map_add(cJSON *m, const struct batch_out *o, const struct batch_req *r, int32_t id,
+                    float v) {
+    char *ts = token_key(o->tok, r, id);
     if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts)) cJSON_AddNumberToObject(m, ts, v);
     free(ts);
 }
@@ -406,10 +420,10 @@ static cJSON *top_map(const struct batch_out *o, const struct batch_req *r, cons
     cJSON *m = cJSON_CreateObject();
     bool listed = false;
     for (int j = 0; j < r->n_top_out && j < k; j++) {
-        map_add(m, o, ids[j], vals[j]);
+        map_add(m, o, r, ids[j], vals[j]);
         listed |= ids[j] == chosen;
     }
-    if (!listed) map_add(m, o, chosen, chosen_lp);
+    if (!listed) map_add(m, o, r, chosen, chosen_lp);
     return m;
 }
 
@@ -441,7 +455,7 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
         const bool listed = res->plp_chosen && i < res->n_prompt;
         struct tok_str raw;
         size_t n_chars = 0;
-        cJSON *tj = listed ? token_json(o->tok, r->prompt[i], &raw, &n_chars) : NULL;
+        cJSON *tj = listed ? token_json(o->tok, r, r->prompt[i], &raw, &n_chars) : NULL;
         if (listed) {
             cJSON_AddItemToArray(toks, tj);
             cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
@@ -469,7 +483,7 @@ static cJSON *completion_logprobs(const struct batch_out *o, const struct batch_
     for (int t = 0; t < res->n_tokens; t++) {
         struct tok_str raw;
         size_t n_chars = 0;
-        cJSON_AddItemToArray(toks, token_json(o->tok, res->tokens[t], &raw, &n_chars));
+        cJSON_AddItemToArray(toks, token_json(o->tok, r, res->tokens[t], &raw, &n_chars));
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(res->lp_chosen[t]));
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
         at += stream_chars(ts, res->tokens[t], n_chars);
@@ -637,10 +651,10 @@ static cJSON *oai_record(const struct batch_out *o, const struct batch_req *r, c
     return oai_envelope(r, 200, body, NULL);
 }
 
-/* Keep choice `choice` of request idx; *whole receives the record once every choice
- * is in (NULL before). */
+/* Keep choice `choice` of request idx (n_counted: its tokens for the usage); *whole
+ * receives the record once every choice is in (NULL before). */
 static int gather_choice(struct batch_out *o, int idx, int choice, const struct sched_result *res,
-                         cJSON **whole, struct tpi_error *err) {
+                         long n_counted, cJSON **whole, struct tpi_error *err) {
     const struct batch_req *r = &o->in->reqs[idx];
     *whole = NULL;
     if (!o->acc && !(o->acc = calloc((size_t)o->in->n_reqs, sizeof *o->acc)))
@@ -656,7 +670,7 @@ static int gather_choice(struct batch_out *o, int idx, int choice, const struct 
         return tpi_err(err, TPI_ERR_NOMEM, "out of memory for a result record");
     a->ttft_s = a->n_got == 0 || res->t_first_s < a->ttft_s ? res->t_first_s : a->ttft_s;
     a->n_got++;
-    a->n_completion += res->n_tokens;
+    a->n_completion += n_counted;
     if (res->n_tokens > 1) a->decode_tokens += res->n_tokens - 1, a->decode_s += res->t_decode_s;
     if (a->n_got < r->n_choices) return TPI_OK;
     cJSON *choices = cJSON_CreateArray();
@@ -681,12 +695,43 @@ static int gather_choice(struct batch_out *o, int idx, int choice, const struct 
     return TPI_OK;
 }
 
+/* What an OpenAI record says of a finished sequence, as vLLM says it: with "max_tokens":
+ * 0 and echo, no completion (the one token generated is left out); an end-of-generation
+ * or stop_token_ids id that came as the max_tokens-th token is a "length" (vLLM checks
+ * the length first). */
+static struct sched_result oai_view(const struct batch_req *r, const struct sched_result *res) {
+    struct sched_result v = *res;
+    if (r->echo_only) {
+        v.n_tokens = 0;
+        v.text = "";
+        v.n_text = 0;
+        v.finish_reason = "length";
+        v.stop_string = NULL;
+        v.stop_id = -1;
+    } else if (!strcmp(v.finish_reason, "stop") && !v.stop_string &&
+               v.n_tokens + 1 >= r->max_tokens) {
+        v.finish_reason = "length";
+        v.stop_id = -1;
+    }
+    return v;
+}
+
+/* Tokens an OpenAI record's usage counts for a finished sequence: vLLM counts the
+ * end-of-generation or stop_token_ids id that ended it (not kept in its tokens). */
+static long oai_completion_tokens(const struct batch_req *r, const struct sched_result *res) {
+    if (r->echo_only) return 0;
+    return res->n_tokens + (!strcmp(res->finish_reason, "stop") && !res->stop_string);
+}
+
 int batch_out_result(struct batch_out *o, int idx, int choice, const struct sched_result *res,
                      struct tpi_error *err) {
     const struct batch_req *r = &o->in->reqs[idx];
+    const long n_counted = r->oai ? oai_completion_tokens(r, res) : res->n_tokens;
+    struct sched_result view = r->oai ? oai_view(r, res) : *res;
+    res = &view;
     cJSON *j = NULL;
     if (r->n_choices > 1) {
-        int rc = gather_choice(o, idx, choice, res, &j, err);
+        int rc = gather_choice(o, idx, choice, res, n_counted, &j, err);
         if (rc || !j) return rc;
     } else if (!r->oai) {
         j = cJSON_CreateObject();
@@ -702,7 +747,7 @@ int batch_out_result(struct batch_out *o, int idx, int choice, const struct sche
         if (!choice) return tpi_err(err, TPI_ERR_NOMEM, "out of memory for a result record");
         cJSON *choices = cJSON_CreateArray();
         cJSON_AddItemToArray(choices, choice);
-        j = oai_record(o, r, choices, res->n_prompt, res->n_tokens);
+        j = oai_record(o, r, choices, res->n_prompt, n_counted);
     }
     o->n_results++;
     char *s = print_record(j);

@@ -163,9 +163,22 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
     if (refuse_unsupported(r, o)) return -1;
     long long v;
     v = r->max_tokens;
-    if (get_int(r, o, "max_tokens", 1, 1LL << 30, &v)) return -1;
-    if (get_int(r, o, "max_completion_tokens", 1, 1LL << 30, &v)) return -1;
-    r->max_tokens = (int)v;
+    // 0 with echo is vLLM's prompt scoring without generation: one token is generated,
+    // as vLLM does, and left out of the record.
+    const long long lo = r->echo ? 0 : 1;
+    for (int k = 0; k < 2; k++) {
+        const char *key = k ? "max_completion_tokens" : "max_tokens";
+        const cJSON *mt = cJSON_GetObjectItemCaseSensitive(o, key);
+        if (r->oai && mt && cJSON_IsNull(mt)) { // vLLM: null is the rest of the context
+            v = r->max_tokens = INT32_MAX;
+            r->max_tokens_fit = false;
+            continue;
+        }
+        if (get_int(r, o, key, lo, 1LL << 30, &v)) return -1;
+        if (mt) r->max_tokens_fit = r->oai;
+    }
+    r->echo_only = r->echo && v == 0;
+    r->max_tokens = r->echo_only ? 1 : (int)v;
     if (get_float(r, o, "temperature", 0.0, 100.0, &r->sp.temp)) return -1;
     if (get_float(r, o, "top_p", 0.0, 1.0, &r->sp.top_p)) return -1;
     if (get_float(r, o, "min_p", 0.0, 1.0, &r->sp.min_p)) return -1;
@@ -187,6 +200,9 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
     v = r->n_choices;
     if (get_int(r, o, "n", 1, REQ_MAX_CHOICES, &v)) return -1;
     r->n_choices = (int)v;
+    if (r->oai && r->n_choices > 1 && r->sp.temp <= 0.0f) // vLLM's _verify_greedy_sampling
+        return req_fail(r, "\"n\" must be 1 when sampling greedily (temperature 0): the "
+                           "completions would all be the same");
     return get_stop(r, o);
 }
 
@@ -259,7 +275,7 @@ static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaul
         }
     }
     const cJSON *lb = cJSON_GetObjectItemCaseSensitive(o, "logit_bias");
-    if (lb && !cJSON_IsNull(lb)) { // OpenAI's: {"token id": bias in [-100, 100]}
+    if (lb && !cJSON_IsNull(lb)) { // OpenAI's {"token id": bias}, clamped to [-100, 100] (vLLM)
         const int n = cJSON_IsObject(lb) ? cJSON_GetArraySize(lb) : -1;
         if (n < 0 || n > REQ_MAX_BIAS)
             return req_fail(r, "\"logit_bias\" must be an object of at most %d token ids",
@@ -275,13 +291,13 @@ static int get_ends(struct batch_req *r, const cJSON *o, const struct req_defaul
             if (errno || end == it->string || *end || id < 0 || id >= d->n_vocab)
                 return req_fail(r, "\"logit_bias\" key \"%.32s\" is not a token id in [0, %d)",
                                 it->string, d->n_vocab);
-            if (!cJSON_IsNumber(it) || !(fabs(it->valuedouble) <= 100))
-                return req_fail(r, "\"logit_bias\" of %ld must be a number in [-100, 100]", id);
+            if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+                return req_fail(r, "\"logit_bias\" of %ld must be a number", id);
             for (int i = 0; i < r->n_bias; i++)
                 if (r->bias_ids[i] == id)
                     return req_fail(r, "\"logit_bias\" lists %ld twice", id);
             r->bias_ids[r->n_bias] = (int32_t)id;
-            r->bias_vals[r->n_bias++] = (float)it->valuedouble;
+            r->bias_vals[r->n_bias++] = (float)TPI_MAX(-100.0, TPI_MIN(100.0, it->valuedouble));
         }
     }
     const char *flags[2] = {"ignore_eos", "include_stop_str_in_output"};
@@ -537,6 +553,22 @@ static bool json_holds_nul(const char *s, size_t n) {
     return false;
 }
 
+/* vLLM's "truncate_prompt_tokens" (keep the prompt's last k tokens; -1: as many as the
+ * context holds) and "return_tokens_as_token_ids". Returns 0, or -1 with the line failed. */
+static int get_vllm_extras(struct batch_req *r, const cJSON *o) {
+    long long t = 1LL << 31;
+    if (get_int(r, o, "truncate_prompt_tokens", -1, 1LL << 30, &t)) return -1;
+    if (t == 0) return req_fail(r, "\"truncate_prompt_tokens\" must be -1 or at least 1");
+    r->truncate_to = t > 0 && t < (1LL << 31) ? (int)t : 0; // -1: whole; the context's check
+                                                             // then applies, as in vLLM
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "return_tokens_as_token_ids");
+    if (f && !cJSON_IsNull(f)) {
+        if (!cJSON_IsBool(f)) return req_fail(r, "\"return_tokens_as_token_ids\" must be true or false");
+        r->ids_as_tokens = cJSON_IsTrue(f);
+    }
+    return 0;
+}
+
 /* Parse one JSON line into r (r->line, defaults already set). */
 static void parse_json_line(struct batch_req *r, const char *text, size_t len,
                             const struct tokenizer *tok, const struct req_defaults *d) {
@@ -600,10 +632,19 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(body, "model");
     if (cJSON_IsString(model)) r->model_name = tpi_strdup(model->valuestring);
-    if (get_sampling(r, body) || get_ends(r, body, d)) {
+    // vLLM's semantics for its own format: a completion without max_tokens stops at 16
+    // (OpenAI's and vLLM's default) unless the run gives -n; the filters measure the
+    // tempered distribution; the repetition penalty covers the prompt and the output.
+    if (r->fmt == REQ_OAI_COMPLETION && d->max_tokens <= 0) {
+        r->max_tokens = 16;
+        r->max_tokens_fit = true;
+    }
+    r->sp.temp_first = true;
+    if (get_sampling(r, body) || get_ends(r, body, d) || get_vllm_extras(r, body)) {
         cJSON_Delete(j);
         return;
     }
+    if (r->sp.repeat_penalty != 1.0f) r->sp.repeat_last_n = d->n_ctx;
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(body, "logprobs");
     long long k = 0;
     if (r->fmt == REQ_OAI_CHAT) { // logprobs: bool, top_logprobs: int
@@ -611,6 +652,8 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
             req_fail(r, "\"logprobs\" must be true or false for chat completions");
         else if (!get_int(r, body, "top_logprobs", 0, REQ_MAX_LOGPROBS, &k))
             r->want_logprobs = cJSON_IsTrue(lp);
+        if (!r->error && k > 0 && !r->want_logprobs) // vLLM's check_logprobs
+            req_fail(r, "\"top_logprobs\" needs \"logprobs\": true");
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
         struct tok_chat_opts chat;
         char **tools = NULL;
@@ -637,6 +680,11 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
             if (!p) req_fail(r, "completion body has no \"prompt\"");
             else encode_prompt(r, tok, p, d, false);
         }
+    }
+    if (!r->error && r->truncate_to > 0 && r->n_prompt > r->truncate_to) { // the last ones
+        memmove(r->prompt, r->prompt + (r->n_prompt - r->truncate_to),
+                sizeof *r->prompt * (size_t)r->truncate_to);
+        r->n_prompt = r->truncate_to;
     }
     r->n_top_out = (int)k;
     // The engine computes the chosen token's logprob alongside the top-K, so ask for
@@ -739,6 +787,11 @@ int batch_input_load(const char *path, const struct tokenizer *tok, const struct
             if (!r->error && r->n_prompt >= d->n_ctx)
                 req_fail(r, "the prompt has %d tokens and the context %d positions: no room "
                             "to generate (raise -c/--ctx-size)", r->n_prompt, d->n_ctx);
+            if (!r->error && r->max_tokens_fit && (long long)r->n_prompt + r->max_tokens > d->n_ctx)
+                req_fail(r, "the prompt's %d tokens and \"max_tokens\" %d need %lld positions, "
+                            "the context has %d (lower max_tokens or raise -c/--ctx-size)",
+                         r->n_prompt, r->max_tokens, (long long)r->n_prompt + r->max_tokens,
+                         d->n_ctx);
             if (r->error) { // the engine never sees it: drop what parsing built
                 free(r->prompt);
                 r->prompt = NULL;

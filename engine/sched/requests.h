@@ -82,6 +82,15 @@ struct batch_req {
     bool want_logprobs;    /* the record carries logprobs */
     bool echo;             /* /v1/completions "echo": the text (and, with logprobs, the
                               logprobs) begin with the prompt's */
+    bool echo_only;        /* echo with "max_tokens": 0 (vLLM's): one token is generated
+                              and left out of the record, which holds the prompt alone */
+    bool max_tokens_fit;   /* max_tokens is the line's own or its format's default, so
+                              prompt + max_tokens past the context is the line's error
+                              (vLLM's), not cut to fit as the run's -n is */
+    bool ids_as_tokens;    /* vLLM's "return_tokens_as_token_ids": logprobs name tokens
+                              "token_id:N" */
+    int truncate_to;       /* vLLM's "truncate_prompt_tokens": the prompt's last k tokens
+                              (0: whole) */
     int n_top_out;         /* top alternatives a record lists per token */
     char **stop;           /* (n_stop) NUL-terminated */
     int n_stop;
@@ -91,7 +100,7 @@ struct batch_req {
     bool keep_stop_string; /* "include_stop_str_in_output": the text keeps the stop string */
     int min_tokens;        /* "min_tokens": no end before this many (<= max_tokens) */
     int32_t *bias_ids;     /* (n_bias) "logit_bias": ids, each once, */
-    float *bias_vals;      /* and their biases in [-100, 100] */
+    float *bias_vals;      /* and their biases, clamped to [-100, 100] as vLLM clamps them */
     int n_bias;
     enum req_tools tools;  /* a chat line's "tools" and "tool_choice" */
     bool one_tool_call;    /* "parallel_tool_calls": false: only the first call is kept */
