@@ -4,7 +4,7 @@
 # (exit 2, one line naming the option and the value), both forms take the same values,
 # `--seed -1` draws a random seed that the run reports and that repeats the run, and
 # `--system` or `--chat-template-kwargs` without `--chat` is refused; and run -p's
-# --logit-bias and --ignore-eos.
+# --logit-bias and --ignore-eos, escapes, -n -1 and --logprobs past the vocabulary.
 # Exit 0 pass, 1 fail.
 set -u
 src=$1
@@ -55,7 +55,7 @@ refused --top-p -0.1
 refused --min-p 2
 refused --repeat-penalty 0
 refused --repeat-penalty -1
-refused --repeat-last-n -1
+refused --repeat-last-n -2
 refused --presence-penalty 2.5
 refused --frequency-penalty -3
 refused --seed -2
@@ -68,6 +68,7 @@ taken --top-p 1
 taken --min-p 0
 taken --repeat-penalty 1.1
 taken --repeat-last-n 0
+taken --repeat-last-n -1
 taken --presence-penalty -2
 taken --seed 18446744073709551615
 
@@ -117,6 +118,26 @@ done
 rc=$?
 [ "$rc" = 1 ] && grep -q "token 5000 is outside the vocabulary of 2048" "$tmp/err" ||
     fail "--logit-bias 5000+1: exit $rc: $(cat "$tmp/err")"
+
+# llama.cpp's forms: -p's escapes processed (\n is a newline; --no-escape keeps the
+# backslash); -n -1 generates as many as the context holds;
+# --logprobs past the vocabulary lists the whole vocabulary, no more.
+ids_of() { "$tp" run -m "$m" --backend cpu -n 0 --json "$@" 2>/dev/null |
+    sed -n 's/.*"prompt_tokens":\[\([0-9,]*\)\].*/\1/p'; }
+nl=$(ids_of -p 'a
+b')
+[ -n "$nl" ] && [ "$(ids_of -p 'a\nb')" = "$nl" ] ||
+    fail "-p 'a\\nb' is not 'a', a newline, 'b': $(ids_of -p 'a\nb') vs $nl"
+[ "$(ids_of -p 'a\nb' --no-escape)" != "$nl" ] || fail "--no-escape: the escape was processed"
+[ "$(ids_of -p 'tab\there' )" = "$(ids_of -p "tab$(printf '\t')here")" ] || fail "-p '\\t'"
+[ "$(ids_of -p 'x\x41y' )" = "$(ids_of -p 'xAy')" ] || fail "-p '\\x41'"
+out=$("$tp" run -m "$m" --backend cpu -p Hello -n -1 -c 24 --temp 0 --ignore-eos --json 2>"$tmp/err")
+n_gen=$(printf '%s' "$out" | sed -n 's/.*"tokens":\[\([0-9,]*\)\].*/\1/p' | awk -F, '{print NF}')
+n_pr=$(printf '%s' "$out" | sed -n 's/.*"prompt_tokens":\[\([0-9,]*\)\].*/\1/p' | awk -F, '{print NF}')
+[ $((n_gen + n_pr)) = 24 ] || fail "-n -1 -c 24: $n_pr + $n_gen tokens: $out $(cat "$tmp/err")"
+out=$("$tp" run -m "$m" --backend cpu -p Hello -n 2 --temp 0 --json --logprobs 5000 2>"$tmp/err")
+n_alt=$(printf '%s' "$out" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["logprobs"][0]))' 2>&1)
+[ "$n_alt" = 2048 ] || fail "--logprobs 5000 on a vocabulary of 2048: $n_alt alternatives"
 
 # --seed -1: a random seed, reported, and the reported seed repeats the run's results
 # (the records' timings differ; their texts and tokens must not).

@@ -177,6 +177,19 @@ START_TEST(test_vocab_queries) {
     ck_assert(!tok_is_eog(t, 151644));
     ck_assert(!tok_is_eog(t, 1879));
     ck_assert(!tok_is_eog(t, -1));
+    // llama.cpp's set on Qwen's vocabulary: <|im_end|> (EOS), <|endoftext|> and the FIM
+    // tokens <|fim_pad|>, <|repo_name|>, <|file_sep|> (its llama-vocab.cpp EOG list);
+    // not <|fim_prefix|>, <|fim_middle|>, <|fim_suffix|>, <|im_start|>.
+    ck_assert_int_eq(tok_id_of(t, "<|fim_pad|>"), 151662);
+    ck_assert_int_eq(tok_id_of(t, "<|file_sep|>"), 151664);
+    int32_t eog[TOK_MAX_EOG];
+    ck_assert_int_eq(tok_eog_ids(t, eog), 5);
+    static const int32_t want_eog[5] = {151645, 151643, 151662, 151663, 151664};
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(eog[i], want_eog[i]);
+        ck_assert(tok_is_eog(t, want_eog[i]));
+    }
+    for (int32_t id = 151659; id <= 151661; id++) ck_assert(!tok_is_eog(t, id));
     ck_assert_int_eq(tok_type_of(t, 151644), TOK_TYPE_CONTROL);
     ck_assert_int_eq(tok_type_of(t, 151667), TOK_TYPE_USER_DEFINED);
     ck_assert_int_eq(tok_type_of(t, 151936), -1);

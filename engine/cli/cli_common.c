@@ -66,7 +66,7 @@ int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
         {"--top-p", false, 0, 1, offsetof(struct sampler_params, top_p)},
         {"--min-p", false, 0, 1, offsetof(struct sampler_params, min_p)},
         {"--repeat-penalty", false, 1e-3, 100, offsetof(struct sampler_params, repeat_penalty)},
-        {"--repeat-last-n", true, 0, 1 << 24, offsetof(struct sampler_params, repeat_last_n)},
+        {"--repeat-last-n", true, -1, 1 << 24, offsetof(struct sampler_params, repeat_last_n)},
         {"--presence-penalty", false, -2, 2, offsetof(struct sampler_params, presence_penalty)},
         {"--frequency-penalty", false, -2, 2, offsetof(struct sampler_params, frequency_penalty)},
     };
@@ -107,7 +107,8 @@ void cli_sampling_usage(FILE *f) {
             "  --temp T               temperature, <= 0 greedy (0.8)\n"
             "  --top-k K              (40; 0 or -1 = off)   --top-p P in [0, 1] (0.95)\n"
             "  --min-p P              in [0, 1] (0.05)      --repeat-penalty R (1.0 = off)\n"
-            "  --repeat-last-n N      tokens the repeat penalty looks back over (64)\n"
+            "  --repeat-last-n N      tokens the repeat penalty looks back over (64; 0 off,\n"
+            "                         -1 the whole context)\n"
             "  --presence-penalty P --frequency-penalty F   OpenAI's, in [-2, 2], over the\n"
             "                         generated tokens (0)\n");
 }
@@ -311,4 +312,37 @@ int cli_fail_rank(struct cli_run *r, const char *cmd, const struct tpi_error *er
     fflush(stderr);
     if (r->grid_ok && r->grid.world_size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     return cli_finish(r, 1);
+}
+
+static int hex_digit(char c) {
+    return c >= '0' && c <= '9' ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+void cli_unescape(char *s) {
+    char *out = s;
+    for (const char *in = s; *in; in++) {
+        if (in[0] != '\\' || !in[1]) {
+            *out++ = *in;
+            continue;
+        }
+        const char c = in[1];
+        const char *plain = strchr("nrt'\"\\", c);
+        if (plain) {
+            *out++ = c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c;
+            in++;
+            continue;
+        }
+        const int hi = c == 'x' && in[2] ? hex_digit(in[2]) : -1;
+        const int lo = hi >= 0 && in[3] ? hex_digit(in[3]) : -1;
+        if (lo >= 0 && (hi | lo)) {
+            *out++ = (char)(hi * 16 + lo);
+            in += 3;
+            continue;
+        }
+        *out++ = *in; // an unknown escape: the backslash stays, the next char follows
+    }
+    *out = '\0';
 }

@@ -338,6 +338,7 @@ int cmd_run_batch(int argc, char **argv) {
                                  .enable_thinking = o.enable_thinking,
                                  .n_ctx = m->n_ctx,
                                  .n_vocab = m->cfg.n_vocab};
+        if (d.sp.repeat_last_n < 0) d.sp.repeat_last_n = m->n_ctx; // -1: the whole context
         rc = output_apart(o.output, o.file, o.c.model, &err);
         if (!rc) rc = batch_input_load(o.file, tok, &d, &ctx.in, &err);
         if (!rc && o.resume) rc = batch_resume_scan(o.output, &ctx.in, &n_resumed, &err);

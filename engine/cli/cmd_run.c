@@ -23,14 +23,16 @@
 
 struct run_opts {
     struct cli_common c;
-    const char *prompt;     /* -p */
+    char *prompt;           /* -p (argv's, unescaped in place) */
     const char *prompt_ids; /* --prompt-ids */
     const char *system;     /* --system */
     bool chat, json;
     int enable_thinking;    /* --chat-template-kwargs (-1: unset) */
     const char *chat_kwargs;
     struct gen_params gp;
+    char *stop_arg[MAX_STOP]; /* --stop (argv's, unescaped in place) */
     const char *stop[MAX_STOP];
+    bool no_escape;         /* --no-escape: -p and --stop as given */
     int32_t bias_ids[MAX_BIAS];
     float bias_vals[MAX_BIAS];
 };
@@ -38,12 +40,15 @@ struct run_opts {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tpinfer run -m FILE (-p TEXT | --prompt-ids 1,2,3) [options]\n"
-            "  -p, --prompt TEXT      prompt (special tokens such as <|im_start|> are parsed)\n"
+            "  -p, --prompt TEXT      prompt (special tokens such as <|im_start|> are parsed;\n"
+            "                         \\n \\t \\\\ ... escapes processed, as llama.cpp does)\n"
+            "  --no-escape            take -p and --stop as given (no escapes)\n"
             "  --prompt-ids LIST      prompt as comma-separated token ids\n"
             "  --chat                 wrap the prompt as a user message in the chat template\n"
             "  --system TEXT          system message for --chat\n"
             "  --chat-template-kwargs JSON   for --chat, e.g. '{\"enable_thinking\": false}'\n"
-            "  -n, --n-predict N      most tokens to generate (128)\n"
+            "  -n, --n-predict N      most tokens to generate (128; -1: as many as the\n"
+            "                         context holds)\n"
             "  --stop TEXT            stop before this text (repeatable)\n"
             "  --logprobs K           top-K logprobs of each generated token\n"
             "  --prompt-logprobs K    top-K logprobs after each prompt token\n"
@@ -126,6 +131,10 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
             o->json = true;
             continue;
         }
+        if (!strcmp(a, "--no-escape") || !strcmp(a, "-e") || !strcmp(a, "--escape")) {
+            o->no_escape = !strcmp(a, "--no-escape");
+            continue;
+        }
         if (!strcmp(a, "--ignore-eos")) {
             o->gp.ignore_eos = true;
             continue;
@@ -134,7 +143,7 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
             fprintf(stderr, "tpinfer run: unknown option or missing value: %s\n", a);
             return 2;
         }
-        const char *v = argv[++i];
+        char *v = argv[++i];
         int bad = 0;
         if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) o->prompt = v;
         else if (!strcmp(a, "--prompt-ids")) o->prompt_ids = v;
@@ -147,7 +156,10 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
                 return 2;
             }
         }
-        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) bad = parse_count(a, v, &o->gp.n_predict);
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            if (!strcmp(v, "-1")) o->gp.n_predict = -1; // llama.cpp's: as many as fit
+            else bad = parse_count(a, v, &o->gp.n_predict);
+        }
         else if (!strcmp(a, "--logprobs")) bad = parse_count(a, v, &o->gp.n_logprobs);
         else if (!strcmp(a, "--prompt-logprobs")) bad = parse_count(a, v, &o->gp.n_prompt_logprobs);
         else if (!strcmp(a, "--logit-bias"))
@@ -157,12 +169,17 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
                 fprintf(stderr, "tpinfer run: at most %d --stop strings\n", MAX_STOP);
                 return 2;
             }
+            o->stop_arg[o->gp.n_stop] = v;
             o->stop[o->gp.n_stop++] = v;
         } else {
             fprintf(stderr, "tpinfer run: unknown option %s (tpinfer run --help)\n", a);
             return 2;
         }
         if (bad) return 2;
+    }
+    if (!o->no_escape) { // llama.cpp's default --escape
+        if (o->prompt) cli_unescape(o->prompt);
+        for (int k = 0; k < o->gp.n_stop; k++) cli_unescape(o->stop_arg[k]);
     }
     if (!!o->prompt + !!o->prompt_ids != 1) {
         fprintf(stderr, "tpinfer run: give exactly one of -p TEXT or --prompt-ids LIST\n");
@@ -299,6 +316,7 @@ static int run_single(struct cli_run *r, struct run_opts *o) {
     int n_ids = 0;
     // Tokenization is deterministic, so every rank fails (or not) alike.
     int rc = prompt_tokens(o, r->tok, &ids, &n_ids, &err);
+    if (!rc && o->gp.n_predict < 0) o->gp.n_predict = TPI_MAX(0, r->model->n_ctx - n_ids);
     if (!rc && n_ids + o->gp.n_predict > r->model->n_ctx)
         rc = tpi_err(&err, TPI_ERR_INVALID,
                      "prompt of %d tokens + %d to generate exceeds the context of %d positions "

@@ -97,7 +97,9 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     const int decider = model_decider_rank(m);
     const bool is_decider = world_rank == decider;
     const bool has_logits = model_has_logits(m);
-    const int K = gp->n_logprobs, PK = gp->n_prompt_logprobs;
+    // No more alternatives than the vocabulary holds (llama.cpp caps them so too).
+    const int K = TPI_MIN(gp->n_logprobs, m->cfg.n_vocab);
+    const int PK = TPI_MIN(gp->n_prompt_logprobs, m->cfg.n_vocab);
     if (n_prompt <= 0) return tpi_err(err, TPI_ERR_INVALID, "the prompt is empty");
     if (gp->n_predict < 0 || K < 0 || PK < 0)
         return tpi_err(err, TPI_ERR_INVALID, "bad generation parameters (-n %d)", gp->n_predict);
@@ -109,7 +111,7 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
 
     int rc = TPI_OK;
     struct sampler smp = {0};
-    int32_t eog[3]; // decider, --ignore-eos: the ids never sampled
+    int32_t eog[TOK_MAX_EOG]; // decider, --ignore-eos: the ids never sampled
     struct tok_stream *ts = NULL;
     float *logits = NULL;
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_prompt);
@@ -132,7 +134,9 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
         (K > 0 && (!res->lp_ids || !res->lp_vals)) || (PK > 0 && (!res->plp_ids || !res->plp_vals)))
         rc = tpi_err(err, TPI_ERR_NOMEM, "out of memory for a prompt of %d tokens", n_prompt);
     if (!rc && is_decider) {
-        rc = sampler_init(&smp, &gp->sp, n_vocab, err);
+        struct sampler_params sp = gp->sp;
+        if (sp.repeat_last_n < 0) sp.repeat_last_n = m->n_ctx; // -1: the whole context
+        rc = sampler_init(&smp, &sp, n_vocab, err);
         for (int i = 0; !rc && i < n_prompt; i++) sampler_accept(&smp, prompt[i]);
         if (!rc) rc = sampler_set_bias(&smp, gp->bias_ids, gp->bias_vals, gp->n_bias, err);
         if (!rc && gp->ignore_eos && tok) sampler_ban(&smp, eog, tok_eog_ids(tok, eog));

@@ -222,6 +222,7 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
     // is, so n_ctx - n_prompt + 1 would fit; n_ctx - n_prompt is the simpler rule.
     s->max_gen = TPI_MIN(max_tokens, m->n_ctx - s->n_prompt);
     if (s->max_gen < 1) s->max_gen = 1;
+    s->K = TPI_MIN(s->K, m->cfg.n_vocab); // the vocabulary holds no more alternatives
     const size_t ng = (size_t)s->max_gen, K = (size_t)s->K;
     s->prompt = malloc(sizeof(int32_t) * (size_t)s->n_prompt);
     s->tokens = malloc(sizeof(int32_t) * ng);
@@ -271,7 +272,7 @@ static int get_request(struct buf *b, struct slot *slots, struct slot_kv *kvs, i
             if (rc) return rc;
         }
         if (s->min_tokens > 0) { // what may not be sampled before min_tokens: the ends
-            if (!(s->ban = malloc(sizeof(int32_t) * (size_t)(s->n_stop_ids + 3))))
+            if (!(s->ban = malloc(sizeof(int32_t) * (size_t)(s->n_stop_ids + TOK_MAX_EOG))))
                 return tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory");
             s->n_ban = s->ignore_eos ? 0 : tok_eog_ids(tok, s->ban);
             memcpy(s->ban + s->n_ban, s->stop_ids, sizeof(int32_t) * (size_t)s->n_stop_ids);

@@ -64,7 +64,9 @@ struct tokenizer {
 
     pcre2_code *re;
 
-    int32_t bos, eos, pad, im_end, endoftext;
+    int32_t bos, eos, pad;
+    int32_t eog[TOK_MAX_EOG]; /* end-of-generation ids, each once (n_eog) */
+    int n_eog;
     bool add_bos;
     char *chat_template;
 };
@@ -412,8 +414,23 @@ int tok_init_from_arrays(const struct tok_vocab_spec *spec, struct tokenizer **o
     t->eos = spec->eos_id < 0 ? -1 : spec->eos_id;
     t->pad = spec->pad_id < 0 ? -1 : spec->pad_id;
     t->add_bos = spec->add_bos && t->bos >= 0;
-    t->im_end = lookup_str(t, "<|im_end|>", 10);
-    t->endoftext = lookup_str(t, "<|endoftext|>", 13);
+    // llama.cpp's end-of-generation set (llama-vocab.cpp): EOS, EOT, EOM and these names.
+    static const char *const eog_names[] = {
+        "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+        "<|end_of_text|>", "<EOT>", "<|return|>", "<|call|>", "<|fim_pad|>", "<|repo_name|>",
+        "<|file_sep|>"};
+    int32_t cand[3 + sizeof eog_names / sizeof eog_names[0]];
+    int n_cand = 0;
+    cand[n_cand++] = t->eos;
+    cand[n_cand++] = spec->eot_id > 0 && spec->eot_id < n ? spec->eot_id : -1;
+    cand[n_cand++] = spec->eom_id > 0 && spec->eom_id < n ? spec->eom_id : -1;
+    for (size_t k = 0; k < sizeof eog_names / sizeof eog_names[0]; k++)
+        cand[n_cand++] = lookup_str(t, eog_names[k], strlen(eog_names[k]));
+    for (int k = 0; k < n_cand && t->n_eog < TOK_MAX_EOG; k++) {
+        bool seen = cand[k] < 0;
+        for (int j = 0; j < t->n_eog; j++) seen |= t->eog[j] == cand[k];
+        if (!seen) t->eog[t->n_eog++] = cand[k];
+    }
 
     if (spec->chat_template) {
         t->chat_template = malloc(spec->chat_template_len + 1);
@@ -570,12 +587,15 @@ int tok_load(const struct gguf_file *f, struct tokenizer **out, struct tpi_error
         .bos_id = -1,
         .eos_id = -1,
         .pad_id = -1,
+        .eot_id = -1,
+        .eom_id = -1,
         .source = path,
     };
-    const char *id_keys[3] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                              "tokenizer.ggml.padding_token_id"};
-    int32_t *id_dst[3] = {&spec.bos_id, &spec.eos_id, &spec.pad_id};
-    for (int k = 0; k < 3; k++) {
+    const char *id_keys[5] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                              "tokenizer.ggml.padding_token_id", "tokenizer.ggml.eot_token_id",
+                              "tokenizer.ggml.eom_token_id"};
+    int32_t *id_dst[5] = {&spec.bos_id, &spec.eos_id, &spec.pad_id, &spec.eot_id, &spec.eom_id};
+    for (int k = 0; k < 5; k++) {
         int64_t v;
         if (gguf_get_int(f, id_keys[k], &v)) {
             if (v < 0 || v >= (int64_t)n_toks) {
@@ -626,18 +646,14 @@ const char *tok_chat_template(const struct tokenizer *t) {
 }
 
 bool tok_is_eog(const struct tokenizer *t, int32_t id) {
-    return id >= 0 && (id == t->eos || id == t->im_end || id == t->endoftext);
+    for (int i = 0; id >= 0 && i < t->n_eog; i++)
+        if (t->eog[i] == id) return true;
+    return false;
 }
 
-int tok_eog_ids(const struct tokenizer *t, int32_t ids[3]) {
-    const int32_t all[3] = {t->eos, t->im_end, t->endoftext};
-    int n = 0;
-    for (int i = 0; i < 3; i++) {
-        bool seen = all[i] < 0;
-        for (int j = 0; j < n; j++) seen |= ids[j] == all[i];
-        if (!seen) ids[n++] = all[i];
-    }
-    return n;
+int tok_eog_ids(const struct tokenizer *t, int32_t ids[TOK_MAX_EOG]) {
+    memcpy(ids, t->eog, sizeof *ids * (size_t)t->n_eog);
+    return t->n_eog;
 }
 
 int tok_type_of(const struct tokenizer *t, int32_t id) {

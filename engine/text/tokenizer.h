@@ -51,6 +51,8 @@ struct tok_vocab_spec {
     int32_t n_merges;
     const char *pre;                /* pre-tokenizer name; only "qwen2" (NULL means qwen2) */
     int32_t bos_id, eos_id, pad_id; /* -1 when absent */
+    int32_t eot_id, eom_id;         /* tokenizer.ggml.eot/eom_token_id; -1 when absent
+                                       (a zeroed spec's 0 is read as absent too) */
     bool add_bos;
     const char *chat_template; /* may be NULL */
     size_t chat_template_len;
@@ -79,11 +81,17 @@ int32_t tok_eos(const struct tokenizer *t);
 int32_t tok_pad(const struct tokenizer *t);
 bool tok_add_bos(const struct tokenizer *t);
 
-/* True for ids that end generation: EOS, `<|im_end|>`, `<|endoftext|>`. */
+/* Most end-of-generation ids a vocabulary has (tok_eog_ids' array). */
+#define TOK_MAX_EOG 16
+
+/* True for ids that end generation, llama.cpp's set: EOS, the GGUF's EOT and EOM ids,
+ * and the tokens named `<|im_end|>`, `<|endoftext|>`, `<|eot_id|>`, `<|eom_id|>`,
+ * `<|end|>`, `<end_of_turn>`, `<|end_of_text|>`, `<EOT>`, `<|return|>`, `<|call|>`, and
+ * the FIM tokens `<|fim_pad|>`, `<|repo_name|>`, `<|file_sep|>` (Qwen2.5-Coder's). */
 bool tok_is_eog(const struct tokenizer *t, int32_t id);
 
-/* Those ids, each once, into ids[0..3); returns how many there are. */
-int tok_eog_ids(const struct tokenizer *t, int32_t ids[3]);
+/* Those ids, each once, into ids[0..TOK_MAX_EOG); returns how many there are. */
+int tok_eog_ids(const struct tokenizer *t, int32_t ids[TOK_MAX_EOG]);
 
 /* Type of token `id` (enum tok_type); -1 when out of range. */
 int tok_type_of(const struct tokenizer *t, int32_t id);
