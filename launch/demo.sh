@@ -64,6 +64,10 @@ n_gpus=0
 if command -v nvidia-smi >/dev/null; then
     n_gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU') || n_gpus=0
 fi
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ] && ((n_gpus > 0)); then # the GPUs the ranks may use
+    IFS=, read -r -a vis <<<"$CUDA_VISIBLE_DEVICES"
+    ((${#vis[@]} < n_gpus)) && n_gpus=${#vis[@]}
+fi
 launch=()
 tp_args=()
 ranks="one rank"

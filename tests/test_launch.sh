@@ -153,6 +153,11 @@ test_dryrun() {
         --gpus-per-node 4 --tp 4 --pp 1 -- run
     bad bad-field "hosts-bad-field.txt:2: unknown field 'slot=4'" "${C[@]}" \
         --hostfile hosts-bad-field.txt --gpus-per-node 4 --tp 4 --pp 1 -- run
+    bad max-slots "hosts-max-slots.txt:1: slots=4 is more than max_slots=2" "${C[@]}" \
+        --hostfile hosts-max-slots.txt --gpus-per-node 2 --tp 2 --pp 1 -- run
+    out=$(cd "$DATA" && TPINFER=/bin/true "$SRC/launch/tpinfer-cluster" --dry-run --hostfile \
+        hosts-spellings.txt --gpus-per-node 4 --tp 4 --pp 3 -- run 2>"$tmp/spell.err") ||
+        fail "hosts-spellings.txt (spaces around =, cpu=, count=, user@host, CRLF) refused: $(cat "$tmp/spell.err")"
     bad empty-hostfile "hosts-empty.txt: no hosts" "${C[@]}" --hostfile hosts-empty.txt \
         --gpus-per-node 4 --tp 4 --pp 1 -- run
     bad missing-hostfile "cannot read hostfile 'nope.txt'" "${C[@]}" --hostfile nope.txt \

@@ -273,7 +273,7 @@ int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, 
     int n_dev = 0;
     if (!strcmp(backend, "auto"))
         backend = ops_cuda_get() && ops_cuda_available(&n_dev) && n_dev > 0 ? "cuda" : "cpu";
-    const char *comm = c->comm ? c->comm : (!strcmp(backend, "cuda") ? "nccl" : "mpi");
+    const char *comm = c->comm ? c->comm : cli_default_comm(backend);
     struct model_params p = {
         .path = c->model,
         .backend = backend,
@@ -345,4 +345,13 @@ void cli_unescape(char *s) {
         *out++ = *in; // an unknown escape: the backslash stays, the next char follows
     }
     *out = '\0';
+}
+
+const char *cli_default_comm(const char *backend) {
+#ifdef TPI_HAVE_NCCL
+    return !strcmp(backend, "cuda") ? "nccl" : "mpi";
+#else // built without NCCL: several GPUs talk through MPI
+    (void)backend;
+    return "mpi";
+#endif
 }

@@ -89,6 +89,10 @@ int cli_rank(const struct cli_run *r);
 /* Parse "1,2,3" into a malloc'd int32 array; -1 on a bad list. */
 int cli_parse_ids(const char *s, int32_t **ids, int *n);
 
+/* The communicator a backend uses unless --comm says: nccl with cuda (when built with
+ * NCCL), else mpi. */
+const char *cli_default_comm(const char *backend);
+
 /* llama.cpp's escapes (its default --escape), in place: \n \r \t \' \" \\ and \xHH
  * (not \x00, which would end the string); any other backslash stays as it is. */
 void cli_unescape(char *s);

@@ -317,7 +317,7 @@ int cmd_run_batch(int argc, char **argv) {
     if (o.c.comm) { // cli_common_parse accepted only mpi or nccl
         mp.comm = (enum comm_kind)comm_kind_from_name(o.c.comm);
     } else if (strcmp(o.c.backend, "cpu") != 0 && ops_cuda_available(NULL)) {
-        mp.comm = COMM_NCCL;
+        mp.comm = (enum comm_kind)comm_kind_from_name(cli_default_comm("cuda"));
     }
     if ((rc = model_load(&m, &mp, &grid, &err))) goto fail;
     rc = tok_load(m->gguf, &tok, &err);

@@ -482,7 +482,7 @@ int cmd_bench(int argc, char **argv) {
     const char *backend = o.common.backend;
     if (!strcmp(backend, "auto"))
         backend = ops_cuda_available(NULL) && ops_cuda_get() ? "cuda" : "cpu";
-    const char *comm = o.common.comm ? o.common.comm : (!strcmp(backend, "cuda") ? "nccl" : "mpi");
+    const char *comm = o.common.comm ? o.common.comm : cli_default_comm(backend);
 
     const int n_tests = make_tests(&o, NULL); // at most 64^4 x 3: every list's cap
     struct test_spec *tests = malloc(sizeof *tests * (size_t)(n_tests > 0 ? n_tests : 1));

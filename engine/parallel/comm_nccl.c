@@ -2,6 +2,8 @@
  * comm_nccl.c — the NCCL communicator (built only with TPI_HAVE_NCCL; otherwise
  * comm_create refuses COMM_NCCL with TPI_ERR_UNSUPPORTED).
  *
+ * NCCL_NVLS_ENABLE defaults to 0 (set in this process when the user left it unset).
+ *
  * Bootstrap over the group's MPI communicator, and never hang silently:
  *   1. every rank gathers (host, GPU PCI bus id): two ranks on one GPU would make
  *      NCCL fail with "invalid usage" deep inside init, so we say it first;
@@ -23,6 +25,7 @@
  * applies the next rmsnorm (allreduce_add_norm). Larger sums, all-gathers, send/recv
  * and broadcasts stay with NCCL.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -335,6 +338,10 @@ int comm_nccl_init(struct comm *c, struct tpi_error *err) {
         return tpi_err(err, TPI_ERR_INVALID,
                        "--comm nccl needs device buffers: use --backend cuda "
                        "(or --comm mpi with the cpu backend)");
+    /* NVLink SHARP (NVLS) multicast needs fabric-manager support that shared GPU nodes
+     * often lack; NCCL then fails or hangs at init. Off unless the user chose (before
+     * NCCL first reads its environment). */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
     struct nccl_impl *n = calloc(1, sizeof *n);
     if (!n) return tpi_err(err, TPI_ERR_NOMEM, "NCCL init: out of memory");
     comm_host_name(n->host, sizeof n->host);
