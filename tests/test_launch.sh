@@ -157,7 +157,10 @@ test_dryrun() {
         --hostfile hosts-max-slots.txt --gpus-per-node 2 --tp 2 --pp 1 -- run
     out=$(cd "$DATA" && TPINFER=/bin/true "$SRC/launch/tpinfer-cluster" --dry-run --hostfile \
         hosts-spellings.txt --gpus-per-node 4 --tp 4 --pp 3 -- run 2>"$tmp/spell.err") ||
-        fail "hosts-spellings.txt (spaces around =, cpu=, count=, user@host, CRLF) refused: $(cat "$tmp/spell.err")"
+        fail "hosts-spellings.txt (spaces around =, cpu=, count=, user@host) refused: $(cat "$tmp/spell.err")"
+    printf 'node1 slots=4\r\n' >"$tmp/crlf.txt"
+    bad crlf "crlf.txt:1: Windows line ends \(CRLF\), which mpirun cannot parse" "${C[@]}" \
+        --hostfile "$tmp/crlf.txt" --gpus-per-node 4 --tp 4 --pp 1 -- run
     bad empty-hostfile "hosts-empty.txt: no hosts" "${C[@]}" --hostfile hosts-empty.txt \
         --gpus-per-node 4 --tp 4 --pp 1 -- run
     bad missing-hostfile "cannot read hostfile 'nope.txt'" "${C[@]}" --hostfile nope.txt \
