@@ -359,26 +359,29 @@ START_TEST(test_bad_tensors) {
     expect_fail("newline in a duplicate name", &b, "tensor 'du?p': duplicate name");
     /* Data shared by two tensors, whole or in part, in either order of the infos; an
      * empty tensor may sit anywhere, and tensors out of file order are fine. */
-    uint64_t ne16[1] = {16}, ne0[1] = {0};
-    bb_header(&b, 2, 0);
-    bb_tensor(&b, "a", 1, ne8, TPI_TYPE_F32, 0);
-    bb_tensor(&b, "b", 1, ne8, TPI_TYPE_F32, 0);
-    bb_data(&b, 64);
-    expect_fail("two tensors on the same data", &b,
-                "tensors 'a' and 'b' overlap: data [");
-    bb_header(&b, 3, 0);
-    bb_tensor(&b, "c", 1, ne8, TPI_TYPE_F32, 96);
-    bb_tensor(&b, "late", 1, ne16, TPI_TYPE_F32, 32);
-    bb_tensor(&b, "early", 1, ne16, TPI_TYPE_F32, 0);
-    bb_data(&b, 160);
-    expect_fail("the second half of one is the first of another", &b,
-                "tensors 'early' and 'late' overlap");
-    bb_header(&b, 3, 0);
-    bb_tensor(&b, "second", 1, ne8, TPI_TYPE_F32, 32);
-    bb_tensor(&b, "first", 1, ne8, TPI_TYPE_F32, 0);
-    bb_tensor(&b, "none", 1, ne0, TPI_TYPE_F32, 0);
-    bb_data(&b, 64);
-    expect_ok("out of order, one empty tensor on another's data", &b);
+    static const struct {
+        const char *what, *names[3];
+        uint64_t ne0[3], offset[3];
+        size_t n_data;
+        const char *want; /* NULL: opens */
+    } overlap[] = {
+        {"two tensors on the same data", {"a", "b", NULL}, {8, 8}, {0, 0}, 64,
+         "tensors 'a' and 'b' overlap: data ["},
+        {"the second half of one is the first of another", {"c", "late", "early"},
+         {8, 16, 16}, {96, 32, 0}, 160, "tensors 'early' and 'late' overlap"},
+        {"out of order, one empty tensor on another's data", {"second", "first", "none"},
+         {8, 8, 0}, {32, 0, 0}, 64, NULL},
+    };
+    for (size_t k = 0; k < sizeof overlap / sizeof overlap[0]; k++) {
+        const int n = overlap[k].names[2] ? 3 : 2;
+        bb_header(&b, n, 0);
+        for (int i = 0; i < n; i++)
+            bb_tensor(&b, overlap[k].names[i], 1, &overlap[k].ne0[i], TPI_TYPE_F32,
+                      overlap[k].offset[i]);
+        bb_data(&b, overlap[k].n_data);
+        if (overlap[k].want) expect_fail(overlap[k].what, &b, overlap[k].want);
+        else expect_ok(overlap[k].what, &b);
+    }
     /* Alignment from metadata applies to offsets. */
     bb_header(&b, 1, 1);
     bb_str(&b, "general.alignment"), bb_u32(&b, GGUF_VT_U32), bb_u32(&b, 64);
