@@ -22,15 +22,16 @@ void cli_common_init(struct cli_common *c) {
     c->comm_timeout_s = 60.0;
 }
 
-void cli_common_usage(FILE *f) {
+void cli_common_usage(FILE *f, bool ctx_line) {
     fprintf(f,
             "  -m, --model FILE       GGUF model (first part of a split model)\n"
             "  --tp N                 tensor-parallel ranks (1)\n"
             "  --pp N                 pipeline stages (1); run tp*pp ranks under mpirun\n"
             "  --pp-layers a,b,...    layers per stage (default: balanced)\n"
             "  --backend NAME         cpu | cuda | auto (auto)\n"
-            "  --comm NAME            mpi | nccl (nccl with cuda, else mpi)\n"
-            "  -c, --ctx-size N       KV cache positions (min(4096, model context))\n"
+            "  --comm NAME            mpi | nccl (nccl with cuda, else mpi)\n");
+    if (ctx_line) fprintf(f, "  -c, --ctx-size N       KV cache positions (min(4096, model context))\n");
+    fprintf(f,
             "  -t, --threads N        CPU threads (all cores)\n"
             "  --ubatch N             tokens per micro-batch (512)\n"
             "  --seed N               sampling seed, -1 = random (random)\n"

@@ -42,8 +42,8 @@ void cli_common_init(struct cli_common *c);
  * return 1; 0 when it is not one; -1 after printing a usage error to stderr. */
 int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const char *cmd);
 
-/* The common options' help lines. */
-void cli_common_usage(FILE *f);
+/* The common options' help lines (ctx_line: with -c, which perplexity words itself). */
+void cli_common_usage(FILE *f, bool ctx_line);
 
 /* If argv[*i] is a sampling option (--temp, --top-k, --top-p, --min-p, --repeat-penalty,
  * --repeat-last-n, --presence-penalty, --frequency-penalty), check its value's range,

@@ -86,7 +86,7 @@ static void usage(FILE *out) {
             "Sampling defaults for the requests that do not set their own:\n");
     cli_sampling_usage(out);
     fprintf(out, "Model and parallel options (as tpinfer run -p):\n");
-    cli_common_usage(out);
+    cli_common_usage(out, true);
 }
 
 struct batch_opts {

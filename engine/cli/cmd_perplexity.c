@@ -19,7 +19,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: tpinfer perplexity -m FILE -f TEXT [-c N] [options]\n"
                "  -f, --file TEXT        text file to score\n"
                "  -c, --ctx-size N       window size in tokens (512)\n");
-    cli_common_usage(f);
+    cli_common_usage(f, false);
 }
 
 static void progress(int w, int n, double ppl, void *user) {

@@ -56,7 +56,7 @@ static void usage(FILE *f) {
             "  --ignore-eos           never sample the end of generation: run to -n\n"
             "  --json                 one JSON line on stdout instead of streamed text\n");
     cli_sampling_usage(f);
-    cli_common_usage(f);
+    cli_common_usage(f, true);
 }
 
 static int parse_count(const char *opt, const char *s, int *out) {
