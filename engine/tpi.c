@@ -213,6 +213,23 @@ int tpi_utf8_scan(const unsigned char *p, size_t n, int *len) {
     return m;
 }
 
+size_t tpi_utf8_bad(const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        int k;
+        const int m = tpi_utf8_scan((const unsigned char *)s + i, n - i, &k);
+        if (m != k) return i;
+        i += (size_t)m;
+    }
+    return n;
+}
+
+int tpi_hex_digit(char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
 char *tpi_utf8_fix(const char *s, size_t n, size_t *out_n) {
     char *o = malloc(n * 3 + 1);
     if (!o) return NULL;

@@ -88,6 +88,13 @@ struct cJSON *tpi_json_parse(const char *text, size_t len);
  * a whole one, fewer for a cut-off or broken one (its maximal subpart), 1 for a non-lead. */
 int tpi_utf8_scan(const unsigned char *p, size_t n, int *len);
 
+/* The offset of the first byte of [s, s + n) that does not begin a well-formed UTF-8
+ * character (as tpi_utf8_scan judges it), or n when all of it is UTF-8. */
+size_t tpi_utf8_bad(const char *s, size_t n);
+
+/* The value of hex digit c (0-9, a-f, A-F), or -1. */
+int tpi_hex_digit(char c);
+
 /* The n bytes at s with each maximal subpart of a broken character made one U+FFFD (as
  * Python's errors="replace" does), malloc'd and NUL-terminated, its length in *out_n;
  * NULL when memory runs out. */

@@ -1365,8 +1365,8 @@ static int token_id_of(const char *s) {
 
 /* OpenAI lines run with vLLM's semantics (-c 128): a completion without max_tokens stops
  * at 16, null runs to the context's end (a chat without it too); max_tokens past the
- * context is the line's error; greedy n > 1 and top_logprobs without logprobs are
- * refused; truncate_prompt_tokens keeps the prompt's last tokens;
+ * context is the line's error; greedy n > 1, top_logprobs without logprobs and top_p 0
+ * are refused; truncate_prompt_tokens keeps the prompt's last tokens;
  * return_tokens_as_token_ids names tokens "token_id:N"; echo with max_tokens 0 is the
  * prompt alone; the end-of-generation token counts in the usage and, as the
  * max_tokens-th token, is a "length"; temperature applies before min-p (every draw at
@@ -1404,13 +1404,14 @@ START_TEST(test_vllm_semantics) {
              "\"top_k\": -1, \"max_tokens\": 16, \"n\": 64, \"seed\": 1, \"logprobs\": 1, "
              "\"ignore_eos\": true}}\n"
              CMPL "\"prompt\": %s, \"temperature\": 0, \"max_tokens\": 1, \"repetition_penalty\": "
-             "100, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}}\n",
-             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, rep);
+             "100, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}}\n"
+             CMPL "\"prompt\": \"the quick\", \"top_p\": 0}}\n",
+             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, rep, 14);
 #undef CMPL
 #undef CHAT
     write_file(path_in("v.jsonl"), text);
     const char *args[] = {"-f", path_in("v.jsonl"), "-o", path_in("v.out"), "-c", "128", NULL};
-    char *norm = run_records(1, args, path_in("v.out"), 13);
+    char *norm = run_records(1, args, path_in("v.out"), 14);
     cJSON *rec;
     const cJSON *b = oai_body(norm, 1, &rec); // max_tokens absent: 16
     ck_assert_int_eq(usage_of(b, "completion_tokens"), 16);
@@ -1424,6 +1425,7 @@ START_TEST(test_vllm_semantics) {
         {3, "\"max_tokens\" 127 need "},
         {5, "\"n\" must be 1 when sampling greedily"},
         {6, "\"top_logprobs\" needs \"logprobs\": true"},
+        {14, "\"top_p\" must be in (0, 1]"},
     };
     expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
     b = oai_body(norm, 7, &rec); // truncate_prompt_tokens 2: the last two
@@ -1619,6 +1621,56 @@ START_TEST(test_text) {
 }
 END_TEST
 
+/* What a line holds comes back whole and as UTF-8: a number id keeps its spelling (past
+ * 2^53, 17 digits, "1.0") in the records and --resume finds it again; a JSON line that is
+ * not UTF-8 is that line's error (in the line's shape; a broken id gives way to the line
+ * number); an error quoting a cut piece of the line (a "logit_bias" key, %.32s) stays
+ * UTF-8; a stop string that the last, held-back partial character completes (U+FFFD, 378
+ * is E2 80) ends the text there. */
+START_TEST(test_ids) {
+    const char *gen = "\"prompt\": [65], \"max_tokens\": 1, \"temperature\": 0";
+    char text[4096];
+    snprintf(text, sizeof text,
+             "{\"id\": 12345678901234567890, %s}\n"
+             "{\"id\": 0.30000000000000004, %s}\n"
+             "{\"id\": 1.0, %s}\n"
+             "{\"id\": \"caf\xc3\", %s}\n"
+             "{\"id\": \"lb\", %s, \"logit_bias\": {\"a%s\": 1}}\n"
+             "{\"custom_id\": \"m\", \"url\": \"/v1/completions\", \"body\": {\"model\": "
+             "\"m\xff\", %s}}\n"
+             "{\"id\": \"fffd\", %s, \"logit_bias\": {\"378\": 100}, \"stop\": [\"\\ufffd\"]}\n",
+             gen, gen, gen, gen, gen,
+             "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
+             "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", gen, gen);
+    write_file(path_in("ids.jsonl"), text);
+    const char *args[] = {"-f", path_in("ids.jsonl"), "-o", path_in("ids.out"), NULL};
+    char *norm = run_records(1, args, path_in("ids.out"), 7);
+    size_t n_raw = 0;
+    char *raw = tu_read_file(path_in("ids.out"), &n_raw);
+    ck_assert_msg(utf8_ok((const unsigned char *)raw, n_raw), "the records are not UTF-8");
+    ck_assert_msg(strstr(raw, "{\"id\":12345678901234567890,"), "the id past 2^53 changed");
+    ck_assert_msg(strstr(raw, "{\"id\":0.30000000000000004,"), "the 17-digit id changed");
+    ck_assert_msg(strstr(raw, "{\"id\":1.0,"), "the id 1.0 changed");
+    ck_assert_msg(strstr(raw, "{\"id\":4,"), "the broken id is not the line number");
+    ck_assert_msg(strstr(raw, "\"custom_id\":\"m\""), "the OpenAI line lost its id");
+    free(raw);
+    const struct line_error errs[] = {{4, "line 4: byte 12 (0xc3) is not UTF-8"},
+                                      {5, "\"logit_bias\" key \"a"},
+                                      {6, "(0xff) is not UTF-8"}};
+    expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
+    cJSON *rec = record_by_line(norm, 7);
+    ck_assert_str_eq(cJSON_GetObjectItem(rec, "text")->valuestring, "");
+    ck_assert_str_eq(cJSON_GetObjectItem(rec, "finish_reason")->valuestring, "stop");
+    cJSON_Delete(rec);
+    free(norm);
+
+    // --resume over the whole file: every record is found again, none is written twice
+    const char *rargs[] = {"-f", path_in("ids.jsonl"), "-o", path_in("ids.out"), "--resume", NULL};
+    run(1, rargs);
+    ck_assert_int_eq(count_lines(path_in("ids.out")), 7);
+}
+END_TEST
+
 START_TEST(test_resume) { interrupted_run(SIGKILL); }
 END_TEST
 
@@ -1705,6 +1757,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_bias);
         tcase_add_test(tc, test_vllm_semantics);
         tcase_add_test(tc, test_text);
+        tcase_add_test(tc, test_ids);
     }
     else if (!strcmp(g_mode, "chat")) {
         if (!tu_data_or_skip("qwen3-vocab.gguf")) return TU_SKIP;

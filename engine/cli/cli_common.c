@@ -315,13 +315,6 @@ int cli_fail_rank(struct cli_run *r, const char *cmd, const struct tpi_error *er
     return cli_finish(r, 1);
 }
 
-static int hex_digit(char c) {
-    return c >= '0' && c <= '9' ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 void cli_unescape(char *s) {
     char *out = s;
     for (const char *in = s; *in; in++) {
@@ -336,8 +329,8 @@ void cli_unescape(char *s) {
             in++;
             continue;
         }
-        const int hi = c == 'x' && in[2] ? hex_digit(in[2]) : -1;
-        const int lo = hi >= 0 && in[3] ? hex_digit(in[3]) : -1;
+        const int hi = c == 'x' && in[2] ? tpi_hex_digit(in[2]) : -1;
+        const int lo = hi >= 0 && in[3] ? tpi_hex_digit(in[3]) : -1;
         if (lo >= 0 && (hi | lo)) {
             *out++ = (char)(hi * 16 + lo);
             in += 3;

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "text/json_py.h"
 #include "text/tokenizer.h"
 
 /* ---- resume ----------------------------------------------------------------- */
@@ -42,6 +43,7 @@ static void mark_record(struct batch_input *in, const char *text, size_t len, in
     const cJSON *resp = cJSON_GetObjectItemCaseSensitive(j, "response");
     long ln = -1;
     const cJSON *key = id;
+    const char *key_name = "id";
     if (cJSON_IsNumber(line)) {
         // a line number in range, else none (the cast would be undefined behaviour)
         if (line->valuedouble >= 1 && line->valuedouble <= (double)INT32_MAX)
@@ -50,8 +52,10 @@ static void mark_record(struct batch_input *in, const char *text, size_t len, in
         const cJSON *rid = cJSON_GetObjectItemCaseSensitive(resp, "request_id");
         if (cJSON_IsString(rid)) sscanf(rid->valuestring, "tpinfer-batch-%ld", &ln);
         key = cid;
+        key_name = "custom_id";
     }
-    char *k = key ? cJSON_PrintUnformatted(key) : NULL;
+    const char *vb = NULL, *ve = NULL; // the id as the request's is read: numbers unrounded
+    char *k = key && json_member(text, text + len, key_name, &vb, &ve) ? req_id_text(vb, ve) : NULL;
     struct batch_req *r = ln > 0 ? by_line(in, ln) : NULL;
     if (!r && k && (cid || resp)) // no usable line: the first open request with this custom_id
         for (int i = 0; i < in->n_reqs && !r; i++)
@@ -240,9 +244,9 @@ int batch_out_close(struct batch_out *o, struct tpi_error *err) {
     return rc;
 }
 
-/* The request's id as a JSON value (parsed back from its compact text). */
+/* The request's id as a JSON value: its text as it is (a number keeps its spelling). */
 static cJSON *id_value(const struct batch_req *r) {
-    cJSON *v = cJSON_Parse(r->id_json);
+    cJSON *v = cJSON_CreateRaw(r->id_json);
     return v ? v : cJSON_CreateNull();
 }
 

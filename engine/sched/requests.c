@@ -30,9 +30,15 @@ static int req_fail(struct batch_req *r, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    size_t n = strlen(msg) + 32;
+    // a record is UTF-8: a quoted piece of the line cut inside a character (%.32s) or
+    // the cut at the buffer's end becomes U+FFFD
+    size_t n_fix = 0;
+    char *fixed = tpi_utf8_fix(msg, strlen(msg), &n_fix);
+    if (!fixed) return -1;
+    size_t n = n_fix + 32;
     r->error = malloc(n);
-    if (r->error) snprintf(r->error, n, "line %ld: %s", r->line, msg);
+    if (r->error) snprintf(r->error, n, "line %ld: %s", r->line, fixed);
+    free(fixed);
     return -1;
 }
 
@@ -181,6 +187,8 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
     r->max_tokens = r->echo_only ? 1 : (int)v;
     if (get_float(r, o, "temperature", 0.0, 100.0, &r->sp.temp)) return -1;
     if (get_float(r, o, "top_p", 0.0, 1.0, &r->sp.top_p)) return -1;
+    if (r->oai && r->sp.top_p <= 0.0f && cJSON_GetObjectItemCaseSensitive(o, "top_p"))
+        return req_fail(r, "\"top_p\" must be in (0, 1]"); // vLLM's; llama.cpp's 0 is greedy
     if (get_float(r, o, "min_p", 0.0, 1.0, &r->sp.min_p)) return -1;
     if (get_float(r, o, "repetition_penalty", 1e-3, 100.0, &r->sp.repeat_penalty)) return -1;
     if (get_float(r, o, "presence_penalty", -2.0, 2.0, &r->sp.presence_penalty)) return -1;
@@ -569,6 +577,20 @@ static int get_vllm_extras(struct batch_req *r, const cJSON *o) {
     return 0;
 }
 
+char *req_id_text(const char *b, const char *e) {
+    while (b < e && (*b == ' ' || *b == '\t' || *b == '\n' || *b == '\r')) b++;
+    while (e > b && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r')) e--;
+    cJSON *v = tpi_json_parse(b, (size_t)(e - b));
+    char *t = NULL;
+    if (cJSON_IsString(v)) t = cJSON_PrintUnformatted(v);
+    else if (cJSON_IsNumber(v) && (t = malloc((size_t)(e - b) + 1))) {
+        memcpy(t, b, (size_t)(e - b));
+        t[e - b] = '\0';
+    }
+    cJSON_Delete(v);
+    return t;
+}
+
 /* Parse one JSON line into r (r->line, defaults already set). */
 static void parse_json_line(struct batch_req *r, const char *text, size_t len,
                             const struct tokenizer *tok, const struct req_defaults *d) {
@@ -581,10 +603,22 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
     const cJSON *cid = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
     const cJSON *body = cJSON_GetObjectItemCaseSensitive(j, "body");
     r->oai = cid || body || cJSON_GetObjectItemCaseSensitive(j, "url");
-    const cJSON *id = r->oai ? cid : cJSON_GetObjectItemCaseSensitive(j, "id");
+    const char *id_key = r->oai ? "custom_id" : "id";
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, id_key);
     if (id && !cJSON_IsNull(id)) {
+        const char *t0 = len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? text + 3 : text;
+        const char *vb = NULL, *ve = NULL;
         if (!(cJSON_IsString(id) || cJSON_IsNumber(id))) req_fail(r, "the id must be a string or a number");
-        else r->id_json = cJSON_PrintUnformatted(id);
+        else if (json_member(t0, text + len, id_key, &vb, &ve) &&
+                 tpi_utf8_bad(vb, (size_t)(ve - vb)) == (size_t)(ve - vb))
+            r->id_json = req_id_text(vb, ve);
+    }
+    const size_t bad = tpi_utf8_bad(text, len);
+    if (bad < len) { // RFC 8259: JSON text is UTF-8 (Python's json.loads refuses it too)
+        req_fail(r, "byte %zu (0x%02x) is not UTF-8: a JSON line must be UTF-8 text", bad + 1,
+                 (unsigned char)text[bad]);
+        cJSON_Delete(j);
+        return;
     }
     if (json_holds_nul(text, len)) {
         req_fail(r, "a string holds \\u0000 (a NUL character), which tpinfer cannot take");

@@ -69,8 +69,8 @@ struct batch_req {
     long line;             /* 1-based line of the input */
     enum req_format fmt;
     bool oai;              /* an OpenAI-format line (records take vLLM's shape) */
-    char *id_json;         /* "id" (ours) or "custom_id" (OpenAI) as compact JSON text;
-                              the line number when absent */
+    char *id_json;         /* "id" (ours) or "custom_id" (OpenAI) as req_id_text makes
+                              it; the line number when absent */
     char *model_name;      /* OpenAI body "model" (NULL: absent) */
     int32_t *prompt;       /* (n_prompt) token ids */
     int n_prompt;
@@ -120,6 +120,11 @@ struct batch_input {
  * naming the path; OOM). Free with batch_input_free. */
 int batch_input_load(const char *path, const struct tokenizer *tok, const struct req_defaults *d,
                      struct batch_input *in, struct tpi_error *err);
+
+/* A request id as records carry it, from its JSON text [b, e): a string as cJSON prints
+ * it, a number as the text spells it (so 12345678901234567890 and 0.30000000000000004 come
+ * back unrounded); malloc'd, NULL for another value or when memory runs out. */
+char *req_id_text(const char *b, const char *e);
 
 /* Parse chat_template_kwargs given as JSON text (--chat-template-kwargs): an object whose
  * "enable_thinking", true or false, goes to *enable_thinking (left alone when absent);

@@ -654,7 +654,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             if (s->n_tokens == 0) s->t_first = now;
             st->n_gen_tokens++;
             int arc = TPI_OK;
-            const enum finish fin = apply_token(s, tok, id, lpi, lpv, lpc, &arc, err);
+            enum finish fin = apply_token(s, tok, id, lpi, lpv, lpc, &arc, err);
             if (arc) {
                 rc = arc;
                 break;
@@ -669,9 +669,22 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                 const char *bytes;
                 size_t nb;
                 tok_stream_flush(s->ts, &bytes, &nb);
+                const size_t before = s->n_text;
                 if (nb > 0 && text_append(s, bytes, nb)) {
                     rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for text");
                     break;
+                }
+                // the released U+FFFD may complete a stop string: the text never holds one
+                if (nb > 0 && s->n_stop > 0 && s->n_tokens > s->min_tokens) {
+                    long at = gen_find_stop_listed(s->text, s->n_text, before,
+                                                   (const char *const *)s->stop, s->n_stop,
+                                                   &s->stop_which);
+                    if (at >= 0) {
+                        if (s->keep_stop_string) at += (long)strlen(s->stop[s->stop_which]);
+                        s->n_text = (size_t)at;
+                        s->text[at] = '\0';
+                        fin = FIN_STOP_STRING;
+                    }
                 }
             }
             if (is_root && cb->done) {

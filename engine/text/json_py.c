@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tpi.h"
+
 enum { JSON_MAX_DEPTH = 512 };
 
 void json_buf_put(struct json_buf *b, const char *s, size_t n) {
@@ -44,18 +46,11 @@ static const char *skip_ws(const char *p, const char *e) {
     return p;
 }
 
-static int hexval(char c) {
-    return c >= '0' && c <= '9'   ? c - '0'
-           : c >= 'a' && c <= 'f' ? c - 'a' + 10
-           : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                  : -1;
-}
-
 static bool hex4(const char *p, const char *e, unsigned *out) {
     if (e - p < 4) return false;
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
-        const int h = hexval(p[i]);
+        const int h = tpi_hex_digit(p[i]);
         if (h < 0) return false;
         v = v << 4 | (unsigned)h;
     }

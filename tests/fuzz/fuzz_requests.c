@@ -5,8 +5,9 @@
  * record written (error records, and result records whose text is the prompt's
  * tokens decoded, so odd bytes reach the JSON writer). Checked beyond "no crash":
  * a request either carries an error that names its line or a prompt that fits the
- * context with ids inside the vocabulary and 1..REQ_MAX_CHOICES choices, and resume
- * marks no more than there are.
+ * context with ids inside the vocabulary and 1..REQ_MAX_CHOICES choices, the id is
+ * one JSON string or number, what records quote from the line (id, "model", the error)
+ * is UTF-8, and resume marks no more than there are.
  * The first input byte picks the options (--chat, --logprobs, ordered output, the
  * context: 4096 tokens where its bit 6 is set, e.g. '@', else 64). A chat line
  * whose tools the model may call gets a first choice of two tool calls (the record's
@@ -14,6 +15,8 @@
  * Build: CC=clang cmake -DTPI_FUZZ=ON (see the end of CMakeLists.txt).
  */
 #define _GNU_SOURCE
+#include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +52,17 @@ static void check_requests(const struct batch_input *in, const struct req_defaul
     for (int i = 0; i < in->n_reqs; i++) {
         const struct batch_req *r = &in->reqs[i];
         if (r->line < 1) abort();
+        // what a record quotes from the line is UTF-8, and the id is one JSON value
+        if (r->id_json) {
+            cJSON *v = cJSON_Parse(r->id_json);
+            const bool ok = cJSON_IsString(v) || cJSON_IsNumber(v);
+            cJSON_Delete(v);
+            if (!ok || tpi_utf8_bad(r->id_json, strlen(r->id_json)) != strlen(r->id_json)) abort();
+        }
+        if (r->error && tpi_utf8_bad(r->error, strlen(r->error)) != strlen(r->error)) abort();
+        if (r->model_name && tpi_utf8_bad(r->model_name, strlen(r->model_name)) !=
+                                 strlen(r->model_name))
+            abort();
         if (r->error) {
             char want[32];
             snprintf(want, sizeof want, "line %ld", r->line);
