@@ -97,11 +97,16 @@ done
 # run -p's --logit-bias (llama.cpp's ID+BIAS / ID-BIAS) and --ignore-eos: +100 makes a token
 # every token; +100 on the end of generation (2047 in the tiny vocabulary) ends at once,
 # unless --ignore-eos keeps it out of the draws; -inf keeps the greedy first token out.
+# A token given twice gets the sum.
 json_of() { "$tp" "${run_p[@]}" --temp 0 --json "$@" 2>/dev/null; }
 [[ "$(json_of --logit-bias 77+100)" == *'"tokens":[77,77,77,77],'* ]] ||
     fail "--logit-bias 77+100: $(json_of --logit-bias 77+100)"
 [[ "$(json_of --logit-bias 2047+100)" == *'"tokens":[],'*'"finish_reason":"stop"'* ]] ||
     fail "--logit-bias 2047+100: $(json_of --logit-bias 2047+100)"
+# the same token again adds up, as llama.cpp's entries do: +60 twice is +120, over 77's +100
+[[ "$(json_of --logit-bias 77+100 --logit-bias 78+60 --logit-bias 78+60)" == \
+    *'"tokens":[78,78,78,78],'* ]] ||
+    fail "--logit-bias 78+60 twice: $(json_of --logit-bias 77+100 --logit-bias 78+60 --logit-bias 78+60)"
 out=$(json_of --logit-bias 2047+100 --ignore-eos)
 [[ "$out" == *'"finish_reason":"length"'* && "$out" != *2047* ]] ||
     fail "--logit-bias 2047+100 --ignore-eos: $out"

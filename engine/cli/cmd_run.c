@@ -52,7 +52,8 @@ static void usage(FILE *f) {
             "  --stop TEXT            stop before this text (repeatable)\n"
             "  --logprobs K           top-K logprobs of each generated token\n"
             "  --prompt-logprobs K    top-K logprobs after each prompt token\n"
-            "  --logit-bias ID+B|ID-B add B to token ID's logit (repeatable; ID-inf: never)\n"
+            "  --logit-bias ID+B|ID-B add B to token ID's logit (repeatable: the same ID's\n"
+            "                         add up; ID-inf: never)\n"
             "  --ignore-eos           never sample the end of generation: run to -n\n"
             "  --json                 one JSON line on stdout instead of streamed text\n");
     cli_sampling_usage(f);
@@ -70,8 +71,9 @@ static int parse_count(const char *opt, const char *s, int *out) {
     return 0;
 }
 
-/* --logit-bias ID+B / ID-B (llama.cpp's form): B finite, or inf after '-' (never sampled).
- * 0, or -1 after printing why. */
+/* --logit-bias ID+B / ID-B (llama.cpp's form): B finite, or inf after '-' (never sampled);
+ * an ID given again adds B to its bias, as llama.cpp's list of entries does. 0, or -1
+ * after printing why. */
 static int parse_bias(struct run_opts *o, const char *s) {
     char *end;
     errno = 0;
@@ -93,15 +95,15 @@ static int parse_bias(struct run_opts *o, const char *s) {
                 s);
         return -1;
     }
+    for (int i = 0; i < o->gp.n_bias; i++)
+        if (o->bias_ids[i] == id) { // llama.cpp applies each entry: a token given again adds
+            o->bias_vals[i] += b;
+            return 0;
+        }
     if (o->gp.n_bias == MAX_BIAS) {
-        fprintf(stderr, "tpinfer run: at most %d --logit-bias options\n", MAX_BIAS);
+        fprintf(stderr, "tpinfer run: at most %d tokens with --logit-bias\n", MAX_BIAS);
         return -1;
     }
-    for (int i = 0; i < o->gp.n_bias; i++)
-        if (o->bias_ids[i] == id) {
-            fprintf(stderr, "tpinfer run: --logit-bias gives token %ld twice\n", id);
-            return -1;
-        }
     o->bias_ids[o->gp.n_bias] = (int32_t)id;
     o->bias_vals[o->gp.n_bias++] = b;
     return 0;
