@@ -1626,7 +1626,8 @@ END_TEST
  * not UTF-8 is that line's error (in the line's shape; a broken id gives way to the line
  * number); an error quoting a cut piece of the line (a "logit_bias" key, %.32s) stays
  * UTF-8; a stop string that the last, held-back partial character completes (U+FFFD, 378
- * is E2 80) ends the text there. */
+ * is E2 80) ends the text there; a completion's top_logprobs map keeps a NUL token's key
+ * (188 is the byte 00) as "\u0000". */
 START_TEST(test_ids) {
     const char *gen = "\"prompt\": [65], \"max_tokens\": 1, \"temperature\": 0";
     char text[4096];
@@ -1638,13 +1639,15 @@ START_TEST(test_ids) {
              "{\"id\": \"lb\", %s, \"logit_bias\": {\"a%s\": 1}}\n"
              "{\"custom_id\": \"m\", \"url\": \"/v1/completions\", \"body\": {\"model\": "
              "\"m\xff\", %s}}\n"
-             "{\"id\": \"fffd\", %s, \"logit_bias\": {\"378\": 100}, \"stop\": [\"\\ufffd\"]}\n",
+             "{\"id\": \"fffd\", %s, \"logit_bias\": {\"378\": 100}, \"stop\": [\"\\ufffd\"]}\n"
+             "{\"custom_id\": \"nul\", \"url\": \"/v1/completions\", \"body\": {%s, "
+             "\"logprobs\": 1, \"logit_bias\": {\"188\": 100}}}\n",
              gen, gen, gen, gen, gen,
              "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
-             "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", gen, gen);
+             "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", gen, gen, gen);
     write_file(path_in("ids.jsonl"), text);
     const char *args[] = {"-f", path_in("ids.jsonl"), "-o", path_in("ids.out"), NULL};
-    char *norm = run_records(1, args, path_in("ids.out"), 7);
+    char *norm = run_records(1, args, path_in("ids.out"), 8);
     size_t n_raw = 0;
     char *raw = tu_read_file(path_in("ids.out"), &n_raw);
     ck_assert_msg(utf8_ok((const unsigned char *)raw, n_raw), "the records are not UTF-8");
@@ -1653,6 +1656,7 @@ START_TEST(test_ids) {
     ck_assert_msg(strstr(raw, "{\"id\":1.0,"), "the id 1.0 changed");
     ck_assert_msg(strstr(raw, "{\"id\":4,"), "the broken id is not the line number");
     ck_assert_msg(strstr(raw, "\"custom_id\":\"m\""), "the OpenAI line lost its id");
+    ck_assert_msg(strstr(raw, ",\"\\u0000\":-"), "the NUL token's key is lost"); // after the top 1
     free(raw);
     const struct line_error errs[] = {{4, "line 4: byte 12 (0xc3) is not UTF-8"},
                                       {5, "\"logit_bias\" key \"a"},
@@ -1667,7 +1671,7 @@ START_TEST(test_ids) {
     // --resume over the whole file: every record is found again, none is written twice
     const char *rargs[] = {"-f", path_in("ids.jsonl"), "-o", path_in("ids.out"), "--resume", NULL};
     run(1, rargs);
-    ck_assert_int_eq(count_lines(path_in("ids.out")), 7);
+    ck_assert_int_eq(count_lines(path_in("ids.out")), 8);
 }
 END_TEST
 

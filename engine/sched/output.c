@@ -362,17 +362,17 @@ static cJSON *token_json(const struct tokenizer *tok, const struct batch_req *r,
     return j;
 }
 
-/* A map key for a token's string (valid UTF-8; a NUL ends it, as cJSON's keys do), or
- * "token_id:N" (vLLM's return_tokens_as_token_ids). */
-static char *token_key(const struct tokenizer *tok, const struct batch_req *r, int32_t id) {
+/* A map key for a token's string: valid UTF-8 bytes (a NUL among them) in a malloc'd
+ * buffer of *n bytes, or "token_id:N" (vLLM's return_tokens_as_token_ids). */
+static char *token_key(const struct tokenizer *tok, const struct batch_req *r, int32_t id,
+                       size_t *n) {
     if (r->ids_as_tokens) {
         char name[32];
-        snprintf(name, sizeof name, "token_id:%d", (int)id);
+        *n = (size_t)snprintf(name, sizeof name, "token_id:%d", (int)id);
         return tpi_strdup(name);
     }
     const struct tok_str raw = tok_token_bytes(tok, id);
-    size_t n;
-    return tpi_utf8_fix(raw.data, raw.len, &n);
+    return tpi_utf8_fix(raw.data, raw.len, n);
 }
 
 static cJSON *bytes_array(struct tok_str raw) {
@@ -407,27 +407,68 @@ static cJSON *chat_logprobs(const struct batch_out *o, const struct batch_req *r
     return lp;
 }
 
-/* Adds {token's string: v} to m unless a token of the same string is there already. */
-static void map_add(cJSON *m, const struct batch_out *o, const struct batch_req *r, int32_t id,
-                    float v) {
-    char *ts = token_key(o->tok, r, id);
-    if (ts && !cJSON_GetObjectItemCaseSensitive(m, ts)) cJSON_AddNumberToObject(m, ts, v);
+/* The map being written by top_map: its text, and the keys so far (to keep the first of
+ * equal strings). */
+struct top_text {
+    struct json_buf b;
+    char *keys[REQ_MAX_LOGPROBS + 1];
+    size_t n_keys[REQ_MAX_LOGPROBS + 1];
+    int n;
+};
+
+/* Adds "token's string": v to the map unless a token of the same string is there already.
+ * The key is written as a value is (tpi_json_text): a NUL in it stays \u0000, where an
+ * object's key in cJSON would end at it. */
+static void map_add(struct top_text *t, const struct batch_out *o, const struct batch_req *r,
+                    int32_t id, float v) {
+    size_t n = 0;
+    char *ts = token_key(o->tok, r, id, &n);
+    if (!ts || t->n == REQ_MAX_LOGPROBS + 1) {
+        free(ts);
+        return;
+    }
+    for (int i = 0; i < t->n; i++)
+        if (t->n_keys[i] == n && !memcmp(t->keys[i], ts, n)) {
+            free(ts);
+            return;
+        }
+    cJSON *kj = tpi_json_text(ts, n), *vj = cJSON_CreateNumber(v);
+    char *ks = kj ? cJSON_PrintUnformatted(kj) : NULL, *vs = vj ? cJSON_PrintUnformatted(vj) : NULL;
+    if (ks && vs) {
+        json_buf_put(&t->b, t->n ? "," : "", t->n ? 1 : 0);
+        json_buf_put(&t->b, ks, strlen(ks));
+        json_buf_put(&t->b, ":", 1);
+        json_buf_put(&t->b, vs, strlen(vs));
+        t->keys[t->n] = ts;
+        t->n_keys[t->n++] = n;
+        ts = NULL;
+    }
+    free(ks);
+    free(vs);
+    cJSON_Delete(kj);
+    cJSON_Delete(vj);
     free(ts);
 }
 
 /* The map {token: logprob} of OpenAI completion logprobs: the top n_top_out (first of
  * equal strings), then the chosen token when it is not among them, so a map holds up
  * to logprobs + 1 entries, as OpenAI's and vLLM's do ("logprobs": 0 gives the chosen
- * token alone). */
+ * token alone). Written as text (a raw node), so a key may hold a NUL. */
 static cJSON *top_map(const struct batch_out *o, const struct batch_req *r, const int32_t *ids,
                       const float *vals, int k, int32_t chosen, float chosen_lp) {
-    cJSON *m = cJSON_CreateObject();
+    struct top_text t = {0};
+    json_buf_put(&t.b, "{", 1);
     bool listed = false;
     for (int j = 0; j < r->n_top_out && j < k; j++) {
-        map_add(m, o, r, ids[j], vals[j]);
+        map_add(&t, o, r, ids[j], vals[j]);
         listed |= ids[j] == chosen;
     }
-    if (!listed) map_add(m, o, r, chosen, chosen_lp);
+    if (!listed) map_add(&t, o, r, chosen, chosen_lp);
+    json_buf_put(&t.b, "}", 1); // json_buf keeps the text NUL-terminated
+    for (int i = 0; i < t.n; i++)
+        free(t.keys[i]);
+    cJSON *m = t.b.failed || !t.b.p ? NULL : cJSON_CreateRaw(t.b.p);
+    free(t.b.p);
     return m;
 }
 

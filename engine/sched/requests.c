@@ -17,7 +17,6 @@
 #include "text/tokenizer.h"
 
 #define REQ_MAX_STOP 16     /* stop strings per request */
-#define REQ_MAX_LOGPROBS 20 /* OpenAI's limit for top_logprobs */
 #define REQ_MAX_STOP_IDS 64 /* stop_token_ids per request */
 #define REQ_MAX_BIAS 1024   /* logit_bias entries per request */
 

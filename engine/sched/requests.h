@@ -55,6 +55,9 @@ struct req_defaults {
  * idx * REQ_MAX_CHOICES + choice. */
 #define REQ_MAX_CHOICES 64
 
+/* Most top-logprob alternatives a line may ask for (OpenAI's limit for top_logprobs). */
+#define REQ_MAX_LOGPROBS 20
+
 /* What an OpenAI chat line's tools do (vLLM's with its hermes tool parser, the one for
  * the Qwen family's <tool_call> blocks). */
 enum req_tools {

@@ -82,8 +82,9 @@ static size_t utf8_put(char *o, unsigned cp) {
 }
 
 /* The string starting at p (its opening quote): one past its closing quote, or NULL when
- * invalid. With `dec`, its decoded bytes are appended there; *why names a lone surrogate
- * or a NUL, which Python could hold but the engine's C strings cannot. */
+ * invalid. With `dec`, its decoded bytes are appended there, and a \u0000 is refused too;
+ * *why names a lone surrogate or that NUL, which Python could hold but the engine's C
+ * strings cannot. */
 static const char *scan_string(const char *p, const char *e, struct json_buf *dec,
                                const char **why) {
     if (p >= e || *p != '"') return NULL;
@@ -150,7 +151,7 @@ static const char *scan_string(const char *p, const char *e, struct json_buf *de
         } else if (cp >= 0xDC00 && cp < 0xE000) {
             if (why) *why = "a string holds a lone UTF-16 surrogate";
             return NULL;
-        } else if (cp == 0) {
+        } else if (cp == 0 && dec) { // valid JSON, but not in a decoded C string
             if (why) *why = "a string holds a NUL character";
             return NULL;
         }

@@ -18,7 +18,8 @@
 #include <stddef.h>
 
 /* Where the JSON value starting at the first non-space of [p, e) ends (one past it), or
- * NULL when it is not one valid value. Nesting deeper than 512 is refused. */
+ * NULL when it is not one valid value. Nesting deeper than 512 is refused; a string with
+ * \u0000 is valid here (the functions that decode or print strings refuse it). */
 const char *json_value_end(const char *p, const char *e);
 
 /* In the JSON object whose text is [b, e) (spaces around it allowed), the value of the
