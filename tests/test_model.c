@@ -233,7 +233,7 @@ START_TEST(test_perplexity_vs_llamacpp) {
                   err.msg);
     struct ppl_result r;
     double t0 = tpi_time_s();
-    int rc = model_perplexity(m, ids, n_ids, 128, tok_add_bos(tok) ? tok_bos(tok) : -1, NULL, NULL,
+    int rc = model_perplexity(m, ids, n_ids, 128, 0, tok_add_bos(tok) ? tok_bos(tok) : -1, NULL, NULL,
                               &r, &err);
     ck_assert_msg(rc == TPI_OK, "perplexity: %s", err.msg);
     double d = fabs(log(r.ppl) - log(g_ppl_ref));
@@ -264,11 +264,13 @@ static int ppl_tokens(const char *gguf, const char *path) {
     return n;
 }
 
-/* `tpinfer perplexity` end to end: stdout is exactly the one PPL line, within the library
- * test's bound of llama.cpp's value; a window under 4 tokens and a missing text file stop
+/* `tpinfer perplexity` end to end: stdout is llama-perplexity's two lines, the running
+ * estimate "[1]x,[2]y,..." and "Final estimate: PPL = x +/- y", within the library test's
+ * bound of llama.cpp's value; --chunks N scores the first N windows; a window under 4
+ * tokens (-c 0 too, as llama.cpp refuses it), --chunks 0 and a missing text file stop
  * with a non-zero exit, one line that names the problem, and nothing on stdout. The text
- * is read as llama-perplexity reads it: one final newline dropped, and special tokens
- * written in it are text. */
+ * is read as llama-perplexity reads it: one final newline dropped, special tokens
+ * written in it are text, and each byte that is not UTF-8 is U+FFFD. */
 START_TEST(test_perplexity_cli) {
     char file[256];
     snprintf(file, sizeof file, "%s.gguf", g_name);
@@ -282,15 +284,50 @@ START_TEST(test_perplexity_cli) {
     fprintf(stderr, "perplexity: exit %d, stdout: %s", st, out);
     ck_assert_int_eq(st, 0);
     double ppl = 0, ppl_err = 0;
-    ck_assert_int_eq(sscanf(out, "PPL = %lf +/- %lf", &ppl, &ppl_err), 2);
-    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "stdout is not one line: %s", out);
+    ck_assert_msg(!strncmp(out, "[1]", 3), "no running estimate first: %s", out);
+    const char *fin = strstr(out, "\nFinal estimate: PPL = ");
+    ck_assert_msg(fin, "no final line: %s", out);
+    ck_assert_int_eq(sscanf(fin + 1, "Final estimate: PPL = %lf +/- %lf", &ppl, &ppl_err), 2);
+    ck_assert_msg(strchr(fin + 1, '\n') == out + strlen(out) - 1, "more after the final line: %s",
+                  out);
     const double d = fabs(log(ppl) - log(g_ppl_ref));
     ck_assert_msg(d < 0.01 && ppl_err > 0, "PPL %.4f +/- %.4f against llama.cpp %.2f", ppl,
                   ppl_err, g_ppl_ref);
+    // the running line ends with the final value: "[N]x," for each of the N windows
+    int n_win = 0;
+    double last = 0;
+    for (const char *q = out; q < fin && *q == '['; n_win++) {
+        int w = 0, used = 0;
+        ck_assert_int_eq(sscanf(q, "[%d]%lf,%n", &w, &last, &used), 2);
+        ck_assert_int_eq(w, n_win + 1);
+        q += used;
+    }
+    ck_assert_int_ge(n_win, 2);
+    char want[64], got[64];
+    snprintf(want, sizeof want, "%.4f", ppl);
+    snprintf(got, sizeof got, "%.4f", last);
+    ck_assert_str_eq(got, want);
     free(out);
 
-    const char *bad[2][2] = {{"-c 2", "at least 4"}, {"-c 128 -f /nonexistent/text.txt", "/nonexistent/text.txt"}};
-    for (int i = 0; i < 2; i++) {
+    // --chunks 1 scores the first window alone: the running line's first value
+    snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' -c 128 --chunks 1 -t 2 2>/dev/null",
+             tu_binary(), gguf, textp);
+    out = tu_run_capture(cmd, &st);
+    ck_assert_int_eq(st, 0);
+    double first = 0, one = 0;
+    fin = strstr(out, "\nFinal estimate: PPL = ");
+    ck_assert_msg(fin && sscanf(out, "[1]%lf,\n", &first) == 1 &&
+                      sscanf(fin + 1, "Final estimate: PPL = %lf", &one) == 1,
+                  "--chunks 1: %s", out);
+    ck_assert_msg(fin == strchr(out, '\n'), "--chunks 1 ran more windows: %s", out);
+    ck_assert_double_eq_tol(first, one, 1e-4 * one);
+    free(out);
+
+    const char *bad[4][2] = {{"-c 2", "at least 4"},
+                             {"-c 0", "at least 4"},
+                             {"-c 128 --chunks 0", "--chunks expects"},
+                             {"-c 128 -f /nonexistent/text.txt", "/nonexistent/text.txt"}};
+    for (int i = 0; i < 4; i++) {
         snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' %s 2>&1 >/dev/null",
                  tu_binary(), gguf, textp, bad[i][0]);
         out = tu_run_capture(cmd, &st);
@@ -319,6 +356,34 @@ START_TEST(test_perplexity_cli) {
     const int n1 = ppl_tokens(gguf, t1), n2 = ppl_tokens(gguf, t2);
     ck_assert_msg(n1 > 600, "<|endoftext|> read as a special token: %d tokens", n1);
     ck_assert_int_eq(n2, n1);
+
+    // Bytes that are not UTF-8 (Latin-1's "caf\xe9", a cut "\xe2\x80") read as one U+FFFD
+    // each, as llama.cpp reads them: the same tokens as the text with U+FFFD written in.
+    size_t n_text = 0;
+    char *text = tu_read_file(textp, &n_text);
+    const char *t3 = tu_tmp_path("latin1.txt"), *t4 = tu_tmp_path("fffd.txt");
+    f = fopen(t3, "w");
+    fprintf(f, "caf\xe9 \xe2\x80 %s", text);
+    fclose(f);
+    f = fopen(t4, "w");
+    fprintf(f, "caf\xef\xbf\xbd \xef\xbf\xbd\xef\xbf\xbd %s", text);
+    fclose(f);
+    free(text);
+    char *outs[2];
+    const char *paths[2] = {t3, t4};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' -c 128 --chunks 2 -t 2 2>&1",
+                 tu_binary(), gguf, paths[i]);
+        outs[i] = tu_run_capture(cmd, &st);
+        ck_assert_msg(st == 0, "%s: exit %d: %s", paths[i], st, outs[i]);
+    }
+    ck_assert_msg(strstr(outs[0], "3 bytes are not UTF-8"), "no warning: %s", outs[0]);
+    const char *f0 = strstr(outs[0], "Final estimate"), *f1 = strstr(outs[1], "Final estimate");
+    ck_assert_msg(f0 && f1 && strcspn(f0, "\n") == strcspn(f1, "\n") &&
+                      !strncmp(f0, f1, strcspn(f0, "\n")),
+                  "Latin-1 %s, U+FFFD %s", f0, f1);
+    free(outs[0]);
+    free(outs[1]);
     tu_tmpdir_remove();
 }
 END_TEST

@@ -127,10 +127,10 @@ if [ "$mode" = perplexity ]; then
             -f "$tmp/text.txt" -c 512 >"$tmp/ppl" 2>"$tmp/log"
     fi
     rc=$?
-    v=$(sed -n 's/^PPL = \([0-9.eE+-]*\).*/\1/p' "$tmp/ppl" | head -n 1)
+    v=$(sed -n 's/^Final estimate: PPL = \([0-9.eE+-]*\).*/\1/p' "$tmp/ppl" | head -n 1)
     if [ "$rc" -ne 0 ] || [ -z "$v" ]; then
         tail -n 20 "$tmp/log"
-        fail "tp $tp pp $pp: no 'PPL = ' line (exit $rc)"
+        fail "tp $tp pp $pp: no 'Final estimate: PPL = ' line (exit $rc)"
         finish
     fi
     echo "tp $tp pp $pp: PPL = $v ($(grep -h 'tokens scored' "$tmp/log" | sed 's/^\[rank 0\] //');" \

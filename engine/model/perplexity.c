@@ -12,8 +12,8 @@
 #include "sampling.h"
 
 int model_perplexity(struct model *m, const int32_t *tokens, int n_tokens, int n_ctx,
-                     int32_t bos, ppl_progress_fn progress, void *user, struct ppl_result *out,
-                     struct tpi_error *err) {
+                     int max_windows, int32_t bos, ppl_progress_fn progress, void *user,
+                     struct ppl_result *out, struct tpi_error *err) {
     memset(out, 0, sizeof *out);
     if (n_ctx < 4 || n_ctx > m->n_ctx)
         return tpi_err(err, TPI_ERR_INVALID,
@@ -26,7 +26,8 @@ int model_perplexity(struct model *m, const int32_t *tokens, int n_tokens, int n
                        "needs at least %d",
                        n_tokens, n_ctx, 2 * n_ctx);
     const int n_vocab = m->cfg.n_vocab;
-    const int n_windows = n_tokens / n_ctx;
+    const int n_windows = max_windows > 0 && max_windows < n_tokens / n_ctx ? max_windows
+                                                                              : n_tokens / n_ctx;
     const int first = n_ctx / 2;
     const int n_score = n_ctx - 1 - first; // positions first .. n_ctx-2
     const int decider = model_decider_rank(m);

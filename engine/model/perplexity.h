@@ -25,12 +25,13 @@ struct ppl_result {
 /* Called on world rank 0 after each window with the running estimate. */
 typedef void (*ppl_progress_fn)(int window, int n_windows, double ppl_so_far, void *user);
 
-/* Perplexity of tokens[0..n_tokens) with windows of n_ctx tokens (collective over the
- * grid; every rank passes the same tokens). bos < 0 means no BOS substitution. The
- * result is valid on every rank. Errors: fewer than 2 * n_ctx tokens (as llama.cpp),
- * n_ctx over the model's context, forward failures. */
+/* Perplexity of tokens[0..n_tokens) with windows of n_ctx tokens, the first max_windows
+ * of them when that is > 0 (llama.cpp's --chunks), else all (collective over the grid;
+ * every rank passes the same tokens). bos < 0 means no BOS substitution. The result is
+ * valid on every rank. Errors: fewer than 2 * n_ctx tokens (as llama.cpp, whatever
+ * max_windows), n_ctx over the model's context, forward failures. */
 int model_perplexity(struct model *m, const int32_t *tokens, int n_tokens, int n_ctx,
-                     int32_t bos, ppl_progress_fn progress, void *user, struct ppl_result *out,
-                     struct tpi_error *err);
+                     int max_windows, int32_t bos, ppl_progress_fn progress, void *user,
+                     struct ppl_result *out, struct tpi_error *err);
 
 #endif /* PERPLEXITY_H */
