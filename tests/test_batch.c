@@ -1717,21 +1717,32 @@ static void mpi_run(const char *flag) {
     // ranks once took it for SIGTERM and exited 143).
     const char *full[] = {"-f", path_in("m.jsonl"), "-o", "/dev/full", flag, "2", NULL};
     if (access("/dev/full", W_OK) == 0) ck_assert_int_eq(run(2, full), 1);
-    // --seed -1 on one rank only: a clear error on every rank, not a wait for ever (the
-    // seed was chosen by a broadcast only the ranks drawing one took part in).
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd,
-             "timeout 60 %s --oversubscribe --allow-run-as-root --bind-to none -np 1 %s run -m %s "
-             "--backend cpu -t 1 -f %s -o %s %s 2 --seed -1 : -np 1 %s run -m %s --backend cpu "
-             "-t 1 -f %s -o %s %s 2 2>%s >/dev/null",
-             TPI_MPIEXEC, TPI_BATCH_DRIVER, g_model, path_in("m.jsonl"), path_in("m3.jsonl"), flag,
-             TPI_BATCH_DRIVER, g_model, path_in("m.jsonl"), path_in("m3.jsonl"), flag,
-             path_in("m3.err"));
-    const int st = system(cmd);
-    char *e = tu_read_file(path_in("m3.err"), NULL);
-    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 && e && strstr(e, "--seed differs"),
-                  "--seed -1 on one rank: status %d, stderr %s", st, e ? e : "");
-    free(e);
+    // Options that differ between ranks (mpirun's "-np 1 A : -np 1 B"): --seed -1 on one
+    // rank only is a clear error on every rank, not a wait for ever (the seed was chosen by
+    // a broadcast only the ranks drawing one took part in); --no-prefix-share on one rank
+    // too (each rank's scheduler copies prefixes alone). -c 4096 on one rank and the
+    // default on the other (the tiny model's 4096 too) are one run.
+    static const struct { const char *a, *b; int code; const char *says; } cases[] = {
+        {"--seed -1", "", 1, "--seed differs"},
+        {"", "--no-prefix-share", 1, "rank 1's --no-prefix-share is 1, rank 0's is 0"},
+        {"", "-c 4096", 0, NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd,
+                 "timeout 60 %s --oversubscribe --allow-run-as-root --bind-to none -np 1 %s run "
+                 "-m %s --backend cpu -t 1 -f %s -o %s %s 2 %s : -np 1 %s run -m %s --backend cpu "
+                 "-t 1 -f %s -o %s %s 2 %s 2>%s >/dev/null",
+                 TPI_MPIEXEC, TPI_BATCH_DRIVER, g_model, path_in("m.jsonl"), path_in("m3.jsonl"),
+                 flag, cases[i].a, TPI_BATCH_DRIVER, g_model, path_in("m.jsonl"),
+                 path_in("m3.jsonl"), flag, cases[i].b, path_in("m3.err"));
+        const int st = system(cmd);
+        char *e = tu_read_file(path_in("m3.err"), NULL);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == cases[i].code &&
+                          (!cases[i].says || (e && strstr(e, cases[i].says))),
+                      "'%s' : '%s': status %d, stderr %s", cases[i].a, cases[i].b, st, e ? e : "");
+        free(e);
+    }
     free(r1);
     free(r2);
 }

@@ -4,8 +4,8 @@
 # (exit 2, one line naming the option and the value), both forms take the same values,
 # `--seed -1` draws a random seed that the run reports and that repeats the run, and
 # `--system` or `--chat-template-kwargs` without `--chat` is refused; and run -p's
-# --logit-bias and --ignore-eos, escapes, -n -1 and --logprobs past the vocabulary.
-# Exit 0 pass, 1 fail.
+# --logit-bias and --ignore-eos, escapes, -n -1 and --logprobs past the vocabulary; and
+# `run --help` lists the batch options too. Exit 0 pass, 1 fail.
 set -u
 src=$1
 tp=$2
@@ -22,6 +22,12 @@ m=$src/tests/data/qwen3-tiny-q4_k_m.gguf
 printf '{"id": "a", "prompt": "Hello", "max_tokens": 4}\n' >"$tmp/p.jsonl"
 run_p=(run -m "$m" --backend cpu -p Hello -n 4)
 run_f=(run -m "$m" --backend cpu -f "$tmp/p.jsonl")
+
+# `run --help` shows both forms: the batch options with the single prompt's.
+help=$("$tp" run --help 2>&1)
+for opt in --prompt-ids --parallel --resume --no-prefix-share --top-p --tp; do
+    [[ "$help" == *"$opt"* ]] || fail "run --help lacks $opt"
+done
 
 refused() { # refused OPTION VALUE: both forms exit 2 with one line naming both
     local form

@@ -59,9 +59,8 @@ static void report_error_lines(const char *file, const struct batch_input *in, i
                 file, n_err - shown);
 }
 
-static void usage(FILE *out) {
+void cmd_run_batch_options(FILE *out) {
     fprintf(out,
-            "usage: tpinfer run -m MODEL.gguf -f PROMPTS [-o RESULTS] [options]\n"
             "  -f, --file FILE       requests, one a line ('-' for stdin): JSONL of ours\n"
             "                        ({\"id\",\"prompt\"|\"messages\",...}) or OpenAI batch lines\n"
             "                        ({\"custom_id\",\"url\",\"body\"}), or plain text (a prompt a line)\n"
@@ -82,8 +81,13 @@ static void usage(FILE *out) {
             "                        without \"seed\" uses S + its line\n"
             "  --logprobs K          top-K logprobs per generated token for every request\n"
             "A line that cannot run gets an error record and is named on stderr; the others\n"
-            "run, and the exit status is then 4 (0: every line ran; 1: the run failed).\n"
-            "Sampling defaults for the requests that do not set their own:\n");
+            "run, and the exit status is then 4 (0: every line ran; 1: the run failed).\n");
+}
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: tpinfer run -m MODEL.gguf -f PROMPTS [-o RESULTS] [options]\n");
+    cmd_run_batch_options(out);
+    fprintf(out, "Sampling defaults for the requests that do not set their own:\n");
     cli_sampling_usage(out);
     fprintf(out, "Model and parallel options (as tpinfer run -p):\n");
     cli_common_usage(out, true);
@@ -322,6 +326,10 @@ int cmd_run_batch(int argc, char **argv) {
     if ((rc = model_load(&m, &mp, &grid, &err))) goto fail;
     rc = tok_load(m->gguf, &tok, &err);
     if ((rc = model_agree(m, rc, &err))) goto fail;
+    // The requests reach every rank from rank 0; what each rank's scheduler decides alone
+    // must be alike (prefix copies are made by every rank from the same state).
+    const struct grid_same same[] = {{"--no-prefix-share", (uint64_t)o.no_prefix_share, 0}};
+    if ((rc = grid_check_same(&grid, same, 1, &err))) goto fail;
 
     // ---- rank 0: the requests, --resume, the output file ----
     const char *slash = strrchr(o.c.model, '/');

@@ -58,6 +58,11 @@ static void usage(FILE *f) {
             "  --json                 one JSON line on stdout instead of streamed text\n");
     cli_sampling_usage(f);
     cli_common_usage(f, true);
+    fprintf(f, "\nusage: tpinfer run -m FILE -f PROMPTS [-o RESULTS] [options]\n"
+               "A file of requests through the continuous-batching engine. Its own options\n"
+               "follow; the sampling, model and parallel options above apply as well (the\n"
+               "sampling ones as defaults for requests that do not set their own):\n");
+    cmd_run_batch_options(f);
 }
 
 static int parse_count(const char *opt, const char *s, int *out) {

@@ -154,6 +154,21 @@ static void state_free(struct model *m) {
     s->rows_host = NULL;
 }
 
+/* The context the run will have (model_load's rule): -c, else min(4096, the file's
+ * <arch>.context_length, 4096 when absent). Read before the config, so that -c 4096 on
+ * one rank and the default on another are one run when the default is 4096. */
+static int32_t run_ctx(const struct model_params *p, const struct gguf_file *f) {
+    if (p->n_ctx > 0) return p->n_ctx;
+    struct gguf_str arch;
+    int64_t v = 4096;
+    char key[160];
+    if (gguf_get_str(f, "general.architecture", &arch) && arch.len < 128) {
+        snprintf(key, sizeof key, "%.*s.context_length", (int)arch.len, arch.data);
+        if (!gguf_get_int(f, key, &v) || v < 1) v = 4096;
+    }
+    return (int32_t)TPI_MIN(4096, v);
+}
+
 /* Open the model and check the identity of the run across ranks. */
 static int open_and_check(struct model *m, const struct model_params *p, struct tpi_error *err) {
     int rc = gguf_open(p->path, &m->gguf, err);
@@ -167,7 +182,7 @@ static int open_and_check(struct model *m, const struct model_params *p, struct 
         .pp = m->grid->pp,
         .backend = strcmp(m->ops->name, "cuda") == 0 ? 1 : 0,
         .comm = (int32_t)p->comm,
-        .n_ctx = p->n_ctx,
+        .n_ctx = run_ctx(p, m->gguf),
         .n_slot = p->n_slot,
         .n_ubatch = p->n_ubatch,
         .seed = p->seed,
