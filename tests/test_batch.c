@@ -16,6 +16,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1681,6 +1682,35 @@ END_TEST
 START_TEST(test_sigterm) { interrupted_run(SIGTERM); }
 END_TEST
 
+/* The pid of world rank `rank` of the run spawned with TPI_TEST_MARK=g_dir in its
+ * environment (mpirun passes it on to the ranks it starts here), or -1. */
+static pid_t rank_pid(int rank) {
+    char want_rank[48], want_mark[300];
+    snprintf(want_rank, sizeof want_rank, "OMPI_COMM_WORLD_RANK=%d", rank);
+    snprintf(want_mark, sizeof want_mark, "TPI_TEST_MARK=%s", g_dir);
+    DIR *d = opendir("/proc");
+    if (!d) return -1;
+    pid_t found = -1;
+    for (struct dirent *e; found < 0 && (e = readdir(d));) {
+        if (!isdigit((unsigned char)e->d_name[0])) continue;
+        char path[300];
+        snprintf(path, sizeof path, "/proc/%s/environ", e->d_name);
+        FILE *f = fopen(path, "rb"); // /proc's files say size 0: read to the end
+        static char env[1 << 16];
+        const size_t n = f ? fread(env, 1, sizeof env - 1, f) : 0;
+        if (f) fclose(f);
+        env[n] = '\0';
+        bool r = false, m = false;
+        for (size_t i = 0; i < n; i += strlen(env + i) + 1) {
+            r |= !strcmp(env + i, want_rank);
+            m |= !strcmp(env + i, want_mark);
+        }
+        if (r && m) found = (pid_t)atol(e->d_name);
+    }
+    closedir(d);
+    return found;
+}
+
 static void mpi_run(const char *flag) {
     make_prompts(path_in("m.jsonl"), 6, 10);
     // Three more that begin alike, one asking for two completions: prefix sharing
@@ -1743,6 +1773,40 @@ static void mpi_run(const char *flag) {
                       "'%s' : '%s': status %d, stderr %s", cases[i].a, cases[i].b, st, e ? e : "");
         free(e);
     }
+
+    // SIGTERM to rank 1 alone (a scheduler stopping one task) stops the run as it does on
+    // rank 0: every rank exits 143 with its records complete, and --resume finishes the
+    // rest as one rank would have run them.
+    make_prompts(path_in("s.jsonl"), 30, 24);
+    const char *ref[] = {"-f", path_in("s.jsonl"), "-o", path_in("s1.jsonl"), "--temp", "0", NULL};
+    char *want = run_records(1, ref, path_in("s1.jsonl"), 30);
+    setenv("TPI_TEST_MARK", g_dir, 1);
+    const char *sargs[] = {"-f", path_in("s.jsonl"), "-o", path_in("s2.jsonl"), "--temp", "0",
+                           "--parallel", "2", flag, "2", NULL};
+    pid_t pid = spawn(2, sargs);
+    struct timespec ts = {0, 1000000};
+    for (int i = 0; i < 60000 && count_lines(path_in("s2.jsonl")) < 3; i++) nanosleep(&ts, NULL);
+    const pid_t r1pid = rank_pid(1);
+    ck_assert_msg(r1pid > 0, "rank 1's process not found");
+    const int n_before = count_lines(path_in("s2.jsonl"));
+    kill(r1pid, SIGTERM);
+    const int code = wait_exit(pid);
+    unsetenv("TPI_TEST_MARK");
+    const int n_first = count_lines(path_in("s2.jsonl"));
+    fprintf(stderr, "%s: SIGTERM to rank 1 after %d records: exit %d with %d\n", flag, n_before,
+            code, n_first);
+    // far from the end when it was sent: the run must have stopped (it once ran on)
+    ck_assert_msg(code == 128 + SIGTERM || (n_before >= 25 && code == 0 && n_first == 30),
+                  "SIGTERM to rank 1 after %d records: exit %d with %d", n_before, code, n_first);
+    const char *res[] = {"-f", path_in("s.jsonl"), "-o", path_in("s2.jsonl"), "--temp", "0",
+                         "--resume", NULL};
+    ck_assert_int_eq(run(1, res), 0);
+    int n_got;
+    char *got = normalized(path_in("s2.jsonl"), &n_got); // fails on a duplicate line
+    ck_assert_int_eq(n_got, 30);
+    assert_same("SIGTERM to rank 1, resumed", got, want);
+    free(got);
+    free(want);
     free(r1);
     free(r2);
 }

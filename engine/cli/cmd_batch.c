@@ -6,7 +6,9 @@
  * to stderr; records to -o or stdout.
  *
  * Signals: SIGINT/SIGTERM set a flag; rank 0 reads it once per step and the
- * scheduler's per-step broadcast stops every rank after the same step. What is
+ * scheduler's per-step broadcast stops every rank after the same step. A signal that
+ * reaches another rank alone (a scheduler stopping one task) is sent on to rank 0 in a
+ * one-int message after that rank's step, which rank 0 probes for at its next. What is
  * complete is on disk already (one write() per record), so --resume finishes
  * the rest.
  *
@@ -190,7 +192,12 @@ struct run_ctx {
     double t_last_print;
     int rc;               /* first output error */
     struct tpi_error err;
+    MPI_Comm world;       /* the signal's way to rank 0 */
+    int rank;
+    bool stop_sent;       /* this rank's signal went to rank 0 */
 };
+
+enum { TAG_STOP_SIGNAL = 0x7470 }; /* a non-root rank's SIGINT/SIGTERM, to rank 0 */
 
 /* TPI_OK unless the output path names the prompt file or the model, however spelled (the
  * same device and inode): opening it for the results would truncate what the run reads. A
@@ -245,6 +252,16 @@ static int cb_next(void *user, struct sched_request *rq) {
 
 static int cb_stop(void *user) {
     struct run_ctx *c = user;
+    int any = 0;
+    MPI_Status ms;
+    if (!g_stop_signal && c->world != MPI_COMM_NULL &&
+        MPI_Iprobe(MPI_ANY_SOURCE, TAG_STOP_SIGNAL, c->world, &any, &ms) == MPI_SUCCESS && any) {
+        int sig = SIGTERM;
+        MPI_Recv(&sig, 1, MPI_INT, ms.MPI_SOURCE, TAG_STOP_SIGNAL, c->world, MPI_STATUS_IGNORE);
+        TPI_LOGW("rank %d was sent %s: stopping the run", ms.MPI_SOURCE,
+                 sig == SIGINT ? "SIGINT" : "SIGTERM");
+        g_stop_signal = sig == SIGINT ? SIGINT : SIGTERM;
+    }
     return c->rc != TPI_OK ? SCHED_STOP_FAILED : g_stop_signal != 0 ? SCHED_STOP_SIGNAL : 0;
 }
 
@@ -257,6 +274,10 @@ static void cb_done(void *user, int64_t tag, const struct sched_result *res) {
 
 static void cb_step(void *user, const struct sched_stats *st) {
     struct run_ctx *c = user;
+    if (c->rank != 0 && g_stop_signal && !c->stop_sent && c->world != MPI_COMM_NULL) {
+        const int sig = g_stop_signal;
+        c->stop_sent = MPI_Send(&sig, 1, MPI_INT, 0, TAG_STOP_SIGNAL, c->world) == MPI_SUCCESS;
+    }
     if (!c->progress) return;
     const double dt = st->t_now_s - st->t_start_s;
     if (st->t_now_s - c->t_last_print < (c->tty ? 0.25 : 2.0)) return;
@@ -281,12 +302,15 @@ int cmd_run_batch(int argc, char **argv) {
     struct tokenizer *tok = NULL;
     struct run_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
+    ctx.world = MPI_COMM_NULL;
     int exit_code = 1, rc;
 
     if ((rc = grid_mpi_init(&argc, &argv, &err))) goto fail;
     if ((rc = grid_init(&grid, o.c.tp, o.c.pp, &err))) goto fail;
     grid_ok = true;
     const bool root = grid.world_rank == 0;
+    ctx.world = grid.world;
+    ctx.rank = grid.world_rank;
     if (grid.world_size > 1) tpi_log_set(TPI_LOG_INFO, grid.world_rank);
     // Collective on every rank (a rank given --seed -1 alone must not wait for the rest).
     const uint64_t seed0 = cli_shared_seed(grid.world, o.c.seed_random, o.c.seed);

@@ -714,7 +714,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
         }
         if ((rc = model_agree(m, rc, err))) goto done;
         st->t_now_s = tpi_time_s();
-        if (is_root && cb->step) cb->step(cb->user, st);
+        if (cb->step) cb->step(cb->user, st);
     }
 
 done:

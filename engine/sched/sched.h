@@ -97,12 +97,13 @@ struct sched_stats {
     double t_start_s, t_now_s;
 };
 
-/* Rank 0 callbacks. next: fill *rq with the next request to run and return 1,
- * or return 0 when there are none left. stop: non-zero once the run must stop
+/* Callbacks, rank 0's but step. next: fill *rq with the next request to run and return
+ * 1, or return 0 when there are none left. stop: non-zero once the run must stop
  * admitting and return (checked once per step): SCHED_STOP_SIGNAL (sched_run then
  * returns TPI_ERR_INTERRUPTED on every rank) or SCHED_STOP_FAILED (rank 0 failed,
  * e.g. its results file: TPI_ERR_IO on every rank). done: a request finished.
- * step: after every step, for progress (may be NULL). */
+ * step: after every step on every rank, for progress or to pass a rank's signal on to
+ * rank 0 (may be NULL). */
 enum { SCHED_STOP_SIGNAL = 1, SCHED_STOP_FAILED = 2 };
 struct sched_callbacks {
     int (*next)(void *user, struct sched_request *rq);
