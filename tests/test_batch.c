@@ -871,6 +871,21 @@ END_TEST
 
 /* Run to a reference, then start again, stop it with `sig` once >= 3 records are
  * written, --resume, and compare. */
+/* Finish the interrupted run of the 30 prompts in `in` with --resume on one rank (3
+ * sequences in flight) and compare the records of `out` with the uninterrupted `want`
+ * (normalized; freed here): each line once, the same texts. */
+static void resume_and_compare(const char *in, const char *out, const char *label, char *want) {
+    const char *res[] = {"-f", path_in(in), "-o", path_in(out), "--temp", "0", "--parallel", "3",
+                         "--resume", NULL};
+    ck_assert_int_eq(run(1, res), 0);
+    int n_got;
+    char *got = normalized(path_in(out), &n_got); // fails on a duplicate line
+    ck_assert_int_eq(n_got, 30);
+    assert_same(label, got, want);
+    free(got);
+    free(want);
+}
+
 static void interrupted_run(int sig) {
     make_prompts(path_in("k.jsonl"), 30, 24);
     const char *ref[] = {"-f", path_in("k.jsonl"), "-o", path_in("ref.jsonl"), "--temp", "0",
@@ -903,15 +918,7 @@ static void interrupted_run(int sig) {
         fputs("{\"id\": \"p9\", \"line\": 10, \"te", f);
         fclose(f);
     }
-    const char *res[] = {"-f", path_in("k.jsonl"), "-o", path_in("k.out"), "--temp", "0",
-                         "--parallel", "3", "--resume", NULL};
-    ck_assert_int_eq(run(1, res), 0);
-    int n_got;
-    char *got = normalized(path_in("k.out"), &n_got); // fails on a duplicate line
-    ck_assert_int_eq(n_got, 30);
-    assert_same("resumed vs uninterrupted", got, want);
-    free(got);
-    free(want);
+    resume_and_compare("k.jsonl", "k.out", "resumed vs uninterrupted", want);
 }
 
 /* A record's prompt length: ours "prompt_tokens", OpenAI's usage; -1 for an error record
@@ -1519,6 +1526,17 @@ static bool utf8_ok(const unsigned char *s, size_t n) {
     return true;
 }
 
+/* Run the file `in` on one rank into `out`, expecting n records, which must be UTF-8:
+ * their normalized form, and their bytes in *raw (both for the caller to free). */
+static char *utf8_records(const char *in, const char *out, int n, char **raw) {
+    const char *args[] = {"-f", path_in(in), "-o", path_in(out), NULL};
+    char *norm = run_records(1, args, path_in(out), n);
+    size_t n_raw = 0;
+    *raw = tu_read_file(path_in(out), &n_raw);
+    ck_assert_msg(*raw && utf8_ok((const unsigned char *)*raw, n_raw), "%s is not UTF-8", out);
+    return norm;
+}
+
 /* A record's first choice (OpenAI lines). */
 static cJSON *first_choice(cJSON *rec) {
     return cJSON_GetArrayItem(
@@ -1557,11 +1575,8 @@ START_TEST(test_text) {
                "{\"custom_id\": \"off\", \"url\": \"/v1/completions\", \"body\": {\"prompt\": "
                "\"\\u00e9vent \\u00e9t\\u00e9 \\u65e5\\u672c\", \"echo\": true, \"logprobs\": 0, "
                "\"max_tokens\": 4, \"temperature\": 0}}\n");
-    const char *args[] = {"-f", path_in("tx.jsonl"), "-o", path_in("tx.out"), NULL};
-    char *norm = run_records(1, args, path_in("tx.out"), 9);
-    size_t n_raw = 0;
-    char *raw = tu_read_file(path_in("tx.out"), &n_raw);
-    ck_assert_msg(utf8_ok((const unsigned char *)raw, n_raw), "the records are not UTF-8");
+    char *raw;
+    char *norm = utf8_records("tx.jsonl", "tx.out", 9, &raw);
     ck_assert_msg(strstr(raw, "\"text\":\"\\u0000\\u0000\\u0000\""), "the NULs are not kept");
     free(raw);
 
@@ -1647,11 +1662,8 @@ START_TEST(test_ids) {
              "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9"
              "\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9\xc3\xa9", gen, gen, gen);
     write_file(path_in("ids.jsonl"), text);
-    const char *args[] = {"-f", path_in("ids.jsonl"), "-o", path_in("ids.out"), NULL};
-    char *norm = run_records(1, args, path_in("ids.out"), 8);
-    size_t n_raw = 0;
-    char *raw = tu_read_file(path_in("ids.out"), &n_raw);
-    ck_assert_msg(utf8_ok((const unsigned char *)raw, n_raw), "the records are not UTF-8");
+    char *raw;
+    char *norm = utf8_records("ids.jsonl", "ids.out", 8, &raw);
     ck_assert_msg(strstr(raw, "{\"id\":12345678901234567890,"), "the id past 2^53 changed");
     ck_assert_msg(strstr(raw, "{\"id\":0.30000000000000004,"), "the 17-digit id changed");
     ck_assert_msg(strstr(raw, "{\"id\":1.0,"), "the id 1.0 changed");
@@ -1798,15 +1810,7 @@ static void mpi_run(const char *flag) {
     // far from the end when it was sent: the run must have stopped (it once ran on)
     ck_assert_msg(code == 128 + SIGTERM || (n_before >= 25 && code == 0 && n_first == 30),
                   "SIGTERM to rank 1 after %d records: exit %d with %d", n_before, code, n_first);
-    const char *res[] = {"-f", path_in("s.jsonl"), "-o", path_in("s2.jsonl"), "--temp", "0",
-                         "--resume", NULL};
-    ck_assert_int_eq(run(1, res), 0);
-    int n_got;
-    char *got = normalized(path_in("s2.jsonl"), &n_got); // fails on a duplicate line
-    ck_assert_int_eq(n_got, 30);
-    assert_same("SIGTERM to rank 1, resumed", got, want);
-    free(got);
-    free(want);
+    resume_and_compare("s.jsonl", "s2.jsonl", "SIGTERM to rank 1, resumed", want);
     free(r1);
     free(r2);
 }
