@@ -122,6 +122,14 @@ int cmd_perplexity(int argc, char **argv) {
         return 2;
     }
     const int n_window = c.n_ctx;
+    // A text that cannot be opened stops the command before the model loads (minutes for
+    // a large one); it is read after, by every rank alike.
+    FILE *probe = fopen(file, "rb");
+    if (!probe) {
+        fprintf(stderr, "tpinfer perplexity: %s: cannot open: %s\n", file, strerror(errno));
+        return 1;
+    }
+    fclose(probe);
 
     struct cli_run r;
     if (cli_start(&r, &c, &argc, &argv, "perplexity")) return 1;
