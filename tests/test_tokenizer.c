@@ -1004,6 +1004,41 @@ START_TEST(test_cli_tokenize) {
     ck_assert_msg(strstr(out, "151645") == NULL, "got %s", out);
     free(out);
 
+    // llama-tokenize's forms: escapes processed unless --no-escape (198 is "\n"), -f and
+    // --stdin, its --ids and --show-count, and its default "id -> 'piece'" view.
+    static const char *forms[][2] = {
+        {"-p 'a\\nb'", "[64,198,65]\n"},
+        {"-p 'a\\nb' --no-escape", "[64,1699,65]\n"},
+        {"--stdin --ids --show-count < '%s/hw.txt'", "[9707, 1879]\nTotal number of tokens: 2\n"},
+        {"-f '%s/hw.txt' --pieces", "  9707 -> 'Hello'\n  1879 -> ' world'\n"},
+    };
+    char hw[300];
+    snprintf(hw, sizeof hw, "%s/hw.txt", dir);
+    f = fopen(hw, "w");
+    fputs("Hello world", f);
+    fclose(f);
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char opts[600];
+        snprintf(opts, sizeof opts, forms[i][0], dir);
+        snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' %s", tu_binary(), vocab, opts);
+        out = tu_run_capture(cmd, &status);
+        ck_assert_msg(status == 0 && !strcmp(out, forms[i][1]), "%s: exit %d, got '%s' want '%s'",
+                      opts, status, out, forms[i][1]);
+        free(out);
+    }
+    unlink(hw);
+    // a \u0000 in a --jsonl text is that line's error (the text would end there); two
+    // inputs at once are a usage error
+    snprintf(cmd, sizeof cmd, "printf '{\"text\": \"a\\\\u0000b\"}\\n' | '%s' tokenize -m '%s' "
+             "--jsonl - 2>/dev/null", tu_binary(), vocab);
+    out = tu_run_capture(cmd, &status);
+    ck_assert_msg(status == 1 && strstr(out, "line 1: the text holds \\\\u0000"), "NUL: %s", out);
+    free(out);
+    snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s' -p a --stdin 2>/dev/null", tu_binary(), vocab);
+    out = tu_run_capture(cmd, &status);
+    ck_assert_int_eq(status, 2);
+    free(out);
+
     snprintf(cmd, sizeof cmd, "'%s' tokenize -m '%s/nope.gguf' --text x 2>/dev/null", tu_binary(),
              dir);
     out = tu_run_capture(cmd, &status);

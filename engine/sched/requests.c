@@ -547,19 +547,6 @@ static char *line_id(long line) {
     return tpi_strdup(b);
 }
 
-/* Whether the JSON text [s, s + n) has a string with a \u0000 escape: cJSON's strings end
- * at a NUL, so the text after it would be lost without a word. */
-static bool json_holds_nul(const char *s, size_t n) {
-    bool in_str = false;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '"') in_str = !in_str;
-        else if (in_str && s[i] == '\\' && ++i < n && s[i] == 'u' && i + 4 < n &&
-                 !memcmp(s + i + 1, "0000", 4))
-            return true;
-    }
-    return false;
-}
-
 /* vLLM's "truncate_prompt_tokens" (keep the prompt's last k tokens; -1: as many as the
  * context holds) and "return_tokens_as_token_ids". Returns 0, or -1 with the line failed. */
 static int get_vllm_extras(struct batch_req *r, const cJSON *o) {
@@ -619,7 +606,7 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
         cJSON_Delete(j);
         return;
     }
-    if (json_holds_nul(text, len)) {
+    if (json_text_holds_nul(text, len)) {
         req_fail(r, "a string holds \\u0000 (a NUL character), which tpinfer cannot take");
         cJSON_Delete(j);
         return;

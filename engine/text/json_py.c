@@ -622,3 +622,14 @@ char *json_py_dumps(const char *b, const char *e, const char **why) {
     }
     return out.p;
 }
+
+bool json_text_holds_nul(const char *s, size_t n) {
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '"') in_str = !in_str;
+        else if (in_str && s[i] == '\\' && ++i < n && s[i] == 'u' && i + 4 < n &&
+                 !memcmp(s + i + 1, "0000", 4))
+            return true;
+    }
+    return false;
+}

@@ -68,4 +68,8 @@ void json_py_put_string(struct json_buf *b, const char *s);
  * cannot be printed so (as json_py_dumps). */
 bool json_py_put(struct json_buf *b, const char *vb, const char *ve, const char **why);
 
+/* Whether the JSON text [s, s + n) has a string with a \u0000 escape: cJSON's strings end
+ * at a NUL, so the text after it would be lost without a word. */
+bool json_text_holds_nul(const char *s, size_t n);
+
 #endif /* JSON_PY_H */
