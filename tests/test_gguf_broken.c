@@ -615,13 +615,18 @@ START_TEST(test_cli_info) {
     expect_cli_fail_tp("no model in it, --tp 2", good, "2");
     /* Names and strings that are not plain text: the text table escapes a key's and a
      * tensor's control bytes (no line of its own), the JSON is valid UTF-8 with the NUL
-     * kept as \u0000 and a broken byte as U+FFFD. */
+     * kept as \u0000 and a broken byte as U+FFFD. Scalars keep their type: an integral
+     * f32 prints 1000000.0 (as gguf-dump), a u64 all its digits (JSON too, where
+     * "metadata_types" names each key's type). */
     struct gguf_writer *w = gguf_writer_new(0);
     ck_assert_int_eq(gguf_writer_set_str(w, "general.odd\nforged = 1", "x"), TPI_OK);
     static const char val[] = "ab\0c\xe9";
     const struct gguf_kv sv = {.key = {12, "general.odd2"}, .type = GGUF_VT_STRING,
                                .data = (const void *)val, .n_bytes = 5, .str_len = 5};
     ck_assert_int_eq(gguf_writer_copy_kv(w, &sv), TPI_OK);
+    // scalars whose type a plain print would lose: an integral f32, a u64 past 2^53
+    ck_assert_int_eq(gguf_writer_set_f32(w, "general.f32", 1e6f), TPI_OK);
+    ck_assert_int_eq(gguf_writer_set_u64(w, "general.u64", UINT64_MAX), TPI_OK);
     static const float zero[8];
     int64_t ne8[1] = {8};
     ck_assert_int_ge(gguf_writer_add_tensor(w, "t\nforged", TPI_TYPE_F32, 1, ne8, zero), 0);
@@ -634,10 +639,15 @@ START_TEST(test_cli_info) {
     ck_assert_msg(strstr(out, "general.odd\\x0aforged = 1") && strstr(out, "t\\x0aforged") &&
                       !strstr(out, "\nforged"),
                   "text: %s", out);
+    ck_assert_msg(strstr(out, "= 1000000.0\n") && strstr(out, "= 18446744073709551615\n"),
+                  "text: %s", out);
     status = run_info(odd, true, NULL, out, sizeof out, errs, sizeof errs);
     ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --json: %s", errs);
     ck_assert_msg(strstr(out, "\"general.odd2\":\"ab\\u0000c\xef\xbf\xbd\""), "json: %s", out);
     ck_assert_ptr_nonnull(strstr(out, "\"general.odd\\nforged = 1\""));
+    ck_assert_msg(strstr(out, "\"general.u64\":18446744073709551615") &&
+                      strstr(out, "\"general.f32\":\"f32\"") && strstr(out, "{\"version\":3,"),
+                  "json: %s", out);
     free(bytes);
     tu_tmpdir_remove();
 }

@@ -31,10 +31,12 @@ static void usage(FILE *out) {
         "the first part (NAME-00001-of-0000N.gguf); every part is opened.\n"
         "\n"
         "  --json   print one JSON object instead:\n"
-        "           {\"metadata\": {KEY: VALUE, ...},\n"
+        "           {\"version\": 3, \"alignment\": 32, \"metadata\": {KEY: VALUE, ...},\n"
+        "            \"metadata_types\": {KEY: \"u32\" | \"f32\" | \"string\" | ...},\n"
         "            \"tensors\": [{\"name\", \"type\", \"shape\", \"offset\", \"n_bytes\"}, "
         "...]}\n"
-        "           Scalars are JSON numbers/booleans/strings; every array is shortened to\n"
+        "           Scalars are JSON numbers/booleans/strings (64-bit integers with all\n"
+        "           their digits); every array is shortened to\n"
         "           {\"type\": \"array\", \"item_type\": \"string\", \"n\": 151936}. \"type\" is\n"
         "           ggml's name (Q4_K, BF16), \"shape\" ne0 first, \"offset\" absolute in the\n"
         "           file holding the tensor; split models add \"part\" (0-based).\n"
@@ -96,6 +98,23 @@ static void print_name(const char *s, size_t len, int width) {
     for (; n < width; n++) putchar(' ');
 }
 
+/* A float as the shortest %g of at least `prec` digits that reads back as v, marked as a
+ * float the way gguf-dump (Python) shows one: 1000000.0, not 1000000. */
+static void print_float(double v, int prec, bool f32) {
+    char buf[64];
+    for (; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        const double back = strtod(buf, NULL);
+        if (f32 ? (float)back == (float)v : back == v) break;
+    }
+    const char *e = strchr(buf, 'e');
+    const int exp10 = e ? atoi(e + 1) : 0;
+    if (e && exp10 >= -4 && exp10 < 16) // Python's repr: positional there (1000000.0)
+        snprintf(buf, sizeof buf, "%.*f", prec - 1 - exp10 > 0 ? prec - 1 - exp10 : 0, v);
+    fputs(buf, stdout);
+    if (strspn(buf, "-0123456789") == strlen(buf)) fputs(".0", stdout);
+}
+
 static void print_scalar(enum gguf_vtype t, const uint8_t *p) {
     float f32;
     double f64;
@@ -104,11 +123,11 @@ static void print_scalar(enum gguf_vtype t, const uint8_t *p) {
     switch (t) {
     case GGUF_VT_F32:
         memcpy(&f32, p, 4);
-        printf("%.9g", f32_as_short_double(f32));
+        print_float(f32, 6, true);
         break;
     case GGUF_VT_F64:
         memcpy(&f64, p, 8);
-        printf("%.17g", f64);
+        print_float(f64, 15, false);
         break;
     case GGUF_VT_BOOL:
         fputs(p[0] ? "true" : "false", stdout);
@@ -303,14 +322,28 @@ static cJSON *json_value(const struct gguf_kv *kv) {
         .type = GGUF_VT_ARRAY, .arr_type = kv->type, .arr_n = 1, .data = kv->data};
     double v = 0;
     gguf_arr_f64(&one, 0, &v);
+    if (kv->type == GGUF_VT_U64 || kv->type == GGUF_VT_I64) { // past 2^53 a double rounds
+        char buf[32];
+        uint64_t u;
+        memcpy(&u, kv->data, 8);
+        if (kv->type == GGUF_VT_U64) snprintf(buf, sizeof buf, "%" PRIu64, u);
+        else snprintf(buf, sizeof buf, "%" PRId64, (int64_t)u);
+        return cJSON_CreateRaw(buf); // the exact digits
+    }
     return cJSON_CreateNumber(v);
 }
 
 static int print_json(const struct gguf_file *f, cJSON *plan) {
     cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject(),
-          *tensors = cJSON_CreateArray();
-    if (!root || !meta || !tensors) goto oom;
+          *types = cJSON_CreateObject(), *tensors = cJSON_CreateArray();
+    if (!root || !meta || !types || !tensors) {
+        cJSON_Delete(types);
+        goto oom;
+    }
+    cJSON_AddNumberToObject(root, "version", gguf_version(f));
+    cJSON_AddNumberToObject(root, "alignment", (double)gguf_alignment(f));
     cJSON_AddItemToObject(root, "metadata", meta);
+    cJSON_AddItemToObject(root, "metadata_types", types);
     cJSON_AddItemToObject(root, "tensors", tensors);
     if (plan) cJSON_AddItemToObject(root, "shard_plan", plan);
     plan = NULL;
@@ -325,6 +358,7 @@ static int print_json(const struct gguf_file *f, cJSON *plan) {
             goto oom;
         }
         cJSON_AddItemToObject(meta, key, v);
+        cJSON_AddStringToObject(types, key, gguf_vtype_name(kv->type));
         free(key);
     }
     bool split = gguf_n_parts(f) > 1;
