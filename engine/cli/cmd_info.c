@@ -486,6 +486,9 @@ int cmd_info(int argc, char **argv) {
             i++;
         } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 < argc && !o.path) {
             o.path = argv[++i]; // as the other commands name the model
+        } else if ((!strcmp(a, "-m") || !strcmp(a, "--model")) && i + 1 >= argc) {
+            fprintf(stderr, "tpinfer info: %s needs a value (the GGUF file)\n", a);
+            return 2;
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "tpinfer info: unknown option '%s'\n", a);
             usage(stderr);

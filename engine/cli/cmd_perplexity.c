@@ -108,6 +108,10 @@ int cmd_perplexity(int argc, char **argv) {
             }
             continue;
         }
+        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--chunks")) {
+            fprintf(stderr, "tpinfer perplexity: %s needs a value\n", argv[i]);
+            return 2;
+        }
         fprintf(stderr, "tpinfer perplexity: unknown option %s (tpinfer perplexity --help)\n",
                 argv[i]);
         return 2;

@@ -195,8 +195,14 @@ int cmd_tokenize(int argc, char **argv) {
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        } else if (!has_val && (!strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "-p") ||
+                                !strcmp(a, "--prompt") || !strcmp(a, "--text") ||
+                                !strcmp(a, "-f") || !strcmp(a, "--file") ||
+                                !strcmp(a, "--jsonl"))) {
+            fprintf(stderr, "tpinfer tokenize: %s needs a value\n", a);
+            return 2;
         } else {
-            fprintf(stderr, "tpinfer tokenize: unknown or incomplete option '%s'\n", a);
+            fprintf(stderr, "tpinfer tokenize: unknown option '%s'\n", a);
             usage(stderr);
             return 2;
         }
