@@ -477,6 +477,32 @@ START_TEST(test_error_missing_model) {
 }
 END_TEST
 
+/* A model that cannot be loaded is skipped, as llama-bench skips it: the next one runs
+ * and the exit status is 1. Without -t, a rank's row reports the threads it ran with
+ * (its share of the node's cores under mpirun, which the load table names too). */
+START_TEST(test_skip_missing_and_threads) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m /nonexistent/model.gguf,%s -p 8 -n 0 -r 1 --tp 2 -o jsonl",
+             path);
+    int code;
+    char *out = run_bench(2, args, &code);
+    char *err = read_stderr();
+    ck_assert_msg(code == 1, "exit %d, stderr:\n%s", code, err);
+    ck_assert_msg(strstr(err, "/nonexistent/model.gguf"), "no error for the missing model:\n%s",
+                  err);
+    cJSON *row = cJSON_Parse(out);
+    ck_assert_msg(row && strstr(str(row, "model_filename"), MODEL), "no row of the next model:\n%s",
+                  out);
+    char want[64];
+    snprintf(want, sizeof want, "CPU, %d thread", (int)num(row, "n_threads"));
+    ck_assert_msg(strstr(err, want), "the row's n_threads is not the load's (%s):\n%s", want, err);
+    cJSON_Delete(row);
+    free(out);
+    free(err);
+}
+END_TEST
+
 /* Every test of a long sweep runs: 64 prompt sizes x 9 batch sizes are 576 tests, one
  * JSONL row each (a fixed table of 512 once cut the rest without a word). */
 START_TEST(test_many_tests) {
@@ -549,6 +575,7 @@ int main(void) {
     tcase_add_test(tc, test_names);
     tcase_add_test(tc, test_error_tp_world);
     tcase_add_test(tc, test_error_missing_model);
+    tcase_add_test(tc, test_skip_missing_and_threads);
     tcase_add_test(tc, test_many_tests);
     tcase_add_test(tc, test_json_tp2);
     tcase_add_test(tc, test_json_depth);

@@ -232,8 +232,11 @@ struct test_spec {
     int n_prompt, n_gen, n_depth, n_batch;
 };
 
-/* Every test of one loaded model, in llama-bench's order: per batch size and depth,
- * the pp tests, then tg, then pg, into t (NULL: only counted). Returns the count. */
+/* Every test of one loaded model, in llama-bench's order within it: per batch size and
+ * depth, the pp tests, then tg, then pg, into t (NULL: only counted). Returns the count.
+ * The loads (model, then -ub, then -t) are the outer loops, so with a list of -b beside
+ * a list of -ub or -t the rows come in another order than llama-bench's, which nests
+ * the batch size outside those two (the same rows). */
 static int make_tests(const struct bench_opts *o, struct test_spec *t) {
     int n = 0;
 #define ADD(...) (t ? (void)(t[n] = (struct test_spec){__VA_ARGS__}) : (void)0, n++)
@@ -421,6 +424,10 @@ static int load_model(struct model **m, const struct bench_opts *o, struct tpi_g
             max_prompt = TPI_MAX(max_prompt, TPI_MIN(TPI_MIN(t->n_depth, t->n_batch), 512));
     }
     int n_ctx = max_ctx + 16; // a margin, and room for the warm-up
+    if (g->world_rank == 0 && max_ctx > 4096)
+        TPI_LOGI("bench: the longest test needs %d positions (depth + prompt + generation); "
+                 "a model trained on fewer runs past what it knows, as llama-bench lets it",
+                 max_ctx);
     if (o->common.n_ctx > n_ctx) n_ctx = o->common.n_ctx;
     int n_ubatch = ubatch_opt > 0 ? ubatch_opt : max_prompt;
     struct model_params p = {
@@ -532,9 +539,13 @@ int cmd_bench(int argc, char **argv) {
         code = 1;
     }
 
-    for (int im = 0; im < o.n_models && !code; im++)
-        for (int iu = 0; iu < o.n_ubatch.n && !code; iu++)
-            for (int it = 0; it < o.n_threads.n && !code; it++) {
+    // A model that cannot be loaded is skipped, as llama-bench skips it: the others run
+    // and the exit status is 1 (the load's failure is agreed, so every rank skips it).
+    const bool checks_failed = code != 0;
+    for (int im = 0; im < o.n_models && !checks_failed; im++) {
+        bool load_failed = false;
+        for (int iu = 0; iu < o.n_ubatch.n && !load_failed; iu++)
+            for (int it = 0; it < o.n_threads.n && !load_failed; it++) {
                 const int n_threads = o.n_threads.v[it];
                 struct model *m = NULL;
                 int rc = load_model(&m, &o, &g, o.models[im], backend, comm, n_threads,
@@ -542,6 +553,7 @@ int cmd_bench(int argc, char **argv) {
                 if (rc) {
                     if (root) fprintf(stderr, "tpinfer " CMD ": error: %s\n", err.msg);
                     code = 1;
+                    load_failed = true;
                     break;
                 }
                 br.m = m;
@@ -564,7 +576,7 @@ int cmd_bench(int argc, char **argv) {
                 // What every row of this model repeats; rank 0 collects each rank's bytes.
                 struct load_info li = {.path = o.models[im], .backend = m->ops->name,
                                        .comm = comm, .n_ubatch = m->s.n_ubatch,
-                                       .n_threads = n_threads > 0 ? n_threads : tpi_cpu_count()};
+                                       .n_threads = model_cpu_threads(n_threads, &g)};
                 model_totals(m->gguf, &li.model_size, &li.model_n_params);
                 int64_t ftype = -1;
                 if (!gguf_get_int(m->gguf, "general.file_type", &ftype)) ftype = -1;
@@ -579,7 +591,7 @@ int cmd_bench(int argc, char **argv) {
                     li.kvpos_rank[k] = all_b[2 * k + 1];
                 }
 
-                for (int ti = 0; ti < n_tests && !code; ti++) {
+                for (int ti = 0; ti < n_tests; ti++) {
                     const struct test_spec *t = &tests[ti];
                     char name[64];
                     bench_test_name(name, sizeof name, t->n_prompt, t->n_gen, t->n_depth);
@@ -693,6 +705,7 @@ int cmd_bench(int argc, char **argv) {
                 br.logits = NULL;
                 model_free(&m);
             }
+    }
 
     // Closed even after an error, so a JSON document stays well-formed.
     if (root && header_done)

@@ -154,6 +154,15 @@ static void state_free(struct model *m) {
     s->rows_host = NULL;
 }
 
+int model_cpu_threads(int n_threads, const struct tpi_grid *grid) {
+    if (n_threads > 0) return n_threads;
+    // Ranks on one node share its cores: by default each takes its share, so the CPU
+    // backend's threads never outnumber the cores (spinning OpenMP threads on an
+    // oversubscribed node slow a run by orders of magnitude).
+    const int local = grid && grid->local_size > 1 ? grid->local_size : 1;
+    return TPI_MAX(1, tpi_cpu_count() / local);
+}
+
 /* The context the run will have (model_load's rule): -c, else min(4096, the file's
  * <arch>.context_length, 4096 when absent). Read before the config, so that -c 4096 on
  * one rank and the default on another are one run when the default is 4096. */
@@ -295,12 +304,7 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     m->n_slot = p->n_slot > 0 ? p->n_slot : 1;
     int n_ubatch = p->n_ubatch > 0 ? p->n_ubatch : 512;
 
-    struct ops_config oc = {.n_threads = p->n_threads, .device = 0};
-    // Ranks on one node share its cores: by default each takes its share, so the CPU
-    // backend's threads never outnumber the cores (spinning OpenMP threads on an
-    // oversubscribed node slow a run by orders of magnitude).
-    if (oc.n_threads <= 0 && grid && grid->local_size > 1)
-        oc.n_threads = TPI_MAX(1, tpi_cpu_count() / grid->local_size);
+    struct ops_config oc = {.n_threads = model_cpu_threads(p->n_threads, grid), .device = 0};
     if (grid && strcmp(m->ops->name, "cuda") == 0) {
         int n_dev = 0;
         ops_cuda_available(&n_dev);

@@ -192,6 +192,10 @@ void model_vocab_range(int n_vocab, int tp, int r, int *v0, int *n);
 int model_load(struct model **out, const struct model_params *p, const struct tpi_grid *grid,
                struct tpi_error *err);
 
+/* The CPU threads a rank of `grid` (NULL: one rank) runs with for -t n_threads: n_threads
+ * when > 0, else its share of the node's cores (the cores / the ranks on the node). */
+int model_cpu_threads(int n_threads, const struct tpi_grid *grid);
+
 /* Free everything; sets *m to NULL. Accepts NULL. */
 void model_free(struct model **m);
 
