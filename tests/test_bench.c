@@ -129,7 +129,13 @@ static void check_result(const cJSON *o, const struct want *w, double ts_rtol) {
     ck_assert_str_eq(str(o, "model_type"), "qwen3 ?B Q4_K - Medium");
     ck_assert_msg(strlen(str(o, "build_commit")) > 0, "empty build_commit");
     ck_assert_msg(num(o, "build_number") >= 0, "build_number %g", num(o, "build_number"));
-    ck_assert_msg(strlen(str(o, "gpu_info")) > 0, "empty gpu_info");
+    ck_assert_str_eq(str(o, "gpu_info"), ""); // the CPU backend, as llama-bench's
+    // llama-bench's settings, as what tpinfer does (compare-llama-bench.py needs them)
+    ck_assert_str_eq(str(o, "type_k"), "f16");
+    ck_assert_str_eq(str(o, "type_v"), "f16");
+    ck_assert_str_eq(str(o, "split_mode"), w->tp > 1 ? "row" : "layer");
+    ck_assert_int_eq((int)num(o, "n_gpu_layers"), 0);
+    ck_assert_str_eq(str(o, "cpu_mask"), "0x0");
     const char *tt = str(o, "test_time");
     ck_assert_msg(strlen(tt) == 20 && tt[4] == '-' && tt[10] == 'T' && tt[19] == 'Z',
                   "test_time '%s' is not ISO 8601 UTC", tt);
@@ -325,7 +331,9 @@ static cJSON *csv_row_to_json(char **hdr, char **val, int n) {
         }
         char *end;
         double d = strtod(v, &end);
-        bool is_num = *v && !*end && strcmp(h, "build_commit") != 0;
+        // llama-bench's text fields that may look like numbers ("0x0", "0.00")
+        bool is_num = *v && !*end && strcmp(h, "build_commit") && strcmp(h, "cpu_mask") &&
+                      strcmp(h, "tensor_split");
         if (is_num) cJSON_AddNumberToObject(o, h, d);
         else cJSON_AddStringToObject(o, h, v);
     }
@@ -345,9 +353,21 @@ START_TEST(test_csv_tp2) {
     for (char *l = strtok(out, "\n"); l && n_lines < 8; l = strtok(NULL, "\n")) lines[n_lines++] = l;
     ck_assert_msg(n_lines == 3, "want a header and 2 rows, got %d lines", n_lines);
     ck_assert_msg(lines[0][0] != '"', "the header is bare, as llama-bench's");
-    char *hdr[64], *val[64];
-    const int n_hdr = csv_split(lines[0], hdr, 64);
-    ck_assert_int_le(n_hdr, 64);
+    char *hdr[96], *val[96];
+    const int n_hdr = csv_split(lines[0], hdr, 96);
+    ck_assert_int_le(n_hdr, 96);
+    // llama-bench's fields first, in its order (test::get_fields), then ours
+    static const char *llama[] = {
+        "build_commit", "build_number", "cpu_info", "gpu_info", "backends", "model_filename",
+        "model_type", "model_size", "model_n_params", "n_batch", "n_ubatch", "n_threads",
+        "cpu_mask", "cpu_strict", "poll", "type_k", "type_v", "n_gpu_layers", "n_cpu_moe",
+        "split_mode", "main_gpu", "no_kv_offload", "flash_attn", "devices", "tensor_split",
+        "tensor_buft_overrides", "use_mmap", "use_direct_io", "embeddings", "no_op_offload",
+        "no_host", "fit_target", "fit_min_ctx", "n_prompt", "n_gen", "n_depth", "test_time",
+        "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"};
+    for (size_t k = 0; k < sizeof llama / sizeof llama[0]; k++)
+        ck_assert_msg((int)k < n_hdr && !strcmp(hdr[k], llama[k]), "CSV column %zu is %s, not %s",
+                      k, (int)k < n_hdr ? hdr[k] : "(none)", llama[k]);
     const char *need[] = {"build_commit", "build_number", "model_filename", "model_type", "model_size",
                           "model_n_params", "n_batch", "n_ubatch", "n_threads", "n_prompt",
                           "n_gen", "n_depth", "test_time", "avg_ns", "stddev_ns", "avg_ts",
@@ -362,7 +382,7 @@ START_TEST(test_csv_tp2) {
     struct want w[2] = {{32, 0, 0, 2, 1}, {0, 8, 0, 2, 1}};
     for (int r = 0; r < 2; r++) {
         ck_assert_msg(lines[1 + r][0] == '"', "row %d: values are quoted", r);
-        const int n_val = csv_split(lines[1 + r], val, 64);
+        const int n_val = csv_split(lines[1 + r], val, 96);
         ck_assert_int_eq(n_val, n_hdr);
         cJSON *o = csv_row_to_json(hdr, val, n_val);
         // CSV prints t/s with 6 decimals (std::to_string, as llama-bench).

@@ -177,7 +177,7 @@ static void md_row(FILE *f, const struct bench_result *r, unsigned extra) {
 /* ---- csv / json ----------------------------------------------------------- */
 
 /* One field of the machine-readable formats. */
-enum fkind { F_STR, F_INT, F_FLOAT, F_ARR_U64, F_ARR_F64 };
+enum fkind { F_STR, F_INT, F_BOOL, F_FLOAT, F_ARR_U64, F_ARR_F64 };
 struct field {
     const char *name;
     enum fkind kind;
@@ -187,7 +187,7 @@ struct field {
     int n_arr;
 };
 
-#define N_FIELDS_MAX 64
+#define N_FIELDS_MAX 96
 
 /* The fields of r in output order. ts holds n_samples t/s values. */
 static int collect_fields(const struct bench_result *r, const double *ts, struct field *fl) {
@@ -200,6 +200,13 @@ static int collect_fields(const struct bench_result *r, const double *ts, struct
 #define S(nm, val) fl[n++] = (struct field){.name = nm, .kind = F_STR, .s = (val) ? (val) : ""}
 #define I(nm, val) fl[n++] = (struct field){.name = nm, .kind = F_INT, .v = (double)(val)}
 #define D(nm, val) fl[n++] = (struct field){.name = nm, .kind = F_FLOAT, .v = (val)}
+#define B(nm, val) fl[n++] = (struct field){.name = nm, .kind = F_BOOL, .v = (val) ? 1 : 0}
+    // llama-bench's fields in its order (test::get_fields), then ours: its own tools
+    // (compare-llama-bench.py) read these rows. The settings it has and tpinfer has not
+    // are written as what tpinfer does: f16 K/V, every layer on the GPU (-ngl 99) with
+    // CUDA, a tensor-parallel split as llama.cpp's "row", the weights mmap'ed, flash
+    // attention on CUDA (the CPU's attention computes the whole score row), no polling.
+    const bool cuda = r->backend && !strcmp(r->backend, "cuda");
     S("build_commit", r->build_commit);
     I("build_number", r->build_number);
     S("cpu_info", r->cpu_info);
@@ -212,9 +219,27 @@ static int collect_fields(const struct bench_result *r, const double *ts, struct
     I("n_batch", r->n_batch);
     I("n_ubatch", r->n_ubatch);
     I("n_threads", r->n_threads);
-    I("tp", r->tp);
-    I("pp", r->pp);
-    S("comm", r->comm);
+    S("cpu_mask", "0x0");
+    B("cpu_strict", false);
+    I("poll", 0);
+    S("type_k", "f16");
+    S("type_v", "f16");
+    I("n_gpu_layers", cuda ? 99 : 0);
+    I("n_cpu_moe", 0);
+    S("split_mode", r->tp > 1 ? "row" : "layer");
+    I("main_gpu", 0);
+    B("no_kv_offload", false);
+    B("flash_attn", cuda);
+    S("devices", "auto");
+    S("tensor_split", "0.00");
+    S("tensor_buft_overrides", "none");
+    B("use_mmap", true);
+    B("use_direct_io", false);
+    B("embeddings", false);
+    I("no_op_offload", 0);
+    B("no_host", false);
+    I("fit_target", 0);
+    I("fit_min_ctx", 0);
     I("n_prompt", r->n_prompt);
     I("n_gen", r->n_gen);
     I("n_depth", r->n_depth);
@@ -224,6 +249,9 @@ static int collect_fields(const struct bench_result *r, const double *ts, struct
     I("stddev_ns", (uint64_t)sd_ns);
     D("avg_ts", mean_ts);
     D("stddev_ts", sd_ts);
+    I("tp", r->tp);
+    I("pp", r->pp);
+    S("comm", r->comm);
     fl[n++] = (struct field){.name = "samples_ns", .kind = F_ARR_U64, .arr = r->samples_ns,
                              .n_arr = r->n_samples};
     fl[n++] = (struct field){.name = "samples_ts", .kind = F_ARR_F64, .arr = ts,
@@ -251,6 +279,7 @@ static int collect_fields(const struct bench_result *r, const double *ts, struct
 #undef S
 #undef I
 #undef D
+#undef B
     return n;
 }
 
@@ -282,6 +311,7 @@ static void csv_row(FILE *f, const struct bench_result *r, const double *ts) {
         switch (fl[i].kind) {
         case F_STR: csv_quoted(f, fl[i].s); break;
         case F_INT:
+        case F_BOOL: // llama-bench writes a bool as 0 / 1 in CSV
             snprintf(buf, sizeof buf, "%.0f", fl[i].v);
             csv_quoted(f, buf);
             break;
@@ -316,6 +346,7 @@ static cJSON *json_object(const struct bench_result *r, const double *ts) {
     for (int i = 0; i < n; i++) {
         switch (fl[i].kind) {
         case F_STR: cJSON_AddStringToObject(o, fl[i].name, fl[i].s); break;
+        case F_BOOL: cJSON_AddBoolToObject(o, fl[i].name, fl[i].v != 0); break;
         case F_INT:
         case F_FLOAT: cJSON_AddNumberToObject(o, fl[i].name, fl[i].v); break;
         case F_ARR_U64:

@@ -582,7 +582,9 @@ int cmd_bench(int argc, char **argv) {
                 if (!gguf_get_int(m->gguf, "general.file_type", &ftype)) ftype = -1;
                 bench_model_type(li.model_type, sizeof li.model_type, m->cfg.arch_name,
                                  m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head, ftype);
-                snprintf(li.gpu_info, sizeof li.gpu_info, "%s", m->ops->device_name(m->octx));
+                // llama-bench leaves gpu_info empty on the CPU (threads are n_threads)
+                snprintf(li.gpu_info, sizeof li.gpu_info, "%s",
+                         strcmp(m->ops->name, "cpu") ? m->ops->device_name(m->octx) : "");
                 const double mine_b[2] = {weight_bytes_per_token(m), kv_bytes_per_position(m)};
                 double all_b[2 * BENCH_MAX_RANKS];
                 MPI_Gather(mine_b, 2, MPI_DOUBLE, all_b, 2, MPI_DOUBLE, 0, g.world);
