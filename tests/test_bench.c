@@ -497,6 +497,39 @@ START_TEST(test_error_missing_model) {
 }
 END_TEST
 
+/* llama-bench's ranges: -p 4-16*2 is 4, 8, 16; -n 1-7+3,9 is 1, 4, 7, 9 (one tg row
+ * each); a range that does not end or runs backwards is a usage error. */
+START_TEST(test_ranges) {
+    MODEL_OR_SKIP(path);
+    char args[1024];
+    snprintf(args, sizeof args, "-m %s -p 4-16*2 -n 1-7+3,9 -r 1 -t 1 -o jsonl", path);
+    int code;
+    char *out = run_bench(0, args, &code);
+    ck_assert_int_eq(code, 0);
+    static const int want[][2] = {{4, 0}, {8, 0}, {16, 0}, {0, 1}, {0, 4}, {0, 7}, {0, 9}};
+    int n = 0;
+    for (char *l = strtok(out, "\n"); l; l = strtok(NULL, "\n"), n++) {
+        cJSON *o = cJSON_Parse(l);
+        ck_assert_int_lt(n, 7);
+        ck_assert_int_eq((int)num(o, "n_prompt"), want[n][0]);
+        ck_assert_int_eq((int)num(o, "n_gen"), want[n][1]);
+        cJSON_Delete(o);
+    }
+    ck_assert_int_eq(n, 7);
+    free(out);
+    static const char *bad[] = {"4-8*1", "8-4", "4-8+0", "0-8*2", "4-"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(args, sizeof args, "-m %s -p %s -n 0", path, bad[i]);
+        out = run_bench(0, args, &code);
+        char *err = read_stderr();
+        ck_assert_msg(code == 2 && strstr(err, "ranges FIRST-LAST"), "-p %s: exit %d: %s", bad[i],
+                      code, err);
+        free(out);
+        free(err);
+    }
+}
+END_TEST
+
 /* A model that cannot be loaded is skipped, as llama-bench skips it: the next one runs
  * and the exit status is 1. Without -t, a rank's row reports the threads it ran with
  * (its share of the node's cores under mpirun, which the load table names too). */
@@ -596,6 +629,7 @@ int main(void) {
     tcase_add_test(tc, test_error_tp_world);
     tcase_add_test(tc, test_error_missing_model);
     tcase_add_test(tc, test_skip_missing_and_threads);
+    tcase_add_test(tc, test_ranges);
     tcase_add_test(tc, test_many_tests);
     tcase_add_test(tc, test_json_tp2);
     tcase_add_test(tc, test_json_depth);

@@ -75,7 +75,8 @@ static void usage(FILE *f) {
             "  --tp N --pp N          tensor / pipeline parallel sizes (tp*pp = MPI world)\n"
             "  --pp-layers a,b,...    layers per stage (balanced)\n"
             "  --backend cpu|cuda|auto, --comm mpi|nccl, --comm-timeout S, -v\n"
-            "Comma lists run every combination, e.g. -p 128,512 -n 0,128.\n");
+            "Comma lists run every combination, e.g. -p 128,512 -n 0,128; a value may be\n"
+            "llama-bench's range FIRST-LAST[+STEP|*MULT], e.g. -p 64-512*2 (64,128,256,512).\n");
 }
 
 /* Append "a,b,c" to l (values in [lo, hi]); -1 after printing an error. */
@@ -86,19 +87,38 @@ static int parse_list(struct int_list *l, const char *opt, const char *s, int lo
     }
     const char *p = s;
     while (*p) {
+        // N, or llama-bench's range FIRST-LAST[+STEP|*MULT] (step 1 by default)
         char *end;
         errno = 0;
-        long v = strtol(p, &end, 10);
-        if (errno || end == p || v < lo || v > hi || (*end && *end != ',')) {
-            fprintf(stderr, "tpinfer " CMD ": %s expects integers in [%d, %d], got '%s'\n", opt, lo,
-                    hi, s);
+        long v = strtol(p, &end, 10), last = v, step = 1;
+        char op = '+';
+        bool ok = !errno && end != p && *p != '-' && *p != '+';
+        if (ok && *end == '-') {
+            const char *q = end + 1;
+            last = strtol(q, &end, 10);
+            ok = !errno && end != q && *q != '-' && *q != '+' && last >= v;
+            if (ok && (*end == '+' || *end == '*')) {
+                op = *end;
+                q = end + 1;
+                step = strtol(q, &end, 10);
+                ok = !errno && end != q && *q != '-' && *q != '+' &&
+                     (op == '+' ? step >= 1 : step >= 2 && v >= 1) && step <= 1L << 24;
+            }
+        }
+        if (!ok || v < lo || last > hi || (*end && *end != ',')) {
+            fprintf(stderr,
+                    "tpinfer " CMD ": %s expects integers in [%d, %d] or ranges FIRST-LAST[+STEP|"
+                    "*MULT], got '%s'\n",
+                    opt, lo, hi, s);
             return -1;
         }
-        if (l->n == MAX_LIST) {
-            fprintf(stderr, "tpinfer " CMD ": %s: more than %d values\n", opt, MAX_LIST);
-            return -1;
+        for (long x = v; x <= last; x = op == '+' ? x + step : x * step) {
+            if (l->n == MAX_LIST) {
+                fprintf(stderr, "tpinfer " CMD ": %s: more than %d values\n", opt, MAX_LIST);
+                return -1;
+            }
+            l->v[l->n++] = (int)x;
         }
-        l->v[l->n++] = (int)v;
         p = *end ? end + 1 : end;
     }
     if (l->n == 0) {
