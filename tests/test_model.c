@@ -309,8 +309,10 @@ START_TEST(test_perplexity_cli) {
     ck_assert_str_eq(got, want);
     free(out);
 
-    // --chunks 1 scores the first window alone: the running line's first value
-    snprintf(cmd, sizeof cmd, "'%s' perplexity -m '%s' -f '%s' -c 128 --chunks 1 -t 2 2>/dev/null",
+    // --chunks 1 scores the first window alone: the running line's first value (-b, as
+    // llama-perplexity's command lines give it, changes nothing)
+    snprintf(cmd, sizeof cmd,
+             "'%s' perplexity -m '%s' -f '%s' -c 128 --chunks 1 -b 64 -t 2 2>/dev/null",
              tu_binary(), gguf, textp);
     out = tu_run_capture(cmd, &st);
     ck_assert_int_eq(st, 0);

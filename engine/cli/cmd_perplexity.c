@@ -19,7 +19,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: tpinfer perplexity -m FILE -f TEXT [-c N] [options]\n"
                "  -f, --file TEXT        text file to score\n"
                "  -c, --ctx-size N       window size in tokens (512)\n"
-               "  --chunks N             score the first N windows only (-1: all)\n");
+               "  --chunks N             score the first N windows only (-1: all)\n"
+               "  -b, --batch-size N     taken for llama-perplexity's command lines; each\n"
+               "                         window is one forward (in --ubatch pieces) whatever N\n");
     cli_common_usage(f, false);
 }
 
@@ -96,6 +98,18 @@ int cmd_perplexity(int argc, char **argv) {
             file = argv[++i];
             continue;
         }
+        if ((!strcmp(argv[i], "-b") || !strcmp(argv[i], "--batch-size")) && i + 1 < argc) {
+            // llama-perplexity's batch only groups its decode calls: the result is the same
+            char *end;
+            errno = 0;
+            const long b = strtol(argv[++i], &end, 10);
+            if (errno || end == argv[i] || *end || b < 1 || b > 1 << 24) {
+                fprintf(stderr, "tpinfer perplexity: -b expects a positive integer, got '%s'\n",
+                        argv[i]);
+                return 2;
+            }
+            continue;
+        }
         if (!strcmp(argv[i], "--chunks") && i + 1 < argc) {
             char *end;
             errno = 0;
@@ -108,7 +122,8 @@ int cmd_perplexity(int argc, char **argv) {
             }
             continue;
         }
-        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--chunks")) {
+        if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file") || !strcmp(argv[i], "--chunks") ||
+            !strcmp(argv[i], "-b") || !strcmp(argv[i], "--batch-size")) {
             fprintf(stderr, "tpinfer perplexity: %s needs a value\n", argv[i]);
             return 2;
         }
