@@ -1374,7 +1374,8 @@ static int token_id_of(const char *s) {
 /* OpenAI lines run with vLLM's semantics (-c 128): a completion without max_tokens stops
  * at 16, null runs to the context's end (a chat without it too); max_tokens past the
  * context is the line's error; greedy n > 1, top_logprobs without logprobs and top_p 0
- * are refused; truncate_prompt_tokens keeps the prompt's last tokens;
+ * are refused; a line without sampling fields samples with vLLM's defaults (temperature 1,
+ * no filter); truncate_prompt_tokens keeps the prompt's last tokens;
  * return_tokens_as_token_ids names tokens "token_id:N"; echo with max_tokens 0 is the
  * prompt alone; the end-of-generation token counts in the usage and, as the
  * max_tokens-th token, is a "length"; temperature applies before min-p (every draw at
@@ -1413,13 +1414,18 @@ START_TEST(test_vllm_semantics) {
              "\"ignore_eos\": true}}\n"
              CMPL "\"prompt\": %s, \"temperature\": 0, \"max_tokens\": 1, \"repetition_penalty\": "
              "100, \"logprobs\": 0, \"return_tokens_as_token_ids\": true}}\n"
-             CMPL "\"prompt\": \"the quick\", \"top_p\": 0}}\n",
-             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, rep, 14);
+             CMPL "\"prompt\": \"the quick\", \"top_p\": 0}}\n"
+             CMPL "\"prompt\": \"the quick\", \"max_tokens\": 12, \"seed\": 7}}\n"
+             CMPL "\"prompt\": \"the quick\", \"max_tokens\": 12, \"seed\": 7, \"temperature\": 1, "
+             "\"top_p\": 1, \"top_k\": -1, \"min_p\": 0}}\n"
+             CMPL "\"prompt\": \"the quick\", \"max_tokens\": 12, \"seed\": 7, \"temperature\": "
+             "0.8, \"top_p\": 0.95, \"top_k\": 40, \"min_p\": 0.05}}\n",
+             1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, rep, 14, 15, 16, 17);
 #undef CMPL
 #undef CHAT
     write_file(path_in("v.jsonl"), text);
     const char *args[] = {"-f", path_in("v.jsonl"), "-o", path_in("v.out"), "-c", "128", NULL};
-    char *norm = run_records(1, args, path_in("v.out"), 14);
+    char *norm = run_records(1, args, path_in("v.out"), 17);
     cJSON *rec;
     const cJSON *b = oai_body(norm, 1, &rec); // max_tokens absent: 16
     ck_assert_int_eq(usage_of(b, "completion_tokens"), 16);
@@ -1436,6 +1442,18 @@ START_TEST(test_vllm_semantics) {
         {14, "\"top_p\" must be in (0, 1]"},
     };
     expect_errors(norm, errs, sizeof errs / sizeof errs[0]);
+    // A line without sampling fields draws as vLLM's defaults do (the same seed, the same
+    // text as temperature 1 with every filter off), not as llama.cpp's.
+    char *texts[3];
+    for (int k = 0; k < 3; k++) {
+        b = oai_body(norm, 15 + k, &rec);
+        texts[k] = strdup(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"),
+                                                                 0), "text")->valuestring);
+        cJSON_Delete(rec);
+    }
+    ck_assert_str_eq(texts[0], texts[1]);
+    ck_assert_msg(strcmp(texts[0], texts[2]), "llama.cpp's defaults drew the same: '%s'", texts[2]);
+    for (int k = 0; k < 3; k++) free(texts[k]);
     b = oai_body(norm, 7, &rec); // truncate_prompt_tokens 2: the last two
     ck_assert_int_eq(usage_of(b, "prompt_tokens"), 2);
     const char *t7 = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(b, "choices"), 0),

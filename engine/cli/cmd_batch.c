@@ -89,7 +89,8 @@ void cmd_run_batch_options(FILE *out) {
 static void usage(FILE *out) {
     fprintf(out, "usage: tpinfer run -m MODEL.gguf -f PROMPTS [-o RESULTS] [options]\n");
     cmd_run_batch_options(out);
-    fprintf(out, "Sampling defaults for the requests that do not set their own:\n");
+    fprintf(out, "Sampling defaults for the requests that do not set their own (OpenAI lines\n"
+                 "take vLLM's, temperature 1 and no filter, where these are not given):\n");
     cli_sampling_usage(out);
     fprintf(out, "Model and parallel options (as tpinfer run -p):\n");
     cli_common_usage(out, true);
@@ -100,7 +101,7 @@ struct batch_opts {
     const char *file, *output;
     int n_parallel, max_tokens, n_logprobs;
     int enable_thinking; /* --chat-template-kwargs (-1: unset) */
-    struct sampler_params sp;
+    struct sampler_params sp, sp_openai; /* ours; OpenAI lines (vLLM's defaults) */
     bool ordered, resume, fsync, progress, chat, no_prefix_share;
 };
 
@@ -120,12 +121,17 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
     o->max_tokens = -1;
     o->enable_thinking = -1;
     sampler_params_default(&o->sp);
+    sampler_params_openai(&o->sp_openai);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true, takes = true;
         int common = cli_common_parse(&o->c, argc, argv, &i, "run");
-        if (!common) common = cli_sampling_parse(&o->sp, argc, argv, &i, "run");
+        if (!common) { // a sampling option given sets both formats' defaults
+            int j = i;
+            common = cli_sampling_parse(&o->sp, argc, argv, &i, "run");
+            if (common > 0) cli_sampling_parse(&o->sp_openai, argc, argv, &j, "run");
+        }
         if (common < 0) return 2;
         if (common > 0) continue;
 #define IS(s) (strcmp(a, s) == 0)
@@ -364,6 +370,7 @@ int cmd_run_batch(int argc, char **argv) {
     if (root) {
         struct req_defaults d = {.max_tokens = o.max_tokens,
                                  .sp = o.sp,
+                                 .sp_openai = o.sp_openai,
                                  .seed = o.c.seed,
                                  .n_logprobs = o.n_logprobs,
                                  .chat = o.chat,
@@ -371,6 +378,7 @@ int cmd_run_batch(int argc, char **argv) {
                                  .n_ctx = m->n_ctx,
                                  .n_vocab = m->cfg.n_vocab};
         if (d.sp.repeat_last_n < 0) d.sp.repeat_last_n = m->n_ctx; // -1: the whole context
+        if (d.sp_openai.repeat_last_n < 0) d.sp_openai.repeat_last_n = m->n_ctx;
         rc = output_apart(o.output, o.file, o.c.model, &err);
         if (!rc) rc = batch_input_load(o.file, tok, &d, &ctx.in, &err);
         if (!rc && o.resume) rc = batch_resume_scan(o.output, &ctx.in, &n_resumed, &err);

@@ -26,6 +26,17 @@ void sampler_params_default(struct sampler_params *p) {
                                  .seed = 0};
 }
 
+void sampler_params_openai(struct sampler_params *p) {
+    *p = (struct sampler_params){.temp = 1.0f,
+                                 .top_k = 0,
+                                 .top_p = 1.0f,
+                                 .min_p = 0.0f,
+                                 .repeat_penalty = 1.0f,
+                                 .repeat_last_n = 64,
+                                 .seed = 0,
+                                 .temp_first = true};
+}
+
 static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;

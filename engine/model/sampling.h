@@ -34,6 +34,10 @@ struct sampler_params {
 /* llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, penalty 1.0 over 64. */
 void sampler_params_default(struct sampler_params *p);
 
+/* OpenAI's and vLLM's defaults for a request that sets none: temperature 1, every filter
+ * and penalty off, in vLLM's order (temp_first). */
+void sampler_params_openai(struct sampler_params *p);
+
 struct sampler_cand {
     int32_t id;
     float logit;

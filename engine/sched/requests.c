@@ -659,6 +659,11 @@ static void parse_json_line(struct batch_req *r, const char *text, size_t len,
         r->max_tokens = 16;
         r->max_tokens_fit = true;
     }
+    // A line that sets no sampling field samples as vLLM would (temperature 1, no
+    // filter), unless the run's own options say otherwise.
+    const uint64_t seed = r->sp.seed;
+    r->sp = d->sp_openai;
+    r->sp.seed = seed;
     r->sp.temp_first = true;
     if (get_sampling(r, body) || get_ends(r, body, d) || get_vllm_extras(r, body)) {
         cJSON_Delete(j);

@@ -43,6 +43,8 @@ enum req_format {
 struct req_defaults {
     int max_tokens;            /* -n; <= 0: until the context is full */
     struct sampler_params sp;  /* --temp, --top-k, --top-p, --min-p, --repeat-penalty */
+    struct sampler_params sp_openai; /* the same for OpenAI lines: vLLM's defaults, with
+                                        the sampling options the run gives */
     uint64_t seed;             /* --seed: a request without one uses seed + line */
     int n_logprobs;            /* --logprobs K for every request of ours (0: none) */
     bool chat;                 /* --chat: plain lines and "prompt" strings become user turns */
