@@ -9,6 +9,7 @@
  */
 #define _GNU_SOURCE /* strndup */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "gguf.h"
 #include "kernels/quant.h"
 #include "model/model.h"
+#include "text/json_py.h"
 
 static void usage(FILE *out) {
     fprintf(
@@ -98,21 +100,17 @@ static void print_name(const char *s, size_t len, int width) {
     for (; n < width; n++) putchar(' ');
 }
 
-/* A float as the shortest %g of at least `prec` digits that reads back as v, marked as a
- * float the way gguf-dump (Python) shows one: 1000000.0, not 1000000. */
-static void print_float(double v, int prec, bool f32) {
-    char buf[64];
-    for (; prec <= 17; prec++) {
-        snprintf(buf, sizeof buf, "%.*g", prec, v);
-        const double back = strtod(buf, NULL);
-        if (f32 ? (float)back == (float)v : back == v) break;
+/* A float as gguf-dump (Python) shows one: the shortest digits, 1000000.0 not 1000000;
+ * nan and inf as C prints them. */
+static void print_float(double v) {
+    if (!isfinite(v)) {
+        printf("%g", v);
+        return;
     }
-    const char *e = strchr(buf, 'e');
-    const int exp10 = e ? atoi(e + 1) : 0;
-    if (e && exp10 >= -4 && exp10 < 16) // Python's repr: positional there (1000000.0)
-        snprintf(buf, sizeof buf, "%.*f", prec - 1 - exp10 > 0 ? prec - 1 - exp10 : 0, v);
-    fputs(buf, stdout);
-    if (strspn(buf, "-0123456789") == strlen(buf)) fputs(".0", stdout);
+    struct json_buf b = {0};
+    json_py_put_float(&b, v);
+    fputs(b.p && !b.failed ? b.p : "?", stdout);
+    free(b.p);
 }
 
 static void print_scalar(enum gguf_vtype t, const uint8_t *p) {
@@ -123,11 +121,11 @@ static void print_scalar(enum gguf_vtype t, const uint8_t *p) {
     switch (t) {
     case GGUF_VT_F32:
         memcpy(&f32, p, 4);
-        print_float(f32, 6, true);
+        print_float(f32_as_short_double(f32));
         break;
     case GGUF_VT_F64:
         memcpy(&f64, p, 8);
-        print_float(f64, 15, false);
+        print_float(f64);
         break;
     case GGUF_VT_BOOL:
         fputs(p[0] ? "true" : "false", stdout);

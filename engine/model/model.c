@@ -163,9 +163,9 @@ int model_cpu_threads(int n_threads, const struct tpi_grid *grid) {
     return TPI_MAX(1, tpi_cpu_count() / local);
 }
 
-/* The context the run will have (model_load's rule): -c, else min(4096, the file's
- * <arch>.context_length, 4096 when absent). Read before the config, so that -c 4096 on
- * one rank and the default on another are one run when the default is 4096. */
+/* The context a run has: -c, else min(4096, the file's <arch>.context_length, 4096 when
+ * absent). The run identity compares it (so -c 4096 on one rank and the default on
+ * another are one run when the default is 4096), and model_load sizes the KV cache by it. */
 static int32_t run_ctx(const struct model_params *p, const struct gguf_file *f) {
     if (p->n_ctx > 0) return p->n_ctx;
     struct gguf_str arch;
@@ -300,7 +300,7 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
                          p->n_pp_layers, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
 
-    m->n_ctx = p->n_ctx > 0 ? p->n_ctx : TPI_MIN(4096, m->cfg.n_ctx_train);
+    m->n_ctx = run_ctx(p, m->gguf); // the identity compared the same value
     m->n_slot = p->n_slot > 0 ? p->n_slot : 1;
     int n_ubatch = p->n_ubatch > 0 ? p->n_ubatch : 512;
 

@@ -311,6 +311,22 @@ static int text_append(struct slot *s, const char *bytes, size_t n) {
 
 enum finish { FIN_NONE = 0, FIN_EOG, FIN_STOP_STRING, FIN_LENGTH, FIN_ERROR };
 
+/* After text[before..n_text) was appended: whether a stop string ends in it, and if so
+ * the text cut there (after it with keep_stop_string), s->stop_which naming it. vLLM's
+ * detokenizer looks once more than min_tokens tokens exist (the text of the first
+ * min_tokens only as the start of one that straddles), and takes the first listed string
+ * that ends in the new text (it may straddle the old end), not the earliest of them. */
+static bool cut_at_stop(struct slot *s, size_t before) {
+    if (s->n_stop == 0 || s->n_text == before || s->n_tokens <= s->min_tokens) return false;
+    long at = gen_find_stop_listed(s->text, s->n_text, before, (const char *const *)s->stop,
+                                   s->n_stop, &s->stop_which);
+    if (at < 0) return false;
+    if (s->keep_stop_string) at += (long)strlen(s->stop[s->stop_which]);
+    s->n_text = (size_t)at;
+    s->text[at] = '\0';
+    return true;
+}
+
 /* Append token id (with its logprobs) to slot s; returns how the sequence ends, or
  * FIN_NONE while it goes on. Deterministic, so every rank agrees. */
 static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int32_t id,
@@ -337,20 +353,7 @@ static enum finish apply_token(struct slot *s, const struct tokenizer *tok, int3
         *rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for text");
         return FIN_ERROR;
     }
-    // vLLM's detokenizer looks for stop strings once more than min_tokens tokens exist
-    // (the text of the first min_tokens only as the start of one that straddles).
-    if (s->n_stop > 0 && nb > 0 && s->n_tokens > s->min_tokens) {
-        // vLLM's order: the first listed string that ends in the new text (it may
-        // straddle the old end); not the earliest of them.
-        long at = gen_find_stop_listed(s->text, s->n_text, before, (const char *const *)s->stop,
-                                       s->n_stop, &s->stop_which);
-        if (at >= 0) {
-            if (s->keep_stop_string) at += (long)strlen(s->stop[s->stop_which]);
-            s->n_text = (size_t)at;
-            s->text[at] = '\0';
-            return FIN_STOP_STRING;
-        }
-    }
+    if (cut_at_stop(s, before)) return FIN_STOP_STRING;
     if (s->n_tokens >= s->max_gen) return FIN_LENGTH;
     return FIN_NONE;
 }
@@ -675,17 +678,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                     break;
                 }
                 // the released U+FFFD may complete a stop string: the text never holds one
-                if (nb > 0 && s->n_stop > 0 && s->n_tokens > s->min_tokens) {
-                    long at = gen_find_stop_listed(s->text, s->n_text, before,
-                                                   (const char *const *)s->stop, s->n_stop,
-                                                   &s->stop_which);
-                    if (at >= 0) {
-                        if (s->keep_stop_string) at += (long)strlen(s->stop[s->stop_which]);
-                        s->n_text = (size_t)at;
-                        s->text[at] = '\0';
-                        fin = FIN_STOP_STRING;
-                    }
-                }
+                if (cut_at_stop(s, before)) fin = FIN_STOP_STRING;
             }
             if (is_root && cb->done) {
                 struct sched_result res = {

@@ -184,7 +184,7 @@ void json_py_put_string(struct json_buf *b, const char *s) {
 
 /* A float as Python's repr writes it: the shortest digits that read back as the same
  * double, in positional form for decimal exponents -4..15 and as d.ddde+XX otherwise. */
-static void put_py_float(struct json_buf *b, double v) {
+void json_py_put_float(struct json_buf *b, double v) {
     if (isinf(v)) { // json.loads("1e999") is inf, and json.dumps writes it so
         put_s(b, v < 0 ? "-Infinity" : "Infinity");
         return;
@@ -277,7 +277,7 @@ static const char *scan_number(const char *p, const char *e, struct json_buf *ou
     }
     memcpy(t, s, n);
     t[n] = '\0';
-    put_py_float(out, strtod(t, NULL));
+    json_py_put_float(out, strtod(t, NULL));
     if (t != tmp) free(t);
     return p;
 }

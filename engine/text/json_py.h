@@ -64,6 +64,10 @@ void json_buf_put(struct json_buf *b, const char *s, size_t n);
 /* Append Python's json.dumps form of the UTF-8 string s (a quoted, escaped literal). */
 void json_py_put_string(struct json_buf *b, const char *s);
 
+/* Append a double as Python's repr writes it (the shortest digits that read back as v,
+ * positional for decimal exponents -4..15: 1000000.0, 1e-06; inf as Infinity). */
+void json_py_put_float(struct json_buf *b, double v);
+
 /* Append Python's json.dumps form of the JSON value [vb, ve); false with *why when it
  * cannot be printed so (as json_py_dumps). */
 bool json_py_put(struct json_buf *b, const char *vb, const char *ve, const char **why);
