@@ -527,6 +527,14 @@ START_TEST(test_ranges) {
         free(out);
         free(err);
     }
+    // -r is one count (a list ran its first value only).
+    snprintf(args, sizeof args, "-m %s -p 4 -n 0 -r 1,3", path);
+    out = run_bench(0, args, &code);
+    char *err = read_stderr();
+    ck_assert_msg(code == 2 && strstr(err, "-r takes one count, got '1,3'"), "-r 1,3: exit %d: %s",
+                  code, err);
+    free(out);
+    free(err);
 }
 END_TEST
 

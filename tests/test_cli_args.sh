@@ -23,6 +23,12 @@ printf '{"id": "a", "prompt": "Hello", "max_tokens": 4}\n' >"$tmp/p.jsonl"
 run_p=(run -m "$m" --backend cpu -p Hello -n 4)
 run_f=(run -m "$m" --backend cpu -f "$tmp/p.jsonl")
 
+# A single prompt's option given with -f names the request field that does its work.
+"$tp" "${run_f[@]}" --stop x >"$tmp/out" 2>"$tmp/err"
+rc=$?
+[ "$rc" = 2 ] && [ "$(cat "$tmp/err")" = 'tpinfer run: --stop applies to -p; with -f a request line sets "stop"' ] ||
+    fail "run -f --stop: exit $rc: $(cat "$tmp/err")"
+
 # `run --help` shows both forms: the batch options with the single prompt's.
 help=$("$tp" run --help 2>&1)
 for opt in --prompt-ids --parallel --resume --no-prefix-share --top-p --tp; do

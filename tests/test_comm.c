@@ -499,6 +499,25 @@ START_TEST(test_cli_single_rank_warns) {
 }
 END_TEST
 
+/* The start-up limit as the other commands spell it (the README's hang checklist runs
+ * comm "with the same options"), and a limit that is not seconds > 0 refused. */
+START_TEST(test_cli_timeout_spellings) {
+    char cmd[1024], *out, *errt;
+    double secs;
+    snprintf(cmd, sizeof cmd, "%s comm --check-only --comm-timeout 5", tu_binary());
+    int rc = run_cmd(cmd, &out, &errt, &secs);
+    ck_assert_msg(rc == 0 && strstr(errt, "timeout 5 s"), "exit %d\nstderr:\n%s", rc, errt);
+    free(out);
+    free(errt);
+    snprintf(cmd, sizeof cmd, "%s comm --check-only --timeout 5x", tu_binary());
+    rc = run_cmd(cmd, &out, &errt, &secs);
+    ck_assert_msg(rc == 2 && strstr(errt, "--timeout expects seconds > 0, got '5x'"),
+                  "exit %d\nstderr:\n%s", rc, errt);
+    free(out);
+    free(errt);
+}
+END_TEST
+
 START_TEST(test_cli_nccl_refused) {
     char cmd[1024], *out, *errt;
     double secs;
@@ -542,6 +561,7 @@ static int run_cli_suite(void) {
     tcase_add_test(tc, test_cli_sweep);
     tcase_add_test(tc, test_cli_json);
     tcase_add_test(tc, test_cli_single_rank_warns);
+    tcase_add_test(tc, test_cli_timeout_spellings);
     tcase_add_test(tc, test_cli_nccl_refused);
     tcase_add_test(tc, test_cli_options_differ);
     suite_add_tcase(s, tc);

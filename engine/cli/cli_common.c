@@ -32,7 +32,7 @@ void cli_common_usage(FILE *f, bool ctx_line) {
             "  --comm NAME            mpi | nccl (nccl with cuda, else mpi)\n");
     if (ctx_line) fprintf(f, "  -c, --ctx-size N       KV cache positions (min(4096, model context))\n");
     fprintf(f,
-            "  -t, --threads N        CPU threads (all cores)\n"
+            "  -t, --threads N        CPU threads (the node's cores shared by its ranks)\n"
             "  --ubatch N             tokens per micro-batch (512)\n"
             "  --seed N               sampling seed, -1 = random (random)\n"
             "  --comm-timeout S       seconds before a silent peer is an error (60)\n"

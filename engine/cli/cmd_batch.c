@@ -78,10 +78,11 @@ void cmd_run_batch_options(FILE *out) {
             "                        of lines without their own \"chat_template_kwargs\"\n"
             "  --no-prefix-share     prefill every prompt whole (default: a prompt that begins\n"
             "                        like one whose KV a slot still holds reuses that prefix)\n"
-            "  -n, --max-tokens N    tokens to generate per request (default: up to the context)\n"
+            "  -n, --max-tokens N    tokens to generate per request (N >= 1; default or -1: up\n"
+            "                        to the context)\n"
             "  --seed S              run seed (default 0; -1 = random, printed); a request\n"
             "                        without \"seed\" uses S + its line\n"
-            "  --logprobs K          top-K logprobs per generated token for every request\n"
+            "  --logprobs K          top-K logprobs (0-20) per generated token for every request\n"
             "A line that cannot run gets an error record and is named on stderr; the others\n"
             "run, and the exit status is then 4 (0: every line ran; 1: the run failed).\n");
 }
@@ -111,6 +112,26 @@ static bool parse_int(const char *s, int *out) {
     if (!*s || *e || v < -1000000000L || v > 1000000000L) return false;
     *out = (int)v;
     return true;
+}
+
+/* The request-line field that does with -f what single-prompt option a does with -p;
+ * NULL when a is not one of those options. */
+static const char *single_prompt_field(const char *a) {
+    static const char *const map[][2] = {
+        {"--stop", "\"stop\""},
+        {"--logit-bias", "\"logit_bias\""},
+        {"--ignore-eos", "\"ignore_eos\""},
+        {"--system", "a system turn in \"messages\""},
+        {"--prompt-logprobs", "\"echo\": true with \"logprobs\" (a /v1/completions line)"},
+        {"--json", "nothing: records are JSON lines"},
+        {"--no-escape", "nothing: lines are taken as written"},
+        {"--prompt-ids", "\"prompt\" as an array of token ids"},
+        {"-p", "\"prompt\" (or give a plain-text line)"},
+        {"--prompt", "\"prompt\" (or give a plain-text line)"},
+    };
+    for (size_t k = 0; k < sizeof map / sizeof map[0]; k++)
+        if (!strcmp(a, map[k][0])) return map[k][1];
+    return NULL;
 }
 
 /* Returns 0, or 2 after printing a usage error. */
@@ -161,7 +182,12 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
             else if (IS("--chat")) o->chat = true;
             else if (IS("--no-prefix-share")) o->no_prefix_share = true;
             else {
-                fprintf(stderr, "tpinfer run: unknown option '%s' (tpinfer run --help)\n", a);
+                const char *field = single_prompt_field(a);
+                if (field)
+                    fprintf(stderr, "tpinfer run: %s applies to -p; with -f a request line sets %s\n",
+                            a, field);
+                else
+                    fprintf(stderr, "tpinfer run: unknown option '%s' (tpinfer run --help)\n", a);
                 return 2;
             }
         }

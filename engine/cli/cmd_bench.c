@@ -66,16 +66,17 @@ static void usage(FILE *f) {
             "  -pg PP,TG              prompt then generation test (repeatable)\n"
             "  -d, --n-depth N[,N]    KV cache filled to N positions first (0)\n"
             "  -r, --repetitions N    repetitions per test (5)\n"
-            "  -b, --batch-size N     tokens per forward while prompting (2048)\n"
-            "  -ub, --ubatch-size N   micro-batch capacity (default: the longest prompt)\n"
-            "  -t, --threads N[,N]    CPU threads per rank (0: all cores)\n"
+            "  -b, --batch-size N[,N] tokens per forward while prompting (2048)\n"
+            "  -ub, --ubatch-size N[,N] micro-batch capacity (default: the longest prompt)\n"
+            "  -t, --threads N[,N]    CPU threads per rank (0: the node's cores shared by its ranks)\n"
             "  --no-warmup            skip the untimed warm-up run of each test\n"
             "  -o, --output FMT       md | csv | json | jsonl (md)\n"
             "  --roofline-gbps X      per-GPU memory read roofline in GB/s: print tg's fraction\n"
             "  --tp N --pp N          tensor / pipeline parallel sizes (tp*pp = MPI world)\n"
             "  --pp-layers a,b,...    layers per stage (balanced)\n"
             "  --backend cpu|cuda|auto, --comm mpi|nccl, --comm-timeout S, -v\n"
-            "Comma lists run every combination, e.g. -p 128,512 -n 0,128; a value may be\n"
+            "Each -p value is a pp test and each -n value a tg test (-pg for both in one);\n"
+            "lists of -b, -ub, -t and -d run every combination with them. A value may be\n"
             "llama-bench's range FIRST-LAST[+STEP|*MULT], e.g. -p 64-512*2 (64,128,256,512).\n");
 }
 
@@ -208,6 +209,10 @@ static int parse_args(int argc, char **argv, struct bench_opts *o) {
         } else if (IS("-r") || IS("--repetitions")) {
             struct int_list l = {0};
             rc = parse_list(&l, a, val, 1, 100000);
+            if (!rc && l.n != 1) {
+                fprintf(stderr, "tpinfer bench: %s takes one count, got '%s'\n", a, val);
+                rc = -1;
+            }
             if (!rc) o->reps = l.v[0];
         } else if (IS("-b") || IS("--batch-size")) {
             rc = parse_list(&o->n_batch, a, val, 1, big);

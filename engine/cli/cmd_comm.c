@@ -18,6 +18,7 @@
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +50,8 @@ static void usage(FILE *out) {
                  "  -n, --iters N        timed iterations per size (default 20)\n"
                  "  -w, --warmup N       untimed iterations per size (default 5)\n"
                  "  -d, --datatype T     float|half|bfloat16|int32 (default float)\n"
-                 "  --timeout S          seconds to wait for all ranks at start-up (default 60)\n"
+                 "  --timeout S          seconds to wait for all ranks at start-up (default 60;\n"
+                 "                       --comm-timeout S is the same, as the other commands spell it)\n"
                  "  --check-only         only the all-reduce sanity check\n"
                  "  --json               one JSON document on stdout\n");
 }
@@ -105,6 +107,7 @@ static int parse_args(int argc, char **argv, struct comm_opts *o) {
                                           {"warmup", required_argument, 0, 'w'},
                                           {"datatype", required_argument, 0, 'd'},
                                           {"timeout", required_argument, 0, O_TIMEOUT},
+                                          {"comm-timeout", required_argument, 0, O_TIMEOUT},
                                           {"check-only", no_argument, 0, O_CHECK},
                                           {"json", no_argument, 0, O_JSON},
                                           {"help", no_argument, 0, 'h'},
@@ -153,9 +156,18 @@ static int parse_args(int argc, char **argv, struct comm_opts *o) {
                 return 2;
             }
             break;
-        case O_TIMEOUT:
-            o->timeout_s = atof(optarg);
+        case O_TIMEOUT: {
+            // As the other commands' --comm-timeout: seconds > 0.
+            char *end = NULL;
+            errno = 0;
+            const double t = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(t > 0)) {
+                fprintf(stderr, "tpinfer comm: --timeout expects seconds > 0, got '%s'\n", optarg);
+                return 2;
+            }
+            o->timeout_s = t;
             break;
+        }
         case O_CHECK:
             o->check_only = 1;
             break;

@@ -21,7 +21,7 @@ static void usage(FILE *out) {
         "  --arch qwen2|qwen3    architecture (qwen2: q/k/v biases; qwen3: q/k norms)\n"
         "  --layers N --embd N --heads N --kv-heads N --head-dim N --ff N\n"
         "  --vocab N             vocabulary size (pads with [PADn] tokens)\n"
-        "  --ctx N               context_length metadata (default 4096)\n"
+        "  --ctx N               context_length metadata (default 4096; the qwen3-* presets 40960)\n"
         "  --tied | --untied     share token_embd as the output projection or not\n"
         "  --type T              f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k_s q4_k_m q5_k_s\n"
         "                        q5_k_m q6_k (q4_k/q5_k = q4_k_m/q5_k_m); mixes as llama-quantize\n"

@@ -60,8 +60,10 @@ static void usage(FILE *f) {
     cli_common_usage(f, true);
     fprintf(f, "\nusage: tpinfer run -m FILE -f PROMPTS [-o RESULTS] [options]\n"
                "A file of requests through the continuous-batching engine. Its own options\n"
-               "follow; the sampling, model and parallel options above apply as well (the\n"
-               "sampling ones as defaults for requests that do not set their own):\n");
+               "follow; the sampling options (--temp ... --repeat-last-n) and the model and\n"
+               "parallel ones above apply as well, the sampling ones as defaults for requests\n"
+               "that do not set their own. --stop, --logit-bias, --ignore-eos and --system are\n"
+               "a request line's fields instead (\"stop\", \"logit_bias\", ...):\n");
     cmd_run_batch_options(f);
 }
 

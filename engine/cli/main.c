@@ -45,6 +45,7 @@ static void usage(FILE *out) {
         fprintf(out, "  %-11s %s\n", commands[i].name, commands[i].help);
     fprintf(out, "\nMulti-GPU: mpirun -np N tpinfer run --tp N ...  (see launch/)\n");
     fprintf(out, "Any command: --debug-comm sets NCCL_DEBUG=INFO (INIT,NET) on every rank.\n");
+    fprintf(out, "tpinfer --version prints the version.\n");
 }
 
 /* A command's exit status once its stdout is flushed: a result that could not be written
