@@ -641,10 +641,11 @@ START_TEST(test_sampling) {
         ck_assert(a == 1 || a == 5);
     }
     sampler_free(&s);
-    // Frequency and presence penalties count generated tokens only (prompt tokens are
-    // accepted with sampler_accept and do not count): greedy, token 1 (3.0) against 5 (2.9).
+    // vLLM's frequency and presence penalties (temp_first) count generated tokens only
+    // (prompt tokens are accepted with sampler_accept and do not count), with no window:
+    // greedy, token 1 (3.0) against 5 (2.9).
     p = (struct sampler_params){.temp = 0.0f, .top_p = 1.0f, .repeat_penalty = 1.0f,
-                                .frequency_penalty = 0.3f};
+                                .frequency_penalty = 0.3f, .temp_first = true};
     ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
     for (int i = 0; i < 5; i++) sampler_accept(&s, 1);
     ck_assert_int_eq(sampler_sample(&s, logits), 1); // prompt only: no penalty
@@ -675,6 +676,36 @@ START_TEST(test_sampling) {
     sampler_accept_output(&s, 0);
     ck_assert_int_eq(sampler_sample(&s, logits), 1); // 1.0 + 1.0 < 3.0
     sampler_accept_output(&s, 4);
+    sampler_free(&s);
+    // llama.cpp's (llama_sampler_penalties): one count over the last repeat_last_n
+    // tokens, prompt included; the window forgets; repeat_last_n 0 turns all three off.
+    p = (struct sampler_params){.temp = 0.0f, .top_p = 1.0f, .repeat_penalty = 1.0f,
+                                .repeat_last_n = 3, .frequency_penalty = 0.05f};
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    sampler_accept(&s, 1); // a prompt token counts: 3.0 - 0.05 > 2.9
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_accept(&s, 1); // twice: 2.9 = 2.9, the lower id
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_accept_output(&s, 1); // three times: 2.85 < 2.9
+    ck_assert_int_eq(sampler_sample(&s, logits), 5);
+    ck_assert_int_eq(sampler_sample(&s, logits), 5); // a draw leaves the counts as they were
+    sampler_accept_output(&s, 5); // the first 1 leaves the window of 3: two 1s, one 5
+    ck_assert_int_eq(sampler_sample(&s, logits), 1); // 2.9 against 2.85
+    sampler_accept(&s, 0);
+    sampler_accept(&s, 0); // the window is 5, 0, 0: 1 is not counted
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
+    sampler_free(&s);
+    p.frequency_penalty = 0.0f;
+    p.presence_penalty = 0.2f; // prompt tokens count: 3.0 - 0.2 < 2.9
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    sampler_accept(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 5);
+    sampler_free(&s);
+    p.repeat_last_n = 0; // no window: no penalty at all, as llama.cpp's penalty_last_n 0
+    ck_assert_int_eq(sampler_init(&s, &p, 6, &err), TPI_OK);
+    sampler_accept(&s, 1);
+    sampler_accept_output(&s, 1);
+    ck_assert_int_eq(sampler_sample(&s, logits), 1);
     sampler_free(&s);
 
     // Logprobs: best first, normalised.

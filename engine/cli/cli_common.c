@@ -108,10 +108,10 @@ void cli_sampling_usage(FILE *f) {
             "  --temp T               temperature, <= 0 greedy (0.8)\n"
             "  --top-k K              (40; 0 or -1 = off)   --top-p P in [0, 1] (0.95)\n"
             "  --min-p P              in [0, 1] (0.05)      --repeat-penalty R (1.0 = off)\n"
-            "  --repeat-last-n N      tokens the repeat penalty looks back over (64; 0 off,\n"
-            "                         -1 the whole context)\n"
-            "  --presence-penalty P --frequency-penalty F   OpenAI's, in [-2, 2], over the\n"
-            "                         generated tokens (0)\n");
+            "  --repeat-last-n N      tokens the penalties look back over, prompt included\n"
+            "                         (64; 0 off, -1 the whole context)\n"
+            "  --presence-penalty P --frequency-penalty F   in [-2, 2], over the same tokens\n"
+            "                         (0; a request line in OpenAI's form: its generated ones)\n");
 }
 
 uint64_t cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed) {

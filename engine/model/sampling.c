@@ -109,7 +109,8 @@ void sampler_accept(struct sampler *s, int32_t id) {
 
 void sampler_accept_output(struct sampler *s, int32_t id) {
     sampler_accept(s, id);
-    if (!s->counts || id < 0 || id >= s->n_vocab) return;
+    // llama.cpp's counts are the window's, made at each draw (mark_penalized).
+    if (!s->p.temp_first || !s->counts || id < 0 || id >= s->n_vocab) return;
     if (s->counts[id]++ == 0) s->gen_ids[s->n_gen++] = id;
 }
 
@@ -188,9 +189,9 @@ static float bias_of(const struct sampler *s, int32_t id) {
     return s->bias_ids[lo] == id ? s->bias_vals[lo] : 0.0f;
 }
 
-/* The penalties of id (flags from seen[]), in vLLM's order: repetition (llama.cpp /
- * CTRL: positive logits divided by the penalty, negative ones multiplied), then
- * frequency (times generated) and presence (generated at all). */
+/* The penalties of id (flags from seen[]), in the order both llama.cpp and vLLM apply
+ * them: repetition (CTRL's: positive logits divided by the penalty, negative ones
+ * multiplied), then frequency (times counted) and presence (counted at all). */
 static inline float penalize_logit(const struct sampler *s, int32_t id, uint8_t flags, float l) {
     if (flags & PEN_BAN) return -INFINITY;
     if (flags & PEN_BIAS) l += bias_of(s, id);
@@ -245,7 +246,10 @@ static void heap_top_k(const float *logits, int n, int k, struct sampler_cand *c
 
 static int32_t sample_sorted(struct sampler *s, struct sampler_cand *c, int n_cand, int sorted);
 
-/* Set (on) or clear the seen[] flags of the ids the penalties and the ban touch. */
+/* Set (on) or clear the seen[] flags of the ids the penalties and the ban touch. With
+ * llama.cpp's semantics (!temp_first) the frequency and presence penalties count the
+ * repetition window (the last repeat_last_n tokens, prompt included): on counts them
+ * into counts[], off zeroes those entries again. */
 static void mark_penalized(struct sampler *s, bool rep, bool occ, bool on) {
     const int n_vocab = s->n_vocab;
     for (int i = 0; i < s->n_ban; i++)
@@ -257,9 +261,21 @@ static void mark_penalized(struct sampler *s, bool rep, bool occ, bool on) {
         for (int i = 0; i < s->n_hist; i++)
             if (s->hist[i] >= 0 && s->hist[i] < n_vocab)
                 s->seen[s->hist[i]] = on ? s->seen[s->hist[i]] | PEN_REPEAT : 0;
-    if (occ)
+    if (occ && s->p.temp_first)
         for (int i = 0; i < s->n_gen; i++)
             s->seen[s->gen_ids[i]] = on ? s->seen[s->gen_ids[i]] | PEN_OUTPUT : 0;
+    if (occ && !s->p.temp_first)
+        for (int i = 0; i < s->n_hist; i++) {
+            const int32_t h = s->hist[i];
+            if (h < 0 || h >= n_vocab) continue;
+            if (on) {
+                s->counts[h]++;
+                s->seen[h] |= PEN_OUTPUT;
+            } else {
+                s->counts[h] = 0;
+                s->seen[h] = 0;
+            }
+        }
 }
 
 /* The first index of the largest of l[0..n) (NaNs never win; a NaN at 0 gives 0, as a
@@ -338,7 +354,7 @@ void sampler_ban(struct sampler *s, const int32_t *ids, int n) {
 int32_t sampler_sample(struct sampler *s, const float *logits) {
     const int n_vocab = s->n_vocab;
     const bool rep = s->p.repeat_penalty != 1.0f && s->n_hist > 0;
-    const bool occ = s->counts && s->n_gen > 0;
+    const bool occ = s->counts && (s->p.temp_first ? s->n_gen > 0 : s->n_hist > 0);
     const bool ban = s->n_ban > 0 || s->n_bias > 0;
     if (s->p.temp <= 0.0f && !rep && !occ && !ban) return argmax_first(logits, n_vocab);
     // Each distinct penalized id is flagged once, whatever its repeats in the history.

@@ -1,9 +1,10 @@
 /*
  * sampling.h — choosing the next token from a row of logits, with llama.cpp's
- * semantics and order: OpenAI's logit bias, repetition penalty over the last n tokens
- * (then OpenAI's frequency and presence penalties over the generated tokens), then top-k,
- * top-p, min-p, temperature, and a draw from the softmax (or, with temp_first, vLLM's:
- * temperature, then min-p, top-k, top-p on the tempered logits); temperature <= 0 is
+ * semantics and order: OpenAI's logit bias, the repetition, frequency and presence
+ * penalties over the last n tokens (prompt included), then top-k, top-p, min-p,
+ * temperature, and a draw from the softmax (or, with temp_first, vLLM's: the frequency
+ * and presence penalties over the generated tokens only, temperature, then min-p,
+ * top-k, top-p on the tempered logits); temperature <= 0 is
  * greedy (argmax of the penalized logits). The random draw uses the sampler's
  * own PRNG (splitmix64), so a seed makes a run repeatable on any platform.
  * Also the log-softmax top-K of raw logits, for --logprobs.
@@ -22,12 +23,15 @@ struct sampler_params {
     float top_p;          /* >= 1: off */
     float min_p;          /* <= 0: off */
     float repeat_penalty; /* 1: off; > 1 discourages repeats (llama.cpp's formula) */
-    int repeat_last_n;    /* tokens the penalty looks back over (0: off) */
-    float presence_penalty;  /* OpenAI's, over the generated tokens: logit -= p if seen */
-    float frequency_penalty; /* logit -= f * (times generated); both 0: off */
+    int repeat_last_n;    /* tokens the penalties look back over (0: off; with temp_first
+                             the repetition penalty's only) */
+    float presence_penalty;  /* logit -= p if counted: in the last repeat_last_n tokens,
+                                or with temp_first among the generated ones */
+    float frequency_penalty; /* logit -= f * (times counted); both 0: off */
     uint64_t seed;
-    bool temp_first;      /* vLLM's order: temperature, then min-p, top-k, top-p (each on
-                             the tempered distribution); false: llama.cpp's top-k, top-p,
+    bool temp_first;      /* vLLM's semantics: frequency and presence count the generated
+                             tokens; temperature, then min-p, top-k, top-p (each on the
+                             tempered distribution); false: llama.cpp's, top-k, top-p,
                              min-p on the raw logits, then temperature */
 };
 
@@ -51,7 +55,7 @@ struct sampler {
     int n_hist, hist_next;
     struct sampler_cand *cand; /* (n_vocab) scratch */
     uint8_t *seen;             /* (n_vocab) scratch: which ids the penalties touch */
-    uint32_t *counts;          /* (n_vocab) times each id was generated (presence /
+    uint32_t *counts;          /* (n_vocab) times each id was counted (presence /
                                   frequency penalty on), else NULL */
     int32_t *gen_ids;          /* the distinct generated ids, n_gen of them */
     int n_gen;
@@ -70,8 +74,9 @@ void sampler_free(struct sampler *s);
 /* Record a token in the penalty history (prompt tokens too, as llama.cpp does). */
 void sampler_accept(struct sampler *s, int32_t id);
 
-/* Record a generated token: the history as sampler_accept, and the counts the
- * presence and frequency penalties read (prompt tokens do not count, as in vLLM). */
+/* Record a generated token: the history as sampler_accept, and with temp_first the
+ * counts the presence and frequency penalties read (prompt tokens do not count there,
+ * as in vLLM). */
 void sampler_accept_output(struct sampler *s, int32_t id);
 
 /* OpenAI's logit_bias: bias[i] is added to the logit of ids[i] (each in [0, n_vocab),
