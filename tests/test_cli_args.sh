@@ -155,6 +155,24 @@ n_pr=$(printf '%s' "$out" | sed -n 's/.*"prompt_tokens":\[\([0-9,]*\)\].*/\1/p' 
 out=$("$tp" run -m "$m" --backend cpu -p Hello -n 2 --temp 0 --json --logprobs 5000 2>"$tmp/err")
 n_alt=$(printf '%s' "$out" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["logprobs"][0]))' 2>&1)
 [ "$n_alt" = 2048 ] || fail "--logprobs 5000 on a vocabulary of 2048: $n_alt alternatives"
+# token_logprobs: each sampled token's own logprob, also where it is outside the top K;
+# the reference is the whole distribution the prompt's scoring gives at that position.
+"$tp" run -m "$m" --backend cpu -p Hello -n 4 --temp 5 --seed 3 --json --logprobs 1 >"$tmp/g.json" 2>"$tmp/err" ||
+    fail "--logprobs 1 --temp 5: exit $?: $(cat "$tmp/err")"
+ids=$(python3 -c 'import json,sys; o=json.load(open(sys.argv[1])); print(",".join(map(str, o["prompt_tokens"] + o["tokens"][:-1])))' "$tmp/g.json")
+"$tp" run -m "$m" --backend cpu --prompt-ids "$ids" -n 1 --temp 0 --json --prompt-logprobs 5000 >"$tmp/s.json" 2>"$tmp/err" ||
+    fail "--prompt-logprobs 5000: exit $?: $(cat "$tmp/err")"
+python3 - "$tmp/g.json" "$tmp/s.json" <<'PY' || fail "token_logprobs differ from the scored distributions"
+import json, sys
+g, s = (json.load(open(f)) for f in sys.argv[1:3])
+n_p = len(g["prompt_tokens"])
+outside = 0
+for j, (tok, lp) in enumerate(zip(g["tokens"], g["token_logprobs"])):
+    ref = dict(map(tuple, s["prompt_logprobs"][n_p - 1 + j]))[tok]
+    assert abs(lp - ref) < 2e-3, (j, tok, lp, ref)
+    outside += g["logprobs"][j][0][0] != tok
+assert len(g["token_logprobs"]) == len(g["tokens"]) == 4 and outside > 0, g
+PY
 
 # --seed -1: a random seed, reported, and the reported seed repeats the run's results
 # (the records' timings differ; their texts and tokens must not).

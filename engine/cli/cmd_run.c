@@ -50,7 +50,8 @@ static void usage(FILE *f) {
             "  -n, --n-predict N      most tokens to generate (128; -1: as many as the\n"
             "                         context holds)\n"
             "  --stop TEXT            stop before this text (repeatable)\n"
-            "  --logprobs K           top-K logprobs of each generated token\n"
+            "  --logprobs K           top-K logprobs of each generated token (with --json,\n"
+            "                         and each token's own as \"token_logprobs\")\n"
             "  --prompt-logprobs K    top-K logprobs after each prompt token\n"
             "  --logit-bias ID+B|ID-B add B to token ID's logit (repeatable: the same ID's\n"
             "                         add up; ID-inf: never)\n"
@@ -275,8 +276,14 @@ static void print_json(const struct gen_result *g, const int32_t *prompt, int n_
     cJSON_AddItemToObject(o, "tokens", ids_json(g->tokens, g->n_tokens));
     cJSON_AddItemToObject(o, "prompt_tokens", ids_json(prompt, n_prompt));
     cJSON_AddStringToObject(o, "finish_reason", g->finish_reason);
-    if (g->lp_k > 0)
+    if (g->lp_k > 0) {
         cJSON_AddItemToObject(o, "logprobs", logprobs_json(g->lp_ids, g->lp_vals, g->n_tokens, g->lp_k));
+        // Each generated token's own, in or out of its top K (OpenAI's token_logprobs).
+        cJSON *tl = cJSON_CreateArray();
+        for (int j = 0; j < g->n_tokens; j++)
+            cJSON_AddItemToArray(tl, cJSON_CreateNumber(g->lp_chosen[j]));
+        cJSON_AddItemToObject(o, "token_logprobs", tl);
+    }
     if (g->plp_k > 0)
         cJSON_AddItemToObject(o, "prompt_logprobs",
                               logprobs_json(g->plp_ids, g->plp_vals, g->n_prompt, g->plp_k));

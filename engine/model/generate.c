@@ -18,6 +18,7 @@ void gen_result_free(struct gen_result *r) {
     free(r->text);
     free(r->lp_ids);
     free(r->lp_vals);
+    free(r->lp_chosen);
     free(r->plp_ids);
     free(r->plp_vals);
     memset(r, 0, sizeof *r);
@@ -118,20 +119,21 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     int32_t *seq = malloc(sizeof(int32_t) * (size_t)n_prompt);
     int32_t *rows = malloc(sizeof(int32_t) * (size_t)n_prompt);
     int32_t *msg_i = malloc(sizeof(int32_t) * (size_t)(1 + K));
-    float *msg_f = malloc(sizeof(float) * (size_t)(K > 0 ? K : 1));
+    float *msg_f = malloc(sizeof(float) * (size_t)(K + 1)); // top-K, then the chosen's
     res->tokens = malloc(sizeof(int32_t) * (size_t)(gp->n_predict + 1));
     const int n_out_prefill = PK > 0 ? n_prompt : 1;
     if (has_logits) logits = model_logits_alloc(m, (size_t)n_out_prefill);
     if (K > 0) {
         res->lp_ids = malloc(sizeof(int32_t) * (size_t)(gp->n_predict + 1) * K);
         res->lp_vals = malloc(sizeof(float) * (size_t)(gp->n_predict + 1) * K);
+        res->lp_chosen = malloc(sizeof(float) * (size_t)(gp->n_predict + 1));
     }
     if (PK > 0) {
         res->plp_ids = malloc(sizeof(int32_t) * (size_t)n_prompt * PK);
         res->plp_vals = malloc(sizeof(float) * (size_t)n_prompt * PK);
     }
     if (!pos || !seq || !rows || !msg_i || !msg_f || !res->tokens || (has_logits && !logits) ||
-        (K > 0 && (!res->lp_ids || !res->lp_vals)) || (PK > 0 && (!res->plp_ids || !res->plp_vals)))
+        (K > 0 && (!res->lp_ids || !res->lp_vals || !res->lp_chosen)) || (PK > 0 && (!res->plp_ids || !res->plp_vals)))
         rc = tpi_err(err, TPI_ERR_NOMEM, "out of memory for a prompt of %d tokens", n_prompt);
     if (!rc && is_decider) {
         struct sampler_params sp = gp->sp;
@@ -180,10 +182,10 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
         if (is_decider) {
             msg_i[0] = sampler_sample(&smp, row);
             sampler_accept_output(&smp, msg_i[0]);
-            if (K > 0) sampler_top_logprobs(row, n_vocab, K, msg_i + 1, msg_f);
+            if (K > 0) msg_f[K] = sampler_logprobs(row, n_vocab, msg_i[0], K, msg_i + 1, msg_f);
         }
         if ((rc = model_bcast_i32(m, msg_i, 1 + K, decider, err)) ||
-            (K > 0 && (rc = model_bcast_f32(m, msg_f, K, decider, err))))
+            (K > 0 && (rc = model_bcast_f32(m, msg_f, K + 1, decider, err))))
             goto done;
         const int32_t id = msg_i[0];
         if (tok && tok_is_eog(tok, id)) {
@@ -194,6 +196,7 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
         if (K > 0) {
             memcpy(res->lp_ids + (size_t)res->n_tokens * K, msg_i + 1, sizeof(int32_t) * K);
             memcpy(res->lp_vals + (size_t)res->n_tokens * K, msg_f, sizeof(float) * K);
+            res->lp_chosen[res->n_tokens] = msg_f[K];
         }
         res->n_tokens++;
 

@@ -44,6 +44,7 @@ struct gen_result {
     int lp_k;               /* K of the logprobs below (0: none) */
     int32_t *lp_ids;        /* (n_tokens, lp_k) top-K ids of the distribution that chose token j */
     float *lp_vals;         /* (n_tokens, lp_k) their log-probabilities */
+    float *lp_chosen;       /* (n_tokens) with lp_k > 0: token j's own log-probability */
     int plp_k;
     int n_prompt;
     int32_t *plp_ids;       /* (n_prompt, plp_k) top-K after prompt token i */
