@@ -775,6 +775,45 @@ static int vocab_load(const struct synth_config *c, struct vocab *v, int64_t *n_
 
 /* ---- metadata -------------------------------------------------------------- */
 
+static const char *const sampling_keys[] = {"temp",  "top_k",          "top_p",
+                                            "min_p", "penalty_repeat", "penalty_last_n"};
+
+static bool sampling_is_int(const char *k) {
+    return !strcmp(k, "top_k") || !strcmp(k, "penalty_last_n");
+}
+
+int synth_parse_sampling(struct synth_config *c, const char *list, struct tpi_error *err) {
+    const char *p = list;
+    while (*p) {
+        const size_t len = strcspn(p, ",");
+        const char *eq = memchr(p, '=', len);
+        size_t k = 0;
+        const size_t klen = eq ? (size_t)(eq - p) : 0;
+        while (k < sizeof sampling_keys / sizeof sampling_keys[0] &&
+               !(strlen(sampling_keys[k]) == klen && !strncmp(p, sampling_keys[k], klen)))
+            k++;
+        char val[64] = "";
+        if (eq && len - klen - 1 < sizeof val) memcpy(val, eq + 1, len - klen - 1);
+        char *end;
+        const double v = strtod(val, &end);
+        if (!eq || k == sizeof sampling_keys / sizeof sampling_keys[0] || !*val || *end ||
+            !isfinite(v) || (sampling_is_int(sampling_keys[k]) && (v != floor(v) || fabs(v) > 2e9)))
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "--sampling: '%.*s' is not KEY=VALUE with KEY one of temp, top_k, "
+                           "top_p, min_p, penalty_repeat, penalty_last_n (integers for top_k "
+                           "and penalty_last_n)",
+                           (int)len, p);
+        int i = 0;
+        while (i < c->n_sampling && strcmp(c->sampling[i].key, sampling_keys[k])) i++;
+        if (i == c->n_sampling) c->n_sampling++; // at most one entry a key: it fits
+        snprintf(c->sampling[i].key, sizeof c->sampling[i].key, "%s", sampling_keys[k]);
+        c->sampling[i].value = v;
+        p += len;
+        if (*p == ',') p++;
+    }
+    return TPI_OK;
+}
+
 static int put_metadata(const struct synth_config *c, const struct vocab *v, struct gguf_writer *w,
                         struct tpi_error *err) {
     const struct ftype_info *ft = ftype_info(c->ftype);
@@ -785,6 +824,13 @@ static int put_metadata(const struct synth_config *c, const struct vocab *v, str
     /* Same keys in the same order as the llama.cpp-made reference files. */
     st |= gguf_writer_set_str(w, "general.architecture", c->arch);
     st |= gguf_writer_set_str(w, "general.name", c->name[0] ? c->name : "synthetic");
+    for (int i = 0; i < c->n_sampling; i++) {
+        snprintf(key, sizeof key, "general.sampling.%s", c->sampling[i].key);
+        if (sampling_is_int(c->sampling[i].key))
+            st |= gguf_writer_set_i32(w, key, (int32_t)c->sampling[i].value);
+        else
+            st |= gguf_writer_set_f32(w, key, (float)c->sampling[i].value);
+    }
     st |= gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)c->n_ctx);
     st |= gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)c->n_embd);
     st |= gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)c->n_ff);

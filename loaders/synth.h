@@ -54,7 +54,20 @@ struct synth_config {
                                       else a file whose text is tokenizer.chat_template */
     int n_threads;        /* 0: every core */
     bool verbose;         /* progress lines on stderr */
+    /* general.sampling.* (the recommended sampling llama.cpp's converter writes from a
+       generation_config.json): key suffixes ("temp", "top_k", ...) and their values,
+       n_sampling of them; top_k and penalty_last_n as i32, the others as f32. */
+    struct {
+        char key[32];
+        double value;
+    } sampling[8];
+    int n_sampling;
 };
+
+/* Add "KEY=VALUE[,KEY=VALUE...]" (KEY: temp, top_k, top_p, min_p, penalty_repeat or
+ * penalty_last_n, the last of a repeated KEY winning) to c->sampling. Errors name the
+ * piece that is wrong. */
+int synth_parse_sampling(struct synth_config *c, const char *list, struct tpi_error *err);
 
 /* What a tensor is; decides its shape, scale and quantization type. */
 enum synth_kind {

@@ -195,5 +195,66 @@ repeats f '.*--seed -1 drew the run seed \([0-9]*\) .*'
 [ "$(results "$tmp/b1")" = "$(results "$tmp/b2")" ] ||
     fail "run -f without --seed differs from --seed 0"
 
+# The model's recommended sampling (general.sampling.*, written by mkmodel --sampling) is
+# the default where no option is given, in both forms and for OpenAI lines too; a model
+# that recommends greedy decoding gives the --temp 0 tokens.
+"$tp" mkmodel -q -o "$tmp/rec.gguf" --sampling temp=0,top_k=20 2>"$tmp/err" ||
+    fail "mkmodel --sampling: exit $?: $(cat "$tmp/err")"
+"$tp" mkmodel -q -o "$tmp/bad.gguf" --sampling top_k=2.5 2>"$tmp/err"
+rc=$?
+[ "$rc" = 2 ] && grep -q "'top_k=2.5' is not KEY=VALUE" "$tmp/err" || fail "mkmodel --sampling top_k=2.5: exit $rc: $(cat "$tmp/err")"
+toks() { "$tp" run -m "$tmp/rec.gguf" --backend cpu -p Hello -n 8 --json --seed 5 "$@" 2>"$tmp/err" | sed -n 's/.*"tokens":\(\[[0-9,]*\]\).*/\1/p'; }
+greedy=$(toks --temp 0)
+[ -n "$greedy" ] && [ "$(toks)" = "$greedy" ] || fail "run -p on a model recommending temp 0: $(toks) vs $greedy"
+grep -q "sampling as the model recommends (general.sampling.\*): --temp 0 --top-k 20;" "$tmp/err" ||
+    fail "run -p: the model's sampling not reported: $(cat "$tmp/err")"
+[ "$(toks --temp 1)" != "$greedy" ] || fail "run -p --temp 1 did not override the model's temp 0"
+{
+    printf '{"id": "ours", "prompt": "Hello", "max_tokens": 8, "seed": 5}\n'
+    printf '{"custom_id": "oai", "url": "/v1/completions", "body": {"prompt": "Hello", "max_tokens": 8, "seed": 5}}\n'
+} >"$tmp/rec.jsonl"
+"$tp" run -m "$tmp/rec.gguf" --backend cpu -f "$tmp/rec.jsonl" -o "$tmp/rec.out" 2>"$tmp/err" ||
+    fail "run -f on the recommending model: exit $?: $(cat "$tmp/err")"
+python3 - "$tmp/rec.out" "$greedy" <<'PY' || fail "run -f: lines without sampling fields are not the model's greedy"
+import json, sys
+want = json.loads(sys.argv[2])
+recs = {}
+for line in open(sys.argv[1]):
+    o = json.loads(line)
+    recs[o.get("custom_id") or o["id"]] = o
+assert recs["ours"]["tokens"] == want, recs["ours"]
+oai = recs["oai"]["response"]["body"]["choices"][0]
+assert oai["text"] == recs["ours"]["text"], (oai, recs["ours"])
+PY
+# A line's "seed": -1 is no seed (vLLM's and llama-server's reading): the run's, as when
+# absent (it was the fixed seed 2^64 - 1).
+body='"prompt": "Hello", "max_tokens": 8'
+for form in ours oai; do
+    line() { # line EXTRA: the form's line with EXTRA fields
+        if [ "$form" = ours ]; then printf '{"id": "x", %s%s}\n' "$body" "$1"
+        else printf '{"custom_id": "x", "url": "/v1/completions", "body": {%s%s}}\n' "$body" "$1"; fi
+    }
+    texts() { # texts EXTRA...: each line's text, one run
+        local e
+        for e in "$@"; do line "$e"; done >"$tmp/s.jsonl"
+        "$tp" run -m "$m" --backend cpu -f "$tmp/s.jsonl" --ordered --seed 3 2>/dev/null |
+            python3 -c 'import json,sys
+for l in sys.stdin:
+    o = json.loads(l)
+    print(json.dumps(o["text"] if "text" in o else o["response"]["body"]["choices"][0]["text"]))'
+    }
+    a=$(texts ', "temperature": 1, "seed": -1' ', "temperature": 1')
+    [ -n "$a" ] && [ "$(printf '%s\n' "$a" | sed -n 1p)" = "$(texts ', "temperature": 1')" ] ||
+        fail "$form: a line with seed -1 is not the line without a seed: $a"
+done
+
+# A recommended value no option would take is skipped with a warning naming the key.
+"$tp" mkmodel -q -o "$tmp/odd.gguf" --sampling top_p=1.5 2>"$tmp/err" || fail "mkmodel top_p=1.5: exit $?"
+"$tp" run -m "$tmp/odd.gguf" --backend cpu -p Hello -n 2 >/dev/null 2>"$tmp/err" ||
+    fail "run -p with general.sampling.top_p 1.5: exit $?: $(cat "$tmp/err")"
+grep -q 'general.sampling.top_p 1.5 is not a value the sampler takes; ignored' "$tmp/err" &&
+    ! grep -q 'sampling as the model recommends' "$tmp/err" ||
+    fail "run -p: general.sampling.top_p 1.5 not skipped: $(cat "$tmp/err")"
+
 [ "$n_fail" = 0 ] || exit 1
 echo "test_cli_args: sampling options and --seed checked"

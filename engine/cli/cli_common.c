@@ -52,24 +52,29 @@ static int parse_int(const char *cmd, const char *opt, const char *s, long lo, l
     return 0;
 }
 
-int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
+int cli_sampling_parse(struct sampler_params *sp, unsigned *set, int argc, char **argv, int *i,
                        const char *cmd) {
     // Ranges as a request line's fields have them (sched/requests.c), except the
     // temperature: any value <= 0 is greedy, as llama.cpp's --temp.
     static const struct {
         const char *name;
+        unsigned bit;
         bool is_int;
         double lo, hi;
         size_t off;
     } opts[] = {
-        {"--temp", false, -HUGE_VAL, HUGE_VAL, offsetof(struct sampler_params, temp)},
-        {"--top-k", true, -1, 1 << 30, offsetof(struct sampler_params, top_k)},
-        {"--top-p", false, 0, 1, offsetof(struct sampler_params, top_p)},
-        {"--min-p", false, 0, 1, offsetof(struct sampler_params, min_p)},
-        {"--repeat-penalty", false, 1e-3, 100, offsetof(struct sampler_params, repeat_penalty)},
-        {"--repeat-last-n", true, -1, 1 << 24, offsetof(struct sampler_params, repeat_last_n)},
-        {"--presence-penalty", false, -2, 2, offsetof(struct sampler_params, presence_penalty)},
-        {"--frequency-penalty", false, -2, 2, offsetof(struct sampler_params, frequency_penalty)},
+        {"--temp", SP_TEMP, false, -HUGE_VAL, HUGE_VAL, offsetof(struct sampler_params, temp)},
+        {"--top-k", SP_TOP_K, true, -1, 1 << 30, offsetof(struct sampler_params, top_k)},
+        {"--top-p", SP_TOP_P, false, 0, 1, offsetof(struct sampler_params, top_p)},
+        {"--min-p", SP_MIN_P, false, 0, 1, offsetof(struct sampler_params, min_p)},
+        {"--repeat-penalty", SP_REPEAT_PENALTY, false, 1e-3, 100,
+         offsetof(struct sampler_params, repeat_penalty)},
+        {"--repeat-last-n", SP_REPEAT_LAST_N, true, -1, 1 << 24,
+         offsetof(struct sampler_params, repeat_last_n)},
+        {"--presence-penalty", SP_PRESENCE_PENALTY, false, -2, 2,
+         offsetof(struct sampler_params, presence_penalty)},
+        {"--frequency-penalty", SP_FREQUENCY_PENALTY, false, -2, 2,
+         offsetof(struct sampler_params, frequency_penalty)},
     };
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
@@ -98,9 +103,32 @@ int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
         char *field = (char *)sp + opts[k].off;
         if (opts[k].is_int) *(int *)field = (int)v;
         else *(float *)field = (float)v;
+        *set |= opts[k].bit;
         return 1;
     }
     return 0;
+}
+
+void cli_sampling_from_model(struct sampler_params *sp, unsigned set, const struct model *m,
+                             bool root, const char *cmd) {
+    const unsigned took = model_sampling_defaults(m->gguf, sp, set, false);
+    if (!root || !took) return;
+    char line[256];
+    size_t n = 0;
+#define PUT(bit, ...)                                                                          \
+    if ((took & (bit)) && n < sizeof line)                                                     \
+        n += (size_t)snprintf(line + n, sizeof line - n, __VA_ARGS__);
+    PUT(SP_TEMP, " --temp %g", (double)sp->temp)
+    PUT(SP_TOP_K, " --top-k %d", sp->top_k)
+    PUT(SP_TOP_P, " --top-p %g", (double)sp->top_p)
+    PUT(SP_MIN_P, " --min-p %g", (double)sp->min_p)
+    PUT(SP_REPEAT_PENALTY, " --repeat-penalty %g", (double)sp->repeat_penalty)
+    PUT(SP_REPEAT_LAST_N, " --repeat-last-n %d", sp->repeat_last_n)
+#undef PUT
+    fprintf(stderr,
+            "tpinfer %s: sampling as the model recommends (general.sampling.*):%s; an option "
+            "given overrides its value\n",
+            cmd, line);
 }
 
 void cli_sampling_usage(FILE *f) {
@@ -111,7 +139,9 @@ void cli_sampling_usage(FILE *f) {
             "  --repeat-last-n N      tokens the penalties look back over, prompt included\n"
             "                         (64; 0 off, -1 the whole context)\n"
             "  --presence-penalty P --frequency-penalty F   in [-2, 2], over the same tokens\n"
-            "                         (0; a request line in OpenAI's form: its generated ones)\n");
+            "                         (0; a request line in OpenAI's form: its generated ones)\n"
+            "  A model's general.sampling.* keys (its recommended sampling) replace these\n"
+            "  defaults, as in llama.cpp; an option given wins.\n");
 }
 
 uint64_t cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed) {

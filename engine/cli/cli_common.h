@@ -47,10 +47,15 @@ void cli_common_usage(FILE *f, bool ctx_line);
 
 /* If argv[*i] is a sampling option (--temp, --top-k, --top-p, --min-p, --repeat-penalty,
  * --repeat-last-n, --presence-penalty, --frequency-penalty), check its value's range,
- * store it in sp, advance *i past the value and return 1; 0 when it is not one; -1 after
- * printing a usage error to stderr. */
-int cli_sampling_parse(struct sampler_params *sp, int argc, char **argv, int *i,
+ * store it in sp, add its bit (enum sampler_field) to *set, advance *i past the value and
+ * return 1; 0 when it is not one; -1 after printing a usage error to stderr. */
+int cli_sampling_parse(struct sampler_params *sp, unsigned *set, int argc, char **argv, int *i,
                        const char *cmd);
+
+/* Take the model's recommended sampling (model_sampling_defaults) into sp for the
+ * fields not in `set`; world rank 0 (root) says on stderr which it took. */
+void cli_sampling_from_model(struct sampler_params *sp, unsigned set, const struct model *m,
+                             bool root, const char *cmd);
 
 /* The sampling options' help lines, with the defaults sampler_params_default sets. */
 void cli_sampling_usage(FILE *f);

@@ -103,6 +103,7 @@ struct batch_opts {
     int n_parallel, max_tokens, n_logprobs;
     int enable_thinking; /* --chat-template-kwargs (-1: unset) */
     struct sampler_params sp, sp_openai; /* ours; OpenAI lines (vLLM's defaults) */
+    unsigned sp_set;                     /* the sampling options given (enum sampler_field) */
     bool ordered, resume, fsync, progress, chat, no_prefix_share;
 };
 
@@ -150,8 +151,8 @@ static int parse_args(int argc, char **argv, struct batch_opts *o) {
         int common = cli_common_parse(&o->c, argc, argv, &i, "run");
         if (!common) { // a sampling option given sets both formats' defaults
             int j = i;
-            common = cli_sampling_parse(&o->sp, argc, argv, &i, "run");
-            if (common > 0) cli_sampling_parse(&o->sp_openai, argc, argv, &j, "run");
+            common = cli_sampling_parse(&o->sp, &o->sp_set, argc, argv, &i, "run");
+            if (common > 0) cli_sampling_parse(&o->sp_openai, &o->sp_set, argc, argv, &j, "run");
         }
         if (common < 0) return 2;
         if (common > 0) continue;
@@ -382,6 +383,10 @@ int cmd_run_batch(int argc, char **argv) {
     if ((rc = model_load(&m, &mp, &grid, &err))) goto fail;
     rc = tok_load(m->gguf, &tok, &err);
     if ((rc = model_agree(m, rc, &err))) goto fail;
+    // The model's recommended sampling for what the options leave: llama.cpp's reading
+    // for our lines, vLLM's (its generation config) for OpenAI lines.
+    cli_sampling_from_model(&o.sp, o.sp_set, m, root, "run");
+    model_sampling_defaults(m->gguf, &o.sp_openai, o.sp_set, true);
     // The requests reach every rank from rank 0; what each rank's scheduler decides alone
     // must be alike (prefix copies are made by every rank from the same state).
     const struct grid_same same[] = {{"--no-prefix-share", (uint64_t)o.no_prefix_share, 0}};

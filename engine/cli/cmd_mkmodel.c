@@ -35,6 +35,9 @@ static void usage(FILE *out) {
         "built-in text gives at most ~200)\n"
         "  --name NAME           general.name\n"
         "  --rope-base F --eps F rope freq_base (1e6), rms norm epsilon (1e-6)\n"
+        "  --sampling K=V[,K=V]  recommended sampling as general.sampling.K (K: temp, top_k,\n"
+        "                        top_p, min_p, penalty_repeat, penalty_last_n), which run\n"
+        "                        takes as its defaults\n"
         "  -t, --threads N       threads (default: all cores)\n"
         "  -q, --quiet           no progress lines\n");
 }
@@ -132,6 +135,13 @@ int cmd_mkmodel(int argc, char **argv) {
             bad = parse_int(a, val, 1, 4096, &cfg.n_threads);
         else if (!strcmp(a, "--name"))
             snprintf(cfg.name, sizeof cfg.name, "%s", val);
+        else if (!strcmp(a, "--sampling")) {
+            struct tpi_error e;
+            if (synth_parse_sampling(&cfg, val, &e)) {
+                fprintf(stderr, "tpinfer mkmodel: %s\n", e.msg);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--vocab-from"))
             snprintf(cfg.vocab_from, sizeof cfg.vocab_from, "%s", val);
         else if (!strcmp(a, "--chat-template"))

@@ -30,6 +30,7 @@ struct run_opts {
     int enable_thinking;    /* --chat-template-kwargs (-1: unset) */
     const char *chat_kwargs;
     struct gen_params gp;
+    unsigned sp_set; /* the sampling options given (enum sampler_field) */
     char *stop_arg[MAX_STOP]; /* --stop (argv's, unescaped in place) */
     const char *stop[MAX_STOP];
     bool no_escape;         /* --no-escape: -p and --stop as given */
@@ -128,7 +129,7 @@ static int parse_args(struct run_opts *o, int argc, char **argv) {
     o->gp.bias_vals = o->bias_vals;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&o->c, argc, argv, &i, "run");
-        if (!r) r = cli_sampling_parse(&o->gp.sp, argc, argv, &i, "run");
+        if (!r) r = cli_sampling_parse(&o->gp.sp, &o->sp_set, argc, argv, &i, "run");
         if (r < 0) return 2;
         if (r > 0) continue;
         const char *a = argv[i];
@@ -330,6 +331,7 @@ static int run_single(struct cli_run *r, struct run_opts *o) {
     struct tpi_error err = {0};
     int32_t *ids = NULL;
     int n_ids = 0;
+    cli_sampling_from_model(&o->gp.sp, o->sp_set, r->model, cli_rank(r) == 0, "run");
     // Tokenization is deterministic, so every rank fails (or not) alike.
     int rc = prompt_tokens(o, r->tok, &ids, &n_ids, &err);
     if (!rc && o->gp.n_predict < 0) o->gp.n_predict = TPI_MAX(0, r->model->n_ctx - n_ids);

@@ -26,6 +26,7 @@
 #include "tpi.h"
 
 struct gguf_file;
+struct sampler_params;
 
 enum model_arch { MODEL_ARCH_QWEN2 = 0, MODEL_ARCH_QWEN3 = 1 };
 
@@ -195,6 +196,15 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
 /* The CPU threads a rank of `grid` (NULL: one rank) runs with for -t n_threads: n_threads
  * when > 0, else its share of the node's cores (the cores / the ranks on the node). */
 int model_cpu_threads(int n_threads, const struct tpi_grid *grid);
+
+/* The sampling the model's authors recommend, from the GGUF keys general.sampling.temp,
+ * .top_k, .top_p, .min_p, .penalty_repeat and .penalty_last_n (llama.cpp reads these
+ * keys as its defaults; vLLM reads the same settings from generation_config.json, less
+ * the window: openai), into p for the fields not in `keep` (enum sampler_field bits).
+ * A value out of the range the matching option takes is skipped with a warning.
+ * Returns the bits of the fields it set. */
+unsigned model_sampling_defaults(const struct gguf_file *f, struct sampler_params *p,
+                                 unsigned keep, bool openai);
 
 /* Free everything; sets *m to NULL. Accepts NULL. */
 void model_free(struct model **m);

@@ -35,6 +35,18 @@ struct sampler_params {
                              min-p on the raw logits, then temperature */
 };
 
+/* sampler_params' fields as bits, to say which ones a caller set itself. */
+enum sampler_field {
+    SP_TEMP = 1,
+    SP_TOP_K = 2,
+    SP_TOP_P = 4,
+    SP_MIN_P = 8,
+    SP_REPEAT_PENALTY = 16,
+    SP_REPEAT_LAST_N = 32,
+    SP_PRESENCE_PENALTY = 64,
+    SP_FREQUENCY_PENALTY = 128,
+};
+
 /* llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, penalty 1.0 over 64. */
 void sampler_params_default(struct sampler_params *p);
 

@@ -202,7 +202,9 @@ static int get_sampling(struct batch_req *r, const cJSON *o) {
         const double d = cJSON_IsNumber(s) ? s->valuedouble : NAN;
         if (!(d == floor(d) && d >= -0x1p63 && d <= 0x1p64))
             return req_fail(r, "\"seed\" must be an integer in [-2^63, 2^64)");
-        r->sp.seed = d < 0 ? (uint64_t)(int64_t)d : d < 0x1p64 ? (uint64_t)d : UINT64_MAX;
+        // -1 is no seed, as vLLM and llama-server read it: the run's, as when absent.
+        if (d != -1)
+            r->sp.seed = d < 0 ? (uint64_t)(int64_t)d : d < 0x1p64 ? (uint64_t)d : UINT64_MAX;
     }
     v = r->n_choices;
     if (get_int(r, o, "n", 1, REQ_MAX_CHOICES, &v)) return -1;
