@@ -461,7 +461,7 @@ START_TEST(test_inputs) {
         fprintf(stderr, "-o /dev/full%s: exit %d: %s", sync ? " --fsync" : "", st,
                 e ? e : "(no stderr)\n");
         ck_assert_int_eq(st, 1);
-        ck_assert_msg(e && strstr(e, "tpinfer run: cannot write a result record: ") &&
+        ck_assert_msg(e && strstr(e, "tpinfer run: cannot write a result record to /dev/full: ") &&
                           strstr(e, "0 records written this run; --resume finishes the rest"),
                       "unclear error: %s", e);
         free(e);

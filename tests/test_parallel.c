@@ -436,6 +436,20 @@ START_TEST(test_cli_failures) {
         const char *hit = strstr(errb, want);
         ck_assert_msg(hit && !strstr(hit + strlen(want), want), "%s: want one line:\n%s",
                       batch ? "batch" : "run -p", errb);
+        // --tp on one rank only: every rank stops, the difference named once (rank 0
+        // waited in MPI_Comm_dup for the rank that had failed the check alone, forever).
+        snprintf(cmd, sizeof cmd,
+                 "%s %s -np 1 %s run -m %s %s%s --tp 2 --comm-timeout 20 : -np 1 %s run -m %s "
+                 "%s%s --comm-timeout 20",
+                 g_mpirun, mr, bin, a, batch ? "-f " : "-p hi", batch ? req : "", bin, a,
+                 batch ? "-f " : "-p hi", batch ? req : "");
+        st = run_cmd(cmd, out, sizeof out, errb, sizeof errb);
+        ck_assert_int_ne(st, 0);
+        ck_assert_int_ne(st, 124);
+        want = "the ranks were given different --tp/--pp (--tp from 1 to 2, --pp from 1 to 1)";
+        hit = strstr(errb, want);
+        ck_assert_msg(hit && !strstr(hit + strlen(want), want), "%s, --tp on rank 0 only:\n%s",
+                      batch ? "batch" : "run -p", errb);
     }
     tu_tmpdir_remove();
 

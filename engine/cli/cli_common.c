@@ -35,7 +35,9 @@ void cli_common_usage(FILE *f, bool ctx_line) {
             "  -t, --threads N        CPU threads (the node's cores shared by its ranks)\n"
             "  --ubatch N             tokens per micro-batch (512)\n"
             "  --seed N               sampling seed, -1 = random (random)\n"
-            "  --comm-timeout S       seconds before a silent peer is an error (60)\n"
+            "  --comm-timeout S       seconds start-up and a run's end wait for every rank\n"
+            "                         (60); mid-run a silent peer is an error after\n"
+            "                         TPI_COMM_OP_TIMEOUT seconds (600)\n"
             "  -v, --verbose          debug logs\n");
 }
 
@@ -144,10 +146,29 @@ void cli_sampling_usage(FILE *f) {
             "  defaults, as in llama.cpp; an option given wins.\n");
 }
 
-uint64_t cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed) {
-    uint64_t s = draw ? (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32) : seed;
-    MPI_Bcast(&s, 1, MPI_UINT64_T, 0, world);
-    return s;
+int cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed, uint64_t *out,
+                    struct tpi_error *err) {
+    // On the heap: a request that timed out may still write it when a late rank comes.
+    uint64_t *s = malloc(sizeof *s);
+    if (!s) return tpi_err(err, TPI_ERR_NOMEM, "out of memory");
+    *s = draw ? (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32) : seed;
+    int rank = 0;
+    MPI_Comm_rank(world, &rank);
+    MPI_Request req;
+    const int st = MPI_Ibcast(s, 1, MPI_UINT64_T, 0, world, &req) == MPI_SUCCESS
+                       ? grid_poll(&req, grid_wait())
+                       : TPI_ERR_COMM;
+    if (st == TPI_ERR_TIMEOUT)
+        return tpi_err(err, TPI_ERR_TIMEOUT,
+                       "world rank %d waited %.0f s at start-up for the other ranks (the run's "
+                       "seed from rank 0): one is stuck (--comm-timeout S changes the limit)",
+                       rank, grid_wait());
+    *out = *s;
+    free(s);
+    if (st != TPI_OK)
+        return tpi_err(err, TPI_ERR_COMM, "the broadcast of the run's seed failed on world rank %d",
+                       rank);
+    return TPI_OK;
 }
 
 int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const char *cmd) {
@@ -276,11 +297,16 @@ int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, 
         fprintf(stderr, "tpinfer %s: %s\n", cmd, err.msg);
         return 1;
     }
-    // The grid's own errors (tp*pp != ranks) are the same on every rank: print once.
+    grid_set_wait(c->comm_timeout_s);
+    // The grid's own errors (tp*pp != ranks) are the same on every rank: print once; a
+    // timeout or MPI's failure only the ranks that met it know.
     if (grid_init(&r->grid, c->tp, c->pp, &err)) {
         int rank = 0;
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        if (rank == 0) fprintf(stderr, "tpinfer %s: %s\n", cmd, err.msg);
+        if (err.status != TPI_ERR_INVALID)
+            fprintf(stderr, "tpinfer %s: error on rank %d: %s\n", cmd, rank, err.msg);
+        else if (rank == 0)
+            fprintf(stderr, "tpinfer %s: %s\n", cmd, err.msg);
         grid_free(&r->grid);
         grid_mpi_finalize();
         return 1;
@@ -292,7 +318,9 @@ int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, 
     // One seed for the run: rank 0's choice, so the identity check agrees and a run
     // can be repeated from the seed it reports. Every rank takes part, given --seed or
     // not (a rank without it takes rank 0's; a rank whose own differs fails the check).
-    const uint64_t seed0 = cli_shared_seed(r->grid.world, !c->seed_set, c->seed);
+    uint64_t seed0 = 0;
+    if (cli_shared_seed(r->grid.world, !c->seed_set, c->seed, &seed0, &err))
+        return cli_fail_all(r, cmd, &err);
     if (!c->seed_set) c->seed = seed0;
     if (!c->model) {
         err = (struct tpi_error){TPI_ERR_INVALID, ""};
@@ -334,7 +362,12 @@ int cli_finish(struct cli_run *r, int code) {
 }
 
 int cli_fail_all(struct cli_run *r, const char *cmd, const struct tpi_error *err) {
-    if (cli_rank(r) == 0) fprintf(stderr, "tpinfer %s: error: %s\n", cmd, err->msg);
+    // A timeout or a communication failure is not known to every rank alike (rank 0 may
+    // be the one stuck): each rank that met one says so.
+    if (err->status == TPI_ERR_TIMEOUT || err->status == TPI_ERR_COMM)
+        fprintf(stderr, "tpinfer %s: error on rank %d: %s\n", cmd, cli_rank(r), err->msg);
+    else if (cli_rank(r) == 0)
+        fprintf(stderr, "tpinfer %s: error: %s\n", cmd, err->msg);
     return cli_finish(r, 1);
 }
 

@@ -60,9 +60,11 @@ void cli_sampling_from_model(struct sampler_params *sp, unsigned set, const stru
 /* The sampling options' help lines, with the defaults sampler_params_default sets. */
 void cli_sampling_usage(FILE *f);
 
-/* World rank 0's seed, broadcast: `seed`, or one it draws when `draw`. Collective:
- * every rank calls it, whatever its own options say. */
-uint64_t cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed);
+/* World rank 0's seed into *out, broadcast: `seed`, or one it draws when `draw`.
+ * Collective: every rank calls it, whatever its own options say. Errors: a rank that did
+ * not come within grid_wait() seconds (TPI_ERR_TIMEOUT), MPI's failure. */
+int cli_shared_seed(MPI_Comm world, bool draw, uint64_t seed, uint64_t *out,
+                    struct tpi_error *err);
 
 /* The context of a running command on one rank. */
 struct cli_run {

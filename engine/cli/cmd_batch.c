@@ -339,6 +339,7 @@ int cmd_run_batch(int argc, char **argv) {
     int exit_code = 1, rc;
 
     if ((rc = grid_mpi_init(&argc, &argv, &err))) goto fail;
+    grid_set_wait(o.c.comm_timeout_s);
     if ((rc = grid_init(&grid, o.c.tp, o.c.pp, &err))) goto fail;
     grid_ok = true;
     const bool root = grid.world_rank == 0;
@@ -346,7 +347,8 @@ int cmd_run_batch(int argc, char **argv) {
     ctx.rank = grid.world_rank;
     if (grid.world_size > 1) tpi_log_set(TPI_LOG_INFO, grid.world_rank);
     // Collective on every rank (a rank given --seed -1 alone must not wait for the rest).
-    const uint64_t seed0 = cli_shared_seed(grid.world, o.c.seed_random, o.c.seed);
+    uint64_t seed0 = 0;
+    if ((rc = cli_shared_seed(grid.world, o.c.seed_random, o.c.seed, &seed0, &err))) goto fail;
     if (o.c.seed_random) {
         o.c.seed = seed0;
         if (root)
@@ -434,7 +436,8 @@ int cmd_run_batch(int argc, char **argv) {
         if (!rc) report_error_lines(in_name, &ctx.in, n_err_lines);
     }
     if ((rc = model_agree(m, rc, &err))) goto fail;
-    MPI_Bcast(&n_err_lines, 1, MPI_INT, 0, grid.world); /* every rank exits with one code */
+    if ((rc = grid_bcast(&grid, &n_err_lines, 1, MPI_INT, 0, &err))) /* one exit code */
+        goto fail;
 
     struct sched_params sp = {.n_parallel = o.n_parallel, .n_ubatch = o.c.n_ubatch,
                               .no_prefix_share = o.no_prefix_share};
@@ -501,8 +504,11 @@ int cmd_run_batch(int argc, char **argv) {
 
 fail:
     // An error every rank shares (agreed, or the grid's tp * pp against the ranks) is
-    // printed once; MPI's own failures to build the grid by each rank that met one.
-    if (grid.world_rank == 0 || (!grid_ok && rc != TPI_ERR_INVALID))
+    // printed once; a timeout or MPI's own failure by each rank that met one (rank 0 may
+    // be the one stuck).
+    if (rc == TPI_ERR_TIMEOUT || rc == TPI_ERR_COMM)
+        fprintf(stderr, "tpinfer run: error on rank %d: %s\n", grid.world_rank, err.msg);
+    else if (grid.world_rank == 0 || (!grid_ok && rc != TPI_ERR_INVALID))
         fprintf(stderr, "tpinfer run: %s\n", err.msg);
     exit_code = 1;
 out:

@@ -491,11 +491,16 @@ int cmd_bench(int argc, char **argv) {
         return 1;
     }
     struct tpi_grid g;
+    grid_set_wait(o.common.comm_timeout_s);
     if (grid_init(&g, o.common.tp, o.common.pp, &err)) {
-        // The same on every rank (tp*pp vs the world): printed once.
+        // The same on every rank (tp*pp vs the world): printed once; a timeout or MPI's
+        // failure by each rank that met one.
         int rank = 0;
         MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        if (rank == 0) fprintf(stderr, "tpinfer " CMD ": error: %s\n", err.msg);
+        if (err.status != TPI_ERR_INVALID)
+            fprintf(stderr, "tpinfer " CMD ": error on rank %d: %s\n", rank, err.msg);
+        else if (rank == 0)
+            fprintf(stderr, "tpinfer " CMD ": error: %s\n", err.msg);
         grid_free(&g);
         grid_mpi_finalize();
         return 1;

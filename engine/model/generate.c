@@ -8,6 +8,7 @@
  */
 #include "generate.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -182,12 +183,20 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
         if (is_decider) {
             msg_i[0] = sampler_sample(&smp, row);
             sampler_accept_output(&smp, msg_i[0]);
+            if (!isfinite(row[msg_i[0]])) msg_i[0] = -1; // not numbers: every rank stops
             if (K > 0) msg_f[K] = sampler_logprobs(row, n_vocab, msg_i[0], K, msg_i + 1, msg_f);
         }
         if ((rc = model_bcast_i32(m, msg_i, 1 + K, decider, err)) ||
             (K > 0 && (rc = model_bcast_f32(m, msg_f, K + 1, decider, err))))
             goto done;
         const int32_t id = msg_i[0];
+        if (id < 0) {
+            rc = tpi_err(err, TPI_ERR_INVALID,
+                         "the logits of generated token %d are not finite numbers (NaN or inf, "
+                         "on world rank %d): the model's weights or the computation are broken",
+                         j + 1, decider);
+            goto done;
+        }
         if (tok && tok_is_eog(tok, id)) {
             res->finish_reason = "stop";
             break;

@@ -303,11 +303,27 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
     const int n_ranks = grid ? grid->world_size : 1;
     char *all = NULL;
     if (!grid || grid->world_rank == 0) all = calloc((size_t)n_ranks, sizeof line);
-    if (grid && grid->world_size > 1)
-        MPI_Gather(line, (int)sizeof line, MPI_CHAR, all, (int)sizeof line, MPI_CHAR, 0,
-                   grid->world);
-    else if (all)
+    if (grid && grid->world_size > 1) {
+        // Nonblocking, with the collectives' limit: a rank that never comes is then the
+        // next agreement's error instead of a wait here without end. Heap copies: a
+        // timed-out request may still use them (they leak then).
+        char *mine = malloc(sizeof line);
+        if (!mine) return; // every rank calls the gather below or none: the banner is lost
+        memcpy(mine, line, sizeof line);
+        MPI_Request req;
+        if (MPI_Igather(mine, (int)sizeof line, MPI_CHAR, all, (int)sizeof line, MPI_CHAR, 0,
+                        grid->world, &req) != MPI_SUCCESS)
+            return;
+        const int st = grid_poll(&req, comm_op_timeout_s());
+        if (st == TPI_ERR_TIMEOUT) return;
+        free(mine);
+        if (st != TPI_OK) {
+            free(all);
+            return;
+        }
+    } else if (all) {
         memcpy(all, line, sizeof line);
+    }
     if (!all) return;
     TPI_LOGI("rank host           tp stage gpu device             pci bus id    layers  heads "
              "   weights MiB  KV MiB load s    GB/s");

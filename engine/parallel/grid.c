@@ -21,6 +21,17 @@
  * Process-wide by nature: MPI itself is initialised once per process. */
 static int g_we_initialised = 0;
 
+/* How long start-up and the end of a run wait for every rank (grid_set_wait). */
+static double g_wait_s = 60.0;
+
+void grid_set_wait(double seconds) {
+    if (seconds > 0) g_wait_s = seconds;
+}
+
+double grid_wait(void) { return g_wait_s; }
+
+int grid_poll(MPI_Request *req, double timeout_s) { return comm_poll_request(req, timeout_s); }
+
 int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
@@ -40,10 +51,31 @@ int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err) {
 }
 
 void grid_mpi_finalize(void) {
-    int finalized = 0;
+    int finalized = 0, size = 1, rank = 0;
     MPI_Finalized(&finalized);
-    if (g_we_initialised && !finalized) MPI_Finalize();
+    if (!g_we_initialised || finalized) return;
     g_we_initialised = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (size > 1) {
+        // MPI_Finalize waits for every rank and has no limit: a peer stuck in a call of
+        // its own, or waiting in a collective this rank left after an error, would keep
+        // this one (and the job) there forever. Meet at a barrier with a limit first.
+        MPI_Request req;
+        const int st = MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS
+                           ? comm_poll_request(&req, g_wait_s)
+                           : TPI_ERR_COMM;
+        if (st != TPI_OK) {
+            fprintf(stderr,
+                    "[rank %d] tpinfer: the other ranks did not reach the end of the run "
+                    "within %.0f s (a rank is stuck, or stopped after an error of its own): "
+                    "ending the job\n",
+                    rank, g_wait_s);
+            fflush(stderr);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    MPI_Finalize();
 }
 
 static int mpi_err(struct tpi_error *err, int rc, const char *call, int rank) {
@@ -66,10 +98,41 @@ int grid_init(struct tpi_grid *g, int tp, int pp, struct tpi_error *err) {
     MPI_Comm_size(MPI_COMM_WORLD, &g->world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &g->world_rank);
     comm_host_name(g->host, sizeof g->host);
-    /* These checks see the same numbers on every rank, so every rank fails
-     * alike and nobody waits in a collective. */
+    /* The option parsers refuse tp or pp < 1 on the rank given it; after the comparison
+     * below every rank sees the same numbers, so every rank fails alike. */
     if (tp < 1 || pp < 1)
         return tpi_err(err, TPI_ERR_INVALID, "--tp %d --pp %d: both must be at least 1", tp, pp);
+    /* Ranks given different --tp/--pp would split the world differently and wait in
+     * MPI_Comm_split for each other forever: compare them first, with a limit. */
+    if (g->world_size > 1) {
+        int *v = malloc(8 * sizeof *v); /* outlives a timed-out request: leaks then */
+        if (!v) return tpi_err(err, TPI_ERR_NOMEM, "grid_init: out of memory");
+        v[0] = tp, v[1] = pp, v[2] = -tp, v[3] = -pp;
+        MPI_Request req;
+        int rc = MPI_Iallreduce(v, v + 4, 4, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req);
+        if (rc != MPI_SUCCESS) {
+            free(v);
+            return mpi_err(err, rc, "MPI_Iallreduce (--tp/--pp)", g->world_rank);
+        }
+        const int st = comm_poll_request(&req, g_wait_s);
+        if (st == TPI_ERR_TIMEOUT)
+            return tpi_err(err, TPI_ERR_TIMEOUT,
+                           "world rank %d waited %.0f s at start-up for the other ranks: one "
+                           "is stuck or was not started (--comm-timeout S changes the limit)",
+                           g->world_rank, g_wait_s);
+        if (st != TPI_OK) {
+            free(v);
+            return tpi_err(err, TPI_ERR_COMM, "MPI_Iallreduce (--tp/--pp) failed on world rank %d",
+                           g->world_rank);
+        }
+        const int tp_hi = v[4], pp_hi = v[5], tp_lo = -v[6], pp_lo = -v[7];
+        free(v);
+        if (tp_lo != tp_hi || pp_lo != pp_hi)
+            return tpi_err(err, TPI_ERR_INVALID,
+                           "the ranks were given different --tp/--pp (--tp from %d to %d, --pp "
+                           "from %d to %d): give every rank the same",
+                           tp_lo, tp_hi, pp_lo, pp_hi);
+    }
     if ((int64_t)tp * pp != g->world_size) {
         if (g->world_size == 1)
             return tpi_err(err, TPI_ERR_INVALID,
@@ -202,11 +265,21 @@ int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
         return tpi_err(err, TPI_ERR_NOMEM, "grid_check_identity: out of memory on world rank %d",
                        g->world_rank);
     struct run_identity mine = *id;
-    int rc =
-        MPI_Allgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE, g->world);
+    MPI_Request req;
+    int rc = MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
+                            g->world, &req);
+    const int pst = rc == MPI_SUCCESS ? comm_poll_request(&req, comm_op_timeout_s()) : TPI_OK;
+    if (pst == TPI_ERR_TIMEOUT) // the request may still write `all`: leave it allocated
+        return tpi_err(err, TPI_ERR_TIMEOUT,
+                       "world rank %d waited %.0f s for the other ranks' run identity: one is "
+                       "stuck or far behind (TPI_COMM_OP_TIMEOUT=S changes the limit)",
+                       g->world_rank, comm_op_timeout_s());
     int st = TPI_OK;
     if (rc != MPI_SUCCESS) {
-        st = mpi_err(err, rc, "MPI_Allgather (run identity)", g->world_rank);
+        st = mpi_err(err, rc, "MPI_Iallgather (run identity)", g->world_rank);
+    } else if (pst != TPI_OK) {
+        st = tpi_err(err, TPI_ERR_COMM, "MPI_Iallgather (run identity) failed on world rank %d",
+                     g->world_rank);
     } else {
         /* Every rank compares the same gathered table, so all reach the same verdict. */
         for (size_t f = 0; f < sizeof id_fields / sizeof id_fields[0] && st == TPI_OK; f++) {

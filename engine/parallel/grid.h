@@ -31,8 +31,22 @@ struct tpi_grid {
 /* MPI_Init_thread (FUNNELED) unless already initialised; sets MPI_ERRORS_RETURN on
  * MPI_COMM_WORLD. Safe to call more than once. */
 int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err);
-/* MPI_Finalize if grid_mpi_init initialised MPI. */
+/* MPI_Finalize if grid_mpi_init initialised MPI; with several ranks first a barrier that
+ * waits grid_set_wait's seconds, after which it prints why and calls MPI_Abort (a peer
+ * that never comes would keep MPI_Finalize waiting forever). */
 void grid_mpi_finalize(void);
+
+/* How long start-up (grid_init, cli's shared seed) and grid_mpi_finalize wait for every
+ * rank: the run's --comm-timeout (default 60 s); seconds <= 0 keep the current value. */
+void grid_set_wait(double seconds);
+
+/* The limit grid_set_wait set. */
+double grid_wait(void);
+
+/* Wait for a nonblocking MPI request at most timeout_s seconds (<= 0: no limit), testing
+ * it with short sleeps: TPI_OK, TPI_ERR_TIMEOUT (the request is still pending: its
+ * buffers must stay allocated) or TPI_ERR_COMM. */
+int grid_poll(MPI_Request *req, double timeout_s);
 
 /* Build the grid for tp x pp over MPI_COMM_WORLD (collective). Errors when
  * tp*pp != world size ("--tp 2 --pp 1 needs 2 ranks, launched with 1: run under

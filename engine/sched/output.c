@@ -33,10 +33,10 @@ static struct batch_req *by_line(struct batch_input *in, long line) {
     return NULL;
 }
 
-/* Mark the request a complete record belongs to. */
-static void mark_record(struct batch_input *in, const char *text, size_t len, int *n_done) {
+/* Mark the request a complete record belongs to; false when the line is not JSON. */
+static bool mark_record(struct batch_input *in, const char *text, size_t len, int *n_done) {
     cJSON *j = tpi_json_parse(text, len);
-    if (!j) return;
+    if (!j) return false;
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
     const cJSON *line = cJSON_GetObjectItemCaseSensitive(j, "line");
     const cJSON *cid = cJSON_GetObjectItemCaseSensitive(j, "custom_id");
@@ -67,6 +67,7 @@ static void mark_record(struct batch_input *in, const char *text, size_t len, in
     }
     free(k);
     cJSON_Delete(j);
+    return true;
 }
 
 int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,
@@ -105,10 +106,19 @@ int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,
     }
     if (end < n) TPI_LOGW("--resume: dropped a torn last line (%zu bytes) of %s", n - end, path);
     close(fd);
-    for (size_t i = 0; i < end;) {
+    long line = 1;
+    for (size_t i = 0; i < end; line++) {
         size_t e = i;
         while (e < end && data[e] != '\n') e++;
-        if (e > i) mark_record(in, data + i, e - i, n_done);
+        // A damaged line among the records: appending after it would leave a file that
+        // no JSONL reader takes, so stop before any work and say where.
+        if (e > i && !mark_record(in, data + i, e - i, n_done)) {
+            free(data);
+            return tpi_err(err, TPI_ERR_FORMAT,
+                           "--resume: %s: line %ld is not a JSON record (damaged, or written by "
+                           "something else): fix or remove it, then run again",
+                           path, line);
+        }
         i = e + 1;
     }
     free(data);
@@ -142,7 +152,8 @@ static int write_line(struct batch_out *o, char *json, struct tpi_error *err) {
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) {
             json[n] = '\0';
-            return tpi_err(err, TPI_ERR_IO, "cannot write a result record: %s", strerror(errno));
+            return tpi_err(err, TPI_ERR_IO, "cannot write a result record to %s: %s", o->path,
+                           strerror(errno));
         }
         off += (size_t)k;
     }
@@ -150,7 +161,8 @@ static int write_line(struct batch_out *o, char *json, struct tpi_error *err) {
     /* --fsync: a record is on disk before the next is made, or the run stops (EINVAL: the
      * output is a pipe or terminal, which has no disk to reach) */
     if (o->sync && fsync(o->fd) != 0 && errno != EINVAL)
-        return tpi_err(err, TPI_ERR_IO, "cannot fsync a result record: %s", strerror(errno));
+        return tpi_err(err, TPI_ERR_IO, "cannot fsync a result record of %s: %s", o->path,
+                       strerror(errno));
     o->n_written++;
     return TPI_OK;
 }
@@ -206,6 +218,7 @@ int batch_out_open(struct batch_out *o, const char *path, bool append, bool orde
     o->tok = tok;
     o->model_name = model_name;
     o->fd = 1;
+    o->path = path ? path : "stdout";
     if (path) {
         o->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | (append ? 0 : O_TRUNC), 0644);
         if (o->fd < 0)

@@ -31,6 +31,7 @@ struct tokenizer;
 
 struct batch_out {
     int fd;                   /* output file, or 1 (stdout) */
+    const char *path;         /* its name ("stdout"), for the errors */
     bool own_fd, ordered, sync;
     struct batch_input *in;   /* requests; `done` marks records already written */
     char **pending;           /* ordered: finished records waiting for predecessors */
@@ -43,6 +44,7 @@ struct batch_out {
 };
 
 /* --resume: read `path` (missing is fine: nothing done), truncate a torn last line,
+ * refuse a file with a complete line that is not JSON (naming the line),
  * and mark the requests of `in` whose records are present as done. *n_done
  * receives how many. Errors: unreadable file, truncate failure (naming path). */
 int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,

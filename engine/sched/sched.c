@@ -10,6 +10,7 @@
  */
 #include "sched.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -623,7 +624,9 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                 sampler_ban(&s->smp, s->ban, early ? s->n_ban : 0);
                 int32_t id = sampler_sample(&s->smp, row);
                 sampler_accept_output(&s->smp, id);
-                msg_i[oi++] = id;
+                // Logits that are not numbers (broken weights, an overflow) would sample
+                // id 0 for ever: -1 tells every rank to stop the run.
+                msg_i[oi++] = isfinite(row[id]) ? id : -1;
                 if (s->K > 0) // the chosen token's logprob, then the top K
                     msg_f[of] = sampler_logprobs(row, n_vocab, id, s->K, msg_i + oi,
                                                  msg_f + of + 1);
@@ -649,6 +652,14 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                 continue;
             }
             const int32_t id = msg_i[oi++];
+            if (id < 0) {
+                rc = tpi_err(err, TPI_ERR_INVALID,
+                             "the logits of a sequence's generated token %d are not finite "
+                             "numbers (NaN or inf, on world rank %d): the model's weights or the "
+                             "computation are broken",
+                             s->n_tokens + 1, decider);
+                break;
+            }
             const int32_t *lpi = s->K > 0 ? msg_i + oi : NULL;
             const float *lpv = s->K > 0 ? msg_f + of + 1 : NULL;
             const float lpc = s->K > 0 ? msg_f[of] : 0.0f;
