@@ -293,11 +293,11 @@ bad:
 int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, const char *cmd) {
     memset(r, 0, sizeof *r);
     struct tpi_error err = {0};
+    grid_set_wait(c->comm_timeout_s);
     if (grid_mpi_init(argc, argv, &err)) {
         fprintf(stderr, "tpinfer %s: %s\n", cmd, err.msg);
         return 1;
     }
-    grid_set_wait(c->comm_timeout_s);
     // The grid's own errors (tp*pp != ranks) are the same on every rank: print once; a
     // timeout or MPI's failure only the ranks that met it know.
     if (grid_init(&r->grid, c->tp, c->pp, &err)) {

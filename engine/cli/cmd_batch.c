@@ -338,8 +338,8 @@ int cmd_run_batch(int argc, char **argv) {
     ctx.world = MPI_COMM_NULL;
     int exit_code = 1, rc;
 
-    if ((rc = grid_mpi_init(&argc, &argv, &err))) goto fail;
     grid_set_wait(o.c.comm_timeout_s);
+    if ((rc = grid_mpi_init(&argc, &argv, &err))) goto fail;
     if ((rc = grid_init(&grid, o.c.tp, o.c.pp, &err))) goto fail;
     grid_ok = true;
     const bool root = grid.world_rank == 0;

@@ -486,12 +486,12 @@ int cmd_bench(int argc, char **argv) {
 
     struct tpi_error err;
     tpi_err_clear(&err);
+    grid_set_wait(o.common.comm_timeout_s);
     if (grid_mpi_init(&argc, &argv, &err)) {
         fprintf(stderr, "tpinfer " CMD ": %s\n", err.msg);
         return 1;
     }
     struct tpi_grid g;
-    grid_set_wait(o.common.comm_timeout_s);
     if (grid_init(&g, o.common.tp, o.common.pp, &err)) {
         // The same on every rank (tp*pp vs the world): printed once; a timeout or MPI's
         // failure by each rank that met one.

@@ -363,6 +363,7 @@ int cmd_comm(int argc, char **argv) {
 
     struct tpi_error err;
     tpi_err_clear(&err);
+    grid_set_wait(o.timeout_s);
     if (grid_mpi_init(&argc, &argv, &err)) {
         fprintf(stderr, "tpinfer comm: %s\n", err.msg);
         return 1;
@@ -370,7 +371,6 @@ int cmd_comm(int argc, char **argv) {
     int world_size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
     struct tpi_grid g;
-    grid_set_wait(o.timeout_s);
     int st = grid_init(&g, world_size, 1, &err);
     if (st) {
         fprintf(stderr, "tpinfer comm: %s\n", err.msg);

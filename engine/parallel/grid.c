@@ -10,10 +10,14 @@
 #include "grid.h"
 
 #include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "comm_impl.h"
 
@@ -32,15 +36,47 @@ double grid_wait(void) { return g_wait_s; }
 
 int grid_poll(MPI_Request *req, double timeout_s) { return comm_poll_request(req, timeout_s); }
 
+/* What a rank says when MPI_Init outlives the wait (made before the alarm is set). */
+static char g_init_msg[256];
+
+static void on_init_alarm(int sig) {
+    (void)sig;
+    ssize_t k = write(2, g_init_msg, strlen(g_init_msg)); // async-signal-safe
+    (void)k;
+    _exit(1);
+}
+
 int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err) {
     int inited = 0, finalized = 0;
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
     if (finalized) return tpi_err(err, TPI_ERR_COMM, "MPI was already finalized");
     if (!inited) {
+        /* MPI_Init waits for every rank of the job to start it, without a limit: a rank
+         * stopped before it would keep the others there. Under a launcher, an alarm ends
+         * a rank still inside it after the wait, and mpirun then ends the job. */
+        const char *launched = getenv("OMPI_COMM_WORLD_SIZE");
+        const bool guard = launched && atoi(launched) > 1;
+        struct sigaction sa, old;
+        if (guard) {
+            const char *r = getenv("OMPI_COMM_WORLD_RANK");
+            snprintf(g_init_msg, sizeof g_init_msg,
+                     "[rank %s] tpinfer: MPI_Init did not complete within %.0f s: a rank of "
+                     "the job did not start it (stopped, or not launched); ending\n",
+                     r ? r : "?", g_wait_s);
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_init_alarm;
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGALRM, &sa, &old);
+            alarm((unsigned)ceil(g_wait_s));
+        }
         /* FUNNELED: OpenMP threads compute, only the main thread calls MPI. */
         int provided = 0;
         int rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+        if (guard) {
+            alarm(0);
+            sigaction(SIGALRM, &old, NULL);
+        }
         if (rc != MPI_SUCCESS) return tpi_err(err, TPI_ERR_COMM, "MPI_Init_thread failed (%d)", rc);
         g_we_initialised = 1;
         if (provided < MPI_THREAD_FUNNELED)

@@ -29,15 +29,18 @@ struct tpi_grid {
 };
 
 /* MPI_Init_thread (FUNNELED) unless already initialised; sets MPI_ERRORS_RETURN on
- * MPI_COMM_WORLD. Safe to call more than once. */
+ * MPI_COMM_WORLD. Under mpirun with several ranks, a rank still inside MPI_Init after
+ * grid_wait() seconds (a peer never started it) prints so and exits 1 (SIGALRM).
+ * Safe to call more than once. */
 int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err);
 /* MPI_Finalize if grid_mpi_init initialised MPI; with several ranks first a barrier that
  * waits grid_set_wait's seconds, after which it prints why and calls MPI_Abort (a peer
  * that never comes would keep MPI_Finalize waiting forever). */
 void grid_mpi_finalize(void);
 
-/* How long start-up (grid_init, cli's shared seed) and grid_mpi_finalize wait for every
- * rank: the run's --comm-timeout (default 60 s); seconds <= 0 keep the current value. */
+/* How long start-up (MPI_Init under a launcher, grid_init, cli's shared seed) and
+ * grid_mpi_finalize wait for every rank: the run's --comm-timeout (default 60 s); call it
+ * before grid_mpi_init. Seconds <= 0 keep the current value. */
 void grid_set_wait(double seconds);
 
 /* The limit grid_set_wait set. */
