@@ -385,6 +385,35 @@ START_TEST(test_op_timeout) {
 }
 END_TEST
 
+/* A receive whose sender comes 3 s late: the timeout names the peer it waited on. */
+START_TEST(test_p2p_timeout) {
+    if (g_size < 2) return;
+    MPI_Comm group;
+    MPI_Comm_dup(MPI_COMM_WORLD, &group);
+    setenv("TPI_COMM_OP_TIMEOUT", "1", 1);
+    struct comm *c = NULL;
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    int st = comm_create(&c, COMM_MPI, group, &ops_cpu, g_cpu, 10.0, &err);
+    unsetenv("TPI_COMM_OP_TIMEOUT");
+    ck_assert_msg(st == TPI_OK, "comm_create: %s", err.msg);
+    float v = 1.0f;
+    if (g_rank == 0) {
+        st = comm_recv(c, &v, 1, COMM_F32, 1, &err);
+        ck_assert_int_eq(st, TPI_ERR_TIMEOUT);
+        ck_assert_msg(strstr(err.msg, "recv from group rank 1 on world rank 0"), "message: %s",
+                      err.msg);
+    } else if (g_rank == 1) {
+        sleep(3);
+        st = comm_send(c, &v, 1, COMM_F32, 0, &err); // the receive left posted takes it
+        ck_assert_msg(st == TPI_OK, "late sender: %s", err.msg);
+    }
+    comm_free(&c);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Comm_free(&group);
+}
+END_TEST
+
 /* ---- `tpinfer comm` end to end (run without mpirun: it launches mpirun) ---- */
 
 #ifndef TPI_MPIEXEC
@@ -601,6 +630,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, test_nccl_refused);
     tcase_add_test(tc, test_create_timeout);
     tcase_add_test(tc, test_op_timeout);
+    tcase_add_test(tc, test_p2p_timeout);
     suite_add_tcase(s, tc);
     int rc = tu_run_suite(s);
     /* A failure on any rank fails the run on every rank. */

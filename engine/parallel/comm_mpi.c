@@ -99,7 +99,7 @@ static int mpi_fail(const struct comm *c, int rc, const char *call, struct tpi_e
  * is usually that quick), then with sleeps of up to 200 us so an oversubscribed node's
  * late rank gets the core. On timeout the request stays posted in m->pending. */
 static int wait_op(struct comm *c, struct mpi_impl *m, MPI_Request *req, MPI_Status *st,
-                   const char *call, struct tpi_error *err) {
+                   const char *call, int peer, struct tpi_error *err) {
     const double t0 = tpi_time_s();
     long sleep_ns = 0;
     for (;;) {
@@ -111,13 +111,16 @@ static int wait_op(struct comm *c, struct mpi_impl *m, MPI_Request *req, MPI_Sta
         if (m->op_timeout_s > 0 && dt > m->op_timeout_s) {
             m->pending = *req;
             m->pending_call = call;
-            char host[256];
+            char host[256], with[64] = "";
+            if (peer >= 0) // a send or receive: the one peer it waits on
+                snprintf(with, sizeof with, " %s group rank %d", strcmp(call, "send") ? "from" : "to",
+                         peer);
             return tpi_err(err, TPI_ERR_TIMEOUT,
-                           "%s on world rank %d (group rank %d of %d, host %s) did not complete "
+                           "%s%s on world rank %d (group rank %d of %d, host %s) did not complete "
                            "in %.1f s: a peer rank is stuck, dead or far behind. The ranks that "
                            "report this arrived; the others did not. (TPI_COMM_OP_TIMEOUT=S "
                            "changes the limit; launch/README.md: when a run hangs)",
-                           call, c->world_rank, c->rank, c->size,
+                           call, with, c->world_rank, c->rank, c->size,
                            comm_host_name(host, sizeof host), dt);
         }
         if (dt > 200e-6) {
@@ -184,7 +187,7 @@ static int host_allreduce(struct comm *c, struct mpi_impl *m, void *buf, size_t 
         int rc = MPI_Iallreduce(MPI_IN_PLACE, (unsigned char *)buf + off * isz, n, mpi_type(dt),
                                 sum_op(m, dt), m->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Iallreduce", err);
-        if ((rc = wait_op(c, m, &req, NULL, "allreduce", err))) return rc;
+        if ((rc = wait_op(c, m, &req, NULL, "allreduce", -1, err))) return rc;
     }
     return TPI_OK;
 }
@@ -197,7 +200,7 @@ static int host_bcast(struct comm *c, struct mpi_impl *m, void *buf, size_t coun
         MPI_Request req;
         int rc = MPI_Ibcast((unsigned char *)buf + off * isz, n, mpi_type(dt), root, m->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Ibcast", err);
-        if ((rc = wait_op(c, m, &req, NULL, "bcast", err))) return rc;
+        if ((rc = wait_op(c, m, &req, NULL, "bcast", -1, err))) return rc;
     }
     return TPI_OK;
 }
@@ -211,7 +214,7 @@ static int host_send(struct comm *c, struct mpi_impl *m, const void *buf, size_t
         int rc = MPI_Isend((const unsigned char *)buf + off * isz, n, mpi_type(dt), peer, TAG_P2P,
                            m->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Isend", err);
-        if ((rc = wait_op(c, m, &req, NULL, "send", err))) return rc;
+        if ((rc = wait_op(c, m, &req, NULL, "send", peer, err))) return rc;
     }
     return TPI_OK;
 }
@@ -226,7 +229,7 @@ static int host_recv(struct comm *c, struct mpi_impl *m, void *buf, size_t count
         int rc = MPI_Irecv((unsigned char *)buf + off * isz, n, mpi_type(dt), peer, TAG_P2P,
                            m->comm, &req);
         if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Irecv", err);
-        if ((rc = wait_op(c, m, &req, &stt, "recv", err))) return rc;
+        if ((rc = wait_op(c, m, &req, &stt, "recv", peer, err))) return rc;
         int got = 0;
         MPI_Get_count(&stt, mpi_type(dt), &got);
         if (got != n)
@@ -244,7 +247,7 @@ static int host_allgather(struct comm *c, struct mpi_impl *m, const void *send, 
     int rc = MPI_Iallgather(send, (int)count, mpi_type(dt), recv, (int)count, mpi_type(dt),
                             m->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Iallgather", err);
-    return wait_op(c, m, &req, NULL, "allgather", err);
+    return wait_op(c, m, &req, NULL, "allgather", -1, err);
 }
 
 /* ---- the vtable ----------------------------------------------------------- */
@@ -347,7 +350,7 @@ static int mpi_barrier(struct comm *c, struct tpi_error *err) {
     MPI_Request req;
     rc = MPI_Ibarrier(m->comm, &req);
     if (rc != MPI_SUCCESS) return mpi_fail(c, rc, "MPI_Ibarrier", err);
-    return wait_op(c, m, &req, NULL, "barrier", err);
+    return wait_op(c, m, &req, NULL, "barrier", -1, err);
 }
 
 static void mpi_destroy(struct comm *c) {
