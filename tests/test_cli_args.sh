@@ -252,17 +252,20 @@ done
 # naming the line, the file as it was (the run appended after it, leaving a file no JSONL
 # reader takes and the request twice).
 "$tp" "${run_f[@]}" -o "$tmp/res.jsonl" 2>/dev/null || fail "run -f -o: exit $?"
-{ cat "$tmp/res.jsonl"; printf '{"id":"q11","line":11,"text":"garb\n'; cat "$tmp/res.jsonl"; } >"$tmp/res2.jsonl"
+{ cat "$tmp/res.jsonl"; printf '{"id":"q11","line":11,"text":"garb\n'; cat "$tmp/res.jsonl"; printf '{"torn'; } >"$tmp/res2.jsonl"
 cp "$tmp/res2.jsonl" "$tmp/res3.jsonl"
 "$tp" "${run_f[@]}" -o "$tmp/res2.jsonl" --resume >/dev/null 2>"$tmp/err"
 rc=$?
 [ "$rc" = 1 ] && grep -q "res2.jsonl: line 2 is not a JSON record" "$tmp/err" && cmp -s "$tmp/res2.jsonl" "$tmp/res3.jsonl" ||
     fail "--resume over a damaged line: exit $rc: $(cat "$tmp/err")"
+{ cat "$tmp/res.jsonl"; printf ' \r\n'; } >"$tmp/res4.jsonl" # a blank line is no record
+"$tp" "${run_f[@]}" -o "$tmp/res4.jsonl" --resume >/dev/null 2>"$tmp/err" ||
+    fail "--resume over a blank line: exit $?: $(cat "$tmp/err")"
 
 # Weights that make the logits NaN (0xff bytes over the last tensors' data): an error that
 # says so, in both forms, where the run printed token 0 for every token with exit 0.
 python3 -c 'import sys; d = bytearray(open(sys.argv[1], "rb").read()); d[-200000:-100000] = b"\xff" * 100000; open(sys.argv[2], "wb").write(d)' "$m" "$tmp/nan.gguf"
-"$tp" run -m "$tmp/nan.gguf" --backend cpu -p Hello -n 4 --temp 0 >"$tmp/out" 2>"$tmp/err"
+"$tp" run -m "$tmp/nan.gguf" --backend cpu -p Hello -n 4 --temp 0 --json --logprobs 2 >"$tmp/out" 2>"$tmp/err"
 rc=$?
 [ "$rc" != 0 ] && grep -q 'logits of generated token 1 are not finite numbers' "$tmp/err" ||
     fail "run -p on NaN weights: exit $rc: $(cat "$tmp/out" "$tmp/err")"

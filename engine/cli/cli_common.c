@@ -113,7 +113,7 @@ int cli_sampling_parse(struct sampler_params *sp, unsigned *set, int argc, char 
 
 void cli_sampling_from_model(struct sampler_params *sp, unsigned set, const struct model *m,
                              bool root, const char *cmd) {
-    const unsigned took = model_sampling_defaults(m->gguf, sp, set, false);
+    const unsigned took = model_sampling_defaults(m->gguf, sp, set, false, root);
     if (!root || !took) return;
     char line[256];
     size_t n = 0;
@@ -246,7 +246,7 @@ int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const 
         NEED_VAL;
         char *end;
         c->comm_timeout_s = strtod(val, &end);
-        if (*end || c->comm_timeout_s <= 0) {
+        if (*end || end == val || !(c->comm_timeout_s > 0) || !isfinite(c->comm_timeout_s)) {
             fprintf(stderr, "tpinfer %s: --comm-timeout expects seconds > 0, got '%s'\n", cmd, val);
             return -1;
         }
@@ -362,9 +362,9 @@ int cli_finish(struct cli_run *r, int code) {
 }
 
 int cli_fail_all(struct cli_run *r, const char *cmd, const struct tpi_error *err) {
-    // A timeout or a communication failure is not known to every rank alike (rank 0 may
-    // be the one stuck): each rank that met one says so.
-    if (err->status == TPI_ERR_TIMEOUT || err->status == TPI_ERR_COMM)
+    // A timeout is not known to every rank alike (rank 0 may be the one stuck): each rank
+    // that met one says so.
+    if (err->status == TPI_ERR_TIMEOUT)
         fprintf(stderr, "tpinfer %s: error on rank %d: %s\n", cmd, cli_rank(r), err->msg);
     else if (cli_rank(r) == 0)
         fprintf(stderr, "tpinfer %s: error: %s\n", cmd, err->msg);

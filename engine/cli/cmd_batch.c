@@ -388,7 +388,7 @@ int cmd_run_batch(int argc, char **argv) {
     // The model's recommended sampling for what the options leave: llama.cpp's reading
     // for our lines, vLLM's (its generation config) for OpenAI lines.
     cli_sampling_from_model(&o.sp, o.sp_set, m, root, "run");
-    model_sampling_defaults(m->gguf, &o.sp_openai, o.sp_set, true);
+    model_sampling_defaults(m->gguf, &o.sp_openai, o.sp_set, true, false);
     // The requests reach every rank from rank 0; what each rank's scheduler decides alone
     // must be alike (prefix copies are made by every rank from the same state).
     const struct grid_same same[] = {{"--no-prefix-share", (uint64_t)o.no_prefix_share, 0}};
@@ -504,9 +504,9 @@ int cmd_run_batch(int argc, char **argv) {
 
 fail:
     // An error every rank shares (agreed, or the grid's tp * pp against the ranks) is
-    // printed once; a timeout or MPI's own failure by each rank that met one (rank 0 may
-    // be the one stuck).
-    if (rc == TPI_ERR_TIMEOUT || rc == TPI_ERR_COMM)
+    // printed once; a timeout by each rank that met one (rank 0 may be the one stuck), and
+    // MPI's own failures to build the grid.
+    if (rc == TPI_ERR_TIMEOUT)
         fprintf(stderr, "tpinfer run: error on rank %d: %s\n", grid.world_rank, err.msg);
     else if (grid.world_rank == 0 || (!grid_ok && rc != TPI_ERR_INVALID))
         fprintf(stderr, "tpinfer run: %s\n", err.msg);

@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +52,7 @@ static void usage(FILE *out) {
                  "  -w, --warmup N       untimed iterations per size (default 5)\n"
                  "  -d, --datatype T     float|half|bfloat16|int32 (default float)\n"
                  "  --timeout S          seconds to wait for all ranks at start-up (default 60;\n"
-                 "                       --comm-timeout S is the same, as the other commands spell it)\n"
+                 "                       0: no limit; --comm-timeout S is the same)\n"
                  "  --check-only         only the all-reduce sanity check\n"
                  "  --json               one JSON document on stdout\n");
 }
@@ -157,12 +158,13 @@ static int parse_args(int argc, char **argv, struct comm_opts *o) {
             }
             break;
         case O_TIMEOUT: {
-            // As the other commands' --comm-timeout: seconds > 0.
+            // Seconds >= 0 (0: no limit at start-up).
             char *end = NULL;
             errno = 0;
             const double t = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(t > 0)) {
-                fprintf(stderr, "tpinfer comm: --timeout expects seconds > 0, got '%s'\n", optarg);
+            if (errno || end == optarg || *end || !(t >= 0) || !isfinite(t)) {
+                fprintf(stderr, "tpinfer comm: --timeout expects seconds >= 0, got '%s'\n",
+                        optarg);
                 return 2;
             }
             o->timeout_s = t;

@@ -181,10 +181,10 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     bool stopped = false;
     for (int j = 0; j < gp->n_predict; j++) {
         if (is_decider) {
-            msg_i[0] = sampler_sample(&smp, row);
-            sampler_accept_output(&smp, msg_i[0]);
-            if (!isfinite(row[msg_i[0]])) msg_i[0] = -1; // not numbers: every rank stops
-            if (K > 0) msg_f[K] = sampler_logprobs(row, n_vocab, msg_i[0], K, msg_i + 1, msg_f);
+            const int32_t id = sampler_sample(&smp, row);
+            sampler_accept_output(&smp, id);
+            if (K > 0) msg_f[K] = sampler_logprobs(row, n_vocab, id, K, msg_i + 1, msg_f);
+            msg_i[0] = isfinite(row[id]) ? id : -1; // not numbers: every rank stops
         }
         if ((rc = model_bcast_i32(m, msg_i, 1 + K, decider, err)) ||
             (K > 0 && (rc = model_bcast_f32(m, msg_f, K + 1, decider, err))))

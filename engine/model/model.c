@@ -167,7 +167,7 @@ int model_cpu_threads(int n_threads, const struct tpi_grid *grid) {
 }
 
 unsigned model_sampling_defaults(const struct gguf_file *f, struct sampler_params *p,
-                                 unsigned keep, bool openai) {
+                                 unsigned keep, bool openai, bool warn) {
     // The ranges the command-line options take (cli_common.c), except that vLLM takes
     // neither a negative temperature nor a top-p of 0.
     static const struct {
@@ -199,8 +199,9 @@ unsigned model_sampling_defaults(const struct gguf_file *f, struct sampler_param
         const double lo = openai && keys[k].bit == SP_TEMP ? 0 : keys[k].lo;
         if (!isfinite(v) || v < lo || v > keys[k].hi || (keys[k].is_int && v != floorf(v)) ||
             (openai && keys[k].bit == SP_TOP_P && v == 0.0f)) {
-            TPI_LOGW("%s: %s %g is not a value the sampler takes; ignored", gguf_path(f),
-                     keys[k].key, (double)v);
+            if (warn)
+                TPI_LOGW("%s: %s %g is not a value the sampler takes; ignored", gguf_path(f),
+                         keys[k].key, (double)v);
             continue;
         }
         char *field = (char *)p + keys[k].off;
@@ -286,7 +287,7 @@ static int check_fits(struct model *m, int n_ubatch, struct tpi_error *err) {
  * ranks, GPU and its PCI bus id, layers, heads, weight and KV bytes) and prints
  * them in rank order, so a user sees where every shard landed. */
 static void rank_banner(const struct model *m, const struct tpi_grid *grid, int device,
-                        double load_s) {
+                        double load_s, bool print) {
     const struct model_plan *pl = &m->plan;
     char pci[32], line[256];
     ops_device_pci(m->ops, device, pci, sizeof pci);
@@ -306,18 +307,24 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
     if (grid && grid->world_size > 1) {
         // Nonblocking, with the collectives' limit: a rank that never comes is then the
         // next agreement's error instead of a wait here without end. Heap copies: a
-        // timed-out request may still use them (they leak then).
+        // timed-out request may still use them (they leak then). (Out of memory for a few
+        // hundred bytes here leaves the ranks' collectives unmatched; the next agreement
+        // then times out.)
         char *mine = malloc(sizeof line);
-        if (!mine) return; // every rank calls the gather below or none: the banner is lost
+        if (!mine || (grid->world_rank == 0 && !all)) {
+            free(mine);
+            free(all);
+            return;
+        }
         memcpy(mine, line, sizeof line);
         MPI_Request req;
-        if (MPI_Igather(mine, (int)sizeof line, MPI_CHAR, all, (int)sizeof line, MPI_CHAR, 0,
-                        grid->world, &req) != MPI_SUCCESS)
-            return;
-        const int st = grid_poll(&req, comm_op_timeout_s());
+        int st = MPI_Igather(mine, (int)sizeof line, MPI_CHAR, all, (int)sizeof line, MPI_CHAR, 0,
+                             grid->world, &req) == MPI_SUCCESS
+                     ? grid_poll(&req, comm_op_timeout_s())
+                     : TPI_ERR_COMM;
         if (st == TPI_ERR_TIMEOUT) return;
         free(mine);
-        if (st != TPI_OK) {
+        if (st != TPI_OK || !print) {
             free(all);
             return;
         }
@@ -325,6 +332,10 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
         memcpy(all, line, sizeof line);
     }
     if (!all) return;
+    if (!print) {
+        free(all);
+        return;
+    }
     TPI_LOGI("rank host           tp stage gpu device             pci bus id    layers  heads "
              "   weights MiB  KV MiB load s    GB/s");
     for (int r = 0; r < n_ranks; r++) TPI_LOGI("%s", all + (size_t)r * sizeof line);
@@ -425,8 +436,10 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
         char desc[256];
         model_config_describe(&m->cfg, desc, sizeof desc);
         if (world_rank == 0) TPI_LOGI("model %s: %s", p->path, desc);
-        rank_banner(m, grid, oc.device, tpi_time_s() - t0);
     }
+    // Every rank gathers the rank table, quiet or not (ranks may differ in -v); rank 0
+    // prints it unless quiet.
+    rank_banner(m, grid, oc.device, tpi_time_s() - t0, !p->quiet);
     *out = m;
     return TPI_OK;
 fail:

@@ -201,10 +201,10 @@ int model_cpu_threads(int n_threads, const struct tpi_grid *grid);
  * .top_k, .top_p, .min_p, .penalty_repeat and .penalty_last_n (llama.cpp reads these
  * keys as its defaults; vLLM reads the same settings from generation_config.json, less
  * the window: openai), into p for the fields not in `keep` (enum sampler_field bits).
- * A value out of the range the matching option takes is skipped with a warning.
+ * A value out of the range the matching option takes is skipped (with a warning: warn).
  * Returns the bits of the fields it set. */
 unsigned model_sampling_defaults(const struct gguf_file *f, struct sampler_params *p,
-                                 unsigned keep, bool openai);
+                                 unsigned keep, bool openai, bool warn);
 
 /* Free everything; sets *m to NULL. Accepts NULL. */
 void model_free(struct model **m);

@@ -28,8 +28,14 @@ static int g_we_initialised = 0;
 /* How long start-up and the end of a run wait for every rank (grid_set_wait). */
 static double g_wait_s = 60.0;
 
+/* MPI_Init and the barrier before MPI_Finalize wait at least this long whatever the
+ * option says: a slow launch or a rank 0 still closing its files is not a fault. */
+#define GRID_WAIT_FLOOR_S 60.0
+
+static double wait_floor(void) { return g_wait_s > GRID_WAIT_FLOOR_S ? g_wait_s : GRID_WAIT_FLOOR_S; }
+
 void grid_set_wait(double seconds) {
-    if (seconds > 0) g_wait_s = seconds;
+    if (seconds > 0 && isfinite(seconds)) g_wait_s = seconds;
 }
 
 double grid_wait(void) { return g_wait_s; }
@@ -60,15 +66,16 @@ int grid_mpi_init(int *argc, char ***argv, struct tpi_error *err) {
         struct sigaction sa, old;
         if (guard) {
             const char *r = getenv("OMPI_COMM_WORLD_RANK");
+            const double w = wait_floor() < 1e6 ? wait_floor() : 1e6; // alarm's unsigned
             snprintf(g_init_msg, sizeof g_init_msg,
                      "[rank %s] tpinfer: MPI_Init did not complete within %.0f s: a rank of "
                      "the job did not start it (stopped, or not launched); ending\n",
-                     r ? r : "?", g_wait_s);
+                     r ? r : "?", w);
             memset(&sa, 0, sizeof sa);
             sa.sa_handler = on_init_alarm;
             sigemptyset(&sa.sa_mask);
             sigaction(SIGALRM, &sa, &old);
-            alarm((unsigned)ceil(g_wait_s));
+            alarm((unsigned)ceil(w));
         }
         /* FUNNELED: OpenMP threads compute, only the main thread calls MPI. */
         int provided = 0;
@@ -99,14 +106,14 @@ void grid_mpi_finalize(void) {
         // this one (and the job) there forever. Meet at a barrier with a limit first.
         MPI_Request req;
         const int st = MPI_Ibarrier(MPI_COMM_WORLD, &req) == MPI_SUCCESS
-                           ? comm_poll_request(&req, g_wait_s)
+                           ? comm_poll_request(&req, wait_floor())
                            : TPI_ERR_COMM;
         if (st != TPI_OK) {
             fprintf(stderr,
                     "[rank %d] tpinfer: the other ranks did not reach the end of the run "
                     "within %.0f s (a rank is stuck, or stopped after an error of its own): "
                     "ending the job\n",
-                    rank, g_wait_s);
+                    rank, wait_floor());
             fflush(stderr);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
@@ -300,12 +307,19 @@ int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
     if (!all)
         return tpi_err(err, TPI_ERR_NOMEM, "grid_check_identity: out of memory on world rank %d",
                        g->world_rank);
-    struct run_identity mine = *id;
+    /* On the heap: a request that timed out may still read it (it leaks then). */
+    struct run_identity *mine = malloc(sizeof *mine);
+    if (!mine) {
+        free(all);
+        return tpi_err(err, TPI_ERR_NOMEM, "grid_check_identity: out of memory on world rank %d",
+                       g->world_rank);
+    }
+    *mine = *id;
     MPI_Request req;
-    int rc = MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, all, (int)sizeof mine, MPI_BYTE,
+    int rc = MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE,
                             g->world, &req);
     const int pst = rc == MPI_SUCCESS ? comm_poll_request(&req, comm_op_timeout_s()) : TPI_OK;
-    if (pst == TPI_ERR_TIMEOUT) // the request may still write `all`: leave it allocated
+    if (pst == TPI_ERR_TIMEOUT) // the request may still use both buffers: leave them
         return tpi_err(err, TPI_ERR_TIMEOUT,
                        "world rank %d waited %.0f s for the other ranks' run identity: one is "
                        "stuck or far behind (TPI_COMM_OP_TIMEOUT=S changes the limit)",
@@ -341,6 +355,7 @@ int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
         }
     }
     free(all);
+    free(mine);
     /* Memory or MPI failure is local; make it everyone's. A mismatch is already
      * seen by all, but agreeing is cheap and keeps one code path. */
     if (st != TPI_OK && st != TPI_ERR_INVALID) return grid_agree(g, st, err);
@@ -363,9 +378,7 @@ int grid_check_same(const struct tpi_grid *g, const struct grid_same *vals,
         int rc = MPI_Iallgather(mine, n, MPI_UINT64_T, all, n, MPI_UINT64_T, g->world, &req);
         rc = rc == MPI_SUCCESS ? comm_poll_request(&req, comm_op_timeout_s()) : TPI_ERR_COMM;
         if (rc == TPI_ERR_TIMEOUT) {
-            /* The request stays posted: the caller stops the job (cli_fail_rank). */
-            free(mine);
-            free(all);
+            /* The request stays posted and may still use both buffers: they leak. */
             return tpi_err(err, TPI_ERR_TIMEOUT,
                            "the ranks' options were not all gathered on world rank %d in "
                            "%.1f s: a peer rank is stuck, dead or far behind",

@@ -95,25 +95,21 @@ int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,
         got += (size_t)k;
     }
     n = got;
-    // A torn last line (killed mid-write): cut it so appended records start on a
-    // fresh line and the half record is not mistaken for a result.
+    // The complete lines end at the last newline; after it, a torn last line (killed
+    // mid-write).
     size_t end = n;
     while (end > 0 && data[end - 1] != '\n') end--;
-    if (end < n && ftruncate(fd, (off_t)end) != 0) {
-        free(data);
-        close(fd);
-        return tpi_err(err, TPI_ERR_IO, "--resume: cannot truncate the torn last line of %s", path);
-    }
-    if (end < n) TPI_LOGW("--resume: dropped a torn last line (%zu bytes) of %s", n - end, path);
-    close(fd);
     long line = 1;
     for (size_t i = 0; i < end; line++) {
         size_t e = i;
         while (e < end && data[e] != '\n') e++;
+        size_t b = i;
+        while (b < e && (data[b] == ' ' || data[b] == '\t' || data[b] == '\r')) b++;
         // A damaged line among the records: appending after it would leave a file that
-        // no JSONL reader takes, so stop before any work and say where.
-        if (e > i && !mark_record(in, data + i, e - i, n_done)) {
+        // no JSONL reader takes, so stop before any work (the file as it was) and say where.
+        if (b < e && !mark_record(in, data + i, e - i, n_done)) {
             free(data);
+            close(fd);
             return tpi_err(err, TPI_ERR_FORMAT,
                            "--resume: %s: line %ld is not a JSON record (damaged, or written by "
                            "something else): fix or remove it, then run again",
@@ -122,6 +118,14 @@ int batch_resume_scan(const char *path, struct batch_input *in, int *n_done,
         i = e + 1;
     }
     free(data);
+    // Cut the torn line so appended records start on a fresh line and the half record is
+    // not mistaken for a result.
+    if (end < n && ftruncate(fd, (off_t)end) != 0) {
+        close(fd);
+        return tpi_err(err, TPI_ERR_IO, "--resume: cannot truncate the torn last line of %s", path);
+    }
+    if (end < n) TPI_LOGW("--resume: dropped a torn last line (%zu bytes) of %s", n - end, path);
+    close(fd);
     return TPI_OK;
 }
 
