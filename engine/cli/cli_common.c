@@ -35,9 +35,10 @@ void cli_common_usage(FILE *f, bool ctx_line) {
             "  -t, --threads N        CPU threads (the node's cores shared by its ranks)\n"
             "  --ubatch N             tokens per micro-batch (512)\n"
             "  --seed N               sampling seed, -1 = random (random)\n"
-            "  --comm-timeout S       seconds start-up and a run's end wait for every rank\n"
-            "                         (60); mid-run a silent peer is an error after\n"
-            "                         TPI_COMM_OP_TIMEOUT seconds (600)\n"
+            "  --comm-timeout S       seconds start-up (until the model loads) and a run's\n"
+            "                         end wait for every rank (60; the end at least 60);\n"
+            "                         loading and the run itself wait TPI_COMM_OP_TIMEOUT\n"
+            "                         seconds (600) for a silent peer\n"
             "  -v, --verbose          debug logs\n");
 }
 

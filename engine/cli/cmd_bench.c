@@ -617,7 +617,9 @@ int cmd_bench(int argc, char **argv) {
                          strcmp(m->ops->name, "cpu") ? m->ops->device_name(m->octx) : "");
                 const double mine_b[2] = {weight_bytes_per_token(m), kv_bytes_per_position(m)};
                 double all_b[2 * BENCH_MAX_RANKS];
-                MPI_Gather(mine_b, 2, MPI_DOUBLE, all_b, 2, MPI_DOUBLE, 0, g.world);
+                MPI_Request req;
+                MPI_Igather(mine_b, 2, MPI_DOUBLE, all_b, 2, MPI_DOUBLE, 0, g.world, &req);
+                grid_wait_or_abort(&g, &req, CMD, "the gather of the ranks' bytes per token");
                 for (int k = 0; root && k < g.world_size; k++) {
                     li.wbytes_rank[k] = all_b[2 * k];
                     li.kvpos_rank[k] = all_b[2 * k + 1];
@@ -672,7 +674,9 @@ int cmd_bench(int argc, char **argv) {
                             return die_rank(&g, &err);
                         m->ops->sync(m->octx);
                         comm_snapshot(m, &c0);
-                        MPI_Barrier(g.world);
+                        MPI_Request breq;
+                        MPI_Ibarrier(g.world, &breq);
+                        grid_wait_or_abort(&g, &breq, CMD, "the barrier before a repetition");
                         const double t0 = tpi_time_s();
                         rc = run_test(&br, t, &err);
                         if (rc) return die_rank(&g, &err);
@@ -700,7 +704,9 @@ int cmd_bench(int argc, char **argv) {
                     mine[5] = (csum.bytes[COMM_OP_SEND] + csum.bytes[COMM_OP_RECV]) / R;
                     mine[6] = csum.calls[COMM_OP_BCAST] / R;
                     mine[7] = csum.bytes[COMM_OP_BCAST] / R;
-                    MPI_Reduce(mine, most, 8, MPI_UINT64_T, MPI_MAX, 0, g.world);
+                    MPI_Request rreq;
+                    MPI_Ireduce(mine, most, 8, MPI_UINT64_T, MPI_MAX, 0, g.world, &rreq);
+                    grid_wait_or_abort(&g, &rreq, CMD, "the reduction of the ranks' traffic");
                     // Recordings inside the timed repetitions are one-time costs counted
                     // in the figure (--no-warmup, or a shape first seen there): said.
                     if (root && m->n_graph_records > records0)

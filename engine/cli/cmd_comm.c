@@ -317,8 +317,11 @@ static int measure(struct bench *b, enum sweep_op op, size_t size, struct row *o
     /* The slowest rank sets the time, as nccl-tests reports it. */
     double t_max = 0;
     long long wrong_sum = 0;
-    MPI_Reduce(&t, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, b->g->world);
-    MPI_Reduce(&wrong, &wrong_sum, 1, MPI_LONG_LONG, MPI_SUM, 0, b->g->world);
+    MPI_Request req[2];
+    MPI_Ireduce(&t, &t_max, 1, MPI_DOUBLE, MPI_MAX, 0, b->g->world, &req[0]);
+    grid_wait_or_abort(b->g, &req[0], "comm", "the reduction of the ranks' times");
+    MPI_Ireduce(&wrong, &wrong_sum, 1, MPI_LONG_LONG, MPI_SUM, 0, b->g->world, &req[1]);
+    grid_wait_or_abort(b->g, &req[1], "comm", "the reduction of the wrong elements");
     static const char *names[] = {"allreduce", "allgather", "sendrecv"};
     out->op = names[op];
     out->size = total * isz;
@@ -480,7 +483,10 @@ int cmd_comm(int argc, char **argv) {
         char host[256];
     } mine = {.pass = pass}, *cards = root ? calloc((size_t)world_size, sizeof *cards) : NULL;
     snprintf(mine.host, sizeof mine.host, "%s", g.host);
-    MPI_Gather(&mine, (int)sizeof mine, MPI_BYTE, cards, (int)sizeof mine, MPI_BYTE, 0, g.world);
+    MPI_Request greq;
+    MPI_Igather(&mine, (int)sizeof mine, MPI_BYTE, cards, (int)sizeof mine, MPI_BYTE, 0, g.world,
+                &greq);
+    grid_wait_or_abort(&g, &greq, "comm", "the gather of the ranks' sanity results");
     if (root) {
         cJSON *js = o.json ? cJSON_AddArrayToObject(doc, "sanity") : NULL;
         for (int r = 0; r < world_size; r++) {
@@ -562,7 +568,9 @@ int cmd_comm(int argc, char **argv) {
         }
     }
     /* Everyone returns the same code. */
-    MPI_Bcast(&ok, 1, MPI_INT, 0, g.world);
+    MPI_Request oreq;
+    MPI_Ibcast(&ok, 1, MPI_INT, 0, g.world, &oreq);
+    grid_wait_or_abort(&g, &oreq, "comm", "the broadcast of the verdict");
     free(b.h);
     ops->dealloc(octx, b.d_a);
     ops->dealloc(octx, b.d_b);

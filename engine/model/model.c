@@ -286,8 +286,8 @@ static int check_fits(struct model *m, int n_ubatch, struct tpi_error *err) {
 /* The layout at start: world rank 0 collects one line from every rank (host,
  * ranks, GPU and its PCI bus id, layers, heads, weight and KV bytes) and prints
  * them in rank order, so a user sees where every shard landed. */
-static void rank_banner(const struct model *m, const struct tpi_grid *grid, int device,
-                        double load_s, bool print) {
+static int rank_banner(const struct model *m, const struct tpi_grid *grid, int device,
+                       double load_s, bool print, struct tpi_error *err) {
     const struct model_plan *pl = &m->plan;
     char pci[32], line[256];
     ops_device_pci(m->ops, device, pci, sizeof pci);
@@ -314,7 +314,7 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
         if (!mine || (grid->world_rank == 0 && !all)) {
             free(mine);
             free(all);
-            return;
+            return TPI_OK;
         }
         memcpy(mine, line, sizeof line);
         MPI_Request req;
@@ -322,19 +322,24 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
                              grid->world, &req) == MPI_SUCCESS
                      ? grid_poll(&req, comm_op_timeout_s())
                      : TPI_ERR_COMM;
-        if (st == TPI_ERR_TIMEOUT) return;
+        if (st == TPI_ERR_TIMEOUT)
+            return tpi_err(err, TPI_ERR_TIMEOUT,
+                           "world rank %d waited %.0f s for the other ranks' rows of the rank "
+                           "table after loading: one is stuck or far behind "
+                           "(TPI_COMM_OP_TIMEOUT=S changes the limit)",
+                           grid->world_rank, comm_op_timeout_s());
         free(mine);
         if (st != TPI_OK || !print) {
             free(all);
-            return;
+            return TPI_OK;
         }
     } else if (all) {
         memcpy(all, line, sizeof line);
     }
-    if (!all) return;
+    if (!all) return TPI_OK;
     if (!print) {
         free(all);
-        return;
+        return TPI_OK;
     }
     TPI_LOGI("rank host           tp stage gpu device             pci bus id    layers  heads "
              "   weights MiB  KV MiB load s    GB/s");
@@ -342,6 +347,7 @@ static void rank_banner(const struct model *m, const struct tpi_grid *grid, int 
     if (m->w.n_expanded_f32 > 0 && (!grid || grid->world_size == 1))
         TPI_LOGI("(%d row-parallel slices held as F32)", m->w.n_expanded_f32);
     free(all);
+    return TPI_OK;
 }
 
 /* Whether the switch `name` is on in the environment: set, not empty and not "0". */
@@ -439,7 +445,7 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     }
     // Every rank gathers the rank table, quiet or not (ranks may differ in -v); rank 0
     // prints it unless quiet.
-    rank_banner(m, grid, oc.device, tpi_time_s() - t0, !p->quiet);
+    if ((rc = rank_banner(m, grid, oc.device, tpi_time_s() - t0, !p->quiet, err))) goto fail;
     *out = m;
     return TPI_OK;
 fail:

@@ -42,6 +42,21 @@ double grid_wait(void) { return g_wait_s; }
 
 int grid_poll(MPI_Request *req, double timeout_s) { return comm_poll_request(req, timeout_s); }
 
+void grid_wait_or_abort(const struct tpi_grid *g, MPI_Request *req, const char *cmd,
+                        const char *what) {
+    const int st = comm_poll_request(req, comm_op_timeout_s());
+    if (st == TPI_OK) return;
+    if (st == TPI_ERR_TIMEOUT)
+        fprintf(stderr,
+                "tpinfer %s: error on rank %d: %s did not complete in %.0f s: a peer rank is "
+                "stuck, dead or far behind (TPI_COMM_OP_TIMEOUT=S changes the limit)\n",
+                cmd, g->world_rank, what, comm_op_timeout_s());
+    else
+        fprintf(stderr, "tpinfer %s: error on rank %d: %s failed\n", cmd, g->world_rank, what);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
 /* What a rank says when MPI_Init outlives the wait (made before the alarm is set). */
 static char g_init_msg[256];
 
@@ -318,12 +333,13 @@ int grid_check_identity(const struct tpi_grid *g, const struct run_identity *id,
     MPI_Request req;
     int rc = MPI_Iallgather(mine, (int)sizeof *mine, MPI_BYTE, all, (int)sizeof *mine, MPI_BYTE,
                             g->world, &req);
-    const int pst = rc == MPI_SUCCESS ? comm_poll_request(&req, comm_op_timeout_s()) : TPI_OK;
+    // Start-up (the files are open, nothing loaded yet): the --comm-timeout limit.
+    const int pst = rc == MPI_SUCCESS ? comm_poll_request(&req, g_wait_s) : TPI_OK;
     if (pst == TPI_ERR_TIMEOUT) // the request may still use both buffers: leave them
         return tpi_err(err, TPI_ERR_TIMEOUT,
-                       "world rank %d waited %.0f s for the other ranks' run identity: one is "
-                       "stuck or far behind (TPI_COMM_OP_TIMEOUT=S changes the limit)",
-                       g->world_rank, comm_op_timeout_s());
+                       "world rank %d waited %.0f s at start-up for the other ranks' run "
+                       "identity: one is stuck (--comm-timeout S changes the limit)",
+                       g->world_rank, g_wait_s);
     int st = TPI_OK;
     if (rc != MPI_SUCCESS) {
         st = mpi_err(err, rc, "MPI_Iallgather (run identity)", g->world_rank);

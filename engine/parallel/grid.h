@@ -46,6 +46,13 @@ void grid_set_wait(double seconds);
 /* The limit grid_set_wait set. */
 double grid_wait(void);
 
+/* Wait for a nonblocking collective posted on g->world (`what` names it) at most
+ * TPI_COMM_OP_TIMEOUT seconds; when it fails or times out, print one line saying so
+ * (`cmd`, this rank, what) and end the job with MPI_Abort: the peers may be waiting in
+ * the same call, and its buffers may still be in use. Returns only on success. */
+void grid_wait_or_abort(const struct tpi_grid *g, MPI_Request *req, const char *cmd,
+                        const char *what);
+
 /* Wait for a nonblocking MPI request at most timeout_s seconds (<= 0: no limit), testing
  * it with short sleeps: TPI_OK, TPI_ERR_TIMEOUT (the request is still pending: its
  * buffers must stay allocated) or TPI_ERR_COMM. */
