@@ -53,12 +53,12 @@ static void tokenizer_pass(const struct gguf_file *f) {
     /* The chat template comes from the file: render with and without a system turn, and
      * a conversation with reasoning and tool turns with thinking off. */
     static const struct tok_message msgs[6] = {
-        {"system", "Be brief.", NULL},
-        {"user", "Hi", NULL},
-        {"assistant", "<think>\nhm</think>\n\nCalling.", NULL},
-        {"tool", "{}", NULL},
-        {"tool", "<tool_response>", NULL},
-        {"assistant", "Done", "\nthought\n"}};
+        {.role = "system", .content = "Be brief."},
+        {.role = "user", .content = "Hi"},
+        {.role = "assistant", .content = "<think>\nhm</think>\n\nCalling."},
+        {.role = "tool", .content = "{}"},
+        {.role = "tool", .content = "<tool_response>"},
+        {.role = "assistant", .content = "Done", .reasoning_content = "\nthought\n"}};
     static const int n_msgs[3] = {2, 1, 6};
     for (int k = 0; k < 3; k++) {
         char *chat = NULL;
