@@ -344,20 +344,28 @@ START_TEST(test_create_timeout) {
 }
 END_TEST
 
+/* An MPI communicator over a duplicate of the world (*group) whose operations time out
+ * after 1 s. */
+static struct comm *comm_one_second(MPI_Comm *group, struct tpi_error *err) {
+    MPI_Comm_dup(MPI_COMM_WORLD, group);
+    setenv("TPI_COMM_OP_TIMEOUT", "1", 1);
+    struct comm *c = NULL;
+    tpi_err_clear(err);
+    int st = comm_create(&c, COMM_MPI, *group, &ops_cpu, g_cpu, 10.0, err);
+    unsetenv("TPI_COMM_OP_TIMEOUT");
+    ck_assert_msg(st == TPI_OK, "comm_create: %s", err->msg);
+    return c;
+}
+
 /* A collective that a peer joins too late: with TPI_COMM_OP_TIMEOUT=1 the ranks
  * that arrived fail after ~1 s with a message that says they waited; the comm then
  * refuses further calls; the late rank's call completes when it arrives (the others'
  * requests are still posted) and every rank can free the comm. */
 START_TEST(test_op_timeout) {
     MPI_Comm group;
-    MPI_Comm_dup(MPI_COMM_WORLD, &group);
-    setenv("TPI_COMM_OP_TIMEOUT", "1", 1);
-    struct comm *c = NULL;
     struct tpi_error err;
-    tpi_err_clear(&err);
-    int st = comm_create(&c, COMM_MPI, group, &ops_cpu, g_cpu, 10.0, &err);
-    unsetenv("TPI_COMM_OP_TIMEOUT");
-    ck_assert_msg(st == TPI_OK, "comm_create: %s", err.msg);
+    struct comm *c = comm_one_second(&group, &err);
+    int st;
     const int late = g_size - 1;
     float v = 1.0f;
     if (g_rank == late) sleep(3);
@@ -389,14 +397,9 @@ END_TEST
 START_TEST(test_p2p_timeout) {
     if (g_size < 2) return;
     MPI_Comm group;
-    MPI_Comm_dup(MPI_COMM_WORLD, &group);
-    setenv("TPI_COMM_OP_TIMEOUT", "1", 1);
-    struct comm *c = NULL;
     struct tpi_error err;
-    tpi_err_clear(&err);
-    int st = comm_create(&c, COMM_MPI, group, &ops_cpu, g_cpu, 10.0, &err);
-    unsetenv("TPI_COMM_OP_TIMEOUT");
-    ck_assert_msg(st == TPI_OK, "comm_create: %s", err.msg);
+    struct comm *c = comm_one_second(&group, &err);
+    int st;
     float v = 1.0f;
     if (g_rank == 0) {
         st = comm_recv(c, &v, 1, COMM_F32, 1, &err);
