@@ -151,7 +151,9 @@ int comm_agree(MPI_Comm group, int status, double timeout_s, struct tpi_error *e
         if (pst == TPI_ERR_TIMEOUT)
             return tpi_err(err, TPI_ERR_TIMEOUT,
                            "timed out after %.1f s waiting for the other ranks to report their "
-                           "status (world rank %d)",
+                           "status (world rank %d): the ranks that report this arrived, the "
+                           "others are stuck, dead or far behind (launch/README.md: when a run "
+                           "hangs)",
                            timeout_s, world_rank_of(group, rank));
         return tpi_err(err, TPI_ERR_COMM, "status agreement failed on world rank %d",
                        world_rank_of(group, rank));
