@@ -57,31 +57,10 @@ static int parse_int(const char *cmd, const char *opt, const char *s, long lo, l
 
 int cli_sampling_parse(struct sampler_params *sp, unsigned *set, int argc, char **argv, int *i,
                        const char *cmd) {
-    // Ranges as a request line's fields have them (sched/requests.c), except the
-    // temperature: any value <= 0 is greedy, as llama.cpp's --temp.
-    static const struct {
-        const char *name;
-        unsigned bit;
-        bool is_int;
-        double lo, hi;
-        size_t off;
-    } opts[] = {
-        {"--temp", SP_TEMP, false, -HUGE_VAL, HUGE_VAL, offsetof(struct sampler_params, temp)},
-        {"--top-k", SP_TOP_K, true, -1, 1 << 30, offsetof(struct sampler_params, top_k)},
-        {"--top-p", SP_TOP_P, false, 0, 1, offsetof(struct sampler_params, top_p)},
-        {"--min-p", SP_MIN_P, false, 0, 1, offsetof(struct sampler_params, min_p)},
-        {"--repeat-penalty", SP_REPEAT_PENALTY, false, 1e-3, 100,
-         offsetof(struct sampler_params, repeat_penalty)},
-        {"--repeat-last-n", SP_REPEAT_LAST_N, true, -1, 1 << 24,
-         offsetof(struct sampler_params, repeat_last_n)},
-        {"--presence-penalty", SP_PRESENCE_PENALTY, false, -2, 2,
-         offsetof(struct sampler_params, presence_penalty)},
-        {"--frequency-penalty", SP_FREQUENCY_PENALTY, false, -2, 2,
-         offsetof(struct sampler_params, frequency_penalty)},
-    };
     const char *a = argv[*i];
-    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
-        if (strcmp(a, opts[k].name) != 0) continue;
+    for (int k = 0; k < n_sampler_fields; k++) {
+        const struct sampler_field_desc *d = &sampler_fields[k];
+        if (strcmp(a, d->option) != 0) continue;
         if (*i + 1 >= argc) {
             fprintf(stderr, "tpinfer %s: option %s needs a value\n", cmd, a);
             return -1;
@@ -90,23 +69,20 @@ int cli_sampling_parse(struct sampler_params *sp, unsigned *set, int argc, char 
         char *end;
         errno = 0;
         const double v = strtod(val, &end);
-        if (errno || *end || end == val || !isfinite(v) || v < opts[k].lo || v > opts[k].hi ||
-            (opts[k].is_int && v != floor(v))) {
-            if (opts[k].is_int)
+        if (errno || *end || end == val || !sampler_field_ok(d, v)) {
+            if (d->is_int)
                 fprintf(stderr, "tpinfer %s: %s expects an integer in [%.0f, %.0f], got '%s'\n",
-                        cmd, a, opts[k].lo, opts[k].hi, val);
-            else if (isfinite(opts[k].lo))
+                        cmd, a, d->lo, d->hi, val);
+            else if (isfinite(d->lo))
                 fprintf(stderr, "tpinfer %s: %s expects a number in [%g, %g], got '%s'\n", cmd, a,
-                        opts[k].lo, opts[k].hi, val);
+                        d->lo, d->hi, val);
             else
                 fprintf(stderr, "tpinfer %s: %s expects a finite number, got '%s'\n", cmd, a,
                         val);
             return -1;
         }
-        char *field = (char *)sp + opts[k].off;
-        if (opts[k].is_int) *(int *)field = (int)v;
-        else *(float *)field = (float)v;
-        *set |= opts[k].bit;
+        sampler_field_set(sp, d, v);
+        *set |= d->bit;
         return 1;
     }
     return 0;

@@ -168,46 +168,25 @@ int model_cpu_threads(int n_threads, const struct tpi_grid *grid) {
 
 unsigned model_sampling_defaults(const struct gguf_file *f, struct sampler_params *p,
                                  unsigned keep, bool openai, bool warn) {
-    // The ranges the command-line options take (cli_common.c), except that vLLM takes
-    // neither a negative temperature nor a top-p of 0.
-    static const struct {
-        const char *key;
-        unsigned bit;
-        bool is_int, openai;
-        double lo, hi;
-        size_t off;
-    } keys[] = {
-        {"general.sampling.temp", SP_TEMP, false, true, -HUGE_VAL, HUGE_VAL,
-         offsetof(struct sampler_params, temp)},
-        {"general.sampling.top_k", SP_TOP_K, true, true, -1, 1 << 30,
-         offsetof(struct sampler_params, top_k)},
-        {"general.sampling.top_p", SP_TOP_P, false, true, 0, 1,
-         offsetof(struct sampler_params, top_p)},
-        {"general.sampling.min_p", SP_MIN_P, false, true, 0, 1,
-         offsetof(struct sampler_params, min_p)},
-        {"general.sampling.penalty_repeat", SP_REPEAT_PENALTY, false, true, 1e-3, 100,
-         offsetof(struct sampler_params, repeat_penalty)},
-        {"general.sampling.penalty_last_n", SP_REPEAT_LAST_N, true, false, -1, 1 << 24,
-         offsetof(struct sampler_params, repeat_last_n)},
-    };
+    // The ranges the command-line options take, except that vLLM takes neither a negative
+    // temperature nor a top-p of 0, nor the window.
     unsigned took = 0;
-    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+    for (int k = 0; k < n_sampler_fields; k++) {
+        const struct sampler_field_desc *d = &sampler_fields[k];
+        char key[64];
         float v;
-        if ((keep & keys[k].bit) || (openai && !keys[k].openai) ||
-            !gguf_get_f32(f, keys[k].key, &v))
-            continue;
-        const double lo = openai && keys[k].bit == SP_TEMP ? 0 : keys[k].lo;
-        if (!isfinite(v) || v < lo || v > keys[k].hi || (keys[k].is_int && v != floorf(v)) ||
-            (openai && keys[k].bit == SP_TOP_P && v == 0.0f)) {
+        if (!d->gguf || (keep & d->bit) || (openai && d->bit == SP_REPEAT_LAST_N)) continue;
+        snprintf(key, sizeof key, "general.sampling.%s", d->gguf);
+        if (!gguf_get_f32(f, key, &v)) continue;
+        if (!sampler_field_ok(d, v) || (openai && d->bit == SP_TEMP && v < 0.0f) ||
+            (openai && d->bit == SP_TOP_P && v == 0.0f)) {
             if (warn)
-                TPI_LOGW("%s: %s %g is not a value the sampler takes; ignored", gguf_path(f),
-                         keys[k].key, (double)v);
+                TPI_LOGW("%s: %s %g is not a value the sampler takes; ignored", gguf_path(f), key,
+                         (double)v);
             continue;
         }
-        char *field = (char *)p + keys[k].off;
-        if (keys[k].is_int) *(int *)field = (int)v;
-        else *(float *)field = v;
-        took |= keys[k].bit;
+        sampler_field_set(p, d, v);
+        took |= d->bit;
     }
     return took;
 }

@@ -16,6 +16,34 @@
 #include <stdlib.h>
 #include <string.h>
 
+// Ranges as a request line's fields have them (sched/requests.c), except the temperature:
+// any value <= 0 is greedy, as llama.cpp's --temp.
+const struct sampler_field_desc sampler_fields[] = {
+    {"--temp", "temp", SP_TEMP, false, -HUGE_VAL, HUGE_VAL, offsetof(struct sampler_params, temp)},
+    {"--top-k", "top_k", SP_TOP_K, true, -1, 1 << 30, offsetof(struct sampler_params, top_k)},
+    {"--top-p", "top_p", SP_TOP_P, false, 0, 1, offsetof(struct sampler_params, top_p)},
+    {"--min-p", "min_p", SP_MIN_P, false, 0, 1, offsetof(struct sampler_params, min_p)},
+    {"--repeat-penalty", "penalty_repeat", SP_REPEAT_PENALTY, false, 1e-3, 100,
+     offsetof(struct sampler_params, repeat_penalty)},
+    {"--repeat-last-n", "penalty_last_n", SP_REPEAT_LAST_N, true, -1, 1 << 24,
+     offsetof(struct sampler_params, repeat_last_n)},
+    {"--presence-penalty", NULL, SP_PRESENCE_PENALTY, false, -2, 2,
+     offsetof(struct sampler_params, presence_penalty)},
+    {"--frequency-penalty", NULL, SP_FREQUENCY_PENALTY, false, -2, 2,
+     offsetof(struct sampler_params, frequency_penalty)},
+};
+const int n_sampler_fields = (int)(sizeof sampler_fields / sizeof sampler_fields[0]);
+
+bool sampler_field_ok(const struct sampler_field_desc *d, double v) {
+    return isfinite(v) && v >= d->lo && v <= d->hi && (!d->is_int || v == floor(v));
+}
+
+void sampler_field_set(struct sampler_params *p, const struct sampler_field_desc *d, double v) {
+    char *field = (char *)p + d->off;
+    if (d->is_int) *(int *)field = (int)v;
+    else *(float *)field = (float)v;
+}
+
 void sampler_params_default(struct sampler_params *p) {
     *p = (struct sampler_params){.temp = 0.8f,
                                  .top_k = 40,

@@ -13,6 +13,7 @@
 #define SAMPLING_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "tpi.h"
@@ -46,6 +47,26 @@ enum sampler_field {
     SP_PRESENCE_PENALTY = 64,
     SP_FREQUENCY_PENALTY = 128,
 };
+
+/* One settable field of sampler_params: its command-line option, its GGUF key
+ * (general.sampling.<gguf>; NULL: none), its bit, the values it takes and where it is. */
+struct sampler_field_desc {
+    const char *option, *gguf;
+    unsigned bit; /* enum sampler_field */
+    bool is_int;  /* an int field; else a float */
+    double lo, hi;
+    size_t off;
+};
+
+/* The fields the options and the model's recommended sampling set, n_sampler_fields. */
+extern const struct sampler_field_desc sampler_fields[];
+extern const int n_sampler_fields;
+
+/* Whether v is a value field d takes: finite, in [lo, hi], whole where d is an int. */
+bool sampler_field_ok(const struct sampler_field_desc *d, double v);
+
+/* Store v (sampler_field_ok) in p's field d. */
+void sampler_field_set(struct sampler_params *p, const struct sampler_field_desc *d, double v);
 
 /* llama.cpp's defaults: temp 0.8, top-k 40, top-p 0.95, min-p 0.05, penalty 1.0 over 64. */
 void sampler_params_default(struct sampler_params *p);
