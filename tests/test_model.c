@@ -4,6 +4,9 @@
  *
  * Usage (one ctest test per model and mode, so ctest -j spreads them):
  *   test_model logits NAME          top-1 / top-10 / last_logits / greedy vs NAME.ref.json
+ *   test_model logits_yarn NAME     the same with YaRN given as options, vs
+ *                                   NAME.yarn.ref.json (llama.cpp run with YaRN)
+ *   test_model logits_yarn_keys NAME  ... with YaRN as rope.scaling.* keys in a copy
  *   test_model ppl NAME PPL_REF     perplexity of ppl-text.txt with -c 128 vs llama.cpp
  *   test_model ppl_cli NAME PPL_REF the same through `tpinfer perplexity`, and its
  *                                   argument errors
@@ -36,6 +39,10 @@
 #include "text/tokenizer.h"
 
 static const char *g_name;   /* model name, e.g. "qwen3-tiny-bf16" */
+/* logits_yarn: the reference is llama.cpp's run with YaRN (NAME.yarn.ref.json, its
+ * "rope" object: --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 256), given to us as
+ * the same options (1) or as rope.scaling.* keys in a copy of the model (2); 0: none */
+static int g_yarn;
 static double g_ppl_ref;     /* llama.cpp's perplexity */
 
 /* Per model: the max |ours - llama.cpp| over last_logits allowed (atol), and the
@@ -80,15 +87,48 @@ static double margin_min(const char *name) {
 /* ids this close to the 10th logit (or within the margin) may swap in/out of the top 10 */
 #define TIE_TOL 0.25
 
-static struct model *load(const char *path, int n_ctx) {
+static struct model *load_rope(const char *path, int n_ctx, const char *scaling, float scale,
+                               int orig_ctx) {
     // One thread: ctest -j2 runs two tests at once on the 2-core CI machine.
     struct model_params p = {.path = path, .backend = "cpu", .n_threads = 1, .n_ctx = n_ctx,
-                             .quiet = true};
+                             .quiet = true, .rope_scaling = scaling, .rope_scale = scale,
+                             .yarn_orig_ctx = orig_ctx};
     struct model *m = NULL;
     struct tpi_error err = {0};
     int rc = model_load(&m, &p, NULL, &err);
     ck_assert_msg(rc == TPI_OK, "model_load(%s): %s", path, err.msg);
     return m;
+}
+
+static struct model *load(const char *path, int n_ctx) {
+    return load_rope(path, n_ctx, NULL, 0.0f, 0);
+}
+
+/* A copy of f (tensors and all) with YaRN's keys as llama.cpp's converter writes them
+ * for a long-context model: rope.scaling.type yarn, .factor, .original_context_length. */
+static const char *yarn_copy(const struct gguf_file *f, const char *arch, float factor,
+                             int orig_ctx) {
+    struct gguf_writer *w = gguf_writer_new(0);
+    ck_assert_ptr_nonnull(w);
+    for (int64_t i = 0; i < gguf_n_kv(f); i++)
+        ck_assert_int_eq(gguf_writer_copy_kv(w, gguf_kv_at(f, i)), TPI_OK);
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    ck_assert_int_eq(gguf_writer_set_str(w, key, "yarn"), TPI_OK);
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    ck_assert_int_eq(gguf_writer_set_f32(w, key, factor), TPI_OK);
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
+    ck_assert_int_eq(gguf_writer_set_u32(w, key, (uint32_t)orig_ctx), TPI_OK);
+    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(f, i);
+        ck_assert_int_ge(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data), 0);
+    }
+    tu_tmpdir_make("test_model");
+    const char *path = tu_tmp_path("yarn.gguf");
+    struct tpi_error err = {0};
+    ck_assert_msg(gguf_writer_write(w, path, &err) == TPI_OK, "%s", err.msg);
+    gguf_writer_free(&w);
+    return path;
 }
 
 static int argmax(const float *x, int n) {
@@ -108,12 +148,38 @@ START_TEST(test_logits_vs_llamacpp) {
     char file[256];
     snprintf(file, sizeof file, "%s.gguf", g_name);
     const char *gguf = tu_data_or_skip(file);
-    snprintf(file, sizeof file, "%s.ref.json", g_name);
+    snprintf(file, sizeof file, g_yarn ? "%s.yarn.ref.json" : "%s.ref.json", g_name);
     const char *refp = tu_data_or_skip(file);
     ck_assert(gguf && refp);
     cJSON *ref = tu_read_json(refp);
     ck_assert_ptr_nonnull(ref);
-    struct model *m = load(gguf, 256);
+    struct model *m = NULL;
+    if (g_yarn) {
+        // the settings llama.cpp ran with, from the reference itself
+        const cJSON *jr = cJSON_GetObjectItem(ref, "rope");
+        ck_assert_ptr_nonnull(jr);
+        ck_assert_str_eq(cJSON_GetObjectItem(jr, "scaling")->valuestring, "yarn");
+        const float scale = 1.0f / (float)cJSON_GetObjectItem(jr, "freq_scale")->valuedouble;
+        const int orig = cJSON_GetObjectItem(jr, "yarn_orig_ctx")->valueint;
+        if (g_yarn == 1) {
+            m = load_rope(gguf, 1024, "yarn", scale, orig);
+        } else {
+            struct gguf_file *f = NULL;
+            struct tpi_error e = {0};
+            ck_assert_int_eq(gguf_open(gguf, &f, &e), TPI_OK);
+            char arch[16];
+            struct gguf_str a;
+            ck_assert(gguf_get_str(f, "general.architecture", &a) && a.len < sizeof arch);
+            snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.data);
+            const char *copy = yarn_copy(f, arch, scale, orig);
+            gguf_close(&f);
+            m = load(copy, 1024);
+        }
+        ck_assert_int_eq(m->cfg.rope_scaling, MODEL_ROPE_YARN);
+        ck_assert_int_eq(m->cfg.rope_n_ctx_orig, orig);
+    } else {
+        m = load(gguf, 256);
+    }
     const int n_vocab = m->cfg.n_vocab;
     ck_assert_int_eq(n_vocab, cJSON_GetObjectItem(ref, "n_vocab")->valueint);
     struct tpi_error err = {0};
@@ -1020,6 +1086,14 @@ START_TEST(test_config_values) {
          "'qwen3.rope.scaling.type' has type u32, expected a string"},
         {{NULL, "qwen3.rope.scaling.factor", 's', 0, "4", -1},
          "'qwen3.rope.scaling.factor' is not a number"},
+        {{NULL, "qwen3.rope.scaling.type", 's', 0, "longrope", -1},
+         "rope scaling 'longrope' (qwen3.rope.scaling.type) is not supported"},
+        {{NULL, "qwen3.rope.scaling.factor", 'f', -2.0, NULL, -1},
+         "'qwen3.rope.scaling.factor' = -2 is out of range"},
+        {{NULL, "qwen3.rope.scaling.original_context_length", 'u', 0, NULL, -1},
+         "'qwen3.rope.scaling.original_context_length' = 0 is out of range"},
+        {{NULL, "qwen3.rope.scaling.attn_factor", 'f', 0.0, NULL, -1},
+         "'qwen3.rope.scaling.attn_factor' = 0 is out of range"},
         {{NULL, "qwen3.attention.key_length", 'u', 2048, NULL, -1},
          "head size of 2048 (attention.key_length) is above the 1024"},
         {{"qwen3.attention.key_length", "qwen3.attention.head_count", 'u', 1024, NULL, -1},
@@ -1135,7 +1209,13 @@ int main(int argc, char **argv) {
         if (!strcmp(mode, "logits") && !tu_data_or_skip(file)) return TU_SKIP;
         if (ppl_mode && !tu_data_or_skip("ppl-text.txt")) return TU_SKIP;
     }
-    if (!strcmp(mode, "logits") && argc > 2) {
+    if (!strncmp(mode, "logits_yarn", 11) && argc > 2) {
+        snprintf(file, sizeof file, "%s.yarn.ref.json", argv[2]);
+        if (!tu_data_or_skip(file)) return TU_SKIP;
+        g_name = argv[2];
+        g_yarn = !strcmp(mode, "logits_yarn_keys") ? 2 : 1;
+        tcase_add_test(tc, test_logits_vs_llamacpp);
+    } else if (!strcmp(mode, "logits") && argc > 2) {
         g_name = argv[2];
         tcase_add_test(tc, test_logits_vs_llamacpp);
     } else if (!strcmp(mode, "ppl") && argc > 3) {

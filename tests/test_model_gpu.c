@@ -67,9 +67,14 @@ static cJSON *g_ref;
 #define MARGIN_REL 0.015   /* ...and this fraction of the row's logit range (see above) */
 #define N_GREEDY 24
 
+/* TEST_ROPE_YARN=1: both backends run the model with YaRN (x4 from 256 positions, the
+ * ramp inside a 64-dim head), the CUDA kernels' scaled angles against the CPU's. */
 static struct model *load(const char *backend, int n_ctx, int n_slot) {
+    const bool yarn = getenv("TEST_ROPE_YARN") && !strcmp(getenv("TEST_ROPE_YARN"), "1");
     struct model_params p = {.path = g_gguf, .backend = backend, .n_ctx = n_ctx,
-                             .n_slot = n_slot, .quiet = true};
+                             .n_slot = n_slot, .quiet = true,
+                             .rope_scaling = yarn ? "yarn" : NULL, .rope_scale = yarn ? 4.0f : 0,
+                             .yarn_orig_ctx = yarn ? 256 : 0};
     struct model *m = NULL;
     struct tpi_error err = {0};
     int rc = model_load(&m, &p, NULL, &err);

@@ -343,8 +343,86 @@ START_TEST(test_rope_neox) {
                     wh[i + half] = (float)(xh[i] * sin(th) + xh[i + half] * cos(th));
                 }
             }
-        O->rope_neox(ctx, x, &b, n_head, hd, n_rot, cases[c].base);
+        const struct ops_rope rope = ops_rope_plain(n_rot, cases[c].base);
+        O->rope_neox(ctx, x, &b, n_head, hd, &rope);
         ck_assert_uint_eq(tu_compare("rope_neox", x, want, n, 1e-6, 1e-5), 0);
+        free(x), free(want);
+    }
+    expect_ok(ctx);
+    O->free(&ctx);
+}
+END_TEST
+
+/* Scaled rope against the formula as Hugging Face transformers arranges it
+ * (modeling_rope_utils: _compute_yarn_parameters, _compute_linear_scaling_rope_parameters):
+ * inv_freq from find_correction_range and a linear ramp mask over the pairs, blended
+ * between 1 / (factor * base^(2i/dim)) and 1 / base^(2i/dim), cos and sin times
+ * attention_factor = 0.1 ln(factor) + 1; linear scaling divides every inv_freq by the
+ * factor. rope.h computes the same in llama.cpp's arrangement (ggml's rope_yarn). */
+START_TEST(test_rope_scaled) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 17);
+    struct ops_ctx *ctx = mk_ctx(2);
+    const int32_t pos[6] = {0, 7, 300, 4095, 30000, 131071}, seq[6] = {0};
+    struct ops_batch b = {.n_tokens = 6, .pos = pos, .seq = seq, .pos_host = pos,
+                          .seq_host = seq, .max_pos = 131072};
+    const struct {
+        int head_dim, n_rot;
+        float base, factor;
+        int orig; /* YaRN's original context; 0: linear */
+    } cases[] = {{128, 128, 1e6f, 4.0f, 32768}, /* Qwen3's long-context setting */
+                 {64, 64, 1e6f, 4.0f, 256},     /* the ramp over pairs 0..9 */
+                 {80, 32, 1e4f, 8.0f, 2048},    /* fewer rotated dims than the head */
+                 {64, 64, 1e4f, 2.0f, 0}};      /* linear */
+    const int n_head = 2;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int hd = cases[c].head_dim, dim = cases[c].n_rot, half = dim / 2;
+        const double base = cases[c].base, factor = cases[c].factor;
+        const bool yarn = cases[c].orig > 0;
+        double inv_freq[64], attention_factor = 1.0;
+        if (yarn) {
+            const double two_pi = 2.0 * 3.14159265358979323846;
+            double low = floor(dim * log(cases[c].orig / (32.0 * two_pi)) / (2.0 * log(base)));
+            double high = ceil(dim * log(cases[c].orig / (1.0 * two_pi)) / (2.0 * log(base)));
+            low = fmax(low, 0.0);
+            high = fmin(high, dim - 1);
+            if (low == high) high += 0.001;
+            for (int i = 0; i < half; i++) {
+                const double ramp = fmin(fmax((i - low) / (high - low), 0.0), 1.0);
+                const double extrapolation_factor = 1.0 - ramp;
+                const double pos_freq = pow(base, 2.0 * i / dim);
+                inv_freq[i] = 1.0 / (factor * pos_freq) * (1.0 - extrapolation_factor) +
+                              1.0 / pos_freq * extrapolation_factor;
+            }
+            attention_factor = 0.1 * log(factor) + 1.0;
+        } else {
+            for (int i = 0; i < half; i++)
+                inv_freq[i] = 1.0 / pow(base, 2.0 * i / dim) / factor;
+        }
+        const size_t n = (size_t)6 * n_head * hd;
+        float *x = rnd(&r, n, -1, 1), *want = malloc(n * sizeof(float));
+        for (int t = 0; t < 6; t++)
+            for (int h = 0; h < n_head; h++) {
+                const float *xh = x + ((size_t)t * n_head + h) * hd;
+                float *wh = want + ((size_t)t * n_head + h) * hd;
+                for (int d = 0; d < hd; d++)
+                    wh[d] = xh[d];
+                for (int i = 0; i < half; i++) {
+                    const double th = pos[t] * inv_freq[i];
+                    const double cs = cos(th) * attention_factor, sn = sin(th) * attention_factor;
+                    wh[i] = (float)(xh[i] * cs - xh[i + half] * sn);
+                    wh[i + half] = (float)(xh[i] * sn + xh[i + half] * cs);
+                }
+            }
+        struct ops_rope rope = ops_rope_plain(dim, cases[c].base);
+        rope.freq_scale = 1.0f / cases[c].factor;
+        if (yarn) rope.ext_factor = 1.0f, rope.n_ctx_orig = cases[c].orig;
+        O->rope_neox(ctx, x, &b, n_head, hd, &rope);
+        char label[64];
+        snprintf(label, sizeof label, "rope %s x%g, case %zu", yarn ? "yarn" : "linear", factor, c);
+        /* both in double until the rotated values: the f32 rounding of cos, sin and x
+         * bounds the difference */
+        ck_assert_uint_eq(tu_compare(label, x, want, n, 1e-6, 1e-5), 0);
         free(x), free(want);
     }
     expect_ok(ctx);
@@ -609,6 +687,7 @@ int main(void) {
     tcase_add_test(tc, test_matmul_types);
     tcase_add_test(tc, test_matmul_batching_bitwise);
     tcase_add_test(tc, test_rope_neox);
+    tcase_add_test(tc, test_rope_scaled);
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_errors);
     suite_add_tcase(s, tc);

@@ -169,9 +169,13 @@ START_TEST(test_rope) {
     struct tu_rng r;
     tu_rng_seed(&r, 3);
     const int n_tokens = 37, n_head = 3;
-    const int dims[][2] = {{128, 128}, {128, 64}, {64, 64}, {80, 80}}; /* head_dim, n_rot */
-    for (size_t c = 0; c < 4; c++) {
+    /* head_dim, n_rot, YaRN (x4 from 256 positions: the ramp inside the head) */
+    const int dims[][3] = {{128, 128, 0}, {128, 64, 0}, {64, 64, 0}, {80, 80, 0}, {128, 128, 1},
+                           {64, 64, 1}};
+    for (size_t c = 0; c < sizeof dims / sizeof dims[0]; c++) {
         const int hd = dims[c][0], n_rot = dims[c][1];
+        struct ops_rope rope = ops_rope_plain(n_rot, 1000000.0f);
+        if (dims[c][2]) rope.freq_scale = 0.25f, rope.ext_factor = 1.0f, rope.n_ctx_orig = 256;
         const size_t n = (size_t)n_tokens * n_head * hd;
         int32_t pos[37], seq[37];
         for (int t = 0; t < n_tokens; t++) {
@@ -183,12 +187,12 @@ START_TEST(test_rope) {
         int32_t *gpos = bdup(G, gctx, pos, sizeof pos), *gseq = bdup(G, gctx, seq, sizeof seq);
         struct ops_batch cb = {n_tokens, pos, seq, pos, seq, 8001};
         struct ops_batch gb = {n_tokens, gpos, gseq, pos, seq, 8001};
-        C->rope_neox(cctx, cx, &cb, n_head, hd, n_rot, 1000000.0f);
-        G->rope_neox(gctx, gx, &gb, n_head, hd, n_rot, 1000000.0f);
+        C->rope_neox(cctx, cx, &cb, n_head, hd, &rope);
+        G->rope_neox(gctx, gx, &gb, n_head, hd, &rope);
         bget(C, cctx, want, cx, n * 4);
         bget(G, gctx, got, gx, n * 4);
         char label[64];
-        snprintf(label, sizeof label, "rope hd %d n_rot %d", hd, n_rot);
+        snprintf(label, sizeof label, "rope hd %d n_rot %d%s", hd, n_rot, dims[c][2] ? " yarn" : "");
         expect_close(label, got, want, n, 1e-5, 1e-5, -1);
         assert_ok(G, gctx, "rope");
         C->dealloc(cctx, cx), G->dealloc(gctx, gx), G->dealloc(gctx, gpos), G->dealloc(gctx, gseq);

@@ -393,8 +393,20 @@ END_TEST
 
 /* qk_norm_rope on b against rmsnorm + rope_neox on the same backend (within tol) and
  * against the CPU's fused op (within 1e-5). */
+/* YaRN as Qwen's long-context GGUFs set it, scaled down: x4 from 256 trained positions,
+ * so the ramp between extrapolated and interpolated pairs lies inside a 64-dim head. */
+static struct ops_rope yarn_rope(int n_rot) {
+    struct ops_rope r = ops_rope_plain(n_rot, 1e6f);
+    r.freq_scale = 0.25f;
+    r.ext_factor = 1.0f;
+    r.n_ctx_orig = 256;
+    return r;
+}
+
 static void check_qk_norm_rope(struct be b, struct ops_ctx *cctx, int n_tok, int n_head, int n_kv,
-                               int hd, int n_rot, bool norm, double tol, uint64_t seed) {
+                               int hd, struct ops_rope rope, bool norm, double tol,
+                               uint64_t seed) {
+    const int n_rot = rope.n_rot;
     struct tu_rng r;
     tu_rng_seed(&r, seed);
     const size_t nq = (size_t)n_tok * n_head * hd, nk = (size_t)n_tok * n_kv * hd;
@@ -418,14 +430,14 @@ static void check_qk_norm_rope(struct be b, struct ops_ctx *cctx, int n_tok, int
             float *q = bdup(x, qh, nq * 4), *k = bdup(x, kh, nk * 4);
             if (v == 0) {
                 x.o->qk_norm_rope(x.ctx, q, k, norm ? qw : NULL, norm ? kw : NULL, &bt, n_head,
-                                  n_kv, hd, n_rot, 1e6f, 1e-6f);
+                                  n_kv, hd, &rope, 1e-6f);
             } else {
                 if (norm) {
                     x.o->rmsnorm(x.ctx, q, qw, q, (int64_t)n_tok * n_head, hd, 1e-6f);
                     x.o->rmsnorm(x.ctx, k, kw, k, (int64_t)n_tok * n_kv, hd, 1e-6f);
                 }
-                x.o->rope_neox(x.ctx, q, &bt, n_head, hd, n_rot, 1e6f);
-                x.o->rope_neox(x.ctx, k, &bt, n_kv, hd, n_rot, 1e6f);
+                x.o->rope_neox(x.ctx, q, &bt, n_head, hd, &rope);
+                x.o->rope_neox(x.ctx, k, &bt, n_kv, hd, &rope);
             }
             res[bi][v] = malloc(nq * 4), resk[bi][v] = malloc(nk * 4);
             bget(x, res[bi][v], q, nq * 4);
@@ -437,8 +449,9 @@ static void check_qk_norm_rope(struct be b, struct ops_ctx *cctx, int n_tok, int
         x.o->dealloc(x.ctx, dpos), x.o->dealloc(x.ctx, dseq);
     }
     char label[128];
-    snprintf(label, sizeof label, "%s qk_norm_rope %d tok %d/%d heads hd %d rot %d norm %d",
-             b.o->name, n_tok, n_head, n_kv, hd, n_rot, norm);
+    snprintf(label, sizeof label, "%s qk_norm_rope %d tok %d/%d heads hd %d rot %d%s norm %d",
+             b.o->name, n_tok, n_head, n_kv, hd, n_rot, rope.ext_factor != 0 ? " yarn" : "",
+             norm);
     /* fused vs plain on the backend under test, then vs the CPU's fused op */
     ck_assert_msg(tu_compare(label, res[0][0], res[0][1], nq, tol, tol) == 0, "%s: q", label);
     ck_assert_msg(tu_compare(label, resk[0][0], resk[0][1], nk, tol, tol) == 0, "%s: k", label);
@@ -456,11 +469,13 @@ static void check_qk_norm_rope(struct be b, struct ops_ctx *cctx, int n_tok, int
 }
 
 static void qk_cases(struct be b, struct ops_ctx *cctx, double tol) {
-    check_qk_norm_rope(b, cctx, 1, 32, 8, 128, 128, true, tol, 1);
-    check_qk_norm_rope(b, cctx, 5, 14, 2, 64, 64, false, tol, 2);
-    check_qk_norm_rope(b, cctx, 3, 4, 4, 96, 64, true, tol, 3);
-    check_qk_norm_rope(b, cctx, 37, 8, 2, 128, 128, true, tol, 4);
-    check_qk_norm_rope(b, cctx, 2, 3, 1, 256, 32, false, tol, 5);
+    check_qk_norm_rope(b, cctx, 1, 32, 8, 128, ops_rope_plain(128, 1e6f), true, tol, 1);
+    check_qk_norm_rope(b, cctx, 5, 14, 2, 64, ops_rope_plain(64, 1e6f), false, tol, 2);
+    check_qk_norm_rope(b, cctx, 3, 4, 4, 96, ops_rope_plain(64, 1e6f), true, tol, 3);
+    check_qk_norm_rope(b, cctx, 37, 8, 2, 128, ops_rope_plain(128, 1e6f), true, tol, 4);
+    check_qk_norm_rope(b, cctx, 2, 3, 1, 256, ops_rope_plain(32, 1e6f), false, tol, 5);
+    check_qk_norm_rope(b, cctx, 1, 32, 8, 128, yarn_rope(128), true, tol, 6);
+    check_qk_norm_rope(b, cctx, 9, 8, 2, 64, yarn_rope(64), false, tol, 7);
 }
 
 /* qk_norm_rope_attention on b (q and k then undefined) against qk_norm_rope + attention
@@ -472,7 +487,8 @@ static void qk_cases(struct be b, struct ops_ctx *cctx, double tol) {
 #define QKA_SLOTS 2
 #define QKA_CTX 4096
 static void check_qk_attention(struct be b, struct be cpu, int n_head, int n_kv, int hd,
-                               int n_rot, bool norm, bool cuda, uint64_t seed) {
+                               struct ops_rope rope, bool norm, bool cuda, uint64_t seed) {
+    const int n_rot = rope.n_rot;
     static const struct { int n_tok, depth, two_slots; } batches[] = {
         {1, 40, 0}, {1, 3000, 0}, {2, 2500, 1}, {5, 700, 0}, {12, 1500, 0}, {20, 60, 0}};
     struct tu_rng r;
@@ -524,8 +540,9 @@ static void check_qk_attention(struct be b, struct be cpu, int n_head, int n_kv,
         }
         const size_t nqt = (size_t)n_tok * n_head * hd, nkt = (size_t)n_tok * row;
         char label[200];
-        snprintf(label, sizeof label, "%s qk_norm_rope_attention %d/%d heads hd %d rot %d norm %d, "
-                 "%d tokens at %d", b.o->name, n_head, n_kv, hd, n_rot, norm, n_tok,
+        snprintf(label, sizeof label, "%s qk_norm_rope_attention %d/%d heads hd %d rot %d%s norm "
+                 "%d, %d tokens at %d", b.o->name, n_head, n_kv, hd, n_rot,
+                 rope.ext_factor != 0 ? " yarn" : "", norm, n_tok,
                  batches[bti].depth);
         for (int run = 0; run < 3; run++) { /* b fused, b plain, the CPU fused */
             const struct be x = run < 2 ? b : cpu;
@@ -537,11 +554,11 @@ static void check_qk_attention(struct be b, struct be cpu, int n_head, int n_kv,
             float *out = x.o->alloc(x.ctx, nqt * 4);
             if (run == 1) {
                 x.o->qk_norm_rope(x.ctx, q, k, norm ? qw : NULL, norm ? kw : NULL, &bt, n_head,
-                                  n_kv, hd, n_rot, 1e6f, 1e-6f);
+                                  n_kv, hd, &rope, 1e-6f);
                 x.o->attention(x.ctx, kvx, 0, q, k, v, out, &bt, n_head, scale);
             } else {
                 x.o->qk_norm_rope_attention(x.ctx, kvx, 0, q, k, v, norm ? qw : NULL,
-                                            norm ? kw : NULL, n_rot, 1e6f, 1e-6f, out, &bt,
+                                            norm ? kw : NULL, &rope, 1e-6f, out, &bt,
                                             n_head, scale);
             }
             bget(x, run == 0 ? o_got : run == 1 ? o_ref : o_cpu, out, nqt * 4);
@@ -576,10 +593,12 @@ static void check_qk_attention(struct be b, struct be cpu, int n_head, int n_kv,
 /* Shapes: Qwen3-8B's (32/8 heads of 128, norm), 64-dim heads without norm (Qwen2's form),
  * a partial rotation (64 of 128 dims), and hd 96 (no tensor-core kernel: plain path). */
 static void qk_attention_cases(struct be b, struct be cpu, bool cuda) {
-    check_qk_attention(b, cpu, 32, 8, 128, 128, true, cuda, 11);
-    check_qk_attention(b, cpu, 16, 2, 64, 64, false, cuda, 12);
-    check_qk_attention(b, cpu, 8, 2, 128, 64, true, cuda, 13);
-    check_qk_attention(b, cpu, 8, 4, 96, 64, true, cuda, 14);
+    check_qk_attention(b, cpu, 32, 8, 128, ops_rope_plain(128, 1e6f), true, cuda, 11);
+    check_qk_attention(b, cpu, 16, 2, 64, ops_rope_plain(64, 1e6f), false, cuda, 12);
+    check_qk_attention(b, cpu, 8, 2, 128, ops_rope_plain(64, 1e6f), true, cuda, 13);
+    check_qk_attention(b, cpu, 8, 4, 96, ops_rope_plain(64, 1e6f), true, cuda, 14);
+    check_qk_attention(b, cpu, 32, 8, 128, yarn_rope(128), true, cuda, 15);
+    check_qk_attention(b, cpu, 16, 2, 64, yarn_rope(64), false, cuda, 16);
 }
 
 START_TEST(test_qk_norm_rope_cpu) {

@@ -32,6 +32,11 @@ void cli_common_usage(FILE *f, bool ctx_line) {
             "  --comm NAME            mpi | nccl (nccl with cuda, else mpi)\n");
     if (ctx_line) fprintf(f, "  -c, --ctx-size N       KV cache positions (min(4096, model context))\n");
     fprintf(f,
+            "  --rope-scaling KIND    none | linear | yarn (the model's rope.scaling.type)\n"
+            "  --rope-scale N         context scaling factor (the model's rope.scaling.factor)\n"
+            "  --yarn-orig-ctx N      YaRN: the model's trained context (its\n"
+            "                         rope.scaling.original_context_length, else context_length)\n");
+    fprintf(f,
             "  -t, --threads N        CPU threads (the node's cores shared by its ranks)\n"
             "  --ubatch N             tokens per micro-batch (512)\n"
             "  --seed N               sampling seed, -1 = random (random)\n"
@@ -192,6 +197,27 @@ int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const 
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         NEED_VAL;
         return parse_int(cmd, a, val, 0, 1 << 24, &c->n_ctx) ? -1 : 1;
+    } else if (!strcmp(a, "--rope-scaling")) {
+        NEED_VAL;
+        if (model_rope_scaling_from_name(val, strlen(val)) < 0) {
+            fprintf(stderr, "tpinfer %s: --rope-scaling expects none, linear or yarn, got '%s'\n",
+                    cmd, val);
+            return -1;
+        }
+        c->rope_scaling = val;
+    } else if (!strcmp(a, "--rope-scale")) {
+        NEED_VAL;
+        char *end;
+        const double v = strtod(val, &end);
+        if (*end || end == val || !(v > 0.0) || !(v <= 1e6)) {
+            fprintf(stderr, "tpinfer %s: --rope-scale expects a factor in (0, 1e6], got '%s'\n",
+                    cmd, val);
+            return -1;
+        }
+        c->rope_scale = (float)v;
+    } else if (!strcmp(a, "--yarn-orig-ctx")) {
+        NEED_VAL;
+        return parse_int(cmd, a, val, 1, 1 << 30, &c->yarn_orig_ctx) ? -1 : 1;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         NEED_VAL;
         return parse_int(cmd, a, val, 0, 4096, &c->n_threads) ? -1 : 1;
@@ -317,6 +343,9 @@ int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, 
         .comm = (enum comm_kind)comm_kind_from_name(comm),
         .comm_timeout_s = c->comm_timeout_s,
         .n_ctx = c->n_ctx,
+        .rope_scaling = c->rope_scaling,
+        .rope_scale = c->rope_scale,
+        .yarn_orig_ctx = c->yarn_orig_ctx,
         .n_ubatch = c->n_ubatch,
         .pp_layers = c->n_pp_layers ? c->pp_layers : NULL,
         .n_pp_layers = c->n_pp_layers,

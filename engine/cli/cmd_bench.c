@@ -75,6 +75,7 @@ static void usage(FILE *f) {
             "  --tp N --pp N          tensor / pipeline parallel sizes (tp*pp = MPI world)\n"
             "  --pp-layers a,b,...    layers per stage (balanced)\n"
             "  --backend cpu|cuda|auto, --comm mpi|nccl, --comm-timeout S, -v\n"
+            "  --rope-scaling none|linear|yarn, --rope-scale N, --yarn-orig-ctx N: as run\n"
             "Each -p value is a pp test and each -n value a tg test (-pg for both in one);\n"
             "lists of -b, -ub, -t and -d run every combination with them. A value may be\n"
             "llama-bench's range FIRST-LAST[+STEP|*MULT], e.g. -p 64-512*2 (64,128,256,512).\n");
@@ -462,6 +463,9 @@ static int load_model(struct model **m, const struct bench_opts *o, struct tpi_g
         .comm = (enum comm_kind)comm_kind_from_name(comm),
         .comm_timeout_s = o->common.comm_timeout_s,
         .n_ctx = n_ctx,
+        .rope_scaling = o->common.rope_scaling,
+        .rope_scale = o->common.rope_scale,
+        .yarn_orig_ctx = o->common.yarn_orig_ctx,
         .n_ubatch = n_ubatch,
         .pp_layers = o->common.n_pp_layers ? o->common.pp_layers : NULL,
         .n_pp_layers = o->common.n_pp_layers,

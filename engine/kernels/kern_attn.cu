@@ -516,7 +516,7 @@ static void attention_run(struct ops_ctx *ctx, struct ops_kv *kv, int layer, con
     if (kern_attention_mma(ctx, kv, kc, vc, q, k, v, out, b, n_head, scale, max_pos, qk)) return;
     if (qk)
         kern_qk_norm_rope(ctx, (float *)q, (float *)k, qk->q_norm, qk->k_norm, b, n_head, n_kv,
-                          hd, qk->n_rot, qk->freq_base, qk->eps);
+                          hd, &qk->rope, qk->eps);
     if (!kern_attn_store(ctx, kv, kc, vc, k, v, b)) return;
 
     attn_args a;

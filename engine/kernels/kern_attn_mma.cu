@@ -192,6 +192,7 @@ struct mma_args {
      * n_rot dims, n_rot % 64 == 0, inverse frequencies rope_inv) here (mma_qk_row) */
     const float *q_norm, *k_norm;
     const double *rope_inv;
+    double rope_ms; /* cos and sin scale (rope.h mscale) */
     int n_rot;
     float eps;
     bool qk;
@@ -327,7 +328,7 @@ __device__ __forceinline__ mma_qk_job<HD> mma_qk_prep(const mma_args &a, int i, 
     const int jh = a.n_rot / 64;
 #pragma unroll
     for (int jj = 0; jj < 2; jj++)
-        j.cs[jj] = jj < jh ? kern_rope_cs(p, a.rope_inv[lane + 32 * jj]) : make_float2(0.0f, 0.0f);
+        j.cs[jj] = jj < jh ? kern_rope_cs(p, a.rope_inv[lane + 32 * jj], a.rope_ms) : make_float2(0.0f, 0.0f);
     return j;
 }
 /* Job j's row into v (lane l: dims l + 32 jj), the loads only (mma_qk_calc uses them). */
@@ -1691,13 +1692,13 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     const bool fuse = dec && ((uintptr_t)k & 15) == 0 && ((uintptr_t)v & 15) == 0;
     /* qk_norm_rope: inside the decode kernel (each rotated pair in one lane: n_rot % 64 ==
      * 0; the frequency table made), else its own kernel first (bench/NOTES.md change 84) */
-    const double *tab = qk && fuse && ctx->qk_attn && qk->n_rot > 0 && qk->n_rot % 64 == 0 &&
-                                qk->n_rot <= hd
-                            ? kern_rope_inv_table(ctx, qk->n_rot, qk->freq_base)
+    const int n_rot = qk ? qk->rope.n_rot : 0;
+    const double *tab = qk && fuse && ctx->qk_attn && n_rot > 0 && n_rot % 64 == 0 && n_rot <= hd
+                            ? kern_rope_inv_table(ctx, &qk->rope)
                             : NULL;
     if (qk && !tab)
         kern_qk_norm_rope(ctx, (float *)q, (float *)k, qk->q_norm, qk->k_norm, b, n_head, n_kv, hd,
-                          qk->n_rot, qk->freq_base, qk->eps);
+                          &qk->rope, qk->eps);
     if (!fuse && !kern_attn_store(ctx, kv, kc, vc, k, v, b)) return true;
     mma_args a;
     a.q = q;
@@ -1733,7 +1734,8 @@ bool kern_attention_mma(struct ops_ctx *ctx, const struct ops_kv *kv, __half *kc
     a.q_norm = tab ? qk->q_norm : NULL;
     a.k_norm = tab ? qk->k_norm : NULL;
     a.rope_inv = tab;
-    a.n_rot = tab ? qk->n_rot : 0;
+    a.rope_ms = tab ? qk->rope.mscale : 1.0;
+    a.n_rot = tab ? n_rot : 0;
     a.eps = tab ? qk->eps : 0.0f;
     const int tpb = (dec ? 16 : 64) >> hp_log2; /* tokens per query block */
     if (hd == 64) {

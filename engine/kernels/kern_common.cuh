@@ -19,6 +19,7 @@
 extern "C" {
 #include "kernels/ops.h"
 #include "kernels/quant.h"
+#include "kernels/rope.h"
 }
 
 /* A device buffer that only grows; reused by ops that need temporary space. */
@@ -101,8 +102,8 @@ struct ops_ctx {
     bool qk_attn;   /* qk_norm_rope_attention's norm and rope inside the tensor-core decode
                        attention (TPI_QK_ATTN; default on) */
     double *rope_inv;      /* device: qk_norm_rope's inverse frequencies (kern_elem.cu) */
-    int rope_inv_n_rot;    /* ... for this n_rot and base */
-    float rope_inv_base;
+    struct rope_pairs rope_inv_of; /* ... for this rope (valid while rope_inv_n > 0) */
+    int rope_inv_n;
     int gemv;                 /* decode matrix-vector path: 2 (f32 x, staged) or 3 (int8 x, dp4a) */
     void *pinned;             /* host staging for weight uploads (pinned) */
     size_t pinned_bytes;
@@ -314,17 +315,13 @@ __device__ __forceinline__ float kern_silu_mul1(float g, float u) {
     return __fmul_rn(g / (1.0f + expf(-g)), u);
 }
 
-/* base^(-2i/n_rot) in double: NEOX pair i's angle per position. */
-__device__ __forceinline__ double kern_rope_inv(int i, int n_rot, float freq_base) {
-    return pow((double)freq_base, -2.0 * i / (double)n_rot);
-}
-
 /* cos and sin of the angle pos * inv in double (thousands of radians where a float angle
- * is off by ~1e-4), rounded to float. */
-__device__ __forceinline__ float2 kern_rope_cs(double pos, double inv) {
+ * is off by ~1e-4), times ms (rope.h's mscale; 1 leaves them as they are), rounded to
+ * float. */
+__device__ __forceinline__ float2 kern_rope_cs(double pos, double inv, double ms) {
     double sd, cd;
     sincos(pos * inv, &sd, &cd);
-    return make_float2((float)cd, (float)sd);
+    return make_float2((float)(cd * ms), (float)(sd * ms));
 }
 
 /* NEOX rotation of pair (x0, x1) = (x[i], x[i + half]) by cs = (cos, sin) into y[i],
@@ -336,9 +333,10 @@ __device__ __forceinline__ void kern_rope_apply(float x0, float x1, float *y, in
 }
 
 /* NEOX rotation of pair (x[i], x[i + n_rot/2]) at position pos (the two above). */
-__device__ __forceinline__ void kern_rope_pair(float x0, float x1, float *y, int i, int n_rot,
-                                               double pos, float freq_base) {
-    kern_rope_apply(x0, x1, y, i, n_rot / 2, kern_rope_cs(pos, kern_rope_inv(i, n_rot, freq_base)));
+__device__ __forceinline__ void kern_rope_pair(float x0, float x1, float *y, int i,
+                                               double pos, const rope_pairs &rp) {
+    kern_rope_apply(x0, x1, y, i, rp.n_rot / 2,
+                    kern_rope_cs(pos, rope_pair_inv(&rp, i), rp.mscale));
 }
 
 /* kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when pdl and,
@@ -517,14 +515,14 @@ void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows
 /* NEOX rope in place on the first n_rot dims of each of n_head heads of every token of b,
  * at the token's position (ops.h rope_neox); a bad n_rot is recorded in ctx. */
 void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
-                    int head_dim, int n_rot, float freq_base);
-/* qk_norm_rope's table of inverse frequencies for (n_rot, freq_base) on the device (made
+                    int head_dim, const struct rope_pairs *rp);
+/* qk_norm_rope's table of inverse frequencies (rope_pair_inv) for rp on the device (made
  * on first use; NULL when it cannot be made now: while a graph is being recorded). */
-const double *kern_rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_base);
+const double *kern_rope_inv_table(struct ops_ctx *ctx, const struct rope_pairs *rp);
 /* In place per-head rmsnorm (weights may be NULL: none) and NEOX rope of q and k (ops.h). */
 void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                        const float *k_norm, const struct ops_batch *b, int n_head, int n_kv_head,
-                       int head_dim, int n_rot, float freq_base, float eps);
+                       int head_dim, const struct rope_pairs *rp, float eps);
 /* y[i] = silu(g[i]) * u[i] for i < n; may leave y's int8 form for the next matmul. */
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
 /* x[i] += y[i] for i < n. */
@@ -652,8 +650,8 @@ void kern_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const flo
  * qk_norm_rope_attention). */
 struct kern_qk {
     const float *q_norm, *k_norm; /* NULL: no norm */
-    int n_rot;
-    float freq_base, eps;
+    struct rope_pairs rope;
+    float eps;
 };
 /* kern_qk_norm_rope of q, k with qk's parameters, then kern_attention: the tensor-core
  * decode kernel does the first inside itself where it can (q and k are then left as they

@@ -187,13 +187,13 @@ __global__ void add_bias_kernel(float *y, const float *b, int64_t n_rows, int64_
 /* grid (n_tokens, n_head); thread i rotates pair (i, i + n_rot/2). The angle is taken
  * in double, like the CPU reference, because pos * theta reaches thousands of radians
  * where a float angle is off by ~1e-4. Products are not fused (as on the CPU). */
-__global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int head_dim, int n_rot,
-                                 float freq_base) {
-    const int t = blockIdx.x, h = blockIdx.y, half = n_rot / 2;
+__global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int head_dim,
+                                 const rope_pairs rp) {
+    const int t = blockIdx.x, h = blockIdx.y, half = rp.n_rot / 2;
     float *xh = x + ((int64_t)t * n_head + h) * head_dim;
     const double p = (double)pos[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x)
-        kern_rope_pair(xh[i], xh[i + half], xh, i, n_rot, p, freq_base);
+        kern_rope_pair(xh[i], xh[i + half], xh, i, p, rp);
 }
 
 /* grid (n_tokens, n_head + n_kv): block y < n_head is query head y of token x, the rest
@@ -207,8 +207,9 @@ __global__ void rope_neox_kernel(float *x, const int32_t *pos, int n_head, int h
 template <bool TAB>
 __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, const float *k_norm,
                                     const int32_t *pos, int n_head, int n_kv, int head_dim,
-                                    int n_rot, float freq_base, float eps, const double *inv_tab) {
+                                    const rope_pairs rp, float eps, const double *inv_tab) {
     extern __shared__ float xs[];
+    const int n_rot = rp.n_rot;
     const int t = blockIdx.x, hh = blockIdx.y, half = n_rot / 2, i0 = threadIdx.x;
     const bool is_q = hh < n_head;
     const float *w = is_q ? q_norm : k_norm;
@@ -237,7 +238,7 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
             v[j] = c < head_dim ? xh[c] : 0.0f;
         }
         if (c0 == threadIdx.x && i0 < half)
-            cs0 = kern_rope_cs(p, TAB ? inv0 : kern_rope_inv(i0, n_rot, freq_base));
+            cs0 = kern_rope_cs(p, TAB ? inv0 : rope_pair_inv(&rp, i0), rp.mscale);
 #pragma unroll
         for (int j = 0; j < QKR_VPT; j++) {
             const int c = c0 + j * blockDim.x;
@@ -260,8 +261,8 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
     for (int i = i0; i < half; i += blockDim.x)
         kern_rope_apply(xs[i], xs[i + half], xh, i, half,
                         i == i0 ? cs0
-                                : kern_rope_cs(p, TAB ? inv_tab[i]
-                                                      : kern_rope_inv(i, n_rot, freq_base)));
+                                : kern_rope_cs(p, TAB ? inv_tab[i] : rope_pair_inv(&rp, i),
+                                               rp.mscale));
     for (int c = n_rot + threadIdx.x; c < head_dim; c += blockDim.x)
         xh[c] = xs[c]; /* dims past n_rot: normalized only */
 }
@@ -605,7 +606,8 @@ void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows
 }
 
 void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
-                    int head_dim, int n_rot, float freq_base) {
+                    int head_dim, const struct rope_pairs *rp) {
+    const int n_rot = rp->n_rot;
     if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0) {
         kern_fail(ctx, TPI_ERR_INVALID, "cuda rope_neox", __FILE__, __LINE__,
                   "n_rot %d must be even and in (0, head_dim %d]", n_rot, head_dim);
@@ -615,17 +617,17 @@ void kern_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, in
     const int half = n_rot / 2;
     const int threads = half >= 128 ? 128 : ((half + 31) / 32) * 32;
     dim3 grid((unsigned)b->n_tokens, (unsigned)n_head);
-    rope_neox_kernel<<<grid, threads, 0, ctx->stream>>>(x, b->pos, n_head, head_dim, n_rot,
-                                                        freq_base);
+    rope_neox_kernel<<<grid, threads, 0, ctx->stream>>>(x, b->pos, n_head, head_dim, *rp);
     LAUNCH_OK(ctx, "cuda rope_neox");
 }
 
-/* base^(-2i/n_rot) for i < n_rot / 2 in device memory (the table ctx keeps for one
- * n_rot and base), made on the host with kern_rope_inv's formula; NULL while a graph is
+/* rope_pair_inv(rp, i) for i < n_rot / 2 in device memory (the table ctx keeps for one
+ * rope), made on the host with the kernels' formula (rope.h); NULL while a graph is
  * being recorded and the table is not made yet (the kernel then computes them), or on
  * failure (recorded). */
-const double *kern_rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_base) {
-    if (ctx->rope_inv && ctx->rope_inv_n_rot == n_rot && ctx->rope_inv_base == freq_base)
+const double *kern_rope_inv_table(struct ops_ctx *ctx, const struct rope_pairs *rp) {
+    const int n_rot = rp->n_rot;
+    if (ctx->rope_inv && ctx->rope_inv_n > 0 && rope_pairs_equal(&ctx->rope_inv_of, rp))
         return ctx->rope_inv;
     cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(ctx->stream, &cap) != cudaSuccess ||
@@ -638,7 +640,7 @@ const double *kern_rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_bas
         return NULL;
     double tab[2048];
     for (int i = 0; i < n_rot / 2; i++)
-        tab[i] = pow((double)freq_base, -2.0 * i / (double)n_rot);
+        tab[i] = rope_pair_inv(rp, i);
     /* On ctx->stream, after the queued work that may still read the old table, and waited
      * for (tab is on this stack). Not cudaMemcpy: it runs on the legacy stream, which
      * does not order against our non-blocking one, and from pageable memory it may return
@@ -649,15 +651,16 @@ const double *kern_rope_inv_table(struct ops_ctx *ctx, int n_rot, float freq_bas
                                  cudaMemcpyHostToDevice, ctx->stream)) ||
         !CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream)))
         return NULL;
-    ctx->rope_inv_n_rot = n_rot;
-    ctx->rope_inv_base = freq_base;
+    ctx->rope_inv_of = *rp;
+    ctx->rope_inv_n = n_rot / 2;
     return ctx->rope_inv;
 }
 
 void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                        const float *k_norm, const struct ops_batch *b, int n_head, int n_kv_head,
-                       int head_dim, int n_rot, float freq_base, float eps) {
+                       int head_dim, const struct rope_pairs *rp, float eps) {
     const char *op = "cuda qk_norm_rope";
+    const int n_rot = rp->n_rot;
     if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0 || head_dim > 4096) {
         kern_fail(ctx, TPI_ERR_INVALID, op, __FILE__, __LINE__,
                   "n_rot %d must be even and in (0, head_dim %d], head_dim <= 4096", n_rot,
@@ -669,10 +672,10 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
     int threads = ((TPI_MAX(n_rot / 2, head_dim / 2) + 31) / 32) * 32;
     threads = TPI_MIN(TPI_MAX(threads, 32), 256);
     dim3 grid((unsigned)b->n_tokens, (unsigned)(n_head + n_kv_head));
-    const double *tab = kern_rope_inv_table(ctx, n_rot, freq_base);
+    const double *tab = kern_rope_inv_table(ctx, rp);
     kern_launch(ctx->pdl, tab ? qk_norm_rope_kernel<true> : qk_norm_rope_kernel<false>, grid,
                 dim3(threads), (size_t)head_dim * sizeof(float), ctx->stream, q, k, q_norm, k_norm,
-                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, n_rot, freq_base, eps, tab);
+                (const int32_t *)b->pos, n_head, n_kv_head, head_dim, *rp, eps, tab);
     LAUNCH_OK(ctx, op);
 }
 

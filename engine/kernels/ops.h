@@ -46,6 +46,30 @@ struct ops_batch {
     int max_pos;             /* 1 + the largest pos in the batch */
 };
 
+/* A rotary embedding (NEOX pairs (i, i + n_rot/2) of each head), with llama.cpp's rope
+ * scaling: pair i of a token at position pos turns by pos * inv_i, where e_i =
+ * freq_base^(-2i/n_rot) and inv_i = e_i * freq_scale (linear interpolation) blended back
+ * towards e_i by YaRN's ramp over the pairs (ext_factor 1: the pairs that turn more than
+ * beta_fast times over n_ctx_orig positions keep e_i, those under beta_slow take
+ * e_i * freq_scale), and cos and sin are scaled by attn_factor (times 1 + 0.1 ln(1 /
+ * freq_scale) when ext_factor != 0). freq_scale 1 and ext_factor 0 is plain rope. */
+struct ops_rope {
+    int n_rot;          /* rotated dims per head (even) */
+    float freq_base;    /* rope.freq_base */
+    float freq_scale;   /* 1 / the scaling factor (1: none) */
+    float ext_factor;   /* YaRN's extrapolation mix (1 with YaRN, 0 without) */
+    float attn_factor;  /* cos and sin scale before YaRN's own (1) */
+    float beta_fast;    /* YaRN's correction range, in turns over n_ctx_orig (32 and 1) */
+    float beta_slow;
+    int n_ctx_orig;     /* YaRN: the context the model was trained at */
+};
+
+/* Plain rope over n_rot dims with base freq_base (no scaling). */
+static inline struct ops_rope ops_rope_plain(int n_rot, float freq_base) {
+    struct ops_rope r = {n_rot, freq_base, 1.0f, 0.0f, 1.0f, 32.0f, 1.0f, 0};
+    return r;
+}
+
 /* The KV cache of this rank: its layers, its KV heads, n_slot sequences of up
  * to n_ctx positions. Layout of k and v: (n_layer, n_slot, n_ctx, n_kv_head, head_dim)
  * of elements of `type` (F32 on the CPU reference, F16 on CUDA). */
@@ -133,9 +157,10 @@ struct ops {
     void (*add_bias)(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows,
                      int64_t n_cols);
     /* In place NEOX rotary embedding of x(n_tokens, n_head, head_dim): for each head the
-     * first n_rot dims rotate in pairs (i, i + n_rot/2) by angle pos * base^(-2i/n_rot). */
+     * first rope->n_rot dims rotate in pairs (i, i + n_rot/2) as struct ops_rope says
+     * (plain rope: by angle pos * base^(-2i/n_rot)). */
     void (*rope_neox)(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
-                      int head_dim, int n_rot, float freq_base);
+                      int head_dim, const struct ops_rope *rope);
     /* Store k, v (n_tokens, kv->n_kv_head, head_dim) into layer `layer` of the cache at
      * (seq[t], pos[t]), then out(n_tokens, n_head, head_dim) = causal softmax(q k^T * scale) v
      * where token t sees positions 0..pos[t] of its slot, and query head h uses KV
@@ -167,15 +192,15 @@ struct ops {
      * on each. */
     void (*qk_norm_rope)(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                          const float *k_norm, const struct ops_batch *b, int n_head,
-                         int n_kv_head, int head_dim, int n_rot, float freq_base, float eps);
-    /* qk_norm_rope(q, k, q_norm, k_norm, b, n_head, kv->n_kv_head, kv->head_dim, n_rot,
-     * freq_base, eps), then attention(kv, layer, q, k, v, out, b, n_head, scale). Equal to
+                         int n_kv_head, int head_dim, const struct ops_rope *rope, float eps);
+    /* qk_norm_rope(q, k, q_norm, k_norm, b, n_head, kv->n_kv_head, kv->head_dim, rope,
+     * eps), then attention(kv, layer, q, k, v, out, b, n_head, scale). Equal to
      * the two ops, except that q and k are undefined afterwards (a backend may normalize
      * and rotate them on the way into the attention instead of in place). */
     void (*qk_norm_rope_attention)(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
                                    float *k, const float *v, const float *q_norm,
-                                   const float *k_norm, int n_rot, float freq_base, float eps,
-                                   float *out, const struct ops_batch *b, int n_head,
+                                   const float *k_norm, const struct ops_rope *rope,
+                                   float eps, float *out, const struct ops_batch *b, int n_head,
                                    float scale);
     /* g(n_rows, wg->ne1) = silu(x * Wg^T) * (x * Wu^T) and u = x * Wu^T (wu: wg's shape):
      * the FFN's gate, up and activation. Equal to matmul_n of (wg, wu) into (g, u), then

@@ -18,6 +18,7 @@
 
 #include "ops.h"
 #include "quant.h"
+#include "rope.h"
 
 struct ops_ctx {
     int n_threads;
@@ -431,7 +432,8 @@ static void cpu_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t 
 #define ROPE_MAX_PAIRS 512
 
 static void cpu_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
-                          int head_dim, int n_rot, float freq_base) {
+                          int head_dim, const struct ops_rope *rope) {
+    const int n_rot = rope->n_rot;
     if (n_rot <= 0 || n_rot > head_dim || n_rot % 2 != 0) {
         cpu_fail(ctx, TPI_ERR_INVALID,
                  "cpu rope_neox: n_rot %d must be even and in (0, head_dim %d]", n_rot, head_dim);
@@ -443,21 +445,25 @@ static void cpu_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch 
                  2 * ROPE_MAX_PAIRS);
         return;
     }
+    /* Each pair's angle per position in double (rope.h), cos and sin of the angle in
+     * double scaled by mscale, only the rotated values rounded to f32. llama.cpp's
+     * recurrence theta *= powf(base, -2/n_rot) in float accumulates rounding per pair
+     * (measured: up to 3e-4 rad off at pos 4096 and 1e-3 at pos 30000, base 1e6); the
+     * reference should carry no error of its own. */
+    const struct rope_pairs rp = rope_pairs_of(rope);
+    double inv[ROPE_MAX_PAIRS];
+    for (int i = 0; i < half; i++)
+        inv[i] = rope_pair_inv(&rp, i);
 #pragma omp parallel num_threads(ctx->n_threads)
     {
         double cs[2 * ROPE_MAX_PAIRS]; /* this token's cos, sin per pair */
 #pragma omp for schedule(static)
         for (int t = 0; t < b->n_tokens; t++) {
             const double pos = (double)b->pos[t];
-            /* Angle in double: pos * base^(-2i/n_rot) correctly rounded, cos/sin in
-             * double, only the rotated values rounded to f32. llama.cpp's recurrence
-             * theta *= powf(base, -2/n_rot) in float accumulates rounding per pair
-             * (measured: up to 3e-4 rad off at pos 4096 and 1e-3 at pos 30000, base
-             * 1e6); the reference should carry no error of its own. */
             for (int i = 0; i < half; i++) {
-                const double theta = pos * pow((double)freq_base, -2.0 * i / (double)n_rot);
-                cs[2 * i] = cos(theta);
-                cs[2 * i + 1] = sin(theta);
+                const double theta = pos * inv[i];
+                cs[2 * i] = cos(theta) * rp.mscale;
+                cs[2 * i + 1] = sin(theta) * rp.mscale;
             }
             for (int h = 0; h < n_head; h++) {
                 float *xh = x + ((int64_t)t * n_head + h) * head_dim;
@@ -623,21 +629,21 @@ static void cpu_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg
 
 static void cpu_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                              const float *k_norm, const struct ops_batch *b, int n_head,
-                             int n_kv_head, int head_dim, int n_rot, float freq_base, float eps) {
+                             int n_kv_head, int head_dim, const struct ops_rope *rope, float eps) {
     const int64_t n = b->n_tokens;
     if (q_norm) cpu_rmsnorm(ctx, q, q_norm, q, n * n_head, head_dim, eps);
     if (k_norm) cpu_rmsnorm(ctx, k, k_norm, k, n * n_kv_head, head_dim, eps);
-    cpu_rope_neox(ctx, q, b, n_head, head_dim, n_rot, freq_base);
-    cpu_rope_neox(ctx, k, b, n_kv_head, head_dim, n_rot, freq_base);
+    cpu_rope_neox(ctx, q, b, n_head, head_dim, rope);
+    cpu_rope_neox(ctx, k, b, n_kv_head, head_dim, rope);
 }
 
 static void cpu_qk_norm_rope_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
                                        float *k, const float *v, const float *q_norm,
-                                       const float *k_norm, int n_rot, float freq_base, float eps,
-                                       float *out, const struct ops_batch *b, int n_head,
-                                       float scale) {
-    cpu_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, kv->n_kv_head, kv->head_dim, n_rot,
-                     freq_base, eps);
+                                       const float *k_norm, const struct ops_rope *rope,
+                                       float eps, float *out, const struct ops_batch *b,
+                                       int n_head, float scale) {
+    cpu_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, kv->n_kv_head, kv->head_dim, rope,
+                     eps);
     cpu_attention(ctx, kv, layer, q, k, v, out, b, n_head, scale);
 }
 

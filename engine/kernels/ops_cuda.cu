@@ -657,9 +657,10 @@ static void op_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n
     kern_add_bias(ctx, y, b, n_rows, n_cols);
 }
 static void op_rope_neox(struct ops_ctx *ctx, float *x, const struct ops_batch *b, int n_head,
-                         int head_dim, int n_rot, float freq_base) {
+                         int head_dim, const struct ops_rope *rope) {
     kern_xq_forget(ctx);
-    kern_rope_neox(ctx, x, b, n_head, head_dim, n_rot, freq_base);
+    const struct rope_pairs rp = rope_pairs_of(rope);
+    kern_rope_neox(ctx, x, b, n_head, head_dim, &rp);
 }
 static void op_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, const float *q,
                          const float *k, const float *v, float *out, const struct ops_batch *b,
@@ -678,18 +679,18 @@ static void op_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *id
 }
 static void op_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_norm,
                             const float *k_norm, const struct ops_batch *b, int n_head,
-                            int n_kv_head, int head_dim, int n_rot, float freq_base, float eps) {
+                            int n_kv_head, int head_dim, const struct ops_rope *rope, float eps) {
     kern_xq_forget(ctx);
-    kern_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, n_kv_head, head_dim, n_rot, freq_base,
-                      eps);
+    const struct rope_pairs rp = rope_pairs_of(rope);
+    kern_qk_norm_rope(ctx, q, k, q_norm, k_norm, b, n_head, n_kv_head, head_dim, &rp, eps);
 }
 static void op_qk_norm_rope_attention(struct ops_ctx *ctx, struct ops_kv *kv, int layer, float *q,
                                       float *k, const float *v, const float *q_norm,
-                                      const float *k_norm, int n_rot, float freq_base, float eps,
-                                      float *out, const struct ops_batch *b, int n_head,
-                                      float scale) {
+                                      const float *k_norm, const struct ops_rope *rope,
+                                      float eps, float *out, const struct ops_batch *b,
+                                      int n_head, float scale) {
     kern_xq_forget(ctx);
-    const struct kern_qk qk = {q_norm, k_norm, n_rot, freq_base, eps};
+    const struct kern_qk qk = {q_norm, k_norm, rope_pairs_of(rope), eps};
     kern_attention_qk(ctx, kv, layer, q, k, v, out, b, n_head, scale, &qk);
 }
 static int op_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {

@@ -147,6 +147,85 @@ static int check_tensors(const struct model_config *c, const struct gguf_file *f
     return TPI_OK;
 }
 
+/* Rope scaling as llama.cpp reads it: <arch>.rope.scaling.type none, linear or yarn
+ * (linear when absent), the factor from rope.scaling.factor (or the older
+ * rope.scale_linear; 0 or absent: 1), YaRN's original_context_length (default the
+ * context_length) and attn_factor (1). Other types (longrope, ...) are refused: running
+ * without them would give wrong logits at every position. */
+static int rope_scaling_from_gguf(struct model_config *cfg, const struct gguf_file *f,
+                                  const char *a, struct tpi_error *err) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    const struct gguf_kv *skv = gguf_find_kv(f, key);
+    if (skv && skv->type != GGUF_VT_STRING)
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' has type %s, expected a string",
+                       gguf_path(f), key, gguf_vtype_name(skv->type));
+    cfg->rope_scaling = MODEL_ROPE_LINEAR;
+    struct gguf_str st;
+    if (gguf_get_str(f, key, &st)) {
+        const int kind = model_rope_scaling_from_name(st.data, st.len);
+        if (kind < 0)
+            return tpi_err(err, TPI_ERR_UNSUPPORTED,
+                           "%s: rope scaling '%.*s' (%s) is not supported (tpinfer runs none, "
+                           "linear and yarn)",
+                           gguf_path(f), (int)TPI_MIN(st.len, 32), st.data, key);
+        cfg->rope_scaling = (enum model_rope_scaling)kind;
+    }
+    float factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
+    const char *name = gguf_find_kv(f, key) ? "rope.scaling.factor" : "rope.scale_linear";
+    int rc = get_f32_key(f, a, name, &factor, false, 0.0f, 0.0f, false, err);
+    if (rc) return rc;
+    cfg->rope_freq_scale = factor == 0.0f ? 1.0f : 1.0f / factor;
+    if (!isfinite(cfg->rope_freq_scale) || cfg->rope_freq_scale <= 0.0f)
+        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s.%s' = %g is out of range",
+                       gguf_path(f), a, name, (double)factor);
+    if ((rc = get_int_key(f, a, "rope.scaling.original_context_length", &cfg->rope_n_ctx_orig,
+                          false, cfg->n_ctx_train, err)) ||
+        (rc = get_f32_key(f, a, "rope.scaling.attn_factor", &cfg->rope_attn_factor, false, 1.0f,
+                          0.0f, true, err)))
+        return rc;
+    return TPI_OK;
+}
+
+int model_rope_scaling_from_name(const char *s, size_t n) {
+    static const char *const names[] = {"none", "linear", "yarn"};
+    for (int k = 0; k < 3; k++)
+        if (n == strlen(names[k]) && !memcmp(s, names[k], n)) return k;
+    return -1;
+}
+
+const char *model_rope_scaling_name(enum model_rope_scaling s) {
+    return s == MODEL_ROPE_NONE ? "none" : s == MODEL_ROPE_LINEAR ? "linear" : "yarn";
+}
+
+void model_config_rope_override(struct model_config *cfg, const struct model_params *p) {
+    const int kind =
+        p->rope_scaling ? model_rope_scaling_from_name(p->rope_scaling, strlen(p->rope_scaling))
+                        : -1;
+    if (kind >= 0) cfg->rope_scaling = (enum model_rope_scaling)kind;
+    if (p->rope_scale > 0.0f) cfg->rope_freq_scale = 1.0f / p->rope_scale;
+    if (p->yarn_orig_ctx > 0) cfg->rope_n_ctx_orig = p->yarn_orig_ctx;
+}
+
+bool model_rope_scaled(const struct model_config *c) {
+    return c->rope_scaling == MODEL_ROPE_YARN ||
+           (c->rope_scaling == MODEL_ROPE_LINEAR &&
+            (c->rope_freq_scale != 1.0f || c->rope_attn_factor != 1.0f));
+}
+
+struct ops_rope model_rope(const struct model_config *c) {
+    struct ops_rope r = ops_rope_plain(c->n_rot, c->rope_base);
+    if (c->rope_scaling == MODEL_ROPE_NONE) return r; // llama.cpp: never scales
+    r.freq_scale = c->rope_freq_scale;
+    r.attn_factor = c->rope_attn_factor;
+    if (c->rope_scaling == MODEL_ROPE_YARN) {
+        r.ext_factor = 1.0f;
+        r.n_ctx_orig = c->rope_n_ctx_orig;
+    }
+    return r;
+}
+
 int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
                            struct tpi_error *err) {
     memset(cfg, 0, sizeof *cfg);
@@ -209,33 +288,7 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
                           0.0f, false, err)))
         return rc;
 
-    // Rope scaling (YaRN, linear) changes every position's angle: running without it
-    // would give silently wrong logits past the trained context, so refuse instead.
-    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    const struct gguf_kv *skv = gguf_find_kv(f, key);
-    if (skv && skv->type != GGUF_VT_STRING)
-        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' has type %s, expected a string",
-                       gguf_path(f), key, gguf_vtype_name(skv->type));
-    struct gguf_str st;
-    if (gguf_get_str(f, key, &st) && !(st.len == 4 && !memcmp(st.data, "none", 4)))
-        return tpi_err(err, TPI_ERR_UNSUPPORTED,
-                       "%s: rope scaling '%.*s' (%s) is not supported; use a GGUF without rope "
-                       "scaling",
-                       gguf_path(f), (int)TPI_MIN(st.len, 32), st.data, key);
-    // A factor without a type key is linear scaling to llama.cpp: refuse it too.
-    snprintf(key, sizeof key, "%s.rope.scaling.factor", a);
-    float factor = 1.0f;
-    const bool has_factor = gguf_find_kv(f, key) != NULL;
-    if (has_factor && !gguf_get_f32(f, key, &factor))
-        return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s' is not a number", gguf_path(f),
-                       key);
-    if (has_factor && factor != 1.0f && factor != 0.0f) {
-        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-        if (!gguf_find_kv(f, key))
-            return tpi_err(err, TPI_ERR_UNSUPPORTED,
-                           "%s: rope scaling factor %g is not supported", gguf_path(f),
-                           (double)factor);
-    }
+    if ((rc = rope_scaling_from_gguf(cfg, f, a, err))) return rc;
 
     if (cfg->n_head % cfg->n_head_kv != 0)
         return tpi_err(err, TPI_ERR_FORMAT,
@@ -263,8 +316,14 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
 }
 
 void model_config_describe(const struct model_config *c, char *buf, size_t n) {
+    char scaling[96] = "";
+    if (c->rope_scaling == MODEL_ROPE_YARN)
+        snprintf(scaling, sizeof scaling, ", yarn x%g from %d", 1.0 / (double)c->rope_freq_scale,
+                 c->rope_n_ctx_orig);
+    else if (model_rope_scaled(c))
+        snprintf(scaling, sizeof scaling, ", linear x%g", 1.0 / (double)c->rope_freq_scale);
     snprintf(buf, n,
-             "%s: %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d, rope base %g%s",
+             "%s: %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d, rope base %g%s%s",
              c->arch_name, c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
-             c->n_vocab, (double)c->rope_base, c->tied_output ? ", tied output" : "");
+             c->n_vocab, (double)c->rope_base, scaling, c->tied_output ? ", tied output" : "");
 }

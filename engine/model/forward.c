@@ -124,6 +124,7 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
     const int n_head = p->n_head_local, n_kv = p->n_kv_local;
     const int64_t q_dim = (int64_t)n_head * hd, kv_dim = (int64_t)n_kv * hd;
     const float eps = c->rms_eps, scale = 1.0f / sqrtf((float)hd);
+    const struct ops_rope rope = model_rope(c);
     const struct ops_batch b = *bp;
     int rc;
 
@@ -156,7 +157,7 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         // qwen3: rmsnorm over each head's head_dim values (q_norm/k_norm), then RoPE, then
         // attention (q and k are not read again: the backend may do the first on the way in)
         ops->qk_norm_rope_attention(octx, &m->kv, il, s->q, s->k, s->v, L->q_norm, L->k_norm,
-                                    c->n_rot, c->rope_base, eps, s->att, &b, n_head, scale);
+                                    &rope, eps, s->att, &b, n_head, scale);
         if (tail_ok && !L->bq && (!N || !N->bq)) {
             const struct ops_layer_tail t = {
                 .att = s->att, .x = s->x, .g = s->g, .wo = &L->wo, .w_gate = &L->w_gate,

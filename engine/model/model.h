@@ -30,6 +30,9 @@ struct sampler_params;
 
 enum model_arch { MODEL_ARCH_QWEN2 = 0, MODEL_ARCH_QWEN3 = 1 };
 
+/* Rope scaling, llama.cpp's kinds (ops.h struct ops_rope has the arithmetic). */
+enum model_rope_scaling { MODEL_ROPE_NONE = 0, MODEL_ROPE_LINEAR = 1, MODEL_ROPE_YARN = 2 };
+
 /* Most pipeline stages a plan describes (a stage holds at least one layer). */
 #define MODEL_MAX_STAGES 256
 
@@ -48,6 +51,11 @@ struct model_config {
     int head_dim_v;     /* <arch>.attention.value_length (default head_dim) */
     int n_rot;          /* <arch>.rope.dimension_count (default head_dim) */
     float rope_base;    /* <arch>.rope.freq_base (default 10000) */
+    /* rope scaling: <arch>.rope.scaling.* or the run's options (model_params) */
+    enum model_rope_scaling rope_scaling; /* .type (linear when absent: a no-op at factor 1) */
+    float rope_freq_scale;  /* 1 / .factor (1: none) */
+    int rope_n_ctx_orig;    /* YaRN: .original_context_length (default context_length) */
+    float rope_attn_factor; /* .attn_factor (1) */
     float rms_eps;      /* <arch>.attention.layer_norm_rms_epsilon */
     int n_ctx_train;    /* <arch>.context_length */
     int n_vocab;        /* ne1 of token_embd.weight */
@@ -123,6 +131,9 @@ struct model_params {
     enum comm_kind comm;    /* communicator for tp/pp > 1 */
     double comm_timeout_s;  /* 0: 60 s */
     int n_ctx;              /* KV positions per sequence (0: min(4096, context_length)) */
+    const char *rope_scaling; /* "none", "linear", "yarn", or NULL: the file's (--rope-scaling) */
+    float rope_scale;       /* scaling factor, or 0: the file's (--rope-scale) */
+    int yarn_orig_ctx;      /* YaRN's original context, or 0: the file's (--yarn-orig-ctx) */
     int n_slot;             /* sequences in the KV cache (0: 1) */
     int n_ubatch;           /* micro-batch capacity (0: 512) */
     const int *pp_layers;   /* layers per stage (n_pp_layers == pp), or NULL: balanced */
@@ -170,6 +181,23 @@ int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
 
 /* One-line summary ("qwen3: 4 layers, n_embd 512, 8/4 heads x 64, n_ff 1024, vocab 2048"). */
 void model_config_describe(const struct model_config *cfg, char *buf, size_t n);
+
+/* The rope struct ops_rope that cfg's settings give (plain rope without scaling). */
+struct ops_rope model_rope(const struct model_config *cfg);
+
+/* Whether cfg's rope is scaled (YaRN, or linear by a factor other than 1). */
+bool model_rope_scaled(const struct model_config *cfg);
+
+/* enum model_rope_scaling of "none", "linear" or "yarn" (n bytes), or -1. */
+int model_rope_scaling_from_name(const char *s, size_t n);
+
+/* "none", "linear" or "yarn". */
+const char *model_rope_scaling_name(enum model_rope_scaling s);
+
+/* Apply a run's rope options (model_params rope_scaling, rope_scale, yarn_orig_ctx; unset
+ * ones keep the file's) to cfg, as llama.cpp's --rope-scaling, --rope-scale and
+ * --yarn-orig-ctx do. */
+void model_config_rope_override(struct model_config *cfg, const struct model_params *p);
 
 /* ---- plan.c ---- */
 

@@ -290,6 +290,7 @@ static const struct id_field id_fields[] = {
     F32(n_ubatch, "the micro-batch differs (n_ubatch, --ubatch or the longest prompt)"),
     F64(seed, "--seed differs (seed)"),
     F64(pp_layers_hash, "--pp-layers differs (pp_layers_hash)"),
+    F64(rope_hash, "--rope-scaling, --rope-scale or --yarn-orig-ctx differs (rope_hash)"),
 };
 
 static uint64_t id_get(const struct run_identity *id, const struct id_field *f) {
@@ -308,7 +309,7 @@ static void id_fmt(const struct id_field *f, uint64_t v, char *buf, size_t n) {
     if (!f->is64 || !strcmp(f->field, "seed"))
         snprintf(buf, n, "%" PRId64, (int64_t)v);
     else if (!strcmp(f->field, "metadata_hash") || !strcmp(f->field, "data_hash") ||
-             !strcmp(f->field, "pp_layers_hash"))
+             !strcmp(f->field, "pp_layers_hash") || !strcmp(f->field, "rope_hash"))
         snprintf(buf, n, "%016" PRIx64, v);
     else
         snprintf(buf, n, "%" PRIu64, v);

@@ -92,6 +92,7 @@ struct run_identity {
     int32_t n_ubatch;        /* micro-batch capacity */
     uint64_t seed;
     uint64_t pp_layers_hash; /* FNV-1a of --pp-layers (0: balanced) */
+    uint64_t rope_hash;      /* FNV-1a of the rope scaling options (0: none given) */
 };
 
 /* Allgather every rank's identity and compare with rank 0's: on a mismatch every

@@ -28,6 +28,12 @@ foreach(m qwen2-tiny-f16 qwen2-tiny-q4_0 qwen2-tiny-q5_k_m qwen3-tiny-bf16 qwen3
           qwen3-tiny-q6_k qwen3-tiny-q8_0)
   tpi_model_test(test_model_logits_${m} test_model TIMEOUT 120 ARGS logits ${m})
 endforeach()
+# YaRN: llama.cpp's runs with --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 256
+# (tests/data/NAME.yarn.ref.json), given as those options and as rope.scaling.* keys.
+foreach(m qwen2-tiny-q4_0 qwen3-tiny-q4_k_m)
+  tpi_model_test(test_model_logits_yarn_${m} test_model TIMEOUT 120 ARGS logits_yarn ${m})
+  tpi_model_test(test_model_logits_yarn_keys_${m} test_model TIMEOUT 120 ARGS logits_yarn_keys ${m})
+endforeach()
 # llama-perplexity -c 128 of ppl-text.txt (../shared/data/README.md).
 foreach(pair "qwen3-tiny-bf16=3151032.72" "qwen3-tiny-q8_0=3158560.69"
              "qwen3-tiny-q4_k_m=3206870.95" "qwen2-tiny-f16=47010868703.23"

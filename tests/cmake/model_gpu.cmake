@@ -24,4 +24,9 @@ if(TARGET tpi_cuda)
   set_tests_properties(test_model_gpu_qwen3-tiny-q4_k_m_wo_prefetch PROPERTIES
                        SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_WO_PREFETCH=1")
+  # YaRN (TEST_ROPE_YARN=1): the scaled angles of every CUDA rope path against the CPU's
+  add_test(NAME test_model_gpu_qwen3-tiny-q4_k_m_yarn COMMAND test_model_gpu qwen3-tiny-q4_k_m)
+  set_tests_properties(test_model_gpu_qwen3-tiny-q4_k_m_yarn PROPERTIES
+                       SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu ENVIRONMENT
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TEST_ROPE_YARN=1")
 endif()
