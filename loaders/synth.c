@@ -841,6 +841,13 @@ static int put_metadata(const struct synth_config *c, const struct vocab *v, str
     st |= gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd);
     st |= gguf_writer_set_f32(w, KEY("rope.freq_base"), c->rope_freq_base);
     st |= gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), c->rms_eps);
+    if (c->rope_scaling[0]) { /* as llama.cpp's converter writes a rope_scaling config */
+        st |= gguf_writer_set_str(w, KEY("rope.scaling.type"), c->rope_scaling);
+        st |= gguf_writer_set_f32(w, KEY("rope.scaling.factor"), c->rope_scale);
+        if (c->yarn_orig_ctx > 0)
+            st |= gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                                      (uint32_t)c->yarn_orig_ctx);
+    }
 #undef KEY
     if (st) return tpi_err(err, TPI_ERR_NOMEM, "metadata: out of memory");
     if (v->src) {

@@ -46,6 +46,11 @@ struct synth_config {
     int ftype; /* enum synth_ftype */
     bool pure; /* every matrix in the base type (llama-quantize --pure) */
     float rope_freq_base, rms_eps;
+    /* rope.scaling.*: type ("": no keys; "linear" or "yarn"), factor, YaRN's original
+       context (0: no key) */
+    char rope_scaling[8];
+    float rope_scale;
+    int yarn_orig_ctx;
     uint64_t seed;
     int n_merges; /* built-in vocabulary: BPE merges learned from a built-in text */
     char

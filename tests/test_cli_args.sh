@@ -282,5 +282,28 @@ grep -q 'general.sampling.top_p 1.5 is not a value the sampler takes; ignored' "
     ! grep -q 'sampling as the model recommends' "$tmp/err" ||
     fail "run -p: general.sampling.top_p 1.5 not skipped: $(cat "$tmp/err")"
 
+# Rope scaling: a model whose rope.scaling.* keys say YaRN (mkmodel writes them as
+# llama.cpp's converter does) gives the logprobs of the same weights run with llama.cpp's
+# options; --rope-scaling none turns the file's off; the scaling changes the logprobs.
+"$tp" mkmodel -q -o "$tmp/plain.gguf" 2>"$tmp/err" || fail "mkmodel: exit $?: $(cat "$tmp/err")"
+"$tp" mkmodel -q -o "$tmp/yarn.gguf" --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 256 \
+    2>"$tmp/err" || fail "mkmodel --rope-scaling yarn: exit $?: $(cat "$tmp/err")"
+lp() { "$tp" run --backend cpu -p "Hello there, how are you" -n 4 --temp 0 --json --logprobs 3 "$@" 2>"$tmp/err" |
+       sed -n 's/.*"logprobs":\(.*\),"token_logprobs".*/\1/p'; }
+from_keys=$(lp -m "$tmp/yarn.gguf")
+from_opts=$(lp -m "$tmp/plain.gguf" --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 256)
+plain=$(lp -m "$tmp/plain.gguf")
+[ -n "$from_keys" ] && [ "$from_keys" = "$from_opts" ] ||
+    fail "YaRN from the GGUF's keys differs from the options: $from_keys vs $from_opts"
+[ "$from_keys" != "$plain" ] || fail "YaRN did not change the logprobs"
+[ "$(lp -m "$tmp/yarn.gguf" --rope-scaling none)" = "$plain" ] ||
+    fail "--rope-scaling none on a YaRN model is not plain rope"
+"$tp" run -m "$tmp/yarn.gguf" --backend cpu -p Hello -n 1 2>"$tmp/err" >/dev/null
+grep -q 'rope base 1e+06, yarn x4 from 256' "$tmp/err" || fail "run: YaRN not reported: $(cat "$tmp/err")"
+"$tp" run -m "$tmp/plain.gguf" --backend cpu -p Hello --rope-scaling ntk 2>"$tmp/err" >/dev/null
+rc=$?
+[ "$rc" = 2 ] && grep -q "\-\-rope-scaling expects none, linear or yarn, got 'ntk'" "$tmp/err" ||
+    fail "run --rope-scaling ntk: exit $rc: $(cat "$tmp/err")"
+
 [ "$n_fail" = 0 ] || exit 1
 echo "test_cli_args: sampling options and --seed checked"

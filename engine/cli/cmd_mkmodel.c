@@ -4,6 +4,7 @@
  * Nothing goes to stdout; a summary goes to stderr.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,9 @@ static void usage(FILE *out) {
         "                        the built-in text gives at most ~200)\n"
         "  --name NAME           general.name\n"
         "  --rope-base F --eps F rope freq_base (1e6), rms norm epsilon (1e-6)\n"
+        "  --rope-scaling linear|yarn --rope-scale F [--yarn-orig-ctx N]\n"
+        "                        rope.scaling.type, .factor, .original_context_length\n"
+        "                        (a long-context model's keys; run reads them)\n"
         "  --sampling K=V[,K=V]  recommended sampling as general.sampling.K (K: temp, top_k,\n"
         "                        top_p, min_p, penalty_repeat, penalty_last_n), which run\n"
         "                        takes as its defaults\n"
@@ -129,6 +133,25 @@ int cmd_mkmodel(int argc, char **argv) {
             bad = parse_int(a, val, 1, 1L << 26, &cfg.n_vocab);
         else if (!strcmp(a, "--ctx"))
             bad = parse_int(a, val, 1, 1L << 30, &cfg.n_ctx);
+        else if (!strcmp(a, "--yarn-orig-ctx"))
+            bad = parse_int(a, val, 1, 1L << 30, &cfg.yarn_orig_ctx);
+        else if (!strcmp(a, "--rope-scaling")) {
+            if (strcmp(val, "linear") && strcmp(val, "yarn")) {
+                fprintf(stderr, "tpinfer mkmodel: --rope-scaling '%s': expected linear or yarn\n",
+                        val);
+                bad = 1;
+            }
+            snprintf(cfg.rope_scaling, sizeof cfg.rope_scaling, "%s", val);
+        } else if (!strcmp(a, "--rope-scale")) {
+            char *end;
+            const float f = strtof(val, &end);
+            if (end == val || *end || !(f > 0) || !isfinite(f)) {
+                fprintf(stderr, "tpinfer mkmodel: --rope-scale '%s': expected a positive number\n",
+                        val);
+                bad = 1;
+            }
+            cfg.rope_scale = f;
+        }
         else if (!strcmp(a, "--merges"))
             bad = parse_int(a, val, 0, 1L << 20, &cfg.n_merges);
         else if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
@@ -184,6 +207,12 @@ int cmd_mkmodel(int argc, char **argv) {
             return 2;
         }
         if (bad) return 2;
+    }
+    if (!cfg.rope_scaling[0] != !(cfg.rope_scale > 0) ||
+        (cfg.yarn_orig_ctx > 0 && strcmp(cfg.rope_scaling, "yarn"))) {
+        fprintf(stderr, "tpinfer mkmodel: --rope-scaling and --rope-scale go together, and "
+                        "--yarn-orig-ctx with --rope-scaling yarn\n");
+        return 2;
     }
     if (!out_path) {
         fprintf(stderr, "tpinfer mkmodel: -o FILE is required\n");
