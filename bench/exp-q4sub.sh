@@ -61,6 +61,10 @@
 #     else built now), then bench/ab.sh on the 8B Q4_K_M at depths 8192 and 0, ROUNDS
 #     (default 1): main, and main with TPI_DIAG_SKIP=attn, =norm and =norm,attn (outputs
 #     wrong, timing only; no greedy check). After PART=H in the same call: ~1 min more.
+#   PART=Y: the working tree against MAIN_REV (an engine change that should cost nothing):
+#     the tree's every target built, `ctest -L gpu -E "parallel|comm"` on it while
+#     MAIN_REV's tpinfer builds, then bench/ab.sh of main against the tree on the 8B
+#     Q4_K_M at depths 0 and 8192, ROUNDS (default 2), greedy bytes checked. ~6 min.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -243,6 +247,19 @@ P)
     ROUNDS=2 ab q4_k_m main=/tmp/tpinfer-main ncl=/tmp/tpinfer-main@TPI_ATTN_DEC_CLUSTER=0 \
         p0=/tmp/tpinfer-main@TPI_PDL=0@TPI_GEMV_PDL=0 \
         clp0=/tmp/tpinfer@TPI_GEMV_NTAIL=2@TPI_PDL=0@TPI_GEMV_PDL=0
+    echo "at ${SECONDS}s"
+    ;;
+Y)
+    cfg build
+    bld build
+    (cd build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    CP=$!
+    main_at tpinfer
+    MK_BIN=/tmp/tpinfer-main mk q4_k_m
+    wait $CP
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=${ROUNDS:-2} ab q4_k_m main=/tmp/tpinfer-main tree=build/tpinfer
     echo "at ${SECONDS}s"
     ;;
 S)
