@@ -304,6 +304,11 @@ grep -q 'rope base 1e+06, yarn x4 from 256' "$tmp/err" || fail "run: YaRN not re
 rc=$?
 [ "$rc" = 2 ] && grep -q "\-\-rope-scaling expects none, linear or yarn, got 'ntk'" "$tmp/err" ||
     fail "run --rope-scaling ntk: exit $rc: $(cat "$tmp/err")"
+# a factor whose inverse is no finite float is an option error, not NaN logits later
+"$tp" run -m "$tmp/plain.gguf" --backend cpu -p Hello --rope-scale 1e-40 2>"$tmp/err" >/dev/null
+rc=$?
+[ "$rc" = 2 ] && grep -q "\-\-rope-scale expects a factor in \[1e-6, 1e6\], got '1e-40'" "$tmp/err" ||
+    fail "run --rope-scale 1e-40: exit $rc: $(cat "$tmp/err")"
 
 [ "$n_fail" = 0 ] || exit 1
 echo "test_cli_args: sampling options and --seed checked"

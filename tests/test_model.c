@@ -1090,10 +1090,12 @@ START_TEST(test_config_values) {
          "rope scaling 'longrope' (qwen3.rope.scaling.type) is not supported"},
         {{NULL, "qwen3.rope.scaling.factor", 'f', -2.0, NULL, -1},
          "'qwen3.rope.scaling.factor' = -2 is out of range"},
-        {{NULL, "qwen3.rope.scaling.original_context_length", 'u', 0, NULL, -1},
-         "'qwen3.rope.scaling.original_context_length' = 0 is out of range"},
+        {{NULL, "qwen3.rope.scaling.original_context_length", 'b', 1, NULL, -1},
+         "'qwen3.rope.scaling.original_context_length' is a bool"},
         {{NULL, "qwen3.rope.scaling.attn_factor", 'f', 0.0, NULL, -1},
          "'qwen3.rope.scaling.attn_factor' = 0 is out of range"},
+        {{NULL, "qwen3.rope.scaling.attn_factor", 'f', 2000.0, NULL, -1},
+         "'qwen3.rope.scaling.attn_factor' = 2000 is out of range (at most 1000)"},
         {{NULL, "qwen3.attention.key_length", 'u', 2048, NULL, -1},
          "head size of 2048 (attention.key_length) is above the 1024"},
         {{"qwen3.attention.key_length", "qwen3.attention.head_count", 'u', 1024, NULL, -1},
@@ -1149,6 +1151,95 @@ START_TEST(test_config_values) {
     ck_assert_msg(strstr(err.msg, "--tp 4 exceeds the model's vocabulary of 3"), "%s", err.msg);
     gguf_close(&f);
     tu_tmpdir_remove();
+}
+END_TEST
+
+/* The rope scaling a file's keys (and a run's options) give, as llama.cpp reads them: a
+ * factor without a type is linear, rope.scale_linear is the older factor key, type none
+ * never scales the angles but keeps attn_factor, original_context_length 0 or absent is
+ * the context_length, and the options override the keys one by one. */
+START_TEST(test_config_rope) {
+    const char *src = tu_data_path("qwen3-tiny-q4_k_m.gguf");
+    if (!src) return;
+    tu_tmpdir_make("test_model");
+    struct gguf_file *f = NULL;
+    struct tpi_error err = {0};
+    ck_assert_int_eq(gguf_open(src, &f, &err), TPI_OK);
+    static const struct {
+        struct key_edit e[3];
+        int n;
+        enum model_rope_scaling kind;
+        float freq_scale, ext_factor, attn_factor;
+        int n_ctx_orig; /* in the struct ops_rope (0: no YaRN) */
+        bool scaled;
+    } cases[] = {
+        {{{0}}, 0, MODEL_ROPE_LINEAR, 1.0f, 0.0f, 1.0f, 0, false},
+        {{{NULL, "qwen3.rope.scaling.factor", 'f', 2.0, NULL, -1}}, 1, MODEL_ROPE_LINEAR, 0.5f,
+         0.0f, 1.0f, 0, true},
+        {{{NULL, "qwen3.rope.scale_linear", 'f', 4.0, NULL, -1}}, 1, MODEL_ROPE_LINEAR, 0.25f,
+         0.0f, 1.0f, 0, true},
+        {{{NULL, "qwen3.rope.scaling.factor", 'f', 0.0, NULL, -1}}, 1, MODEL_ROPE_LINEAR, 1.0f,
+         0.0f, 1.0f, 0, false},
+        {{{NULL, "qwen3.rope.scaling.type", 's', 0, "none", -1},
+          {NULL, "qwen3.rope.scaling.factor", 'f', 4.0, NULL, -1},
+          {NULL, "qwen3.rope.scaling.attn_factor", 'f', 2.0, NULL, -1}},
+         3, MODEL_ROPE_NONE, 1.0f, 0.0f, 2.0f, 0, true},
+        {{{NULL, "qwen3.rope.scaling.type", 's', 0, "yarn", -1},
+          {NULL, "qwen3.rope.scaling.factor", 'f', 4.0, NULL, -1},
+          {NULL, "qwen3.rope.scaling.original_context_length", 'u', 0, NULL, -1}},
+         3, MODEL_ROPE_YARN, 0.25f, 1.0f, 1.0f, 4096, true},
+        {{{NULL, "qwen3.rope.scaling.type", 's', 0, "yarn", -1},
+          {NULL, "qwen3.rope.scaling.factor", 'f', 8.0, NULL, -1},
+          {NULL, "qwen3.rope.scaling.original_context_length", 'u', 512, NULL, -1}},
+         3, MODEL_ROPE_YARN, 0.125f, 1.0f, 1.0f, 512, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        // the keys, one edited copy after another
+        const char *path = src;
+        struct gguf_file *g = NULL;
+        for (int k = 0; k < cases[i].n; k++) {
+            ck_assert_int_eq(gguf_open(path, &g, &err), TPI_OK);
+            char tmp[512];
+            snprintf(tmp, sizeof tmp, "%s", edited_copy(g, &cases[i].e[k]));
+            gguf_close(&g);
+            static char kept[512];
+            snprintf(kept, sizeof kept, "%s.%d", tmp, k);
+            ck_assert_int_eq(rename(tmp, kept), 0);
+            path = kept;
+        }
+        ck_assert_int_eq(gguf_open(path, &g, &err), TPI_OK);
+        struct model_config c;
+        ck_assert_msg(model_config_from_gguf(&c, g, &err) == TPI_OK, "case %zu: %s", i, err.msg);
+        gguf_close(&g);
+        const struct ops_rope r = model_rope(&c);
+        ck_assert_msg(c.rope_scaling == cases[i].kind && r.freq_scale == cases[i].freq_scale &&
+                          r.ext_factor == cases[i].ext_factor &&
+                          r.attn_factor == cases[i].attn_factor &&
+                          (cases[i].n_ctx_orig == 0 || r.n_ctx_orig == cases[i].n_ctx_orig) &&
+                          model_rope_scaled(&c) == cases[i].scaled && r.n_rot == c.n_rot &&
+                          r.freq_base == c.rope_base,
+                      "case %zu: kind %d, freq_scale %g, ext %g, attn %g, orig %d, scaled %d", i,
+                      c.rope_scaling, (double)r.freq_scale, (double)r.ext_factor,
+                      (double)r.attn_factor, r.n_ctx_orig, model_rope_scaled(&c));
+        if (i == 5) { // options on top of a YaRN file, one by one
+            struct model_config o = c;
+            model_config_rope_override(&o, &(struct model_params){.rope_scale = 2.0f});
+            ck_assert(o.rope_scaling == MODEL_ROPE_YARN && o.rope_freq_scale == 0.5f &&
+                      o.rope_n_ctx_orig == 4096);
+            o = c;
+            model_config_rope_override(&o, &(struct model_params){.yarn_orig_ctx = 100});
+            ck_assert(o.rope_freq_scale == 0.25f && o.rope_n_ctx_orig == 100);
+            o = c;
+            model_config_rope_override(&o, &(struct model_params){.rope_scaling = "none"});
+            const struct ops_rope n = model_rope(&o);
+            ck_assert(n.freq_scale == 1.0f && n.ext_factor == 0.0f && !model_rope_scaled(&o));
+            o = c;
+            model_config_rope_override(&o, &(struct model_params){.rope_scaling = "linear"});
+            const struct ops_rope l = model_rope(&o);
+            ck_assert(l.freq_scale == 0.25f && l.ext_factor == 0.0f);
+        }
+    }
+    gguf_close(&f);
 }
 END_TEST
 
@@ -1233,6 +1324,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_stop_strings);
         tcase_add_test(tc, test_config_errors);
         tcase_add_test(tc, test_config_values);
+        tcase_add_test(tc, test_config_rope);
         tcase_add_test(tc, test_kv_copy);
     }
     suite_add_tcase(s, tc);

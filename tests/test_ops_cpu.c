@@ -357,8 +357,8 @@ END_TEST
  * (modeling_rope_utils: _compute_yarn_parameters, _compute_linear_scaling_rope_parameters):
  * inv_freq from find_correction_range and a linear ramp mask over the pairs, blended
  * between 1 / (factor * base^(2i/dim)) and 1 / base^(2i/dim), cos and sin times
- * attention_factor = 0.1 ln(factor) + 1; linear scaling divides every inv_freq by the
- * factor. rope.h computes the same in llama.cpp's arrangement (ggml's rope_yarn). */
+ * attention_factor = 0.1 ln(factor) + 1 (get_mscale: 1 for a factor up to 1); linear
+ * scaling divides every inv_freq by the factor; llama.cpp's attn_factor multiplies both. rope.h computes the same in llama.cpp's arrangement (ggml's rope_yarn). */
 START_TEST(test_rope_scaled) {
     struct tu_rng r;
     tu_rng_seed(&r, 17);
@@ -369,17 +369,20 @@ START_TEST(test_rope_scaled) {
     const struct {
         int head_dim, n_rot;
         float base, factor;
-        int orig; /* YaRN's original context; 0: linear */
-    } cases[] = {{128, 128, 1e6f, 4.0f, 32768}, /* Qwen3's long-context setting */
-                 {64, 64, 1e6f, 4.0f, 256},     /* the ramp over pairs 0..9 */
-                 {80, 32, 1e4f, 8.0f, 2048},    /* fewer rotated dims than the head */
-                 {64, 64, 1e4f, 2.0f, 0}};      /* linear */
+        int orig;     /* YaRN's original context; 0: linear */
+        float attn;   /* rope.scaling.attn_factor: cos and sin times it, before YaRN's own */
+    } cases[] = {{128, 128, 1e6f, 4.0f, 32768, 1.0f}, /* Qwen3's long-context setting */
+                 {64, 64, 1e6f, 4.0f, 256, 1.0f},     /* the ramp over pairs 0..9 */
+                 {80, 32, 1e4f, 8.0f, 2048, 1.0f},    /* fewer rotated dims than the head */
+                 {64, 64, 1e6f, 0.5f, 256, 1.0f},     /* a factor under 1: no magnitude term */
+                 {64, 64, 1e4f, 2.0f, 0, 1.0f},       /* linear */
+                 {64, 64, 1e4f, 2.0f, 0, 2.0f}};      /* linear with an attn_factor */
     const int n_head = 2;
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int hd = cases[c].head_dim, dim = cases[c].n_rot, half = dim / 2;
         const double base = cases[c].base, factor = cases[c].factor;
         const bool yarn = cases[c].orig > 0;
-        double inv_freq[64], attention_factor = 1.0;
+        double inv_freq[64], attention_factor = cases[c].attn;
         if (yarn) {
             const double two_pi = 2.0 * 3.14159265358979323846;
             double low = floor(dim * log(cases[c].orig / (32.0 * two_pi)) / (2.0 * log(base)));
@@ -394,7 +397,7 @@ START_TEST(test_rope_scaled) {
                 inv_freq[i] = 1.0 / (factor * pos_freq) * (1.0 - extrapolation_factor) +
                               1.0 / pos_freq * extrapolation_factor;
             }
-            attention_factor = 0.1 * log(factor) + 1.0;
+            attention_factor *= factor > 1.0 ? 0.1 * log(factor) + 1.0 : 1.0; /* get_mscale */
         } else {
             for (int i = 0; i < half; i++)
                 inv_freq[i] = 1.0 / pow(base, 2.0 * i / dim) / factor;
@@ -417,6 +420,7 @@ START_TEST(test_rope_scaled) {
         struct ops_rope rope = ops_rope_plain(dim, cases[c].base);
         rope.freq_scale = 1.0f / cases[c].factor;
         if (yarn) rope.ext_factor = 1.0f, rope.n_ctx_orig = cases[c].orig;
+        rope.attn_factor = cases[c].attn;
         O->rope_neox(ctx, x, &b, n_head, hd, &rope);
         char label[64];
         snprintf(label, sizeof label, "rope %s x%g, case %zu", yarn ? "yarn" : "linear", factor, c);

@@ -209,8 +209,8 @@ int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const 
         NEED_VAL;
         char *end;
         const double v = strtod(val, &end);
-        if (*end || end == val || !(v > 0.0) || !(v <= 1e6)) {
-            fprintf(stderr, "tpinfer %s: --rope-scale expects a factor in (0, 1e6], got '%s'\n",
+        if (*end || end == val || !(v >= 1e-6) || !(v <= 1e6)) {
+            fprintf(stderr, "tpinfer %s: --rope-scale expects a factor in [1e-6, 1e6], got '%s'\n",
                     cmd, val);
             return -1;
         }

@@ -52,7 +52,8 @@ struct ops_batch {
  * towards e_i by YaRN's ramp over the pairs (ext_factor 1: the pairs that turn more than
  * beta_fast times over n_ctx_orig positions keep e_i, those under beta_slow take
  * e_i * freq_scale), and cos and sin are scaled by attn_factor (times 1 + 0.1 ln(1 /
- * freq_scale) when ext_factor != 0). freq_scale 1 and ext_factor 0 is plain rope. */
+ * freq_scale) when ext_factor != 0 and freq_scale < 1). freq_scale 1, ext_factor 0
+ * and attn_factor 1 is plain rope. */
 struct ops_rope {
     int n_rot;          /* rotated dims per head (even) */
     float freq_base;    /* rope.freq_base */

@@ -37,7 +37,9 @@ static inline double rope_corr_dim(int n_rot, int n_ctx_orig, double n_turns, do
 }
 
 /* r resolved for the pair loop (host). Plain rope gives freq_scale 1, ext_factor 0 and
- * mscale 1 exactly, so its angles are base^(-2i/n_rot) unchanged. */
+ * mscale 1 exactly, so its angles are base^(-2i/n_rot) unchanged. YaRN's magnitude term
+ * 1 + 0.1 ln(factor) applies only to a factor above 1 (as Hugging Face's get_mscale and
+ * llama.cpp, which divides ggml's own term back out, have it). */
 static inline struct rope_pairs rope_pairs_of(const struct ops_rope *r) {
     struct rope_pairs p;
     p.n_rot = r->n_rot;
@@ -52,7 +54,8 @@ static inline struct rope_pairs rope_pairs_of(const struct ops_rope *r) {
         const double hi = ceil(rope_corr_dim(r->n_rot, r->n_ctx_orig, r->beta_slow, p.base));
         p.lo = lo > 0.0 ? lo : 0.0;
         p.hi = hi < r->n_rot - 1 ? hi : (double)(r->n_rot - 1);
-        p.mscale *= 1.0 + 0.1 * log(1.0 / p.freq_scale);
+        if (p.freq_scale < 1.0) /* YaRN's get_mscale: 1 for a factor up to 1 */
+            p.mscale *= 1.0 + 0.1 * log(1.0 / p.freq_scale);
     }
     return p;
 }

@@ -180,11 +180,23 @@ static int rope_scaling_from_gguf(struct model_config *cfg, const struct gguf_fi
     if (!isfinite(cfg->rope_freq_scale) || cfg->rope_freq_scale <= 0.0f)
         return tpi_err(err, TPI_ERR_FORMAT, "%s: metadata key '%s.%s' = %g is out of range",
                        gguf_path(f), a, name, (double)factor);
-    if ((rc = get_int_key(f, a, "rope.scaling.original_context_length", &cfg->rope_n_ctx_orig,
-                          false, cfg->n_ctx_train, err)) ||
-        (rc = get_f32_key(f, a, "rope.scaling.attn_factor", &cfg->rope_attn_factor, false, 1.0f,
+    // original_context_length 0 is "absent" to llama.cpp: the context_length then
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", a);
+    int64_t orig;
+    const bool orig_zero = gguf_get_int(f, key, &orig) && orig == 0 &&
+                           gguf_find_kv(f, key)->type != GGUF_VT_BOOL;
+    if (!orig_zero && (rc = get_int_key(f, a, "rope.scaling.original_context_length",
+                                        &cfg->rope_n_ctx_orig, false, cfg->n_ctx_train, err)))
+        return rc;
+    if (orig_zero) cfg->rope_n_ctx_orig = cfg->n_ctx_train;
+    if ((rc = get_f32_key(f, a, "rope.scaling.attn_factor", &cfg->rope_attn_factor, false, 1.0f,
                           0.0f, true, err)))
         return rc;
+    if (cfg->rope_attn_factor > 1000.0f) // cos and sin times this: past it, logits overflow
+        return tpi_err(err, TPI_ERR_FORMAT,
+                       "%s: metadata key '%s.rope.scaling.attn_factor' = %g is out of range (at "
+                       "most 1000)",
+                       gguf_path(f), a, (double)cfg->rope_attn_factor);
     return TPI_OK;
 }
 
@@ -209,16 +221,15 @@ void model_config_rope_override(struct model_config *cfg, const struct model_par
 }
 
 bool model_rope_scaled(const struct model_config *c) {
-    return c->rope_scaling == MODEL_ROPE_YARN ||
-           (c->rope_scaling == MODEL_ROPE_LINEAR &&
-            (c->rope_freq_scale != 1.0f || c->rope_attn_factor != 1.0f));
+    return c->rope_scaling == MODEL_ROPE_YARN || c->rope_attn_factor != 1.0f ||
+           (c->rope_scaling == MODEL_ROPE_LINEAR && c->rope_freq_scale != 1.0f);
 }
 
 struct ops_rope model_rope(const struct model_config *c) {
     struct ops_rope r = ops_rope_plain(c->n_rot, c->rope_base);
-    if (c->rope_scaling == MODEL_ROPE_NONE) return r; // llama.cpp: never scales
+    r.attn_factor = c->rope_attn_factor; // llama.cpp applies it whatever the type
+    if (c->rope_scaling == MODEL_ROPE_NONE) return r; // ... but never scales the angles
     r.freq_scale = c->rope_freq_scale;
-    r.attn_factor = c->rope_attn_factor;
     if (c->rope_scaling == MODEL_ROPE_YARN) {
         r.ext_factor = 1.0f;
         r.n_ctx_orig = c->rope_n_ctx_orig;
@@ -320,8 +331,11 @@ void model_config_describe(const struct model_config *c, char *buf, size_t n) {
     if (c->rope_scaling == MODEL_ROPE_YARN)
         snprintf(scaling, sizeof scaling, ", yarn x%g from %d", 1.0 / (double)c->rope_freq_scale,
                  c->rope_n_ctx_orig);
-    else if (model_rope_scaled(c))
+    else if (c->rope_scaling == MODEL_ROPE_LINEAR && c->rope_freq_scale != 1.0f)
         snprintf(scaling, sizeof scaling, ", linear x%g", 1.0 / (double)c->rope_freq_scale);
+    if (c->rope_attn_factor != 1.0f)
+        snprintf(scaling + strlen(scaling), sizeof scaling - strlen(scaling), ", attn factor %g",
+                 (double)c->rope_attn_factor);
     snprintf(buf, n,
              "%s: %d layers, n_embd %d, %d/%d heads x %d, n_ff %d, vocab %d, rope base %g%s%s",
              c->arch_name, c->n_layer, c->n_embd, c->n_head, c->n_head_kv, c->head_dim, c->n_ff,
