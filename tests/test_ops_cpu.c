@@ -315,6 +315,24 @@ END_TEST
 
 /* ---- rope ---- */
 
+/* want = x(n_tok, n_head, hd) with NEOX pairs (i, i + half) of each head turned by pos[t] *
+ * inv[i], cos and sin times ms, all in double: the rope tests' reference. */
+static void rope_want(const float *x, float *want, const int32_t *pos, int n_tok, int n_head,
+                      int hd, int half, const double *inv, double ms) {
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            const float *xh = x + ((size_t)t * n_head + h) * hd;
+            float *wh = want + ((size_t)t * n_head + h) * hd;
+            for (int d = 0; d < hd; d++)
+                wh[d] = xh[d];
+            for (int i = 0; i < half; i++) {
+                const double th = pos[t] * inv[i], cs = cos(th) * ms, sn = sin(th) * ms;
+                wh[i] = (float)(xh[i] * cs - xh[i + half] * sn);
+                wh[i + half] = (float)(xh[i] * sn + xh[i + half] * cs);
+            }
+        }
+}
+
 START_TEST(test_rope_neox) {
     struct tu_rng r;
     tu_rng_seed(&r, 16);
@@ -331,18 +349,10 @@ START_TEST(test_rope_neox) {
         const int hd = cases[c].head_dim, n_rot = cases[c].n_rot, half = n_rot / 2;
         const size_t n = (size_t)5 * n_head * hd;
         float *x = rnd(&r, n, -1, 1), *want = malloc(n * sizeof(float));
-        for (int t = 0; t < 5; t++)
-            for (int h = 0; h < n_head; h++) {
-                const float *xh = x + ((size_t)t * n_head + h) * hd;
-                float *wh = want + ((size_t)t * n_head + h) * hd;
-                for (int d = 0; d < hd; d++)
-                    wh[d] = xh[d];
-                for (int i = 0; i < half; i++) {
-                    double th = pos[t] * pow((double)cases[c].base, -2.0 * i / n_rot);
-                    wh[i] = (float)(xh[i] * cos(th) - xh[i + half] * sin(th));
-                    wh[i + half] = (float)(xh[i] * sin(th) + xh[i + half] * cos(th));
-                }
-            }
+        double inv[64];
+        for (int i = 0; i < half; i++)
+            inv[i] = pow((double)cases[c].base, -2.0 * i / n_rot);
+        rope_want(x, want, pos, 5, n_head, hd, half, inv, 1.0);
         const struct ops_rope rope = ops_rope_plain(n_rot, cases[c].base);
         O->rope_neox(ctx, x, &b, n_head, hd, &rope);
         ck_assert_uint_eq(tu_compare("rope_neox", x, want, n, 1e-6, 1e-5), 0);
@@ -404,19 +414,7 @@ START_TEST(test_rope_scaled) {
         }
         const size_t n = (size_t)6 * n_head * hd;
         float *x = rnd(&r, n, -1, 1), *want = malloc(n * sizeof(float));
-        for (int t = 0; t < 6; t++)
-            for (int h = 0; h < n_head; h++) {
-                const float *xh = x + ((size_t)t * n_head + h) * hd;
-                float *wh = want + ((size_t)t * n_head + h) * hd;
-                for (int d = 0; d < hd; d++)
-                    wh[d] = xh[d];
-                for (int i = 0; i < half; i++) {
-                    const double th = pos[t] * inv_freq[i];
-                    const double cs = cos(th) * attention_factor, sn = sin(th) * attention_factor;
-                    wh[i] = (float)(xh[i] * cs - xh[i + half] * sn);
-                    wh[i + half] = (float)(xh[i] * sn + xh[i + half] * cs);
-                }
-            }
+        rope_want(x, want, pos, 6, n_head, hd, half, inv_freq, attention_factor);
         struct ops_rope rope = ops_rope_plain(dim, cases[c].base);
         rope.freq_scale = 1.0f / cases[c].factor;
         if (yarn) rope.ext_factor = 1.0f, rope.n_ctx_orig = cases[c].orig;
