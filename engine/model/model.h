@@ -175,7 +175,8 @@ struct model {
 
 /* Read the hyperparameters of a qwen2/qwen3 GGUF into *cfg and check every tensor
  * the forward pass uses for presence, shape and type. Errors name the file and the
- * first key or tensor that is off; rope scaling and other archs are UNSUPPORTED. */
+ * first key or tensor that is off; rope scaling other than none, linear or yarn, and other
+ * archs, are UNSUPPORTED. */
 int model_config_from_gguf(struct model_config *cfg, const struct gguf_file *f,
                            struct tpi_error *err);
 
