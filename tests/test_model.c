@@ -91,8 +91,7 @@ static struct model *load_rope(const char *path, int n_ctx, const char *scaling,
                                int orig_ctx) {
     // One thread: ctest -j2 runs two tests at once on the 2-core CI machine.
     struct model_params p = {.path = path, .backend = "cpu", .n_threads = 1, .n_ctx = n_ctx,
-                             .quiet = true, .rope_scaling = scaling, .rope_scale = scale,
-                             .yarn_orig_ctx = orig_ctx};
+                             .quiet = true, .rope = {scaling, scale, orig_ctx}};
     struct model *m = NULL;
     struct tpi_error err = {0};
     int rc = model_load(&m, &p, NULL, &err);
@@ -104,31 +103,56 @@ static struct model *load(const char *path, int n_ctx) {
     return load_rope(path, n_ctx, NULL, 0.0f, 0);
 }
 
-/* A copy of f (tensors and all) with YaRN's keys as llama.cpp's converter writes them
- * for a long-context model: rope.scaling.type yarn, .factor, .original_context_length. */
-static const char *yarn_copy(const struct gguf_file *f, const char *arch, float factor,
-                             int orig_ctx) {
+/* One change to a copy of a model: key `drop` left out, and `key` (if not NULL) set to
+ * value (type u32, f32, bool or str); tensors past `n_tensors` (-1: all; the first
+ * change's counts) left out. */
+struct key_edit {
+    const char *drop, *key;
+    char vt; /* 'u', 'f', 'b' or 's' */
+    double num;
+    const char *str;
+    int64_t n_tensors;
+};
+
+static bool edit_names(const struct key_edit *e, int n, const struct gguf_str *key) {
+    for (int k = 0; k < n; k++)
+        if ((e[k].drop && strlen(e[k].drop) == key->len &&
+             !memcmp(key->data, e[k].drop, key->len)) ||
+            (e[k].key && strlen(e[k].key) == key->len && !memcmp(key->data, e[k].key, key->len)))
+            return true;
+    return false;
+}
+
+/* A copy of f (in the test's temporary folder) with the n edits e made. */
+static const char *edited_copy_n(const struct gguf_file *f, const struct key_edit *e, int n) {
     struct gguf_writer *w = gguf_writer_new(0);
     ck_assert_ptr_nonnull(w);
-    for (int64_t i = 0; i < gguf_n_kv(f); i++)
-        ck_assert_int_eq(gguf_writer_copy_kv(w, gguf_kv_at(f, i)), TPI_OK);
-    char key[96];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    ck_assert_int_eq(gguf_writer_set_str(w, key, "yarn"), TPI_OK);
-    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
-    ck_assert_int_eq(gguf_writer_set_f32(w, key, factor), TPI_OK);
-    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", arch);
-    ck_assert_int_eq(gguf_writer_set_u32(w, key, (uint32_t)orig_ctx), TPI_OK);
-    for (int64_t i = 0; i < gguf_n_tensors(f); i++) {
+    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
+        const struct gguf_kv *kv = gguf_kv_at(f, i);
+        if (!edit_names(e, n, &kv->key)) ck_assert_int_eq(gguf_writer_copy_kv(w, kv), TPI_OK);
+    }
+    for (int k = 0; k < n; k++) {
+        int rc = TPI_OK;
+        if (e[k].key && e[k].vt == 'u') rc = gguf_writer_set_u32(w, e[k].key, (uint32_t)e[k].num);
+        if (e[k].key && e[k].vt == 'f') rc = gguf_writer_set_f32(w, e[k].key, (float)e[k].num);
+        if (e[k].key && e[k].vt == 'b') rc = gguf_writer_set_bool(w, e[k].key, e[k].num != 0);
+        if (e[k].key && e[k].vt == 's') rc = gguf_writer_set_str(w, e[k].key, e[k].str);
+        ck_assert_int_eq(rc, TPI_OK);
+    }
+    const int64_t nt = n > 0 && e[0].n_tensors >= 0 ? e[0].n_tensors : gguf_n_tensors(f);
+    for (int64_t i = 0; i < nt; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(f, i);
         ck_assert_int_ge(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data), 0);
     }
-    tu_tmpdir_make("test_model");
-    const char *path = tu_tmp_path("yarn.gguf");
+    const char *path = tu_tmp_path("edited.gguf");
     struct tpi_error err = {0};
     ck_assert_msg(gguf_writer_write(w, path, &err) == TPI_OK, "%s", err.msg);
     gguf_writer_free(&w);
     return path;
+}
+
+static const char *edited_copy(const struct gguf_file *f, const struct key_edit *e) {
+    return edited_copy_n(f, e, 1);
 }
 
 static int argmax(const float *x, int n) {
@@ -167,11 +191,19 @@ START_TEST(test_logits_vs_llamacpp) {
             struct gguf_file *f = NULL;
             struct tpi_error e = {0};
             ck_assert_int_eq(gguf_open(gguf, &f, &e), TPI_OK);
-            char arch[16];
+            // YaRN's keys as llama.cpp's converter writes them for a long-context model
+            char key[3][96];
             struct gguf_str a;
-            ck_assert(gguf_get_str(f, "general.architecture", &a) && a.len < sizeof arch);
-            snprintf(arch, sizeof arch, "%.*s", (int)a.len, a.data);
-            const char *copy = yarn_copy(f, arch, scale, orig);
+            ck_assert(gguf_get_str(f, "general.architecture", &a) && a.len < 16);
+            snprintf(key[0], sizeof key[0], "%.*s.rope.scaling.type", (int)a.len, a.data);
+            snprintf(key[1], sizeof key[1], "%.*s.rope.scaling.factor", (int)a.len, a.data);
+            snprintf(key[2], sizeof key[2], "%.*s.rope.scaling.original_context_length",
+                     (int)a.len, a.data);
+            const struct key_edit edits[3] = {{NULL, key[0], 's', 0, "yarn", -1},
+                                              {NULL, key[1], 'f', scale, NULL, -1},
+                                              {NULL, key[2], 'u', orig, NULL, -1}};
+            tu_tmpdir_make("test_model");
+            const char *copy = edited_copy_n(f, edits, 3);
             gguf_close(&f);
             m = load(copy, 1024);
         }
@@ -1015,43 +1047,16 @@ START_TEST(test_config_errors) {
 }
 END_TEST
 
-/* One change to a copy of a model: key `drop` left out, and `key` (if not NULL) set to
- * value (type u32, f32, bool or str); tensors past `n_tensors` (-1: all) left out. */
-struct key_edit {
-    const char *drop, *key;
-    char vt; /* 'u', 'f', 'b' or 's' */
-    double num;
-    const char *str;
-    int64_t n_tensors;
-};
-
-static const char *edited_copy(const struct gguf_file *f, const struct key_edit *e) {
-    struct gguf_writer *w = gguf_writer_new(0);
-    ck_assert_ptr_nonnull(w);
-    for (int64_t i = 0; i < gguf_n_kv(f); i++) {
-        const struct gguf_kv *kv = gguf_kv_at(f, i);
-        const bool is = (e->drop && strlen(e->drop) == kv->key.len &&
-                         !memcmp(kv->key.data, e->drop, kv->key.len)) ||
-                        (e->key && strlen(e->key) == kv->key.len &&
-                         !memcmp(kv->key.data, e->key, kv->key.len));
-        if (!is) ck_assert_int_eq(gguf_writer_copy_kv(w, kv), TPI_OK);
-    }
-    int rc = TPI_OK;
-    if (e->key && e->vt == 'u') rc = gguf_writer_set_u32(w, e->key, (uint32_t)e->num);
-    if (e->key && e->vt == 'f') rc = gguf_writer_set_f32(w, e->key, (float)e->num);
-    if (e->key && e->vt == 'b') rc = gguf_writer_set_bool(w, e->key, e->num != 0);
-    if (e->key && e->vt == 's') rc = gguf_writer_set_str(w, e->key, e->str);
-    ck_assert_int_eq(rc, TPI_OK);
-    const int64_t n = e->n_tensors >= 0 ? e->n_tensors : gguf_n_tensors(f);
-    for (int64_t i = 0; i < n; i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(f, i);
-        ck_assert_int_ge(gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data), 0);
-    }
-    const char *path = tu_tmp_path("edited.gguf");
+/* The tiny qwen3 model opened, and a temporary folder for its edited copies; NULL when
+ * the model is in neither data folder. */
+static struct gguf_file *tiny_for_edits(void) {
+    const char *src = tu_data_path("qwen3-tiny-q4_k_m.gguf");
+    if (!src) return NULL;
+    tu_tmpdir_make("test_model");
+    struct gguf_file *f = NULL;
     struct tpi_error err = {0};
-    ck_assert_msg(gguf_writer_write(w, path, &err) == TPI_OK, "%s", err.msg);
-    gguf_writer_free(&w);
-    return path;
+    ck_assert_msg(gguf_open(src, &f, &err) == TPI_OK, "%s", err.msg);
+    return f;
 }
 
 /* What a model file's metadata must hold beyond what the reader checks: each bad value
@@ -1060,12 +1065,9 @@ static const char *edited_copy(const struct gguf_file *f, const struct key_edit 
  * small, a head size past what the backends compute, keys of the wrong type, a
  * tokenizer with another count of tokens than the embedding has rows). */
 START_TEST(test_config_values) {
-    const char *src = tu_data_path("qwen3-tiny-q4_k_m.gguf");
-    if (!src) return;
-    tu_tmpdir_make("test_model");
-    struct gguf_file *f = NULL;
+    struct gguf_file *f = tiny_for_edits();
+    if (!f) return;
     struct tpi_error err = {0};
-    ck_assert_int_eq(gguf_open(src, &f, &err), TPI_OK);
     static const struct {
         struct key_edit e;
         const char *want;
@@ -1159,9 +1161,8 @@ END_TEST
  * never scales the angles but keeps attn_factor, original_context_length 0 or absent is
  * the context_length, and the options override the keys one by one. */
 START_TEST(test_config_rope) {
-    const char *src = tu_data_path("qwen3-tiny-q4_k_m.gguf");
-    if (!src) return;
-    tu_tmpdir_make("test_model");
+    struct gguf_file *f = tiny_for_edits();
+    if (!f) return;
     struct tpi_error err = {0};
     static const struct {
         struct key_edit e[3];
@@ -1192,19 +1193,8 @@ START_TEST(test_config_rope) {
          3, MODEL_ROPE_YARN, 0.125f, 1.0f, 1.0f, 512, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        // the keys, one edited copy after another
-        const char *path = src;
+        const char *path = edited_copy_n(f, cases[i].e, cases[i].n);
         struct gguf_file *g = NULL;
-        for (int k = 0; k < cases[i].n; k++) {
-            ck_assert_int_eq(gguf_open(path, &g, &err), TPI_OK);
-            char tmp[512];
-            snprintf(tmp, sizeof tmp, "%s", edited_copy(g, &cases[i].e[k]));
-            gguf_close(&g);
-            static char kept[512];
-            snprintf(kept, sizeof kept, "%s.%d", tmp, k);
-            ck_assert_int_eq(rename(tmp, kept), 0);
-            path = kept;
-        }
         ck_assert_int_eq(gguf_open(path, &g, &err), TPI_OK);
         struct model_config c;
         ck_assert_msg(model_config_from_gguf(&c, g, &err) == TPI_OK, "case %zu: %s", i, err.msg);
@@ -1221,22 +1211,23 @@ START_TEST(test_config_rope) {
                       (double)r.attn_factor, r.n_ctx_orig, model_rope_scaled(&c));
         if (i == 5) { // options on top of a YaRN file, one by one
             struct model_config o = c;
-            model_config_rope_override(&o, &(struct model_params){.rope_scale = 2.0f});
+            model_config_rope_override(&o, &(struct model_rope_opts){.scale = 2.0f});
             ck_assert(o.rope_scaling == MODEL_ROPE_YARN && o.rope_freq_scale == 0.5f &&
                       o.rope_n_ctx_orig == 4096);
             o = c;
-            model_config_rope_override(&o, &(struct model_params){.yarn_orig_ctx = 100});
+            model_config_rope_override(&o, &(struct model_rope_opts){.orig_ctx = 100});
             ck_assert(o.rope_freq_scale == 0.25f && o.rope_n_ctx_orig == 100);
             o = c;
-            model_config_rope_override(&o, &(struct model_params){.rope_scaling = "none"});
+            model_config_rope_override(&o, &(struct model_rope_opts){.scaling = "none"});
             const struct ops_rope n = model_rope(&o);
             ck_assert(n.freq_scale == 1.0f && n.ext_factor == 0.0f && !model_rope_scaled(&o));
             o = c;
-            model_config_rope_override(&o, &(struct model_params){.rope_scaling = "linear"});
+            model_config_rope_override(&o, &(struct model_rope_opts){.scaling = "linear"});
             const struct ops_rope l = model_rope(&o);
             ck_assert(l.freq_scale == 0.25f && l.ext_factor == 0.0f);
         }
     }
+    gguf_close(&f);
 }
 END_TEST
 

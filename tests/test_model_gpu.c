@@ -73,8 +73,7 @@ static struct model *load(const char *backend, int n_ctx, int n_slot) {
     const bool yarn = getenv("TEST_ROPE_YARN") && !strcmp(getenv("TEST_ROPE_YARN"), "1");
     struct model_params p = {.path = g_gguf, .backend = backend, .n_ctx = n_ctx,
                              .n_slot = n_slot, .quiet = true,
-                             .rope_scaling = yarn ? "yarn" : NULL, .rope_scale = yarn ? 4.0f : 0,
-                             .yarn_orig_ctx = yarn ? 256 : 0};
+                             .rope = {yarn ? "yarn" : NULL, yarn ? 4.0f : 0, yarn ? 256 : 0}};
     struct model *m = NULL;
     struct tpi_error err = {0};
     int rc = model_load(&m, &p, NULL, &err);

@@ -204,7 +204,7 @@ int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const 
                     cmd, val);
             return -1;
         }
-        c->rope_scaling = val;
+        c->rope.scaling = val;
     } else if (!strcmp(a, "--rope-scale")) {
         NEED_VAL;
         char *end;
@@ -214,10 +214,10 @@ int cli_common_parse(struct cli_common *c, int argc, char **argv, int *i, const 
                     cmd, val);
             return -1;
         }
-        c->rope_scale = (float)v;
+        c->rope.scale = (float)v;
     } else if (!strcmp(a, "--yarn-orig-ctx")) {
         NEED_VAL;
-        return parse_int(cmd, a, val, 1, 1 << 30, &c->yarn_orig_ctx) ? -1 : 1;
+        return parse_int(cmd, a, val, 1, 1 << 30, &c->rope.orig_ctx) ? -1 : 1;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
         NEED_VAL;
         return parse_int(cmd, a, val, 0, 4096, &c->n_threads) ? -1 : 1;
@@ -343,9 +343,7 @@ int cli_start(struct cli_run *r, struct cli_common *c, int *argc, char ***argv, 
         .comm = (enum comm_kind)comm_kind_from_name(comm),
         .comm_timeout_s = c->comm_timeout_s,
         .n_ctx = c->n_ctx,
-        .rope_scaling = c->rope_scaling,
-        .rope_scale = c->rope_scale,
-        .yarn_orig_ctx = c->yarn_orig_ctx,
+        .rope = c->rope,
         .n_ubatch = c->n_ubatch,
         .pp_layers = c->n_pp_layers ? c->pp_layers : NULL,
         .n_pp_layers = c->n_pp_layers,

@@ -26,9 +26,7 @@ struct cli_common {
     const char *backend;  /* --backend cpu|cuda|auto (auto) */
     const char *comm;     /* --comm mpi|nccl (nccl with cuda, else mpi) */
     int n_ctx;            /* -c/--ctx-size (0: min(4096, model context)) */
-    const char *rope_scaling; /* --rope-scaling none|linear|yarn (NULL: the model's) */
-    float rope_scale;     /* --rope-scale (0: the model's) */
-    int yarn_orig_ctx;    /* --yarn-orig-ctx (0: the model's) */
+    struct model_rope_opts rope; /* --rope-scaling, --rope-scale, --yarn-orig-ctx */
     int n_threads;        /* -t/--threads (0: all cores) */
     int n_ubatch;         /* --ubatch (512) */
     uint64_t seed;        /* --seed (random, the same on every rank) */

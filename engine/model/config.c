@@ -211,13 +211,11 @@ const char *model_rope_scaling_name(enum model_rope_scaling s) {
     return s == MODEL_ROPE_NONE ? "none" : s == MODEL_ROPE_LINEAR ? "linear" : "yarn";
 }
 
-void model_config_rope_override(struct model_config *cfg, const struct model_params *p) {
-    const int kind =
-        p->rope_scaling ? model_rope_scaling_from_name(p->rope_scaling, strlen(p->rope_scaling))
-                        : -1;
+void model_config_rope_override(struct model_config *cfg, const struct model_rope_opts *o) {
+    const int kind = o->scaling ? model_rope_scaling_from_name(o->scaling, strlen(o->scaling)) : -1;
     if (kind >= 0) cfg->rope_scaling = (enum model_rope_scaling)kind;
-    if (p->rope_scale > 0.0f) cfg->rope_freq_scale = 1.0f / p->rope_scale;
-    if (p->yarn_orig_ctx > 0) cfg->rope_n_ctx_orig = p->yarn_orig_ctx;
+    if (o->scale > 0.0f) cfg->rope_freq_scale = 1.0f / o->scale;
+    if (o->orig_ctx > 0) cfg->rope_n_ctx_orig = o->orig_ctx;
 }
 
 bool model_rope_scaled(const struct model_config *c) {

@@ -207,12 +207,12 @@ static int32_t run_ctx(const struct model_params *p, const struct gguf_file *f) 
 }
 
 /* FNV-1a of the run's rope options (0: none given). */
-static uint64_t rope_options_hash(const struct model_params *p) {
-    if (!p->rope_scaling && !(p->rope_scale > 0.0f) && p->yarn_orig_ctx <= 0) return 0;
+static uint64_t rope_options_hash(const struct model_rope_opts *o) {
+    if (!o->scaling && !(o->scale > 0.0f) && o->orig_ctx <= 0) return 0;
     uint64_t h = TPI_FNV_INIT;
-    if (p->rope_scaling) h = tpi_fnv1a(h, p->rope_scaling, strlen(p->rope_scaling) + 1);
-    h = tpi_fnv1a(h, &p->rope_scale, sizeof p->rope_scale);
-    return tpi_fnv1a(h, &p->yarn_orig_ctx, sizeof p->yarn_orig_ctx);
+    if (o->scaling) h = tpi_fnv1a(h, o->scaling, strlen(o->scaling) + 1);
+    h = tpi_fnv1a(h, &o->scale, sizeof o->scale);
+    return tpi_fnv1a(h, &o->orig_ctx, sizeof o->orig_ctx);
 }
 
 /* Open the model and check the identity of the run across ranks. */
@@ -235,7 +235,7 @@ static int open_and_check(struct model *m, const struct model_params *p, struct 
         .pp_layers_hash = p->pp_layers ? tpi_fnv1a(TPI_FNV_INIT, p->pp_layers,
                                                    sizeof *p->pp_layers * (size_t)p->n_pp_layers)
                                        : 0,
-        .rope_hash = rope_options_hash(p),
+        .rope_hash = rope_options_hash(&p->rope),
     };
     return grid_check_identity(m->grid, &id, err);
 }
@@ -366,7 +366,7 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
 
     rc = model_config_from_gguf(&m->cfg, m->gguf, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
-    model_config_rope_override(&m->cfg, p); // the identity compared the options
+    model_config_rope_override(&m->cfg, &p->rope); // the identity compared the options
     rc = model_plan_make(&m->plan, &m->cfg, tp, pp, tp_rank, pp_stage, p->pp_layers,
                          p->n_pp_layers, err);
     if ((rc = model_agree(m, rc, err))) goto fail;

@@ -123,6 +123,13 @@ struct model_state {
     int32_t *rows_host;    /* host: (n_ubatch) micro-batch rows whose logits are wanted */
 };
 
+/* A run's rope scaling options, llama.cpp's; each unset one keeps the file's setting. */
+struct model_rope_opts {
+    const char *scaling; /* "none", "linear", "yarn", or NULL (--rope-scaling) */
+    float scale;         /* scaling factor, or 0 (--rope-scale) */
+    int orig_ctx;        /* YaRN's original context, or 0 (--yarn-orig-ctx) */
+};
+
 /* How to load. Zero-initialise, then set what differs from the defaults. */
 struct model_params {
     const char *path;       /* GGUF file (first part of a split model) */
@@ -131,9 +138,7 @@ struct model_params {
     enum comm_kind comm;    /* communicator for tp/pp > 1 */
     double comm_timeout_s;  /* 0: 60 s */
     int n_ctx;              /* KV positions per sequence (0: min(4096, context_length)) */
-    const char *rope_scaling; /* "none", "linear", "yarn", or NULL: the file's (--rope-scaling) */
-    float rope_scale;       /* scaling factor, or 0: the file's (--rope-scale) */
-    int yarn_orig_ctx;      /* YaRN's original context, or 0: the file's (--yarn-orig-ctx) */
+    struct model_rope_opts rope; /* the run's rope scaling options (none set: the file's) */
     int n_slot;             /* sequences in the KV cache (0: 1) */
     int n_ubatch;           /* micro-batch capacity (0: 512) */
     const int *pp_layers;   /* layers per stage (n_pp_layers == pp), or NULL: balanced */
@@ -195,10 +200,9 @@ int model_rope_scaling_from_name(const char *s, size_t n);
 /* "none", "linear" or "yarn". */
 const char *model_rope_scaling_name(enum model_rope_scaling s);
 
-/* Apply a run's rope options (model_params rope_scaling, rope_scale, yarn_orig_ctx; unset
- * ones keep the file's) to cfg, as llama.cpp's --rope-scaling, --rope-scale and
- * --yarn-orig-ctx do. */
-void model_config_rope_override(struct model_config *cfg, const struct model_params *p);
+/* Apply a run's rope options (unset ones keep the file's) to cfg, as llama.cpp's
+ * --rope-scaling, --rope-scale and --yarn-orig-ctx do. */
+void model_config_rope_override(struct model_config *cfg, const struct model_rope_opts *o);
 
 /* ---- plan.c ---- */
 
