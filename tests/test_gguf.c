@@ -52,7 +52,8 @@ static const struct model_ref g_models[] = {
     {"qwen2-tiny-f16", "qwen2", 2},    {"qwen2-tiny-q4_0", "qwen2", 2},
     {"qwen2-tiny-q5_k_m", "qwen2", 2}, {"qwen3-tiny-bf16", "qwen3", 4},
     {"qwen3-tiny-q4_k_m", "qwen3", 4}, {"qwen3-tiny-q6_k", "qwen3", 4},
-    {"qwen3-tiny-q8_0", "qwen3", 4},
+    {"qwen3-tiny-q8_0", "qwen3", 4},   {"qwen3-tiny-q2_k", "qwen3", 4},
+    {"qwen2-tiny-q3_k_m", "qwen2", 2},
 };
 #define N_MODELS ((int)(sizeof g_models / sizeof g_models[0]))
 

@@ -4,8 +4,8 @@
  * 1. Hand-built blocks of every type, laid out byte by byte from ggml's format
  *    definitions, dequantize to the values the definition gives (plus a few
  *    values worked out by hand as literals); every f16/bf16 pattern, and random
- *    bytes as 32-value and Q6_K blocks, bitwise against the definitions one value at a
- *    time.
+ *    bytes as 32-value, Q6_K, Q2_K and Q3_K blocks, bitwise against the definitions
+ *    one value at a time (and Q3_K rewritten as Q6_K against Q3_K).
  * 2. quantize -> dequantize round trips on random data stay within per-type
  *    bounds (stated at each check).
  * 3. quant_extract_cols equals slicing the dequantized matrix; misaligned or
@@ -371,17 +371,158 @@ START_TEST(test_q6_k_blocks_random) {
 }
 END_TEST
 
+/* Q2_K and Q3_K as ggml's dequantize_row_q2_K / _q3_K loop over a block: per 128
+ * elements (32 bytes of qs), four shifts of 2 bits, each two sub-blocks of 16
+ * (bytes l and l + 16). Q3_K's hmask bit m (one per shift, across both halves) set
+ * means the level as is, clear means minus 4; its 6-bit scales unpack as ggml's
+ * kmask shuffle of the 12 bytes read as little-endian words. */
+static void ref_q2_k(const uint8_t *b, float *y) {
+    const uint8_t *sc = b, *q = b + 16;
+    const float d = tpi_f16_to_f32((uint16_t)(b[80] | b[81] << 8));
+    const float dmin = tpi_f16_to_f32((uint16_t)(b[82] | b[83] << 8));
+    int is = 0;
+    for (int n = 0; n < 256; n += 128, q += 32)
+        for (int shift = 0; shift < 8; shift += 2)
+            for (int half = 0; half < 2; half++, is++) {
+                const float dl = d * (float)(sc[is] & 0xF), ml = dmin * (float)(sc[is] >> 4);
+                for (int l = 0; l < 16; l++)
+                    *y++ = dl * (float)((q[l + 16 * half] >> shift) & 3) - ml;
+            }
+}
+static void ref_q3_k(const uint8_t *b, float *y) {
+    const uint8_t *hm = b, *q = b + 32;
+    uint32_t aux[4];
+    memcpy(aux, b + 96, 12);
+    const uint32_t k1 = 0x03030303u, k2 = 0x0f0f0f0fu, tmp = aux[2];
+    aux[2] = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4);
+    aux[3] = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4);
+    aux[0] = (aux[0] & k2) | (((tmp >> 0) & k1) << 4);
+    aux[1] = (aux[1] & k2) | (((tmp >> 2) & k1) << 4);
+    const int8_t *scales = (const int8_t *)aux; /* little-endian host, as ggml assumes */
+    const float d = tpi_f16_to_f32((uint16_t)(b[108] | b[109] << 8));
+    int is = 0;
+    uint8_t m = 1;
+    for (int n = 0; n < 256; n += 128, q += 32)
+        for (int shift = 0; shift < 8; shift += 2, m = (uint8_t)(m << 1))
+            for (int half = 0; half < 2; half++, is++) {
+                const float dl = d * (float)(scales[is] - 32);
+                for (int l = 0; l < 16; l++) {
+                    const int k = l + 16 * half;
+                    *y++ = dl * (float)(((q[k] >> shift) & 3) - ((hm[k] & m) ? 0 : 4));
+                }
+            }
+}
+
+START_TEST(test_block_q2_k) {
+    uint8_t b[84];
+    for (int i = 0; i < 16; i++) b[i] = (uint8_t)(i * 37 + 11); /* scale | min << 4 */
+    for (int i = 0; i < 64; i++) b[16 + i] = (uint8_t)(i * 59 + 7);
+    put_u16(b + 80, H_0_5);
+    put_u16(b + 82, H_0_25);
+    float got[256], want[256];
+    ref_q2_k(b, want);
+    dequant_one(TPI_TYPE_Q2_K, b, got, 256);
+    expect_values("Q2_K", got, want, 256);
+    /* by hand: e=0: scales[0]=11 -> scale 11, min 0; qs[0]=7 -> bits 3: 0.5*11*3 = 16.5.
+     * e=16: scales[1]=48 -> scale 0, min 3: -0.25*3 = -0.75.
+     * e=32: scales[2]=85 -> scale 5, min 5; qs[0]=7 >> 2 -> 1: 2.5 - 1.25 = 1.25 */
+    ck_assert_float_eq(got[0], 16.5f);
+    ck_assert_float_eq(got[16], -0.75f);
+    ck_assert_float_eq(got[32], 1.25f);
+}
+END_TEST
+
+START_TEST(test_block_q3_k) {
+    uint8_t b[110] = {0};
+    /* scales (6-bit, stored + 32) chosen across the range, packed by the format's text:
+     * low nibbles in bytes 0-7 (s < 8 low, s >= 8 high nibble of byte s-8), top 2 bits in
+     * bytes 8-11 (bits 2(s/4) of byte 8 + s%4) */
+    const int scales[16] = {-32, 31, 1, -1, 2, 16, -16, 3, 10, -10, 7, 0, 9, 5, -11, 12};
+    for (int s = 0; s < 16; s++) {
+        const int v = scales[s] + 32;
+        b[96 + (s < 8 ? s : s - 8)] |= (uint8_t)((v & 15) << (s < 8 ? 0 : 4));
+        b[96 + 8 + s % 4] |= (uint8_t)((v >> 4) << (2 * (s / 4)));
+    }
+    for (int i = 0; i < 32; i++) b[i] = (uint8_t)(i * 83 + 1); /* hmask */
+    for (int i = 0; i < 64; i++) b[32 + i] = (uint8_t)(i * 45 + 9);
+    put_u16(b + 108, H_0_25);
+    float got[256], want[256];
+    ref_q3_k(b, want);
+    for (int e = 0; e < 256; e++) { /* the same values from the format's text */
+        const int n = e / 128, w = e % 128, shift = 2 * (w / 32), l = w % 32;
+        const int lo = (b[32 + 32 * n + l] >> shift) & 3, hi = (b[l] >> (e / 32)) & 1;
+        const float v = 0.25f * (float)scales[e / 16] * (float)(lo - (hi ? 0 : 4));
+        ck_assert_msg(!memcmp(&v, &want[e], 4), "Q3_K reference value %d: %a, want %a", e,
+                      (double)want[e], (double)v);
+    }
+    dequant_one(TPI_TYPE_Q3_K, b, got, 256);
+    expect_values("Q3_K", got, want, 256);
+    /* by hand: e=0: hmask[0]=1 bit0 set, qs[0]=9 -> 1: 0.25*-32*1 = -8 */
+    ck_assert_float_eq(got[0], -8.0f);
+}
+END_TEST
+
+/* Random bytes as Q2_K and Q3_K blocks (finite d), bitwise against ggml's loops;
+ * Q3_K's blocks rewritten as Q6_K (quant_q3_k_as_q6_k) dequantize to the same bits. */
+START_TEST(test_k2_blocks_random) {
+    enum { NB = 300 };
+    struct tu_rng r;
+    tu_rng_seed(&r, 2041);
+    const int types[2] = {TPI_TYPE_Q2_K, TPI_TYPE_Q3_K};
+    for (int k = 0; k < 2; k++) {
+        const int type = types[k];
+        const size_t bb = quant_traits(type)->type_size;
+        uint8_t *q = malloc(bb * NB);
+        uint8_t *q6 = malloc(210 * NB);
+        float *got = malloc(sizeof *got * 256 * NB), *six = malloc(sizeof *six * 256 * NB);
+        ck_assert(q && q6 && got && six);
+        for (size_t i = 0; i < bb * NB; i++) q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
+        for (int b = 0; b < NB; b++) /* the f16 scales (the last 4 or 2 bytes): finite */
+            for (size_t o = type == TPI_TYPE_Q2_K ? 81 : 109; o < bb; o += 2)
+                if ((q[bb * b + o] & 0x7C) == 0x7C) q[bb * b + o] ^= 0x40;
+        quant_traits(type)->to_f32(q, got, 256 * NB);
+        for (int b = 0; b < NB; b++) {
+            float want[256];
+            (type == TPI_TYPE_Q2_K ? ref_q2_k : ref_q3_k)(q + bb * b, want);
+            for (int e = 0; e < 256; e++)
+                ck_assert_msg(!memcmp(&got[256 * b + e], &want[e], 4),
+                              "%s block %d, value %d: %a, want %a", quant_type_name(type), b, e,
+                              (double)got[256 * b + e], (double)want[e]);
+        }
+        if (type == TPI_TYPE_Q3_K) {
+            quant_q3_k_as_q6_k(q, q6, NB);
+            quant_traits(TPI_TYPE_Q6_K)->to_f32(q6, six, 256 * NB);
+            for (int e = 0; e < 256 * NB; e++)
+                ck_assert_msg(!memcmp(&six[e], &got[e], 4), "Q3_K as Q6_K, value %d: %a, want %a",
+                              e, (double)six[e], (double)got[e]);
+        }
+        free(q);
+        free(q6);
+        free(got);
+        free(six);
+    }
+}
+END_TEST
+
 /* ---- 2. round trips ------------------------------------------------------- */
 
 static const int all_types[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYPE_Q8_0,
                                 TPI_TYPE_Q4_0, TPI_TYPE_Q4_1, TPI_TYPE_Q5_0, TPI_TYPE_Q5_1,
-                                TPI_TYPE_Q4_K, TPI_TYPE_Q5_K, TPI_TYPE_Q6_K};
+                                TPI_TYPE_Q2_K, TPI_TYPE_Q3_K, TPI_TYPE_Q4_K, TPI_TYPE_Q5_K,
+                                TPI_TYPE_Q6_K};
+#define Q2K_NMSE 0.15 /* measured 0.109 (2 bits, 4 levels a sub-block of 16) */
+#define Q3K_NMSE 0.035 /* measured 0.024 */
 #define N_TYPES (int)(sizeof all_types / sizeof all_types[0])
 
 /* NMSE bounds for normal data; the reference quantizers measure about 4-bit
- * 6-7e-3, 5-bit 1.5-1.8e-3, Q6_K 3.5e-4, Q8_0 3e-5, BF16 3e-6, F16 4e-8. */
+ * 6-7e-3, 5-bit 1.5-1.8e-3, Q6_K 3.5e-4, Q8_0 3e-5, BF16 3e-6, F16 4e-8; Q2_K and Q3_K
+ * at most 0.109 and 0.024 (below). */
 static double nmse_bound(int type) {
     switch (type) {
+    case TPI_TYPE_Q2_K:
+        return Q2K_NMSE;
+    case TPI_TYPE_Q3_K:
+        return Q3K_NMSE;
     case TPI_TYPE_Q4_0:
     case TPI_TYPE_Q4_1:
     case TPI_TYPE_Q4_K:
@@ -532,6 +673,8 @@ START_TEST(test_sizes_and_names) {
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q4_K, 512), 288);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q6_K, 256), 210);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q5_K, 256), 176);
+    ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q2_K, 512), 168);
+    ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q3_K, 256), 110);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q8_0, 64), 68);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q4_0, 32), 18);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q4_1, 32), 20);
@@ -544,7 +687,8 @@ START_TEST(test_sizes_and_names) {
     ck_assert_int_eq(quant_type_from_name("q4_k"), TPI_TYPE_Q4_K);
     ck_assert_int_eq(quant_type_from_name("Q6_K"), TPI_TYPE_Q6_K);
     ck_assert_int_eq(quant_type_from_name("bf16"), TPI_TYPE_BF16);
-    ck_assert_int_eq(quant_type_from_name("Q3_K"), 11);
+    ck_assert_int_eq(quant_type_from_name("Q3_K"), TPI_TYPE_Q3_K);
+    ck_assert_int_eq(quant_type_from_name("q2_k"), TPI_TYPE_Q2_K);
     ck_assert_int_eq(quant_type_from_name("q4_k_m"), -1);
     ck_assert_int_eq(quant_type_from_name("q4"), -1);
     ck_assert_int_eq(quant_type_from_name(""), -1);
@@ -572,14 +716,14 @@ START_TEST(test_unknown_and_unsupported) {
     ck_assert_int_eq(quant_dequant_rows(999, blk, 256, 0, 1, out, &err), TPI_ERR_UNSUPPORTED);
     ck_assert_msg(strstr(err.msg, "999") != NULL, "message: %s", err.msg);
     /* named but not computable: the message names the type */
-    const struct quant_traits *q3 = quant_traits(11);
-    ck_assert_ptr_nonnull(q3);
-    ck_assert(!q3->supported);
-    ck_assert_str_eq(q3->name, "Q3_K");
-    ck_assert_uint_eq(quant_row_size(11, 256), 110);
-    ck_assert_int_eq(quant_dequant_rows(11, blk, 256, 0, 1, out, &err), TPI_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "Q3_K") != NULL, "message: %s", err.msg);
-    ck_assert_str_eq(quant_type_name(10), "Q2_K");
+    const struct quant_traits *iq4 = quant_traits(23);
+    ck_assert_ptr_nonnull(iq4);
+    ck_assert(!iq4->supported);
+    ck_assert_str_eq(iq4->name, "IQ4_XS");
+    ck_assert_uint_eq(quant_row_size(23, 256), 136);
+    ck_assert_int_eq(quant_dequant_rows(23, blk, 256, 0, 1, out, &err), TPI_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "IQ4_XS") != NULL, "message: %s", err.msg);
+    ck_assert_str_eq(quant_type_name(15), "Q8_K");
     ck_assert_str_eq(quant_type_name(20), "IQ4_NL");
     ck_assert_int_eq(quant_dequant_rows(TPI_TYPE_Q4_K, blk, 100, 0, 1, out, &err), TPI_ERR_INVALID);
 }
@@ -654,7 +798,7 @@ static int check_reference_file(const char *model) {
 START_TEST(test_reference_files) {
     const char *models[] = {"qwen3-tiny-q4_k_m", "qwen2-tiny-q5_k_m", "qwen2-tiny-q4_0",
                             "qwen3-tiny-q8_0",   "qwen3-tiny-q6_k",   "qwen3-tiny-bf16",
-                            "qwen2-tiny-f16"};
+                            "qwen2-tiny-f16",    "qwen3-tiny-q2_k",   "qwen2-tiny-q3_k_m"};
     int total = 0;
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         total += check_reference_file(models[i]);
@@ -677,6 +821,9 @@ int main(void) {
     tcase_add_test(tc, test_float_types_all_patterns);
     tcase_add_test(tc, test_nibble_blocks_random);
     tcase_add_test(tc, test_q6_k_blocks_random);
+    tcase_add_test(tc, test_block_q2_k);
+    tcase_add_test(tc, test_block_q3_k);
+    tcase_add_test(tc, test_k2_blocks_random);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("round_trip");
     tcase_add_test(tr, test_round_trip);

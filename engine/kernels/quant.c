@@ -45,6 +45,17 @@ struct block_q8_0 {
     uint16_t d;
     int8_t qs[QK8_0];
 };
+struct block_q2_k {
+    uint8_t scales[QK_K / 16]; /* 16 x (4-bit scale | 4-bit min << 4) */
+    uint8_t qs[QK_K / 4];      /* 2-bit levels; layout as in q2_k_to_f32 */
+    uint16_t d, dmin;          /* f16 super-block scales of the scales and mins */
+};
+struct block_q3_k {
+    uint8_t hmask[QK_K / 8];      /* bit (e / 32) of byte (e % 32): level bit 2 of element e */
+    uint8_t qs[QK_K / 4];         /* low 2 bits, laid out as Q2_K's */
+    uint8_t scales[K_SCALE_SIZE]; /* 16 x 6-bit scales (offset 32), packed */
+    uint16_t d;
+};
 struct block_q4_k {
     uint16_t d, dmin;             /* super-block scales of the 6-bit scales and mins */
     uint8_t scales[K_SCALE_SIZE]; /* 8 x (6-bit scale, 6-bit min), packed */
@@ -68,9 +79,13 @@ _Static_assert(sizeof(struct block_q4_1) == 20, "block_q4_1 layout");
 _Static_assert(sizeof(struct block_q5_0) == 22, "block_q5_0 layout");
 _Static_assert(sizeof(struct block_q5_1) == 24, "block_q5_1 layout");
 _Static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 layout");
+_Static_assert(sizeof(struct block_q2_k) == 84, "block_q2_K layout");
+_Static_assert(sizeof(struct block_q3_k) == 110, "block_q3_K layout");
 _Static_assert(sizeof(struct block_q4_k) == 144, "block_q4_K layout");
 _Static_assert(sizeof(struct block_q5_k) == 176, "block_q5_K layout");
 _Static_assert(sizeof(struct block_q6_k) == 210, "block_q6_K layout");
+
+static void q6_k_pack(const uint8_t *L, struct block_q6_k *b);
 
 static inline float f16(uint16_t h) {
     return tpi_f16_to_f32(h);
@@ -558,6 +573,125 @@ static void q5_k_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
+/* ---- Q2_K and Q3_K: 16 sub-blocks of 16, 2-bit levels in ggml's order -----
+ * Per 128 elements, 32 bytes of qs: byte l holds the low 2 bits of elements l,
+ * l+32, l+64 and l+96 (bits 0-1, 2-3, 4-5, 6-7). Sub-block s covers elements
+ * 16s..16s+15. */
+
+/* Level bits of element e (0..255) of a Q2_K/Q3_K block's qs. */
+static inline int k2_bits(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+static void k2_pack(const uint8_t *L, uint8_t *qs) {
+    memset(qs, 0, QK_K / 4);
+    for (int e = 0; e < QK_K; e++)
+        qs[32 * (e / 128) + e % 32] |= (uint8_t)((L[e] & 3) << (2 * ((e % 128) / 32)));
+}
+
+/* Q2_K: x = d * (sc & 15) * q - dmin * (sc >> 4), q in 0..3. */
+TPI_CPU_CLONES static void q2_k_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+    const struct block_q2_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        for (int s = 0; s < QK_K / 16; s++) {
+            const float dl = d * (float)(b[i].scales[s] & 0x0F);
+            const float ml = dmin * (float)(b[i].scales[s] >> 4);
+            for (int l = 0; l < 16; l++) *dst++ = dl * (float)k2_bits(b[i].qs, 16 * s + l) - ml;
+        }
+    }
+}
+static void q2_k_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q2_k *b = dst;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+        /* as quantize_k_subblocks, with 16 sub-blocks of 16 and 4-bit scales and mins */
+        float sub_scale[16], sub_min[16], max_scale = 0.0f, max_min = 0.0f;
+        for (int s = 0; s < 16; s++) {
+            float mn, mx;
+            minmax(src + 16 * s, 16, &mn, &mx);
+            if (mn > 0.0f) mn = 0.0f;
+            sub_scale[s] = (mx - mn) / 3.0f;
+            sub_min[s] = -mn;
+            max_scale = fmaxf(max_scale, sub_scale[s]);
+            max_min = fmaxf(max_min, sub_min[s]);
+        }
+        b[i].d = tpi_f32_to_f16(max_scale / 15.0f);
+        b[i].dmin = tpi_f32_to_f16(max_min / 15.0f);
+        const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+        const float inv_scale = d > 0.0f ? 1.0f / d : 0.0f, inv_min = dmin > 0.0f ? 1.0f / dmin : 0.0f;
+        for (int s = 0; s < 16; s++) {
+            const int ls = clampi(rnd(inv_scale * sub_scale[s]), 0, 15);
+            const int lm = clampi(rnd(inv_min * sub_min[s]), 0, 15);
+            b[i].scales[s] = (uint8_t)(ls | (lm << 4));
+            const float dl = d * (float)ls, ml = dmin * (float)lm;
+            const float idl = dl > 0.0f ? 1.0f / dl : 0.0f;
+            for (int l = 0; l < 16; l++)
+                L[16 * s + l] = (uint8_t)clampi(rnd((src[16 * s + l] + ml) * idl), 0, 3);
+        }
+        k2_pack(L, b[i].qs);
+    }
+}
+
+/* Q3_K's 6-bit scale s (0..15): low 4 bits in the nibbles of bytes 0-7 (s < 8: low
+ * nibble of byte s; else high nibble of byte s-8), top 2 bits in bytes 8-11 (bits
+ * 2(s/4) of byte 8 + s%4). Stored with an offset of 32. */
+static inline int q3_k_scale(const uint8_t *sc, int s) {
+    const int lo = s < 8 ? sc[s] & 0x0F : sc[s - 8] >> 4;
+    const int hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* Q3_K: x = d * scale * q, q in -4..3 (the low 2 bits, minus 4 where hmask's bit is clear). */
+TPI_CPU_CLONES static void q3_k_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+    const struct block_q3_k *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16(b[i].d);
+        for (int s = 0; s < QK_K / 16; s++) {
+            const float dl = d * (float)q3_k_scale(b[i].scales, s);
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * s + l;
+                const int q = k2_bits(b[i].qs, e) - ((b[i].hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
+                *dst++ = dl * (float)q;
+            }
+        }
+    }
+}
+static void q3_k_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_q3_k *b = dst;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+        /* as Q6_K: each sub-block's extreme value maps to -4, the signed scales to 6 bits
+         * with the extreme scale at -32 */
+        float sub_scale[16], max_scale = 0.0f;
+        for (int s = 0; s < 16; s++) {
+            sub_scale[s] = signed_absmax(src + 16 * s, 16) / -4.0f;
+            if (fabsf(sub_scale[s]) > fabsf(max_scale)) max_scale = sub_scale[s];
+        }
+        const float iscale = max_scale != 0.0f ? -32.0f / max_scale : 0.0f;
+        b[i].d = tpi_f32_to_f16(iscale != 0.0f ? 1.0f / iscale : 0.0f);
+        const float d = f16(b[i].d);
+        memset(b[i].scales, 0, sizeof b[i].scales);
+        memset(b[i].hmask, 0, sizeof b[i].hmask);
+        for (int s = 0; s < 16; s++) {
+            const int sc = clampi(rnd(iscale * sub_scale[s]), -32, 31);
+            const int v = sc + 32;
+            if (s < 8)
+                b[i].scales[s] |= (uint8_t)(v & 0x0F);
+            else
+                b[i].scales[s - 8] |= (uint8_t)((v & 0x0F) << 4);
+            b[i].scales[8 + s % 4] |= (uint8_t)((v >> 4) << (2 * (s / 4)));
+            const float dl = d * (float)sc, idl = dl != 0.0f ? 1.0f / dl : 0.0f;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * s + l, q = clampi(rnd(src[e] * idl), -4, 3) + 4;
+                if (q > 3) b[i].hmask[e % 32] |= (uint8_t)(1u << (e / 32));
+                L[e] = (uint8_t)(q & 3);
+            }
+        }
+        k2_pack(L, b[i].qs);
+    }
+}
+
 /* ---- Q6_K: x = d * scale[s] * (q - 32), 16 sub-blocks of 16 ---------------
  * Per 128 elements: 64 bytes of ql (low nibbles of elements l and l+64 in
  * byte l, of l+32 and l+96 in byte l+32) and 32 bytes of qh (2 bits each of
@@ -655,17 +789,39 @@ static void q6_k_from_f32(const float *src, void *dst, int64_t n) {
             for (int l = 0; l < 16; l++)
                 L[16 * s + l] = (uint8_t)(clampi(rnd(src[16 * s + l] * idl), -32, 31) + 32);
         }
-        uint8_t *ql = b[i].ql, *qh = b[i].qh;
-        for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32) {
-            const uint8_t *Lh = L + 128 * h;
-            for (int l = 0; l < 32; l++) {
-                int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
-                ql[l] = (uint8_t)((q1 & 0x0F) | ((q3 & 0x0F) << 4));
-                ql[l + 32] = (uint8_t)((q2 & 0x0F) | ((q4 & 0x0F) << 4));
-                qh[l] =
-                    (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
-            }
+        q6_k_pack(L, &b[i]);
+    }
+}
+
+/* ---- Q3_K as Q6_K, exactly ------------------------------------------------
+ * Q6_K stores x = d * scale[s] * (q - 32) with int8 scales over the same 16
+ * sub-blocks of 16 and q - 32 in -32..31, so a Q3_K block (x = d * scale * q,
+ * scale in -32..31, q in -4..3) is the Q6_K block with the same d, its scales
+ * and q + 32: the same products of the same floats. */
+
+static void q6_k_pack(const uint8_t *L, struct block_q6_k *b) {
+    uint8_t *ql = b->ql, *qh = b->qh;
+    for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32) {
+        const uint8_t *Lh = L + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64], q4 = Lh[l + 96];
+            ql[l] = (uint8_t)((q1 & 0x0F) | ((q3 & 0x0F) << 4));
+            ql[l + 32] = (uint8_t)((q2 & 0x0F) | ((q4 & 0x0F) << 4));
+            qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
         }
+    }
+}
+
+void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
+    const struct block_q3_k *a = src;
+    struct block_q6_k *b = dst;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n_blocks; i++) {
+        for (int s = 0; s < QK_K / 16; s++) b[i].scales[s] = (int8_t)q3_k_scale(a[i].scales, s);
+        for (int e = 0; e < QK_K; e++)
+            L[e] = (uint8_t)(k2_bits(a[i].qs, e) + ((a[i].hmask[e % 32] >> (e / 32)) & 1 ? 32 : 28));
+        q6_k_pack(L, &b[i]);
+        b[i].d = a[i].d;
     }
 }
 
@@ -688,8 +844,8 @@ static const struct quant_traits traits_table[TPI_TYPE_COUNT] = {
     [TPI_TYPE_Q5_1] = SUPPORTED("Q5_1", QK5_1, sizeof(struct block_q5_1), q5_1),
     [TPI_TYPE_Q8_0] = SUPPORTED("Q8_0", QK8_0, sizeof(struct block_q8_0), q8_0),
     [9] = NAMED("Q8_1", 32, 36),
-    [10] = NAMED("Q2_K", QK_K, 84),
-    [11] = NAMED("Q3_K", QK_K, 110),
+    [TPI_TYPE_Q2_K] = SUPPORTED("Q2_K", QK_K, sizeof(struct block_q2_k), q2_k),
+    [TPI_TYPE_Q3_K] = SUPPORTED("Q3_K", QK_K, sizeof(struct block_q3_k), q3_k),
     [TPI_TYPE_Q4_K] = SUPPORTED("Q4_K", QK_K, sizeof(struct block_q4_k), q4_k),
     [TPI_TYPE_Q5_K] = SUPPORTED("Q5_K", QK_K, sizeof(struct block_q5_k), q5_k),
     [TPI_TYPE_Q6_K] = SUPPORTED("Q6_K", QK_K, sizeof(struct block_q6_k), q6_k),

@@ -24,6 +24,8 @@ enum tpi_type {
     TPI_TYPE_Q5_0 = 6,
     TPI_TYPE_Q5_1 = 7,
     TPI_TYPE_Q8_0 = 8,
+    TPI_TYPE_Q2_K = 10,
+    TPI_TYPE_Q3_K = 11,
     TPI_TYPE_Q4_K = 12,
     TPI_TYPE_Q5_K = 13,
     TPI_TYPE_Q6_K = 14,
@@ -72,5 +74,9 @@ int quant_dequant_rows(int type, const void *data, int64_t ne0, int64_t row0, in
  * col0 and n_cols must be multiples of the block size; otherwise TPI_ERR_INVALID. */
 int quant_extract_cols(int type, const void *data, int64_t ne0, int64_t ne1, int64_t col0,
                        int64_t n_cols, void *dst, struct tpi_error *err);
+
+/* Rewrite n_blocks Q3_K blocks as Q6_K blocks (210 bytes each) that dequantize to
+ * bitwise the same values; src and dst must not overlap. */
+void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks);
 
 #endif /* QUANT_H */

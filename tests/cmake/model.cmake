@@ -25,7 +25,7 @@ endfunction()
 tpi_check_test(test_model SOURCES ${CMAKE_SOURCE_DIR}/tests/test_model.c
                LIBS ${TPI_MODEL_LIBS} LABELS unit TIMEOUT 120 ARGS unit)
 foreach(m qwen2-tiny-f16 qwen2-tiny-q4_0 qwen2-tiny-q5_k_m qwen3-tiny-bf16 qwen3-tiny-q4_k_m
-          qwen3-tiny-q6_k qwen3-tiny-q8_0)
+          qwen3-tiny-q6_k qwen3-tiny-q8_0 qwen3-tiny-q2_k qwen2-tiny-q3_k_m)
   tpi_model_test(test_model_logits_${m} test_model TIMEOUT 120 ARGS logits ${m})
 endforeach()
 # YaRN: llama.cpp's runs with --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 256
