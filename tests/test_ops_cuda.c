@@ -3,7 +3,7 @@
  * random data of awkward sizes, through the two op tables only.
  *
  * One executable, one group per run: `test_ops_cuda GROUP` with GROUP one of
- * elem, embed, matmul_<TYPE> (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K),
+ * elem, embed, matmul_<TYPE> (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K Q3_K Q2_K),
  * attn_prefill, attn_decode; no argument runs them all; `bench` (not a ctest test)
  * prints rough kernel speeds. Without a usable GPU it
  * prints SKIP and exits 77, except for group `host`: the attention launchers' host-side
@@ -262,8 +262,18 @@ END_TEST
 
 static const int TYPES[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYPE_Q8_0,
                             TPI_TYPE_Q4_0, TPI_TYPE_Q4_1, TPI_TYPE_Q5_0, TPI_TYPE_Q5_1,
-                            TPI_TYPE_Q4_K, TPI_TYPE_Q5_K, TPI_TYPE_Q6_K};
+                            TPI_TYPE_Q4_K, TPI_TYPE_Q5_K, TPI_TYPE_Q6_K, TPI_TYPE_Q3_K,
+                            TPI_TYPE_Q2_K};
 #define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
+
+/* The device holds Q3_K as Q6_K (the same values) and Q2_K as F16 (ops_cuda.cu's
+ * upload_converted): Q2_K's values there are the CPU's rounded to f16, a relative
+ * change of at most 2^-11 each. So an embedded value may differ by 2^-11 of itself, and
+ * a matrix-vector output by ~2^-11/sqrt(3) of the outputs' rms (2.8e-4; 4e-3 is ~14
+ * sigma, nmse ~8e-8 under 1e-6, both far below what a wrong block layout gives). */
+static double conv_rtol(int type) {
+    return type == TPI_TYPE_Q2_K ? 0x1p-11 : 0.0;
+}
 
 /* Random (ne1 x ne0) weight of `type` (normal values, a few rows scaled up so block
  * scales differ), uploaded to both backends. Returns the host bytes (caller frees). */
@@ -312,7 +322,7 @@ START_TEST(test_embed) {
         bget(G, gctx, got, gy, n * 4);
         char label[64];
         snprintf(label, sizeof label, "embed %s ne0 %lld", quant_type_name(type), (long long)ne0);
-        expect_close(label, got, want, n, 1e-6, 1e-6, -1);
+        expect_close(label, got, want, n, 1e-6, 1e-6 + conv_rtol(type), -1);
         assert_ok(G, gctx, label);
         C->weight_free(cctx, &cw), G->weight_free(gctx, &gw);
         C->dealloc(cctx, cy), G->dealloc(gctx, gy), G->dealloc(gctx, gids);
@@ -325,7 +335,7 @@ END_TEST
 static bool v3_quantizes_x(int type) {
     return type == TPI_TYPE_Q8_0 || type == TPI_TYPE_Q4_0 || type == TPI_TYPE_Q5_0 ||
            type == TPI_TYPE_Q4_1 || type == TPI_TYPE_Q5_1 || type == TPI_TYPE_Q4_K ||
-           type == TPI_TYPE_Q5_K || type == TPI_TYPE_Q6_K;
+           type == TPI_TYPE_Q5_K || type == TPI_TYPE_Q6_K || type == TPI_TYPE_Q3_K;
 }
 
 /* The v3 path against the f32 reference: x rounded to int8 per 32-value block (step
@@ -457,8 +467,10 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                          * 2^-9 each), so an output of one or a few products is off by up
                          * to ~0.4 % of itself (ne0 1, rows 64: 0.31 % at 9.6x the rms):
                          * 1 % of each value on top of 3 % of the rms */
-                        expect_close(label, got, want, ny, (exact ? 1e-4 : 3e-2) * scale,
-                                     exact ? 0 : 1e-2, exact ? 1e-9 : 5e-5);
+                        const bool conv = conv_rtol(type) > 0; /* Q2_K: above */
+                        expect_close(label, got, want, ny,
+                                     (exact ? (conv ? 4e-3 : 1e-4) : 3e-2) * scale,
+                                     exact ? 0 : 1e-2, exact ? (conv ? 1e-6 : 1e-9) : 5e-5);
                     }
                     assert_ok(G, gctx, label);
                 }

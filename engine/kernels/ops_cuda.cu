@@ -11,6 +11,7 @@
  * ops_cuda_available() simply says false.
  */
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -522,13 +523,77 @@ static bool upload_staged(struct ops_ctx *ctx, void *dst, const void *src, size_
 }
 
 static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
+                              int64_t ne1, const void *host_data, struct tpi_error *err);
+
+/* Q3_K and Q2_K, which have no kernels of their own here, in a type that has: Q3_K as
+ * Q6_K (quant_q3_k_as_q6_k: the same values, 210 bytes a block for 110), Q2_K as F16
+ * (dequantized in f32 as the CPU backend does, then rounded to f16: a relative change
+ * of at most 2^-11, against Q2_K's own error of tens of percent; 6x the bytes). */
+static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
+                            int64_t ne1, const void *host_data, struct tpi_error *err) {
+    const bool q3 = type == TPI_TYPE_Q3_K;
+    const int64_t n_blocks = ne0 / QK_K;
+    const size_t row_bytes = q3 ? (size_t)n_blocks * 210 : (size_t)ne0 * sizeof(uint16_t);
+    if ((size_t)ne1 > SIZE_MAX / 2 / row_bytes)
+        return tpi_err(err, TPI_ERR_INVALID, "cuda weight_upload: %s tensor %lld x %lld is too large",
+                       quant_type_name(type), (long long)ne0, (long long)ne1);
+    void *buf = malloc(row_bytes * (size_t)ne1);
+    float *row = q3 ? NULL : (float *)malloc(sizeof(float) * (size_t)ne0);
+    if (!buf || (!q3 && !row)) {
+        free(buf);
+        free(row);
+        return tpi_err(err, TPI_ERR_NOMEM, "cuda weight_upload: out of host memory converting %s",
+                       quant_type_name(type));
+    }
+    int rc = TPI_OK;
+    if (q3) {
+        quant_q3_k_as_q6_k(host_data, buf, n_blocks * ne1);
+    } else {
+        const size_t src_row = quant_row_size(type, ne0);
+        for (int64_t r = 0; r < ne1 && rc == TPI_OK; r++) {
+            quant_traits(type)->to_f32((const uint8_t *)host_data + (size_t)r * src_row, row, ne0);
+            uint16_t *h = (uint16_t *)buf + (size_t)r * (size_t)ne0;
+            for (int64_t c = 0; c < ne0; c++) {
+                if (!(fabsf(row[c]) <= 65504.0f)) { /* f16's range; NaN fails too */
+                    rc = tpi_err(err, TPI_ERR_UNSUPPORTED,
+                                 "cuda weight_upload: Q2_K value %g (row %lld, column %lld) is "
+                                 "outside the F16 range that Q2_K runs in on CUDA",
+                                 (double)row[c], (long long)r, (long long)c);
+                    break;
+                }
+                h[c] = tpi_f32_to_f16(row[c]);
+            }
+        }
+    }
+    if (rc == TPI_OK)
+        rc = cuda_weight_upload(ctx, w, q3 ? TPI_TYPE_Q6_K : TPI_TYPE_F16, ne0, ne1, buf, err);
+    free(buf);
+    free(row);
+    if (rc == TPI_OK && !(q3 ? ctx->said_q3_k : ctx->said_q2_k)) {
+        if (q3) {
+            ctx->said_q3_k = true;
+            tpi_log(TPI_LOG_INFO, "CUDA: Q3_K weights run as Q6_K (the same values; no Q3_K "
+                                  "kernels yet, so 1.9x their bytes)");
+        } else {
+            ctx->said_q2_k = true;
+            tpi_log(TPI_LOG_WARN, "CUDA: Q2_K weights run as F16 (rounded to f16; no Q2_K kernels "
+                                  "yet, so 6x their bytes)");
+        }
+    }
+    return rc;
+}
+
+static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                               int64_t ne1, const void *host_data, struct tpi_error *err) {
     memset(w, 0, sizeof *w);
+    if ((type == TPI_TYPE_Q3_K || type == TPI_TYPE_Q2_K) && ne0 > 0 && ne1 > 0 && ne0 % QK_K == 0)
+        return upload_converted(ctx, w, type, ne0, ne1, host_data, err);
     const struct quant_traits *tr = quant_traits(type);
     if (!tr || !tr->supported || !kern_type_supported(type))
         return tpi_err(err, TPI_ERR_UNSUPPORTED,
                        "cuda weight_upload: tensor type %s (id %d) is not supported "
-                       "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K)",
+                       "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K "
+                       "Q6_K)",
                        quant_type_name(type), type);
     if (ne0 <= 0 || ne1 <= 0 || ne0 % tr->blck_size != 0)
         return tpi_err(err, TPI_ERR_INVALID,
