@@ -97,6 +97,10 @@ static const struct ftype_info ftypes[] = {
     {"Q4_1", SYNTH_FT_Q4_1, TPI_TYPE_Q4_1, true},
     {"Q5_0", SYNTH_FT_Q5_0, TPI_TYPE_Q5_0, true},
     {"Q5_1", SYNTH_FT_Q5_1, TPI_TYPE_Q5_1, true},
+    {"Q2_K", SYNTH_FT_Q2_K, TPI_TYPE_Q2_K, true},
+    {"Q3_K_S", SYNTH_FT_Q3_K_S, TPI_TYPE_Q3_K, true},
+    {"Q3_K_M", SYNTH_FT_Q3_K_M, TPI_TYPE_Q3_K, true},
+    {"Q3_K_L", SYNTH_FT_Q3_K_L, TPI_TYPE_Q3_K, true},
     {"Q4_K_S", SYNTH_FT_Q4_K_S, TPI_TYPE_Q4_K, true},
     {"Q4_K_M", SYNTH_FT_Q4_K_M, TPI_TYPE_Q4_K, true},
     {"Q5_K_S", SYNTH_FT_Q5_K_S, TPI_TYPE_Q5_K, true},
@@ -112,7 +116,8 @@ static const struct ftype_info *ftype_info(int ftype) {
 
 int synth_ftype_from_name(const char *name) {
     if (!name) return -1;
-    /* llama-quantize's aliases: Q4_K means Q4_K_M, Q5_K means Q5_K_M. */
+    /* llama-quantize's aliases: Q3_K means Q3_K_M, Q4_K Q4_K_M, Q5_K Q5_K_M. */
+    if (!strcasecmp(name, "q3_k")) return SYNTH_FT_Q3_K_M;
     if (!strcasecmp(name, "q4_k")) return SYNTH_FT_Q4_K_M;
     if (!strcasecmp(name, "q5_k")) return SYNTH_FT_Q5_K_M;
     for (size_t i = 0; i < sizeof ftypes / sizeof ftypes[0]; i++)
@@ -202,17 +207,37 @@ static int matrix_type(const struct synth_config *c, const struct ftype_info *ft
             else if (t != TPI_TYPE_Q8_0)
                 t = TPI_TYPE_Q6_K;
         } else if (kind == SYNTH_ATTN_V) {
-            if (k_m && use_more_bits(layer, c->n_layer))
+            if (c->ftype == SYNTH_FT_Q2_K)
+                t = c->n_head / c->n_head_kv >= 4 ? TPI_TYPE_Q4_K : TPI_TYPE_Q3_K;
+            else if (c->ftype == SYNTH_FT_Q3_K_M)
+                t = layer < 2 ? TPI_TYPE_Q5_K : TPI_TYPE_Q4_K;
+            else if (c->ftype == SYNTH_FT_Q3_K_L)
+                t = TPI_TYPE_Q5_K;
+            else if (k_m && use_more_bits(layer, c->n_layer))
                 t = TPI_TYPE_Q6_K;
             else if (c->ftype == SYNTH_FT_Q4_K_S && layer < 4)
                 t = TPI_TYPE_Q5_K;
             /* llama.cpp counts an 80-layer qwen2 as a 70B model, whose attn_v gets Q5_K. */
-            if (!strcmp(c->arch, "qwen2") && c->n_layer == 80 && t == TPI_TYPE_Q4_K)
+            if (!strcmp(c->arch, "qwen2") && c->n_layer == 80 &&
+                (t == TPI_TYPE_Q3_K || t == TPI_TYPE_Q4_K))
                 t = TPI_TYPE_Q5_K;
         } else if (kind == SYNTH_FFN_DOWN) {
-            if (k_m && use_more_bits(layer, c->n_layer))
+            if (c->ftype == SYNTH_FT_Q2_K)
+                t = TPI_TYPE_Q3_K;
+            else if (c->ftype == SYNTH_FT_Q3_K_M)
+                t = layer < c->n_layer / 16 ? TPI_TYPE_Q5_K : TPI_TYPE_Q4_K;
+            else if (c->ftype == SYNTH_FT_Q3_K_L)
+                t = TPI_TYPE_Q5_K;
+            else if (k_m && use_more_bits(layer, c->n_layer))
                 t = TPI_TYPE_Q6_K;
             else if (c->ftype == SYNTH_FT_Q4_K_S && layer < c->n_layer / 8)
+                t = TPI_TYPE_Q5_K;
+        } else if (kind == SYNTH_ATTN_OUTPUT) {
+            if (c->ftype == SYNTH_FT_Q2_K)
+                t = TPI_TYPE_Q3_K;
+            else if (c->ftype == SYNTH_FT_Q3_K_M)
+                t = TPI_TYPE_Q4_K;
+            else if (c->ftype == SYNTH_FT_Q3_K_L)
                 t = TPI_TYPE_Q5_K;
         }
     }
@@ -222,6 +247,10 @@ static int matrix_type(const struct synth_config *c, const struct ftype_info *ft
     if (ne0 % quant_traits(t)->blck_size != 0) {
         int fb;
         switch (t) {
+        case TPI_TYPE_Q2_K:
+        case TPI_TYPE_Q3_K:
+            fb = TPI_TYPE_Q4_0;
+            break;
         case TPI_TYPE_Q4_K:
             fb = TPI_TYPE_Q5_0;
             break;

@@ -81,6 +81,8 @@ static const struct ref_model ref_models[] = {
     {"qwen3-tiny-q6_k", "qwen3", 4, SYNTH_FT_Q6_K, false, true},
     {"qwen3-tiny-bf16", "qwen3", 4, SYNTH_FT_BF16, false, false},
     {"qwen2-tiny-f16", "qwen2", 2, SYNTH_FT_F16, true, false},
+    {"qwen3-tiny-q2_k", "qwen3", 4, SYNTH_FT_Q2_K, false, true},
+    {"qwen2-tiny-q3_k_m", "qwen2", 2, SYNTH_FT_Q3_K_M, true, true},
 };
 
 START_TEST(test_plan_matches_reference) {
@@ -183,6 +185,80 @@ START_TEST(test_plan_fallbacks) {
     for (int i = 0; i < n; i++)
         ck_assert_int_eq(ts[i].type, ts[i].n_dims == 2 ? TPI_TYPE_Q4_K : TPI_TYPE_F32);
     free(ts);
+}
+END_TEST
+
+/* The Q2_K and Q3_K mixes on a Qwen3-8B-like plan (36 layers, 32 / 8 heads: n_gqa 4),
+ * as llama-quantize's llama_tensor_get_type (llama.cpp 4df29be, src/llama-quant.cpp)
+ * chooses them; the tiny reference models check the n_gqa 2 side. */
+START_TEST(test_plan_k2_k3_mixes) {
+    static const struct {
+        int ftype;
+        int attn_v0, attn_v5, ffn_down1, ffn_down5, attn_output, attn_q;
+    } cases[] = {
+        {SYNTH_FT_Q2_K, TPI_TYPE_Q4_K, TPI_TYPE_Q4_K, TPI_TYPE_Q3_K, TPI_TYPE_Q3_K, TPI_TYPE_Q3_K,
+         TPI_TYPE_Q2_K},
+        {SYNTH_FT_Q3_K_S, TPI_TYPE_Q3_K, TPI_TYPE_Q3_K, TPI_TYPE_Q3_K, TPI_TYPE_Q3_K,
+         TPI_TYPE_Q3_K, TPI_TYPE_Q3_K},
+        /* Q3_K_M: attn_v of the first two layers Q5_K, ffn_down of the first n/16 (2) */
+        {SYNTH_FT_Q3_K_M, TPI_TYPE_Q5_K, TPI_TYPE_Q4_K, TPI_TYPE_Q5_K, TPI_TYPE_Q4_K,
+         TPI_TYPE_Q4_K, TPI_TYPE_Q3_K},
+        {SYNTH_FT_Q3_K_L, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K,
+         TPI_TYPE_Q5_K, TPI_TYPE_Q3_K},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct synth_config c;
+        small_config(&c, "qwen3", cases[k].ftype);
+        c.n_layer = 36;
+        c.n_head = 8;
+        c.n_head_kv = 2;
+        c.head_dim = 32;
+        struct synth_tensor *ts;
+        int n;
+        struct tpi_error err;
+        ck_assert_int_eq(synth_plan(&c, 600, &ts, &n, &err), TPI_OK);
+        for (int i = 0; i < n; i++) {
+            const struct synth_tensor *t = &ts[i];
+            int want = -1;
+            if (t->kind == SYNTH_ATTN_V && (t->layer == 0 || t->layer == 5))
+                want = t->layer == 0 ? cases[k].attn_v0 : cases[k].attn_v5;
+            else if (t->kind == SYNTH_FFN_DOWN && (t->layer == 1 || t->layer == 5))
+                want = t->layer == 1 ? cases[k].ffn_down1 : cases[k].ffn_down5;
+            else if (t->kind == SYNTH_ATTN_OUTPUT)
+                want = cases[k].attn_output;
+            else if (t->kind == SYNTH_ATTN_Q || t->kind == SYNTH_FFN_UP ||
+                     t->kind == SYNTH_TOKEN_EMBD)
+                want = cases[k].attn_q;
+            else if (t->kind == SYNTH_OUTPUT)
+                want = TPI_TYPE_Q6_K;
+            if (want >= 0)
+                ck_assert_msg(t->type == want, "%s: %s is %s, want %s",
+                              synth_ftype_name(cases[k].ftype), t->name, quant_type_name(t->type),
+                              quant_type_name(want));
+        }
+        free(ts);
+    }
+    /* an 80-layer qwen2 is llama.cpp's 70B: attn_v's Q3_K/Q4_K become Q5_K */
+    struct synth_config c;
+    small_config(&c, "qwen2", SYNTH_FT_Q2_K);
+    c.n_layer = 80;
+    struct synth_tensor *ts;
+    int n;
+    struct tpi_error err;
+    ck_assert_int_eq(synth_plan(&c, 600, &ts, &n, &err), TPI_OK);
+    for (int i = 0; i < n; i++)
+        if (ts[i].kind == SYNTH_ATTN_V) ck_assert_int_eq(ts[i].type, TPI_TYPE_Q5_K);
+    free(ts);
+    /* rows off the 256 edge: Q4_0, as llama.cpp 4df29be falls back for Q2_K and Q3_K */
+    small_config(&c, "qwen3", SYNTH_FT_Q3_K_S);
+    c.n_ff = 1056;
+    ck_assert_int_eq(synth_plan(&c, 600, &ts, &n, &err), TPI_OK);
+    for (int i = 0; i < n; i++)
+        if (ts[i].kind == SYNTH_FFN_DOWN) ck_assert_int_eq(ts[i].type, TPI_TYPE_Q4_0);
+    free(ts);
+    ck_assert_int_eq(synth_ftype_from_name("q3_k"), SYNTH_FT_Q3_K_M);
+    ck_assert_int_eq(synth_ftype_from_name("Q2_K"), SYNTH_FT_Q2_K);
+    ck_assert_int_eq(synth_ftype_from_name("q3_k_l"), SYNTH_FT_Q3_K_L);
 }
 END_TEST
 
@@ -292,7 +368,8 @@ START_TEST(test_write_every_type) {
         {"qwen2", SYNTH_FT_F16},    {"qwen3", SYNTH_FT_F32},    {"qwen3", SYNTH_FT_Q8_0},
         {"qwen2", SYNTH_FT_Q4_0},   {"qwen3", SYNTH_FT_Q4_1},   {"qwen2", SYNTH_FT_Q5_0},
         {"qwen3", SYNTH_FT_Q5_1},   {"qwen3", SYNTH_FT_Q6_K},   {"qwen2", SYNTH_FT_Q4_K_S},
-        {"qwen3", SYNTH_FT_Q5_K_S},
+        {"qwen3", SYNTH_FT_Q5_K_S}, {"qwen3", SYNTH_FT_Q2_K},   {"qwen2", SYNTH_FT_Q3_K_S},
+        {"qwen3", SYNTH_FT_Q3_K_M}, {"qwen2", SYNTH_FT_Q3_K_L},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct synth_config c;
@@ -620,7 +697,7 @@ START_TEST(test_config_errors) {
     small_config(&c, "qwen3", SYNTH_FT_Q8_0);
     c.n_layer = 0;
     ck_assert_int_eq(synth_check_config(&c, &err), TPI_ERR_INVALID);
-    ck_assert_int_eq(synth_ftype_from_name("q3_k"), -1);
+    ck_assert_int_eq(synth_ftype_from_name("iq4_xs"), -1);
     ck_assert_int_eq(synth_ftype_from_name("Q4_K"), SYNTH_FT_Q4_K_M);
     ck_assert_int_eq(synth_ftype_from_name("q5_k"), SYNTH_FT_Q5_K_M);
     ck_assert_int_eq(synth_ftype_from_name("bf16"), SYNTH_FT_BF16);
@@ -707,9 +784,9 @@ START_TEST(test_cli) {
     ck_assert_ptr_nonnull(gguf_find_tensor(f, "blk.0.attn_q.bias"));
     gguf_close(&f);
     unlink(out);
-    snprintf(args, sizeof args, "-o %s --type q3_k", out);
+    snprintf(args, sizeof args, "-o %s --type iq4_xs", out);
     ck_assert_int_eq(run_cli(e, sizeof e, args), 2);
-    ck_assert_msg(strstr(e, "q3_k"), "stderr: %s", e);
+    ck_assert_msg(strstr(e, "iq4_xs"), "stderr: %s", e);
     snprintf(args, sizeof args, "-o %s --heads 6 --kv-heads 4", out);
     ck_assert_int_eq(run_cli(e, sizeof e, args), 2);
     ck_assert_msg(strstr(e, "--kv-heads 4"), "stderr: %s", e);
@@ -732,6 +809,7 @@ int main(void) {
     TCase *tc = tcase_create("mkmodel");
     tcase_add_test(tc, test_plan_matches_reference);
     tcase_add_test(tc, test_plan_fallbacks);
+    tcase_add_test(tc, test_plan_k2_k3_mixes);
     tcase_add_test(tc, test_write_every_type);
     tcase_add_test(tc, test_threads_identical);
     tcase_add_test(tc, test_builtin_vocab);
