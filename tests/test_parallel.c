@@ -12,7 +12,7 @@
  *   fail (tp = 3 on 8 heads, pp > layers) are checked to fail on every rank with a
  *   clear message.
  *   Models that are not readable are skipped one by one (a clone without ../shared has
- *   three of the seven in tests/data); the run skips only when none of them is.
+ *   five of the nine in tests/data); the run skips only when none of them is.
  * Without mpirun:      test_parallel cli MPIRUN
  *   Runs the tpinfer binary under `timeout 60 mpirun` for the failure modes that
  *   need separate processes: ranks given different model files, a missing file on
@@ -56,9 +56,9 @@ static int g_bad; /* failures on this rank; agreed at the end so no rank hangs *
 
 #define CHECK(cond, ...) TU_CHECK_RANK(g_bad, g_rank, cond, __VA_ARGS__)
 
-static const char *all_models[] = {"qwen2-tiny-f16",    "qwen2-tiny-q4_0", "qwen2-tiny-q5_k_m",
+static const char *all_models[] = {"qwen2-tiny-f16",    "qwen2-tiny-q4_0",   "qwen2-tiny-q5_k_m",
                                    "qwen3-tiny-bf16",   "qwen3-tiny-q4_k_m", "qwen3-tiny-q6_k",
-                                   "qwen3-tiny-q8_0"};
+                                   "qwen3-tiny-q8_0",   "qwen3-tiny-q2_k",   "qwen2-tiny-q3_k_m"};
 
 /* TPI_TEST_BACKEND=cuda and TPI_TEST_COMM=nccl run the same checks on GPUs (one per
  * rank; the unsharded reference runs on the rank's own GPU). */
@@ -240,7 +240,7 @@ static void check_config(const char *name, const char *path, int tp, int pp) {
     grid_free(&g);
 }
 
-/* The models a configuration run covers: argv[2..], or all seven tiny models. */
+/* The models a configuration run covers: argv[2..], or all nine tiny models. */
 static const char **run_models(int *n) {
     if (g_argc > 2) {
         *n = g_argc - 2;

@@ -49,7 +49,7 @@ add_dependencies(test_model tpinfer)
 
 # Multi-rank runs against the single-rank model (CPU backend, MPI communicator).
 # TPxPP lists: every configuration whose tp*pp equals NP runs on the models given
-# (default: all seven tiny models).
+# (default: all nine tiny models).
 tpi_check_test(test_parallel_np2 SOURCES ${CMAKE_SOURCE_DIR}/tests/test_parallel.c
                LIBS ${TPI_MODEL_LIBS} LABELS unit NP 2 TIMEOUT 300 ARGS 2x1,1x2)
 set(TPI_PAR_ENV "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_mpi_yield_when_idle=1;OMP_WAIT_POLICY=passive")
