@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "kernels/quant.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "parallel/grid.h"
@@ -79,22 +80,32 @@ static struct model *load(const char *path, const struct tpi_grid *g, struct tpi
 }
 
 /* Expected weight bytes of rank (tp_rank of tp, one stage) from the tensor table. */
-static size_t expected_bytes(const struct model *m, size_t *replicated) {
+/* Bytes of a tensor of `type` taking `n` bytes in the file, as the CUDA backend holds it:
+ * Q2_K's 84-byte blocks of 256 values as F16 (512 bytes), Q3_K's 110-byte blocks as Q6_K's
+ * 210 (ggml's block sizes; gpu = false: the file's bytes). */
+static size_t held(int type, size_t n, bool gpu) {
+    if (gpu && type == TPI_TYPE_Q2_K) return n / 84 * 512;
+    if (gpu && type == TPI_TYPE_Q3_K) return n / 110 * 210;
+    return n;
+}
+
+static size_t expected_bytes(const struct model *m, size_t *replicated, bool gpu) {
     const struct model_plan *p = &m->plan;
     size_t n = 0, rep = 0;
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         const char *nm = t->name;
         bool vec = t->ne[1] == 1;
+        const size_t tb = held(t->type, t->n_bytes, gpu);
         if (!strcmp(nm, "token_embd.weight")) {
-            rep += t->n_bytes; // replicated on stage 0
-            if (m->cfg.tied_output) n += t->n_bytes / p->tp; // lm_head slice
+            rep += tb; // replicated on stage 0
+            if (m->cfg.tied_output) n += tb / p->tp; // lm_head slice
         } else if (strstr(nm, "_norm.weight")) {
             rep += sizeof(float) * t->ne[0];
         } else if (vec) { // biases: f32 slices
             n += sizeof(float) * t->ne[0] / p->tp;
         } else {
-            n += t->n_bytes / p->tp;
+            n += tb / p->tp;
         }
     }
     *replicated = rep;
@@ -192,7 +203,8 @@ static void check_config(const char *name, const char *path, int tp, int pp) {
 
     // ---- per-rank weight bytes ----
     if (tp == 2 && pp == 1) {
-        size_t rep, want_bytes = expected_bytes(m, &rep);
+        size_t rep, rep_gpu, want_bytes = expected_bytes(m, &rep, false);
+        const size_t want_gpu = expected_bytes(m, &rep_gpu, true);
         size_t total = 0;
         for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++)
             total += gguf_tensor_at(m->gguf, i)->n_bytes;
@@ -203,6 +215,10 @@ static void check_config(const char *name, const char *path, int tp, int pp) {
               g_rank, m->w.n_bytes, want_bytes);
         CHECK(m->w.n_bytes_replicated == rep, "%s: replicated %zu, expected %zu", name,
               m->w.n_bytes_replicated, rep);
+        /* as the CUDA backend holds them (Q3_K as Q6_K, Q2_K as F16): what its memory check
+         * and the rank table count */
+        CHECK(m->w.n_bytes_gpu == want_gpu, "%s: rank %d holds %zu bytes on a GPU, expected %zu",
+              name, g_rank, m->w.n_bytes_gpu, want_gpu);
     }
 
     // ---- greedy generation: token-identical up to the first step where the reference's

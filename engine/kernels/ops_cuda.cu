@@ -525,12 +525,18 @@ static bool upload_staged(struct ops_ctx *ctx, void *dst, const void *src, size_
 static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                               int64_t ne1, const void *host_data, struct tpi_error *err);
 
-/* Q3_K and Q2_K, which have no kernels of their own here, in a type that has: Q3_K as
- * Q6_K (quant_q3_k_as_q6_k: the same values, 210 bytes a block for 110), Q2_K as F16
- * (dequantized in f32 as the CPU backend does, then rounded to f16: a relative change
- * of at most 2^-11, against Q2_K's own error of tens of percent; 6x the bytes). */
+/* Q3_K and Q2_K, which have no kernels of their own here, in the type
+ * quant_gpu_held_type names: Q3_K as Q6_K (quant_q3_k_as_q6_k: the same values, 210
+ * bytes a block for 110), Q2_K as F16 (dequantized in f32 as the CPU backend does, then
+ * rounded to f16: a relative change of at most 2^-11, or 2^-25 absolute below f16's
+ * normal range, against Q2_K's own error of tens of percent; 6x the bytes). */
 static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                             int64_t ne1, const void *host_data, struct tpi_error *err) {
+    if (ne0 <= 0 || ne1 <= 0 || ne0 % QK_K != 0)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "cuda weight_upload: shape %lld x %lld of type %s: ne0 must be a positive "
+                       "multiple of the block size %d",
+                       (long long)ne0, (long long)ne1, quant_type_name(type), QK_K);
     const bool q3 = type == TPI_TYPE_Q3_K;
     const int64_t n_blocks = ne0 / QK_K;
     const size_t row_bytes = q3 ? (size_t)n_blocks * 210 : (size_t)ne0 * sizeof(uint16_t);
@@ -586,7 +592,7 @@ static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type,
 static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                               int64_t ne1, const void *host_data, struct tpi_error *err) {
     memset(w, 0, sizeof *w);
-    if ((type == TPI_TYPE_Q3_K || type == TPI_TYPE_Q2_K) && ne0 > 0 && ne1 > 0 && ne0 % QK_K == 0)
+    if (quant_gpu_held_type(type) != type)
         return upload_converted(ctx, w, type, ne0, ne1, host_data, err);
     const struct quant_traits *tr = quant_traits(type);
     if (!tr || !tr->supported || !kern_type_supported(type))

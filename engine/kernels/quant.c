@@ -825,6 +825,10 @@ void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
     }
 }
 
+int quant_gpu_held_type(int type) {
+    return type == TPI_TYPE_Q3_K ? TPI_TYPE_Q6_K : type == TPI_TYPE_Q2_K ? TPI_TYPE_F16 : type;
+}
+
 /* ---- the table ------------------------------------------------------------ */
 
 #define SUPPORTED(nm, blck, bytes, base)                                                           \

@@ -75,6 +75,10 @@ int quant_dequant_rows(int type, const void *data, int64_t ne0, int64_t row0, in
 int quant_extract_cols(int type, const void *data, int64_t ne0, int64_t ne1, int64_t col0,
                        int64_t n_cols, void *dst, struct tpi_error *err);
 
+/* The type the CUDA backend holds a weight of `type` in (its kernels' types): Q3_K as
+ * Q6_K (quant_q3_k_as_q6_k), Q2_K as F16; every other type as itself. */
+int quant_gpu_held_type(int type);
+
 /* Rewrite n_blocks Q3_K blocks as Q6_K blocks (210 bytes each) that dequantize to
  * bitwise the same values; src and dst must not overlap. */
 void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks);

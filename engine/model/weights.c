@@ -36,6 +36,16 @@ static const struct gguf_tensor *need(struct model *m, const char *name, struct 
     return t;
 }
 
+/* Count n_elems values of `type` (a whole number of rows) into the rank's totals: their
+ * bytes, and their bytes as the CUDA backend holds them (quant_gpu_held_type). */
+static void count_bytes(struct model *m, int type, int64_t n_cols, int64_t n_rows,
+                        bool replicated) {
+    const size_t n = quant_row_size(type, n_cols) * (size_t)n_rows;
+    m->w.n_bytes += n;
+    m->w.n_bytes_gpu += quant_row_size(quant_gpu_held_type(type), n_cols) * (size_t)n_rows;
+    if (replicated) m->w.n_bytes_replicated += n;
+}
+
 /* Rows [row0, row0 + n_rows) of t, uploaded in t's type: one contiguous byte range. */
 static int upload_rows(struct loader *L, struct tpi_weight *w, const struct gguf_tensor *t,
                        int64_t row0, int64_t n_rows, bool replicated, struct tpi_error *err) {
@@ -45,8 +55,7 @@ static int upload_rows(struct loader *L, struct tpi_weight *w, const struct gguf
     int rc = L->dry ? TPI_OK : m->ops->weight_upload(m->octx, w, t->type, t->ne[0], n_rows, src, err);
     if (rc) return tpi_err_wrap(err, "tensor '%s' rows [%lld, %lld)", t->name, (long long)row0,
                                 (long long)(row0 + n_rows));
-    m->w.n_bytes += (size_t)n_rows * row_bytes;
-    if (replicated) m->w.n_bytes_replicated += (size_t)n_rows * row_bytes;
+    count_bytes(m, t->type, t->ne[0], n_rows, replicated);
     return TPI_OK;
 }
 
@@ -61,7 +70,7 @@ static int upload_cols(struct loader *L, struct tpi_weight *w, const struct gguf
     if (col0 % tr->blck_size == 0 && n_cols % tr->blck_size == 0) {
         size_t n_bytes = quant_row_size(t->type, n_cols) * (size_t)ne1;
         if (L->dry) {
-            m->w.n_bytes += n_bytes;
+            count_bytes(m, t->type, n_cols, ne1, false);
             return TPI_OK;
         }
         void *buf = malloc(n_bytes);
@@ -72,14 +81,14 @@ static int upload_cols(struct loader *L, struct tpi_weight *w, const struct gguf
         free(buf);
         if (rc) return tpi_err_wrap(err, "tensor '%s' columns [%lld, %lld)", t->name,
                                     (long long)col0, (long long)(col0 + n_cols));
-        m->w.n_bytes += n_bytes;
+        count_bytes(m, t->type, n_cols, ne1, false);
         return TPI_OK;
     }
     // Off the block edge: expand to F32 (exact), row by row to bound the scratch.
     size_t n_bytes = sizeof(float) * (size_t)n_cols * (size_t)ne1;
     if (L->dry) {
         m->w.n_expanded_f32++;
-        m->w.n_bytes += n_bytes;
+        count_bytes(m, TPI_TYPE_F32, n_cols, ne1, false);
         return TPI_OK;
     }
     float *buf = malloc(n_bytes);
@@ -106,7 +115,7 @@ static int upload_cols(struct loader *L, struct tpi_weight *w, const struct gguf
         L->first_col0 = col0;
         L->first_n_cols = n_cols;
     }
-    m->w.n_bytes += n_bytes;
+    count_bytes(m, TPI_TYPE_F32, n_cols, ne1, false);
     return TPI_OK;
 }
 
@@ -115,8 +124,7 @@ static int upload_vec(struct loader *L, float **dst, const struct gguf_tensor *t
                       int64_t n, bool replicated, struct tpi_error *err) {
     struct model *m = L->m;
     if (L->dry) {
-        m->w.n_bytes += sizeof(float) * (size_t)n;
-        if (replicated) m->w.n_bytes_replicated += sizeof(float) * (size_t)n;
+        count_bytes(m, TPI_TYPE_F32, n, 1, replicated);
         return TPI_OK;
     }
     float *tmp = malloc(sizeof(float) * (size_t)t->ne[0]);
@@ -136,8 +144,7 @@ static int upload_vec(struct loader *L, float **dst, const struct gguf_tensor *t
     m->ops->to_dev(m->octx, *dst, tmp + off, n_bytes);
     m->ops->sync(m->octx); // to_dev may read tmp until the stream drains
     free(tmp);
-    m->w.n_bytes += n_bytes;
-    if (replicated) m->w.n_bytes_replicated += n_bytes;
+    count_bytes(m, TPI_TYPE_F32, n, 1, replicated);
     return TPI_OK;
 }
 
