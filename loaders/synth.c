@@ -106,6 +106,8 @@ static const struct ftype_info ftypes[] = {
     {"Q5_K_S", SYNTH_FT_Q5_K_S, TPI_TYPE_Q5_K, true},
     {"Q5_K_M", SYNTH_FT_Q5_K_M, TPI_TYPE_Q5_K, true},
     {"Q6_K", SYNTH_FT_Q6_K, TPI_TYPE_Q6_K, true},
+    {"IQ4_NL", SYNTH_FT_IQ4_NL, TPI_TYPE_IQ4_NL, true},
+    {"IQ4_XS", SYNTH_FT_IQ4_XS, TPI_TYPE_IQ4_XS, true},
 };
 
 static const struct ftype_info *ftype_info(int ftype) {
@@ -199,6 +201,7 @@ static int matrix_type(const struct synth_config *c, const struct ftype_info *ft
     }
     if (!c->pure) {
         bool k_m = c->ftype == SYNTH_FT_Q4_K_M || c->ftype == SYNTH_FT_Q5_K_M;
+        bool iq4 = c->ftype == SYNTH_FT_IQ4_NL || c->ftype == SYNTH_FT_IQ4_XS;
         if (kind == SYNTH_OUTPUT || (c->tied && kind == SYNTH_TOKEN_EMBD)) {
             /* The output projection gets Q6_K, or Q8_0 when its rows do not
              * fit the base block or the file is Q8_0 already. */
@@ -212,6 +215,8 @@ static int matrix_type(const struct synth_config *c, const struct ftype_info *ft
             else if (c->ftype == SYNTH_FT_Q3_K_M)
                 t = layer < 2 ? TPI_TYPE_Q5_K : TPI_TYPE_Q4_K;
             else if (c->ftype == SYNTH_FT_Q3_K_L)
+                t = TPI_TYPE_Q5_K;
+            else if (iq4 && c->n_head / c->n_head_kv >= 4)
                 t = TPI_TYPE_Q5_K;
             else if (k_m && use_more_bits(layer, c->n_layer))
                 t = TPI_TYPE_Q6_K;
@@ -230,6 +235,8 @@ static int matrix_type(const struct synth_config *c, const struct ftype_info *ft
                 t = TPI_TYPE_Q5_K;
             else if (k_m && use_more_bits(layer, c->n_layer))
                 t = TPI_TYPE_Q6_K;
+            else if (iq4 && layer < c->n_layer / 8) /* without an importance matrix */
+                t = TPI_TYPE_Q5_K;
             else if (c->ftype == SYNTH_FT_Q4_K_S && layer < c->n_layer / 8)
                 t = TPI_TYPE_Q5_K;
         } else if (kind == SYNTH_ATTN_OUTPUT) {
@@ -250,6 +257,9 @@ static int matrix_type(const struct synth_config *c, const struct ftype_info *ft
         case TPI_TYPE_Q2_K:
         case TPI_TYPE_Q3_K:
             fb = TPI_TYPE_Q4_0;
+            break;
+        case TPI_TYPE_IQ4_XS:
+            fb = TPI_TYPE_IQ4_NL;
             break;
         case TPI_TYPE_Q4_K:
             fb = TPI_TYPE_Q5_0;

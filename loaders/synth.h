@@ -35,6 +35,8 @@ enum synth_ftype {
     SYNTH_FT_Q5_K_S = 16,
     SYNTH_FT_Q5_K_M = 17,
     SYNTH_FT_Q6_K = 18,
+    SYNTH_FT_IQ4_NL = 25,
+    SYNTH_FT_IQ4_XS = 30,
     SYNTH_FT_BF16 = 32,
 };
 

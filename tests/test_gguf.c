@@ -53,7 +53,7 @@ static const struct model_ref g_models[] = {
     {"qwen2-tiny-q5_k_m", "qwen2", 2}, {"qwen3-tiny-bf16", "qwen3", 4},
     {"qwen3-tiny-q4_k_m", "qwen3", 4}, {"qwen3-tiny-q6_k", "qwen3", 4},
     {"qwen3-tiny-q8_0", "qwen3", 4},   {"qwen3-tiny-q2_k", "qwen3", 4},
-    {"qwen2-tiny-q3_k_m", "qwen2", 2},
+    {"qwen2-tiny-q3_k_m", "qwen2", 2}, {"qwen2-tiny-iq4_xs", "qwen2", 2},
 };
 #define N_MODELS ((int)(sizeof g_models / sizeof g_models[0]))
 
@@ -258,7 +258,7 @@ static const struct rt_tensor g_rt_tensors[] = {
     {"a.f32", TPI_TYPE_F32, 2, {5, 3, 1, 1}},      {"b.q8_0", TPI_TYPE_Q8_0, 2, {64, 3, 1, 1}},
     {"c.f16", TPI_TYPE_F16, 1, {33, 1, 1, 1}},     {"d.bf16", TPI_TYPE_BF16, 3, {16, 2, 2, 1}},
     {"e.q4_k", TPI_TYPE_Q4_K, 2, {256, 2, 1, 1}},  {"f.q6_k", TPI_TYPE_Q6_K, 4, {256, 1, 2, 1}},
-    {"g.iq4_xs.unsupported", 23, 1, {256, 1, 1, 1}},
+    {"g.iq2_xxs.unsupported", 16, 1, {256, 1, 1, 1}},
 };
 #define N_RT ((int)(sizeof g_rt_tensors / sizeof g_rt_tensors[0]))
 

@@ -323,7 +323,7 @@ START_TEST(test_bad_tensors) {
     uint64_t ne33[1] = {33};
     one_tensor(&b, "t", 1, ne33, TPI_TYPE_Q8_0, 0, 64);
     expect_fail("Q8_0 ne0 33", &b, "block size");
-    one_tensor(&b, "iq4xs", 1, ne256, 23, 0, 160); /* IQ4_XS: named, not computable */
+    one_tensor(&b, "iq2xxs", 1, ne256, 16, 0, 96); /* IQ2_XXS: named, not computable */
     expect_ok("known but unsupported type", &b);
     one_tensor(&b, "t", 1, ne8, TPI_TYPE_F32, 1u << 20, 32);
     expect_fail("offset past end", &b, "data range");

@@ -83,6 +83,7 @@ static const struct ref_model ref_models[] = {
     {"qwen2-tiny-f16", "qwen2", 2, SYNTH_FT_F16, true, false},
     {"qwen3-tiny-q2_k", "qwen3", 4, SYNTH_FT_Q2_K, false, true},
     {"qwen2-tiny-q3_k_m", "qwen2", 2, SYNTH_FT_Q3_K_M, true, true},
+    {"qwen2-tiny-iq4_xs", "qwen2", 2, SYNTH_FT_IQ4_XS, true, true},
 };
 
 START_TEST(test_plan_matches_reference) {
@@ -188,7 +189,7 @@ START_TEST(test_plan_fallbacks) {
 }
 END_TEST
 
-/* The Q2_K and Q3_K mixes on a Qwen3-8B-like plan (36 layers, 32 / 8 heads: n_gqa 4),
+/* The Q2_K, Q3_K and IQ4 mixes on a Qwen3-8B-like plan (36 layers, 32 / 8 heads: n_gqa 4),
  * as llama-quantize's llama_tensor_get_type (llama.cpp 4df29be, src/llama-quant.cpp)
  * chooses them; the tiny reference models check the n_gqa 2 side. */
 START_TEST(test_plan_k2_k3_mixes) {
@@ -205,6 +206,11 @@ START_TEST(test_plan_k2_k3_mixes) {
          TPI_TYPE_Q4_K, TPI_TYPE_Q3_K},
         {SYNTH_FT_Q3_K_L, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K,
          TPI_TYPE_Q5_K, TPI_TYPE_Q3_K},
+        /* IQ4_XS / IQ4_NL: attn_v Q5_K at n_gqa >= 4, ffn_down of the first n/8 (4) Q5_K */
+        {SYNTH_FT_IQ4_XS, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_IQ4_XS,
+         TPI_TYPE_IQ4_XS, TPI_TYPE_IQ4_XS},
+        {SYNTH_FT_IQ4_NL, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_Q5_K, TPI_TYPE_IQ4_NL,
+         TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_NL},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         struct synth_config c;
@@ -255,6 +261,12 @@ START_TEST(test_plan_k2_k3_mixes) {
     ck_assert_int_eq(synth_plan(&c, 600, &ts, &n, &err), TPI_OK);
     for (int i = 0; i < n; i++)
         if (ts[i].kind == SYNTH_FFN_DOWN) ck_assert_int_eq(ts[i].type, TPI_TYPE_Q4_0);
+    free(ts);
+    small_config(&c, "qwen3", SYNTH_FT_IQ4_XS); /* IQ4_XS off the 256 edge: IQ4_NL */
+    c.n_ff = 1056;
+    ck_assert_int_eq(synth_plan(&c, 600, &ts, &n, &err), TPI_OK);
+    for (int i = 0; i < n; i++)
+        if (ts[i].kind == SYNTH_FFN_DOWN) ck_assert_int_eq(ts[i].type, TPI_TYPE_IQ4_NL);
     free(ts);
     ck_assert_int_eq(synth_ftype_from_name("q3_k"), SYNTH_FT_Q3_K_M);
     ck_assert_int_eq(synth_ftype_from_name("Q2_K"), SYNTH_FT_Q2_K);
@@ -369,7 +381,8 @@ START_TEST(test_write_every_type) {
         {"qwen2", SYNTH_FT_Q4_0},   {"qwen3", SYNTH_FT_Q4_1},   {"qwen2", SYNTH_FT_Q5_0},
         {"qwen3", SYNTH_FT_Q5_1},   {"qwen3", SYNTH_FT_Q6_K},   {"qwen2", SYNTH_FT_Q4_K_S},
         {"qwen3", SYNTH_FT_Q5_K_S}, {"qwen3", SYNTH_FT_Q2_K},   {"qwen2", SYNTH_FT_Q3_K_S},
-        {"qwen3", SYNTH_FT_Q3_K_M}, {"qwen2", SYNTH_FT_Q3_K_L},
+        {"qwen3", SYNTH_FT_Q3_K_M}, {"qwen2", SYNTH_FT_Q3_K_L}, {"qwen3", SYNTH_FT_IQ4_XS},
+        {"qwen2", SYNTH_FT_IQ4_NL},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct synth_config c;
@@ -697,7 +710,7 @@ START_TEST(test_config_errors) {
     small_config(&c, "qwen3", SYNTH_FT_Q8_0);
     c.n_layer = 0;
     ck_assert_int_eq(synth_check_config(&c, &err), TPI_ERR_INVALID);
-    ck_assert_int_eq(synth_ftype_from_name("iq4_xs"), -1);
+    ck_assert_int_eq(synth_ftype_from_name("iq3_s"), -1);
     ck_assert_int_eq(synth_ftype_from_name("Q4_K"), SYNTH_FT_Q4_K_M);
     ck_assert_int_eq(synth_ftype_from_name("q5_k"), SYNTH_FT_Q5_K_M);
     ck_assert_int_eq(synth_ftype_from_name("bf16"), SYNTH_FT_BF16);
@@ -784,9 +797,9 @@ START_TEST(test_cli) {
     ck_assert_ptr_nonnull(gguf_find_tensor(f, "blk.0.attn_q.bias"));
     gguf_close(&f);
     unlink(out);
-    snprintf(args, sizeof args, "-o %s --type iq4_xs", out);
+    snprintf(args, sizeof args, "-o %s --type iq2_xxs", out);
     ck_assert_int_eq(run_cli(e, sizeof e, args), 2);
-    ck_assert_msg(strstr(e, "iq4_xs"), "stderr: %s", e);
+    ck_assert_msg(strstr(e, "iq2_xxs"), "stderr: %s", e);
     snprintf(args, sizeof args, "-o %s --heads 6 --kv-heads 4", out);
     ck_assert_int_eq(run_cli(e, sizeof e, args), 2);
     ck_assert_msg(strstr(e, "--kv-heads 4"), "stderr: %s", e);

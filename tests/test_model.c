@@ -52,7 +52,7 @@ static double g_ppl_ref;     /* llama.cpp's perplexity */
  *   qwen3-tiny-q8_0 0.16, qwen2-tiny-q4_0 0.56        (Q8_0: 8-bit, 32-element blocks)
  *   qwen3-tiny-q4_k_m 0.25, qwen3-tiny-q6_k 0.22,
  *   qwen2-tiny-q5_k_m 0.89, qwen3-tiny-q2_k 0.26,
- *   qwen2-tiny-q3_k_m 0.68                            (Q8_K: 8-bit, 256-element blocks)
+ *   qwen2-tiny-q3_k_m 0.68, qwen2-tiny-iq4_xs 0.86    (Q8_K: 8-bit, 256-element blocks)
  * The ordering is the signature of llama.cpp's activation quantization, not of the
  * weight format: Q5_K weights are finer than Q4_0, yet q5_k_m is further off,
  * because K-quant dot products round activations in 256-element blocks (coarser
@@ -71,7 +71,7 @@ static const struct model_tol tols[] = {
     {"qwen3-tiny-q8_0", 0.35, 0.2},   {"qwen2-tiny-q4_0", 1.2, 0.6},
     {"qwen3-tiny-q4_k_m", 0.5, 0.3},  {"qwen3-tiny-q6_k", 0.5, 0.3},
     {"qwen3-tiny-q2_k", 0.5, 0.3},    {"qwen2-tiny-q3_k_m", 1.4, 0.7},
-    {"qwen2-tiny-q5_k_m", 1.8, 0.9},
+    {"qwen2-tiny-iq4_xs", 1.8, 0.9},  {"qwen2-tiny-q5_k_m", 1.8, 0.9},
 };
 static const struct model_tol *tol_of(const char *name) {
     for (size_t i = 0; i < sizeof tols / sizeof tols[0]; i++)

@@ -159,7 +159,7 @@ END_TEST
 static const int k_types[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYPE_Q8_0,
                               TPI_TYPE_Q4_0, TPI_TYPE_Q4_1, TPI_TYPE_Q5_0, TPI_TYPE_Q5_1,
                               TPI_TYPE_Q2_K, TPI_TYPE_Q3_K, TPI_TYPE_Q4_K, TPI_TYPE_Q5_K,
-                              TPI_TYPE_Q6_K};
+                              TPI_TYPE_Q6_K, TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS};
 #define N_TYPES (int)(sizeof k_types / sizeof k_types[0])
 
 /* A random (ne1 x ne0) weight of `type` in host memory (quantized with the
@@ -595,8 +595,8 @@ START_TEST(test_errors) {
     struct tpi_error err;
     unsigned char buf[4096] = {0};
     tpi_err_clear(&err);
-    ck_assert_int_eq(O->weight_upload(ctx, &w, 23, 256, 2, buf, &err), TPI_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "IQ4_XS") != NULL, "message: %s", err.msg);
+    ck_assert_int_eq(O->weight_upload(ctx, &w, 16, 256, 2, buf, &err), TPI_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "IQ2_XXS") != NULL, "message: %s", err.msg);
     ck_assert_ptr_null(w.data);
     ck_assert_int_eq(O->weight_upload(ctx, &w, 99, 256, 2, buf, &err), TPI_ERR_UNSUPPORTED);
     ck_assert_msg(strstr(err.msg, "type99") != NULL, "message: %s", err.msg);

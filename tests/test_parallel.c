@@ -12,7 +12,7 @@
  *   fail (tp = 3 on 8 heads, pp > layers) are checked to fail on every rank with a
  *   clear message.
  *   Models that are not readable are skipped one by one (a clone without ../shared has
- *   five of the nine in tests/data); the run skips only when none of them is.
+ *   six of the ten in tests/data); the run skips only when none of them is.
  * Without mpirun:      test_parallel cli MPIRUN
  *   Runs the tpinfer binary under `timeout 60 mpirun` for the failure modes that
  *   need separate processes: ranks given different model files, a missing file on
@@ -59,7 +59,8 @@ static int g_bad; /* failures on this rank; agreed at the end so no rank hangs *
 
 static const char *all_models[] = {"qwen2-tiny-f16",    "qwen2-tiny-q4_0",   "qwen2-tiny-q5_k_m",
                                    "qwen3-tiny-bf16",   "qwen3-tiny-q4_k_m", "qwen3-tiny-q6_k",
-                                   "qwen3-tiny-q8_0",   "qwen3-tiny-q2_k",   "qwen2-tiny-q3_k_m"};
+                                   "qwen3-tiny-q8_0",   "qwen3-tiny-q2_k",   "qwen2-tiny-q3_k_m",
+                                   "qwen2-tiny-iq4_xs"};
 
 /* TPI_TEST_BACKEND=cuda and TPI_TEST_COMM=nccl run the same checks on GPUs (one per
  * rank; the unsharded reference runs on the rank's own GPU). */
@@ -82,10 +83,13 @@ static struct model *load(const char *path, const struct tpi_grid *g, struct tpi
 /* Expected weight bytes of rank (tp_rank of tp, one stage) from the tensor table. */
 /* Bytes of a tensor of `type` taking `n` bytes in the file, as the CUDA backend holds it:
  * Q2_K's 84-byte blocks of 256 values as F16 (512 bytes), Q3_K's 110-byte blocks as Q6_K's
- * 210 (ggml's block sizes; gpu = false: the file's bytes). */
+ * 210, IQ4_XS's 136 as eight Q8_0 blocks of 34 (ggml's block sizes; gpu = false: the
+ * file's bytes). */
 static size_t held(int type, size_t n, bool gpu) {
     if (gpu && type == TPI_TYPE_Q2_K) return n / 84 * 512;
     if (gpu && type == TPI_TYPE_Q3_K) return n / 110 * 210;
+    if (gpu && type == TPI_TYPE_IQ4_XS) return n / 136 * 272;
+    if (gpu && type == TPI_TYPE_IQ4_NL) return n / 18 * 34;
     return n;
 }
 
@@ -256,7 +260,7 @@ static void check_config(const char *name, const char *path, int tp, int pp) {
     grid_free(&g);
 }
 
-/* The models a configuration run covers: argv[2..], or all nine tiny models. */
+/* The models a configuration run covers: argv[2..], or all ten tiny models. */
 static const char **run_models(int *n) {
     if (g_argc > 2) {
         *n = g_argc - 2;

@@ -4,8 +4,9 @@
  * 1. Hand-built blocks of every type, laid out byte by byte from ggml's format
  *    definitions, dequantize to the values the definition gives (plus a few
  *    values worked out by hand as literals); every f16/bf16 pattern, and random
- *    bytes as 32-value, Q6_K, Q2_K and Q3_K blocks, bitwise against the definitions
- *    one value at a time (and Q3_K rewritten as Q6_K against Q3_K).
+ *    bytes as 32-value, Q6_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS blocks, bitwise against the
+ *    definitions one value at a time, and the forms the CUDA backend holds them in
+ *    (quant_convert_held) against them.
  * 2. quantize -> dequantize round trips on random data stay within per-type
  *    bounds (stated at each check).
  * 3. quant_extract_cols equals slicing the dequantized matrix; misaligned or
@@ -504,14 +505,137 @@ START_TEST(test_k2_blocks_random) {
 }
 END_TEST
 
+/* IQ4_NL and IQ4_XS as ggml's dequantize_row_iq4_nl / _iq4_xs: indices into its 16-entry
+ * table, low nibbles the first 16 values of each 32 and high nibbles the next 16; IQ4_XS's
+ * 6-bit scale of sub-block ib has its low 4 bits in nibble ib%2 of scales_l[ib/2] and its
+ * top 2 in bits 2ib of scales_h, minus 32. */
+static const int8_t kv_iq4[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+static void ref_iq4_nl(const uint8_t *b, float *y) {
+    const float d = tpi_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+    for (int j = 0; j < 16; j++) {
+        y[j] = d * kv_iq4[b[2 + j] & 0xf];
+        y[j + 16] = d * kv_iq4[b[2 + j] >> 4];
+    }
+}
+static void ref_iq4_xs(const uint8_t *b, float *y) {
+    const float d = tpi_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+    const uint16_t scales_h = (uint16_t)(b[2] | b[3] << 8);
+    const uint8_t *scales_l = b + 4, *qs = b + 8;
+    for (int ib = 0; ib < 8; ib++, y += 32, qs += 16) {
+        const int ls = ((scales_l[ib / 2] >> 4 * (ib % 2)) & 0xf) | (((scales_h >> 2 * ib) & 3) << 4);
+        const float dl = d * (ls - 32);
+        for (int j = 0; j < 16; j++) {
+            y[j] = dl * kv_iq4[qs[j] & 0xf];
+            y[j + 16] = dl * kv_iq4[qs[j] >> 4];
+        }
+    }
+}
+
+START_TEST(test_block_iq4) {
+    uint8_t nl[18], xs[136];
+    put_u16(nl, H_0_5);
+    for (int i = 0; i < 16; i++) nl[2 + i] = (uint8_t)(i * 23 + 4);
+    float got[256], want[256];
+    ref_iq4_nl(nl, want);
+    dequant_one(TPI_TYPE_IQ4_NL, nl, got, 32);
+    expect_values("IQ4_NL", got, want, 32);
+    /* by hand: qs[0]=4: low 4 -> -49, high 0 -> -127: 0.5*-49 = -24.5, 0.5*-127 = -63.5 */
+    ck_assert_float_eq(got[0], -24.5f);
+    ck_assert_float_eq(got[16], -63.5f);
+    put_u16(xs, H_0_25);
+    const int ls[8] = {0, 63, 32, 31, 33, 1, 40, 17}; /* stored values (scale + 32) */
+    uint16_t sh = 0;
+    for (int ib = 0; ib < 8; ib++) sh |= (uint16_t)((ls[ib] >> 4) << (2 * ib));
+    put_u16(xs + 2, sh);
+    for (int i = 0; i < 4; i++) xs[4 + i] = (uint8_t)((ls[2 * i] & 15) | (ls[2 * i + 1] & 15) << 4);
+    for (int i = 0; i < 128; i++) xs[8 + i] = (uint8_t)(i * 37 + 1);
+    ref_iq4_xs(xs, want);
+    for (int e = 0; e < 256; e++) { /* the same values from the format's text */
+        const uint8_t q = xs[8 + 16 * (e / 32) + e % 16];
+        const float v = (0.25f * (float)(ls[e / 32] - 32)) * kv_iq4[e % 32 < 16 ? q & 15 : q >> 4];
+        ck_assert_msg(!memcmp(&v, &want[e], 4), "IQ4_XS reference value %d", e);
+    }
+    dequant_one(TPI_TYPE_IQ4_XS, xs, got, 256);
+    expect_values("IQ4_XS", got, want, 256);
+    /* by hand: e=0: ls 0 -> scale -32; qs[0]=1, low nibble 1 -> -104: 0.25 * -32 * -104 */
+    ck_assert_float_eq(got[0], 832.0f);
+}
+END_TEST
+
+/* Random bytes as IQ4_NL and IQ4_XS blocks (finite d), bitwise against ggml's loops; and
+ * the forms the CUDA backend holds (quant_convert_held): IQ4_NL's Q8_0 bitwise, IQ4_XS's
+ * Q8_0 and Q2_K's F16 within 2^-11 of each value (their scales or values rounded to f16),
+ * Q3_K's Q6_K bitwise (as above). */
+START_TEST(test_iq4_blocks_random) {
+    enum { NB = 200 };
+    struct tu_rng r;
+    tu_rng_seed(&r, 2053);
+    const int types[4] = {TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS, TPI_TYPE_Q2_K, TPI_TYPE_Q3_K};
+    for (int k = 0; k < 4; k++) {
+        const int type = types[k], held = quant_gpu_held_type(type);
+        const struct quant_traits *t = quant_traits(type);
+        const size_t bb = t->type_size;
+        const int64_t n = (int64_t)t->blck_size * NB;
+        uint8_t *q = malloc(bb * NB), *h = malloc(quant_row_size(held, n));
+        float *got = malloc(sizeof *got * n), *hv = malloc(sizeof *hv * n);
+        ck_assert(q && h && got && hv);
+        for (size_t i = 0; i < bb * NB; i++) q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
+        for (int b = 0; b < NB; b++) { /* the f16 scales: below 2 (exponent <= 14), any sign */
+            const size_t o = type == TPI_TYPE_Q2_K ? 80 : type == TPI_TYPE_Q3_K ? 108 : 0;
+            for (size_t s = o; s < o + (type == TPI_TYPE_Q2_K ? 4 : 2); s += 2)
+                q[bb * b + s + 1] = (uint8_t)(q[bb * b + s + 1] & 0xBB);
+        }
+        t->to_f32(q, got, n);
+        if (type == TPI_TYPE_IQ4_NL || type == TPI_TYPE_IQ4_XS)
+            for (int b = 0; b < NB; b++) {
+                float want[256];
+                (type == TPI_TYPE_IQ4_NL ? ref_iq4_nl : ref_iq4_xs)(q + bb * b, want);
+                for (int e = 0; e < t->blck_size; e++)
+                    ck_assert_msg(!memcmp(&got[t->blck_size * b + e], &want[e], 4),
+                                  "%s block %d, value %d: %a, want %a", t->name, b, e,
+                                  (double)got[t->blck_size * b + e], (double)want[e]);
+            }
+        int64_t bad = 0;
+        ck_assert_int_eq(quant_convert_held(type, q, h, n, &bad), TPI_OK);
+        ck_assert_int_eq(bad, -1);
+        quant_traits(held)->to_f32(h, hv, n);
+        const bool exact = quant_held_is_exact(type);
+        for (int64_t e = 0; e < n; e++) {
+            if (exact)
+                ck_assert_msg(!memcmp(&hv[e], &got[e], 4), "%s as %s, value %lld: %a, want %a",
+                              t->name, quant_type_name(held), (long long)e, (double)hv[e],
+                              (double)got[e]);
+            else
+                /* 2^-11 relative; below f16's normal range 2^-25 absolute, times IQ4's 127 */
+                ck_assert_msg(fabsf(hv[e] - got[e]) <= 0x1p-11f * fabsf(got[e]) + 0x1p-18f,
+                              "%s as %s, value %lld: %g, want %g", t->name, quant_type_name(held),
+                              (long long)e, (double)hv[e], (double)got[e]);
+        }
+        free(q), free(h), free(got), free(hv);
+    }
+    /* beyond f16: a Q2_K value of 2^16 (d = 2^12, scale 15 -> 61440 * 3 - 0) is named */
+    uint8_t b2[84] = {0}, o2[512];
+    b2[0] = 0x0F;                /* scale 15, min 0 */
+    b2[16] = 3;                  /* element 0: level 3 */
+    put_u16(b2 + 80, 0x7000);    /* d = 2^13 */
+    int64_t bad = -1;
+    ck_assert_int_eq(quant_convert_held(TPI_TYPE_Q2_K, b2, o2, 256, &bad), TPI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(bad, 0);
+    ck_assert_int_eq(quant_convert_held(TPI_TYPE_Q2_K, b2, o2, 100, &bad), TPI_ERR_INVALID);
+    ck_assert_int_eq(quant_gpu_held_type(TPI_TYPE_Q4_K), TPI_TYPE_Q4_K);
+}
+END_TEST
+
 /* ---- 2. round trips ------------------------------------------------------- */
 
 static const int all_types[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYPE_Q8_0,
                                 TPI_TYPE_Q4_0, TPI_TYPE_Q4_1, TPI_TYPE_Q5_0, TPI_TYPE_Q5_1,
                                 TPI_TYPE_Q2_K, TPI_TYPE_Q3_K, TPI_TYPE_Q4_K, TPI_TYPE_Q5_K,
-                                TPI_TYPE_Q6_K};
+                                TPI_TYPE_Q6_K, TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS};
 #define Q2K_NMSE 0.15 /* measured 0.109 (2 bits, 4 levels a sub-block of 16) */
 #define Q3K_NMSE 0.035 /* measured 0.024 */
+#define IQ4_NMSE 1e-2 /* measured 0.0064, as the other 4-bit types */
 #define N_TYPES (int)(sizeof all_types / sizeof all_types[0])
 
 /* NMSE bounds for normal data; the reference quantizers measure about 4-bit
@@ -523,6 +647,9 @@ static double nmse_bound(int type) {
         return Q2K_NMSE;
     case TPI_TYPE_Q3_K:
         return Q3K_NMSE;
+    case TPI_TYPE_IQ4_NL:
+    case TPI_TYPE_IQ4_XS:
+        return IQ4_NMSE;
     case TPI_TYPE_Q4_0:
     case TPI_TYPE_Q4_1:
     case TPI_TYPE_Q4_K:
@@ -675,6 +802,8 @@ START_TEST(test_sizes_and_names) {
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q5_K, 256), 176);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q2_K, 512), 168);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q3_K, 256), 110);
+    ck_assert_uint_eq(quant_row_size(TPI_TYPE_IQ4_NL, 64), 36);
+    ck_assert_uint_eq(quant_row_size(TPI_TYPE_IQ4_XS, 256), 136);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q8_0, 64), 68);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q4_0, 32), 18);
     ck_assert_uint_eq(quant_row_size(TPI_TYPE_Q4_1, 32), 20);
@@ -716,15 +845,16 @@ START_TEST(test_unknown_and_unsupported) {
     ck_assert_int_eq(quant_dequant_rows(999, blk, 256, 0, 1, out, &err), TPI_ERR_UNSUPPORTED);
     ck_assert_msg(strstr(err.msg, "999") != NULL, "message: %s", err.msg);
     /* named but not computable: the message names the type */
-    const struct quant_traits *iq4 = quant_traits(23);
-    ck_assert_ptr_nonnull(iq4);
-    ck_assert(!iq4->supported);
-    ck_assert_str_eq(iq4->name, "IQ4_XS");
-    ck_assert_uint_eq(quant_row_size(23, 256), 136);
-    ck_assert_int_eq(quant_dequant_rows(23, blk, 256, 0, 1, out, &err), TPI_ERR_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "IQ4_XS") != NULL, "message: %s", err.msg);
+    const struct quant_traits *iq2 = quant_traits(16);
+    ck_assert_ptr_nonnull(iq2);
+    ck_assert(!iq2->supported);
+    ck_assert_str_eq(iq2->name, "IQ2_XXS");
+    ck_assert_uint_eq(quant_row_size(16, 256), 66);
+    ck_assert_int_eq(quant_dequant_rows(16, blk, 256, 0, 1, out, &err), TPI_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "IQ2_XXS") != NULL, "message: %s", err.msg);
     ck_assert_str_eq(quant_type_name(15), "Q8_K");
     ck_assert_str_eq(quant_type_name(20), "IQ4_NL");
+    ck_assert_str_eq(quant_type_name(21), "IQ3_S");
     ck_assert_int_eq(quant_dequant_rows(TPI_TYPE_Q4_K, blk, 100, 0, 1, out, &err), TPI_ERR_INVALID);
 }
 END_TEST
@@ -798,7 +928,8 @@ static int check_reference_file(const char *model) {
 START_TEST(test_reference_files) {
     const char *models[] = {"qwen3-tiny-q4_k_m", "qwen2-tiny-q5_k_m", "qwen2-tiny-q4_0",
                             "qwen3-tiny-q8_0",   "qwen3-tiny-q6_k",   "qwen3-tiny-bf16",
-                            "qwen2-tiny-f16",    "qwen3-tiny-q2_k",   "qwen2-tiny-q3_k_m"};
+                            "qwen2-tiny-f16",    "qwen3-tiny-q2_k",   "qwen2-tiny-q3_k_m",
+                            "qwen2-tiny-iq4_xs"};
     int total = 0;
     for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
         total += check_reference_file(models[i]);
@@ -824,6 +955,8 @@ int main(void) {
     tcase_add_test(tc, test_block_q2_k);
     tcase_add_test(tc, test_block_q3_k);
     tcase_add_test(tc, test_k2_blocks_random);
+    tcase_add_test(tc, test_block_iq4);
+    tcase_add_test(tc, test_iq4_blocks_random);
     suite_add_tcase(s, tc);
     TCase *tr = tcase_create("round_trip");
     tcase_add_test(tr, test_round_trip);

@@ -25,8 +25,9 @@ static void usage(FILE *out) {
         "  --ctx N               context_length metadata (default 4096; the qwen3-* presets 40960)\n"
         "  --tied | --untied     share token_embd as the output projection or not\n"
         "  --type T              f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q2_k q3_k_s q3_k_m\n"
-        "                        q3_k_l q4_k_s q4_k_m q5_k_s q5_k_m q6_k (q3_k/q4_k/q5_k = the _m\n"
-        "                        mixes); mixes as llama-quantize makes them (default q8_0)\n"
+        "                        q3_k_l q4_k_s q4_k_m q5_k_s q5_k_m q6_k iq4_nl iq4_xs (q3_k/\n"
+        "                        q4_k/q5_k = the _m mixes); mixes as llama-quantize makes them\n"
+        "                        without an importance matrix (default q8_0)\n"
         "  --pure                every matrix in the base type, no mix\n"
         "  --seed S              random seed (default 42)\n"
         "  --vocab-from FILE     tokenizer.json, or a .gguf whose tokenizer.* keys are copied\n"
@@ -195,7 +196,8 @@ int cmd_mkmodel(int argc, char **argv) {
             if (ft < 0) {
                 fprintf(stderr,
                         "tpinfer mkmodel: --type '%s' is not known (f32 f16 bf16 q8_0 q4_0 q4_1 "
-                        "q5_0 q5_1 q2_k q3_k_s q3_k_m q3_k_l q4_k_s q4_k_m q5_k_s q5_k_m q6_k)\n",
+                        "q5_0 q5_1 q2_k q3_k_s q3_k_m q3_k_l q4_k_s q4_k_m q5_k_s q5_k_m q6_k iq4_nl "
+                        "iq4_xs)\n",
                         val);
                 return 2;
             }

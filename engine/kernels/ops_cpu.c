@@ -119,7 +119,7 @@ static int cpu_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type
         return tpi_err(err, TPI_ERR_UNSUPPORTED,
                        "cpu weight_upload: tensor type %s (id %d) is not supported "
                        "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K "
-                       "Q6_K)",
+                       "Q6_K IQ4_NL IQ4_XS)",
                        quant_type_name(type), type);
     if (ne0 <= 0 || ne1 <= 0 || ne0 % tr->blck_size != 0)
         return tpi_err(err, TPI_ERR_INVALID,

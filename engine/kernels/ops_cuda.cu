@@ -525,66 +525,48 @@ static bool upload_staged(struct ops_ctx *ctx, void *dst, const void *src, size_
 static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                               int64_t ne1, const void *host_data, struct tpi_error *err);
 
-/* Q3_K and Q2_K, which have no kernels of their own here, in the type
- * quant_gpu_held_type names: Q3_K as Q6_K (quant_q3_k_as_q6_k: the same values, 210
- * bytes a block for 110), Q2_K as F16 (dequantized in f32 as the CPU backend does, then
- * rounded to f16: a relative change of at most 2^-11, or 2^-25 absolute below f16's
- * normal range, against Q2_K's own error of tens of percent; 6x the bytes). */
+/* The types without kernels of their own here, in the type quant_gpu_held_type names
+ * (quant_convert_held): Q3_K as Q6_K and IQ4_NL as Q8_0 with the same values, IQ4_XS as
+ * Q8_0 with its sub-block scales rounded to f16, Q2_K as F16 (a relative change of at most
+ * 2^-11, or 2^-25 absolute below f16's normal range, against these formats' own errors of
+ * percents). Said once a type and process. */
 static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                             int64_t ne1, const void *host_data, struct tpi_error *err) {
-    if (ne0 <= 0 || ne1 <= 0 || ne0 % QK_K != 0)
+    const struct quant_traits *tr = quant_traits(type);
+    const int held = quant_gpu_held_type(type);
+    if (ne0 <= 0 || ne1 <= 0 || ne0 % tr->blck_size != 0)
         return tpi_err(err, TPI_ERR_INVALID,
                        "cuda weight_upload: shape %lld x %lld of type %s: ne0 must be a positive "
                        "multiple of the block size %d",
-                       (long long)ne0, (long long)ne1, quant_type_name(type), QK_K);
-    const bool q3 = type == TPI_TYPE_Q3_K;
-    const int64_t n_blocks = ne0 / QK_K;
-    const size_t row_bytes = q3 ? (size_t)n_blocks * 210 : (size_t)ne0 * sizeof(uint16_t);
+                       (long long)ne0, (long long)ne1, tr->name, tr->blck_size);
+    const size_t row_bytes = quant_row_size(held, ne0), src_row = quant_row_size(type, ne0);
     if ((size_t)ne1 > SIZE_MAX / 2 / row_bytes)
         return tpi_err(err, TPI_ERR_INVALID, "cuda weight_upload: %s tensor %lld x %lld is too large",
-                       quant_type_name(type), (long long)ne0, (long long)ne1);
+                       tr->name, (long long)ne0, (long long)ne1);
     void *buf = malloc(row_bytes * (size_t)ne1);
-    float *row = q3 ? NULL : (float *)malloc(sizeof(float) * (size_t)ne0);
-    if (!buf || (!q3 && !row)) {
-        free(buf);
-        free(row);
+    if (!buf)
         return tpi_err(err, TPI_ERR_NOMEM, "cuda weight_upload: out of host memory converting %s",
-                       quant_type_name(type));
-    }
+                       tr->name);
     int rc = TPI_OK;
-    if (q3) {
-        quant_q3_k_as_q6_k(host_data, buf, n_blocks * ne1);
-    } else {
-        const size_t src_row = quant_row_size(type, ne0);
-        for (int64_t r = 0; r < ne1 && rc == TPI_OK; r++) {
-            quant_traits(type)->to_f32((const uint8_t *)host_data + (size_t)r * src_row, row, ne0);
-            uint16_t *h = (uint16_t *)buf + (size_t)r * (size_t)ne0;
-            for (int64_t c = 0; c < ne0; c++) {
-                if (!(fabsf(row[c]) <= 65504.0f)) { /* f16's range; NaN fails too */
-                    rc = tpi_err(err, TPI_ERR_UNSUPPORTED,
-                                 "cuda weight_upload: Q2_K value %g (row %lld, column %lld) is "
-                                 "outside the F16 range that Q2_K runs in on CUDA",
-                                 (double)row[c], (long long)r, (long long)c);
-                    break;
-                }
-                h[c] = tpi_f32_to_f16(row[c]);
-            }
-        }
+    for (int64_t r = 0; r < ne1 && rc == TPI_OK; r++) {
+        int64_t bad = -1;
+        if (quant_convert_held(type, (const uint8_t *)host_data + (size_t)r * src_row,
+                               (uint8_t *)buf + (size_t)r * row_bytes, ne0, &bad) != TPI_OK)
+            rc = tpi_err(err, TPI_ERR_UNSUPPORTED,
+                         "cuda weight_upload: %s row %lld, column %lld: a value (or scale) outside "
+                         "the F16 range that %s runs in on CUDA",
+                         tr->name, (long long)r, (long long)bad, tr->name);
     }
-    if (rc == TPI_OK)
-        rc = cuda_weight_upload(ctx, w, q3 ? TPI_TYPE_Q6_K : TPI_TYPE_F16, ne0, ne1, buf, err);
+    if (rc == TPI_OK) rc = cuda_weight_upload(ctx, w, held, ne0, ne1, buf, err);
     free(buf);
-    free(row);
-    if (rc == TPI_OK && !(q3 ? ctx->said_q3_k : ctx->said_q2_k)) {
-        if (q3) {
-            ctx->said_q3_k = true;
-            tpi_log(TPI_LOG_INFO, "CUDA: Q3_K weights run as Q6_K (the same values; no Q3_K "
-                                  "kernels yet, so 1.9x their bytes)");
-        } else {
-            ctx->said_q2_k = true;
-            tpi_log(TPI_LOG_WARN, "CUDA: Q2_K weights run as F16 (rounded to f16; no Q2_K kernels "
-                                  "yet, so 6x their bytes)");
-        }
+    const unsigned bit = 1u << (type & 31);
+    if (rc == TPI_OK && !(ctx->said_held & bit)) {
+        ctx->said_held |= bit;
+        const double ratio = (double)row_bytes / (double)src_row;
+        tpi_log(quant_held_is_exact(type) ? TPI_LOG_INFO : TPI_LOG_WARN,
+                "CUDA: %s weights run as %s (%s; no %s kernels yet, so %.1fx their bytes)",
+                tr->name, quant_type_name(held),
+                quant_held_is_exact(type) ? "the same values" : "rounded to f16", tr->name, ratio);
     }
     return rc;
 }
@@ -599,7 +581,7 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
         return tpi_err(err, TPI_ERR_UNSUPPORTED,
                        "cuda weight_upload: tensor type %s (id %d) is not supported "
                        "(supported: F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K "
-                       "Q6_K)",
+                       "Q6_K IQ4_NL IQ4_XS)",
                        quant_type_name(type), type);
     if (ne0 <= 0 || ne1 <= 0 || ne0 % tr->blck_size != 0)
         return tpi_err(err, TPI_ERR_INVALID,

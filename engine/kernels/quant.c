@@ -22,6 +22,7 @@
 #define QK5_0 32
 #define QK5_1 32
 #define K_SCALE_SIZE 12
+#define QK4_NL 32
 
 struct block_q4_0 {
     uint16_t d;            /* f16 scale */
@@ -56,6 +57,16 @@ struct block_q3_k {
     uint8_t scales[K_SCALE_SIZE]; /* 16 x 6-bit scales (offset 32), packed */
     uint16_t d;
 };
+struct block_iq4_nl {
+    uint16_t d;
+    uint8_t qs[QK4_NL / 2]; /* table indices: element j low nibble of qs[j], j+16 high */
+};
+struct block_iq4_xs {
+    uint16_t d;
+    uint16_t scales_h;        /* top 2 bits of the 6-bit scale of sub-block b: bits 2b, 2b+1 */
+    uint8_t scales_l[QK_K / 64]; /* low 4 bits: nibble b%2 of byte b/2 */
+    uint8_t qs[QK_K / 2];     /* per sub-block of 32, as IQ4_NL's 16 bytes */
+};
 struct block_q4_k {
     uint16_t d, dmin;             /* super-block scales of the 6-bit scales and mins */
     uint8_t scales[K_SCALE_SIZE]; /* 8 x (6-bit scale, 6-bit min), packed */
@@ -81,6 +92,8 @@ _Static_assert(sizeof(struct block_q5_1) == 24, "block_q5_1 layout");
 _Static_assert(sizeof(struct block_q8_0) == 34, "block_q8_0 layout");
 _Static_assert(sizeof(struct block_q2_k) == 84, "block_q2_K layout");
 _Static_assert(sizeof(struct block_q3_k) == 110, "block_q3_K layout");
+_Static_assert(sizeof(struct block_iq4_nl) == 18, "block_iq4_nl layout");
+_Static_assert(sizeof(struct block_iq4_xs) == 136, "block_iq4_xs layout");
 _Static_assert(sizeof(struct block_q4_k) == 144, "block_q4_K layout");
 _Static_assert(sizeof(struct block_q5_k) == 176, "block_q5_K layout");
 _Static_assert(sizeof(struct block_q6_k) == 210, "block_q6_K layout");
@@ -793,6 +806,87 @@ static void q6_k_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
+/* ---- IQ4_NL and IQ4_XS: 4-bit indices into ggml's non-linear table -------
+ * x = d * kvalues[q] (IQ4_NL, blocks of 32) or (d * (ls - 32)) * kvalues[q] with a
+ * 6-bit ls per sub-block of 32 (IQ4_XS, super-blocks of 256). */
+
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1,    13,   25,  38,  53,  69,  89,  113};
+
+static inline int iq4_xs_scale(const struct block_iq4_xs *b, int ib) {
+    return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4);
+}
+
+/* 32 values x ≈ d * kvalues[L]: the index of the nearest table value to each x / d. */
+static void iq4_nearest(const float *x, float d, uint8_t *qs) {
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint8_t L[32];
+    for (int j = 0; j < 32; j++) {
+        const float v = x[j] * id;
+        int best = 0;
+        for (int k = 1; k < 16; k++)
+            if (fabsf(v - (float)kvalues_iq4nl[k]) < fabsf(v - (float)kvalues_iq4nl[best])) best = k;
+        L[j] = (uint8_t)best;
+    }
+    for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+}
+
+TPI_CPU_CLONES static void iq4_nl_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+    const struct block_iq4_nl *b = src;
+    for (int64_t i = 0; i < n / QK4_NL; i++, dst += QK4_NL) {
+        const float d = f16(b[i].d);
+        for (int j = 0; j < 16; j++) {
+            dst[j] = d * (float)kvalues_iq4nl[b[i].qs[j] & 0xF];
+            dst[j + 16] = d * (float)kvalues_iq4nl[b[i].qs[j] >> 4];
+        }
+    }
+}
+static void iq4_nl_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_iq4_nl *b = dst;
+    for (int64_t i = 0; i < n / QK4_NL; i++, src += QK4_NL) {
+        /* the extreme value lands on the table's -127 */
+        b[i].d = tpi_f32_to_f16(signed_absmax(src, QK4_NL) / -127.0f);
+        iq4_nearest(src, f16(b[i].d), b[i].qs);
+    }
+}
+
+TPI_CPU_CLONES static void iq4_xs_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
+    const struct block_iq4_xs *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16(b[i].d);
+        for (int ib = 0; ib < QK_K / 32; ib++, dst += 32) {
+            const float dl = d * (float)(iq4_xs_scale(&b[i], ib) - 32);
+            const uint8_t *qs = b[i].qs + 16 * ib;
+            for (int j = 0; j < 16; j++) {
+                dst[j] = dl * (float)kvalues_iq4nl[qs[j] & 0xF];
+                dst[j + 16] = dl * (float)kvalues_iq4nl[qs[j] >> 4];
+            }
+        }
+    }
+}
+static void iq4_xs_from_f32(const float *src, void *dst, int64_t n) {
+    struct block_iq4_xs *b = dst;
+    for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
+        /* sub-block scales mapping each extreme to -127, then 6-bit (offset 32) against d
+         * with the largest scale at -32 */
+        float sub[8], max_scale = 0.0f;
+        for (int ib = 0; ib < 8; ib++) {
+            sub[ib] = signed_absmax(src + 32 * ib, 32) / -127.0f;
+            if (fabsf(sub[ib]) > fabsf(max_scale)) max_scale = sub[ib];
+        }
+        b[i].d = tpi_f32_to_f16(max_scale / -32.0f);
+        const float d = f16(b[i].d), id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].scales_h = 0;
+        memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+        for (int ib = 0; ib < 8; ib++) {
+            const int ls = clampi(rnd(sub[ib] * id), -32, 31) + 32;
+            b[i].scales_l[ib / 2] |= (uint8_t)((ls & 0xF) << (4 * (ib % 2)));
+            b[i].scales_h |= (uint16_t)((ls >> 4) << (2 * ib));
+            iq4_nearest(src + 32 * ib, d * (float)(ls - 32), b[i].qs + 16 * ib);
+        }
+    }
+}
+
 /* ---- Q3_K as Q6_K, exactly ------------------------------------------------
  * Q6_K stores x = d * scale[s] * (q - 32) with int8 scales over the same 16
  * sub-blocks of 16 and q - 32 in -32..31, so a Q3_K block (x = d * scale * q,
@@ -826,7 +920,84 @@ void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
 }
 
 int quant_gpu_held_type(int type) {
-    return type == TPI_TYPE_Q3_K ? TPI_TYPE_Q6_K : type == TPI_TYPE_Q2_K ? TPI_TYPE_F16 : type;
+    switch (type) {
+    case TPI_TYPE_Q3_K:
+        return TPI_TYPE_Q6_K;
+    case TPI_TYPE_Q2_K:
+        return TPI_TYPE_F16;
+    case TPI_TYPE_IQ4_NL:
+    case TPI_TYPE_IQ4_XS:
+        return TPI_TYPE_Q8_0;
+    default:
+        return type;
+    }
+}
+
+bool quant_held_is_exact(int type) {
+    return type != TPI_TYPE_Q2_K && type != TPI_TYPE_IQ4_XS;
+}
+
+int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, int64_t *bad) {
+    const struct quant_traits *t = quant_traits(type);
+    *bad = -1;
+    if (!t || !t->supported || n_elems <= 0 || n_elems % t->blck_size != 0) return TPI_ERR_INVALID;
+    switch (type) {
+    case TPI_TYPE_Q3_K:
+        quant_q3_k_as_q6_k(src, dst, n_elems / QK_K);
+        return TPI_OK;
+    case TPI_TYPE_Q2_K: { /* f32 as the CPU computes it, rounded to f16 */
+        float v[QK_K];
+        uint16_t *h = dst;
+        for (int64_t i = 0; i < n_elems / QK_K; i++) {
+            q2_k_to_f32((const struct block_q2_k *)src + i, v, QK_K);
+            for (int j = 0; j < QK_K; j++) {
+                if (!(fabsf(v[j]) <= 65504.0f)) { /* NaN too */
+                    *bad = i * QK_K + j;
+                    return TPI_ERR_UNSUPPORTED;
+                }
+                h[i * QK_K + j] = tpi_f32_to_f16(v[j]);
+            }
+        }
+        return TPI_OK;
+    }
+    case TPI_TYPE_IQ4_NL: { /* the same d, the table's values as the int8 levels */
+        const struct block_iq4_nl *a = src;
+        struct block_q8_0 *b = dst;
+        for (int64_t i = 0; i < n_elems / QK4_NL; i++) {
+            b[i].d = a[i].d;
+            for (int j = 0; j < 16; j++) {
+                b[i].qs[j] = kvalues_iq4nl[a[i].qs[j] & 0xF];
+                b[i].qs[j + 16] = kvalues_iq4nl[a[i].qs[j] >> 4];
+            }
+        }
+        return TPI_OK;
+    }
+    case TPI_TYPE_IQ4_XS: { /* a Q8_0 block a sub-block: d * (ls - 32) rounded to f16 */
+        const struct block_iq4_xs *a = src;
+        struct block_q8_0 *b = dst;
+        for (int64_t i = 0; i < n_elems / QK_K; i++) {
+            const float d = f16(a[i].d);
+            for (int ib = 0; ib < 8; ib++) {
+                struct block_q8_0 *o = &b[8 * i + ib];
+                const float dl = d * (float)(iq4_xs_scale(&a[i], ib) - 32);
+                if (!(fabsf(dl) <= 65504.0f)) {
+                    *bad = i * QK_K + 32 * ib;
+                    return TPI_ERR_UNSUPPORTED;
+                }
+                o->d = tpi_f32_to_f16(dl);
+                const uint8_t *qs = a[i].qs + 16 * ib;
+                for (int j = 0; j < 16; j++) {
+                    o->qs[j] = kvalues_iq4nl[qs[j] & 0xF];
+                    o->qs[j + 16] = kvalues_iq4nl[qs[j] >> 4];
+                }
+            }
+        }
+        return TPI_OK;
+    }
+    default:
+        memcpy(dst, src, quant_row_size(type, n_elems));
+        return TPI_OK;
+    }
 }
 
 /* ---- the table ------------------------------------------------------------ */
@@ -858,10 +1029,10 @@ static const struct quant_traits traits_table[TPI_TYPE_COUNT] = {
     [17] = NAMED("IQ2_XS", QK_K, 74),
     [18] = NAMED("IQ3_XXS", QK_K, 98),
     [19] = NAMED("IQ1_S", QK_K, 50),
-    [20] = NAMED("IQ4_NL", 32, 18),
+    [TPI_TYPE_IQ4_NL] = SUPPORTED("IQ4_NL", QK4_NL, sizeof(struct block_iq4_nl), iq4_nl),
     [21] = NAMED("IQ3_S", QK_K, 110),
     [22] = NAMED("IQ2_S", QK_K, 82),
-    [23] = NAMED("IQ4_XS", QK_K, 136),
+    [TPI_TYPE_IQ4_XS] = SUPPORTED("IQ4_XS", QK_K, sizeof(struct block_iq4_xs), iq4_xs),
     [24] = NAMED("I8", 1, 1),
     [25] = NAMED("I16", 1, 2),
     [26] = NAMED("I32", 1, 4),

@@ -29,6 +29,8 @@ enum tpi_type {
     TPI_TYPE_Q4_K = 12,
     TPI_TYPE_Q5_K = 13,
     TPI_TYPE_Q6_K = 14,
+    TPI_TYPE_IQ4_NL = 20,
+    TPI_TYPE_IQ4_XS = 23,
     TPI_TYPE_BF16 = 30,
     TPI_TYPE_COUNT = 40, /* ids below this are named (supported or not) */
 };
@@ -75,9 +77,20 @@ int quant_dequant_rows(int type, const void *data, int64_t ne0, int64_t row0, in
 int quant_extract_cols(int type, const void *data, int64_t ne0, int64_t ne1, int64_t col0,
                        int64_t n_cols, void *dst, struct tpi_error *err);
 
-/* The type the CUDA backend holds a weight of `type` in (its kernels' types): Q3_K as
- * Q6_K (quant_q3_k_as_q6_k), Q2_K as F16; every other type as itself. */
+/* The type the CUDA backend holds a weight of `type` in (one its kernels compute): Q3_K
+ * as Q6_K, Q2_K as F16, IQ4_NL and IQ4_XS as Q8_0; every other type as itself. */
 int quant_gpu_held_type(int type);
+
+/* Whether quant_convert_held keeps `type`'s values bitwise (true for Q3_K and IQ4_NL and
+ * the types held as themselves; Q2_K's values and IQ4_XS's sub-block scales are rounded
+ * to f16: a relative change of at most 2^-11). */
+bool quant_held_is_exact(int type);
+
+/* Convert n_elems values (whole blocks) of `type` into quant_gpu_held_type(type)'s layout
+ * at dst (quant_row_size(held, n_elems) bytes). TPI_OK; TPI_ERR_UNSUPPORTED with *bad the
+ * index of the first value the held type cannot hold (beyond f16's range); TPI_ERR_INVALID
+ * for an unsupported type or a size off the block. */
+int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, int64_t *bad);
 
 /* Rewrite n_blocks Q3_K blocks as Q6_K blocks (210 bytes each) that dequantize to
  * bitwise the same values; src and dst must not overlap. */

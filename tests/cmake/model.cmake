@@ -25,7 +25,8 @@ endfunction()
 tpi_check_test(test_model SOURCES ${CMAKE_SOURCE_DIR}/tests/test_model.c
                LIBS ${TPI_MODEL_LIBS} LABELS unit TIMEOUT 120 ARGS unit)
 foreach(m qwen2-tiny-f16 qwen2-tiny-q4_0 qwen2-tiny-q5_k_m qwen3-tiny-bf16 qwen3-tiny-q4_k_m
-          qwen3-tiny-q6_k qwen3-tiny-q8_0 qwen3-tiny-q2_k qwen2-tiny-q3_k_m)
+          qwen3-tiny-q6_k qwen3-tiny-q8_0 qwen3-tiny-q2_k qwen2-tiny-q3_k_m
+          qwen2-tiny-iq4_xs)
   tpi_model_test(test_model_logits_${m} test_model TIMEOUT 120 ARGS logits ${m})
 endforeach()
 # YaRN: llama.cpp's runs with --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 256
@@ -49,7 +50,7 @@ add_dependencies(test_model tpinfer)
 
 # Multi-rank runs against the single-rank model (CPU backend, MPI communicator).
 # TPxPP lists: every configuration whose tp*pp equals NP runs on the models given
-# (default: all nine tiny models).
+# (default: all ten tiny models).
 tpi_check_test(test_parallel_np2 SOURCES ${CMAKE_SOURCE_DIR}/tests/test_parallel.c
                LIBS ${TPI_MODEL_LIBS} LABELS unit NP 2 TIMEOUT 300 ARGS 2x1,1x2)
 set(TPI_PAR_ENV "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_mpi_yield_when_idle=1;OMP_WAIT_POLICY=passive")

@@ -5,7 +5,8 @@ if(TARGET tpi_cuda)
   set(tpi_model_gpu_libs tpi_core tpi_loaders tpi_text tpi_kernels tpi_parallel tpi_model
       tpi_cuda)
   set(tpi_model_gpu_models qwen2-tiny-f16 qwen2-tiny-q4_0 qwen2-tiny-q5_k_m qwen3-tiny-bf16
-      qwen3-tiny-q4_k_m qwen3-tiny-q6_k qwen3-tiny-q8_0 qwen3-tiny-q2_k qwen2-tiny-q3_k_m)
+      qwen3-tiny-q4_k_m qwen3-tiny-q6_k qwen3-tiny-q8_0 qwen3-tiny-q2_k qwen2-tiny-q3_k_m
+          qwen2-tiny-iq4_xs)
   list(GET tpi_model_gpu_models 0 first)
   tpi_check_test(test_model_gpu SOURCES ${CMAKE_SOURCE_DIR}/tests/test_model_gpu.c
                  LIBS ${tpi_model_gpu_libs} LABELS gpu TIMEOUT 600 ARGS ${first})

@@ -5,7 +5,7 @@ if(TARGET tpi_cuda)
   tpi_check_test(test_ops_cuda_elem SOURCES ${CMAKE_SOURCE_DIR}/tests/test_ops_cuda.c
                  LIBS tpi_core tpi_kernels tpi_cuda LABELS gpu ARGS elem TIMEOUT 600)
   set(tpi_ops_cuda_groups embed attn_prefill attn_decode)
-  foreach(t F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K Q3_K Q2_K)
+  foreach(t F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K Q3_K Q2_K IQ4_NL IQ4_XS)
     list(APPEND tpi_ops_cuda_groups matmul_${t})
   endforeach()
   foreach(g ${tpi_ops_cuda_groups})
