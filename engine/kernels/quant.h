@@ -83,7 +83,8 @@ int quant_gpu_held_type(int type);
 
 /* Whether quant_convert_held keeps `type`'s values bitwise (true for Q3_K and IQ4_NL and
  * the types held as themselves; Q2_K's values and IQ4_XS's sub-block scales are rounded
- * to f16: a relative change of at most 2^-11). */
+ * to f16: a relative change of at most 2^-11, or 2^-25 absolute for Q2_K values below
+ * f16's normal range). */
 bool quant_held_is_exact(int type);
 
 /* Convert n_elems values (whole blocks) of `type` into quant_gpu_held_type(type)'s layout
