@@ -68,7 +68,8 @@
 #   PART=K: Q2_K, Q3_K and IQ4 on the GPU (change 147): the tree built, `ctest -L gpu -E
 #     "parallel|comm"` (test_ops_cuda's matmul_Q3_K / _Q2_K / _IQ4_NL / _IQ4_XS / embed,
 #     test_model_gpu on the three new tiny models among them), then `tpinfer bench` on the
-#     8B in Q3_K_M, IQ4_XS, Q2_K and Q4_K_M (pp512, tg128, -r 2). ~7 min.
+#     8B in each of KTYPES (default q3_k_m iq4_xs q2_k; pp512, tg128, -r KR, default 1),
+#     one at a time so a time limit keeps what finished. ~6 min.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -271,14 +272,15 @@ K)
     bld build
     (cd build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
     CP=$!
-    for t in q3_k_m iq4_xs q2_k q4_k_m; do mk $t; done
+    for t in ${KTYPES:-q3_k_m iq4_xs q2_k}; do mk $t; done
     wait $CP
     grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
-    echo "at ${SECONDS}s: bench"
-    build/tpinfer bench -m /tmp/q3_k_m.gguf,/tmp/iq4_xs.gguf,/tmp/q2_k.gguf,/tmp/q4_k_m.gguf \
-        -p 512 -n 128 -r 2 \
-        --roofline-gbps 4000 2>"$OUT/bench-k.err" | tee "$OUT/bench-k.md"
-    grep -E "run as|CUDA:" "$OUT/bench-k.err" | sort | uniq -c
+    for t in ${KTYPES:-q3_k_m iq4_xs q2_k}; do
+        echo "at ${SECONDS}s: bench $t"
+        build/tpinfer bench -m /tmp/$t.gguf -p 512 -n 128 -r ${KR:-1} --roofline-gbps 4000 \
+            2>>"$OUT/bench-k.err" | tee -a "$OUT/bench-k.md" | grep -E "pp512|tg128"
+    done
+    grep -E "run as" "$OUT/bench-k.err" | sort | uniq -c
     echo "at ${SECONDS}s"
     ;;
 S)
