@@ -147,6 +147,18 @@ static inline float signed_absmax(const float *x, int n) {
     return max;
 }
 
+/* Symmetric sub-block scales: sub[s] maps sub-block s's value of largest magnitude (of
+ * n_sub sub-blocks of len values) to `level` (negative: the fuller end of a signed range).
+ * Returns the scale of largest magnitude, with its sign. */
+static float signed_sub_scales(const float *x, int n_sub, int len, float level, float *sub) {
+    float max_scale = 0.0f;
+    for (int s = 0; s < n_sub; s++) {
+        sub[s] = signed_absmax(x + len * s, len) / level;
+        if (fabsf(sub[s]) > fabsf(max_scale)) max_scale = sub[s];
+    }
+    return max_scale;
+}
+
 static inline void minmax(const float *x, int n, float *mn, float *mx) {
     float lo = x[0], hi = x[0];
     for (int i = 1; i < n; i++) {
@@ -676,11 +688,8 @@ static void q3_k_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
         /* as Q6_K: each sub-block's extreme value maps to -4, the signed scales to 6 bits
          * with the extreme scale at -32 */
-        float sub_scale[16], max_scale = 0.0f;
-        for (int s = 0; s < 16; s++) {
-            sub_scale[s] = signed_absmax(src + 16 * s, 16) / -4.0f;
-            if (fabsf(sub_scale[s]) > fabsf(max_scale)) max_scale = sub_scale[s];
-        }
+        float sub_scale[16];
+        const float max_scale = signed_sub_scales(src, 16, 16, -4.0f, sub_scale);
         const float iscale = max_scale != 0.0f ? -32.0f / max_scale : 0.0f;
         b[i].d = tpi_f32_to_f16(iscale != 0.0f ? 1.0f / iscale : 0.0f);
         const float d = f16(b[i].d);
@@ -787,11 +796,8 @@ static void q6_k_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
         /* Sub-block scales map each sub-block's extreme value to -32; then the
          * (signed) scales are quantized to int8 with the extreme scale at -128. */
-        float sub_scale[16], max_scale = 0.0f;
-        for (int s = 0; s < 16; s++) {
-            sub_scale[s] = signed_absmax(src + 16 * s, 16) / -32.0f;
-            if (fabsf(sub_scale[s]) > fabsf(max_scale)) max_scale = sub_scale[s];
-        }
+        float sub_scale[16];
+        const float max_scale = signed_sub_scales(src, 16, 16, -32.0f, sub_scale);
         float iscale = max_scale != 0.0f ? -128.0f / max_scale : 0.0f;
         b[i].d = tpi_f32_to_f16(iscale != 0.0f ? 1.0f / iscale : 0.0f);
         float d = f16(b[i].d);
@@ -869,11 +875,8 @@ static void iq4_xs_from_f32(const float *src, void *dst, int64_t n) {
     for (int64_t i = 0; i < n / QK_K; i++, src += QK_K) {
         /* sub-block scales mapping each extreme to -127, then 6-bit (offset 32) against d
          * with the largest scale at -32 */
-        float sub[8], max_scale = 0.0f;
-        for (int ib = 0; ib < 8; ib++) {
-            sub[ib] = signed_absmax(src + 32 * ib, 32) / -127.0f;
-            if (fabsf(sub[ib]) > fabsf(max_scale)) max_scale = sub[ib];
-        }
+        float sub[8];
+        const float max_scale = signed_sub_scales(src, 8, 32, -127.0f, sub);
         b[i].d = tpi_f32_to_f16(max_scale / -32.0f);
         const float d = f16(b[i].d), id = d != 0.0f ? 1.0f / d : 0.0f;
         b[i].scales_h = 0;
