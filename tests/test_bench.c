@@ -587,6 +587,7 @@ START_TEST(test_names) {
     ck_assert_str_eq(bench_ftype_name(15), "Q4_K - Medium");
     ck_assert_str_eq(bench_ftype_name(17), "Q5_K - Medium");
     ck_assert_str_eq(bench_ftype_name(18), "Q6_K");
+    ck_assert_str_eq(bench_ftype_name(30), "IQ4_XS - 4.25 bpw"); /* llama_model_ftype_name */
     ck_assert_str_eq(bench_ftype_name(7), "Q8_0");
     ck_assert_str_eq(bench_ftype_name(32), "BF16");
     ck_assert_str_eq(bench_ftype_name(1), "F16");

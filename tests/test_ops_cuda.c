@@ -271,8 +271,9 @@ static const int TYPES[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYP
  * IQ4_XS as Q8_0 with f16 sub-block scales (ops_cuda.cu's upload_converted): those two
  * types' values there are the CPU's changed by up to 2^-11 of themselves. So an embedded
  * value may differ by 2^-11 of itself, and a matrix-vector output by ~2^-11/sqrt(3) of
- * the outputs' rms (2.8e-4; 4e-3 is ~14 sigma, nmse ~8e-8 under 1e-6, both far below what
- * a wrong block layout gives). */
+ * the outputs' rms (2.8e-4; 4e-3 is ~14 sigma). The nmse of a few outputs can be far above
+ * the ~8e-8 of many (one output that cancels to near 0: H100, ne1 1, 3.1e-6), so its bound
+ * is 1e-4, the int8-x path's; both stay far below what a wrong block layout gives (~1). */
 static double conv_rtol(int type) {
     return quant_held_is_exact(type) ? 0.0 : 0x1p-11;
 }
@@ -473,7 +474,7 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                         const bool conv = conv_rtol(type) > 0; /* Q2_K: above */
                         expect_close(label, got, want, ny,
                                      (exact ? (conv ? 4e-3 : 1e-4) : 3e-2) * scale,
-                                     exact ? 0 : 1e-2, exact ? (conv ? 1e-6 : 1e-9) : 5e-5);
+                                     exact ? 0 : 1e-2, exact ? (conv ? 1e-4 : 1e-9) : 5e-5);
                     }
                     assert_ok(G, gctx, label);
                 }
