@@ -529,7 +529,7 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
  * (quant_convert_held): Q3_K as Q6_K and IQ4_NL as Q8_0 with the same values, IQ4_XS as
  * Q8_0 with its sub-block scales rounded to f16, Q2_K as F16 (a relative change of at most
  * 2^-11, or 2^-25 absolute below f16's normal range, against these formats' own errors of
- * percents). Said once a type and process. */
+ * percents). Said once a type and context. */
 static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                             int64_t ne1, const void *host_data, struct tpi_error *err) {
     const struct quant_traits *tr = quant_traits(type);
