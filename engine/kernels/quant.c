@@ -619,10 +619,14 @@ TPI_CPU_CLONES static void q2_k_to_f32(const void *restrict src, float *restrict
     const struct block_q2_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        for (int s = 0; s < QK_K / 16; s++) {
+        /* sub-block s = 8h + 2j + k: bytes 32h + 16k.. of qs, shifted by 2j (k2_bits's
+         * order, in loops of 16 bytes at one shift that the compiler vectorizes) */
+        for (int s = 0; s < QK_K / 16; s++, dst += 16) {
+            const uint8_t *q = b[i].qs + 32 * (s / 8) + 16 * (s % 2);
+            const int shift = 2 * ((s % 8) / 2);
             const float dl = d * (float)(b[i].scales[s] & 0x0F);
             const float ml = dmin * (float)(b[i].scales[s] >> 4);
-            for (int l = 0; l < 16; l++) *dst++ = dl * (float)k2_bits(b[i].qs, 16 * s + l) - ml;
+            for (int l = 0; l < 16; l++) dst[l] = dl * (float)((q[l] >> shift) & 3) - ml;
         }
     }
 }
@@ -672,13 +676,12 @@ TPI_CPU_CLONES static void q3_k_to_f32(const void *restrict src, float *restrict
     const struct block_q3_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16(b[i].d);
-        for (int s = 0; s < QK_K / 16; s++) {
+        for (int s = 0; s < QK_K / 16; s++, dst += 16) { /* as q2_k_to_f32, plus hmask's bit */
+            const int k = 16 * (s % 2), shift = 2 * ((s % 8) / 2), bit = s / 2;
+            const uint8_t *q = b[i].qs + 32 * (s / 8) + k, *hm = b[i].hmask + k;
             const float dl = d * (float)q3_k_scale(b[i].scales, s);
-            for (int l = 0; l < 16; l++) {
-                const int e = 16 * s + l;
-                const int q = k2_bits(b[i].qs, e) - ((b[i].hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
-                *dst++ = dl * (float)q;
-            }
+            for (int l = 0; l < 16; l++)
+                dst[l] = dl * (float)(((q[l] >> shift) & 3) - (((hm[l] >> bit) & 1) ? 0 : 4));
         }
     }
 }
@@ -841,9 +844,11 @@ TPI_CPU_CLONES static void iq4_nl_to_f32(const void *restrict src, float *restri
     const struct block_iq4_nl *b = src;
     for (int64_t i = 0; i < n / QK4_NL; i++, dst += QK4_NL) {
         const float d = f16(b[i].d);
+        float v[16]; /* the table times d: the same product per value, made once */
+        for (int k = 0; k < 16; k++) v[k] = d * (float)kvalues_iq4nl[k];
         for (int j = 0; j < 16; j++) {
-            dst[j] = d * (float)kvalues_iq4nl[b[i].qs[j] & 0xF];
-            dst[j + 16] = d * (float)kvalues_iq4nl[b[i].qs[j] >> 4];
+            dst[j] = v[b[i].qs[j] & 0xF];
+            dst[j + 16] = v[b[i].qs[j] >> 4];
         }
     }
 }
@@ -862,10 +867,12 @@ TPI_CPU_CLONES static void iq4_xs_to_f32(const void *restrict src, float *restri
         const float d = f16(b[i].d);
         for (int ib = 0; ib < QK_K / 32; ib++, dst += 32) {
             const float dl = d * (float)(iq4_xs_scale(&b[i], ib) - 32);
+            float v[16]; /* as iq4_nl_to_f32 */
+            for (int k = 0; k < 16; k++) v[k] = dl * (float)kvalues_iq4nl[k];
             const uint8_t *qs = b[i].qs + 16 * ib;
             for (int j = 0; j < 16; j++) {
-                dst[j] = dl * (float)kvalues_iq4nl[qs[j] & 0xF];
-                dst[j + 16] = dl * (float)kvalues_iq4nl[qs[j] >> 4];
+                dst[j] = v[qs[j] & 0xF];
+                dst[j + 16] = v[qs[j] >> 4];
             }
         }
     }
