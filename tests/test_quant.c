@@ -464,7 +464,7 @@ START_TEST(test_block_q3_k) {
 END_TEST
 
 /* Random bytes as Q2_K and Q3_K blocks (finite d), bitwise against ggml's loops;
- * Q3_K's blocks rewritten as Q6_K (quant_q3_k_as_q6_k) dequantize to the same bits. */
+ * Q3_K's blocks rewritten as Q6_K (quant_convert_held) dequantize to the same bits. */
 START_TEST(test_k2_blocks_random) {
     enum { NB = 300 };
     struct tu_rng r;
@@ -491,7 +491,8 @@ START_TEST(test_k2_blocks_random) {
                               (double)got[256 * b + e], (double)want[e]);
         }
         if (type == TPI_TYPE_Q3_K) {
-            quant_q3_k_as_q6_k(q, q6, NB);
+            int64_t bad = 0;
+            ck_assert_int_eq(quant_convert_held(type, q, q6, 256 * NB, &bad), TPI_OK);
             quant_traits(TPI_TYPE_Q6_K)->to_f32(q6, six, 256 * NB);
             for (int e = 0; e < 256 * NB; e++)
                 ck_assert_msg(!memcmp(&six[e], &got[e], 4), "Q3_K as Q6_K, value %d: %a, want %a",

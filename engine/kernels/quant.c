@@ -826,6 +826,26 @@ static inline int iq4_xs_scale(const struct block_iq4_xs *b, int ib) {
     return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4);
 }
 
+/* The 32 table levels of one IQ4 block (IQ4_NL) or sub-block (IQ4_XS): element j from the
+ * low nibble of qs[j], element j + 16 from the high one. */
+static inline void iq4_levels(const uint8_t *qs, int8_t *lv) {
+    for (int j = 0; j < 16; j++) {
+        lv[j] = kvalues_iq4nl[qs[j] & 0xF];
+        lv[j + 16] = kvalues_iq4nl[qs[j] >> 4];
+    }
+}
+
+/* The 32 values of one IQ4 (sub-)block, scale * table level: the table times the scale
+ * made once (the same product per value), then looked up. */
+static inline void iq4_values(const uint8_t *qs, float scale, float *dst) {
+    float v[16];
+    for (int k = 0; k < 16; k++) v[k] = scale * (float)kvalues_iq4nl[k];
+    for (int j = 0; j < 16; j++) {
+        dst[j] = v[qs[j] & 0xF];
+        dst[j + 16] = v[qs[j] >> 4];
+    }
+}
+
 /* 32 values x ≈ d * kvalues[L]: the index of the nearest table value to each x / d. */
 static void iq4_nearest(const float *x, float d, uint8_t *qs) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -842,15 +862,7 @@ static void iq4_nearest(const float *x, float d, uint8_t *qs) {
 
 TPI_CPU_CLONES static void iq4_nl_to_f32(const void *restrict src, float *restrict dst, int64_t n) {
     const struct block_iq4_nl *b = src;
-    for (int64_t i = 0; i < n / QK4_NL; i++, dst += QK4_NL) {
-        const float d = f16(b[i].d);
-        float v[16]; /* the table times d: the same product per value, made once */
-        for (int k = 0; k < 16; k++) v[k] = d * (float)kvalues_iq4nl[k];
-        for (int j = 0; j < 16; j++) {
-            dst[j] = v[b[i].qs[j] & 0xF];
-            dst[j + 16] = v[b[i].qs[j] >> 4];
-        }
-    }
+    for (int64_t i = 0; i < n / QK4_NL; i++, dst += QK4_NL) iq4_values(b[i].qs, f16(b[i].d), dst);
 }
 static void iq4_nl_from_f32(const float *src, void *dst, int64_t n) {
     struct block_iq4_nl *b = dst;
@@ -865,16 +877,8 @@ TPI_CPU_CLONES static void iq4_xs_to_f32(const void *restrict src, float *restri
     const struct block_iq4_xs *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16(b[i].d);
-        for (int ib = 0; ib < QK_K / 32; ib++, dst += 32) {
-            const float dl = d * (float)(iq4_xs_scale(&b[i], ib) - 32);
-            float v[16]; /* as iq4_nl_to_f32 */
-            for (int k = 0; k < 16; k++) v[k] = dl * (float)kvalues_iq4nl[k];
-            const uint8_t *qs = b[i].qs + 16 * ib;
-            for (int j = 0; j < 16; j++) {
-                dst[j] = v[qs[j] & 0xF];
-                dst[j + 16] = v[qs[j] >> 4];
-            }
-        }
+        for (int ib = 0; ib < QK_K / 32; ib++, dst += 32)
+            iq4_values(b[i].qs + 16 * ib, d * (float)(iq4_xs_scale(&b[i], ib) - 32), dst);
     }
 }
 static void iq4_xs_from_f32(const float *src, void *dst, int64_t n) {
@@ -916,7 +920,7 @@ static void q6_k_pack(const uint8_t *L, struct block_q6_k *b) {
     }
 }
 
-void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
+static void q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
     const struct block_q3_k *a = src;
     struct block_q6_k *b = dst;
     uint8_t L[QK_K];
@@ -953,7 +957,7 @@ int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, in
     if (!t || !t->supported || n_elems <= 0 || n_elems % t->blck_size != 0) return TPI_ERR_INVALID;
     switch (type) {
     case TPI_TYPE_Q3_K:
-        quant_q3_k_as_q6_k(src, dst, n_elems / QK_K);
+        q3_k_as_q6_k(src, dst, n_elems / QK_K);
         return TPI_OK;
     case TPI_TYPE_Q2_K: { /* f32 as the CPU computes it, rounded to f16 */
         float v[QK_K];
@@ -975,10 +979,7 @@ int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, in
         struct block_q8_0 *b = dst;
         for (int64_t i = 0; i < n_elems / QK4_NL; i++) {
             b[i].d = a[i].d;
-            for (int j = 0; j < 16; j++) {
-                b[i].qs[j] = kvalues_iq4nl[a[i].qs[j] & 0xF];
-                b[i].qs[j + 16] = kvalues_iq4nl[a[i].qs[j] >> 4];
-            }
+            iq4_levels(a[i].qs, b[i].qs);
         }
         return TPI_OK;
     }
@@ -995,11 +996,7 @@ int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, in
                     return TPI_ERR_UNSUPPORTED;
                 }
                 o->d = tpi_f32_to_f16(dl);
-                const uint8_t *qs = a[i].qs + 16 * ib;
-                for (int j = 0; j < 16; j++) {
-                    o->qs[j] = kvalues_iq4nl[qs[j] & 0xF];
-                    o->qs[j + 16] = kvalues_iq4nl[qs[j] >> 4];
-                }
+                iq4_levels(a[i].qs + 16 * ib, o->qs);
             }
         }
         return TPI_OK;

@@ -93,8 +93,4 @@ bool quant_held_is_exact(int type);
  * for an unsupported type or a size off the block. */
 int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, int64_t *bad);
 
-/* Rewrite n_blocks Q3_K blocks as Q6_K blocks (210 bytes each) that dequantize to
- * bitwise the same values; src and dst must not overlap. */
-void quant_q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks);
-
 #endif /* QUANT_H */
