@@ -70,6 +70,10 @@
 #     test_model_gpu on the three new tiny models among them), then `tpinfer bench` on the
 #     8B in each of KTYPES (default q3_k_m iq4_xs q2_k; pp512, tg128, -r KR, default 1),
 #     one at a time so a time limit keeps what finished. ~6 min.
+#   PART=L: change 148, Q3_K and Q2_K native on the GPU: the tree built, `ctest -L gpu` of
+#     the types' tests (test_gemv_cuda Q3_K/Q2_K/Q6_K/api, test_ops_cuda, test_ops_fused,
+#     test_model_gpu), MAIN_REV's tpinfer (held forms: Q6_K, F16) against the tree's on the
+#     8B Q3_K_M and Q2_K (bench/ab.sh tg128 at depth 0, greedy bytes; then pp512 of each).
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -281,6 +285,26 @@ K)
             2>>"$OUT/bench-k.err" | tee -a "$OUT/bench-k.md" | grep -E "pp512|tg128"
     done
     grep -E "run as" "$OUT/bench-k.err" | sort | uniq -c
+    echo "at ${SECONDS}s"
+    ;;
+L)
+    cfg build
+    bld build
+    (cd build && time ctest -L gpu -R "gemv_cuda_(Q3_K|Q2_K|Q6_K|api)|ops_cuda|model_gpu|ops_fused" \
+        -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    CP=$!
+    main_at tpinfer
+    for t in ${KTYPES:-q3_k_m q2_k}; do mk $t; done
+    wait $CP
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
+    for t in ${KTYPES:-q3_k_m q2_k}; do
+        echo "at ${SECONDS}s: ab $t"
+        ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab $t main=/tmp/tpinfer-main tree=build/tpinfer
+        for b in /tmp/tpinfer-main build/tpinfer; do
+            $b bench -m /tmp/$t.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-l.err" | tee -a "$OUT/bench-l.md" |
+                grep pp512 | sed "s|^|$b |"
+        done
+    done
     echo "at ${SECONDS}s"
     ;;
 S)

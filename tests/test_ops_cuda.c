@@ -267,9 +267,9 @@ static const int TYPES[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYP
                             TPI_TYPE_Q2_K, TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS};
 #define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 
-/* The device holds Q3_K as Q6_K and IQ4_NL as Q8_0 (the same values), Q2_K as F16 and
- * IQ4_XS as Q8_0 with f16 sub-block scales (ops_cuda.cu's upload_converted): those two
- * types' values there are the CPU's changed by up to 2^-11 of themselves. So an embedded
+/* The device holds IQ4_NL as Q8_0 (the same values) and IQ4_XS as Q8_0 with f16 sub-block
+ * scales (ops_cuda.cu's upload_converted): IQ4_XS's values there are the CPU's changed by
+ * up to 2^-11 of themselves. So an embedded
  * value may differ by 2^-11 of itself, and a matrix-vector output by ~2^-11/sqrt(3) of
  * the outputs' rms (2.8e-4; 4e-3 is ~14 sigma). The nmse of a few outputs can be far above
  * the ~8e-8 of many (one output that cancels to near 0: H100, ne1 1, 3.1e-6), so its bound
@@ -339,7 +339,7 @@ static bool v3_quantizes_x(int type) {
     return type == TPI_TYPE_Q8_0 || type == TPI_TYPE_Q4_0 || type == TPI_TYPE_Q5_0 ||
            type == TPI_TYPE_Q4_1 || type == TPI_TYPE_Q5_1 || type == TPI_TYPE_Q4_K ||
            type == TPI_TYPE_Q5_K || type == TPI_TYPE_Q6_K || type == TPI_TYPE_Q3_K ||
-           type == TPI_TYPE_IQ4_NL || type == TPI_TYPE_IQ4_XS;
+           type == TPI_TYPE_Q2_K || type == TPI_TYPE_IQ4_NL || type == TPI_TYPE_IQ4_XS;
 }
 
 /* The v3 path against the f32 reference: x rounded to int8 per 32-value block (step
@@ -471,7 +471,7 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                          * 2^-9 each), so an output of one or a few products is off by up
                          * to ~0.4 % of itself (ne0 1, rows 64: 0.31 % at 9.6x the rms):
                          * 1 % of each value on top of 3 % of the rms */
-                        const bool conv = conv_rtol(type) > 0; /* Q2_K: above */
+                        const bool conv = conv_rtol(type) > 0; /* IQ4_XS: above */
                         expect_close(label, got, want, ny,
                                      (exact ? (conv ? 4e-3 : 1e-4) : 3e-2) * scale,
                                      exact ? 0 : 1e-2, exact ? (conv ? 1e-4 : 1e-9) : 5e-5);

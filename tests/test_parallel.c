@@ -82,12 +82,10 @@ static struct model *load(const char *path, const struct tpi_grid *g, struct tpi
 
 /* Expected weight bytes of rank (tp_rank of tp, one stage) from the tensor table. */
 /* Bytes of a tensor of `type` taking `n` bytes in the file, as the CUDA backend holds it:
- * Q2_K's 84-byte blocks of 256 values as F16 (512 bytes), Q3_K's 110-byte blocks as Q6_K's
- * 210, IQ4_XS's 136 as eight Q8_0 blocks of 34 (ggml's block sizes; gpu = false: the
- * file's bytes). */
+ * IQ4_XS's 136-byte blocks of 256 values as eight Q8_0 blocks of 34, IQ4_NL's 18 as one
+ * of 34 (ggml's block sizes); the other types as in the file (gpu = false: the file's
+ * bytes). */
 static size_t held(int type, size_t n, bool gpu) {
-    if (gpu && type == TPI_TYPE_Q2_K) return n / 84 * 512;
-    if (gpu && type == TPI_TYPE_Q3_K) return n / 110 * 210;
     if (gpu && type == TPI_TYPE_IQ4_XS) return n / 136 * 272;
     if (gpu && type == TPI_TYPE_IQ4_NL) return n / 18 * 34;
     return n;
@@ -219,7 +217,7 @@ static void check_config(const char *name, const char *path, int tp, int pp) {
               g_rank, m->w.n_bytes, want_bytes);
         CHECK(m->w.n_bytes_replicated == rep, "%s: replicated %zu, expected %zu", name,
               m->w.n_bytes_replicated, rep);
-        /* as the CUDA backend holds them (Q3_K as Q6_K, Q2_K as F16): what its memory check
+        /* as the CUDA backend holds them (IQ4_NL and IQ4_XS as Q8_0): what its memory check
          * and the rank table count */
         CHECK(m->w.n_bytes_gpu == want_gpu, "%s: rank %d holds %zu bytes on a GPU, expected %zu",
               name, g_rank, m->w.n_bytes_gpu, want_gpu);

@@ -463,8 +463,7 @@ START_TEST(test_block_q3_k) {
 }
 END_TEST
 
-/* Random bytes as Q2_K and Q3_K blocks (finite d), bitwise against ggml's loops;
- * Q3_K's blocks rewritten as Q6_K (quant_convert_held) dequantize to the same bits. */
+/* Random bytes as Q2_K and Q3_K blocks (finite d), bitwise against ggml's loops. */
 START_TEST(test_k2_blocks_random) {
     enum { NB = 300 };
     struct tu_rng r;
@@ -474,9 +473,8 @@ START_TEST(test_k2_blocks_random) {
         const int type = types[k];
         const size_t bb = quant_traits(type)->type_size;
         uint8_t *q = malloc(bb * NB);
-        uint8_t *q6 = malloc(210 * NB);
-        float *got = malloc(sizeof *got * 256 * NB), *six = malloc(sizeof *six * 256 * NB);
-        ck_assert(q && q6 && got && six);
+        float *got = malloc(sizeof *got * 256 * NB);
+        ck_assert(q && got);
         for (size_t i = 0; i < bb * NB; i++) q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
         for (int b = 0; b < NB; b++) /* the f16 scales (the last 4 or 2 bytes): finite */
             for (size_t o = type == TPI_TYPE_Q2_K ? 81 : 109; o < bb; o += 2)
@@ -490,18 +488,8 @@ START_TEST(test_k2_blocks_random) {
                               "%s block %d, value %d: %a, want %a", quant_type_name(type), b, e,
                               (double)got[256 * b + e], (double)want[e]);
         }
-        if (type == TPI_TYPE_Q3_K) {
-            int64_t bad = 0;
-            ck_assert_int_eq(quant_convert_held(type, q, q6, 256 * NB, &bad), TPI_OK);
-            quant_traits(TPI_TYPE_Q6_K)->to_f32(q6, six, 256 * NB);
-            for (int e = 0; e < 256 * NB; e++)
-                ck_assert_msg(!memcmp(&six[e], &got[e], 4), "Q3_K as Q6_K, value %d: %a, want %a",
-                              e, (double)six[e], (double)got[e]);
-        }
         free(q);
-        free(q6);
         free(got);
-        free(six);
     }
 }
 END_TEST
@@ -566,14 +554,13 @@ END_TEST
 
 /* Random bytes as IQ4_NL and IQ4_XS blocks (finite d), bitwise against ggml's loops; and
  * the forms the CUDA backend holds (quant_convert_held): IQ4_NL's Q8_0 bitwise, IQ4_XS's
- * Q8_0 and Q2_K's F16 within 2^-11 of each value (their scales or values rounded to f16),
- * Q3_K's Q6_K bitwise (as above). */
+ * Q8_0 within 2^-11 of each value (its sub-block scales rounded to f16). */
 START_TEST(test_iq4_blocks_random) {
     enum { NB = 200 };
     struct tu_rng r;
     tu_rng_seed(&r, 2053);
-    const int types[4] = {TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS, TPI_TYPE_Q2_K, TPI_TYPE_Q3_K};
-    for (int k = 0; k < 4; k++) {
+    const int types[2] = {TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS};
+    for (int k = 0; k < 2; k++) {
         const int type = types[k], held = quant_gpu_held_type(type);
         const struct quant_traits *t = quant_traits(type);
         const size_t bb = t->type_size;
@@ -582,21 +569,17 @@ START_TEST(test_iq4_blocks_random) {
         float *got = malloc(sizeof *got * n), *hv = malloc(sizeof *hv * n);
         ck_assert(q && h && got && hv);
         for (size_t i = 0; i < bb * NB; i++) q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
-        for (int b = 0; b < NB; b++) { /* the f16 scales: below 2 (exponent <= 14), any sign */
-            const size_t o = type == TPI_TYPE_Q2_K ? 80 : type == TPI_TYPE_Q3_K ? 108 : 0;
-            for (size_t s = o; s < o + (type == TPI_TYPE_Q2_K ? 4 : 2); s += 2)
-                q[bb * b + s + 1] = (uint8_t)(q[bb * b + s + 1] & 0xBB);
-        }
+        for (int b = 0; b < NB; b++) /* the f16 d: below 2 (exponent <= 14), any sign */
+            q[bb * b + 1] = (uint8_t)(q[bb * b + 1] & 0xBB);
         t->to_f32(q, got, n);
-        if (type == TPI_TYPE_IQ4_NL || type == TPI_TYPE_IQ4_XS)
-            for (int b = 0; b < NB; b++) {
-                float want[256];
-                (type == TPI_TYPE_IQ4_NL ? ref_iq4_nl : ref_iq4_xs)(q + bb * b, want);
-                for (int e = 0; e < t->blck_size; e++)
-                    ck_assert_msg(!memcmp(&got[t->blck_size * b + e], &want[e], 4),
-                                  "%s block %d, value %d: %a, want %a", t->name, b, e,
-                                  (double)got[t->blck_size * b + e], (double)want[e]);
-            }
+        for (int b = 0; b < NB; b++) {
+            float want[256];
+            (type == TPI_TYPE_IQ4_NL ? ref_iq4_nl : ref_iq4_xs)(q + bb * b, want);
+            for (int e = 0; e < t->blck_size; e++)
+                ck_assert_msg(!memcmp(&got[t->blck_size * b + e], &want[e], 4),
+                              "%s block %d, value %d: %a, want %a", t->name, b, e,
+                              (double)got[t->blck_size * b + e], (double)want[e]);
+        }
         int64_t bad = 0;
         ck_assert_int_eq(quant_convert_held(type, q, h, n, &bad), TPI_OK);
         ck_assert_int_eq(bad, -1);
@@ -615,16 +598,18 @@ START_TEST(test_iq4_blocks_random) {
         }
         free(q), free(h), free(got), free(hv);
     }
-    /* beyond f16: a Q2_K value of 2^16 (d = 2^12, scale 15 -> 61440 * 3 - 0) is named */
-    uint8_t b2[84] = {0}, o2[512];
-    b2[0] = 0x0F;                /* scale 15, min 0 */
-    b2[16] = 3;                  /* element 0: level 3 */
-    put_u16(b2 + 80, 0x7000);    /* d = 2^13 */
+    /* beyond f16: an IQ4_XS sub-block scale of 2^15 * -32 (d = 2^15, stored scale 0 in
+     * sub-block 1) is named by its first value */
+    uint8_t b4[136] = {0}, o4[8 * 34];
+    put_u16(b4, 0x7800); /* d = 2^15 */
+    put_u16(b4 + 2, 2);  /* top bits: sub-block 0's 2 (stored 32: scale 0), the others' 0 */
     int64_t bad = -1;
-    ck_assert_int_eq(quant_convert_held(TPI_TYPE_Q2_K, b2, o2, 256, &bad), TPI_ERR_UNSUPPORTED);
-    ck_assert_int_eq(bad, 0);
-    ck_assert_int_eq(quant_convert_held(TPI_TYPE_Q2_K, b2, o2, 100, &bad), TPI_ERR_INVALID);
-    ck_assert_int_eq(quant_gpu_held_type(TPI_TYPE_Q4_K), TPI_TYPE_Q4_K);
+    ck_assert_int_eq(quant_convert_held(TPI_TYPE_IQ4_XS, b4, o4, 256, &bad), TPI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(bad, 32);
+    ck_assert_int_eq(quant_convert_held(TPI_TYPE_IQ4_XS, b4, o4, 100, &bad), TPI_ERR_INVALID);
+    /* the K-quants have kernels of their own: held as themselves */
+    const int own[3] = {TPI_TYPE_Q2_K, TPI_TYPE_Q3_K, TPI_TYPE_Q4_K};
+    for (int k = 0; k < 3; k++) ck_assert_int_eq(quant_gpu_held_type(own[k]), own[k]);
 }
 END_TEST
 

@@ -462,8 +462,8 @@ static int shard_plan(const struct gguf_file *f, int tp, int pp, bool json, cJSO
         printf("(* KV head replicated on several ranks; f32 slices: row-parallel slices off the\n"
                " type's block edge, expanded to F32 exactly)\n");
     if (!json && !rc && gpu_mib_max > 0)
-        printf("(on CUDA, up to %.1f MiB a rank: Q2_K, Q3_K and IQ4 weights are held in the\n"
-               " types its kernels compute, F16, Q6_K and Q8_0)\n",
+        printf("(on CUDA, up to %.1f MiB a rank: IQ4_NL and IQ4_XS weights are held as Q8_0,\n"
+               " which its kernels compute)\n",
                gpu_mib_max);
     if (rc) cJSON_Delete(arr);
     else if (arr_out) *arr_out = arr;

@@ -450,7 +450,7 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
     for (int r = 0; r < nr; r++)
         for (int v = 0; v < ne0; v++) {
             const int at = gv_is_k4<T>   ? gv_perm_k4(v)
-                           : gv_is_q6<T> ? gv_perm_q6(v)
+                           : gv_q6_items<T> ? gv_perm_q6(v)
                                          : gv_perm_b32(v);
             xp[(size_t)r * xs + at] = xq[(size_t)r * ne0 + v];
         }

@@ -425,6 +425,81 @@ template <> struct gu<TPI_TYPE_Q6_K> {
     }
 };
 
+/* Q3_K (110-byte blocks): unit u = values 16u.. = 128n + 32k + l0.. as Q6_K's (n = u >> 3,
+ * k = (u >> 1) & 3, l0 = 16 (u & 1)): bit pair k of the 16 qs bytes at 32 + 32n + l0, bit
+ * 4n + k of the 16 hmask bytes at l0 (clear: -4), times d * scale u (kq_q3_k_scale). */
+template <> struct gu<TPI_TYPE_Q3_K> {
+    static constexpr int BLK = 256, BYTES = 110, UPB = 16;
+    struct raw {
+        gv_win qs, hm;
+        uint32_t sd; /* scale u less 32 (bits 0..7, signed) and d (bits 16..31) */
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        const int n = u >> 3, l0 = 16 * (u & 1);
+        gv_win_load(w.qs, b + 32 + 32 * n + l0);
+        gv_win_load(w.hm, b + l0);
+        /* the scale's low nibble in byte u & 7, its top bits in byte 8 + (u & 3) */
+        const uint32_t lo = gv_ld16(b + 96 + (u & 6)) >> (8 * (u & 1));
+        const uint32_t hi = gv_ld16(b + 104 + (u & 2)) >> (8 * (u & 1));
+        const int sc = (int)(((lo >> (4 * (u >> 3))) & 0xFu) | (((hi >> (2 * (u >> 2))) & 3u) << 4));
+        w.sd = (uint32_t)((sc - 32) & 0xFF) | (gv_ld16(b + 108) << 16);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t l[4], h[4], q[4];
+        gv_win_get(w.qs, l);
+        gv_win_get(w.hm, h);
+        const int k = (u >> 1) & 3, hb = 4 * (u >> 3) + k;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = gv_vsub4(((l[i] >> (2 * k)) & 0x03030303u) | (((h[i] >> hb) & 0x01010101u) << 2),
+                            0x04040404u);
+        const float scale = gv_h2f((uint16_t)(w.sd >> 16)) * keep * (float)(int8_t)(w.sd & 0xFFu);
+        gu_dot16<NR>(q, scale, x, ds, xs, nr, acc);
+    }
+};
+
+/* Q2_K (84-byte blocks, 4-byte aligned): unit u as Q3_K's, its levels bit pair k of the 16
+ * qs bytes at 16 + 32n + l0, scale byte u (4-bit scale, 4-bit min); the minimum applies
+ * to the unit's own 16 x values (their sum by a dp4a with ones). */
+template <> struct gu<TPI_TYPE_Q2_K> {
+    static constexpr int BLK = 256, BYTES = 84, UPB = 16;
+    struct raw {
+        uint32_t q[4], sc, dd;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        const int n = u >> 3, l0 = 16 * (u & 1);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w.q[i] = gv_ld32(b + 16 + 32 * n + l0 + 4 * i);
+        w.sc = (gv_ld16(b + (u & ~1)) >> (8 * (u & 1))) & 0xFFu;
+        w.dd = gv_ld32(b + 80);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int k = (u >> 1) & 3;
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = (w.q[i] >> (2 * k)) & 0x03030303u;
+        const float dl = gv_h2f((uint16_t)(w.dd & 0xFFFFu)) * keep * (float)(w.sc & 0xFu);
+        const float ml = gv_h2f((uint16_t)(w.dd >> 16)) * keep * (float)(w.sc >> 4);
+        const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u, 0x01010101u};
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            if (r == 0 || r < nr) {
+                const int4 xv = gv_ldx128(x + (size_t)r * xs);
+                const int s = gv_dp4a_x4(q, xv, 0), sx = gv_dp4a_x4(ones, xv, 0);
+                const float dx = gv_ldx<float2>(ds + (size_t)r * (xs / GV_QK)).x;
+                acc[r] += dx * fmaf(dl, (float)s, -ml * (float)sx);
+            }
+    }
+};
+
 /* Q6_K in groups of 8 blocks (KERN_LAYOUT_Q6_KX8): unit u = Q6_K's unit uu = u % 16 of
  * block c = u / 16, in item l = 4c + 2n + (uu & 1) (n = uu / 8): ql's 16 bytes are the
  * item's A piece (k = (uu >> 1) & 3 even) or C piece (odd), qh's its H piece, the scale
@@ -474,7 +549,10 @@ __device__ __forceinline__ float gv_warp_sum(float v) {
  * dot), by the registers a unit's loads take (8-20), times the `batch` knob (1, 2) */
 template <int TYPE> struct gu_batch {
     static constexpr int U =
-        TYPE == TPI_TYPE_Q6_K || TYPE == KERN_TYPE_Q6_KX8 || TYPE == TPI_TYPE_Q5_K ? 2 : 4;
+        TYPE == TPI_TYPE_Q6_K || TYPE == KERN_TYPE_Q6_KX8 || TYPE == TPI_TYPE_Q5_K ||
+                TYPE == TPI_TYPE_Q3_K
+            ? 2
+            : 4;
 };
 
 /* One warp's share of a row for kind b: units part*32 + lane, stepping 32*wpr, in
@@ -1476,11 +1554,15 @@ template <int T>
 constexpr bool gv_type_covered =
     T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 || T == TPI_TYPE_Q4_0 || T == KERN_TYPE_Q4_0X8 ||
     T == TPI_TYPE_Q5_0 || T == TPI_TYPE_Q4_1 || T == TPI_TYPE_Q5_1 || T == TPI_TYPE_Q4_K ||
-    T == TPI_TYPE_Q5_K || T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_BF16 ||
-    T == TPI_TYPE_F16;
+    T == TPI_TYPE_Q5_K || T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_Q3_K ||
+    T == TPI_TYPE_Q2_K || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
 /* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6); Q4_K's
  * and Q5_K's items are 64 values in order (gv_perm_k4) */
 template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;
+/* The types whose items are numbered as Q6_K's (kind p reads its permuted copy of x):
+ * Q6_K's layouts and the 2-bit K-quants Q3_K and Q2_K */
+template <int T>
+constexpr bool gv_q6_items = gv_is_q6<T> || T == TPI_TYPE_Q3_K || T == TPI_TYPE_Q2_K;
 template <int T> constexpr bool gv_is_k4 = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
     bool taken = false;

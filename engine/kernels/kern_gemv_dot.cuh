@@ -1,6 +1,6 @@
 /*
  * kern_gemv_dot.cuh — the per-type dot products of the int8 decode path: how a weight
- * block of each quantized type (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K and the
+ * block of each quantized type (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and the
  * device layouts KERN_TYPE_Q8_0X8, KERN_TYPE_Q4_0X8, KERN_TYPE_Q6_KX8) is loaded into
  * registers and dotted with int8 x in blocks of 32 and their (d, d*sum) pairs
  * (kern_xq.cuh). The matrix-vector kernels of kern_gemv.cuh and the fused decode-layer
@@ -664,6 +664,124 @@ template <> struct gv<TPI_TYPE_Q6_K> {
             sk[k] = d * (float)(int8_t)((wr.S[idx >> 2] >> (8 * (idx & 3))) & 0xFFu);
         }
         gv_q6_item<NR, PERM>(wr.A, wr.C, wr.H, sk, n, l0, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* One item of the 2-bit K-quants (Q3_K, Q2_K), in Q6_K's item geometry (half n, l0 in
+ * {0, 16}): the words q[k] hold the signed levels of values 128n + 32k + l0..+15 (k =
+ * 0..3), times sk[k]; MIN (Q2_K): less mk[k] times the sum of those 16 x values (a dp4a
+ * with ones: a minimum every 16 values, finer than x's 32-value (d, d*sum) pairs). x, ds
+ * as gv_q6_item takes them (kind p: Q6_K's permuted copy, the same item numbering). */
+template <int NR, bool PERM, bool MIN>
+__host__ __device__ __forceinline__ void gv_k2_item(const uint32_t (&q)[4][4], const float (&sk)[4],
+                                                    const float (&mk)[4], int n, int l0,
+                                                    const int8_t *x, int xs, const float2 *ds,
+                                                    int dss, int nr, float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int8_t *xr = x + (size_t)r * xs;
+            const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
+            const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
+            const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
+                const int s = gv_dp4a_x4(q[k], xv, 0);
+                if (MIN) {
+                    const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u,
+                                              0x01010101u};
+                    const int sx = gv_dp4a_x4(ones, xv, 0);
+                    t = fmaf(dx[k], fmaf(sk[k], (float)s, -mk[k] * (float)sx), t);
+                } else {
+                    t = fmaf(sk[k] * dx[k], (float)s, t);
+                }
+            }
+            acc[r] += t;
+        }
+}
+
+/* Byte i of the words w (little-endian). */
+template <int N> __host__ __device__ __forceinline__ int gv_byte(const uint32_t (&w)[N], int i) {
+    return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFFu);
+}
+
+/* Q3_K (110-byte blocks: hmask, qs, 12 scale bytes, f16 d): an item is a quarter block as
+ * Q6_K's: 16 qs bytes at 32 + 32n + l0 (bit pairs k), 16 hmask bytes at l0 (bit 4n + k:
+ * the level's third bit, clear meaning -4), the 6-bit scales 8n + 2k + l0/16 (kq_q3_k_scale's
+ * packing), all read with 2-byte-aligned loads. */
+template <> struct gv<TPI_TYPE_Q3_K> {
+    static constexpr int BLK = 256, BYTES = 110, IPB = 4;
+    struct raw {
+        uint32_t Q[4], H[4], S[3], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int it) {
+        const int n = it >> 1, l0 = (it & 1) * 16;
+        gv_ld_a2<4>(b + 32 + 32 * n + l0, w.Q);
+        gv_ld_a2<4>(b + l0, w.H);
+        gv_ld_a2<3>(b + 96, w.S);
+        w.d = gv_ld16(b + 108);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int it, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int n = it >> 1, l0 = (it & 1) * 16;
+        const float d = gv_h2f((uint16_t)wr.d) * keep;
+        float sk[4];
+        uint32_t q[4][4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int j = 8 * n + 2 * k + (l0 >> 4);
+            const int lo = (gv_byte(wr.S, j & 7) >> (4 * (j >> 3))) & 0xF;
+            const int hi = (gv_byte(wr.S, 8 + (j & 3)) >> (2 * (j >> 2))) & 3;
+            sk[k] = d * (float)((lo | (hi << 4)) - 32);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                q[k][i] = gv_vsub4(((wr.Q[i] >> (2 * k)) & 0x03030303u) |
+                                       (((wr.H[i] >> (4 * n + k)) & 0x01010101u) << 2),
+                                   0x04040404u);
+        }
+        gv_k2_item<NR, PERM, false>(q, sk, sk, n, l0, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* Q2_K (84-byte blocks, 4-byte aligned: 16 scale bytes, qs as Q3_K's, f16 d and dmin): an
+ * item as Q3_K's, its scale bytes 8n + l0/16 + 2k (4-bit scale, 4-bit min). */
+template <> struct gv<TPI_TYPE_Q2_K> {
+    static constexpr int BLK = 256, BYTES = 84, IPB = 4;
+    struct raw {
+        uint32_t Q[4], S[2], dd;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int it) {
+        const int n = it >> 1, l0 = (it & 1) * 16;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w.Q[i] = gv_ld32(b + 16 + 32 * n + l0 + 4 * i);
+        w.S[0] = gv_ld32(b + 8 * n);
+        w.S[1] = gv_ld32(b + 8 * n + 4);
+        w.dd = gv_ld32(b + 80);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int it, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int n = it >> 1, l0 = (it & 1) * 16;
+        const float d = gv_h2f((uint16_t)(wr.dd & 0xFFFFu)) * keep;
+        const float dmin = gv_h2f((uint16_t)(wr.dd >> 16)) * keep;
+        float sk[4], mk[4];
+        uint32_t q[4][4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int sc = gv_byte(wr.S, (l0 >> 4) + 2 * k);
+            sk[k] = d * (float)(sc & 0xF);
+            mk[k] = dmin * (float)(sc >> 4);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                q[k][i] = (wr.Q[i] >> (2 * k)) & 0x03030303u;
+        }
+        gv_k2_item<NR, PERM, true>(q, sk, mk, n, l0, x, xs, ds, dss, nr, acc);
     }
 };
 

@@ -57,7 +57,7 @@ static inline gv_segs gv_segs_of(const struct ops_ctx *ctx, int n,
 template <int T> static const int8_t *gv_xp_of(const struct kern_gemv_x *gx, int *xs) {
     using Q = gv<T>;
     const gv_xlayout lay = gv_xlayout_of(gx->n_rows, gx->ne0);
-    const size_t off = gv_is_k4<T> ? lay.k4_off : gv_is_q6<T> ? lay.q6_off : lay.b32_off;
+    const size_t off = gv_is_k4<T> ? lay.k4_off : gv_q6_items<T> ? lay.q6_off : lay.b32_off;
     *xs = Q::BLK / Q::IPB == 32 ? lay.b32_stride : lay.k4_stride;
     return gx->xp + (off - lay.b32_off);
 }

@@ -306,6 +306,68 @@ template <> struct kq<TPI_TYPE_Q6_K> {
     }
 };
 
+/* Q3_K's 6-bit scale j (0..15), less its offset 32: low 4 bits in nibble j / 8 of byte
+ * j % 8 of its 12 scale bytes s, top 2 bits at bit 2 (j / 4) of byte 8 + j % 4. */
+__host__ __device__ __forceinline__ int kq_q3_k_scale(const uint8_t *s, int j) {
+    const int lo = (s[j & 7] >> (4 * (j >> 3))) & 0xF;
+    const int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* Q3_K: 32 bytes hmask, 64 bytes qs, 12 bytes of packed 6-bit scales, f16 d (110 bytes).
+ * Q6_K's geometry: each 128-value half n uses qs[32n..]: byte l gives values l, l+32,
+ * l+64, l+96 of the half (bit pairs 0..3), whose third bit is bit 4n + k of hmask[l];
+ * q - 4 (the bit clear: minus 4) times d * scale[8n + 2k + l/16]. Units as Q6_K's. */
+template <> struct kq<TPI_TYPE_Q3_K> {
+    static constexpr int BLK = 256, BYTES = 110, UPB = 16, G = 4;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 128 * (u >> 3) + 32 * g + (u & 7) * 4;
+    }
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
+                                                int (&off)[4]) {
+        const float d = kq_f16(b + 108);
+        const int n = u >> 3, l0 = (u & 7) * 4;
+        const uint32_t q = kq_u32_a2(b + 32 + 32 * n + l0), h = kq_u32_a2(b + l0);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const float dl = d * (float)kq_q3_k_scale(b + 96, 8 * n + 2 * g + (l0 >> 4));
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int lv = (q >> (8 * i + 2 * g)) & 3, hb = (h >> (8 * i + 4 * n + g)) & 1;
+                v[4 * g + i] = dl * (float)(lv - (hb ? 0 : 4));
+            }
+            off[g] = goff(u, g);
+        }
+    }
+};
+
+/* Q2_K: 16 bytes of scales (4-bit scale, 4-bit min above it), 64 bytes qs as Q3_K's, f16
+ * d and dmin (84 bytes): value = d * (sc & 15) * q - dmin * (sc >> 4), q the bit pair, sc
+ * = scales[8n + 2k + l/16]. Units as Q6_K's (84-byte blocks: 4-byte aligned). */
+template <> struct kq<TPI_TYPE_Q2_K> {
+    static constexpr int BLK = 256, BYTES = 84, UPB = 16, G = 4;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 128 * (u >> 3) + 32 * g + (u & 7) * 4;
+    }
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
+                                                int (&off)[4]) {
+        const float d = kq_f16(b + 80), dmin = kq_f16(b + 82);
+        const int n = u >> 3, l0 = (u & 7) * 4;
+        const uint32_t q = kq_u32_a4(b + 16 + 32 * n + l0);
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const int sc = b[8 * n + 2 * g + (l0 >> 4)];
+            const float dl = d * (float)(sc & 0xF), ml = dmin * (float)(sc >> 4);
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                v[4 * g + i] = dl * (float)((q >> (8 * i + 2 * g)) & 3) - ml;
+            off[g] = goff(u, g);
+        }
+    }
+};
+
 /* The 16 values of item l's words at byte j (0, 4, 8, 12) of a Q6_K 8-block group's
  * pieces: A, C and H runs (16 bytes an item), the scales words (4 bytes an item) and the
  * item's block's f16 d. Shared by kq<KERN_TYPE_Q6_KX8> and kern_mmq's gathered chunks. */
@@ -383,6 +445,8 @@ template <typename F> bool kq_dispatch(int type, F &&f) {
         KQ_CASE(TPI_TYPE_Q5_K, true)
         KQ_CASE(TPI_TYPE_Q6_K, true)
         KQ_CASE(KERN_TYPE_Q6_KX8, true)
+        KQ_CASE(TPI_TYPE_Q3_K, true)
+        KQ_CASE(TPI_TYPE_Q2_K, true)
     default:
         return false;
     }

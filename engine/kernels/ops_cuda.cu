@@ -81,6 +81,8 @@ bool kern_type_supported(int type) {
     case TPI_TYPE_Q5_0:
     case TPI_TYPE_Q5_1:
     case TPI_TYPE_Q8_0:
+    case TPI_TYPE_Q2_K:
+    case TPI_TYPE_Q3_K:
     case TPI_TYPE_Q4_K:
     case TPI_TYPE_Q5_K:
     case TPI_TYPE_Q6_K:
@@ -526,10 +528,9 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
                               int64_t ne1, const void *host_data, struct tpi_error *err);
 
 /* The types without kernels of their own here, in the type quant_gpu_held_type names
- * (quant_convert_held): Q3_K as Q6_K and IQ4_NL as Q8_0 with the same values, IQ4_XS as
- * Q8_0 with its sub-block scales rounded to f16, Q2_K as F16 (a relative change of at most
- * 2^-11, or 2^-25 absolute below f16's normal range, against these formats' own errors of
- * percents). Said once a type and context. */
+ * (quant_convert_held): IQ4_NL as Q8_0 with the same values, IQ4_XS as Q8_0 with its
+ * sub-block scales rounded to f16 (a relative change of at most 2^-11, against the
+ * format's own error of percents). Said once a type and context. */
 static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                             int64_t ne1, const void *host_data, struct tpi_error *err) {
     const struct quant_traits *tr = quant_traits(type);

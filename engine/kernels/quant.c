@@ -603,11 +603,6 @@ static void q5_k_from_f32(const float *src, void *dst, int64_t n) {
  * l+32, l+64 and l+96 (bits 0-1, 2-3, 4-5, 6-7). Sub-block s covers elements
  * 16s..16s+15. */
 
-/* Level bits of element e (0..255) of a Q2_K/Q3_K block's qs. */
-static inline int k2_bits(const uint8_t *qs, int e) {
-    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-}
-
 static void k2_pack(const uint8_t *L, uint8_t *qs) {
     memset(qs, 0, QK_K / 4);
     for (int e = 0; e < QK_K; e++)
@@ -619,7 +614,7 @@ TPI_CPU_CLONES static void q2_k_to_f32(const void *restrict src, float *restrict
     const struct block_q2_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        /* sub-block s = 8h + 2j + k: bytes 32h + 16k.. of qs, shifted by 2j (k2_bits's
+        /* sub-block s = 8h + 2j + k: bytes 32h + 16k.. of qs, shifted by 2j (k2_pack's
          * order, in loops of 16 bytes at one shift that the compiler vectorizes) */
         for (int s = 0; s < QK_K / 16; s++, dst += 16) {
             const uint8_t *q = b[i].qs + 32 * (s / 8) + 16 * (s % 2);
@@ -901,12 +896,7 @@ static void iq4_xs_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
-/* ---- Q3_K as Q6_K, exactly ------------------------------------------------
- * Q6_K stores x = d * scale[s] * (q - 32) with int8 scales over the same 16
- * sub-blocks of 16 and q - 32 in -32..31, so a Q3_K block (x = d * scale * q,
- * scale in -32..31, q in -4..3) is the Q6_K block with the same d, its scales
- * and q + 32: the same products of the same floats. */
-
+/* Q6_K's levels L (0..63, 256 of them) into its ql and qh runs. */
 static void q6_k_pack(const uint8_t *L, struct block_q6_k *b) {
     uint8_t *ql = b->ql, *qh = b->qh;
     for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32) {
@@ -920,25 +910,8 @@ static void q6_k_pack(const uint8_t *L, struct block_q6_k *b) {
     }
 }
 
-static void q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
-    const struct block_q3_k *a = src;
-    struct block_q6_k *b = dst;
-    uint8_t L[QK_K];
-    for (int64_t i = 0; i < n_blocks; i++) {
-        for (int s = 0; s < QK_K / 16; s++) b[i].scales[s] = (int8_t)q3_k_scale(a[i].scales, s);
-        for (int e = 0; e < QK_K; e++)
-            L[e] = (uint8_t)(k2_bits(a[i].qs, e) + ((a[i].hmask[e % 32] >> (e / 32)) & 1 ? 32 : 28));
-        q6_k_pack(L, &b[i]);
-        b[i].d = a[i].d;
-    }
-}
-
 int quant_gpu_held_type(int type) {
     switch (type) {
-    case TPI_TYPE_Q3_K:
-        return TPI_TYPE_Q6_K;
-    case TPI_TYPE_Q2_K:
-        return TPI_TYPE_F16;
     case TPI_TYPE_IQ4_NL:
     case TPI_TYPE_IQ4_XS:
         return TPI_TYPE_Q8_0;
@@ -948,7 +921,7 @@ int quant_gpu_held_type(int type) {
 }
 
 bool quant_held_is_exact(int type) {
-    return type != TPI_TYPE_Q2_K && type != TPI_TYPE_IQ4_XS;
+    return type != TPI_TYPE_IQ4_XS;
 }
 
 int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, int64_t *bad) {
@@ -956,24 +929,6 @@ int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, in
     *bad = -1;
     if (!t || !t->supported || n_elems <= 0 || n_elems % t->blck_size != 0) return TPI_ERR_INVALID;
     switch (type) {
-    case TPI_TYPE_Q3_K:
-        q3_k_as_q6_k(src, dst, n_elems / QK_K);
-        return TPI_OK;
-    case TPI_TYPE_Q2_K: { /* f32 as the CPU computes it, rounded to f16 */
-        float v[QK_K];
-        uint16_t *h = dst;
-        for (int64_t i = 0; i < n_elems / QK_K; i++) {
-            q2_k_to_f32((const struct block_q2_k *)src + i, v, QK_K);
-            for (int j = 0; j < QK_K; j++) {
-                if (!(fabsf(v[j]) <= 65504.0f)) { /* NaN too */
-                    *bad = i * QK_K + j;
-                    return TPI_ERR_UNSUPPORTED;
-                }
-                h[i * QK_K + j] = tpi_f32_to_f16(v[j]);
-            }
-        }
-        return TPI_OK;
-    }
     case TPI_TYPE_IQ4_NL: { /* the same d, the table's values as the int8 levels */
         const struct block_iq4_nl *a = src;
         struct block_q8_0 *b = dst;

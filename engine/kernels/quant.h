@@ -77,14 +77,13 @@ int quant_dequant_rows(int type, const void *data, int64_t ne0, int64_t row0, in
 int quant_extract_cols(int type, const void *data, int64_t ne0, int64_t ne1, int64_t col0,
                        int64_t n_cols, void *dst, struct tpi_error *err);
 
-/* The type the CUDA backend holds a weight of `type` in (one its kernels compute): Q3_K
- * as Q6_K, Q2_K as F16, IQ4_NL and IQ4_XS as Q8_0; every other type as itself. */
+/* The type the CUDA backend holds a weight of `type` in (one its kernels compute): IQ4_NL
+ * and IQ4_XS as Q8_0; every other type as itself. */
 int quant_gpu_held_type(int type);
 
-/* Whether quant_convert_held keeps `type`'s values bitwise (true for Q3_K and IQ4_NL and
- * the types held as themselves; Q2_K's values and IQ4_XS's sub-block scales are rounded
- * to f16: a relative change of at most 2^-11, or 2^-25 absolute for Q2_K values below
- * f16's normal range). */
+/* Whether quant_convert_held keeps `type`'s values bitwise (true for IQ4_NL and the types
+ * held as themselves; IQ4_XS's sub-block scales are rounded to f16: a relative change of
+ * at most 2^-11). */
 bool quant_held_is_exact(int type);
 
 /* Convert n_elems values (whole blocks) of `type` into quant_gpu_held_type(type)'s layout
