@@ -290,14 +290,14 @@ K)
 L)
     cfg build
     bld build
-    (cd build && time ctest -L gpu -R "gemv_cuda_(Q3_K|Q2_K|Q6_K|api)|ops_cuda|model_gpu|ops_fused" \
+    (cd build && time ctest -L gpu -R "gemv_cuda_(Q3_K|Q2_K|IQ4_NL|IQ4_XS|Q6_K|api)|ops_cuda|model_gpu|ops_fused" \
         -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
     CP=$!
     main_at tpinfer
-    for t in ${KTYPES:-q3_k_m q2_k}; do mk $t; done
+    for t in ${KTYPES:-q3_k_m q2_k iq4_xs}; do mk $t; done
     wait $CP
     grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
-    for t in ${KTYPES:-q3_k_m q2_k}; do
+    for t in ${KTYPES:-q3_k_m q2_k iq4_xs}; do
         echo "at ${SECONDS}s: ab $t"
         ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab $t main=/tmp/tpinfer-main tree=build/tpinfer
         for b in /tmp/tpinfer-main build/tpinfer; do

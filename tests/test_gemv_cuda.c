@@ -8,9 +8,9 @@
  *   same item/unit code and order, kind p's permuted x) for every quantized type, odd
  *   shapes, 1, 2 and 4 warps per row; Q8_0, Q4_0 and Q6_K also in the device's 8-block
  *   groups (bitwise the GGUF layout's results);
- * - Q8_0 Q4_0 Q5_0 Q4_1 Q5_1 Q4_K Q5_K Q6_K Q3_K Q2_K BF16 F16 (label gpu): kern_gemv_v3_run for
- *   each setting in CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1 1..4097, plain and
- *   accumulate (y += );
+ * - Q8_0 Q4_0 Q5_0 Q4_1 Q5_1 Q4_K Q5_K Q6_K Q3_K Q2_K IQ4_NL IQ4_XS BF16 F16 (label gpu):
+ *   kern_gemv_v3_run for each setting in CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1
+ *   1..4097, plain and accumulate (y += );
  * - api (label gpu): one prepared x run against three weights, two of them on two
  *   side streams at once, and what the path refuses; three weights of one type in one
  *   launch (kern_gemv_v3_run_n), and Q4_K (or Q5_K) and Q6_K weights in one launch
@@ -49,9 +49,10 @@ static const struct ops *G; /* the CUDA backend (NULL in the host group) */
 static const struct ops *C = &ops_cpu;
 static struct ops_ctx *gctx, *cctx;
 
-static const int TYPES[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_0, TPI_TYPE_Q5_0, TPI_TYPE_Q4_1,
-                            TPI_TYPE_Q5_1, TPI_TYPE_Q4_K, TPI_TYPE_Q5_K, TPI_TYPE_Q6_K,
-                            TPI_TYPE_Q3_K, TPI_TYPE_Q2_K, TPI_TYPE_BF16, TPI_TYPE_F16};
+static const int TYPES[] = {TPI_TYPE_Q8_0, TPI_TYPE_Q4_0, TPI_TYPE_Q5_0,   TPI_TYPE_Q4_1,
+                            TPI_TYPE_Q5_1, TPI_TYPE_Q4_K, TPI_TYPE_Q5_K,   TPI_TYPE_Q6_K,
+                            TPI_TYPE_Q3_K, TPI_TYPE_Q2_K, TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS,
+                            TPI_TYPE_BF16, TPI_TYPE_F16};
 #define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 
 /* Every setting the GPU groups run: every kind, both kind-b batch sizes, with and

@@ -648,25 +648,6 @@ START_TEST(test_cli_info) {
     ck_assert_msg(strstr(out, "\"general.u64\":18446744073709551615") &&
                       strstr(out, "\"general.f32\":\"f32\"") && strstr(out, "{\"version\":3,"),
                   "json: %s", out);
-    /* The shard plan says what a rank holds on a GPU where that is more than the file's
-     * bytes (IQ4_XS as Q8_0), and only there (Q2_K and Q3_K run as they are). */
-    const char *iq = tu_data_path("qwen2-tiny-iq4_xs.gguf");
-    const char *q2 = tu_data_path("qwen3-tiny-q2_k.gguf"), *q4 = tu_data_path("qwen3-tiny-q4_k_m.gguf");
-    if (iq && q2 && q4) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s", iq);
-        status = run_info(path, false, "2", out, sizeof out, errs, sizeof errs);
-        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --tp 2: %s", errs);
-        ck_assert_msg(strstr(out, "(on CUDA, up to 3.6 MiB a rank: IQ4_NL and IQ4_XS"), "text: %s",
-                      out);
-        const char *no_note[2] = {q2, q4};
-        for (int i = 0; i < 2; i++) {
-            snprintf(path, sizeof path, "%s", no_note[i]);
-            status = run_info(path, false, "2", out, sizeof out, errs, sizeof errs);
-            ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --tp 2: %s", errs);
-            ck_assert_msg(!strstr(out, "on CUDA"), "%s: %s", path, out);
-        }
-    }
     free(bytes);
     tu_tmpdir_remove();
 }

@@ -2,14 +2,13 @@
  * kern_gemv.cu — the v3 decode matrix-vector path (TPI_GEMV=v3, or
  * ops_cuda_set_gemv): y(n_rows, ne1) = x(n_rows, ne0) * W^T (or y +=) for n_rows <= 8.
  *
- * Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): x is first quantized
- * to int8 in blocks of 32 values with an f32 scale d and d * (sum of the block's int8 values)
- * (kern_gemv_v3_prepare: one small kernel, shareable by several weights). The weight
- * bytes are dotted with the int8 x through __dp4a (4 byte products per instruction,
- * exact integer sums), block scales applied per 16-64 values, and a warp shuffle sums a
- * row. Cost: x is rounded to 8 bits per 32-value block (relative error ~2^-8 per value,
- * normalized squared error of y ~1e-5), llama.cpp's mmvq level. BF16/F16 weights keep
- * f32 x (exact as the v2 kernels), 8 values per item.
+ * Quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K, IQ4_NL, IQ4_XS): x is first
+ * quantized to int8 in blocks of 32 values with an f32 scale d and d * (sum of the block's int8
+ * values) (kern_gemv_v3_prepare: one small kernel, shareable by several weights). The weight bytes
+ * are dotted with the int8 x through __dp4a (4 byte products per instruction, exact integer sums),
+ * block scales applied per 16-64 values, and a warp shuffle sums a row. Cost: x is rounded to 8
+ * bits per 32-value block (relative error ~2^-8 per value, normalized squared error of y ~1e-5),
+ * llama.cpp's mmvq level. BF16/F16 weights keep f32 x (exact as the v2 kernels), 8 values per item.
  *
  * A warp (or 2-4 warps of a block, for few rows) takes one weight row; every lane
  * loads a batch of its pieces of the row before the first dot. Three ways to cut a row
@@ -42,8 +41,8 @@
  *
  * Files: this one holds the public entries, the knobs, x's quantization and the host
  * emulation; kern_gemv.cuh the kernels; kern_gemv_launch.cuh the launches, instantiated
- * per weight type by five parts (kern_gemv_q8.cu, _q4, _q5, _k, _q6) that the build
- * compiles at once (one file took ~165 s on two cores; the longest part takes ~60 s).
+ * per weight type by seven parts (kern_gemv_q8.cu, _q4, _q5, _k, _q6, _k2, _iq4) that the
+ * build compiles at once (one file took ~165 s on two cores; the longest part takes ~60 s).
  */
 #include <ctype.h>
 #include <stdio.h>

@@ -6,8 +6,8 @@
  *
  * kern_gemv.cu holds the public entries, the knobs, x's quantization and the host
  * emulation, and calls a type's launches through gv_dispatch; each part
- * (kern_gemv_q8.cu, _q4, _q5, _k, _q6) instantiates the launches, and so the kernels,
- * of its own types (kern_gemv_launch.cuh), so the build compiles the parts at once. A
+ * (kern_gemv_q8.cu, _q4, _q5, _k, _q6, _k2, _iq4) instantiates the launches, and so the
+ * kernels, of its own types (kern_gemv_launch.cuh), so the build compiles the parts at once. A
  * covered type no part instantiates fails at link time. Nothing here is instantiated
  * by including it.
  */
@@ -209,6 +209,55 @@ template <> struct gu<TPI_TYPE_Q4_0> {
         for (int i = 0; i < 4; i++)
             q[i] = gv_vsub4((q[i] >> (4 * u)) & 0x0F0F0F0Fu, 0x08080808u);
         gu_dot16<NR>(q, gv_h2f((uint16_t)w.d) * keep, x, ds, xs, nr, acc);
+    }
+};
+
+/* IQ4_NL: Q4_0's units (unit u = nibble u of the 16 index bytes at b+2), d * level. */
+template <> struct gu<TPI_TYPE_IQ4_NL> {
+    static constexpr int BLK = 32, BYTES = 18, UPB = 2;
+    using raw = gu<TPI_TYPE_Q4_0>::raw;
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        gu<TPI_TYPE_Q4_0>::load(w, b, u);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t q[4];
+        gv_win_get(w.q, q);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = kq_iq4_levels4((q[i] >> (4 * u)) & 0x0F0F0F0Fu);
+        gu_dot16<NR>(q, gv_h2f((uint16_t)w.d) * keep, x, ds, xs, nr, acc);
+    }
+};
+
+/* IQ4_XS (8-byte aligned blocks): unit u = nibble u & 1 of sub-block u >> 1's 16 index
+ * bytes at b+8+16(u >> 1), at d * (ls - 32) (gv<TPI_TYPE_IQ4_XS> says where ls sits). */
+template <> struct gu<TPI_TYPE_IQ4_XS> {
+    static constexpr int BLK = 256, BYTES = 136, UPB = 16;
+    struct raw {
+        uint32_t q[4], dh, sl;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w.q[i] = gv_ld32(b + 8 + 16 * (u >> 1) + 4 * i);
+        w.dh = gv_ld32(b);
+        w.sl = gv_ld32(b + 4);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int c = u >> 1;
+        const int ls = (int)(((w.sl >> (4 * c)) & 0xFu) | (((w.dh >> (16 + 2 * c)) & 3u) << 4));
+        uint32_t q[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            q[i] = kq_iq4_levels4((w.q[i] >> (4 * (u & 1))) & 0x0F0F0F0Fu);
+        gu_dot16<NR>(q, gv_h2f((uint16_t)(w.dh & 0xFFFFu)) * (float)(ls - 32) * keep, x, ds, xs, nr,
+                     acc);
     }
 };
 
@@ -1555,7 +1604,8 @@ constexpr bool gv_type_covered =
     T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 || T == TPI_TYPE_Q4_0 || T == KERN_TYPE_Q4_0X8 ||
     T == TPI_TYPE_Q5_0 || T == TPI_TYPE_Q4_1 || T == TPI_TYPE_Q5_1 || T == TPI_TYPE_Q4_K ||
     T == TPI_TYPE_Q5_K || T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_Q3_K ||
-    T == TPI_TYPE_Q2_K || T == TPI_TYPE_BF16 || T == TPI_TYPE_F16;
+    T == TPI_TYPE_Q2_K || T == TPI_TYPE_IQ4_NL || T == TPI_TYPE_IQ4_XS || T == TPI_TYPE_BF16 ||
+    T == TPI_TYPE_F16;
 /* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6); Q4_K's
  * and Q5_K's items are 64 values in order (gv_perm_k4) */
 template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;

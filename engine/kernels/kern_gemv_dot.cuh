@@ -1,6 +1,7 @@
 /*
  * kern_gemv_dot.cuh — the per-type dot products of the int8 decode path: how a weight
- * block of each quantized type (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and the
+ * block of each quantized type (Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL, IQ4_XS and the
  * device layouts KERN_TYPE_Q8_0X8, KERN_TYPE_Q4_0X8, KERN_TYPE_Q6_KX8) is loaded into
  * registers and dotted with int8 x in blocks of 32 and their (d, d*sum) pairs
  * (kern_xq.cuh). The matrix-vector kernels of kern_gemv.cuh and the fused decode-layer
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "kern_common.cuh"
+#include "kern_quant.cuh"
 #include "kern_xq.cuh"
 
 #define GV_QK 32 /* x values per int8 block */
@@ -339,6 +341,64 @@ template <> struct gv<KERN_TYPE_Q4_0X8> {
                                                         float keep, float (&acc)[NR]) {
         gv<TPI_TYPE_Q4_0>::dot<NR, PERM>(w, c, PERM ? x : x + 32 * c, xs, ds + c, dss, nr, keep,
                                          acc);
+    }
+};
+
+/* The int8 levels of IQ4 quant words q (byte j: index of value j in the low nibble, of
+ * value 16 + j in the high) into lo (values 0..15) and hi (16..31). */
+__host__ __device__ __forceinline__ void gv_iq4_bytes(const uint32_t (&q)[4], uint32_t (&lo)[4],
+                                                      uint32_t (&hi)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        lo[i] = kq_iq4_levels4(q[i] & 0x0F0F0F0Fu);
+        hi[i] = kq_iq4_levels4((q[i] >> 4) & 0x0F0F0F0Fu);
+    }
+}
+
+/* IQ4_NL: an item is a block as Q4_0's (f16 d, 16 bytes of indices at b+2), its values d *
+ * level (kq_iq4_levels4). */
+template <> struct gv<TPI_TYPE_IQ4_NL> {
+    static constexpr int BLK = 32, BYTES = 18, IPB = 1;
+    using raw = gv<TPI_TYPE_Q4_0>::raw;
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int it) {
+        gv<TPI_TYPE_Q4_0>::load(w, b, it);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int, const int8_t *x, int xs,
+                                                        const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        uint32_t lo[4], hi[4];
+        gv_iq4_bytes(wr.q, lo, hi);
+        gv_dot32<NR, PERM>(lo, hi, gv_h2f((uint16_t)wr.d) * keep, x, xs, ds, dss, nr, acc);
+    }
+};
+
+/* IQ4_XS (136-byte blocks, 8-byte aligned): an item is sub-block c (32 values): its 16
+ * index bytes at b+8+16c, its scale ls from the nibble at bit 4c of the word at b+4 and
+ * bits 2c of the 16 at b+2; values d * (ls - 32) * level. */
+template <> struct gv<TPI_TYPE_IQ4_XS> {
+    static constexpr int BLK = 256, BYTES = 136, IPB = 8;
+    struct raw {
+        uint32_t q[4], dh, sl; /* dh: d (bits 0..15) and the scales' top bits */
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w.q[i] = gv_ld32(b + 8 + 16 * c + 4 * i);
+        w.dh = gv_ld32(b);
+        w.sl = gv_ld32(b + 4);
+    }
+    /* x, ds: the block's first (kind a; item c's are 32c values and c pairs on) or the
+     * item's own (kind p: x from gv_item_rows, ds as kind a) */
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int c, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int ls = (int)(((wr.sl >> (4 * c)) & 0xFu) | (((wr.dh >> (16 + 2 * c)) & 3u) << 4));
+        const float dl = gv_h2f((uint16_t)(wr.dh & 0xFFFFu)) * (float)(ls - 32) * keep;
+        uint32_t lo[4], hi[4];
+        gv_iq4_bytes(wr.q, lo, hi);
+        gv_dot32<NR, PERM>(lo, hi, dl, PERM ? x : x + 32 * c, xs, ds + c, dss, nr, acc);
     }
 };
 

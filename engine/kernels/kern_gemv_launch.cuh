@@ -1,8 +1,8 @@
 /*
  * kern_gemv_launch.cuh — the v3 decode matrix-vector path's host launches as templates
  * (grid shape, kind, segments, kernel choice), included only by the per-type parts
- * (kern_gemv_q8.cu, _q4, _q5, _k, _q6), each of which instantiates them for its own
- * types with GV_PART_TYPE (kern_gemv.cuh says why).
+ * (kern_gemv_q8.cu, _q4, _q5, _k, _q6, _k2, _iq4), each of which instantiates them for its
+ * own types with GV_PART_TYPE (kern_gemv.cuh says why).
  */
 #ifndef KERN_GEMV_LAUNCH_CUH
 #define KERN_GEMV_LAUNCH_CUH

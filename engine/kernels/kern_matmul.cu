@@ -217,6 +217,8 @@ template <> struct mvq<TPI_TYPE_Q5_1> : mvq_generic<TPI_TYPE_Q5_1> {};
 template <> struct mvq<TPI_TYPE_Q5_K> : mvq_generic<TPI_TYPE_Q5_K> {};
 template <> struct mvq<TPI_TYPE_Q3_K> : mvq_generic<TPI_TYPE_Q3_K> {};
 template <> struct mvq<TPI_TYPE_Q2_K> : mvq_generic<TPI_TYPE_Q2_K> {};
+template <> struct mvq<TPI_TYPE_IQ4_NL> : mvq_generic<TPI_TYPE_IQ4_NL> {};
+template <> struct mvq<TPI_TYPE_IQ4_XS> : mvq_generic<TPI_TYPE_IQ4_XS> {};
 /* Q6_K's 8-block groups: more units a block than a stage holds, so never staged
  * (matvec_launch); the generic decoder serves the per-row kernel */
 template <> struct mvq<KERN_TYPE_Q6_KX8> : mvq_generic<KERN_TYPE_Q6_KX8> {};

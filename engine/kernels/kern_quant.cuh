@@ -368,6 +368,90 @@ template <> struct kq<TPI_TYPE_Q2_K> {
     }
 };
 
+/* __byte_perm (the host emulates): byte i of the result is byte ((s >> 4i) & 7) of the
+ * 8 bytes b:a (selector bit 3, sign replication, never used here). */
+__host__ __device__ __forceinline__ uint32_t kq_prmt(uint32_t a, uint32_t b, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(a, b, s);
+#else
+    const uint64_t ab = (uint64_t)a | ((uint64_t)b << 32);
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)((ab >> (8 * ((s >> (4 * i)) & 7))) & 0xFFu) << (8 * i);
+    return r;
+#endif
+}
+
+/* IQ4's 16 levels (ggml's kvalues_iq4nl: -127 -104 -83 -65 -49 -35 -22 -10 1 13 25 38 53
+ * 69 89 113) as int8, four to a little-endian word. */
+#define KQ_IQ4_W0 0xBFAD9881u
+#define KQ_IQ4_W1 0xF6EADDCFu
+#define KQ_IQ4_W2 0x26190D01u
+#define KQ_IQ4_W3 0x71594535u
+
+/* The IQ4 levels of the 4 indices (0..15) in the bytes of x, as 4 int8 in one word: each
+ * byte permute looks up two indices (the selector's nibbles 0 and 2: their low 3 bits) in
+ * the table's low or high 8 levels, a third joins the pairs, and bit 3 of each index
+ * picks the low or high result (13 instructions for 4 values). */
+__host__ __device__ __forceinline__ uint32_t kq_iq4_levels4(uint32_t x) {
+    const uint32_t s01 = x & 0x0707u, s23 = (x >> 16) & 0x0707u;
+    const uint32_t lo =
+        kq_prmt(kq_prmt(KQ_IQ4_W0, KQ_IQ4_W1, s01), kq_prmt(KQ_IQ4_W0, KQ_IQ4_W1, s23), 0x6420u);
+    const uint32_t hi =
+        kq_prmt(kq_prmt(KQ_IQ4_W2, KQ_IQ4_W3, s01), kq_prmt(KQ_IQ4_W2, KQ_IQ4_W3, s23), 0x6420u);
+    const uint32_t m = ((x >> 3) & 0x01010101u) * 0xFFu;
+    return (lo & ~m) | (hi & m);
+}
+
+/* The 8 values of IQ4 quant word q at scale d (byte i: value i's index in the low nibble,
+ * value 4 + i's in the high), d * level, into v: as the CPU's (the same product). */
+__device__ __forceinline__ void kq_iq4_word(uint32_t q, float d, float (&v)[8]) {
+    const uint32_t lo = kq_iq4_levels4(q & 0x0F0F0F0Fu),
+                   hi = kq_iq4_levels4((q >> 4) & 0x0F0F0F0Fu);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = d * (float)(int8_t)((lo >> (8 * i)) & 0xFFu);
+        v[4 + i] = d * (float)(int8_t)((hi >> (8 * i)) & 0xFFu);
+    }
+}
+
+/* IQ4_NL: f16 d, 16 bytes of table indices laid out as Q4_0's quants (byte j: value j low,
+ * j+16 high), d * level. Units as Q4_0's. */
+template <> struct kq<TPI_TYPE_IQ4_NL> {
+    static constexpr int BLK = 32, BYTES = 18, UPB = 4, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 16 * g + 4 * u;
+    }
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        kq_iq4_word(kq_u32_a2(b + 2 + 4 * u), kq_f16(b), v);
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
+    }
+};
+
+/* IQ4_XS: f16 d, 16 bits of the scales' top 2 bits (sub-block ib at bit 2ib), 4 bytes of
+ * their low 4 bits (nibble ib % 2 of byte ib / 2), then 8 sub-blocks of 32 as IQ4_NL's 16
+ * bytes (136 bytes: 8-byte aligned); sub-block ib's values d * (ls - 32) * level. Unit u:
+ * bytes 4(u & 3) of sub-block u >> 2. */
+template <> struct kq<TPI_TYPE_IQ4_XS> {
+    static constexpr int BLK = 256, BYTES = 136, UPB = 32, G = 2;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 32 * (u >> 2) + 16 * g + 4 * (u & 3);
+    }
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[8],
+                                                int (&off)[2]) {
+        const int ib = u >> 2;
+        const int sh = *(const uint16_t *)(b + 2);
+        const int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4);
+        kq_iq4_word(kq_u32_a4(b + 8 + 16 * ib + 4 * (u & 3)), kq_f16(b) * (float)(ls - 32), v);
+        off[0] = goff(u, 0);
+        off[1] = goff(u, 1);
+    }
+};
+
 /* The 16 values of item l's words at byte j (0, 4, 8, 12) of a Q6_K 8-block group's
  * pieces: A, C and H runs (16 bytes an item), the scales words (4 bytes an item) and the
  * item's block's f16 d. Shared by kq<KERN_TYPE_Q6_KX8> and kern_mmq's gathered chunks. */
@@ -447,6 +531,8 @@ template <typename F> bool kq_dispatch(int type, F &&f) {
         KQ_CASE(KERN_TYPE_Q6_KX8, true)
         KQ_CASE(TPI_TYPE_Q3_K, true)
         KQ_CASE(TPI_TYPE_Q2_K, true)
+        KQ_CASE(TPI_TYPE_IQ4_NL, true)
+        KQ_CASE(TPI_TYPE_IQ4_XS, true)
     default:
         return false;
     }

@@ -821,15 +821,6 @@ static inline int iq4_xs_scale(const struct block_iq4_xs *b, int ib) {
     return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4);
 }
 
-/* The 32 table levels of one IQ4 block (IQ4_NL) or sub-block (IQ4_XS): element j from the
- * low nibble of qs[j], element j + 16 from the high one. */
-static inline void iq4_levels(const uint8_t *qs, int8_t *lv) {
-    for (int j = 0; j < 16; j++) {
-        lv[j] = kvalues_iq4nl[qs[j] & 0xF];
-        lv[j + 16] = kvalues_iq4nl[qs[j] >> 4];
-    }
-}
-
 /* The 32 values of one IQ4 (sub-)block, scale * table level: the table times the scale
  * made once (the same product per value), then looked up. */
 static inline void iq4_values(const uint8_t *qs, float scale, float *dst) {
@@ -907,58 +898,6 @@ static void q6_k_pack(const uint8_t *L, struct block_q6_k *b) {
             ql[l + 32] = (uint8_t)((q2 & 0x0F) | ((q4 & 0x0F) << 4));
             qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
         }
-    }
-}
-
-int quant_gpu_held_type(int type) {
-    switch (type) {
-    case TPI_TYPE_IQ4_NL:
-    case TPI_TYPE_IQ4_XS:
-        return TPI_TYPE_Q8_0;
-    default:
-        return type;
-    }
-}
-
-bool quant_held_is_exact(int type) {
-    return type != TPI_TYPE_IQ4_XS;
-}
-
-int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, int64_t *bad) {
-    const struct quant_traits *t = quant_traits(type);
-    *bad = -1;
-    if (!t || !t->supported || n_elems <= 0 || n_elems % t->blck_size != 0) return TPI_ERR_INVALID;
-    switch (type) {
-    case TPI_TYPE_IQ4_NL: { /* the same d, the table's values as the int8 levels */
-        const struct block_iq4_nl *a = src;
-        struct block_q8_0 *b = dst;
-        for (int64_t i = 0; i < n_elems / QK4_NL; i++) {
-            b[i].d = a[i].d;
-            iq4_levels(a[i].qs, b[i].qs);
-        }
-        return TPI_OK;
-    }
-    case TPI_TYPE_IQ4_XS: { /* a Q8_0 block a sub-block: d * (ls - 32) rounded to f16 */
-        const struct block_iq4_xs *a = src;
-        struct block_q8_0 *b = dst;
-        for (int64_t i = 0; i < n_elems / QK_K; i++) {
-            const float d = f16(a[i].d);
-            for (int ib = 0; ib < 8; ib++) {
-                struct block_q8_0 *o = &b[8 * i + ib];
-                const float dl = d * (float)(iq4_xs_scale(&a[i], ib) - 32);
-                if (!(fabsf(dl) <= 65504.0f)) {
-                    *bad = i * QK_K + 32 * ib;
-                    return TPI_ERR_UNSUPPORTED;
-                }
-                o->d = tpi_f32_to_f16(dl);
-                iq4_levels(a[i].qs + 16 * ib, o->qs);
-            }
-        }
-        return TPI_OK;
-    }
-    default:
-        memcpy(dst, src, quant_row_size(type, n_elems));
-        return TPI_OK;
     }
 }
 
