@@ -70,10 +70,12 @@
 #     test_model_gpu on the three new tiny models among them), then `tpinfer bench` on the
 #     8B in each of KTYPES (default q3_k_m iq4_xs q2_k; pp512, tg128, -r KR, default 1),
 #     one at a time so a time limit keeps what finished. ~6 min.
-#   PART=L: change 148, Q3_K and Q2_K native on the GPU: the tree built, `ctest -L gpu` of
-#     the types' tests (test_gemv_cuda Q3_K/Q2_K/Q6_K/api, test_ops_cuda, test_ops_fused,
-#     test_model_gpu), MAIN_REV's tpinfer (held forms: Q6_K, F16) against the tree's on the
-#     8B Q3_K_M and Q2_K (bench/ab.sh tg128 at depth 0, greedy bytes; then pp512 of each).
+#   PART=L: change 148, the types' own kernels (Q2_K, Q3_K, IQ4) on the GPU: the tree built,
+#     `ctest -L gpu` of the types' tests (test_gemv_cuda's groups, test_ops_cuda,
+#     test_ops_fused, test_model_gpu), MAIN_REV's tpinfer against the tree's by default and
+#     with TPI_HOLD=0 on the 8B in each of KTYPES (default q3_k_m q2_k iq4_xs; bench/ab.sh
+#     tg128 at depth 0, greedy bytes; then pp512). Run 249 (~10 min with KR=1) took it
+#     when the tree held nothing (the own kernels are its "tree" lines).
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -299,10 +301,11 @@ L)
     grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
     for t in ${KTYPES:-q3_k_m q2_k iq4_xs}; do
         echo "at ${SECONDS}s: ab $t"
-        ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab $t main=/tmp/tpinfer-main tree=build/tpinfer
-        for b in /tmp/tpinfer-main build/tpinfer; do
-            $b bench -m /tmp/$t.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-l.err" | tee -a "$OUT/bench-l.md" |
-                grep pp512 | sed "s|^|$b |"
+        ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab $t main=/tmp/tpinfer-main tree=build/tpinfer \
+            own=build/tpinfer@TPI_HOLD=0
+        for h in 1 0; do
+            TPI_HOLD=$h build/tpinfer bench -m /tmp/$t.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-l.err" |
+                tee -a "$OUT/bench-l.md" | grep pp512 | sed "s|^|TPI_HOLD=$h |"
         done
     done
     echo "at ${SECONDS}s"

@@ -648,6 +648,19 @@ START_TEST(test_cli_info) {
     ck_assert_msg(strstr(out, "\"general.u64\":18446744073709551615") &&
                       strstr(out, "\"general.f32\":\"f32\"") && strstr(out, "{\"version\":3,"),
                   "json: %s", out);
+    /* The shard plan says what a rank holds on a GPU where that is more than the file's
+     * bytes (the Q2_K model's Q3_K as Q6_K), and only there. */
+    const char *q2 = tu_data_path("qwen3-tiny-q2_k.gguf"), *q4 = tu_data_path("qwen3-tiny-q4_k_m.gguf");
+    if (q2 && q4) {
+        char q2c[1024];
+        snprintf(q2c, sizeof q2c, "%s", q2);
+        status = run_info(q2c, false, "2", out, sizeof out, errs, sizeof errs);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --tp 2: %s", errs);
+        ck_assert_msg(strstr(out, "(on CUDA, up to 3.1 MiB a rank"), "text: %s", out);
+        status = run_info(q4, false, "2", out, sizeof out, errs, sizeof errs);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --tp 2: %s", errs);
+        ck_assert_msg(!strstr(out, "on CUDA"), "text: %s", out);
+    }
     free(bytes);
     tu_tmpdir_remove();
 }

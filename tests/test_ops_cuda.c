@@ -267,6 +267,17 @@ static const int TYPES[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYP
                             TPI_TYPE_Q2_K, TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS};
 #define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 
+/* The device holds Q3_K as Q6_K and IQ4_NL as Q8_0 (the same values) and IQ4_XS as Q8_0
+ * with f16 sub-block scales (ops_cuda.cu's upload_converted; under TPI_HOLD=0 each as it
+ * is): IQ4_XS's values there are the CPU's changed by up to 2^-11 of themselves. So an embedded
+ * value may differ by 2^-11 of itself, and a matrix-vector output by ~2^-11/sqrt(3) of
+ * the outputs' rms (2.8e-4; 4e-3 is ~14 sigma). The nmse of a few outputs can be far above
+ * the ~8e-8 of many (one output that cancels to near 0: H100, ne1 1, 3.1e-6), so its bound
+ * is 1e-4, the int8-x path's; both stay far below what a wrong block layout gives (~1). */
+static double conv_rtol(int type) {
+    return quant_gpu_held_type(type) == type || quant_held_is_exact(type) ? 0.0 : 0x1p-11;
+}
+
 /* Random (ne1 x ne0) weight of `type` (normal values, a few rows scaled up so block
  * scales differ), uploaded to both backends. Returns the host bytes (caller frees). */
 static void *make_weight(struct tu_rng *r, int type, int64_t ne0, int64_t ne1,
@@ -314,7 +325,7 @@ START_TEST(test_embed) {
         bget(G, gctx, got, gy, n * 4);
         char label[64];
         snprintf(label, sizeof label, "embed %s ne0 %lld", quant_type_name(type), (long long)ne0);
-        expect_close(label, got, want, n, 1e-6, 1e-6, -1);
+        expect_close(label, got, want, n, 1e-6, 1e-6 + conv_rtol(type), -1);
         assert_ok(G, gctx, label);
         C->weight_free(cctx, &cw), G->weight_free(gctx, &gw);
         C->dealloc(cctx, cy), G->dealloc(gctx, gy), G->dealloc(gctx, gids);
@@ -447,8 +458,8 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                              : path == 3 ? " v3"
                                          : " v2");
                     if (path == 3 && v3_quantizes_x(type)) {
-                        const double e =
-                            check_v3(label, got, want, wd, x, ne0, ne1, nr, 1e-4 * scale);
+                        const double e = check_v3(label, got, want, wd, x, ne0, ne1, nr,
+                                                  (conv_rtol(type) > 0 ? 4e-3 : 1e-4) * scale);
                         worst_v3 = e > worst_v3 ? e : worst_v3;
                     } else {
                         const double e = tu_nmse(got, want, ny);
@@ -460,8 +471,10 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
                          * 2^-9 each), so an output of one or a few products is off by up
                          * to ~0.4 % of itself (ne0 1, rows 64: 0.31 % at 9.6x the rms):
                          * 1 % of each value on top of 3 % of the rms */
-                        expect_close(label, got, want, ny, (exact ? 1e-4 : 3e-2) * scale,
-                                     exact ? 0 : 1e-2, exact ? 1e-9 : 5e-5);
+                        const bool conv = conv_rtol(type) > 0; /* IQ4_XS: above */
+                        expect_close(label, got, want, ny,
+                                     (exact ? (conv ? 4e-3 : 1e-4) : 3e-2) * scale,
+                                     exact ? 0 : 1e-2, exact ? (conv ? 1e-4 : 1e-9) : 5e-5);
                     }
                     assert_ok(G, gctx, label);
                 }

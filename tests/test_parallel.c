@@ -81,14 +81,25 @@ static struct model *load(const char *path, const struct tpi_grid *g, struct tpi
 }
 
 /* Expected weight bytes of rank (tp_rank of tp, one stage) from the tensor table. */
-static size_t expected_bytes(const struct model *m, size_t *replicated) {
+/* Bytes of a tensor of `type` taking `n` bytes in the file, as the CUDA backend holds it
+ * by default: Q3_K's 110-byte blocks of 256 values as Q6_K's 210, IQ4_XS's 136 as eight
+ * Q8_0 blocks of 34, IQ4_NL's 18 as one (ggml's block sizes; gpu = false: the file's
+ * bytes). */
+static size_t held(int type, size_t n, bool gpu) {
+    if (gpu && type == TPI_TYPE_Q3_K) return n / 110 * 210;
+    if (gpu && type == TPI_TYPE_IQ4_XS) return n / 136 * 272;
+    if (gpu && type == TPI_TYPE_IQ4_NL) return n / 18 * 34;
+    return n;
+}
+
+static size_t expected_bytes(const struct model *m, size_t *replicated, bool gpu) {
     const struct model_plan *p = &m->plan;
     size_t n = 0, rep = 0;
     for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
         const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
         const char *nm = t->name;
         bool vec = t->ne[1] == 1;
-        const size_t tb = t->n_bytes;
+        const size_t tb = held(t->type, t->n_bytes, gpu);
         if (!strcmp(nm, "token_embd.weight")) {
             rep += tb; // replicated on stage 0
             if (m->cfg.tied_output) n += tb / p->tp; // lm_head slice
@@ -195,7 +206,8 @@ static void check_config(const char *name, const char *path, int tp, int pp) {
 
     // ---- per-rank weight bytes ----
     if (tp == 2 && pp == 1) {
-        size_t rep, want_bytes = expected_bytes(m, &rep);
+        size_t rep, rep_gpu, want_bytes = expected_bytes(m, &rep, false);
+        const size_t want_gpu = expected_bytes(m, &rep_gpu, true);
         size_t total = 0;
         for (int64_t i = 0; i < gguf_n_tensors(m->gguf); i++)
             total += gguf_tensor_at(m->gguf, i)->n_bytes;
@@ -206,6 +218,10 @@ static void check_config(const char *name, const char *path, int tp, int pp) {
               g_rank, m->w.n_bytes, want_bytes);
         CHECK(m->w.n_bytes_replicated == rep, "%s: replicated %zu, expected %zu", name,
               m->w.n_bytes_replicated, rep);
+        /* as the CUDA backend holds them (Q3_K as Q6_K, IQ4 as Q8_0): what its memory check
+         * and the rank table count */
+        CHECK(m->w.n_bytes_gpu == want_gpu, "%s: rank %d holds %zu bytes on a GPU, expected %zu",
+              name, g_rank, m->w.n_bytes_gpu, want_gpu);
     }
 
     // ---- greedy generation: token-identical up to the first step where the reference's

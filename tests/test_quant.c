@@ -5,7 +5,8 @@
  *    definitions, dequantize to the values the definition gives (plus a few
  *    values worked out by hand as literals); every f16/bf16 pattern, and random
  *    bytes as 32-value, Q6_K, Q2_K, Q3_K, IQ4_NL and IQ4_XS blocks, bitwise against the
- *    definitions one value at a time.
+ *    definitions one value at a time, and the forms the CUDA backend holds them in
+ *    (quant_convert_held) against them.
  * 2. quantize -> dequantize round trips on random data stay within per-type
  *    bounds (stated at each check).
  * 3. quant_extract_cols equals slicing the dequantized matrix; misaligned or
@@ -462,7 +463,8 @@ START_TEST(test_block_q3_k) {
 }
 END_TEST
 
-/* Random bytes as Q2_K and Q3_K blocks (finite d), bitwise against ggml's loops. */
+/* Random bytes as Q2_K and Q3_K blocks (finite d), bitwise against ggml's loops;
+ * Q3_K's blocks rewritten as Q6_K (quant_convert_held) dequantize to the same bits. */
 START_TEST(test_k2_blocks_random) {
     enum { NB = 300 };
     struct tu_rng r;
@@ -472,8 +474,9 @@ START_TEST(test_k2_blocks_random) {
         const int type = types[k];
         const size_t bb = quant_traits(type)->type_size;
         uint8_t *q = malloc(bb * NB);
-        float *got = malloc(sizeof *got * 256 * NB);
-        ck_assert(q && got);
+        uint8_t *q6 = malloc(210 * NB);
+        float *got = malloc(sizeof *got * 256 * NB), *six = malloc(sizeof *six * 256 * NB);
+        ck_assert(q && q6 && got && six);
         for (size_t i = 0; i < bb * NB; i++) q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
         for (int b = 0; b < NB; b++) /* the f16 scales (the last 4 or 2 bytes): finite */
             for (size_t o = type == TPI_TYPE_Q2_K ? 81 : 109; o < bb; o += 2)
@@ -487,8 +490,18 @@ START_TEST(test_k2_blocks_random) {
                               "%s block %d, value %d: %a, want %a", quant_type_name(type), b, e,
                               (double)got[256 * b + e], (double)want[e]);
         }
+        if (type == TPI_TYPE_Q3_K) {
+            int64_t bad = 0;
+            ck_assert_int_eq(quant_convert_held(type, q, q6, 256 * NB, &bad), TPI_OK);
+            quant_traits(TPI_TYPE_Q6_K)->to_f32(q6, six, 256 * NB);
+            for (int e = 0; e < 256 * NB; e++)
+                ck_assert_msg(!memcmp(&six[e], &got[e], 4), "Q3_K as Q6_K, value %d: %a, want %a",
+                              e, (double)six[e], (double)got[e]);
+        }
         free(q);
+        free(q6);
         free(got);
+        free(six);
     }
 }
 END_TEST
@@ -551,34 +564,68 @@ START_TEST(test_block_iq4) {
 }
 END_TEST
 
-/* Random bytes as IQ4_NL and IQ4_XS blocks (finite d), bitwise against ggml's loops. */
+/* Random bytes as IQ4_NL and IQ4_XS blocks (finite d), bitwise against ggml's loops; and
+ * the forms the CUDA backend holds (quant_convert_held): IQ4_NL's Q8_0 bitwise, IQ4_XS's
+ * Q8_0 within 2^-11 of each value (its sub-block scales rounded to f16), Q3_K's Q6_K
+ * bitwise (as above); Q2_K is held as itself. */
 START_TEST(test_iq4_blocks_random) {
     enum { NB = 200 };
     struct tu_rng r;
     tu_rng_seed(&r, 2053);
-    const int types[2] = {TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS};
-    for (int k = 0; k < 2; k++) {
-        const int type = types[k];
+    const int types[3] = {TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS, TPI_TYPE_Q3_K};
+    for (int k = 0; k < 3; k++) {
+        const int type = types[k], held = quant_gpu_held_type(type);
         const struct quant_traits *t = quant_traits(type);
         const size_t bb = t->type_size;
         const int64_t n = (int64_t)t->blck_size * NB;
-        uint8_t *q = malloc(bb * NB);
-        float *got = malloc(sizeof *got * n);
-        ck_assert(q && got);
+        uint8_t *q = malloc(bb * NB), *h = malloc(quant_row_size(held, n));
+        float *got = malloc(sizeof *got * n), *hv = malloc(sizeof *hv * n);
+        ck_assert(q && h && got && hv);
         for (size_t i = 0; i < bb * NB; i++) q[i] = (uint8_t)((int)tu_uniform(&r, 0.0f, 256.0f) & 255);
-        for (int b = 0; b < NB; b++) /* the f16 d: below 2 (exponent <= 14), any sign */
-            q[bb * b + 1] = (uint8_t)(q[bb * b + 1] & 0xBB);
-        t->to_f32(q, got, n);
-        for (int b = 0; b < NB; b++) {
-            float want[256];
-            (type == TPI_TYPE_IQ4_NL ? ref_iq4_nl : ref_iq4_xs)(q + bb * b, want);
-            for (int e = 0; e < t->blck_size; e++)
-                ck_assert_msg(!memcmp(&got[t->blck_size * b + e], &want[e], 4),
-                              "%s block %d, value %d: %a, want %a", t->name, b, e,
-                              (double)got[t->blck_size * b + e], (double)want[e]);
+        for (int b = 0; b < NB; b++) { /* the f16 scales: below 2 (exponent <= 14), any sign */
+            const size_t o = type == TPI_TYPE_Q3_K ? 108 : 0;
+            q[bb * b + o + 1] = (uint8_t)(q[bb * b + o + 1] & 0xBB);
         }
-        free(q), free(got);
+        t->to_f32(q, got, n);
+        if (type == TPI_TYPE_IQ4_NL || type == TPI_TYPE_IQ4_XS)
+            for (int b = 0; b < NB; b++) {
+                float want[256];
+                (type == TPI_TYPE_IQ4_NL ? ref_iq4_nl : ref_iq4_xs)(q + bb * b, want);
+                for (int e = 0; e < t->blck_size; e++)
+                    ck_assert_msg(!memcmp(&got[t->blck_size * b + e], &want[e], 4),
+                                  "%s block %d, value %d: %a, want %a", t->name, b, e,
+                                  (double)got[t->blck_size * b + e], (double)want[e]);
+            }
+        int64_t bad = 0;
+        ck_assert_int_eq(quant_convert_held(type, q, h, n, &bad), TPI_OK);
+        ck_assert_int_eq(bad, -1);
+        quant_traits(held)->to_f32(h, hv, n);
+        const bool exact = quant_held_is_exact(type);
+        for (int64_t e = 0; e < n; e++) {
+            if (exact)
+                ck_assert_msg(!memcmp(&hv[e], &got[e], 4), "%s as %s, value %lld: %a, want %a",
+                              t->name, quant_type_name(held), (long long)e, (double)hv[e],
+                              (double)got[e]);
+            else
+                /* 2^-11 relative; below f16's normal range 2^-25 absolute, times IQ4's 127 */
+                ck_assert_msg(fabsf(hv[e] - got[e]) <= 0x1p-11f * fabsf(got[e]) + 0x1p-18f,
+                              "%s as %s, value %lld: %g, want %g", t->name, quant_type_name(held),
+                              (long long)e, (double)hv[e], (double)got[e]);
+        }
+        free(q), free(h), free(got), free(hv);
     }
+    /* beyond f16: an IQ4_XS sub-block scale of 2^15 * -32 (d = 2^15, stored scale 0 in
+     * sub-block 1) is named by its first value */
+    uint8_t b4[136] = {0}, o4[8 * 34];
+    put_u16(b4, 0x7800); /* d = 2^15 */
+    put_u16(b4 + 2, 2);  /* top bits: sub-block 0's 2 (stored 32: scale 0), the others' 0 */
+    int64_t bad = -1;
+    ck_assert_int_eq(quant_convert_held(TPI_TYPE_IQ4_XS, b4, o4, 256, &bad), TPI_ERR_UNSUPPORTED);
+    ck_assert_int_eq(bad, 32);
+    ck_assert_int_eq(quant_convert_held(TPI_TYPE_IQ4_XS, b4, o4, 100, &bad), TPI_ERR_INVALID);
+    /* held as themselves: Q2_K (its own kernels are the faster) and the other types */
+    ck_assert_int_eq(quant_gpu_held_type(TPI_TYPE_Q2_K), TPI_TYPE_Q2_K);
+    ck_assert_int_eq(quant_gpu_held_type(TPI_TYPE_Q4_K), TPI_TYPE_Q4_K);
 }
 END_TEST
 

@@ -410,6 +410,7 @@ static int shard_plan(const struct gguf_file *f, int tp, int pp, bool json, cJSO
         printf("\nshard plan: tp %d x pp %d (%d ranks)\n%5s %3s %5s %9s %9s %9s %13s %15s %12s %10s\n",
                tp, pp, tp * pp, "rank", "tp", "stage", "layers", "heads", "kv heads",
                "ffn cols", "vocab rows", "weights", "f32 slices");
+    double gpu_mib_max = 0; /* the most any rank holds on a GPU, when that differs */
     for (int r = 0; r < tp * pp && !rc; r++) {
         struct model_plan plan;
         struct model_weights w;
@@ -435,6 +436,7 @@ static int shard_plan(const struct gguf_file *f, int tp, int pp, bool json, cJSO
             cJSON_AddNumberToObject(o, "vocab0", plan.is_last ? plan.vocab0 : 0);
             cJSON_AddNumberToObject(o, "n_vocab", plan.is_last ? plan.n_vocab_local : 0);
             cJSON_AddNumberToObject(o, "weight_bytes", (double)w.n_bytes);
+            cJSON_AddNumberToObject(o, "weight_bytes_gpu", (double)w.n_bytes_gpu);
             cJSON_AddNumberToObject(o, "replicated_bytes", (double)w.n_bytes_replicated);
             cJSON_AddNumberToObject(o, "f32_slices", w.n_expanded_f32);
         } else {
@@ -452,11 +454,17 @@ static int shard_plan(const struct gguf_file *f, int tp, int pp, bool json, cJSO
             printf("%5d %3d %5d %9s %9s %9s %13s %15s %8.1f MiB %10d\n", r, plan.tp_rank,
                    plan.pp_stage, layers, heads, kv, ff, vocab, (double)w.n_bytes / 1048576.0,
                    w.n_expanded_f32);
+            if (w.n_bytes_gpu != w.n_bytes && w.n_bytes_gpu / 1048576.0 > gpu_mib_max)
+                gpu_mib_max = w.n_bytes_gpu / 1048576.0;
         }
     }
     if (!json && !rc)
         printf("(* KV head replicated on several ranks; f32 slices: row-parallel slices off the\n"
                " type's block edge, expanded to F32 exactly)\n");
+    if (!json && !rc && gpu_mib_max > 0)
+        printf("(on CUDA, up to %.1f MiB a rank: Q3_K and IQ4 weights are held as Q6_K and\n"
+               " Q8_0, whose decode runs faster; TPI_HOLD=0 keeps them as they are)\n",
+               gpu_mib_max);
     if (rc) cJSON_Delete(arr);
     else if (arr_out) *arr_out = arr;
     return rc;

@@ -83,6 +83,7 @@ struct ops_ctx {
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
+    unsigned said_held; /* types (bit id % 32) whose held form upload_converted has said */
     bool q4_repack; /* Q4_0 weights uploaded as KERN_LAYOUT_Q4_0X8 (TPI_Q4_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
                        block, -1 auto (the default) */

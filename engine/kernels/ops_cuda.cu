@@ -527,8 +527,60 @@ static bool upload_staged(struct ops_ctx *ctx, void *dst, const void *src, size_
 }
 
 static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
+                              int64_t ne1, const void *host_data, struct tpi_error *err);
+
+/* The types held in another that their decode runs faster in on the H200 (quant_gpu_held_type,
+ * converted by quant_convert_held): Q3_K as Q6_K and IQ4_NL as Q8_0 with the same values,
+ * IQ4_XS as Q8_0 with its sub-block scales rounded to f16 (a relative change of at most
+ * 2^-11, against the format's own error of percents). TPI_HOLD=0 keeps them as they are
+ * (their own kernels, the file's bytes). Said once a type and context. */
+static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
+                            int64_t ne1, const void *host_data, struct tpi_error *err) {
+    const struct quant_traits *tr = quant_traits(type);
+    const int held = quant_gpu_held_type(type);
+    if (ne0 <= 0 || ne1 <= 0 || ne0 % tr->blck_size != 0)
+        return tpi_err(err, TPI_ERR_INVALID,
+                       "cuda weight_upload: shape %lld x %lld of type %s: ne0 must be a positive "
+                       "multiple of the block size %d",
+                       (long long)ne0, (long long)ne1, tr->name, tr->blck_size);
+    const size_t row_bytes = quant_row_size(held, ne0), src_row = quant_row_size(type, ne0);
+    if ((size_t)ne1 > SIZE_MAX / 2 / row_bytes)
+        return tpi_err(err, TPI_ERR_INVALID, "cuda weight_upload: %s tensor %lld x %lld is too large",
+                       tr->name, (long long)ne0, (long long)ne1);
+    void *buf = malloc(row_bytes * (size_t)ne1);
+    if (!buf)
+        return tpi_err(err, TPI_ERR_NOMEM, "cuda weight_upload: out of host memory converting %s",
+                       tr->name);
+    int rc = TPI_OK;
+    for (int64_t r = 0; r < ne1 && rc == TPI_OK; r++) {
+        int64_t bad = -1;
+        if (quant_convert_held(type, (const uint8_t *)host_data + (size_t)r * src_row,
+                               (uint8_t *)buf + (size_t)r * row_bytes, ne0, &bad) != TPI_OK)
+            rc = tpi_err(err, TPI_ERR_UNSUPPORTED,
+                         "cuda weight_upload: %s row %lld, column %lld: a value (or scale) outside "
+                         "the F16 range that %s runs in on CUDA",
+                         tr->name, (long long)r, (long long)bad, tr->name);
+    }
+    if (rc == TPI_OK) rc = cuda_weight_upload(ctx, w, held, ne0, ne1, buf, err);
+    free(buf);
+    const unsigned bit = 1u << (type & 31);
+    if (rc == TPI_OK && !(ctx->said_held & bit)) {
+        ctx->said_held |= bit;
+        const double ratio = (double)row_bytes / (double)src_row;
+        tpi_log(TPI_LOG_INFO,
+                "CUDA: %s weights run as %s (%s, %.1fx their bytes, a faster decode; "
+                "TPI_HOLD=0 keeps them as they are)",
+                tr->name, quant_type_name(held),
+                quant_held_is_exact(type) ? "the same values" : "scales rounded to f16", ratio);
+    }
+    return rc;
+}
+
+static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                               int64_t ne1, const void *host_data, struct tpi_error *err) {
     memset(w, 0, sizeof *w);
+    if (quant_gpu_held_type(type) != type)
+        return upload_converted(ctx, w, type, ne0, ne1, host_data, err);
     const struct quant_traits *tr = quant_traits(type);
     if (!tr || !tr->supported || !kern_type_supported(type))
         return tpi_err(err, TPI_ERR_UNSUPPORTED,

@@ -14,6 +14,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- block layouts (sizes checked below) ---------------------------------- */
@@ -603,6 +604,11 @@ static void q5_k_from_f32(const float *src, void *dst, int64_t n) {
  * l+32, l+64 and l+96 (bits 0-1, 2-3, 4-5, 6-7). Sub-block s covers elements
  * 16s..16s+15. */
 
+/* Level bits of element e (0..255) of a Q2_K/Q3_K block's qs. */
+static inline int k2_bits(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
 static void k2_pack(const uint8_t *L, uint8_t *qs) {
     memset(qs, 0, QK_K / 4);
     for (int e = 0; e < QK_K; e++)
@@ -614,7 +620,7 @@ TPI_CPU_CLONES static void q2_k_to_f32(const void *restrict src, float *restrict
     const struct block_q2_k *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = f16(b[i].d), dmin = f16(b[i].dmin);
-        /* sub-block s = 8h + 2j + k: bytes 32h + 16k.. of qs, shifted by 2j (k2_pack's
+        /* sub-block s = 8h + 2j + k: bytes 32h + 16k.. of qs, shifted by 2j (k2_bits's
          * order, in loops of 16 bytes at one shift that the compiler vectorizes) */
         for (int s = 0; s < QK_K / 16; s++, dst += 16) {
             const uint8_t *q = b[i].qs + 32 * (s / 8) + 16 * (s % 2);
@@ -821,6 +827,15 @@ static inline int iq4_xs_scale(const struct block_iq4_xs *b, int ib) {
     return ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) | (((b->scales_h >> (2 * ib)) & 3) << 4);
 }
 
+/* The 32 table levels of one IQ4 block (IQ4_NL) or sub-block (IQ4_XS): element j from the
+ * low nibble of qs[j], element j + 16 from the high one. */
+static inline void iq4_levels(const uint8_t *qs, int8_t *lv) {
+    for (int j = 0; j < 16; j++) {
+        lv[j] = kvalues_iq4nl[qs[j] & 0xF];
+        lv[j + 16] = kvalues_iq4nl[qs[j] >> 4];
+    }
+}
+
 /* The 32 values of one IQ4 (sub-)block, scale * table level: the table times the scale
  * made once (the same product per value), then looked up. */
 static inline void iq4_values(const uint8_t *qs, float scale, float *dst) {
@@ -887,7 +902,12 @@ static void iq4_xs_from_f32(const float *src, void *dst, int64_t n) {
     }
 }
 
-/* Q6_K's levels L (0..63, 256 of them) into its ql and qh runs. */
+/* ---- Q3_K as Q6_K, exactly ------------------------------------------------
+ * Q6_K stores x = d * scale[s] * (q - 32) with int8 scales over the same 16
+ * sub-blocks of 16 and q - 32 in -32..31, so a Q3_K block (x = d * scale * q,
+ * scale in -32..31, q in -4..3) is the Q6_K block with the same d, its scales
+ * and q + 32: the same products of the same floats. */
+
 static void q6_k_pack(const uint8_t *L, struct block_q6_k *b) {
     uint8_t *ql = b->ql, *qh = b->qh;
     for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32) {
@@ -898,6 +918,82 @@ static void q6_k_pack(const uint8_t *L, struct block_q6_k *b) {
             ql[l + 32] = (uint8_t)((q2 & 0x0F) | ((q4 & 0x0F) << 4));
             qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6));
         }
+    }
+}
+
+static void q3_k_as_q6_k(const void *src, void *dst, int64_t n_blocks) {
+    const struct block_q3_k *a = src;
+    struct block_q6_k *b = dst;
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < n_blocks; i++) {
+        for (int s = 0; s < QK_K / 16; s++) b[i].scales[s] = (int8_t)q3_k_scale(a[i].scales, s);
+        for (int e = 0; e < QK_K; e++)
+            L[e] = (uint8_t)(k2_bits(a[i].qs, e) + ((a[i].hmask[e % 32] >> (e / 32)) & 1 ? 32 : 28));
+        q6_k_pack(L, &b[i]);
+        b[i].d = a[i].d;
+    }
+}
+
+int quant_gpu_held_type(int type) {
+    static int hold = -1; /* TPI_HOLD, read once (every caller reads the same value) */
+    if (hold < 0) {
+        const char *e = getenv("TPI_HOLD");
+        hold = !(e && strcmp(e, "0") == 0);
+    }
+    if (!hold) return type;
+    switch (type) {
+    case TPI_TYPE_Q3_K:
+        return TPI_TYPE_Q6_K;
+    case TPI_TYPE_IQ4_NL:
+    case TPI_TYPE_IQ4_XS:
+        return TPI_TYPE_Q8_0;
+    default:
+        return type;
+    }
+}
+
+bool quant_held_is_exact(int type) {
+    return type != TPI_TYPE_IQ4_XS;
+}
+
+int quant_convert_held(int type, const void *src, void *dst, int64_t n_elems, int64_t *bad) {
+    const struct quant_traits *t = quant_traits(type);
+    *bad = -1;
+    if (!t || !t->supported || n_elems <= 0 || n_elems % t->blck_size != 0) return TPI_ERR_INVALID;
+    switch (type) {
+    case TPI_TYPE_Q3_K:
+        q3_k_as_q6_k(src, dst, n_elems / QK_K);
+        return TPI_OK;
+    case TPI_TYPE_IQ4_NL: { /* the same d, the table's values as the int8 levels */
+        const struct block_iq4_nl *a = src;
+        struct block_q8_0 *b = dst;
+        for (int64_t i = 0; i < n_elems / QK4_NL; i++) {
+            b[i].d = a[i].d;
+            iq4_levels(a[i].qs, b[i].qs);
+        }
+        return TPI_OK;
+    }
+    case TPI_TYPE_IQ4_XS: { /* a Q8_0 block a sub-block: d * (ls - 32) rounded to f16 */
+        const struct block_iq4_xs *a = src;
+        struct block_q8_0 *b = dst;
+        for (int64_t i = 0; i < n_elems / QK_K; i++) {
+            const float d = f16(a[i].d);
+            for (int ib = 0; ib < 8; ib++) {
+                struct block_q8_0 *o = &b[8 * i + ib];
+                const float dl = d * (float)(iq4_xs_scale(&a[i], ib) - 32);
+                if (!(fabsf(dl) <= 65504.0f)) {
+                    *bad = i * QK_K + 32 * ib;
+                    return TPI_ERR_UNSUPPORTED;
+                }
+                o->d = tpi_f32_to_f16(dl);
+                iq4_levels(a[i].qs + 16 * ib, o->qs);
+            }
+        }
+        return TPI_OK;
+    }
+    default:
+        memcpy(dst, src, quant_row_size(type, n_elems));
+        return TPI_OK;
     }
 }
 

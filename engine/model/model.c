@@ -260,7 +260,7 @@ static int check_fits(struct model *m, int n_ubatch, struct tpi_error *err) {
     const size_t act_bytes = sizeof(float) * per_token * (size_t)n_ubatch;
     // Dequantization slab, cuBLAS workspace, graphs and the CUDA context itself.
     const size_t scratch = (size_t)768 << 20;
-    const size_t need = w.n_bytes + kv_bytes + act_bytes + scratch;
+    const size_t need = w.n_bytes_gpu + kv_bytes + act_bytes + scratch;
     if (need <= free_b) return TPI_OK;
     const double G = 1073741824.0;
     return tpi_err(err, TPI_ERR_NOMEM,
@@ -268,7 +268,7 @@ static int check_fits(struct model *m, int n_ubatch, struct tpi_error *err) {
                    "x %d positions, activations %.2f for --ubatch %d, scratch %.2f) but only "
                    "%.2f of %.2f GiB are free: lower -c/--ctx-size or --parallel, or spread "
                    "the model over more GPUs with --tp/--pp",
-                   need / G, w.n_bytes / G, kv_bytes / G, m->n_slot, m->n_ctx, act_bytes / G,
+                   need / G, w.n_bytes_gpu / G, kv_bytes / G, m->n_slot, m->n_ctx, act_bytes / G,
                    n_ubatch, scratch / G, free_b / G, total_b / G);
 }
 
@@ -283,12 +283,13 @@ static int rank_banner(const struct model *m, const struct tpi_grid *grid, int d
     const bool gpu = strcmp(m->ops->name, "cuda") == 0;
     char gpu_idx[16];
     snprintf(gpu_idx, sizeof gpu_idx, gpu ? "%d" : "-", device);
+    const size_t held = gpu ? m->w.n_bytes_gpu : m->w.n_bytes; /* the load rate: file bytes */
     snprintf(line, sizeof line,
              "%4d %-14.14s %3d %5d  %-3s %-18.18s %-13s %5d-%-3d %3d-%-3d %9.1f %8.1f %6.1f %7.2f",
              grid ? grid->world_rank : 0, grid ? grid->host : "local", pl->tp_rank, pl->pp_stage,
              gpu_idx, m->ops->device_name(m->octx), pci, pl->layer0,
              pl->layer0 + pl->n_layer_stage - 1, pl->head0, pl->head0 + pl->n_head_local - 1,
-             m->w.n_bytes / 1048576.0, m->kv.n_bytes / 1048576.0, load_s,
+             held / 1048576.0, m->kv.n_bytes / 1048576.0, load_s,
              load_s > 0 ? m->w.n_bytes / 1e9 / load_s : 0.0);
     const int n_ranks = grid ? grid->world_size : 1;
     char *all = NULL;

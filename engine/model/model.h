@@ -100,6 +100,7 @@ struct model_weights {
     struct tpi_weight output;     /* (n_vocab_local, n_embd) vocab-parallel, last stage only */
     bool output_is_embd;          /* output shares token_embd's memory (tied, tp = pp = 1) */
     size_t n_bytes;               /* everything this rank uploaded, in the file's types */
+    size_t n_bytes_gpu;           /* the same as the CUDA backend holds it (Q3_K as Q6_K, ...) */
     size_t n_bytes_replicated;    /* of which: norms, token_embd (copies every rank holds) */
     int n_expanded_f32;           /* row-parallel slices expanded to F32 (off block edges) */
 };

@@ -36,12 +36,13 @@ static const struct gguf_tensor *need(struct model *m, const char *name, struct 
     return t;
 }
 
-/* Count n_rows rows of n_cols values of `type` into the rank's totals (their bytes, and
- * among them the replicated ones). */
+/* Count n_rows rows of n_cols values of `type` into the rank's totals: their bytes, and
+ * their bytes as the CUDA backend holds them (quant_gpu_held_type). */
 static void count_bytes(struct model *m, int type, int64_t n_cols, int64_t n_rows,
                         bool replicated) {
     const size_t n = quant_row_size(type, n_cols) * (size_t)n_rows;
     m->w.n_bytes += n;
+    m->w.n_bytes_gpu += quant_row_size(quant_gpu_held_type(type), n_cols) * (size_t)n_rows;
     if (replicated) m->w.n_bytes_replicated += n;
 }
 
