@@ -76,6 +76,10 @@
 #     with TPI_HOLD=0 on the 8B in each of KTYPES (default q3_k_m q2_k iq4_xs; bench/ab.sh
 #     tg128 at depth 0, greedy bytes; then pp512). Run 249 (~10 min with KR=1) took it
 #     when the tree held nothing (the own kernels are its "tree" lines).
+#   PART=V: the held forms and the own kernels (TPI_HOLD=0) of Q3_K, Q2_K and IQ4 checked on
+#     the GPU, for a call with little device time: the tree built, test_ops_cuda's matmul
+#     and embed groups of those types (default and _own) and test_model_gpu on their three
+#     tiny models (default and _own). ~4 min with the start.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -308,6 +312,14 @@ L)
                 tee -a "$OUT/bench-l.md" | grep pp512 | sed "s|^|TPI_HOLD=$h |"
         done
     done
+    echo "at ${SECONDS}s"
+    ;;
+V)
+    cfg build
+    bld build
+    (cd build && time ctest -L gpu -R "ops_cuda_(matmul_(Q3_K|Q2_K|IQ4_NL|IQ4_XS)|embed)|model_gpu_(qwen2-tiny-q3_k_m|qwen2-tiny-iq4_xs|qwen3-tiny-q2_k)" \
+        -j 4 --timeout 240) >"$OUT/ctest.log" 2>&1
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -12
     echo "at ${SECONDS}s"
     ;;
 S)
