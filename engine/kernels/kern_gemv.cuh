@@ -490,7 +490,8 @@ template <> struct gu<TPI_TYPE_Q3_K> {
         /* the scale's low nibble in byte u & 7, its top bits in byte 8 + (u & 3) */
         const uint32_t lo = gv_ld16(b + 96 + (u & 6)) >> (8 * (u & 1));
         const uint32_t hi = gv_ld16(b + 104 + (u & 2)) >> (8 * (u & 1));
-        const int sc = (int)(((lo >> (4 * (u >> 3))) & 0xFu) | (((hi >> (2 * (u >> 2))) & 3u) << 4));
+        const int sc =
+            (int)(((lo >> (4 * (u >> 3))) & 0xFu) | (((hi >> (2 * (u >> 2))) & 3u) << 4));
         w.sd = (uint32_t)((sc - 32) & 0xFF) | (gv_ld16(b + 108) << 16);
     }
     template <int NR>
