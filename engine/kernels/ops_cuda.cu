@@ -531,10 +531,10 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
 
 /* The types held by default in another type, whose decode ran faster on the H200
  * (quant_gpu_held_type, converted by quant_convert_held; bench/NOTES.md change 148): Q3_K
- * as Q6_K and IQ4_NL as Q8_0 with the same values,
- * IQ4_XS as Q8_0 with its sub-block scales rounded to f16 (a relative change of at most
- * 2^-11, against the format's own error of percents). TPI_HOLD=0 keeps them as they are
- * (their own kernels, the file's bytes). Said once a type and context. */
+ * as Q6_K and IQ4_NL as Q8_0 with the same values, IQ4_XS as Q8_0 with its sub-block
+ * scales rounded to f16 (a relative change of at most 2^-11, against the format's own
+ * error of percents). TPI_HOLD=0 keeps them as they are (their own kernels, the file's
+ * bytes). Said once a type and context. */
 static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                             int64_t ne1, const void *host_data, struct tpi_error *err) {
     const struct quant_traits *tr = quant_traits(type);
