@@ -263,13 +263,21 @@ static int check_fits(struct model *m, int n_ubatch, struct tpi_error *err) {
     const size_t need = w.n_bytes_gpu + kv_bytes + act_bytes + scratch;
     if (need <= free_b) return TPI_OK;
     const double G = 1073741824.0;
+    /* Q3_K / IQ4 weights held as Q6_K / Q8_0 (quant_gpu_held_type): their own format
+     * (TPI_HOLD=0) is a way out too */
+    char own[160] = "";
+    if (w.n_bytes_gpu > w.n_bytes)
+        snprintf(own, sizeof own,
+                 ", or run Q3_K and IQ4 weights in their own format with TPI_HOLD=0 (weights "
+                 "%.2f GiB instead of %.2f; a slower decode)",
+                 w.n_bytes / G, w.n_bytes_gpu / G);
     return tpi_err(err, TPI_ERR_NOMEM,
                    "this rank needs %.2f GiB on its GPU (weights %.2f, KV cache %.2f for %d "
                    "x %d positions, activations %.2f for --ubatch %d, scratch %.2f) but only "
                    "%.2f of %.2f GiB are free: lower -c/--ctx-size or --parallel, or spread "
-                   "the model over more GPUs with --tp/--pp",
+                   "the model over more GPUs with --tp/--pp%s",
                    need / G, w.n_bytes_gpu / G, kv_bytes / G, m->n_slot, m->n_ctx, act_bytes / G,
-                   n_ubatch, scratch / G, free_b / G, total_b / G);
+                   n_ubatch, scratch / G, free_b / G, total_b / G, own);
 }
 
 /* The layout at start: world rank 0 collects one line from every rank (host,
