@@ -652,6 +652,47 @@ template <> struct gv<TPI_TYPE_Q5_K> {
  * 32 times x's sum (a dp4a with ones) taken off: the same integer sums with fewer
  * instructions than the per-byte subtraction, which sm_90 has no single instruction for
  * (3 a word); where x is shared by several rows its sum is taken once. */
+/* The rows' sums of one item in Q6_K's geometry (half n, l0 in {0, 16}; Q6_K, Q3_K and
+ * Q2_K): the words q[k] hold the item's levels for values 128n + 32k + l0..+15 (k = 0..3),
+ * times sk[k] and x's block scale. MODE GV_K16_SUMX32: the levels carry an offset of 32,
+ * taken off as 32 times the 16 x values' sum (a dp4a with ones); GV_K16_MIN (Q2_K): less
+ * mk[k] times that sum (a minimum every 16 values, finer than x's 32-value (d, d*sum)
+ * pairs). x, ds at the item's block (kind a) or the item's permuted x (kind p). */
+enum { GV_K16_PLAIN, GV_K16_SUMX32, GV_K16_MIN };
+template <int NR, bool PERM, int MODE>
+__host__ __device__ __forceinline__ void gv_k16_rows(const uint32_t (&q)[4][4], const float (&sk)[4],
+                                                     const float (&mk)[4], int n, int l0,
+                                                     const int8_t *x, int xs, const float2 *ds,
+                                                     int dss, int nr, float (&acc)[NR]) {
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        if (r == 0 || r < nr) {
+            const int8_t *xr = x + (size_t)r * xs;
+            const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
+            const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
+            const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
+            float t = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
+                int s = gv_dp4a_x4(q[k], xv, 0);
+                if (MODE != GV_K16_PLAIN) {
+                    const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u,
+                                              0x01010101u};
+                    const int sx = gv_dp4a_x4(ones, xv, 0);
+                    if (MODE == GV_K16_SUMX32) {
+                        s -= 32 * sx;
+                    } else {
+                        t = fmaf(dx[k], fmaf(sk[k], (float)s, -mk[k] * (float)sx), t);
+                        continue;
+                    }
+                }
+                t = fmaf(sk[k] * dx[k], (float)s, t);
+            }
+            acc[r] += t;
+        }
+}
+
 #ifndef TPI_GV_Q6S
 #define TPI_GV_Q6S 1 /* 0: the per-byte subtraction in the matrix-vector kernels too */
 #endif
@@ -672,27 +713,8 @@ __host__ __device__ __forceinline__ void gv_q6_item(const uint32_t (&A)[4], cons
         q[2][i] = gv_q6_ofs<SUMX>(((A[i] >> 4) & 0x0F0F0F0Fu) | (H[i] & 0x30303030u));
         q[3][i] = gv_q6_ofs<SUMX>(((C[i] >> 4) & 0x0F0F0F0Fu) | ((H[i] & 0xC0C0C0C0u) >> 2));
     }
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-        if (r == 0 || r < nr) {
-            const int8_t *xr = x + (size_t)r * xs;
-            const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
-            const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
-            const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
-            float t = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
-                int s = gv_dp4a_x4(q[k], xv, 0);
-                if (SUMX) {
-                    const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u,
-                                              0x01010101u};
-                    s -= 32 * gv_dp4a_x4(ones, xv, 0);
-                }
-                t = fmaf(sk[k] * dx[k], (float)s, t);
-            }
-            acc[r] += t;
-        }
+    gv_k16_rows<NR, PERM, SUMX ? GV_K16_SUMX32 : GV_K16_PLAIN>(q, sk, sk, n, l0, x, xs, ds, dss, nr,
+                                                              acc);
 }
 
 /* Q6_K: an item is a quarter block (it = 2n + l0/16: half n, lanes l0..l0+15), read with
@@ -726,41 +748,6 @@ template <> struct gv<TPI_TYPE_Q6_K> {
         gv_q6_item<NR, PERM>(wr.A, wr.C, wr.H, sk, n, l0, x, xs, ds, dss, nr, acc);
     }
 };
-
-/* One item of the 2-bit K-quants (Q3_K, Q2_K), in Q6_K's item geometry (half n, l0 in
- * {0, 16}): the words q[k] hold the signed levels of values 128n + 32k + l0..+15 (k =
- * 0..3), times sk[k]; MIN (Q2_K): less mk[k] times the sum of those 16 x values (a dp4a
- * with ones: a minimum every 16 values, finer than x's 32-value (d, d*sum) pairs). x, ds
- * as gv_q6_item takes them (kind p: Q6_K's permuted copy, the same item numbering). */
-template <int NR, bool PERM, bool MIN>
-__host__ __device__ __forceinline__ void gv_k2_item(const uint32_t (&q)[4][4], const float (&sk)[4],
-                                                    const float (&mk)[4], int n, int l0,
-                                                    const int8_t *x, int xs, const float2 *ds,
-                                                    int dss, int nr, float (&acc)[NR]) {
-#pragma unroll
-    for (int r = 0; r < NR; r++)
-        if (r == 0 || r < nr) {
-            const int8_t *xr = x + (size_t)r * xs;
-            const float *dr = (const float *)(ds + (size_t)r * dss + 4 * n);
-            const float4 f01 = gv_ldf4(dr), f23 = gv_ldf4(dr + 4);
-            const float dx[4] = {f01.x, f01.z, f23.x, f23.z};
-            float t = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int4 xv = gv_ldx128(gv_xunit<PERM>(xr, 128 * n + l0 + 32 * k, k));
-                const int s = gv_dp4a_x4(q[k], xv, 0);
-                if (MIN) {
-                    const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u,
-                                              0x01010101u};
-                    const int sx = gv_dp4a_x4(ones, xv, 0);
-                    t = fmaf(dx[k], fmaf(sk[k], (float)s, -mk[k] * (float)sx), t);
-                } else {
-                    t = fmaf(sk[k] * dx[k], (float)s, t);
-                }
-            }
-            acc[r] += t;
-        }
-}
 
 /* Byte i of the words w (little-endian). */
 template <int N> __host__ __device__ __forceinline__ int gv_byte(const uint32_t (&w)[N], int i) {
@@ -803,7 +790,7 @@ template <> struct gv<TPI_TYPE_Q3_K> {
                                        (((wr.H[i] >> (4 * n + k)) & 0x01010101u) << 2),
                                    0x04040404u);
         }
-        gv_k2_item<NR, PERM, false>(q, sk, sk, n, l0, x, xs, ds, dss, nr, acc);
+        gv_k16_rows<NR, PERM, GV_K16_PLAIN>(q, sk, sk, n, l0, x, xs, ds, dss, nr, acc);
     }
 };
 
@@ -841,7 +828,7 @@ template <> struct gv<TPI_TYPE_Q2_K> {
             for (int i = 0; i < 4; i++)
                 q[k][i] = (wr.Q[i] >> (2 * k)) & 0x03030303u;
         }
-        gv_k2_item<NR, PERM, true>(q, sk, mk, n, l0, x, xs, ds, dss, nr, acc);
+        gv_k16_rows<NR, PERM, GV_K16_MIN>(q, sk, mk, n, l0, x, xs, ds, dss, nr, acc);
     }
 };
 
