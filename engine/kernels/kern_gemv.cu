@@ -435,9 +435,10 @@ void kern_gemv_host_quantize(const float *x, int64_t n_vals, int8_t *xq, float *
 }
 
 /* A kernel of kind a, b or p run on the host: per row, per warp part and lane through
- * the kernel's own row function (the same items or units, order and batches; kind p
- * reads permuted copies made with the device's gv_perm_*), then the same xor tree and,
- * for wpr > 1, the same fixed-order sum over the parts. */
+ * the kernel's own row function (the same items or units, order and batches, and for one
+ * x row kinds a and p the device's one-row form; kind p reads permuted copies made with
+ * the device's gv_perm_*), then the same xor tree and, for wpr > 1, the same fixed-order
+ * sum over the parts. */
 template <int T>
 static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, const int8_t *xq,
                          const float2 *ds, int nr, float *y, int kind, int wpr) {
@@ -462,10 +463,19 @@ static void gv_emulate_t(const uint8_t *w, size_t row_bytes, int ne0, int ne1, c
                 float acc[1][8] = {{0, 0, 0, 0, 0, 0, 0, 0}};
                 const uint8_t *const wr1[1] = {wr};
                 const int first = part * 32 + lane, step = 32 * wpr;
-                if (kind == 'b')
+                if (kind == 'b') {
                     gu_row<T, 8, gu_batch<T>::U>(wr, ne0 / 16, first, step, xq, ds, ne0, nr, acc[0],
                                                  [] {});
-                else if (kind == 'p')
+                } else if (nr == 1) { /* the device's one-row instantiation */
+                    float a1[1][1] = {{0.0f}};
+                    if (kind == 'p')
+                        gv_item_rows<T, 1, true, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xp, xs,
+                                                    ds, ne0, nr, a1);
+                    else
+                        gv_item_rows<T, 1, false, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xq,
+                                                     ne0, ds, ne0, nr, a1);
+                    acc[0][0] = a1[0][0];
+                } else if (kind == 'p')
                     gv_item_rows<T, 8, true, 1>(wr1, ne0 / Q::BLK * Q::IPB, first, step, xp, xs, ds,
                                                 ne0, nr, acc);
                 else

@@ -226,8 +226,11 @@ template <> struct gu<TPI_TYPE_IQ4_NL> {
         uint32_t q[4];
         gv_win_get(w.q, q);
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            q[i] = kq_iq4_levels4((q[i] >> (4 * u)) & 0x0F0F0F0Fu);
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo, hi;
+            kq_iq4_levels8(q[i], lo, hi);
+            q[i] = u ? hi : lo;
+        }
         gu_dot16<NR>(q, gv_h2f((uint16_t)w.d) * keep, x, ds, xs, nr, acc);
     }
 };
@@ -254,8 +257,11 @@ template <> struct gu<TPI_TYPE_IQ4_XS> {
         const int ls = (int)(((w.sl >> (4 * c)) & 0xFu) | (((w.dh >> (16 + 2 * c)) & 3u) << 4));
         uint32_t q[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            q[i] = kq_iq4_levels4((w.q[i] >> (4 * (u & 1))) & 0x0F0F0F0Fu);
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo, hi;
+            kq_iq4_levels8(w.q[i], lo, hi);
+            q[i] = (u & 1) ? hi : lo;
+        }
         gu_dot16<NR>(q, gv_h2f((uint16_t)(w.dh & 0xFFFFu)) * (float)(ls - 32) * keep, x, ds, xs, nr,
                      acc);
     }

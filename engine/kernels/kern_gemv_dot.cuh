@@ -349,14 +349,12 @@ template <> struct gv<KERN_TYPE_Q4_0X8> {
 __host__ __device__ __forceinline__ void gv_iq4_bytes(const uint32_t (&q)[4], uint32_t (&lo)[4],
                                                       uint32_t (&hi)[4]) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        lo[i] = kq_iq4_levels4(q[i] & 0x0F0F0F0Fu);
-        hi[i] = kq_iq4_levels4((q[i] >> 4) & 0x0F0F0F0Fu);
-    }
+    for (int i = 0; i < 4; i++)
+        kq_iq4_levels8(q[i], lo[i], hi[i]);
 }
 
 /* IQ4_NL: an item is a block as Q4_0's (f16 d, 16 bytes of indices at b+2), its values d *
- * level (kq_iq4_levels4). */
+ * level (kq_iq4_levels8). */
 template <> struct gv<TPI_TYPE_IQ4_NL> {
     static constexpr int BLK = 32, BYTES = 18, IPB = 1;
     using raw = gv<TPI_TYPE_Q4_0>::raw;
@@ -654,11 +652,12 @@ template <> struct gv<TPI_TYPE_Q5_K> {
  * (3 a word); where x is shared by several rows its sum is taken once. */
 /* The rows' sums of one item in Q6_K's geometry (half n, l0 in {0, 16}; Q6_K, Q3_K and
  * Q2_K): the words q[k] hold the item's levels for values 128n + 32k + l0..+15 (k = 0..3),
- * times sk[k] and x's block scale. MODE GV_K16_SUMX32: the levels carry an offset of 32,
- * taken off as 32 times the 16 x values' sum (a dp4a with ones); GV_K16_MIN (Q2_K): less
+ * times sk[k] and x's block scale. MODE GV_K16_SUMX32 (GV_K16_SUMX4): the levels carry an
+ * offset of 32 (4), taken off as 32 (4) times the 16 x values' sum (a dp4a with ones), so
+ * the words need no per-byte subtraction (3 instructions a word); GV_K16_MIN (Q2_K): less
  * mk[k] times that sum (a minimum every 16 values, finer than x's 32-value (d, d*sum)
  * pairs). x, ds at the item's block (kind a) or the item's permuted x (kind p). */
-enum { GV_K16_PLAIN, GV_K16_SUMX32, GV_K16_MIN };
+enum { GV_K16_PLAIN, GV_K16_SUMX32, GV_K16_SUMX4, GV_K16_MIN };
 template <int NR, bool PERM, int MODE>
 __host__ __device__ __forceinline__ void gv_k16_rows(const uint32_t (&q)[4][4], const float (&sk)[4],
                                                      const float (&mk)[4], int n, int l0,
@@ -680,8 +679,8 @@ __host__ __device__ __forceinline__ void gv_k16_rows(const uint32_t (&q)[4][4], 
                     const uint32_t ones[4] = {0x01010101u, 0x01010101u, 0x01010101u,
                                               0x01010101u};
                     const int sx = gv_dp4a_x4(ones, xv, 0);
-                    if (MODE == GV_K16_SUMX32) {
-                        s -= 32 * sx;
+                    if (MODE != GV_K16_MIN) {
+                        s -= (MODE == GV_K16_SUMX32 ? 32 : 4) * sx;
                     } else {
                         t = fmaf(dx[k], fmaf(sk[k], (float)s, -mk[k] * (float)sx), t);
                         continue;
@@ -757,7 +756,9 @@ template <int N> __host__ __device__ __forceinline__ int gv_byte(const uint32_t 
 /* Q3_K (110-byte blocks: hmask, qs, 12 scale bytes, f16 d): an item is a quarter block as
  * Q6_K's: 16 qs bytes at 32 + 32n + l0 (bit pairs k), 16 hmask bytes at l0 (bit 4n + k:
  * the level's third bit, clear meaning -4), the 6-bit scales 8n + 2k + l0/16 (kq_q3_k_scale's
- * packing), all read with 2-byte-aligned loads. */
+ * packing), all read with 2-byte-aligned loads. With one x row the levels are dotted as
+ * 0..7 and 4 times x's sum taken off (GV_K16_SUMX4: 16 fewer instructions an item); with
+ * more the sum would be taken for each row, and the words are made signed once instead. */
 template <> struct gv<TPI_TYPE_Q3_K> {
     static constexpr int BLK = 256, BYTES = 110, IPB = 4;
     struct raw {
@@ -774,6 +775,7 @@ template <> struct gv<TPI_TYPE_Q3_K> {
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int it, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
+        constexpr int MODE = NR == 1 ? GV_K16_SUMX4 : GV_K16_PLAIN;
         const int n = it >> 1, l0 = (it & 1) * 16;
         const float d = gv_h2f((uint16_t)wr.d) * keep;
         float sk[4];
@@ -785,12 +787,13 @@ template <> struct gv<TPI_TYPE_Q3_K> {
             const int hi = (gv_byte(wr.S, 8 + (j & 3)) >> (2 * (j >> 2))) & 3;
             sk[k] = d * (float)((lo | (hi << 4)) - 32);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
-                q[k][i] = gv_vsub4(((wr.Q[i] >> (2 * k)) & 0x03030303u) |
-                                       (((wr.H[i] >> (4 * n + k)) & 0x01010101u) << 2),
-                                   0x04040404u);
+            for (int i = 0; i < 4; i++) {
+                const uint32_t v = ((wr.Q[i] >> (2 * k)) & 0x03030303u) |
+                                   (((wr.H[i] >> (4 * n + k)) & 0x01010101u) << 2);
+                q[k][i] = MODE == GV_K16_SUMX4 ? v : gv_vsub4(v, 0x04040404u);
+            }
         }
-        gv_k16_rows<NR, PERM, GV_K16_PLAIN>(q, sk, sk, n, l0, x, xs, ds, dss, nr, acc);
+        gv_k16_rows<NR, PERM, MODE>(q, sk, sk, n, l0, x, xs, ds, dss, nr, acc);
     }
 };
 

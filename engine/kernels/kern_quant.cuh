@@ -389,25 +389,28 @@ __host__ __device__ __forceinline__ uint32_t kq_prmt(uint32_t a, uint32_t b, uin
 #define KQ_IQ4_W2 0x26190D01u
 #define KQ_IQ4_W3 0x71594535u
 
-/* The IQ4 levels of the 4 indices (0..15) in the bytes of x, as 4 int8 in one word: each
- * byte permute looks up two indices (the selector's nibbles 0 and 2: their low 3 bits) in
- * the table's low or high 8 levels, a third joins the pairs, and bit 3 of each index
- * picks the low or high result (13 instructions for 4 values). */
-__host__ __device__ __forceinline__ uint32_t kq_iq4_levels4(uint32_t x) {
-    const uint32_t s01 = x & 0x0707u, s23 = (x >> 16) & 0x0707u;
-    const uint32_t lo =
-        kq_prmt(kq_prmt(KQ_IQ4_W0, KQ_IQ4_W1, s01), kq_prmt(KQ_IQ4_W0, KQ_IQ4_W1, s23), 0x6420u);
-    const uint32_t hi =
-        kq_prmt(kq_prmt(KQ_IQ4_W2, KQ_IQ4_W3, s01), kq_prmt(KQ_IQ4_W2, KQ_IQ4_W3, s23), 0x6420u);
-    const uint32_t m = ((x >> 3) & 0x01010101u) * 0xFFu;
-    return (lo & ~m) | (hi & m);
+/* The IQ4 levels of the 8 indices (0..15) in the nibbles of q, as int8 four to a word:
+ * byte i of lo is the level of byte i's low nibble, of hi its high nibble's. Two byte
+ * permutes a half-word look up the indices' low 3 bits (selector nibble k: index k) in the
+ * table's low and high 8 levels, a third takes each index's from the half its bit 3
+ * names (selector nibble k: k, plus 4 where bit 3 is set), and two more de-interleave the
+ * low and high nibbles' levels (13 instructions for 8 values). */
+__host__ __device__ __forceinline__ void kq_iq4_levels8(uint32_t q, uint32_t &lo, uint32_t &hi) {
+    const uint32_t s = q & 0x77777777u, s1 = s >> 16;
+    const uint32_t pick = ((q >> 1) & 0x44444444u) | 0x32103210u;
+    const uint32_t c0 =
+        kq_prmt(kq_prmt(KQ_IQ4_W0, KQ_IQ4_W1, s), kq_prmt(KQ_IQ4_W2, KQ_IQ4_W3, s), pick);
+    const uint32_t c1 = kq_prmt(kq_prmt(KQ_IQ4_W0, KQ_IQ4_W1, s1),
+                                kq_prmt(KQ_IQ4_W2, KQ_IQ4_W3, s1), pick >> 16);
+    lo = kq_prmt(c0, c1, 0x6420u);
+    hi = kq_prmt(c0, c1, 0x7531u);
 }
 
 /* The 8 values of IQ4 quant word q at scale d (byte i: value i's index in the low nibble,
  * value 4 + i's in the high), d * level, into v: as the CPU's (the same product). */
 __device__ __forceinline__ void kq_iq4_word(uint32_t q, float d, float (&v)[8]) {
-    const uint32_t lo = kq_iq4_levels4(q & 0x0F0F0F0Fu),
-                   hi = kq_iq4_levels4((q >> 4) & 0x0F0F0F0Fu);
+    uint32_t lo, hi;
+    kq_iq4_levels8(q, lo, hi);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         v[i] = d * (float)(int8_t)((lo >> (8 * i)) & 0xFFu);
