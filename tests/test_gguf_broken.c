@@ -649,12 +649,22 @@ START_TEST(test_cli_info) {
                       strstr(out, "\"general.f32\":\"f32\"") && strstr(out, "{\"version\":3,"),
                   "json: %s", out);
     /* The shard plan says what a rank holds on a GPU where that is more than the file's
-     * bytes (the Q2_K model's Q3_K as Q6_K), and only there. */
+     * bytes (under TPI_HOLD=1, the Q2_K model's Q3_K as Q6_K), and only there. */
     const char *q2 = tu_data_path("qwen3-tiny-q2_k.gguf"), *q4 = tu_data_path("qwen3-tiny-q4_k_m.gguf");
     if (q2 && q4) {
         char q2c[1024];
         snprintf(q2c, sizeof q2c, "%s", q2);
+        const char *hold = getenv("TPI_HOLD");
+        char hold_was[8];
+        snprintf(hold_was, sizeof hold_was, "%s", hold ? hold : "");
+        unsetenv("TPI_HOLD");
         status = run_info(q2c, false, "2", out, sizeof out, errs, sizeof errs);
+        ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --tp 2: %s", errs);
+        ck_assert_msg(!strstr(out, "on CUDA"), "text: %s", out);
+        setenv("TPI_HOLD", "1", 1);
+        status = run_info(q2c, false, "2", out, sizeof out, errs, sizeof errs);
+        if (hold) setenv("TPI_HOLD", hold_was, 1);
+        else unsetenv("TPI_HOLD");
         ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "info --tp 2: %s", errs);
         ck_assert_msg(strstr(out, "(on CUDA, up to 3.1 MiB a rank"), "text: %s", out);
         status = run_info(q4, false, "2", out, sizeof out, errs, sizeof errs);

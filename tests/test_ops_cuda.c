@@ -267,9 +267,9 @@ static const int TYPES[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYP
                             TPI_TYPE_Q2_K, TPI_TYPE_IQ4_NL, TPI_TYPE_IQ4_XS};
 #define N_TYPES ((int)(sizeof TYPES / sizeof TYPES[0]))
 
-/* The device holds Q3_K as Q6_K and IQ4_NL as Q8_0 (the same values) and IQ4_XS as Q8_0
- * with f16 sub-block scales (ops_cuda.cu's upload_converted; under TPI_HOLD=0 each as it
- * is): IQ4_XS's values there are the CPU's changed by up to 2^-11 of themselves. So an embedded
+/* Under TPI_HOLD=1 the device holds Q3_K as Q6_K and IQ4_NL as Q8_0 (the same values) and
+ * IQ4_XS as Q8_0 with f16 sub-block scales (ops_cuda.cu's upload_converted; else each as
+ * it is): IQ4_XS's values there are the CPU's changed by up to 2^-11 of themselves. So an embedded
  * value may differ by 2^-11 of itself, and a matrix-vector output by ~2^-11/sqrt(3) of
  * the outputs' rms (2.8e-4; 4e-3 is ~14 sigma). The nmse of a few outputs can be far above
  * the ~8e-8 of many (one output that cancels to near 0: H100, ne1 1, 3.1e-6), so its bound

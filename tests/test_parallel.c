@@ -81,11 +81,12 @@ static struct model *load(const char *path, const struct tpi_grid *g, struct tpi
 }
 
 /* Expected weight bytes of rank (tp_rank of tp, one stage) from the tensor table. */
-/* Bytes of a tensor of `type` taking `n` bytes in the file, as the CUDA backend holds it
- * by default: Q3_K's 110-byte blocks of 256 values as Q6_K's 210, IQ4_XS's 136 as eight
- * Q8_0 blocks of 34, IQ4_NL's 18 as one (ggml's block sizes; gpu = false: the file's
- * bytes). */
+/* Bytes of a tensor of `type` taking `n` bytes in the file, as the CUDA backend holds it:
+ * the file's bytes, or under TPI_HOLD=1 Q3_K's 110-byte blocks of 256 values as Q6_K's
+ * 210, IQ4_XS's 136 as eight Q8_0 blocks of 34, IQ4_NL's 18 as one (ggml's block sizes;
+ * gpu = false: the file's bytes). */
 static size_t held(int type, size_t n, bool gpu) {
+    if (quant_gpu_held_type(type) == type) return n;
     if (gpu && type == TPI_TYPE_Q3_K) return n / 110 * 210;
     if (gpu && type == TPI_TYPE_IQ4_XS) return n / 136 * 272;
     if (gpu && type == TPI_TYPE_IQ4_NL) return n / 18 * 34;

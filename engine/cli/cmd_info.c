@@ -462,8 +462,8 @@ static int shard_plan(const struct gguf_file *f, int tp, int pp, bool json, cJSO
         printf("(* KV head replicated on several ranks; f32 slices: row-parallel slices off the\n"
                " type's block edge, expanded to F32 exactly)\n");
     if (!json && !rc && gpu_mib_max > 0)
-        printf("(on CUDA, up to %.1f MiB a rank: Q3_K and IQ4 weights are held as Q6_K and\n"
-               " Q8_0, whose decode runs faster; TPI_HOLD=0 keeps them as they are)\n",
+        printf("(on CUDA, up to %.1f MiB a rank: TPI_HOLD=1 holds Q3_K and IQ4 weights as\n"
+               " Q6_K and Q8_0)\n",
                gpu_mib_max);
     if (rc) cJSON_Delete(arr);
     else if (arr_out) *arr_out = arr;

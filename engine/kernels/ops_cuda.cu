@@ -529,12 +529,11 @@ static bool upload_staged(struct ops_ctx *ctx, void *dst, const void *src, size_
 static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                               int64_t ne1, const void *host_data, struct tpi_error *err);
 
-/* The types held by default in another type, whose decode ran faster on the H200
- * (quant_gpu_held_type, converted by quant_convert_held; bench/NOTES.md change 148): Q3_K
- * as Q6_K and IQ4_NL as Q8_0 with the same values, IQ4_XS as Q8_0 with its sub-block
- * scales rounded to f16 (a relative change of at most 2^-11, against the format's own
- * error of percents). TPI_HOLD=0 keeps them as they are (their own kernels, the file's
- * bytes). Said once a type and context. */
+/* The types held in another type under TPI_HOLD=1, whose decode runs 2-3 % faster on the
+ * H200 at 1.9-2x the memory (quant_gpu_held_type, converted by quant_convert_held;
+ * bench/NOTES.md changes 148-149): Q3_K as Q6_K and IQ4_NL as Q8_0 with the same values,
+ * IQ4_XS as Q8_0 with its sub-block scales rounded to f16 (a relative change of at most
+ * 2^-11, against the format's own error of percents). Said once a type and context. */
 static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                             int64_t ne1, const void *host_data, struct tpi_error *err) {
     const struct quant_traits *tr = quant_traits(type);
@@ -569,8 +568,7 @@ static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type,
         ctx->said_held |= bit;
         const double ratio = (double)row_bytes / (double)src_row;
         tpi_log(TPI_LOG_INFO,
-                "CUDA: %s weights run as %s (%s, %.1fx their bytes, a faster decode; "
-                "TPI_HOLD=0 keeps them as they are)",
+                "CUDA: %s weights run as %s (TPI_HOLD=1: %s, %.1fx their bytes)",
                 tr->name, quant_type_name(held),
                 quant_held_is_exact(type) ? "the same values" : "scales rounded to f16", ratio);
     }

@@ -938,9 +938,12 @@ int quant_gpu_held_type(int type) {
     static int hold = -1; /* TPI_HOLD, read once (every caller reads the same value) */
     if (hold < 0) {
         const char *e = getenv("TPI_HOLD");
-        hold = !(e && strcmp(e, "0") == 0);
+        hold = e && strcmp(e, "1") == 0;
     }
-    if (!hold) return type;
+    return hold ? quant_held_form(type) : type;
+}
+
+int quant_held_form(int type) {
     switch (type) {
     case TPI_TYPE_Q3_K:
         return TPI_TYPE_Q6_K;

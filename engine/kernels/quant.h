@@ -77,9 +77,13 @@ int quant_dequant_rows(int type, const void *data, int64_t ne0, int64_t row0, in
 int quant_extract_cols(int type, const void *data, int64_t ne0, int64_t ne1, int64_t col0,
                        int64_t n_cols, void *dst, struct tpi_error *err);
 
-/* The type the CUDA backend holds a weight of `type` in: Q3_K as Q6_K, IQ4_NL and IQ4_XS
- * as Q8_0 (their decode kernels run faster on the H200 than the types' own, bench/NOTES.md
- * change 148); every other type, and every type under TPI_HOLD=0, as itself. */
+/* The type quant_convert_held writes for `type`: Q6_K for Q3_K, Q8_0 for IQ4_NL and
+ * IQ4_XS, `type` itself for every other type. */
+int quant_held_form(int type);
+
+/* The type the CUDA backend holds a weight of `type` in: itself, unless the environment
+ * has TPI_HOLD=1, which holds Q3_K and IQ4 in quant_held_form's types (their decode 2-3 %
+ * faster on the H200 at 1.9-2x the memory, slower on an H100: bench/NOTES.md change 149). */
 int quant_gpu_held_type(int type);
 
 /* Whether quant_convert_held keeps `type`'s values bitwise (true for Q3_K and IQ4_NL and
@@ -87,7 +91,7 @@ int quant_gpu_held_type(int type);
  * change of at most 2^-11). */
 bool quant_held_is_exact(int type);
 
-/* Convert n_elems values (whole blocks) of `type` into quant_gpu_held_type(type)'s layout
+/* Convert n_elems values (whole blocks) of `type` into quant_held_form(type)'s layout
  * at dst (quant_row_size(held, n_elems) bytes). TPI_OK; TPI_ERR_UNSUPPORTED with *bad the
  * index of the first value the held type cannot hold (beyond f16's range); TPI_ERR_INVALID
  * for an unsupported type or a size off the block. */

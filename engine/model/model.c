@@ -263,13 +263,13 @@ static int check_fits(struct model *m, int n_ubatch, struct tpi_error *err) {
     const size_t need = w.n_bytes_gpu + kv_bytes + act_bytes + scratch;
     if (need <= free_b) return TPI_OK;
     const double G = 1073741824.0;
-    /* Q3_K / IQ4 weights held as Q6_K / Q8_0 (quant_gpu_held_type): their own format
-     * (TPI_HOLD=0) is a way out too */
+    /* Q3_K / IQ4 weights held as Q6_K / Q8_0 under TPI_HOLD=1 (quant_gpu_held_type):
+     * their own format is a way out too */
     char own[160] = "";
     if (w.n_bytes_gpu > w.n_bytes)
         snprintf(own, sizeof own,
-                 ", or run Q3_K and IQ4 weights in their own format with TPI_HOLD=0 (weights "
-                 "%.2f GiB instead of %.2f; a slower decode)",
+                 ", or run Q3_K and IQ4 weights in their own format without TPI_HOLD=1 "
+                 "(weights %.2f GiB instead of %.2f)",
                  w.n_bytes / G, w.n_bytes_gpu / G);
     return tpi_err(err, TPI_ERR_NOMEM,
                    "this rank needs %.2f GiB on its GPU (weights %.2f, KV cache %.2f for %d "

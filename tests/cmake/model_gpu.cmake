@@ -25,13 +25,12 @@ if(TARGET tpi_cuda)
   set_tests_properties(test_model_gpu_qwen3-tiny-q4_k_m_wo_prefetch PROPERTIES
                        SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_WO_PREFETCH=1")
-  # the models whose Q3_K or IQ4 weights are held in another type by default, with every
-  # type in its own kernels (TPI_HOLD=0)
+  # the models with Q3_K or IQ4 weights, those held in another type (TPI_HOLD=1)
   foreach(m qwen2-tiny-q3_k_m qwen2-tiny-iq4_xs qwen3-tiny-q2_k)
-    add_test(NAME test_model_gpu_${m}_own COMMAND test_model_gpu ${m})
-    set_tests_properties(test_model_gpu_${m}_own PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+    add_test(NAME test_model_gpu_${m}_held COMMAND test_model_gpu ${m})
+    set_tests_properties(test_model_gpu_${m}_held PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
                          LABELS gpu ENVIRONMENT
-                         "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=0")
+                         "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=1")
   endforeach()
   # YaRN (TEST_ROPE_YARN=1): the scaled angles of every CUDA rope path against the CPU's
   add_test(NAME test_model_gpu_qwen3-tiny-q4_k_m_yarn COMMAND test_model_gpu qwen3-tiny-q4_k_m)

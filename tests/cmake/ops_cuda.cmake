@@ -13,17 +13,17 @@ if(TARGET tpi_cuda)
     set_tests_properties(test_ops_cuda_${g} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600 LABELS gpu
                          ENVIRONMENT "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive")
   endforeach()
-  # the types held in another by default, in their own kernels (TPI_HOLD=0)
+  # the types TPI_HOLD=1 holds in another, held so
   foreach(t Q3_K IQ4_NL IQ4_XS)
-    add_test(NAME test_ops_cuda_matmul_${t}_own COMMAND test_ops_cuda_elem matmul_${t})
-    set_tests_properties(test_ops_cuda_matmul_${t}_own PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+    add_test(NAME test_ops_cuda_matmul_${t}_held COMMAND test_ops_cuda_elem matmul_${t})
+    set_tests_properties(test_ops_cuda_matmul_${t}_held PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
                          LABELS gpu ENVIRONMENT
-                         "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=0")
+                         "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=1")
   endforeach()
-  add_test(NAME test_ops_cuda_embed_own COMMAND test_ops_cuda_elem embed)
-  set_tests_properties(test_ops_cuda_embed_own PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+  add_test(NAME test_ops_cuda_embed_held COMMAND test_ops_cuda_elem embed)
+  set_tests_properties(test_ops_cuda_embed_held PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
                        LABELS gpu ENVIRONMENT
-                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=0")
+                       "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=1")
   # the attention launchers' host-side planning: runs without a GPU (label unit)
   add_test(NAME test_ops_cuda_host COMMAND test_ops_cuda_elem host)
   set_tests_properties(test_ops_cuda_host PROPERTIES TIMEOUT 120 LABELS unit)
