@@ -75,11 +75,16 @@
 #     test_ops_fused, test_model_gpu), MAIN_REV's tpinfer against the tree's by default and
 #     with TPI_HOLD=0 on the 8B in each of KTYPES (default q3_k_m q2_k iq4_xs; bench/ab.sh
 #     tg128 at depth 0, greedy bytes; then pp512). Run 249 (~10 min with KR=1) took it
-#     when the tree held nothing (the own kernels are its "tree" lines).
-#   PART=V: the held forms and the own kernels (TPI_HOLD=0) of Q3_K, Q2_K and IQ4 checked on
-#     the GPU, for a call with little device time: the tree built, test_ops_cuda's matmul
-#     and embed groups of those types (default and _own) and test_model_gpu on their three
-#     tiny models (default and _own). ~4 min with the start.
+#     when the tree held nothing (the own kernels are its "tree" lines). Since change 149
+#     the pairs are MAIN_REV's own kernels (TPI_HOLD=0: the reference, whose greedy bytes
+#     the tree's own must match), the tree's own (its default since change 149), and the
+#     tree's held forms (TPI_HOLD=1); pp512 of both builds at TPI_HOLD 1 and 0 (MAIN_REV
+#     before change 149 holds by default: for it TPI_HOLD=1 is the default).
+#   PART=V: the own kernels and the held forms of Q3_K, Q2_K and IQ4 checked on the GPU,
+#     for a call with little device time: the tree built, test_ops_cuda's matmul and embed
+#     groups of those types and test_model_gpu on their three tiny models, each by default
+#     and as _held (TPI_HOLD=1; before change 149 the held forms were the default and the
+#     _own tests, at TPI_HOLD=0, the own kernels). ~4 min with the start.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -305,11 +310,13 @@ L)
     grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
     for t in ${KTYPES:-q3_k_m q2_k iq4_xs}; do
         echo "at ${SECONDS}s: ab $t"
-        ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab $t main=/tmp/tpinfer-main tree=build/tpinfer \
-            own=build/tpinfer@TPI_HOLD=0
-        for h in 1 0; do
-            TPI_HOLD=$h build/tpinfer bench -m /tmp/$t.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-l.err" |
-                tee -a "$OUT/bench-l.md" | grep pp512 | sed "s|^|TPI_HOLD=$h |"
+        ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab $t mown=/tmp/tpinfer-main@TPI_HOLD=0 \
+            own=build/tpinfer held=build/tpinfer@TPI_HOLD=1
+        for b in /tmp/tpinfer-main build/tpinfer; do
+            for h in 1 0; do
+                TPI_HOLD=$h $b bench -m /tmp/$t.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-l.err" |
+                    tee -a "$OUT/bench-l.md" | grep pp512 | sed "s|^|$b TPI_HOLD=$h |"
+            done
         done
     done
     echo "at ${SECONDS}s"
