@@ -34,6 +34,10 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
         asm("ld.global.nc.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
             : "l"(p), "l"(pol));
+    } else if constexpr (sizeof(T) == 8) {
+        asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+            : "=r"(v.x), "=r"(v.y)
+            : "l"(p), "l"(pol));
     } else if constexpr (sizeof(T) == 4) {
         asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v.x) : "l"(p), "l"(pol));
     } else if constexpr (sizeof(T) == 2) {
@@ -41,8 +45,8 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldg(const void *p
         asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(h) : "l"(p), "l"(pol));
         v.x = h;
     }
-    if constexpr (sizeof(T) == 16 || sizeof(T) == 4 || sizeof(T) == 2) {
-        T t; /* the loaded bytes, little-endian: a 2- or 4-byte T is v.x's low bytes */
+    if constexpr (sizeof(T) == 16 || sizeof(T) == 8 || sizeof(T) == 4 || sizeof(T) == 2) {
+        T t; /* the loaded bytes, little-endian: a 2- to 8-byte T is v's low bytes */
         memcpy(&t, &v, sizeof t);
         return t;
     }
@@ -70,6 +74,10 @@ template <typename T> __host__ __device__ __forceinline__ T gv_ldx(const void *p
 }
 __host__ __device__ __forceinline__ uint32_t gv_ld32(const uint8_t *p) {
     return gv_ldg<unsigned int>(p);
+}
+/* 8 bytes at p (8-byte aligned) */
+__host__ __device__ __forceinline__ uint2 gv_ld64(const uint8_t *p) {
+    return gv_ldg<uint2>(p);
 }
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
     return gv_ldg<int4>(p);
@@ -373,18 +381,17 @@ template <> struct gv<TPI_TYPE_IQ4_NL> {
 
 /* IQ4_XS (136-byte blocks, 8-byte aligned): an item is sub-block c (32 values): its 16
  * index bytes at b+8+16c, its scale ls from the nibble at bit 4c of the word at b+4 and
- * bits 2c of the 16 at b+2; values d * (ls - 32) * level. */
+ * bits 2c of the 16 at b+2; values d * (ls - 32) * level. Read in three 8-byte loads. */
 template <> struct gv<TPI_TYPE_IQ4_XS> {
     static constexpr int BLK = 256, BYTES = 136, IPB = 8;
     struct raw {
         uint32_t q[4], dh, sl; /* dh: d (bits 0..15) and the scales' top bits */
     };
     static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int c) {
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            w.q[i] = gv_ld32(b + 8 + 16 * c + 4 * i);
-        w.dh = gv_ld32(b);
-        w.sl = gv_ld32(b + 4);
+        const uint2 q01 = gv_ld64(b + 8 + 16 * c), q23 = gv_ld64(b + 16 + 16 * c), h = gv_ld64(b);
+        w.q[0] = q01.x, w.q[1] = q01.y, w.q[2] = q23.x, w.q[3] = q23.y;
+        w.dh = h.x;
+        w.sl = h.y;
     }
     /* x, ds: the block's first (kind a; item c's are 32c values and c pairs on) or the
      * item's own (kind p: x from gv_item_rows, ds as kind a) */
