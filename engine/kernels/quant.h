@@ -82,8 +82,9 @@ int quant_extract_cols(int type, const void *data, int64_t ne0, int64_t ne1, int
 int quant_held_form(int type);
 
 /* The type the CUDA backend holds a weight of `type` in: itself, unless the environment
- * has TPI_HOLD=1, which holds Q3_K and IQ4 in quant_held_form's types (their decode 2-3 %
- * faster on the H200 at 1.9-2x the memory, slower on an H100: bench/NOTES.md change 149). */
+ * has TPI_HOLD=1, which holds Q3_K and IQ4 in quant_held_form's types (1.9-2x the memory;
+ * their decode ran faster on the H200 before change 149, slower on an H100: bench/NOTES.md
+ * changes 148-149). */
 int quant_gpu_held_type(int type);
 
 /* Whether quant_convert_held keeps `type`'s values bitwise (true for Q3_K and IQ4_NL and
