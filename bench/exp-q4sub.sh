@@ -85,6 +85,10 @@
 #     groups of those types and test_model_gpu on their three tiny models, each by default
 #     and as _held (TPI_HOLD=1; before change 149 the held forms were the default and the
 #     _own tests, at TPI_HOLD=0, the own kernels). ~4 min with the start.
+#   PART=F: a last call of a session: on an H200 PART=L's tg128 pairs (KR rounds, default 1;
+#     no ctest, no pp512) for iq4_xs and q3_k_m, the question change 149 left there (the
+#     own kernels against the held forms); on any other card the tree's whole `ctest -L gpu
+#     -E "parallel|comm"`. ~6 min with the start.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -327,6 +331,23 @@ V)
     (cd build && time ctest -L gpu -R "ops_cuda_(matmul_(Q3_K|Q2_K|IQ4_NL|IQ4_XS)|embed)|model_gpu_(qwen2-tiny-q3_k_m|qwen2-tiny-iq4_xs|qwen3-tiny-q2_k)" \
         -j 4 --timeout 240) >"$OUT/ctest.log" 2>&1
     grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -12
+    echo "at ${SECONDS}s"
+    ;;
+F)
+    cfg build
+    bld build
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+        main_at tpinfer
+        for t in iq4_xs q3_k_m; do mk $t; done
+        for t in iq4_xs q3_k_m; do
+            echo "at ${SECONDS}s: ab $t"
+            ROUNDS=${KR:-1} ABD=0 GREEDY_LENS=300 ab $t mown=/tmp/tpinfer-main@TPI_HOLD=0 \
+                own=build/tpinfer held=build/tpinfer@TPI_HOLD=1
+        done
+    else
+        (cd build && time ctest -L gpu -E "parallel|comm" -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1
+        grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -12
+    fi
     echo "at ${SECONDS}s"
     ;;
 S)
