@@ -79,7 +79,8 @@
 #     the pairs are MAIN_REV's own kernels (TPI_HOLD=0: the reference, whose greedy bytes
 #     the tree's own must match), the tree's own (its default since change 149), and the
 #     tree's held forms (TPI_HOLD=1); pp512 of both builds at TPI_HOLD 1 and 0 (MAIN_REV
-#     before change 149 holds by default: for it TPI_HOLD=1 is the default).
+#     before change 149 holds by default: for it TPI_HOLD=1 is the default). LCTEST=0 skips
+#     the ctest, LPP=0 the pp512 lines (a call with little device time left).
 #   PART=V: the own kernels and the held forms of Q3_K, Q2_K and IQ4 checked on the GPU,
 #     for a call with little device time: the tree built, test_ops_cuda's matmul and embed
 #     groups of those types and test_model_gpu on their three tiny models, each by default
@@ -305,18 +306,23 @@ K)
 L)
     cfg build
     bld build
-    (cd build && time ctest -L gpu -R "gemv_cuda_(Q3_K|Q2_K|IQ4_NL|IQ4_XS|Q6_K|api)|ops_cuda|model_gpu|ops_fused" \
-        -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    if [ "${LCTEST:-1}" = 1 ]; then
+        (cd build && time ctest -L gpu -R "gemv_cuda_(Q3_K|Q2_K|IQ4_NL|IQ4_XS|Q6_K|api)|ops_cuda|model_gpu|ops_fused" \
+            -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    fi
     CP=$!
     main_at tpinfer
     for t in ${KTYPES:-q3_k_m q2_k iq4_xs}; do mk $t; done
-    wait $CP
-    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
+    if [ "${LCTEST:-1}" = 1 ]; then
+        wait $CP
+        grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -8
+    fi
     for t in ${KTYPES:-q3_k_m q2_k iq4_xs}; do
         echo "at ${SECONDS}s: ab $t"
         ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab $t mown=/tmp/tpinfer-main@TPI_HOLD=0 \
             own=build/tpinfer held=build/tpinfer@TPI_HOLD=1
         for b in /tmp/tpinfer-main build/tpinfer; do
+            [ "${LPP:-1}" = 1 ] || break
             for h in 1 0; do
                 TPI_HOLD=$h $b bench -m /tmp/$t.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-l.err" |
                     tee -a "$OUT/bench-l.md" | grep pp512 | sed "s|^|$b TPI_HOLD=$h |"
