@@ -785,28 +785,18 @@ template <> struct gv<TPI_TYPE_Q3_K> {
         constexpr int MODE = NR == 1 ? GV_K16_SUMX4 : GV_K16_PLAIN;
         const int n = it >> 1, l0 = (it & 1) * 16;
         const float d = gv_h2f((uint16_t)wr.d) * keep;
-        /* scale j = 8n + 2k + l0/16: its low 4 bits are nibble n of byte 2k + l0/16, its top
-         * 2 bits pair 2n + k/2 of byte 8 + 2(k & 1) + l0/16; shifted by sh, the four scales'
-         * parts sit at bits 0 and 16 of three words */
-        const int sh = 8 * (l0 >> 4) + 4 * n;
-        const uint32_t top = wr.S[2] >> sh;
-        const uint32_t s01 = ((wr.S[0] >> sh) & 0x000F000Fu) | ((top << 4) & 0x00300030u),
-                       s23 = ((wr.S[1] >> sh) & 0x000F000Fu) | ((top << 2) & 0x00300030u);
-        const int sc[4] = {(int)(s01 & 0xFFu), (int)(s01 >> 16), (int)(s23 & 0xFFu),
-                           (int)(s23 >> 16)};
-        uint32_t hn[4]; /* each byte's nibble n: the third bits of values k = 0..3 */
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            hn[i] = wr.H[i] >> (4 * n);
         float sk[4];
         uint32_t q[4][4];
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            sk[k] = d * (float)(sc[k] - 32);
+            const int j = 8 * n + 2 * k + (l0 >> 4);
+            const int lo = (gv_byte(wr.S, j & 7) >> (4 * (j >> 3))) & 0xF;
+            const int hi = (gv_byte(wr.S, 8 + (j & 3)) >> (2 * (j >> 2))) & 3;
+            sk[k] = d * (float)((lo | (hi << 4)) - 32);
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 const uint32_t v = ((wr.Q[i] >> (2 * k)) & 0x03030303u) |
-                                   (((hn[i] >> k) & 0x01010101u) << 2);
+                                   (((wr.H[i] >> (4 * n + k)) & 0x01010101u) << 2);
                 q[k][i] = MODE == GV_K16_SUMX4 ? v : gv_vsub4(v, 0x04040404u);
             }
         }
