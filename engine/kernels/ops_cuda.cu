@@ -531,9 +531,10 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
 
 /* The types held in another type under TPI_HOLD=1, at 1.9-2x the memory, whose decode ran
  * faster on the H200 before change 149 and runs slower on an H100 (quant_gpu_held_type,
- * converted by quant_convert_held; bench/NOTES.md changes 148-149): Q3_K as Q6_K and IQ4_NL as Q8_0 with the same values,
- * IQ4_XS as Q8_0 with its sub-block scales rounded to f16 (a relative change of at most
- * 2^-11, against the format's own error of percents). Said once a type and context. */
+ * converted by quant_convert_held; bench/NOTES.md changes 148-149): Q3_K as Q6_K and
+ * IQ4_NL as Q8_0 with the same values, IQ4_XS as Q8_0 with its sub-block scales rounded to
+ * f16 (a relative change of at most 2^-11, against the format's own error of percents).
+ * Said once a type and context. */
 static int upload_converted(struct ops_ctx *ctx, struct tpi_weight *w, int type, int64_t ne0,
                             int64_t ne1, const void *host_data, struct tpi_error *err) {
     const struct quant_traits *tr = quant_traits(type);
