@@ -90,6 +90,12 @@
 #     no ctest, no pp512) for iq4_xs and q3_k_m, the question change 149 left there (the
 #     own kernels against the held forms); on any other card the tree's whole `ctest -L gpu
 #     -E "parallel|comm"`. ~6 min with the start.
+#   PART=G: change 151, Q3_K in 8-block groups (KERN_LAYOUT_Q3_KX8): the tree built, `ctest
+#     -L gpu` of the kernels it touches (test_gemv_cuda's Q3_K, Q6_K and api groups,
+#     test_ops_cuda, test_model_gpu, test_ops_fused) while MAIN_REV's tpinfer builds, the
+#     one-row microbench of Q3_K at the 8B's shapes with TPI_Q3_REPACK 0 and 1, then
+#     bench/ab.sh on the 8B Q3_K_M at depth 0 (KR rounds, default 2; greedy bytes): main,
+#     the tree, the tree at TPI_Q3_REPACK=0; pp512 of main and the tree. ~7 min.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -328,6 +334,31 @@ L)
                     tee -a "$OUT/bench-l.md" | grep pp512 | sed "s|^|$b TPI_HOLD=$h |"
             done
         done
+    done
+    echo "at ${SECONDS}s"
+    ;;
+G)
+    cfg build
+    bld build
+    (cd build && time ctest -L gpu -R "gemv_cuda_(Q3_K|Q6_K|api)|ops_cuda|model_gpu|ops_fused" \
+        -j 3 --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    CP=$!
+    main_at tpinfer
+    mk q3_k_m
+    wait $CP
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -12
+    echo "at ${SECONDS}s: microbench"
+    for r in 0 1; do
+        TPI_Q3_REPACK=$r TPI_BENCH_TYPES=Q3_K TPI_BENCH_ROWS=1 \
+            TPI_BENCH_SHAPES=4096x4096,4096x1024,4096x12288,12288x4096 build/tests/test_gemv_cuda bench \
+            2>>"$OUT/gbench.err" | sed "s|^|repack=$r |"
+    done
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab q3_k_m main=/tmp/tpinfer-main grp=build/tpinfer \
+        r0=build/tpinfer@TPI_Q3_REPACK=0
+    for b in /tmp/tpinfer-main build/tpinfer; do
+        $b bench -m /tmp/q3_k_m.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-g.err" |
+            tee -a "$OUT/bench-g.md" | grep pp512 | sed "s|^|$b |"
     done
     echo "at ${SECONDS}s"
     ;;

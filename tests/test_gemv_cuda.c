@@ -6,8 +6,8 @@
  * `test_gemv_cuda GROUP`, GROUP one of:
  * - host (no GPU; label unit): the kernels of kinds a, b and p emulated on the host (the
  *   same item/unit code and order, kind p's permuted x) for every quantized type, odd
- *   shapes, 1, 2 and 4 warps per row; Q8_0, Q4_0 and Q6_K also in the device's 8-block
- *   groups (bitwise the GGUF layout's results);
+ *   shapes, 1, 2 and 4 warps per row; Q8_0, Q4_0, Q6_K and Q3_K also in the device's
+ *   8-block groups (bitwise the GGUF layout's results);
  * - Q8_0 Q4_0 Q5_0 Q4_1 Q5_1 Q4_K Q5_K Q6_K Q3_K Q2_K IQ4_NL IQ4_XS BF16 F16 (label gpu):
  *   kern_gemv_v3_run for each setting in CFGS, rows 1, 2, 3, 8, ne0 256..12288, ne1
  *   1..4097, plain and accumulate (y += );
@@ -235,10 +235,10 @@ START_TEST(test_host) {
                              (long long)nr, wpr);
                     ck_assert_msg(check(label, got, want, NULL, bound, (size_t)ny) == 0, "%s",
                                   label);
-                    /* Q8_0, Q4_0 and Q6_K as the CUDA backend keeps them (8-block groups):
-                     * the same sums in the same order, so the same bits */
+                    /* Q8_0, Q4_0, Q6_K and Q3_K as the CUDA backend keeps them (8-block
+                     * groups): the same sums in the same order, so the same bits */
                     if (((type == TPI_TYPE_Q8_0 || type == TPI_TYPE_Q4_0) && ne0 % 256 == 0) ||
-                        (type == TPI_TYPE_Q6_K && ne0 % 2048 == 0)) {
+                        ((type == TPI_TYPE_Q6_K || type == TPI_TYPE_Q3_K) && ne0 % 2048 == 0)) {
                         const size_t n_bytes = quant_row_size(type, ne0) * (size_t)ne1;
                         uint8_t *qg = malloc(n_bytes);
                         float *gg = malloc((size_t)ny * 4);

@@ -307,12 +307,14 @@ START_TEST(test_embed) {
     tu_rng_seed(&r, 5);
     const int32_t ids[] = {0, 49, 3, 3, 17, 48};
     const int n_tok = 6;
-    /* two widths: 768 (whole 256-value groups) is the one Q8_0 is regrouped for on the
-     * device (weight_upload; kern_common.cuh), three blocks the one it is not */
-    for (int k = 0; k < 2 * N_TYPES; k++) {
-        const int type = TYPES[k / 2];
+    /* three widths: 768 (whole 256-value groups) is one Q8_0 and Q4_0 are regrouped for
+     * on the device (weight_upload; kern_common.cuh), 4096 (whole 2048) one Q6_K and Q3_K
+     * are too, three blocks one no type is */
+    for (int k = 0; k < 3 * N_TYPES; k++) {
+        const int type = TYPES[k / 3];
         const int blk = quant_traits(type)->blck_size;
-        const int64_t ne0 = k % 2 ? 768 : blk == 1 ? 97 : blk * 3, ne1 = 50;
+        const int64_t ne0 = k % 3 == 1 ? 768 : k % 3 == 2 ? 4096 : blk == 1 ? 97 : blk * 3;
+        const int64_t ne1 = 50;
         struct tpi_weight cw, gw;
         void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
         int32_t *gids = bdup(G, gctx, ids, sizeof ids);
@@ -415,16 +417,20 @@ START_TEST(test_matmul) { /* _i: index into TYPES */
             if (b == 3 && a < 2) continue; /* the wide case only with long rows */
             struct tpi_weight cw, gw;
             void *q = make_weight(&r, type, ne0, ne1, &cw, &gw);
-            /* Q8_0 and Q4_0 rows of whole 256-value groups and Q6_K rows of whole 2048
-             * take the device's regrouped layouts (unless TPI_Q8_REPACK=0, TPI_Q4_REPACK=0
-             * / TPI_Q6_REPACK=0), the others GGUF's: both run here (Q6_K: ne0 8192) */
+            /* Q8_0 and Q4_0 rows of whole 256-value groups and Q6_K and Q3_K rows of whole
+             * 2048 take the device's regrouped layouts (unless TPI_Q8_REPACK=0,
+             * TPI_Q4_REPACK=0, TPI_Q6_REPACK=0 / TPI_Q3_REPACK=0), the others GGUF's: both
+             * run here (Q6_K, Q3_K: ne0 8192) */
             const char *rp = getenv("TPI_Q8_REPACK"), *rp6 = getenv("TPI_Q6_REPACK");
-            const char *rp4 = getenv("TPI_Q4_REPACK");
+            const char *rp4 = getenv("TPI_Q4_REPACK"), *rp3 = getenv("TPI_Q3_REPACK");
             if (type == TPI_TYPE_Q8_0 && !(rp && strcmp(rp, "0") == 0))
                 ck_assert_int_eq(gw.layout != 0, ne0 % 256 == 0);
             if (type == TPI_TYPE_Q4_0 && !(rp4 && strcmp(rp4, "0") == 0))
                 ck_assert_int_eq(gw.layout != 0, ne0 % 256 == 0);
             if (type == TPI_TYPE_Q6_K && !(rp6 && strcmp(rp6, "0") == 0))
+                ck_assert_int_eq(gw.layout != 0, ne0 % 2048 == 0);
+            if (type == TPI_TYPE_Q3_K && !(rp3 && strcmp(rp3, "0") == 0) &&
+                quant_gpu_held_type(type) == type)
                 ck_assert_int_eq(gw.layout != 0, ne0 % 2048 == 0);
             float *wd = NULL; /* dequantized on the host, for the v3 bound */
             if (v3_quantizes_x(type)) {

@@ -83,6 +83,7 @@ struct ops_ctx {
     bool pdl; /* our decode-path kernels launched with PDL (default; TPI_PDL=0: not) */
     bool q8_repack; /* Q8_0 weights uploaded as KERN_LAYOUT_Q8_0X8 (TPI_Q8_REPACK; default on) */
     bool q6_repack; /* Q6_K weights uploaded as KERN_LAYOUT_Q6_KX8 (TPI_Q6_REPACK; default on) */
+    bool q3_repack; /* Q3_K weights uploaded as KERN_LAYOUT_Q3_KX8 (TPI_Q3_REPACK; default on) */
     unsigned said_held; /* types (bit id % 32) whose held form upload_converted has said */
     bool q4_repack; /* Q4_0 weights uploaded as KERN_LAYOUT_Q4_0X8 (TPI_Q4_REPACK; default on) */
     int glu;        /* matmul_silu_mul in one decode launch (TPI_GLU): 0 off, 4/8/16/32 warps a
@@ -460,6 +461,30 @@ __host__ __device__ __forceinline__ int kern_q6_k_x8_src(int o) {
     return 210 * c + (part == 2 ? 128 + 32 * n : 64 * n + 32 * part) + l0 + j;
 }
 
+/* Q3_K weights with rows of whole 2048 values are kept in groups of 8 blocks as well (880
+ * bytes, as 8 GGUF blocks take): GGUF's 110-byte blocks leave a block's pieces 2-byte
+ * aligned (an item of 64 values took 15 four-byte loads and 11 funnel shifts). A group
+ * holds its blocks' fields one after another, block c's
+ *   bytes 64c ..        qs[0 .. 64]      (item l = 4c + it's 16 bytes at 16l: 16-aligned)
+ *   bytes 512 + 32c ..  hmask[0 .. 32]   (item it's at 512 + 32c + 16 (it & 1))
+ *   bytes 768 + 12c ..  scales[0 .. 12]  (4-aligned)
+ *   bytes 864 + 2c ..   d
+ * so an item is two 16-byte loads, three words and a halfword, and a warp's qs loads read
+ * 512 contiguous bytes. The bytes are GGUF's, moved: every decoder reads the same values
+ * (the results are the GGUF blocks' bits). TPI_Q3_REPACK=0 keeps the GGUF blocks. */
+#define KERN_LAYOUT_Q3_KX8 4
+#define KERN_TYPE_Q3_KX8 1011 /* no ggml type id: the kernels' name for that layout */
+#define KERN_Q3_KX8_BYTES 880
+
+/* The byte of a group of 8 GGUF Q3_K blocks that byte o of its KERN_LAYOUT_Q3_KX8 form
+ * holds (the repack kernel and the host emulation's test share it). */
+__host__ __device__ __forceinline__ int kern_q3_k_x8_src(int o) {
+    if (o >= 864) return 110 * ((o - 864) >> 1) + 108 + (o & 1);  /* d */
+    if (o >= 768) return 110 * ((o - 768) / 12) + 96 + (o - 768) % 12; /* scales */
+    if (o >= 512) return 110 * ((o - 512) >> 5) + (o & 31);           /* hmask */
+    return 110 * (o >> 6) + 32 + (o & 63);                            /* qs */
+}
+
 /* qsort's order of unsigned 64-bit values (the trace dumps' times). */
 static inline int kern_cmp_u64(const void *x, const void *y) {
     const unsigned long long a = *(const unsigned long long *)x, b = *(const unsigned long long *)y;
@@ -470,6 +495,7 @@ static inline int kern_wtype(const struct tpi_weight *w) {
     if (w->type == TPI_TYPE_Q8_0 && w->layout == KERN_LAYOUT_Q8_0X8) return KERN_TYPE_Q8_0X8;
     if (w->type == TPI_TYPE_Q4_0 && w->layout == KERN_LAYOUT_Q4_0X8) return KERN_TYPE_Q4_0X8;
     if (w->type == TPI_TYPE_Q6_K && w->layout == KERN_LAYOUT_Q6_KX8) return KERN_TYPE_Q6_KX8;
+    if (w->type == TPI_TYPE_Q3_K && w->layout == KERN_LAYOUT_Q3_KX8) return KERN_TYPE_Q3_KX8;
     return w->type;
 }
 
@@ -483,6 +509,9 @@ void kern_q4_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
 /* n_groups groups of 8 GGUF Q6_K blocks at data (16-byte aligned) rearranged in place as
  * KERN_LAYOUT_Q6_KX8 (stream-ordered; failures recorded in ctx) */
 void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
+/* n_groups groups of 8 GGUF Q3_K blocks at data (16-byte aligned) rearranged in place as
+ * KERN_LAYOUT_Q3_KX8 (stream-ordered; failures recorded in ctx) */
+void kern_q3_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups);
 /* rows ids[0..n_tokens) (device memory) of the embedding w dequantized to f32 at out. */
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,
                 float *out);

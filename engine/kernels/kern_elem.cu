@@ -475,19 +475,26 @@ void kern_q4_0_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
     x8_repack<KERN_Q4_0X8_BYTES>(ctx, data, n_groups, "cuda q4_0 repack");
 }
 
-/* A warp per group of 8 Q6_K blocks (1680 bytes, 16-byte aligned): the group copied to
- * shared memory, then every byte of its KERN_LAYOUT_Q6_KX8 form gathered from there
- * (kern_q6_k_x8_src) and written back 16 bytes at a time. */
-#define Q6X8_WARPS 4
-__global__ void __launch_bounds__(Q6X8_WARPS * 32)
-    q6_k_x8_repack_kernel(uint8_t *data, int64_t n_groups) {
-    constexpr int PIECES = KERN_Q6_KX8_BYTES / 16;
-    __shared__ uint4 grp4[Q6X8_WARPS][PIECES];
+/* A warp per group of BYTES (8 GGUF blocks, 16-byte aligned): the group copied to shared
+ * memory, then every byte of its regrouped form gathered from there (SRC::at(o): the
+ * group's byte that byte o takes, kern_q6_k_x8_src / kern_q3_k_x8_src) and written back
+ * 16 bytes at a time. */
+#define GX8_WARPS 4
+struct q6x8_src {
+    static __device__ __forceinline__ int at(int o) { return kern_q6_k_x8_src(o); }
+};
+struct q3x8_src {
+    static __device__ __forceinline__ int at(int o) { return kern_q3_k_x8_src(o); }
+};
+template <int BYTES, typename SRC>
+__global__ void __launch_bounds__(GX8_WARPS * 32) gx8_repack_kernel(uint8_t *data, int64_t n_groups) {
+    constexpr int PIECES = BYTES / 16;
+    __shared__ uint4 grp4[GX8_WARPS][PIECES];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint8_t *grp = (const uint8_t *)grp4[warp];
-    for (int64_t g = blockIdx.x * (int64_t)Q6X8_WARPS + warp; g < n_groups;
-         g += (int64_t)gridDim.x * Q6X8_WARPS) {
-        uint4 *p = (uint4 *)(data + g * KERN_Q6_KX8_BYTES);
+    for (int64_t g = blockIdx.x * (int64_t)GX8_WARPS + warp; g < n_groups;
+         g += (int64_t)gridDim.x * GX8_WARPS) {
+        uint4 *p = (uint4 *)(data + g * BYTES);
         for (int i = lane; i < PIECES; i += 32)
             grp4[warp][i] = p[i];
         __syncwarp();
@@ -498,7 +505,7 @@ __global__ void __launch_bounds__(Q6X8_WARPS * 32)
                 uint32_t v = 0;
 #pragma unroll
                 for (int b = 0; b < 4; b++)
-                    v |= (uint32_t)grp[kern_q6_k_x8_src(16 * i + 4 * k + b)] << (8 * b);
+                    v |= (uint32_t)grp[SRC::at(16 * i + 4 * k + b)] << (8 * b);
                 w[k] = v;
             }
             p[i] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -507,12 +514,24 @@ __global__ void __launch_bounds__(Q6X8_WARPS * 32)
     }
 }
 
+/* Regroup n_groups groups of BYTES at data in place (gx8_repack_kernel); op names a failure. */
+template <int BYTES, typename SRC>
+static void gx8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups, const char *op) {
+    static_assert(BYTES % 16 == 0, "groups move in 16-byte pieces");
+    if (n_groups <= 0 || !repack_aligned(ctx, data, op)) return;
+    const int64_t blocks = (n_groups + GX8_WARPS - 1) / GX8_WARPS;
+    gx8_repack_kernel<BYTES, SRC>
+        <<<grid_for(ctx, blocks * GX8_WARPS * 32, GX8_WARPS * 32), GX8_WARPS * 32, 0, ctx->stream>>>(
+            data, n_groups);
+    LAUNCH_OK(ctx, op);
+}
+
 void kern_q6_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
-    if (n_groups <= 0 || !repack_aligned(ctx, data, "cuda q6_k repack")) return;
-    const int64_t blocks = (n_groups + Q6X8_WARPS - 1) / Q6X8_WARPS;
-    q6_k_x8_repack_kernel<<<grid_for(ctx, blocks * Q6X8_WARPS * 32, Q6X8_WARPS * 32),
-                            Q6X8_WARPS * 32, 0, ctx->stream>>>(data, n_groups);
-    LAUNCH_OK(ctx, "cuda q6_k repack");
+    gx8_repack<KERN_Q6_KX8_BYTES, q6x8_src>(ctx, data, n_groups, "cuda q6_k repack");
+}
+
+void kern_q3_k_x8_repack(struct ops_ctx *ctx, uint8_t *data, int64_t n_groups) {
+    gx8_repack<KERN_Q3_KX8_BYTES, q3x8_src>(ctx, data, n_groups, "cuda q3_k repack");
 }
 
 void kern_embed(struct ops_ctx *ctx, const struct tpi_weight *w, const int32_t *ids, int n_tokens,

@@ -197,7 +197,7 @@ static bool gv_covers(const struct tpi_weight *w, int n_rows) {
             if (w->ne0 % gv<T>::BLK != 0) return;
             /* 16-byte loads in the blocks */
             if ((T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K || T == KERN_TYPE_Q8_0X8 ||
-                 T == KERN_TYPE_Q4_0X8 || T == KERN_TYPE_Q6_KX8) &&
+                 T == KERN_TYPE_Q4_0X8 || T == KERN_TYPE_Q6_KX8 || T == KERN_TYPE_Q3_KX8) &&
                 !a16)
                 return;
             /* gv_ld_a2 rounds down to 4 bytes, gv_win_load to 16 */
@@ -384,16 +384,24 @@ int kern_gemv_test_run_mix(struct ops_ctx *ctx, int n, const struct tpi_weight *
 }
 
 int kern_gemv_host_regroup(int type, void *w, size_t n_bytes) {
-    if (type == TPI_TYPE_Q6_K) {
-        if (n_bytes % KERN_Q6_KX8_BYTES != 0) return -1;
-        for (size_t g = 0; g < n_bytes / KERN_Q6_KX8_BYTES; g++) {
-            uint8_t *p = (uint8_t *)w + g * KERN_Q6_KX8_BYTES, in[KERN_Q6_KX8_BYTES];
+    /* Q6_K and Q3_K: a byte map (kern_q6_k_x8_src, kern_q3_k_x8_src), a group at a time */
+    auto gather = [&](auto bytes_c, int (*src)(int), int as) {
+        constexpr int BYTES = decltype(bytes_c)::value;
+        if (n_bytes % BYTES != 0) return -1;
+        for (size_t g = 0; g < n_bytes / BYTES; g++) {
+            uint8_t *p = (uint8_t *)w + g * BYTES, in[BYTES];
             memcpy(in, p, sizeof in);
-            for (int o = 0; o < KERN_Q6_KX8_BYTES; o++)
-                p[o] = in[kern_q6_k_x8_src(o)];
+            for (int o = 0; o < BYTES; o++)
+                p[o] = in[src(o)];
         }
-        return KERN_TYPE_Q6_KX8;
-    }
+        return as;
+    };
+    if (type == TPI_TYPE_Q6_K)
+        return gather(std::integral_constant<int, KERN_Q6_KX8_BYTES>{},
+                      [](int o) { return kern_q6_k_x8_src(o); }, KERN_TYPE_Q6_KX8);
+    if (type == TPI_TYPE_Q3_K)
+        return gather(std::integral_constant<int, KERN_Q3_KX8_BYTES>{},
+                      [](int o) { return kern_q3_k_x8_src(o); }, KERN_TYPE_Q3_KX8);
     /* Q4_0 and Q8_0: kern_x8_regroup, a group of BYTES at a time */
     auto regroup = [&](auto bytes_c, int as) {
         constexpr int BYTES = decltype(bytes_c)::value;

@@ -493,27 +493,70 @@ template <> struct gu<TPI_TYPE_Q3_K> {
         const int n = u >> 3, l0 = 16 * (u & 1);
         gv_win_load(w.qs, b + 32 + 32 * n + l0);
         gv_win_load(w.hm, b + l0);
-        /* the scale's low nibble in byte u & 7, its top bits in byte 8 + (u & 3) */
-        const uint32_t lo = gv_ld16(b + 96 + (u & 6)) >> (8 * (u & 1));
-        const uint32_t hi = gv_ld16(b + 104 + (u & 2)) >> (8 * (u & 1));
-        const int sc =
-            (int)(((lo >> (4 * (u >> 3))) & 0xFu) | (((hi >> (2 * (u >> 2))) & 3u) << 4));
-        w.sd = (uint32_t)((sc - 32) & 0xFF) | (gv_ld16(b + 108) << 16);
+        w.sd = sd_of(b + 96, b + 108, u);
     }
     template <int NR>
     static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
                                                         const float2 *ds, int xs, int nr,
                                                         float keep, float (&acc)[NR]) {
-        uint32_t l[4], h[4], q[4];
+        uint32_t l[4], h[4];
         gv_win_get(w.qs, l);
         gv_win_get(w.hm, h);
+        unit<NR>(l, h, u, w.sd, x, ds, xs, nr, keep, acc);
+    }
+    /* Unit u (0..15) of a block from its 16 qs bytes l, 16 hmask bytes h and sd (as raw's):
+     * shared with the 8-block groups. */
+    template <int NR>
+    static __host__ __device__ __forceinline__ void unit(const uint32_t (&l)[4], const uint32_t (&h)[4],
+                                                         int u, uint32_t sd, const int8_t *x,
+                                                         const float2 *ds, int xs, int nr,
+                                                         float keep, float (&acc)[NR]) {
+        uint32_t q[4];
         const int k = (u >> 1) & 3, hb = 4 * (u >> 3) + k;
 #pragma unroll
         for (int i = 0; i < 4; i++)
             q[i] = gv_vsub4(((l[i] >> (2 * k)) & 0x03030303u) | (((h[i] >> hb) & 0x01010101u) << 2),
                             0x04040404u);
-        const float scale = gv_h2f((uint16_t)(w.sd >> 16)) * keep * (float)(int8_t)(w.sd & 0xFFu);
+        const float scale = gv_h2f((uint16_t)(sd >> 16)) * keep * (float)(int8_t)(sd & 0xFFu);
         gu_dot16<NR>(q, scale, x, ds, xs, nr, acc);
+    }
+    /* raw's sd of unit u from its block's 12 scale bytes at s and d at dp */
+    static __host__ __device__ __forceinline__ uint32_t sd_of(const uint8_t *s, const uint8_t *dp,
+                                                              int u) {
+        /* the scale's low nibble in byte u & 7, its top bits in byte 8 + (u & 3) */
+        const uint32_t lo = gv_ld16(s + (u & 6)) >> (8 * (u & 1));
+        const uint32_t hi = gv_ld16(s + 8 + (u & 2)) >> (8 * (u & 1));
+        const int sc =
+            (int)(((lo >> (4 * (u >> 3))) & 0xFu) | (((hi >> (2 * (u >> 2))) & 3u) << 4));
+        return (uint32_t)((sc - 32) & 0xFF) | (gv_ld16(dp) << 16);
+    }
+};
+
+/* Q3_K in groups of 8 blocks (KERN_LAYOUT_Q3_KX8): unit u = Q3_K's unit uu = u % 16 of
+ * block c = u / 16: its qs and hmask bytes are 16-byte loads at 64c + 32n + l0 and 512 +
+ * 32c + l0 (n = uu / 8, l0 = 16 (uu & 1)), its scale from the block's 12 bytes at 768 +
+ * 12c, d at 864 + 2c. */
+template <> struct gu<KERN_TYPE_Q3_KX8> {
+    static constexpr int BLK = 2048, BYTES = KERN_Q3_KX8_BYTES, UPB = 128;
+    struct raw {
+        int4 qs, hm;
+        uint32_t sd; /* as gu<TPI_TYPE_Q3_K>'s */
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
+        const int c = u >> 4, uu = u & 15, l0 = 16 * (uu & 1);
+        w.qs = gv_ld128(b + 64 * c + 32 * (uu >> 3) + l0);
+        w.hm = gv_ld128(b + 512 + 32 * c + l0);
+        w.sd = gu<TPI_TYPE_Q3_K>::sd_of(b + 768 + 12 * c, b + 864 + 2 * c, uu);
+    }
+    template <int NR>
+    static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
+                                                        const float2 *ds, int xs, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const uint32_t l[4] = {(uint32_t)w.qs.x, (uint32_t)w.qs.y, (uint32_t)w.qs.z,
+                               (uint32_t)w.qs.w};
+        const uint32_t h[4] = {(uint32_t)w.hm.x, (uint32_t)w.hm.y, (uint32_t)w.hm.z,
+                               (uint32_t)w.hm.w};
+        gu<TPI_TYPE_Q3_K>::unit<NR>(l, h, u & 15, w.sd, x, ds, xs, nr, keep, acc);
     }
 };
 
@@ -606,7 +649,7 @@ __device__ __forceinline__ float gv_warp_sum(float v) {
 template <int TYPE> struct gu_batch {
     static constexpr int U =
         TYPE == TPI_TYPE_Q6_K || TYPE == KERN_TYPE_Q6_KX8 || TYPE == TPI_TYPE_Q5_K ||
-                TYPE == TPI_TYPE_Q3_K
+                TYPE == TPI_TYPE_Q3_K || TYPE == KERN_TYPE_Q3_KX8
             ? 2
             : 4;
 };
@@ -1611,15 +1654,16 @@ constexpr bool gv_type_covered =
     T == TPI_TYPE_Q8_0 || T == KERN_TYPE_Q8_0X8 || T == TPI_TYPE_Q4_0 || T == KERN_TYPE_Q4_0X8 ||
     T == TPI_TYPE_Q5_0 || T == TPI_TYPE_Q4_1 || T == TPI_TYPE_Q5_1 || T == TPI_TYPE_Q4_K ||
     T == TPI_TYPE_Q5_K || T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8 || T == TPI_TYPE_Q3_K ||
-    T == TPI_TYPE_Q2_K || T == TPI_TYPE_IQ4_NL || T == TPI_TYPE_IQ4_XS || T == TPI_TYPE_BF16 ||
+    T == KERN_TYPE_Q3_KX8 || T == TPI_TYPE_Q2_K || T == TPI_TYPE_IQ4_NL || T == TPI_TYPE_IQ4_XS || T == TPI_TYPE_BF16 ||
     T == TPI_TYPE_F16;
 /* Q6_K's layouts share its item numbering, so its permuted x copy (gv_perm_q6); Q4_K's
  * and Q5_K's items are 64 values in order (gv_perm_k4) */
 template <int T> constexpr bool gv_is_q6 = T == TPI_TYPE_Q6_K || T == KERN_TYPE_Q6_KX8;
 /* The types whose items are numbered as Q6_K's (kind p reads its permuted copy of x):
- * Q6_K's layouts and the 2-bit K-quants Q3_K and Q2_K */
+ * Q6_K's layouts and the 2-bit K-quants Q3_K (both layouts) and Q2_K */
 template <int T>
-constexpr bool gv_q6_items = gv_is_q6<T> || T == TPI_TYPE_Q3_K || T == TPI_TYPE_Q2_K;
+constexpr bool gv_q6_items =
+    gv_is_q6<T> || T == TPI_TYPE_Q3_K || T == KERN_TYPE_Q3_KX8 || T == TPI_TYPE_Q2_K;
 template <int T> constexpr bool gv_is_k4 = T == TPI_TYPE_Q4_K || T == TPI_TYPE_Q5_K;
 template <typename F> static bool gv_dispatch(int type, F &&f) {
     bool taken = false;

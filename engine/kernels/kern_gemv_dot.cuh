@@ -760,6 +760,36 @@ template <int N> __host__ __device__ __forceinline__ int gv_byte(const uint32_t 
     return (int)((w[i >> 2] >> (8 * (i & 3))) & 0xFFu);
 }
 
+/* Q3_K's item it (0..3) of a block from its words: Q the 16 qs bytes, H the 16 hmask
+ * bytes, S the 12 scale bytes, d the f16 scale (gv<TPI_TYPE_Q3_K>'s comment). Shared by
+ * the GGUF blocks and their 8-block groups. */
+template <int NR, bool PERM>
+__host__ __device__ __forceinline__ void gv_q3_item(const uint32_t (&Q)[4], const uint32_t (&H)[4],
+                                                    const uint32_t (&S)[3], uint32_t dw, int it,
+                                                    const int8_t *x, int xs, const float2 *ds,
+                                                    int dss, int nr, float keep,
+                                                    float (&acc)[NR]) {
+    constexpr int MODE = NR == 1 ? GV_K16_SUMX4 : GV_K16_PLAIN;
+    const int n = it >> 1, l0 = (it & 1) * 16;
+    const float d = gv_h2f((uint16_t)dw) * keep;
+    float sk[4];
+    uint32_t q[4][4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int j = 8 * n + 2 * k + (l0 >> 4);
+        const int lo = (gv_byte(S, j & 7) >> (4 * (j >> 3))) & 0xF;
+        const int hi = (gv_byte(S, 8 + (j & 3)) >> (2 * (j >> 2))) & 3;
+        sk[k] = d * (float)((lo | (hi << 4)) - 32);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint32_t v =
+                ((Q[i] >> (2 * k)) & 0x03030303u) | (((H[i] >> (4 * n + k)) & 0x01010101u) << 2);
+            q[k][i] = MODE == GV_K16_SUMX4 ? v : gv_vsub4(v, 0x04040404u);
+        }
+    }
+    gv_k16_rows<NR, PERM, MODE>(q, sk, sk, n, l0, x, xs, ds, dss, nr, acc);
+}
+
 /* Q3_K (110-byte blocks: hmask, qs, 12 scale bytes, f16 d): an item is a quarter block as
  * Q6_K's: 16 qs bytes at 32 + 32n + l0 (bit pairs k), 16 hmask bytes at l0 (bit 4n + k:
  * the level's third bit, clear meaning -4), the 6-bit scales 8n + 2k + l0/16 (kq_q3_k_scale's
@@ -782,25 +812,40 @@ template <> struct gv<TPI_TYPE_Q3_K> {
     static __host__ __device__ __forceinline__ void dot(const raw &wr, int it, const int8_t *x,
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
-        constexpr int MODE = NR == 1 ? GV_K16_SUMX4 : GV_K16_PLAIN;
-        const int n = it >> 1, l0 = (it & 1) * 16;
-        const float d = gv_h2f((uint16_t)wr.d) * keep;
-        float sk[4];
-        uint32_t q[4][4];
+        gv_q3_item<NR, PERM>(wr.Q, wr.H, wr.S, wr.d, it, x, xs, ds, dss, nr, keep, acc);
+    }
+};
+
+/* Q3_K in groups of 8 blocks (KERN_LAYOUT_Q3_KX8): item l = 4c + it of the group is Q3_K's
+ * item it of block c; its qs piece a 16-byte load at 16l, its hmask piece one at 512 + 32c
+ * + 16 (it & 1), block c's scales three words at 768 + 12c and its d at 864 + 2c. The dot
+ * is Q3_K's (the same items in the same order: bitwise the GGUF blocks' results). */
+template <> struct gv<KERN_TYPE_Q3_KX8> {
+    static constexpr int BLK = 2048, BYTES = KERN_Q3_KX8_BYTES, IPB = 32;
+    struct raw {
+        int4 Q, H;
+        uint32_t S[3], d;
+    };
+    static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int l) {
+        const int c = l >> 2;
+        w.Q = gv_ld128(b + 16 * l);
+        w.H = gv_ld128(b + 512 + 32 * c + 16 * (l & 1));
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int j = 8 * n + 2 * k + (l0 >> 4);
-            const int lo = (gv_byte(wr.S, j & 7) >> (4 * (j >> 3))) & 0xF;
-            const int hi = (gv_byte(wr.S, 8 + (j & 3)) >> (2 * (j >> 2))) & 3;
-            sk[k] = d * (float)((lo | (hi << 4)) - 32);
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t v = ((wr.Q[i] >> (2 * k)) & 0x03030303u) |
-                                   (((wr.H[i] >> (4 * n + k)) & 0x01010101u) << 2);
-                q[k][i] = MODE == GV_K16_SUMX4 ? v : gv_vsub4(v, 0x04040404u);
-            }
-        }
-        gv_k16_rows<NR, PERM, MODE>(q, sk, sk, n, l0, x, xs, ds, dss, nr, acc);
+        for (int i = 0; i < 3; i++)
+            w.S[i] = gv_ld32(b + 768 + 12 * c + 4 * i);
+        w.d = gv_ld16(b + 864 + 2 * c);
+    }
+    template <int NR, bool PERM>
+    static __host__ __device__ __forceinline__ void dot(const raw &wr, int l, const int8_t *x,
+                                                        int xs, const float2 *ds, int dss, int nr,
+                                                        float keep, float (&acc)[NR]) {
+        const int c = l >> 2;
+        const uint32_t Q[4] = {(uint32_t)wr.Q.x, (uint32_t)wr.Q.y, (uint32_t)wr.Q.z,
+                               (uint32_t)wr.Q.w};
+        const uint32_t H[4] = {(uint32_t)wr.H.x, (uint32_t)wr.H.y, (uint32_t)wr.H.z,
+                               (uint32_t)wr.H.w};
+        gv_q3_item<NR, PERM>(Q, H, wr.S, wr.d, l & 3, PERM ? x : x + 256 * c, xs, ds + 8 * c, dss,
+                             nr, keep, acc);
     }
 };
 

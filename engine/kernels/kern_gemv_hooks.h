@@ -28,9 +28,9 @@
  * kern_gemv_host_emulate: the kernel of kind 'a', 'b' or 'p' for a quantized type run on
  * the host with wpr (1, 2, 4) warps per row; -1 when not covered.
  * kern_gemv_host_regroup: w (n_bytes of `type` rows: Q8_0 and Q4_0 of whole 256 values,
- * Q6_K of whole 2048) rearranged in place as the CUDA backend keeps them; returns the type id
- * kern_gemv_host_emulate takes for that layout, -1 for other types or when n_bytes is
- * not whole 8-block groups. */
+ * Q6_K and Q3_K of whole 2048) rearranged in place as the CUDA backend keeps them;
+ * returns the type id kern_gemv_host_emulate takes for that layout, -1 for other types or
+ * when n_bytes is not whole 8-block groups. */
 int kern_gemv_configure(const char *spec);
 void kern_gemv_describe(char *buf, size_t n);
 void *kern_gemv_test_prepare(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ne0,

@@ -216,6 +216,7 @@ template <> struct mvq<TPI_TYPE_Q4_1> : mvq_generic<TPI_TYPE_Q4_1> {};
 template <> struct mvq<TPI_TYPE_Q5_1> : mvq_generic<TPI_TYPE_Q5_1> {};
 template <> struct mvq<TPI_TYPE_Q5_K> : mvq_generic<TPI_TYPE_Q5_K> {};
 template <> struct mvq<TPI_TYPE_Q3_K> : mvq_generic<TPI_TYPE_Q3_K> {};
+template <> struct mvq<KERN_TYPE_Q3_KX8> : mvq_generic<KERN_TYPE_Q3_KX8> {};
 template <> struct mvq<TPI_TYPE_Q2_K> : mvq_generic<TPI_TYPE_Q2_K> {};
 template <> struct mvq<TPI_TYPE_IQ4_NL> : mvq_generic<TPI_TYPE_IQ4_NL> {};
 template <> struct mvq<TPI_TYPE_IQ4_XS> : mvq_generic<TPI_TYPE_IQ4_XS> {};

@@ -21,9 +21,9 @@
  * Each chunk's 128 rows' bytes are copied into shared memory with 16-byte cp.async one
  * chunk ahead (two buffers), x's chunk likewise, and the unit decoders read from there
  * (decoding from global memory, their scattered 1-4 byte reads ran L1 out of wavefronts:
- * bench/NOTES.md change 61). A chunk is whole blocks of a row for every type but Q6_K's
- * 8-block groups (KERN_TYPE_Q6_KX8), whose chunk is gathered from five pieces of the
- * group (mmq_src).
+ * bench/NOTES.md change 61). A chunk is whole blocks of a row for every type but the
+ * 8-block groups of Q6_K and Q3_K (KERN_TYPE_Q6_KX8, KERN_TYPE_Q3_KX8), whose chunk is
+ * gathered from pieces of the group (mmq_src).
  * Q4_K up to 32 rows takes the raw path (ctx->mmq_raw, TPI_MMQ_RAW): no bf16 weights at
  * all; each nibble goes to the tensor cores as bf16 128 + q (one byte permute for 4), a
  * sub-block's sums start from zero, a fifth n-tile of ones sums x, and the scales are
@@ -104,16 +104,19 @@ template <int T> __device__ __forceinline__ int mmq_k(int s, int q) {
 }
 
 /* Types the kernel takes: a 256-value chunk is whole blocks (one byte range of a row), or
- * a Q6_K 8-block group's chunk, gathered from its five pieces (mmq_src). */
+ * a Q6_K or Q3_K 8-block group's chunk, gathered from its pieces (mmq_src). */
 template <int T> __host__ __device__ constexpr bool mmq_takes() {
-    return T == KERN_TYPE_Q6_KX8 || kq<T>::BLK <= MMQ_STEPS * 16;
+    return T == KERN_TYPE_Q6_KX8 || T == KERN_TYPE_Q3_KX8 || kq<T>::BLK <= MMQ_STEPS * 16;
 }
 /* Bytes of one row's 256 values (a chunk) of type T as staged: Q6_KX8's are its ql low
  * and high runs and qh run of the chunk (64 bytes each), its 16 scale bytes and the
- * group's 8 d (16 bytes). */
+ * group's 8 d (16 bytes); Q3_KX8's its block's 64 qs and 32 hmask bytes, then the group's
+ * 96 scale bytes and 8 d (16-byte pieces all). */
 template <int T> __host__ __device__ constexpr int mmq_chunk_bytes() {
     if constexpr (T == KERN_TYPE_Q6_KX8)
         return 224;
+    else if constexpr (T == KERN_TYPE_Q3_KX8)
+        return 208;
     else
         return MMQ_STEPS * 16 / kq<T>::BLK * kq<T>::BYTES;
 }
@@ -125,6 +128,10 @@ template <int T> __device__ __forceinline__ size_t mmq_src(int ch, int o) {
         return g + (o < 192   ? (o >> 6) * 512 + 64 * c + (o & 63)
                     : o < 208 ? 1536 + 16 * c + (o - 192)
                               : 1664 + (o - 208));
+    } else if constexpr (T == KERN_TYPE_Q3_KX8) {
+        const size_t g = (size_t)(ch >> 3) * KERN_Q3_KX8_BYTES;
+        const int c = ch & 7;
+        return g + (o < 64 ? 64 * c + o : o < 96 ? 512 + 32 * c + (o - 64) : 768 + (o - 96));
     } else {
         return (size_t)ch * mmq_chunk_bytes<T>() + o;
     }
@@ -134,6 +141,13 @@ template <int T> __device__ __forceinline__ size_t mmq_src(int ch, int o) {
 __device__ __forceinline__ void mmq_q6x8_unit(const uint8_t *b, int c, int u, float (&v)[16]) {
     const int n = (u >> 3) & 1, l0 = (u & 7) * 4;
     kq_q6x8_item(b, b + 64, b + 128, b + 192, b + 208 + 2 * c, 2 * n + (l0 >> 4), l0 & 15, v);
+}
+/* Unit u (0..15) of a staged Q3_KX8 chunk, chunk c (0..7) of its group: kq<KERN_TYPE_Q3_KX8>
+ * unit 16 c + u read from the gathered pieces. */
+__device__ __forceinline__ void mmq_q3x8_unit(const uint8_t *b, int c, int u, float (&v)[16]) {
+    const int l0 = (u & 7) * 4;
+    kq_q3_k_values(kq_u32_a4(b + 32 * (u >> 3) + l0), kq_u32_a4(b + 64 + l0), b + 96 + 12 * c,
+                   kq_f16(b + 192 + 2 * c), u, v);
 }
 /* One buffer of mmq_kernel<T, MT>'s shared memory: x's chunk, then the block's rows'
  * chunk; the kernel has two (the next chunk is copied while this one is multiplied). */
@@ -198,7 +212,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
     auto chunk = [&](int k, int &c0, int &ns, int &nbytes, int &ch) {
         c0 = s0 + k * MMQ_STEPS;
         ns = min(MMQ_STEPS, s1 - c0);
-        /* a short last chunk is whole blocks (ns * 16 % BLK == 0; Q6_KX8's never short) */
+        /* a short last chunk is whole blocks (ns * 16 % BLK == 0; the groups' never short) */
         nbytes = ns == MMQ_STEPS ? CB : ns * 16 / Q::BLK * Q::BYTES;
         ch = c0 / MMQ_STEPS;
     };
@@ -333,6 +347,8 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                 const uint8_t *row = ws + (warp * (MMQ_NT * 8) + 8 * t + g) * CB;
                 if constexpr (T == KERN_TYPE_Q6_KX8)
                     mmq_q6x8_unit(row, ch & 7, unit, v);
+                else if constexpr (T == KERN_TYPE_Q3_KX8)
+                    mmq_q3x8_unit(row, ch & 7, unit, v);
                 else
                     Q::unit(row + blk * Q::BYTES, u, v, off);
 #pragma unroll

@@ -314,6 +314,23 @@ __host__ __device__ __forceinline__ int kq_q3_k_scale(const uint8_t *s, int j) {
     return (lo | (hi << 4)) - 32;
 }
 
+/* The 16 values of Q3_K unit u (0..15) of a block: q its qs word (bytes 32n + l0 .. +4 of
+ * qs, l0 = 4 (u % 8)), h its hmask word (bytes l0 .. +4), sc the block's 12 scale bytes,
+ * d its scale. Shared by the GGUF blocks, their 8-block groups and kern_mmq's chunks. */
+__device__ __forceinline__ void kq_q3_k_values(uint32_t q, uint32_t h, const uint8_t *sc, float d,
+                                               int u, float (&v)[16]) {
+    const int n = u >> 3, l0 = (u & 7) * 4;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const float dl = d * (float)kq_q3_k_scale(sc, 8 * n + 2 * g + (l0 >> 4));
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int lv = (q >> (8 * i + 2 * g)) & 3, hb = (h >> (8 * i + 4 * n + g)) & 1;
+            v[4 * g + i] = dl * (float)(lv - (hb ? 0 : 4));
+        }
+    }
+}
+
 /* Q3_K: 32 bytes hmask, 64 bytes qs, 12 bytes of packed 6-bit scales, f16 d (110 bytes).
  * Q6_K's geometry: each 128-value half n uses qs[32n..]: byte l gives values l, l+32,
  * l+64, l+96 of the half (bit pairs 0..3), whose third bit is bit 4n + k of hmask[l];
@@ -326,19 +343,32 @@ template <> struct kq<TPI_TYPE_Q3_K> {
     }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
                                                 int (&off)[4]) {
-        const float d = kq_f16(b + 108);
         const int n = u >> 3, l0 = (u & 7) * 4;
-        const uint32_t q = kq_u32_a2(b + 32 + 32 * n + l0), h = kq_u32_a2(b + l0);
+        kq_q3_k_values(kq_u32_a2(b + 32 + 32 * n + l0), kq_u32_a2(b + l0), b + 96, kq_f16(b + 108),
+                       u, v);
 #pragma unroll
-        for (int g = 0; g < 4; g++) {
-            const float dl = d * (float)kq_q3_k_scale(b + 96, 8 * n + 2 * g + (l0 >> 4));
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int lv = (q >> (8 * i + 2 * g)) & 3, hb = (h >> (8 * i + 4 * n + g)) & 1;
-                v[4 * g + i] = dl * (float)(lv - (hb ? 0 : 4));
-            }
+        for (int g = 0; g < 4; g++)
             off[g] = goff(u, g);
-        }
+    }
+};
+
+/* Q3_K in groups of 8 blocks (KERN_LAYOUT_Q3_KX8, kern_common.cuh): unit u = Q3_K's unit
+ * uu = u % 16 of block c = u / 16: its qs word at 64c + 32n + l0, hmask word at 512 + 32c
+ * + l0, the block's scales at 768 + 12c and d at 864 + 2c (all 4-byte aligned). */
+template <> struct kq<KERN_TYPE_Q3_KX8> {
+    static constexpr int BLK = 2048, BYTES = KERN_Q3_KX8_BYTES, UPB = 128, G = 4;
+    /* offset in the block of group g (0..G-1) of unit u */
+    static __device__ __forceinline__ int goff(int u, int g) {
+        return 256 * (u >> 4) + kq<TPI_TYPE_Q3_K>::goff(u & 15, g);
+    }
+    static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],
+                                                int (&off)[4]) {
+        const int c = u >> 4, uu = u & 15, n = uu >> 3, l0 = (uu & 7) * 4;
+        kq_q3_k_values(kq_u32_a4(b + 64 * c + 32 * n + l0), kq_u32_a4(b + 512 + 32 * c + l0),
+                       b + 768 + 12 * c, kq_f16(b + 864 + 2 * c), uu, v);
+#pragma unroll
+        for (int g = 0; g < 4; g++)
+            off[g] = goff(u, g);
     }
 };
 
@@ -533,6 +563,7 @@ template <typename F> bool kq_dispatch(int type, F &&f) {
         KQ_CASE(TPI_TYPE_Q6_K, true)
         KQ_CASE(KERN_TYPE_Q6_KX8, true)
         KQ_CASE(TPI_TYPE_Q3_K, true)
+        KQ_CASE(KERN_TYPE_Q3_KX8, true)
         KQ_CASE(TPI_TYPE_Q2_K, true)
         KQ_CASE(TPI_TYPE_IQ4_NL, true)
         KQ_CASE(TPI_TYPE_IQ4_XS, true)

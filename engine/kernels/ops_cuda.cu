@@ -375,6 +375,8 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->q8_repack = !(qr && strcmp(qr, "0") == 0);
     const char *q6r = getenv("TPI_Q6_REPACK");
     ctx->q6_repack = !(q6r && strcmp(q6r, "0") == 0);
+    const char *q3r = getenv("TPI_Q3_REPACK");
+    ctx->q3_repack = !(q3r && strcmp(q3r, "0") == 0);
     const char *q4r = getenv("TPI_Q4_REPACK");
     ctx->q4_repack = !(q4r && strcmp(q4r, "0") == 0);
     ctx->n_sm = prop.multiProcessorCount;
@@ -614,18 +616,21 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
         cudaFree(data);
         data = NULL;
     }
-    /* Q8_0 and Q4_0 rows of whole 256 values and Q6_K rows of whole 2048: regrouped in
-     * place (KERN_LAYOUT_Q8_0X8, KERN_LAYOUT_Q4_0X8, KERN_LAYOUT_Q6_KX8) */
+    /* Q8_0 and Q4_0 rows of whole 256 values and Q6_K and Q3_K rows of whole 2048:
+     * regrouped in place (KERN_LAYOUT_Q8_0X8, _Q4_0X8, _Q6_KX8, _Q3_KX8) */
     const bool x8 = type == TPI_TYPE_Q8_0 && ctx->q8_repack && ne0 % 256 == 0;
     const bool q4x8 = type == TPI_TYPE_Q4_0 && ctx->q4_repack && ne0 % 256 == 0;
     const bool q6x8 = type == TPI_TYPE_Q6_K && ctx->q6_repack && ne0 % 2048 == 0;
-    if (data && (x8 || q4x8 || q6x8)) {
+    const bool q3x8 = type == TPI_TYPE_Q3_K && ctx->q3_repack && ne0 % 2048 == 0;
+    if (data && (x8 || q4x8 || q6x8 || q3x8)) {
         if (x8)
             kern_q8_0_x8_repack(ctx, (uint8_t *)data, (int64_t)(n_bytes / KERN_Q8_0X8_BYTES));
         else if (q4x8)
             kern_q4_0_x8_repack(ctx, (uint8_t *)data, (int64_t)(n_bytes / KERN_Q4_0X8_BYTES));
-        else
+        else if (q6x8)
             kern_q6_k_x8_repack(ctx, (uint8_t *)data, (int64_t)(n_bytes / KERN_Q6_KX8_BYTES));
+        else
+            kern_q3_k_x8_repack(ctx, (uint8_t *)data, (int64_t)(n_bytes / KERN_Q3_KX8_BYTES));
         if (ctx->err.status != TPI_OK ||
             !CUDA_OK(ctx, "cuda weight_upload", cudaStreamSynchronize(ctx->stream))) {
             cudaFree(data);
@@ -644,7 +649,11 @@ static int cuda_weight_upload(struct ops_ctx *ctx, struct tpi_weight *w, int typ
     w->row_bytes = row_bytes;
     w->data = data;
     w->aux = NULL;
-    w->layout = x8 ? KERN_LAYOUT_Q8_0X8 : q4x8 ? KERN_LAYOUT_Q4_0X8 : q6x8 ? KERN_LAYOUT_Q6_KX8 : 0;
+    w->layout = x8     ? KERN_LAYOUT_Q8_0X8
+                : q4x8 ? KERN_LAYOUT_Q4_0X8
+                : q6x8 ? KERN_LAYOUT_Q6_KX8
+                : q3x8 ? KERN_LAYOUT_Q3_KX8
+                       : 0;
     return TPI_OK;
 }
 
