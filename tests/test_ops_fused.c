@@ -357,18 +357,18 @@ static void check_silu_mul(struct be b, int type, int64_t ne0, int64_t n_ff, int
 
 /* The quantized types of the v3 path and BF16: for one row the model's FFN (`big`: 4096 ->
  * 12288 for Q4_K, Q5_K, Q4_0 (the ring kernel's shape) and Q8_0, 2048 -> 6144 for the
- * others, with graph replays; the CPU takes 512 -> 1536): bitwise; then 1024 -> 2048 on 1
+ * others (Q6_K and Q3_K then in the device's 8-block groups), with graph replays; the CPU takes 512 -> 1536): bitwise; then 1024 -> 2048 on 1
  * and 3 rows and 256 -> 96 (3 blocks of outputs) on 1 row, where matmul_n splits rows among
  * warps: within NMSE 1e-10 on CUDA. The int8 form is checked wherever the down matmul
  * reads it (quantized types). */
 static void silu_mul_cases(struct be b, bool big) {
     static const int types[] = {TPI_TYPE_Q4_K, TPI_TYPE_Q6_K, TPI_TYPE_Q8_0, TPI_TYPE_Q4_0,
-                                TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_Q5_K};
+                                TPI_TYPE_Q5_0, TPI_TYPE_BF16, TPI_TYPE_Q5_K, TPI_TYPE_Q3_K};
     const bool cpu = b.o == C;
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         const bool v3q = types[t] != TPI_TYPE_BF16;
-        const bool k_quant =
-            types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K || types[t] == TPI_TYPE_Q5_K;
+        const bool k_quant = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q6_K ||
+                             types[t] == TPI_TYPE_Q5_K || types[t] == TPI_TYPE_Q3_K;
         const bool model = types[t] == TPI_TYPE_Q4_K || types[t] == TPI_TYPE_Q5_K ||
                            types[t] == TPI_TYPE_Q8_0 || types[t] == TPI_TYPE_Q4_0;
         const int64_t ne0 = !big ? 512 : model ? 4096 : 2048;
