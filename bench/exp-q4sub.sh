@@ -96,6 +96,13 @@
 #     one-row microbench of Q3_K at the 8B's shapes with TPI_Q3_REPACK 0 and 1, then
 #     bench/ab.sh on the 8B Q3_K_M at depth 0 (KR rounds, default 2; greedy bytes): main,
 #     the tree, the tree at TPI_Q3_REPACK=0; pp512 of main and the tree. ~7 min.
+#   PART=W: change 151b, after run 255 (the groups -1.9 % on the 8B Q3_K_M though every
+#     one-row shape ran faster): the tree's tpinfer and the two tests that run its gate/up
+#     kernels (test_ops_fused cuda, test_gemv_cuda Q3_K), then bench/ab.sh on the 8B Q3_K_M
+#     at depth 0 (KR rounds, default 2; greedy bytes against the first): GGUF's blocks
+#     (TPI_Q3_REPACK=0), the groups (gate/up at 8 warps held to 3 blocks), the groups'
+#     gate/up at 4 warps unbounded (TPI_GLU=4: run 255's), and gate/up as two one-row
+#     products and silu_mul (TPI_GLU=0) with the groups and without. ~5 min.
 # On main (after run 233): changes 139 and 141 are the code, and the knobs PART=A-C set
 # (TPI_GV_WALK, TPI_GV_PAD, TPI_GV_Q40) and change 138's Q4_0 rings are gone; those parts
 # build what they measured only on branch exp/q4-sub. PART=M and T check main itself.
@@ -360,6 +367,20 @@ G)
         $b bench -m /tmp/q3_k_m.gguf -p 512 -n 0 -r 2 2>>"$OUT/bench-g.err" |
             tee -a "$OUT/bench-g.md" | grep pp512 | sed "s|^|$b |"
     done
+    echo "at ${SECONDS}s"
+    ;;
+W)
+    cfg build
+    bld build tpinfer test_ops_fused test_gemv_cuda
+    (cd build && time ctest -R "ops_fused_cuda|gemv_cuda_Q3_K" --timeout 300) >"$OUT/ctest.log" 2>&1 &
+    CP=$!
+    mk q3_k_m
+    wait $CP
+    grep -E "tests passed|\*\*\*Failed|Total Test" "$OUT/ctest.log" | tail -6
+    echo "at ${SECONDS}s: ab"
+    ROUNDS=${KR:-2} ABD=0 GREEDY_LENS=300 ab q3_k_m r0=build/tpinfer@TPI_Q3_REPACK=0 \
+        grp=build/tpinfer g4=build/tpinfer@TPI_GLU=4 g0=build/tpinfer@TPI_GLU=0 \
+        r0g0=build/tpinfer@TPI_Q3_REPACK=0@TPI_GLU=0
     echo "at ${SECONDS}s"
     ;;
 V)

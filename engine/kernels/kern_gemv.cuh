@@ -1211,9 +1211,11 @@ __global__ void __launch_bounds__(W * 32, MINB)
     gv_glu_quant_body<TYPE, PERM, W>(wg, wu, row_bytes, ne0, n_ff, x, xs, ds, g, u, oq, ods, olay);
 }
 /* The gate/up kernel of type TYPE with W warps a block. (Q4_K's held to 4-6 blocks of 4
- * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.) */
+ * warps, 85-128 registers, measured no faster than 8 warps at 80 unbounded: run 34.)
+ * Q3_K's groups as Q8_0's (97 registers unbounded: 4 warps a block would be the most that
+ * keep the 8B's 384 blocks resident; bench/NOTES.md change 151). */
 template <int TYPE, bool PERM, int W> constexpr auto gv_glu_kernel_for() {
-    if constexpr (TYPE == KERN_TYPE_Q8_0X8 && W == 8)
+    if constexpr ((TYPE == KERN_TYPE_Q8_0X8 || TYPE == KERN_TYPE_Q3_KX8) && W == 8)
         return gv_glu_quant_kernel_held<TYPE, PERM, W, GV_GLU_X8_MIN_BLOCKS>;
     else
         return gv_glu_quant_kernel<TYPE, PERM, W>;
