@@ -552,10 +552,9 @@ template <> struct gu<KERN_TYPE_Q3_KX8> {
     static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
                                                         const float2 *ds, int xs, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const uint32_t l[4] = {(uint32_t)w.qs.x, (uint32_t)w.qs.y, (uint32_t)w.qs.z,
-                               (uint32_t)w.qs.w};
-        const uint32_t h[4] = {(uint32_t)w.hm.x, (uint32_t)w.hm.y, (uint32_t)w.hm.z,
-                               (uint32_t)w.hm.w};
+        uint32_t l[4], h[4];
+        gv_words(w.qs, l);
+        gv_words(w.hm, h);
         gu<TPI_TYPE_Q3_K>::unit<NR>(l, h, u & 15, w.sd, x, ds, xs, nr, keep, acc);
     }
 };
@@ -621,10 +620,9 @@ template <> struct gu<KERN_TYPE_Q6_KX8> {
     static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
                                                         const float2 *ds, int xs, int nr,
                                                         float keep, float (&acc)[NR]) {
-        const uint32_t l[4] = {(uint32_t)w.ql.x, (uint32_t)w.ql.y, (uint32_t)w.ql.z,
-                               (uint32_t)w.ql.w};
-        const uint32_t h[4] = {(uint32_t)w.qh.x, (uint32_t)w.qh.y, (uint32_t)w.qh.z,
-                               (uint32_t)w.qh.w};
+        uint32_t l[4], h[4];
+        gv_words(w.ql, l);
+        gv_words(w.qh, h);
         gu<TPI_TYPE_Q6_K>::unit<NR>(l, h, ((u & 15) >> 1) & 3, w.sd, x, ds, xs, nr, keep, acc);
     }
 };

@@ -82,6 +82,10 @@ __host__ __device__ __forceinline__ uint2 gv_ld64(const uint8_t *p) {
 __host__ __device__ __forceinline__ int4 gv_ld128(const void *p) {
     return gv_ldg<int4>(p);
 }
+/* v's four words, in memory order, as w (the decoders' view of a 16-byte load) */
+__host__ __device__ __forceinline__ void gv_words(const int4 &v, uint32_t (&w)[4]) {
+    w[0] = (uint32_t)v.x, w[1] = (uint32_t)v.y, w[2] = (uint32_t)v.z, w[3] = (uint32_t)v.w;
+}
 /* Build option of the BF16/F16 weight loads (gv_ldw16, below). */
 #ifndef GV_WLOAD
 #define GV_WLOAD 1
@@ -840,10 +844,9 @@ template <> struct gv<KERN_TYPE_Q3_KX8> {
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
         const int c = l >> 2;
-        const uint32_t Q[4] = {(uint32_t)wr.Q.x, (uint32_t)wr.Q.y, (uint32_t)wr.Q.z,
-                               (uint32_t)wr.Q.w};
-        const uint32_t H[4] = {(uint32_t)wr.H.x, (uint32_t)wr.H.y, (uint32_t)wr.H.z,
-                               (uint32_t)wr.H.w};
+        uint32_t Q[4], H[4];
+        gv_words(wr.Q, Q);
+        gv_words(wr.H, H);
         gv_q3_item<NR, PERM>(Q, H, wr.S, wr.d, l & 3, PERM ? x : x + 256 * c, xs, ds + 8 * c, dss,
                              nr, keep, acc);
     }
@@ -917,12 +920,10 @@ template <> struct gv<KERN_TYPE_Q6_KX8> {
 #pragma unroll
         for (int k = 0; k < 4; k++)
             sk[k] = d * (float)(int8_t)((wr.S >> (8 * k)) & 0xFFu);
-        const uint32_t A[4] = {(uint32_t)wr.A.x, (uint32_t)wr.A.y, (uint32_t)wr.A.z,
-                               (uint32_t)wr.A.w};
-        const uint32_t C[4] = {(uint32_t)wr.C.x, (uint32_t)wr.C.y, (uint32_t)wr.C.z,
-                               (uint32_t)wr.C.w};
-        const uint32_t H[4] = {(uint32_t)wr.H.x, (uint32_t)wr.H.y, (uint32_t)wr.H.z,
-                               (uint32_t)wr.H.w};
+        uint32_t A[4], C[4], H[4];
+        gv_words(wr.A, A);
+        gv_words(wr.C, C);
+        gv_words(wr.H, H);
         gv_q6_item<NR, PERM, SUMX>(A, C, H, sk, n, l0, PERM ? x : x + 256 * c, xs, ds + 8 * c,
                                    dss, nr, acc);
     }
