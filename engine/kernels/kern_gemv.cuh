@@ -539,23 +539,20 @@ template <> struct gu<TPI_TYPE_Q3_K> {
 template <> struct gu<KERN_TYPE_Q3_KX8> {
     static constexpr int BLK = 2048, BYTES = KERN_Q3_KX8_BYTES, UPB = 128;
     struct raw {
-        int4 qs, hm;
-        uint32_t sd; /* as gu<TPI_TYPE_Q3_K>'s */
+        uint32_t l[4], h[4]; /* the unit's qs and hmask bytes */
+        uint32_t sd;         /* as gu<TPI_TYPE_Q3_K>'s */
     };
     static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int u) {
         const int c = u >> 4, uu = u & 15, l0 = 16 * (uu & 1);
-        w.qs = gv_ld128(b + 64 * c + 32 * (uu >> 3) + l0);
-        w.hm = gv_ld128(b + 512 + 32 * c + l0);
+        gv_words(gv_ld128(b + 64 * c + 32 * (uu >> 3) + l0), w.l);
+        gv_words(gv_ld128(b + 512 + 32 * c + l0), w.h);
         w.sd = gu<TPI_TYPE_Q3_K>::sd_of(b + 768 + 12 * c, b + 864 + 2 * c, uu);
     }
     template <int NR>
     static __host__ __device__ __forceinline__ void dot(const raw &w, int u, const int8_t *x,
                                                         const float2 *ds, int xs, int nr,
                                                         float keep, float (&acc)[NR]) {
-        uint32_t l[4], h[4];
-        gv_words(w.qs, l);
-        gv_words(w.hm, h);
-        gu<TPI_TYPE_Q3_K>::unit<NR>(l, h, u & 15, w.sd, x, ds, xs, nr, keep, acc);
+        gu<TPI_TYPE_Q3_K>::unit<NR>(w.l, w.h, u & 15, w.sd, x, ds, xs, nr, keep, acc);
     }
 };
 

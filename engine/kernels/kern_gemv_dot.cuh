@@ -826,14 +826,11 @@ template <> struct gv<TPI_TYPE_Q3_K> {
  * is Q3_K's (the same items in the same order: bitwise the GGUF blocks' results). */
 template <> struct gv<KERN_TYPE_Q3_KX8> {
     static constexpr int BLK = 2048, BYTES = KERN_Q3_KX8_BYTES, IPB = 32;
-    struct raw {
-        int4 Q, H;
-        uint32_t S[3], d;
-    };
+    using raw = gv<TPI_TYPE_Q3_K>::raw; /* the same words, from aligned loads */
     static __host__ __device__ __forceinline__ void load(raw &w, const uint8_t *b, int l) {
         const int c = l >> 2;
-        w.Q = gv_ld128(b + 16 * l);
-        w.H = gv_ld128(b + 512 + 32 * c + 16 * (l & 1));
+        gv_words(gv_ld128(b + 16 * l), w.Q);
+        gv_words(gv_ld128(b + 512 + 32 * c + 16 * (l & 1)), w.H);
 #pragma unroll
         for (int i = 0; i < 3; i++)
             w.S[i] = gv_ld32(b + 768 + 12 * c + 4 * i);
@@ -844,11 +841,8 @@ template <> struct gv<KERN_TYPE_Q3_KX8> {
                                                         int xs, const float2 *ds, int dss, int nr,
                                                         float keep, float (&acc)[NR]) {
         const int c = l >> 2;
-        uint32_t Q[4], H[4];
-        gv_words(wr.Q, Q);
-        gv_words(wr.H, H);
-        gv_q3_item<NR, PERM>(Q, H, wr.S, wr.d, l & 3, PERM ? x : x + 256 * c, xs, ds + 8 * c, dss,
-                             nr, keep, acc);
+        gv_q3_item<NR, PERM>(wr.Q, wr.H, wr.S, wr.d, l & 3, PERM ? x : x + 256 * c, xs, ds + 8 * c,
+                             dss, nr, keep, acc);
     }
 };
 
