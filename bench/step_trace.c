@@ -6,7 +6,14 @@
  * InitializeInjection, which turns on CUPTI's concurrent-kernel activity records. At
  * exit the records go to STEP_TRACE_OUT (default step_trace.tsv) as lines of
  * "start<TAB>end<TAB>grid blocks<TAB>block threads<TAB>graph node id<TAB>name", in the
- * order CUPTI delivered them; bench/step_trace.py sorts and reads them.
+ * order CUPTI delivered them; bench/step_trace.py sorts and reads them. With
+ * STEP_TRACE_MEMCPY=1 the copies between host and device are recorded too, as lines
+ * whose grid is the byte count, block 0 and name "memcpy_HtoD" (DtoH, DtoD, ...): for
+ * the time between steps, which kernels alone leave unexplained (step_trace.py
+ * --totals lists them with the kernels). STEP_TRACE_API=1 records the host's CUDA
+ * runtime calls as well (host start and end on CUPTI's clock, grid -1, name "api_" and
+ * the call's: cudaStreamSynchronize, cudaLaunchKernelExC, ...), so --totals can say
+ * what the host was in while no kernel ran.
  *
  * Not part of the engine and not built by CMake: it needs CUPTI's headers and library
  * of the driver's CUDA version (the toolkit's extras/CUPTI, or the nvidia-cuda-cupti
@@ -20,7 +27,8 @@
 #include <string.h>
 
 #include <cuda.h>
-#include <cupti_activity.h> /* the activity API alone: cupti.h pulls in every callback header */
+#include <cupti_activity.h> /* the activity API; cupti.h would pull in every callback header */
+#include <cupti_callbacks.h> /* cuptiGetCallbackName: a runtime call's name */
 
 #ifndef KREC
 #error "KREC must name the CUpti_ActivityKernelN record of this CUPTI"
@@ -43,6 +51,24 @@ static void CUPTIAPI buf_completed(CUcontext ctx, uint32_t stream, uint8_t *buf,
     (void)ctx, (void)stream, (void)size;
     CUpti_Activity *rec = NULL;
     while (g_out && cuptiActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
+        if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+            static const char *const kinds[] = {"?", "HtoD", "DtoH", "HtoA", "AtoH",
+                                                "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP"};
+            const CUpti_ActivityMemcpy6 *c = (const CUpti_ActivityMemcpy6 *)rec;
+            fprintf(g_out, "%llu\t%llu\t%llu\t0\t%u\tmemcpy_%s\n", (unsigned long long)c->start,
+                    (unsigned long long)c->end, (unsigned long long)c->bytes,
+                    (unsigned)c->graphNodeId, c->copyKind <= 10 ? kinds[c->copyKind] : "?");
+            continue;
+        }
+        if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+            const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)rec;
+            const char *name = NULL;
+            if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_RUNTIME_API, a->cbid, &name) != CUPTI_SUCCESS)
+                name = NULL;
+            fprintf(g_out, "%llu\t%llu\t-1\t0\t0\tapi_%s\n", (unsigned long long)a->start,
+                    (unsigned long long)a->end, name ? name : "?");
+            continue;
+        }
         if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
             rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
             continue;
@@ -74,6 +100,12 @@ int InitializeInjection(void) {
         fprintf(stderr, "step_trace: CUPTI refused the kernel activity records\n");
         return 0;
     }
+    const char *mc = getenv("STEP_TRACE_MEMCPY");
+    if (mc && *mc == '1' && cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY) != CUPTI_SUCCESS)
+        fprintf(stderr, "step_trace: CUPTI refused the memcpy activity records\n");
+    const char *api = getenv("STEP_TRACE_API");
+    if (api && *api == '1' && cuptiActivityEnable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS)
+        fprintf(stderr, "step_trace: CUPTI refused the runtime API records\n");
     atexit(flush_all);
     return 1;
 }

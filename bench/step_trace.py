@@ -41,15 +41,20 @@ def short_name(mangled):
 
 
 def load(path):
-    recs = []
+    """The kernel records, sorted by start, and the copies (STEP_TRACE_MEMCPY=1) apart."""
+    recs, copies = [], []
     with open(path) as f:
         for line in f:
             p = line.rstrip("\n").split("\t")
             if len(p) < 6:
                 continue
+            if p[5].startswith("memcpy_") or p[5].startswith("api_"):  # start, end, bytes, kind
+                copies.append((int(p[0]), int(p[1]), int(p[2]), p[5]))
+                continue
             recs.append((int(p[0]), int(p[1]), int(p[2]), int(p[3]), short_name(p[5])))
     recs.sort()
-    return recs
+    copies.sort()
+    return recs, copies
 
 
 def bursts(recs, gap_ns):
@@ -69,16 +74,70 @@ def bursts(recs, gap_ns):
     return out
 
 
+def totals(recs, copies, gap_ns, top):
+    """The whole process's kernel time by name (the --totals report)."""
+    span = recs[-1][1] - recs[0][0]
+    busy, front, lo = 0, recs[0][0], recs[0][0]
+    agg = {}
+    for r in recs:
+        if r[0] > front:  # an idle stretch: the union restarts here
+            busy += front - lo
+            lo = r[0]
+        inc = max(r[1], front) - max(r[0], front)
+        front = max(front, r[1])
+        g = agg.setdefault(r[4], [0, 0, 0])
+        g[0] += 1
+        g[1] += r[1] - r[0]
+        g[2] += inc
+    busy += front - lo
+    bs = bursts(recs, gap_ns)
+    gaps = [bs[i + 1][0][0] - max(r[1] for r in bs[i]) for i in range(len(bs) - 1)]
+    print(f"{len(recs)} kernels; span {span / 1e6:.2f} ms, a kernel running {busy / 1e6:.2f} ms "
+          f"({100 * busy / span:.1f} %)")
+    if gaps:
+        print(f"{len(bs)} bursts (gap > {gap_ns / 1e3:.0f} us): gaps sum {sum(gaps) / 1e6:.2f} ms, "
+              f"median {statistics.median(gaps) / 1e3:.1f} us")
+    print(f"\n{'launches':>9} {'dur ms':>9} {'inc ms':>9} {'share':>6}  kernel (share of the union)")
+    for k, g in sorted(agg.items(), key=lambda kv: -kv[1][2])[:top]:
+        print(f"{g[0]:9d} {g[1] / 1e6:9.2f} {g[2] / 1e6:9.2f} {100 * g[2] / busy:5.1f}%  {k}")
+    if copies:
+        # each copy's or host call's time, and the part of it inside the gaps between bursts
+        gl = [(max(r[1] for r in bs[i]), bs[i + 1][0][0]) for i in range(len(bs) - 1)]
+        print(f"\n{'n':>9} {'ms':>9} {'in gaps':>9} {'MB':>10} {'GB/s':>7}  copy "
+              f"(STEP_TRACE_MEMCPY=1) or host call (STEP_TRACE_API=1)")
+        ck = {}
+        gi = 0
+        for c in copies:
+            g = ck.setdefault(c[3], [0, 0, 0, 0])
+            g[0] += 1
+            g[1] += c[1] - c[0]
+            g[2] += max(c[2], 0)
+            while gi < len(gl) and gl[gi][1] <= c[0]:
+                gi += 1
+            j = gi
+            while j < len(gl) and gl[j][0] < c[1]:
+                g[3] += max(0, min(c[1], gl[j][1]) - max(c[0], gl[j][0]))
+                j += 1
+        for k, g in sorted(ck.items(), key=lambda kv: -kv[1][3])[:top]:
+            rate = f"{g[2] / max(g[1], 1):7.1f}" if k.startswith("memcpy_") else f"{'':7}"
+            print(f"{g[0]:9d} {g[1] / 1e6:9.2f} {g[3] / 1e6:9.2f} {g[2] / 1e6:10.1f} {rate}  {k}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("trace")
     ap.add_argument("--gap-us", type=float, default=8.0)
     ap.add_argument("--min-kernels", type=int, default=100)
     ap.add_argument("--last", type=int, default=0, help="only the last N steps (0: all)")
+    ap.add_argument("--totals", action="store_true", help="the whole process's shares by kernel")
+    ap.add_argument("--top", type=int, default=30, help="--totals: the N largest kernels")
     a = ap.parse_args()
-    recs = load(a.trace)
+    recs, copies = load(a.trace)
     if not recs:
         sys.exit(f"{a.trace}: no kernel records")
+    if a.totals:
+        totals(recs, copies, int(a.gap_us * 1000), a.top)
+        return
     bs = [b for b in bursts(recs, int(a.gap_us * 1000)) if len(b) >= a.min_kernels]
     if not bs:
         sys.exit(f"{a.trace}: no burst of {a.min_kernels} or more kernels")
