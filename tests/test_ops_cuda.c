@@ -22,9 +22,9 @@
  * - matmul n_rows > 8, F32 weights (f32 SGEMM): NMSE < 1e-9; other types (x and W
  *   rounded to bf16, f32 accumulation): NMSE < 5e-5 (about 2 x (2^-9)^2 / 3 expected).
  *   Block types run both paths (ops_cuda_set_mmq): the fused kernel (kern_mmq.cu, set
- *   to take up to 64 rows here; by default it takes up to 32; Q4_K up to 32 rows takes
- *   its raw path, W exact and x bf16, unless TPI_MMQ_RAW=0) and the dequantize +
- *   cuBLAS path.
+ *   to take up to 64 rows here; by default it takes up to 32; Q4_K and Q6_K's groups up
+ *   to 32 rows take their raw paths, W exact and x bf16, unless TPI_MMQ_RAW=0: the _noraw
+ *   entries) and the dequantize + cuBLAS path.
  * - attention (f16 K/V cache on CUDA, f32 on the CPU; history pre-rounded to f16 on
  *   both, the batch's own k/v rounded by the CUDA store only; the tensor-core path also
  *   rounds q and the softmax weights to f16, derived at the attention tests): NMSE < 1e-5.

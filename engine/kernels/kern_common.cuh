@@ -55,7 +55,7 @@ struct ops_ctx {
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
     int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
                    * all that are resident at once) */
-    bool mmq_raw; /* kern_mmq's raw Q4_K path (TPI_MMQ_RAW, default on) */
+    int mmq_raw; /* kern_mmq's raw paths (TPI_MMQ_RAW): MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
     cudaStream_t side[OPS_MAX_FUSED - 1];
@@ -524,6 +524,8 @@ void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int
  * it takes up to 32 (TPI_MMQ). */
 #define MMQ_MAX_ROWS 64
 #define MMQ_DEFAULT_ROWS 32
+#define MMQ_RAW_Q4_K 1   /* ctx->mmq_raw: Q4_K's raw path (TPI_MMQ_RAW=1: this one only) */
+#define MMQ_RAW_Q6_KX8 2 /* Q6_K's groups' (TPI_MMQ_RAW=2: this one only; 0: neither) */
 #define MMQ_MAX_W 4 /* weights one kern_mmq_n launch multiplies by the same x */
 /* y (n_rows, ne1) = x16 (n_rows, ne0, bf16) * W^T, plus beta * y (beta 0 or 1), queued on
  * ctx->stream with W decoded in registers (kern_mmq.cu); false (nothing queued) unless W

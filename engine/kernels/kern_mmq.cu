@@ -28,6 +28,9 @@
  * all; each nibble goes to the tensor cores as bf16 128 + q (one byte permute for 4), a
  * sub-block's sums start from zero, a fifth n-tile of ones sums x, and the scales are
  * applied to the sums: y += d sc S - (128 d sc + dmin m) X. W is then exact (x bf16).
+ * Q6_K's 8-block groups take it too, a 16-value step at a time (their scales are per 16
+ * values): the 6-bit q as bf16 128 + q, each step's sums started from -160 X, so
+ * y += d sc (S - 160 X) (bench/NOTES.md change 152).
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, then one launch adds them in a fixed order (results do not depend on
  * timing). One launch may hold up to 4 weights of one type and row length that share x
@@ -79,6 +82,16 @@ __device__ __forceinline__ void mmq_mma0(float d[4], const uint32_t a[4], uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+/* d = a * b + c (c, d separate: c a start other than zero). */
+__device__ __forceinline__ void mmq_mma_c(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1,
+                                          const float c[4]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]),
+                   "f"(c[1]), "f"(c[2]), "f"(c[3]));
+}
+
 /* Q4_K's raw B fragments: the 4 quants q of a unit's word (gi 0: low nibbles, 1: high) as
  * bf16 128 + q (exact: 0x4300 | q), values k, k+1 in b0 and k+2, k+3 in b1. */
 __device__ __forceinline__ void mmq_q4_raw(uint32_t w, int gi, uint32_t &b0, uint32_t &b1) {
@@ -87,6 +100,20 @@ __device__ __forceinline__ void mmq_q4_raw(uint32_t w, int gi, uint32_t &b0, uin
     b1 = __byte_perm(m, 0x43434343u, 0x4342);
 }
 #define MMQ_BF16_ONES 0x3F803F80u /* two bf16 1.0: a B fragment that sums x's rows */
+
+/* Q6_K's raw B fragments: run gi (0..3) of an item's words at one byte offset, the 4 q (0..63)
+ * of ql's nibbles (a: runs 0 and 2, c: runs 1 and 3) and qh's 2-bit pairs (h) as bf16
+ * 128 + q, values k, k+1 in b0 and k+2, k+3 in b1 (kq_q6_values' values, less its scale
+ * and offset). */
+__device__ __forceinline__ void mmq_q6_raw(uint32_t a, uint32_t c, uint32_t h, int gi, uint32_t &b0,
+                                           uint32_t &b1) {
+    const uint32_t lo = gi & 1 ? c : a;
+    const uint32_t nib = (gi & 2 ? lo >> 4 : lo) & 0x0F0F0F0Fu;
+    const uint32_t hi = (gi == 0 ? h << 4 : gi == 1 ? h << 2 : gi == 2 ? h : h >> 2) & 0x30303030u;
+    const uint32_t m = nib | hi;
+    b0 = __byte_perm(m, 0x43434343u, 0x4140);
+    b1 = __byte_perm(m, 0x43434343u, 0x4342);
+}
 
 /* lo in the low 16 bits (the lower k slot of the pair). */
 __device__ __forceinline__ uint32_t mmq_pack(float lo, float hi) {
@@ -154,9 +181,10 @@ __device__ __forceinline__ void mmq_q3x8_unit(const uint8_t *b, int c, int u, fl
 template <int T, int MT> __host__ __device__ constexpr size_t mmq_buf() {
     return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS * mmq_chunk_bytes<T>();
 }
-/* Q4_K's raw path: per warp, its 32 features' (d sc, 128 d sc + dmin m) of two of a
- * chunk's 8 sub-blocks at a time, after the two buffers (2 KB: with 8 KB, 32 rows' blocks
- * fit 2 an SM instead of 3, run 119) */
+/* The raw paths' scale table, after the two buffers: per warp, its 32 features' (d sc,
+ * 128 d sc + dmin m) of two of a chunk's 8 Q4_K sub-blocks at a time, or d sc of four of
+ * a Q6_K chunk's 16 runs of 16 values (2 KB: with 8 KB, 32 rows' blocks fit 2 an SM
+ * instead of 3, run 119) */
 #define MMQ_RAW_TAB (MMQ_WARPS * 2 * 32 * 8)
 template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem() {
     return 2 * mmq_buf<T, MT>() + (RAW ? MMQ_RAW_TAB : 0);
@@ -269,7 +297,62 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
         const uint8_t *ws = ws_of(b);
         /* ldmatrix row address of this lane: row l % 16, k half l / 16 */
         const uint32_t a_base = mma_smem_u32(&xs_of(b)[lane & 15][(lane >> 4) * 8]);
-        if constexpr (RAW) {
+        if constexpr (RAW && T == KERN_TYPE_Q6_KX8) {
+            /* Q6_K's groups, one block a chunk: the quants go to the tensor cores as bf16
+             * 128 + q; step s (16 values) of a feature is run s of its block, scale d sc[s],
+             * so its sums are d sc[s] (S - 160 X) with S = sum x (128 + q) and X = sum x
+             * (a B fragment of ones): the mma starts from -160 X and one fma a value scales
+             * it. Step s = 4 i + gi reads item i's words at byte 4 q of the A, C and H runs
+             * (kq_q6x8_item's l = i, j = 4 q) and scale byte s. */
+            float *tab = (float *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 128;
+            const uint8_t *mine = ws + (warp * (MMQ_NT * 8) + lane) * CB; /* lane's feature */
+            const float d = kq_f16(mine + 208 + 2 * (ch & 7));
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                __syncwarp(); /* the last table is read */
+                const uint32_t sw = *(const uint32_t *)(mine + 192 + 4 * i);
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++)
+                    tab[gi * 32 + lane] = d * (float)(int8_t)(sw >> (8 * gi));
+                __syncwarp();
+                uint32_t wa[MMQ_NT], wc[MMQ_NT], wh[MMQ_NT];
+#pragma unroll
+                for (int t = 0; t < MMQ_NT; t++) {
+                    const uint8_t *row = ws + (warp * (MMQ_NT * 8) + 8 * t + g) * CB + 16 * i + 4 * q;
+                    wa[t] = *(const uint32_t *)row;
+                    wc[t] = *(const uint32_t *)(row + 64);
+                    wh[t] = *(const uint32_t *)(row + 128);
+                }
+#pragma unroll
+                for (int gi = 0; gi < 4; gi++) {
+                    uint32_t bw[MMQ_NT][2];
+#pragma unroll
+                    for (int t = 0; t < MMQ_NT; t++)
+                        mmq_q6_raw(wa[t], wc[t], wh[t], gi, bw[t][0], bw[t][1]);
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        uint32_t a[4];
+                        mma_ldsm4(a, a_base + (uint32_t)((m * 16 * MMQ_LD + 16 * (4 * i + gi)) * 2));
+                        float X[4], C[4];
+                        mmq_mma0(X, a, MMQ_BF16_ONES, MMQ_BF16_ONES);
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            C[e] = -160.0f * X[e];
+#pragma unroll
+                        for (int t = 0; t < MMQ_NT; t++) {
+                            float S[4];
+                            mmq_mma_c(S, a, bw[t][0], bw[t][1], C);
+                            /* accumulator e: feature 2 q + (e & 1) of tile t */
+                            const float2 sv = *(const float2 *)&tab[gi * 32 + 8 * t + 2 * q];
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                acc[m][t][e] = fmaf((e & 1) ? sv.y : sv.x, S[e], acc[m][t][e]);
+                        }
+                    }
+                }
+            }
+            return;
+        } else if constexpr (RAW) {
             /* Q4_K, one block a chunk: the quants go to the tensor cores as bf16 128 + q and
              * the scales are applied to each sub-block's sums: for sub-block j of feature f,
              * sum x w = d sc S - (128 d sc + dmin m) X with S = sum x (128 + q) and X = sum x
@@ -459,9 +542,11 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     }
     a.cols = a.f0[n_w];
     const int bx = a.bx0[n_w];
-    /* Q4_K's raw path up to 32 rows (TPI_MMQ_RAW, default on) */
-    constexpr bool RAW_OK = T == TPI_TYPE_Q4_K && MT <= 2; /* 3-4 m-tiles: 200-255 registers */
-    const bool raw = RAW_OK && ctx->mmq_raw;
+    /* Q4_K's and Q6_K's groups' raw paths up to 32 rows (TPI_MMQ_RAW, default both) */
+    constexpr bool RAW_OK = (T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q6_KX8) &&
+                            MT <= 2; /* 3-4 m-tiles: 200-255 registers */
+    const bool raw =
+        RAW_OK && (ctx->mmq_raw & (T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8)) != 0;
     const size_t smem = raw ? mmq_smem<T, MT, RAW_OK>() : mmq_smem<T, MT, false>();
     static bool smem_set[2] = {false, false}; /* the opt-in, once a kernel (one device a process) */
     /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's

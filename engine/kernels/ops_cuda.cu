@@ -274,10 +274,11 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
      * multiprocessor (1..16, default 3; 0: as many as one holds, which run 120 measured
      * slower end to end: batch-bench --parallel 32 2547 against 2672 generated tok/s) */
     ctx->mmq_bps = (int)env_count("TPI_MMQ_BPS", 3, 16);
-    /* TPI_MMQ_RAW=0: kern_mmq decodes Q4_K to bf16 weights as the other types (the raw
-     * path sends the quants to the tensor cores and applies the scales to the sums) */
-    const char *mr = getenv("TPI_MMQ_RAW");
-    ctx->mmq_raw = !(mr && strcmp(mr, "0") == 0);
+    /* TPI_MMQ_RAW=0: kern_mmq decodes Q4_K and Q6_K's groups to bf16 weights as the other
+     * types (the raw paths send the quants to the tensor cores and apply the scales to the
+     * sums); 1: Q4_K's raw path only, 2: Q6_K's only; default both */
+    ctx->mmq_raw = (int)env_count("TPI_MMQ_RAW", MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8,
+                                  MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8);
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");

@@ -20,6 +20,13 @@ if(TARGET tpi_cuda)
                          LABELS gpu ENVIRONMENT
                          "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=1")
   endforeach()
+  # kern_mmq's bf16 decoders for the types with a raw path (Q4_K, Q6_K's groups)
+  foreach(t Q4_K Q6_K)
+    add_test(NAME test_ops_cuda_matmul_${t}_noraw COMMAND test_ops_cuda_elem matmul_${t})
+    set_tests_properties(test_ops_cuda_matmul_${t}_noraw PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
+                         LABELS gpu ENVIRONMENT
+                         "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_MMQ_RAW=0")
+  endforeach()
   add_test(NAME test_ops_cuda_embed_held COMMAND test_ops_cuda_elem embed)
   set_tests_properties(test_ops_cuda_embed_held PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
                        LABELS gpu ENVIRONMENT

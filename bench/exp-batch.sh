@@ -1,0 +1,90 @@
+#!/bin/bash
+# The batch command's steps on the GPU (bench/NOTES.md changes 152-153), one device call
+# each on the synthetic 8B Q4_K_M (made there), the tree built there (Release, sm_90):
+#   PART=T: where the batch command's time goes. bench/batch-bench.sh at --parallel 32
+#     (PARALLEL), plain, then once more with bench/step_trace.c's CUPTI library loaded
+#     (.dev/libstep_trace.so beside the libcupti.so.13 it was linked against, both built or
+#     copied on the CPU machine, README "A step's kernel timeline"; the copies and the
+#     host's CUDA calls recorded too): bench/step_trace.py's whole-process shares by kernel
+#     (--totals, with the copies and host calls inside the gaps between steps) and its
+#     report of the most common step (the decode steps at full width). ~4 min.
+#   PART=R: change 152, Q6_K's groups in kern_mmq's raw path: test_ops_cuda's matmul_Q6_K
+#     and matmul_Q4_K groups (default, and TPI_MMQ_RAW=0) and test_ops_fused; the product
+#     bench at 16 and 32 rows with TPI_MMQ_RAW=1 (Q4_K's raw path only: main's) and the
+#     default; then batch-bench at --parallel 32 alternating the two (KR rounds, default
+#     2), and PART=T's trace of the default. ~6 min.
+#   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
+# Logs (and the trace, xz) under $OUT.
+# shellcheck source=bench/gpu-lib.sh
+. "$(dirname "$0")/gpu-lib.sh"
+device_prep
+export PATH=/usr/local/cuda/bin:$PATH
+t=${TYPE:-q4_k_m}
+n=${N_PROMPTS:-256}
+m=${MAX_TOKENS:-64}
+targets=tpinfer
+[ "${PART:-T}" = R ] && targets="tpinfer test_ops_cuda_elem test_ops_fused"
+# shellcheck disable=SC2086
+cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
+    >"$OUT/build.log" 2>&1 && cmake --build build -j 16 --target $targets >>"$OUT/build.log" 2>&1 ||
+    { tail -20 "$OUT/build.log"; exit 1; }
+echo "built $targets at $(git rev-parse --short HEAD) + $(git status --short | wc -l) changed files (${SECONDS}s)"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+mk() { [ -s "/tmp/$t.gguf" ] || build/tpinfer mkmodel --preset qwen3-8b --type "$t" -o "/tmp/$t.gguf" -q; }
+bb() { # bb LABEL [VAR=VALUE...]: one batch-bench run at --parallel ${PARALLEL:-32}
+    local label=$1
+    shift
+    echo "== $label $*"
+    env "$@" EXTRA="--backend cuda" PARALLEL="${PARALLEL:-32}" \
+        bash bench/batch-bench.sh "/tmp/$t.gguf" "$n" "$m" | tail -1 | tee -a "$OUT/batch.txt"
+}
+trace() { # trace [VAR=VALUE...]: batch-bench under the CUPTI library, then its reports
+    if [ ! -s .dev/libstep_trace.so ]; then
+        echo "no .dev/libstep_trace.so: no trace"
+        return
+    fi
+    bb traced CUDA_INJECTION64_PATH="$PWD/.dev/libstep_trace.so" STEP_TRACE_OUT="$OUT/trace.tsv" \
+        STEP_TRACE_MEMCPY=1 STEP_TRACE_API=1 "$@"
+    python3 bench/step_trace.py "$OUT/trace.tsv" --totals --top 40 | tee "$OUT/totals.txt" |
+        grep -v "^ *[0-9]* *[0-9.]* *[0-9.]* *0\.[0-9]%  nvjet"
+    echo "== the most common step"
+    python3 bench/step_trace.py "$OUT/trace.tsv" --min-kernels 50 | tee "$OUT/steps.txt" | head -30
+    xz -T4 -6 "$OUT/trace.tsv"
+}
+case ${PART:-T} in
+T)
+    mk || exit 1
+    bb plain
+    trace
+    ;;
+R)
+    (
+        cd build || exit 1
+        for g in matmul_Q6_K matmul_Q4_K; do
+            echo "== $g (default)"
+            CK_FORK=no ./tests/test_ops_cuda_elem "$g" 2>&1 | grep -E "worst|Checks|FAIL|rror" | head -5
+            echo "== $g (TPI_MMQ_RAW=0)"
+            TPI_MMQ_RAW=0 CK_FORK=no ./tests/test_ops_cuda_elem "$g" 2>&1 |
+                grep -E "worst|Checks|FAIL|rror" | head -5
+        done
+        echo "== test_ops_fused cuda"
+        CK_FORK=no ./tests/test_ops_fused cuda 2>&1 | grep -E "Checks|FAIL|rror" | head -5
+    ) >"$OUT/tests.log" 2>&1 &
+    TP=$!
+    mk || exit 1
+    wait $TP
+    cat "$OUT/tests.log"
+    for raw in 1 3; do
+        echo "== product bench, TPI_MMQ_RAW=$raw"
+        TPI_MMQ_RAW=$raw TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
+            CK_FORK=no build/tests/test_ops_cuda_elem bench 2>&1 | grep -vE "^(Running|100%)" | tail -24
+    done
+    for r in $(seq "${KR:-2}"); do
+        bb "round $r main's (Q4_K raw only)" TPI_MMQ_RAW=1
+        bb "round $r Q6_K's groups raw too" TPI_MMQ_RAW=3
+    done
+    echo "at ${SECONDS}s"
+    [ "$SECONDS" -lt 420 ] && trace
+    ;;
+esac
+echo "done at ${SECONDS}s"
