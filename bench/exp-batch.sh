@@ -13,6 +13,11 @@
 #     bench at 16 and 32 rows with TPI_MMQ_RAW=1 (Q4_K's raw path only: main's) and the
 #     default; then batch-bench at --parallel 32 alternating the two (KR rounds, default
 #     2), and PART=T's trace of the default. ~6 min.
+#   PART=H: change 153, the logits' copy to the host: bench/d2h_bench.cu (built there with
+#     nvcc) on cudaHostAlloc'd, huge-page registered and malloc'd memory, then batch-bench
+#     at --parallel 32 alternating TPI_PINNED_HOST=1 (cudaHostAlloc, the default) and 0
+#     (malloc), KR rounds (default 2). ~4 min. (Run 260 alternated a third form, the
+#     logits buffer in huge pages registered, since removed: level on its machine.)
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -85,6 +90,15 @@ R)
     done
     echo "at ${SECONDS}s"
     [ "$SECONDS" -lt 420 ] && trace
+    ;;
+H)
+    nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"
+    mk || exit 1
+    for r in $(seq "${KR:-2}"); do
+        for hp in 1 0; do
+            bb "round $r TPI_PINNED_HOST=$hp" TPI_PINNED_HOST=$hp
+        done
+    done
     ;;
 esac
 echo "done at ${SECONDS}s"
