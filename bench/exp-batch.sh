@@ -53,7 +53,8 @@ trace() { # trace [VAR=VALUE...]: batch-bench under the CUPTI library, then its 
     python3 bench/step_trace.py "$OUT/trace.tsv" --totals --top 40 | tee "$OUT/totals.txt" |
         grep -v "^ *[0-9]* *[0-9.]* *[0-9.]* *0\.[0-9]%  nvjet"
     echo "== the most common step"
-    python3 bench/step_trace.py "$OUT/trace.tsv" --min-kernels 50 | tee "$OUT/steps.txt" | head -30
+    python3 bench/step_trace.py "$OUT/trace.tsv" --min-kernels 50 >"$OUT/steps.txt"
+    head -30 "$OUT/steps.txt" # (a pipe into head would cut the file short)
     xz -T4 -6 "$OUT/trace.tsv"
 }
 case ${PART:-T} in
