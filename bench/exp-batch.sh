@@ -9,7 +9,8 @@
 #     (--totals, with the copies and host calls inside the gaps between steps) and its
 #     report of the most common step (the decode steps at full width). ~4 min.
 #   PART=R: change 152, Q6_K's groups in kern_mmq's raw path: test_ops_cuda's matmul_Q6_K
-#     and matmul_Q4_K groups (default, and TPI_MMQ_RAW=0) and test_ops_fused; the product
+#     and matmul_Q4_K groups (default, and TPI_MMQ_RAW=0: their _noraw ctest entries) and
+#     test_ops_fused_cuda; the product
 #     bench at 16 and 32 rows with TPI_MMQ_RAW=1 (Q4_K's raw path only: main's) and the
 #     default; then batch-bench at --parallel 32 alternating the two (KR rounds, default
 #     2), and PART=T's trace of the default. ~6 min.
@@ -43,13 +44,13 @@ bb() { # bb LABEL [VAR=VALUE...]: one batch-bench run at --parallel ${PARALLEL:-
     env "$@" EXTRA="--backend cuda" PARALLEL="${PARALLEL:-32}" \
         bash bench/batch-bench.sh "/tmp/$t.gguf" "$n" "$m" | tail -1 | tee -a "$OUT/batch.txt"
 }
-trace() { # trace [VAR=VALUE...]: batch-bench under the CUPTI library, then its reports
+trace() { # batch-bench under the CUPTI library, then its reports
     if [ ! -s .dev/libstep_trace.so ]; then
         echo "no .dev/libstep_trace.so: no trace"
         return
     fi
     bb traced CUDA_INJECTION64_PATH="$PWD/.dev/libstep_trace.so" STEP_TRACE_OUT="$OUT/trace.tsv" \
-        STEP_TRACE_MEMCPY=1 STEP_TRACE_API=1 "$@"
+        STEP_TRACE_MEMCPY=1 STEP_TRACE_API=1
     python3 bench/step_trace.py "$OUT/trace.tsv" --totals --top 40 | tee "$OUT/totals.txt" |
         grep -v "^ *[0-9]* *[0-9.]* *[0-9.]* *0\.[0-9]%  nvjet"
     echo "== the most common step"
@@ -64,22 +65,13 @@ T)
     trace
     ;;
 R)
-    (
-        cd build || exit 1
-        for g in matmul_Q6_K matmul_Q4_K; do
-            echo "== $g (default)"
-            CK_FORK=no ./tests/test_ops_cuda_elem "$g" 2>&1 | grep -E "worst|Checks|FAIL|rror" | head -5
-            echo "== $g (TPI_MMQ_RAW=0)"
-            TPI_MMQ_RAW=0 CK_FORK=no ./tests/test_ops_cuda_elem "$g" 2>&1 |
-                grep -E "worst|Checks|FAIL|rror" | head -5
-        done
-        echo "== test_ops_fused cuda"
-        CK_FORK=no ./tests/test_ops_fused cuda 2>&1 | grep -E "Checks|FAIL|rror" | head -5
-    ) >"$OUT/tests.log" 2>&1 &
+    # the ctest entries: matmul_Q6_K and matmul_Q4_K by default and _noraw (TPI_MMQ_RAW=0)
+    (cd build && ctest -V -R "ops_cuda_matmul_Q[46]_K|ops_fused_cuda") >"$OUT/tests.log" 2>&1 &
     TP=$!
     mk || exit 1
     wait $TP
-    cat "$OUT/tests.log"
+    grep -E "worst|tests passed|tests failed|\*\*\*Failed|Test +#" "$OUT/tests.log" | sed -E 's/^[0-9]+: //'
+
     for raw in 1 3; do
         echo "== product bench, TPI_MMQ_RAW=$raw"
         TPI_MMQ_RAW=$raw TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \

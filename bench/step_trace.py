@@ -41,7 +41,8 @@ def short_name(mangled):
 
 
 def load(path):
-    """The kernel records, sorted by start, and the copies (STEP_TRACE_MEMCPY=1) apart."""
+    """The kernel records, sorted by start, and apart from them the copies and host calls
+    (STEP_TRACE_MEMCPY=1, STEP_TRACE_API=1) as (start, end, bytes, name)."""
     recs, copies = [], []
     with open(path) as f:
         for line in f:
@@ -91,7 +92,8 @@ def totals(recs, copies, gap_ns, top):
         g[2] += inc
     busy += front - lo
     bs = bursts(recs, gap_ns)
-    gaps = [bs[i + 1][0][0] - max(r[1] for r in bs[i]) for i in range(len(bs) - 1)]
+    gl = [(max(r[1] for r in bs[i]), bs[i + 1][0][0]) for i in range(len(bs) - 1)]  # the gaps
+    gaps = [b - a for a, b in gl]
     print(f"{len(recs)} kernels; span {span / 1e6:.2f} ms, a kernel running {busy / 1e6:.2f} ms "
           f"({100 * busy / span:.1f} %)")
     if gaps:
@@ -102,7 +104,6 @@ def totals(recs, copies, gap_ns, top):
         print(f"{g[0]:9d} {g[1] / 1e6:9.2f} {g[2] / 1e6:9.2f} {100 * g[2] / busy:5.1f}%  {k}")
     if copies:
         # each copy's or host call's time, and the part of it inside the gaps between bursts
-        gl = [(max(r[1] for r in bs[i]), bs[i + 1][0][0]) for i in range(len(bs) - 1)]
         print(f"\n{'n':>9} {'ms':>9} {'in gaps':>9} {'MB':>10} {'GB/s':>7}  copy "
               f"(STEP_TRACE_MEMCPY=1) or host call (STEP_TRACE_API=1)")
         ck = {}

@@ -92,27 +92,27 @@ __device__ __forceinline__ void mmq_mma_c(float d[4], const uint32_t a[4], uint3
                    "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
 
-/* Q4_K's raw B fragments: the 4 quants q of a unit's word (gi 0: low nibbles, 1: high) as
- * bf16 128 + q (exact: 0x4300 | q), values k, k+1 in b0 and k+2, k+3 in b1. */
-__device__ __forceinline__ void mmq_q4_raw(uint32_t w, int gi, uint32_t &b0, uint32_t &b1) {
-    const uint32_t m = (gi ? w >> 4 : w) & 0x0F0F0F0Fu;
+/* The raw paths' B fragments from 4 quants q < 128, a byte each of m: bf16 128 + q (exact:
+ * 0x4300 | q), values k, k+1 in b0 and k+2, k+3 in b1. */
+__device__ __forceinline__ void mmq_raw_b(uint32_t m, uint32_t &b0, uint32_t &b1) {
     b0 = __byte_perm(m, 0x43434343u, 0x4140);
     b1 = __byte_perm(m, 0x43434343u, 0x4342);
+}
+/* Q4_K's raw B fragments: the 4 quants of a unit's word (gi 0: low nibbles, 1: high). */
+__device__ __forceinline__ void mmq_q4_raw(uint32_t w, int gi, uint32_t &b0, uint32_t &b1) {
+    mmq_raw_b((gi ? w >> 4 : w) & 0x0F0F0F0Fu, b0, b1);
 }
 #define MMQ_BF16_ONES 0x3F803F80u /* two bf16 1.0: a B fragment that sums x's rows */
 
 /* Q6_K's raw B fragments: run gi (0..3) of an item's words at one byte offset, the 4 q (0..63)
- * of ql's nibbles (a: runs 0 and 2, c: runs 1 and 3) and qh's 2-bit pairs (h) as bf16
- * 128 + q, values k, k+1 in b0 and k+2, k+3 in b1 (kq_q6_values' values, less its scale
- * and offset). */
+ * of ql's nibbles (a: runs 0 and 2, c: runs 1 and 3) and qh's 2-bit pairs (h)
+ * (kq_q6_values' values, less its scale and offset). */
 __device__ __forceinline__ void mmq_q6_raw(uint32_t a, uint32_t c, uint32_t h, int gi, uint32_t &b0,
                                            uint32_t &b1) {
     const uint32_t lo = gi & 1 ? c : a;
     const uint32_t nib = (gi & 2 ? lo >> 4 : lo) & 0x0F0F0F0Fu;
     const uint32_t hi = (gi == 0 ? h << 4 : gi == 1 ? h << 2 : gi == 2 ? h : h >> 2) & 0x30303030u;
-    const uint32_t m = nib | hi;
-    b0 = __byte_perm(m, 0x43434343u, 0x4140);
-    b1 = __byte_perm(m, 0x43434343u, 0x4342);
+    mmq_raw_b(nib | hi, b0, b1);
 }
 
 /* lo in the low 16 bits (the lower k slot of the pair). */
