@@ -19,6 +19,13 @@
 #     at --parallel 32 alternating TPI_PINNED_HOST=1 (cudaHostAlloc, the default) and 0
 #     (malloc), KR rounds (default 2). ~4 min. (Run 260 alternated a third form, the
 #     logits buffer in huge pages registered, since removed: level on its machine.)
+#   PART=K: change 154, the logits left on the device (each row's 64 best there, whole
+#     rows copied out only for the samplers that need them): ctest's ops_cuda_elem (row_top
+#     against the CPU's), test_model and the batch entries (test_keep: the records with
+#     and without, on CUDA); d2h_bench (is this machine's copy slow?); batch-bench at
+#     --parallel 32 alternating TPI_LOGITS_KEEP=0 (every row copied whole: main's) and the
+#     default, greedy, KR rounds (default 2), then once each at TEMP=0.8 (top-k 40's
+#     chain); the trace of the default if time is left. ~6 min.
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -30,6 +37,7 @@ n=${N_PROMPTS:-256}
 m=${MAX_TOKENS:-64}
 targets=tpinfer
 [ "${PART:-T}" = R ] && targets="tpinfer test_ops_cuda_elem test_ops_fused"
+[ "${PART:-T}" = K ] && targets="tpinfer test_ops_cuda_elem test_model test_batch"
 # shellcheck disable=SC2086
 cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
     >"$OUT/build.log" 2>&1 && cmake --build build -j 16 --target $targets >>"$OUT/build.log" 2>&1 ||
@@ -83,6 +91,22 @@ R)
     done
     echo "at ${SECONDS}s"
     [ "$SECONDS" -lt 420 ] && trace
+    ;;
+K)
+    (cd build && ctest -R "ops_cuda_elem|^test_model$|test_batch_") >"$OUT/tests.log" 2>&1 &
+    TP=$!
+    nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"
+    mk || exit 1
+    wait $TP
+    grep -E "tests passed|tests failed|\*\*\*Failed|Test +#" "$OUT/tests.log"
+    for r in $(seq "${KR:-2}"); do
+        bb "round $r every row whole (main's)" TPI_LOGITS_KEEP=0
+        bb "round $r kept on the device" TPI_LOGITS_KEEP=1
+    done
+    bb "top-k 40 chain, every row whole" TPI_LOGITS_KEEP=0 TEMP=0.8
+    bb "top-k 40 chain, kept" TPI_LOGITS_KEEP=1 TEMP=0.8
+    echo "at ${SECONDS}s"
+    [ "$SECONDS" -lt 400 ] && trace
     ;;
 H)
     nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"

@@ -518,6 +518,77 @@ START_TEST(test_parallel) {
 }
 END_TEST
 
+/* The "(N logits rows copied whole)" figure of a run's summary line in file err. */
+static long whole_rows(const char *err) {
+    size_t nb;
+    char *text = tu_read_file(err, &nb);
+    ck_assert_msg(text != NULL, "cannot read %s", err);
+    const char *at = strstr(text, "batch summary");
+    ck_assert_msg(at != NULL, "no summary in %s", err);
+    at = strstr(at, " logits rows copied whole)");
+    ck_assert_msg(at != NULL, "no whole-rows count in %s", err);
+    while (at > text && at[-1] != '(') at--;
+    const long n = strtol(at, NULL, 10);
+    free(text);
+    return n;
+}
+
+/* The logits left on the backend change nothing: every kind of sampler (greedy, top-k
+ * with and without penalties, bans from min_tokens, a bias, logprobs, penalties that
+ * raise logits, no top-k) gives the records the whole rows give, and only the rows whose
+ * sampler needs the whole row are copied out (TPI_LOGITS_KEEP=0: every one). */
+START_TEST(test_keep) {
+    write_file(path_in("k.jsonl"),
+               "{\"prompt\": \"the quick brown\", \"max_tokens\": 10, \"temperature\": 0}\n"
+               "{\"prompt\": \"the quick brown\", \"max_tokens\": 10, \"temperature\": 0.8, "
+               "\"top_k\": 40, \"seed\": 1}\n"
+               "{\"prompt\": \"the the the quick\", \"max_tokens\": 10, \"temperature\": 0.7, "
+               "\"top_k\": 20, \"top_p\": 0.9, \"min_p\": 0.05, \"repetition_penalty\": 1.3, "
+               "\"presence_penalty\": 0.5, \"frequency_penalty\": 0.3, \"seed\": 2}\n"
+               "{\"prompt\": \"a a a a\", \"max_tokens\": 10, \"temperature\": 0, "
+               "\"repetition_penalty\": 1.5}\n"
+               "{\"prompt\": \"hello\", \"max_tokens\": 8, \"min_tokens\": 6, \"temperature\": 0.9, "
+               "\"top_k\": 5, \"seed\": 3}\n"
+               "{\"prompt\": \"hello there\", \"max_tokens\": 6, \"temperature\": 0, "
+               "\"logprobs\": 3}\n"
+               "{\"prompt\": \"hello there\", \"max_tokens\": 6, \"temperature\": 1, "
+               "\"top_k\": -1, \"seed\": 4}\n"
+               "{\"prompt\": \"hello there\", \"max_tokens\": 6, \"temperature\": 0, "
+               "\"logit_bias\": {\"77\": 5}}\n"
+               "{\"prompt\": \"x y x y\", \"max_tokens\": 8, \"temperature\": 0.8, \"top_k\": 10, "
+               "\"presence_penalty\": -1, \"seed\": 5}\n"
+               "{\"prompt\": \"x y x y\", \"max_tokens\": 8, \"temperature\": 0.8, \"top_k\": 10, "
+               "\"repetition_penalty\": 0.8, \"seed\": 6}\n");
+    const char *kept[] = {"-f", path_in("k.jsonl"), "-o", path_in("k1.jsonl"), "--parallel", "6",
+                          NULL};
+    const char *whole[] = {"-f", path_in("k.jsonl"), "-o", path_in("k0.jsonl"), "--parallel",
+                           "6", NULL};
+    g_stderr_to = path_in("k1.err");
+    ck_assert_int_eq(run(1, kept), 0);
+    setenv("TPI_LOGITS_KEEP", "0", 1);
+    g_stderr_to = path_in("k0.err");
+    ck_assert_int_eq(run(1, whole), 0);
+    unsetenv("TPI_LOGITS_KEEP");
+    g_stderr_to = NULL;
+    int n1, n0;
+    char *r1 = normalized(path_in("k1.jsonl"), &n1);
+    char *r0 = normalized(path_in("k0.jsonl"), &n0);
+    ck_assert_int_eq(n1, 10);
+    assert_same("logits kept vs copied whole", r1, r0);
+    // Every record ran its max_tokens (no end of text here): 82 sampled rows. Whole rows
+    // for logprobs (6), no top-k (6), the bias (6) and the two lines whose penalties
+    // raise logits (8 + 8): 34; the other 48 from the candidates.
+    long gen = 0;
+    for (const char *s = strstr(r1, "\"completion_tokens\":"); s;
+         s = strstr(s + 1, "\"completion_tokens\":"))
+        gen += strtol(s + strlen("\"completion_tokens\":"), NULL, 10);
+    ck_assert_int_eq(gen, 82);
+    ck_assert_int_eq(whole_rows(path_in("k1.err")), 34);
+    ck_assert_int_eq(whole_rows(path_in("k0.err")), 82);
+    free(r1), free(r0);
+}
+END_TEST
+
 /* The "choices" of a record as compact JSON strings, timing dropped. */
 static char *choice_json(const cJSON *rec, int k) {
     const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(rec, "choices"), k);
@@ -1849,7 +1920,10 @@ int main(int argc, char **argv) {
     TCase *tc = tcase_create(g_mode);
     tcase_set_timeout(tc, 120);
     if (!strcmp(g_mode, "inputs")) tcase_add_test(tc, test_inputs);
-    else if (!strcmp(g_mode, "parallel")) tcase_add_test(tc, test_parallel);
+    else if (!strcmp(g_mode, "parallel")) {
+        tcase_add_test(tc, test_parallel);
+        tcase_add_test(tc, test_keep);
+    }
     else if (!strcmp(g_mode, "choices")) tcase_add_test(tc, test_choices);
     else if (!strcmp(g_mode, "prefix")) tcase_add_test(tc, test_prefix);
     else if (!strcmp(g_mode, "echo")) tcase_add_test(tc, test_echo);

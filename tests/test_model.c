@@ -976,6 +976,148 @@ START_TEST(test_sampling_partial_sort) {
 }
 END_TEST
 
+/* A row's n best (logit first, then the lower id: ops->row_top's order), by a full sort. */
+static const float *g_row;
+static int cmp_row_best(const void *a, const void *b) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    if (g_row[x] != g_row[y]) return g_row[x] > g_row[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+static void row_best(const float *row, int V, int n, int32_t *ids, float *vals) {
+    int *order = malloc(sizeof(int) * (size_t)V);
+    for (int i = 0; i < V; i++) order[i] = i;
+    g_row = row;
+    qsort(order, (size_t)V, sizeof(int), cmp_row_best);
+    for (int j = 0; j < n; j++) ids[j] = order[j], vals[j] = row[order[j]];
+    free(order);
+}
+
+/* sampler_sample_top against sampler_sample on the whole row: for every mix of filters,
+ * penalties (lowering and raising logits), bans and a bias, over rows with many exact
+ * ties, either the same id with the same draws (the two samplers' PRNGs stay in step) or
+ * -1 where the list cannot decide; and it decides the cases it is for (greedy and top-k
+ * without a bias or raising penalties, the penalized ones but when a penalty pulls the
+ * k-th best down to the list's last value). */
+START_TEST(test_sampling_top) {
+    enum { V = 3000, N = 64 };
+    float *row = malloc(sizeof(float) * V);
+    int32_t ids[N];
+    float vals[N];
+    uint64_t rng = 777;
+    const int top_ks[] = {0, 1, 20, 40, 64, 65};
+    const float temps[] = {0.0f, 0.7f};
+    const float penalties[] = {1.0f, 1.3f, 0.8f};
+    const float occurrence[][2] = {{0.0f, 0.0f}, {0.6f, 0.3f}, {-0.5f, 0.0f}};
+    int n_cases = 0, n_top = 0, n_whole = 0, n_must = 0;
+    for (size_t a = 0; a < sizeof top_ks / sizeof *top_ks; a++)
+        for (size_t t = 0; t < sizeof temps / sizeof *temps; t++)
+            for (size_t r = 0; r < sizeof penalties / sizeof *penalties; r++)
+                for (size_t o = 0; o < sizeof occurrence / sizeof *occurrence; o++)
+                    for (int tf = 0; tf < 2; tf++)
+                        for (int extra = 0; extra < 3; extra++) { // none, a ban, a bias
+                            struct sampler_params p = {.temp = temps[t], .top_k = top_ks[a],
+                                                       .top_p = 0.9f, .min_p = 0.02f,
+                                                       .repeat_penalty = penalties[r],
+                                                       .repeat_last_n = 16,
+                                                       .presence_penalty = occurrence[o][0],
+                                                       .frequency_penalty = occurrence[o][1],
+                                                       .seed = 50 + (uint64_t)n_cases,
+                                                       .temp_first = tf};
+                            struct sampler s, ref;
+                            struct tpi_error err = {0};
+                            ck_assert_int_eq(sampler_init(&s, &p, V, &err), TPI_OK);
+                            ck_assert_int_eq(sampler_init(&ref, &p, V, &err), TPI_OK);
+                            const int32_t bias_id = 7;
+                            const float bias = 3.0f;
+                            if (extra == 2) {
+                                ck_assert_int_eq(
+                                    sampler_set_bias(&s, &bias_id, &bias, 1, &err), 0);
+                                ck_assert_int_eq(
+                                    sampler_set_bias(&ref, &bias_id, &bias, 1, &err), 0);
+                            }
+                            int32_t ban[2];
+                            for (int step = 0; step < 8; step++) {
+                                for (int i = 0; i < V; i++) { // half steps: many exact ties
+                                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                                    row[i] = 0.5f * (float)((int)((rng >> 33) % 40) - 20);
+                                }
+                                row_best(row, V, N, ids, vals);
+                                // history: the prompt's tokens are the row's best, so the
+                                // penalties hit the candidates
+                                if (step == 0)
+                                    for (int j = 0; j < 6; j++) {
+                                        sampler_accept(&s, ids[j]);
+                                        sampler_accept(&ref, ids[j]);
+                                    }
+                                int n_ban = 0;
+                                if (extra == 1) ban[n_ban++] = ids[0], ban[n_ban++] = ids[3];
+                                sampler_ban(&s, ban, n_ban);
+                                sampler_ban(&ref, ban, n_ban);
+                                const int32_t want = sampler_sample(&ref, row);
+                                int32_t got = sampler_sample_top(&s, ids, vals, N);
+                                const bool raises = extra == 2 || penalties[r] < 1.0f ||
+                                                    occurrence[o][0] < 0.0f;
+                                const int k = temps[t] <= 0.0f ? 1 : top_ks[a];
+                                if (!raises && k > 0 && k <= N && penalties[r] == 1.0f &&
+                                    occurrence[o][0] == 0.0f && extra == 0) {
+                                    ck_assert_msg(got >= 0, "case %d step %d not decided",
+                                                  n_cases, step);
+                                    n_must++;
+                                }
+                                if (got < 0) {
+                                    ck_assert_msg(raises || k == 0 || k > N ||
+                                                      penalties[r] != 1.0f ||
+                                                      occurrence[o][0] != 0.0f || extra == 1,
+                                                  "case %d step %d: -1 without a cause",
+                                                  n_cases, step);
+                                    n_whole++;
+                                    got = sampler_sample(&s, row);
+                                } else {
+                                    n_top++;
+                                }
+                                ck_assert_msg(got == want,
+                                              "top_k %d temp %g penalty %g presence %g "
+                                              "temp_first %d extra %d step %d: %d, whole row %d",
+                                              p.top_k, (double)p.temp, (double)p.repeat_penalty,
+                                              (double)p.presence_penalty, tf, extra, step, got,
+                                              want);
+                                ck_assert(raises || k == 0 || k > N || got >= 0 ||
+                                          penalties[r] != 1.0f || occurrence[o][0] != 0.0f ||
+                                          extra == 1);
+                                sampler_accept_output(&s, got);
+                                sampler_accept_output(&ref, got);
+                            }
+                            // the same draws on both: the next uniform agrees
+                            ck_assert(sampler_uniform(&s) == sampler_uniform(&ref));
+                            sampler_free(&s);
+                            sampler_free(&ref);
+                            n_cases++;
+                        }
+    ck_assert_int_gt(n_must, 100);
+    ck_assert_int_gt(n_top, n_must); // penalized and banned rows decided too
+    ck_assert_int_gt(n_whole, 100);
+    // A penalty that pulls the best down to the list's last value: the k-th best ties
+    // ids outside the list (4 at ids 4..199), so the list does not decide.
+    {
+        enum { W = 200 };
+        float r2[W];
+        for (int i = 0; i < W; i++) r2[i] = i < 3 ? 10.0f - (float)i : 4.0f; // 10 9 8 4 4..
+        struct sampler_params p = {.temp = 0.0f, .repeat_penalty = 2.5f, .repeat_last_n = 4,
+                                   .top_p = 1.0f};
+        struct sampler s;
+        struct tpi_error err = {0};
+        ck_assert_int_eq(sampler_init(&s, &p, W, &err), TPI_OK);
+        row_best(r2, W, 4, ids, vals); // 10 9 8 4 (id 3)
+        ck_assert_int_eq(sampler_sample_top(&s, ids, vals, 4), 0);
+        sampler_accept(&s, 0), sampler_accept(&s, 1), sampler_accept(&s, 2); // 4, 3.6, 3.2
+        ck_assert_int_eq(sampler_sample_top(&s, ids, vals, 4), -1);
+        ck_assert_int_eq(sampler_sample(&s, r2), 0); // 4, the first of the ties
+        sampler_free(&s);
+    }
+    free(row);
+}
+END_TEST
+
 /* gen_find_stop_listed against vLLM's check_stop_strings (Python's str.find from
  * 1 - new_chars - len(stop) for each stop string in list order), the expected offsets
  * and indices worked out with that code: the first listed string wins over an earlier
@@ -1311,6 +1453,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_plan);
         tcase_add_test(tc, test_sampling);
         tcase_add_test(tc, test_sampling_partial_sort);
+        tcase_add_test(tc, test_sampling_top);
         tcase_add_test(tc, test_stop_strings);
         tcase_add_test(tc, test_config_errors);
         tcase_add_test(tc, test_config_values);

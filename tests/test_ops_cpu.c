@@ -182,6 +182,69 @@ static void *make_weight(struct tu_rng *r, int type, int64_t ne0, int64_t ne1, f
     return data;
 }
 
+/* row_top against a full sort of each row (value first, then the lower column; -0 and
+ * +0 equal): rows of many exact ties, all zeros of both signs, k from 1 to OPS_TOP_MAX
+ * and k = n_cols, a row stride past the columns, the ids offset by id0; the non-finite
+ * flag for a NaN and an infinity only; k out of range is an error. */
+static const float *g_top_row;
+static int cmp_top(const void *a, const void *b) {
+    const int x = *(const int *)a, y = *(const int *)b;
+    const float u = g_top_row[x], v = g_top_row[y];
+    if (u != v) return u > v ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+START_TEST(test_row_top) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 31);
+    struct ops_ctx *ctx = mk_ctx(2);
+    const int shapes[][2] = {{5000, 64}, {5000, 1}, {5000, 20}, {64, 64}, {70, 40}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n_cols = shapes[si][0], k = shapes[si][1], n_rows = 6, ld = n_cols + 3;
+        float *x = malloc(sizeof(float) * (size_t)n_rows * ld);
+        for (int i = 0; i < n_rows; i++)
+            for (int c = 0; c < ld; c++) {
+                float v = floorf(tu_uniform(&r, -30.0f, 30.0f)) * 0.5f; // ties
+                if (i == 1) v = c % 3 ? 0.0f : -0.0f;                   // all zeros
+                if (i == 2) v = -v - 100.0f;                            // all negative
+                x[(size_t)i * ld + c] = c < n_cols ? v : 1e30f; // past the columns: unread
+            }
+        x[3 * (size_t)ld + n_cols / 2] = NAN;
+        x[4 * (size_t)ld + n_cols - 1] = -INFINITY;
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_rows * k), bad[6];
+        float *vals = malloc(sizeof(float) * (size_t)n_rows * k);
+        O->row_top(ctx, x, n_rows, ld, n_cols, 1000, k, ids, vals, bad);
+        expect_ok(ctx);
+        int *order = malloc(sizeof(int) * (size_t)n_cols);
+        for (int i = 0; i < n_rows; i++) {
+            ck_assert_int_eq(bad[i], i == 3 || i == 4);
+            if (bad[i]) continue;
+            for (int c = 0; c < n_cols; c++) order[c] = c;
+            g_top_row = x + (size_t)i * ld;
+            qsort(order, (size_t)n_cols, sizeof(int), cmp_top);
+            for (int j = 0; j < k; j++) {
+                ck_assert_msg(ids[(size_t)i * k + j] == 1000 + order[j],
+                              "%d cols k %d row %d: place %d is id %d, not %d", n_cols, k, i, j,
+                              ids[(size_t)i * k + j], 1000 + order[j]);
+                const float v = vals[(size_t)i * k + j], want = g_top_row[order[j]];
+                ck_assert(memcmp(&v, &want, sizeof v) == 0); // the value's own bits
+            }
+        }
+        free(order), free(x), free(ids), free(vals);
+    }
+    // k past the row or past OPS_TOP_MAX: an error, nothing written
+    float row[8] = {0};
+    int32_t id[8], flag = 7;
+    float val[8];
+    O->row_top(ctx, row, 1, 8, 8, 0, 9, id, val, &flag);
+    struct tpi_error err = {0};
+    ck_assert_int_eq(O->check(ctx, &err), TPI_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(err.msg, "row_top"));
+    ck_assert_int_eq(flag, 7);
+    O->free(&ctx);
+}
+END_TEST
+
 START_TEST(test_embed) {
     struct tu_rng r;
     tu_rng_seed(&r, 13);
@@ -686,6 +749,7 @@ int main(void) {
     tcase_add_test(tc, test_context_memory);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_bias_silu_add_get_rows);
+    tcase_add_test(tc, test_row_top);
     tcase_add_test(tc, test_embed);
     tcase_add_test(tc, test_matmul_types);
     tcase_add_test(tc, test_matmul_batching_bitwise);

@@ -259,6 +259,60 @@ START_TEST(test_get_rows) {
 }
 END_TEST
 
+/* row_top: the CUDA selection is the CPU's, bitwise (ids, the values' bits, the flags),
+ * on rows of a vocabulary's width (segments and their merge), wider ones (fewer, longer
+ * segments), a last segment shorter than k, k = n_cols, many exact ties, zeros of both
+ * signs, the best values spread over segments or in one, NaN and infinity. */
+START_TEST(test_row_top) {
+    struct tu_rng r;
+    tu_rng_seed(&r, 9);
+    const int shapes[][3] = {{151936, 64, 37}, {600000, 64, 2}, {4097, 1, 5}, {4096, 64, 5},
+                             {70, 40, 5},      {64, 64, 5},     {5000, 20, 5}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n_cols = shapes[si][0], k = shapes[si][1], n_rows = shapes[si][2];
+        const int64_t ld = n_cols + 5;
+        const size_t n = (size_t)n_rows * ld;
+        float *x = malloc(sizeof(float) * n);
+        for (int i = 0; i < n_rows; i++)
+            for (int64_t c = 0; c < ld; c++) {
+                float v = floorf(tu_uniform(&r, -40.0f, 40.0f)) * 0.25f;
+                if (i % 5 == 1) v = c % 2 ? 0.0f : -0.0f;
+                if (i % 5 == 2 && c > n_cols / 3 && c < n_cols / 3 + 100) v += 50.0f; // one place
+                x[(size_t)i * ld + c] = v;
+            }
+        if (n_rows > 3) x[3 * (size_t)ld + 1] = NAN;
+        if (n_rows > 4) x[4 * (size_t)ld + n_cols - 1] = INFINITY;
+        const size_t nk = (size_t)n_rows * k;
+        int32_t *ci = malloc(4 * nk), *gi = malloc(4 * nk), *cb = malloc(4 * n_rows),
+                *gb = malloc(4 * n_rows);
+        float *cv = malloc(4 * nk), *gv = malloc(4 * nk);
+        float *cx = bdup(C, cctx, x, 4 * n), *gx = bdup(G, gctx, x, 4 * n);
+        int32_t *gid = G->alloc(gctx, 4 * nk), *gbd = G->alloc(gctx, 4 * n_rows);
+        float *gvd = G->alloc(gctx, 4 * nk);
+        C->row_top(cctx, cx, n_rows, ld, n_cols, 7, k, ci, cv, cb);
+        G->row_top(gctx, gx, n_rows, ld, n_cols, 7, k, gid, gvd, gbd);
+        bget(G, gctx, gi, gid, 4 * nk);
+        bget(G, gctx, gv, gvd, 4 * nk);
+        bget(G, gctx, gb, gbd, 4 * n_rows);
+        assert_ok(G, gctx, "row_top");
+        for (int i = 0; i < n_rows; i++) {
+            ck_assert_int_eq(gb[i], cb[i]);
+            ck_assert_int_eq(cb[i], (i == 3 || i == 4));
+            if (cb[i]) continue;
+            for (int j = 0; j < k; j++) {
+                const size_t o = (size_t)i * k + j;
+                ck_assert_msg(gi[o] == ci[o] && memcmp(&gv[o], &cv[o], 4) == 0,
+                              "row_top %d cols k %d: row %d place %d: id %d value %g, cpu %d %g",
+                              n_cols, k, i, j, gi[o], (double)gv[o], ci[o], (double)cv[o]);
+            }
+        }
+        C->dealloc(cctx, cx), G->dealloc(gctx, gx), G->dealloc(gctx, gid);
+        G->dealloc(gctx, gvd), G->dealloc(gctx, gbd);
+        free(x), free(ci), free(gi), free(cb), free(gb), free(cv), free(gv);
+    }
+}
+END_TEST
+
 /* ---- weights: embed and matmul per type ---- */
 
 static const int TYPES[] = {TPI_TYPE_F32,  TPI_TYPE_F16,  TPI_TYPE_BF16, TPI_TYPE_Q8_0,
@@ -1300,6 +1354,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_bias_add_silu);
         tcase_add_test(tc, test_rope);
         tcase_add_test(tc, test_get_rows);
+        tcase_add_test(tc, test_row_top);
         tcase_add_test(tc, test_host_alloc);
         n_added++;
     }

@@ -52,6 +52,7 @@ struct ops_ctx {
                                    that launch still reads x's form in q8 */
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
     struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
+    struct kern_scratch top;      /* kern_row_top's picks of each row's segments */
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
     int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
                    * all that are resident at once) */
@@ -563,6 +564,9 @@ void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n);
  * a negative index is recorded in ctx and its row written as zeros. */
 void kern_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *idx_host, int n_idx,
                    int64_t n_cols, float *dst);
+/* ops->row_top (kern_top.cu). */
+void kern_row_top(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ld, int n_cols, int id0,
+                  int k, int32_t *ids, float *vals, int32_t *bad);
 
 /* ---- launchers (kern_matmul.cu) ---- */
 /* Producers that may write the next matmul's int8 x (ops_ctx.xq_produce, TPI_XQ_MEMO). */

@@ -105,6 +105,8 @@ struct ops_layer_tail {
     float eps;
 };
 
+#define OPS_TOP_MAX 64 /* row_top's largest k */
+
 struct ops_ctx; /* backend state: thread count, stream, cuBLAS handle, scratch */
 
 struct ops {
@@ -250,6 +252,16 @@ struct ops {
      * nothing queued, when the backend does not cover these weights (the caller then runs
      * the plain ops); true when queued. */
     bool (*layer_tail)(struct ops_ctx *ctx, const struct ops_layer_tail *t);
+
+    /* ---- a row's best values, for a sampler that needs no more of it ---- */
+    /* For each row i < n_rows of x (backend memory, row i at x + i * ld, n_cols values,
+     * k <= n_cols): its k largest values, best first, ties in column order (-0 equal to
+     * +0), as ids[i * k + j] = id0 + column and vals[i * k + j] = the value's own bits;
+     * bad[i] = 1 when the row holds a NaN or an infinity (ids and vals then unspecified),
+     * else 0. ids, vals, bad are backend memory; 1 <= k <= OPS_TOP_MAX. The same results
+     * on every backend (a selection, no arithmetic). */
+    void (*row_top)(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ld, int n_cols,
+                    int id0, int k, int32_t *ids, float *vals, int32_t *bad);
 };
 
 /* The CPU reference backend (always built). */

@@ -592,6 +592,65 @@ static void cpu_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *i
     }
 }
 
+/* row_top's order as one integer, larger first: the value (-0 as +0, the bits made
+ * monotone), then the lower column (its complement in the low word). */
+static inline uint64_t top_key(float v, uint32_t col) {
+    if (v == 0.0f) v = 0.0f;
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((uint64_t)b << 32) | (uint32_t)~col;
+}
+
+static int cmp_key_desc(const void *a, const void *b) {
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* One pass a row keeping a min-heap of the k best keys (the root the worst), then a
+ * sort of those k. */
+static void cpu_row_top(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ld, int n_cols,
+                        int id0, int k, int32_t *ids, float *vals, int32_t *bad) {
+    if (k < 1 || k > OPS_TOP_MAX || k > n_cols) {
+        cpu_fail(ctx, TPI_ERR_INVALID, "cpu row_top: k %d of %d columns (1..%d)", k, n_cols,
+                 OPS_TOP_MAX);
+        return;
+    }
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n_rows > 1)
+    for (int i = 0; i < n_rows; i++) {
+        const float *row = x + (int64_t)i * ld;
+        uint64_t h[OPS_TOP_MAX];
+        int32_t nonfinite = 0;
+        for (int c = 0; c < n_cols; c++) {
+            nonfinite |= !isfinite(row[c]);
+            const uint64_t key = top_key(row[c], (uint32_t)c);
+            int j;
+            if (c < k) { // sift up
+                for (j = c; j > 0 && h[(j - 1) / 2] > key; j = (j - 1) / 2) h[j] = h[(j - 1) / 2];
+                h[j] = key;
+                continue;
+            }
+            if (key <= h[0]) continue;
+            for (j = 0;;) { // replace the root, sift down
+                int w = 2 * j + 1;
+                if (w >= k) break;
+                if (w + 1 < k && h[w + 1] < h[w]) w++;
+                if (h[w] >= key) break;
+                h[j] = h[w];
+                j = w;
+            }
+            h[j] = key;
+        }
+        qsort(h, (size_t)k, sizeof h[0], cmp_key_desc);
+        for (int j = 0; j < k; j++) {
+            const int col = (int)(uint32_t)~(uint32_t)h[j];
+            ids[(int64_t)i * k + j] = id0 + col;
+            vals[(int64_t)i * k + j] = row[col];
+        }
+        bad[i] = nonfinite;
+    }
+}
+
 /* The fused forms are the plain ops in sequence, so the CPU reference of a fused call
  * is bitwise the reference of the calls it replaces. */
 static void cpu_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
@@ -679,4 +738,5 @@ const struct ops ops_cpu = {
     .qk_norm_rope = cpu_qk_norm_rope,
     .qk_norm_rope_attention = cpu_qk_norm_rope_attention,
     .matmul_silu_mul = cpu_matmul_silu_mul,
+    .row_top = cpu_row_top,
 };

@@ -101,8 +101,8 @@ static void cuda_free(struct ops_ctx **pctx) {
     struct ops_ctx *ctx = *pctx;
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16, &ctx->mmq_part, &ctx->attn,
-                                   &ctx->idx, &ctx->q8,  &ctx->q8_out,   &ctx->acc};
+    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16,    &ctx->mmq_part, &ctx->attn, &ctx->idx,
+                                   &ctx->q8,  &ctx->q8_out, &ctx->acc,      &ctx->top};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -814,6 +814,7 @@ static const struct ops ops_cuda_table = {
     /* .host_alloc = */ cuda_host_alloc,
     /* .host_free = */ cuda_host_free,
     /* .layer_tail = */ kern_layer_tail,
+    /* .row_top = */ kern_row_top,
 };
 
 extern "C" const struct ops *ops_cuda_get(void) {

@@ -38,7 +38,8 @@
 /* Logits of the wanted rows of one micro-batch: output norm on those rows only,
  * this rank's vocab slice of lm_head, then an all-gather over the TP group and the
  * full vocabulary reassembled on the host. */
-static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_error *err) {
+static int forward_logits(struct model *m, int n_sel, float *logits, int i_out, bool keep,
+                          struct tpi_error *err) {
     const struct ops *ops = m->ops;
     struct ops_ctx *octx = m->octx;
     const struct model_config *c = &m->cfg;
@@ -57,6 +58,11 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
         ops->get_rows(octx, s->x, s->rows_host, n_sel, n_embd, s->xo);
         ops->rmsnorm(octx, s->xo, m->w.output_norm, s->xo, n_sel, n_embd, c->rms_eps);
     }
+    struct model_keep *kp = &m->keep;
+    if (keep && !m->tp_comm) { // the product straight into the kept rows
+        ops->matmul(octx, &m->w.output, s->xo, kp->rows + (size_t)i_out * n_vocab, n_sel);
+        return TPI_OK;
+    }
     ops->matmul(octx, &m->w.output, s->xo, s->logits_local, n_sel); // (n_sel, n_vocab_local)
     if (!m->tp_comm) {
         ops->to_host(octx, logits, s->logits_local, sizeof(float) * (size_t)n_sel * n_vocab);
@@ -68,6 +74,16 @@ static int forward_logits(struct model *m, int n_sel, float *logits, struct tpi_
     const size_t n_send = (size_t)n_sel * p->n_vocab_pad;
     int rc = comm_allgather(m->tp_comm, s->logits_local, s->logits_gather, n_send, COMM_F32, err);
     if (rc) return rc;
+    if (keep) { // each rank's slice of the rows to its block of the kept rows (the decider's)
+        if (m->grid && m->grid->world_rank != model_decider_rank(m)) return TPI_OK;
+        for (int r = 0; r < p->tp; r++) {
+            int v0, nv;
+            model_vocab_range(n_vocab, p->tp, r, &v0, &nv);
+            ops->copy(octx, kp->rows + (size_t)r * kp->cap * p->n_vocab_pad + (size_t)i_out * nv,
+                      s->logits_gather + (size_t)r * n_send, sizeof(float) * (size_t)n_sel * nv);
+        }
+        return TPI_OK;
+    }
     ops->to_host(octx, s->logits_host, s->logits_gather, sizeof(float) * n_send * p->tp);
     for (int r = 0; r < p->tp; r++) {
         int v0, nv;
@@ -312,8 +328,8 @@ static int forward_layers_graph(struct model *m, int n, const struct ops_batch *
 
 /* One micro-batch of n tokens through this stage. */
 static int forward_ubatch(struct model *m, const int32_t *tokens, const int32_t *pos,
-                          const int32_t *seq, int n, int n_sel, float *logits,
-                          struct tpi_error *err) {
+                          const int32_t *seq, int n, int n_sel, float *logits, int i_out,
+                          bool keep, struct tpi_error *err) {
     const struct ops *ops = m->ops;
     struct ops_ctx *octx = m->octx;
     const struct model_plan *p = &m->plan;
@@ -342,15 +358,17 @@ static int forward_ubatch(struct model *m, const int32_t *tokens, const int32_t 
     if (!p->is_last) {
         if ((rc = comm_send(pp_comm, s->x, (size_t)n * n_embd, COMM_F32, p->pp_stage + 1, err)))
             return rc;
-    } else if (n_sel > 0 && (rc = forward_logits(m, n_sel, logits, err))) {
+    } else if (n_sel > 0 && (rc = forward_logits(m, n_sel, logits, i_out, keep, err))) {
         return rc;
     }
     return ops->check(octx, err);
 }
 
-int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
-                  const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
-                  float *logits, struct tpi_error *err) {
+/* model_forward, or with keep model_forward_keep's first part: the logits to m->keep's
+ * rows instead of the host. */
+static int forward_run(struct model *m, const int32_t *tokens, const int32_t *pos,
+                       const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
+                       float *logits, bool keep, struct tpi_error *err) {
     const struct model_plan *p = &m->plan;
     const int n_vocab = m->cfg.n_vocab;
     double t0 = tpi_time_s();
@@ -376,8 +394,11 @@ int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
             return tpi_err(err, TPI_ERR_INVALID,
                            "model_forward: output row %d (= %d) not ascending in [0, %d)", i,
                            out_idx[i], n_tokens);
-    if (p->is_last && n_out > 0 && !logits)
+    if (p->is_last && n_out > 0 && !logits && !keep)
         return tpi_err(err, TPI_ERR_INVALID, "model_forward: no logits buffer");
+    if (keep && p->is_last && n_out > m->keep.cap)
+        return tpi_err(err, TPI_ERR_INVALID, "model_forward_keep: %d output rows, room for %d",
+                       n_out, m->keep.cap);
 
     // Micro-batch size: at most n_ubatch; with pp stages, about n_tokens / pp so every
     // stage has work while the pipeline is full.
@@ -391,12 +412,127 @@ int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
             if (p->is_last) m->s.rows_host[n_sel] = out_idx[i_out + n_sel] - t0b;
             n_sel++;
         }
-        float *dst = p->is_last && n_sel > 0 ? logits + (size_t)i_out * n_vocab : NULL;
+        float *dst = p->is_last && n_sel > 0 && !keep ? logits + (size_t)i_out * n_vocab : NULL;
         int rc = forward_ubatch(m, tokens ? tokens + t0b : NULL, pos + t0b, seq + t0b, n, n_sel,
-                                dst, err);
+                                dst, i_out, keep, err);
         if (rc) return rc;
         i_out += n_sel;
     }
     m->t_forward_s += tpi_time_s() - t0;
     return TPI_OK;
+}
+
+int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
+                  const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
+                  float *logits, struct tpi_error *err) {
+    return forward_run(m, tokens, pos, seq, n_tokens, out_idx, n_out, logits, false, err);
+}
+
+/* The best of row i, merged from the ranks' sorted lists of their vocabulary slices
+ * (value first, then the lower id: ops->row_top's order). */
+static void keep_merge(struct model_keep *kp, int tp, int i, const int32_t *ids_dev,
+                       const float *vals_dev) {
+    const int *k_r = kp->slice_k;
+    int *at = kp->merge_at;
+    for (int r = 0; r < tp; r++) at[r] = 0;
+    for (int j = 0; j < kp->k; j++) {
+        int best = -1;
+        for (int r = 0; r < tp; r++) {
+            if (at[r] >= k_r[r]) continue;
+            const size_t o = ((size_t)r * kp->cap + i) * kp->k + at[r];
+            if (best < 0) {
+                best = r;
+                continue;
+            }
+            const size_t ob = ((size_t)best * kp->cap + i) * kp->k + at[best];
+            if (vals_dev[o] > vals_dev[ob] ||
+                (vals_dev[o] == vals_dev[ob] && ids_dev[o] < ids_dev[ob]))
+                best = r;
+        }
+        const size_t ob = ((size_t)best * kp->cap + i) * kp->k + at[best]++;
+        kp->ids[(size_t)i * kp->k + j] = ids_dev[ob];
+        kp->vals[(size_t)i * kp->k + j] = vals_dev[ob];
+    }
+}
+
+int model_forward_keep(struct model *m, const int32_t *tokens, const int32_t *pos,
+                       const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
+                       struct tpi_error *err) {
+    const struct model_plan *p = &m->plan;
+    struct model_keep *kp = &m->keep;
+    if (p->is_last && kp->cap == 0)
+        return tpi_err(err, TPI_ERR_INVALID, "model_forward_keep: model_keep_init not called");
+    int rc = forward_run(m, tokens, pos, seq, n_tokens, out_idx, n_out, NULL, true, err);
+    if (rc) return rc;
+    kp->n_rows = p->is_last ? n_out : 0;
+    if (!p->is_last || n_out == 0 || (m->grid && m->grid->world_rank != model_decider_rank(m)))
+        return TPI_OK;
+    // Each rank slice's best k, then the host merges the slices' lists.
+    const double t0 = tpi_time_s();
+    const struct ops *ops = m->ops;
+    const int n_vocab = m->cfg.n_vocab, tp = p->tp, k = kp->k;
+    int32_t *ids_dev = kp->top_dev;
+    float *vals_dev = (float *)(ids_dev + (size_t)tp * kp->cap * k);
+    int32_t *bad_dev = (int32_t *)(vals_dev + (size_t)tp * kp->cap * k);
+    int *k_r = kp->slice_k;
+    for (int r = 0; r < tp; r++) {
+        int v0, nv;
+        model_vocab_range(n_vocab, tp, r, &v0, &nv);
+        k_r[r] = TPI_MIN(k, nv);
+        const size_t o = (size_t)r * kp->cap;
+        ops->row_top(m->octx, kp->rows + o * p->n_vocab_pad, n_out, nv, nv, v0, k_r[r],
+                     ids_dev + o * k, vals_dev + o * k, bad_dev + o);
+    }
+    const size_t n_bytes = ((size_t)2 * k + 1) * sizeof(int32_t) * tp * kp->cap;
+    ops->to_host(m->octx, kp->top_host, kp->top_dev, n_bytes);
+    if ((rc = ops->check(m->octx, err))) return rc;
+    const int32_t *ids_h = kp->top_host;
+    const float *vals_h = (const float *)(ids_h + (size_t)tp * kp->cap * k);
+    const int32_t *bad_h = (const int32_t *)(vals_h + (size_t)tp * kp->cap * k);
+    for (int i = 0; i < n_out; i++) {
+        bool bad = false;
+        for (int r = 0; r < tp; r++) bad |= bad_h[(size_t)r * kp->cap + i] != 0;
+        kp->bad[i] = bad;
+        if (tp == 1) {
+            memcpy(kp->ids + (size_t)i * k, ids_h + (size_t)i * k, sizeof(int32_t) * k);
+            memcpy(kp->vals + (size_t)i * k, vals_h + (size_t)i * k, sizeof(float) * k);
+        } else {
+            keep_merge(kp, tp, i, ids_h, vals_h);
+        }
+    }
+    m->t_forward_s += tpi_time_s() - t0;
+    return TPI_OK;
+}
+
+int model_keep_fetch(struct model *m, const int *rows, int n, float *logits,
+                     struct tpi_error *err) {
+    const struct model_plan *p = &m->plan;
+    struct model_keep *kp = &m->keep;
+    struct model_state *s = &m->s;
+    const int n_vocab = m->cfg.n_vocab, tp = p->tp;
+    for (int a = 0; a < n;) {
+        if (rows[a] < 0 || rows[a] >= kp->n_rows || (a > 0 && rows[a] <= rows[a - 1]))
+            return tpi_err(err, TPI_ERR_INVALID, "model_keep_fetch: row %d (= %d) of %d", a,
+                           rows[a], kp->n_rows);
+        int b = a + 1; // a run of consecutive rows, at most a staging buffer's worth
+        while (b < n && rows[b] == rows[b - 1] + 1 && b - a < s->n_ubatch) b++;
+        const size_t first = (size_t)rows[a], run = (size_t)(b - a);
+        if (tp == 1) {
+            m->ops->to_host(m->octx, logits + first * n_vocab, kp->rows + first * n_vocab,
+                            sizeof(float) * run * n_vocab);
+        } else {
+            for (int r = 0; r < tp; r++) {
+                int v0, nv;
+                model_vocab_range(n_vocab, tp, r, &v0, &nv);
+                m->ops->to_host(m->octx, s->logits_host,
+                                kp->rows + (size_t)r * kp->cap * p->n_vocab_pad + first * nv,
+                                sizeof(float) * run * nv);
+                for (size_t i = 0; i < run; i++)
+                    memcpy(logits + (first + i) * n_vocab + v0, s->logits_host + i * nv,
+                           sizeof(float) * (size_t)nv);
+            }
+        }
+        a = b;
+    }
+    return m->ops->check(m->octx, err);
 }

@@ -146,6 +146,12 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     }
     if (!rc && tok && !(ts = tok_stream_new(tok, false)))
         rc = tpi_err(err, TPI_ERR_NOMEM, "out of memory for the text stream");
+    // Decode steps leave their logits row on the device and the decider reads its best
+    // candidates (model_forward_keep), the whole row only when its sampler needs it;
+    // with logprobs every row is read whole (TPI_LOGITS_KEEP=0: always, the old path).
+    const char *keep_env = getenv("TPI_LOGITS_KEEP");
+    const bool keep = K == 0 && !(keep_env && strcmp(keep_env, "0") == 0);
+    if (!rc && keep) rc = model_keep_init(m, 1, err);
     // Local failures so far (OOM) must not leave other ranks inside model_forward.
     if ((rc = model_agree(m, rc, err))) goto done;
     res->lp_k = K;
@@ -178,18 +184,35 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     size_t cap = 0, n_emitted = 0;
     if (text_append(res, &cap, "", 0)) goto nomem;
     res->finish_reason = "length";
-    bool stopped = false;
+    bool stopped = false, kept = false; // kept: the row is on the device (m->keep)
+    int drc = TPI_OK;                   // the decider's failure to read its row
     for (int j = 0; j < gp->n_predict; j++) {
         if (is_decider) {
-            const int32_t id = sampler_sample(&smp, row);
-            sampler_accept_output(&smp, id);
-            if (K > 0) msg_f[K] = sampler_logprobs(row, n_vocab, id, K, msg_i + 1, msg_f);
-            msg_i[0] = isfinite(row[id]) ? id : -1; // not numbers: every rank stops
+            int32_t id = kept && !m->keep.bad[0] ? sampler_sample_top(&smp, m->keep.ids,
+                                                                     m->keep.vals, m->keep.k)
+                                                 : -1;
+            const int zero = 0;
+            if (id < 0 && kept) drc = model_keep_fetch(m, &zero, 1, logits, err);
+            if (id < 0 && !drc) {
+                id = sampler_sample(&smp, row);
+                if (!isfinite(row[id])) id = -1; // not numbers: every rank stops
+            }
+            if (id >= 0) sampler_accept_output(&smp, id);
+            if (K > 0 && id >= 0) // (K > 0: every row whole)
+                msg_f[K] = sampler_logprobs(row, n_vocab, id, K, msg_i + 1, msg_f);
+            msg_i[0] = drc ? -2 : id;
         }
         if ((rc = model_bcast_i32(m, msg_i, 1 + K, decider, err)) ||
             (K > 0 && (rc = model_bcast_f32(m, msg_f, K + 1, decider, err))))
             goto done;
         const int32_t id = msg_i[0];
+        if (id == -2) { // the decider says what failed; the others that it did
+            rc = drc ? drc
+                     : tpi_err(err, TPI_ERR_COMM,
+                               "world rank %d could not read its logits for token %d", decider,
+                               j + 1);
+            goto done;
+        }
         if (id < 0) {
             rc = tpi_err(err, TPI_ERR_INVALID,
                          "the logits of generated token %d are not finite numbers (NaN or inf, "
@@ -235,8 +258,11 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
 
         // Feed the chosen token at the next position; only its logits are wanted.
         int32_t p1 = n_prompt + j, s1 = gp->slot, r1 = 0;
-        if ((rc = model_forward(m, &id, &p1, &s1, 1, &r1, 1, logits, err))) goto done;
+        rc = keep ? model_forward_keep(m, &id, &p1, &s1, 1, &r1, 1, err)
+                  : model_forward(m, &id, &p1, &s1, 1, &r1, 1, logits, err);
+        if (rc) goto done;
         row = logits;
+        kept = keep;
     }
     if (ts && !stopped) { // the end: release held-back bytes of an incomplete character
         const char *b;

@@ -45,6 +45,50 @@ void model_logits_free(const struct model *m, float *logits) {
         free(logits);
 }
 
+static void keep_free(struct model *m) {
+    struct model_keep *kp = &m->keep;
+    if (m->octx) {
+        if (kp->rows) m->ops->dealloc(m->octx, kp->rows);
+        if (kp->top_dev) m->ops->dealloc(m->octx, kp->top_dev);
+    }
+    free(kp->top_host);
+    free(kp->ids);
+    free(kp->vals);
+    free(kp->bad);
+    free(kp->slice_k);
+    free(kp->merge_at);
+    memset(kp, 0, sizeof *kp);
+}
+
+int model_keep_init(struct model *m, int n_rows, struct tpi_error *err) {
+    const struct model_plan *p = &m->plan;
+    keep_free(m);
+    if (!p->is_last || n_rows <= 0) return TPI_OK;
+    struct model_keep *kp = &m->keep;
+    const size_t cap = (size_t)n_rows, tp = (size_t)p->tp;
+    kp->k = TPI_MIN(OPS_TOP_MAX, m->cfg.n_vocab);
+    kp->cap = n_rows;
+    // Only the decider keeps rows: the other ranks' copies of the logits go unread.
+    if (m->grid && m->grid->world_rank != model_decider_rank(m)) return TPI_OK;
+    const size_t k = (size_t)kp->k, top_bytes = (2 * k + 1) * sizeof(int32_t) * tp * cap;
+    const size_t row_bytes = sizeof(float) * tp * cap * (size_t)p->n_vocab_pad;
+    kp->rows = m->ops->alloc(m->octx, row_bytes);
+    kp->top_dev = m->ops->alloc(m->octx, top_bytes);
+    kp->top_host = malloc(top_bytes);
+    kp->ids = malloc(sizeof(int32_t) * cap * k);
+    kp->vals = malloc(sizeof(float) * cap * k);
+    kp->bad = malloc(sizeof(bool) * cap);
+    kp->slice_k = malloc(sizeof(int) * tp);
+    kp->merge_at = malloc(sizeof(int) * tp);
+    if (!kp->rows || !kp->top_dev || !kp->top_host || !kp->ids || !kp->vals || !kp->bad ||
+        !kp->slice_k || !kp->merge_at) {
+        keep_free(m);
+        return tpi_err(err, TPI_ERR_NOMEM, "out of memory for %d rows of logits (%zu bytes)",
+                       n_rows, row_bytes);
+    }
+    return TPI_OK;
+}
+
 /* The watchdog's probe: how long this rank's host has been blocked on its device. */
 static double model_wait_s(void *arg) {
     const struct model *m = arg;
@@ -460,6 +504,7 @@ void model_free(struct model **pm) {
     tpi_watchdog_stop(&m->watchdog);
     comm_free(&m->tp_comm);
     comm_free(&m->pp_comm);
+    keep_free(m);
     if (m->octx) {
         state_free(m);
         if (m->kv.k || m->kv.v) m->ops->kv_free(m->octx, &m->kv);

@@ -124,6 +124,24 @@ struct model_state {
     int32_t *rows_host;    /* host: (n_ubatch) micro-batch rows whose logits are wanted */
 };
 
+/* Logits kept on the backend by model_forward_keep, so the host copies out only what
+ * it needs: each row's best candidates, and whole rows on request. Last-stage ranks hold
+ * the rows; the candidates' host arrays are the decider's. */
+struct model_keep {
+    int cap;            /* rows it holds (0: not set up, model_keep_init) */
+    int k;              /* candidates a row: min(OPS_TOP_MAX, n_vocab) */
+    int n_rows;         /* rows of the last model_forward_keep */
+    float *rows;        /* backend: rank r's vocabulary slice of row i at rows + r * cap *
+                           n_vocab_pad + i * (that slice's width) */
+    void *top_dev;      /* backend: ids (tp, cap, k), vals (tp, cap, k), bad (tp, cap) */
+    void *top_host;     /* host: the same, copied out */
+    int32_t *ids;       /* host: (cap, k) each row's best ids over the whole vocabulary */
+    float *vals;        /* host: (cap, k) their logits, best first (ops->row_top's order) */
+    bool *bad;          /* host: (cap) the row holds a NaN or an infinity */
+    int *slice_k;       /* host: (tp) candidates of each rank's slice, merge_at the merge's */
+    int *merge_at;
+};
+
 /* A run's rope scaling options, llama.cpp's; each unset one keeps the file's setting. */
 struct model_rope_opts {
     const char *scaling; /* "none", "linear", "yarn", or NULL (--rope-scaling) */
@@ -155,6 +173,7 @@ struct model {
     struct model_plan plan;
     struct model_weights w;
     struct model_state s;
+    struct model_keep keep;     /* logits kept on the backend (model_keep_init) */
     struct ops_kv kv;           /* (n_layer_stage, n_slot, n_ctx, n_kv_local, head_dim) */
     const struct ops *ops;
     struct ops_ctx *octx;       /* owned */
@@ -265,6 +284,24 @@ int model_weights_count(const struct gguf_file *f, const struct model_config *cf
 int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
                   const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
                   float *logits, struct tpi_error *err);
+
+/* Set up m->keep for model_forward_keep steps of up to n_rows output rows (a no-op on
+ * ranks without logits; model_free frees it). Errors: out of memory. */
+int model_keep_init(struct model *m, int n_rows, struct tpi_error *err);
+
+/* model_forward with the logits left on the backend (n_out <= m->keep.cap): on the
+ * decider, m->keep.ids/vals/bad receive each output row's best m->keep.k candidates
+ * over the whole vocabulary, and model_keep_fetch copies whole rows out until the next
+ * forward. Collective over the grid, as model_forward. */
+int model_forward_keep(struct model *m, const int32_t *tokens, const int32_t *pos,
+                       const int32_t *seq, int n_tokens, const int32_t *out_idx, int n_out,
+                       struct tpi_error *err);
+
+/* On the decider, copy the whole logits of output rows rows[0..n) (ascending) of the
+ * last model_forward_keep to logits + rows[i] * n_vocab (host). Errors: a row out of
+ * range, backend failures. */
+int model_keep_fetch(struct model *m, const int *rows, int n, float *logits,
+                     struct tpi_error *err);
 
 /* Copy the KV cache of positions [0, n_pos) of slot src_slot into slot dst_slot
  * (this rank's layers and heads; stream-ordered before the next forward). Every rank

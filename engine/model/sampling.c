@@ -410,6 +410,38 @@ int32_t sampler_sample(struct sampler *s, const float *logits) {
     return sample_sorted(s, c, n_cand, sorted);
 }
 
+int32_t sampler_sample_top(struct sampler *s, const int32_t *ids, const float *vals, int n) {
+    const int n_vocab = s->n_vocab;
+    const bool rep = s->p.repeat_penalty != 1.0f && s->n_hist > 0;
+    const bool occ = s->counts && (s->p.temp_first ? s->n_gen > 0 : s->n_hist > 0);
+    const bool ban = s->n_ban > 0;
+    // A bias, or a penalty that raises logits, can bring an id from outside the list.
+    if (n <= 0 || s->n_bias > 0 || (rep && s->p.repeat_penalty < 1.0f) ||
+        (occ && (s->p.frequency_penalty < 0.0f || s->p.presence_penalty < 0.0f)))
+        return -1;
+    if (s->p.temp <= 0.0f && !rep && !occ && !ban) return ids[0]; // argmax_first's id
+    // sampler_sample's candidates: the top 1 (greedy) or the top k, else all of them.
+    const int k = s->p.temp <= 0.0f ? 1
+                  : (s->p.top_k > 0 && s->p.top_k < n_vocab) ? s->p.top_k : 0;
+    if (k == 0 || k > n) return -1;
+    struct sampler_cand *c = s->cand;
+    for (int i = 0; i < n; i++) c[i] = (struct sampler_cand){ids[i], vals[i]};
+    if (rep || occ || ban) {
+        mark_penalized(s, rep, occ, true);
+        for (int i = 0; i < n; i++)
+            if (s->seen[c[i].id])
+                c[i].logit = penalize_logit(s, c[i].id, s->seen[c[i].id], c[i].logit);
+        mark_penalized(s, rep, occ, false);
+        best_prefix(c, n, k);
+        // Every id outside the list has a raw logit, so a penalized one, <= vals[n-1]:
+        // the k best are all here when the k-th beats that strictly (a tie could lose
+        // to a lower id outside).
+        if (n < n_vocab && !(c[k - 1].logit > vals[n - 1])) return -1;
+    }
+    if (s->p.temp <= 0.0f) return c[0].id;
+    return sample_sorted(s, c, k, k);
+}
+
 /* The candidates of c[0..n) min-p keeps: p >= min_p * p_max, that is logit >= max +
  * log(min_p) at temperature 1 and >= max + t * log(min_p) on logits tempered by t. */
 static int min_p_keep(struct sampler_cand *c, int n_cand, int *sorted, int n, float thr) {

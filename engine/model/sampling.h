@@ -127,6 +127,14 @@ void sampler_ban(struct sampler *s, const int32_t *ids, int n);
 /* Choose a token from logits (n_vocab floats, not modified). Does not accept it. */
 int32_t sampler_sample(struct sampler *s, const float *logits);
 
+/* sampler_sample from a row's n best logits only: ids[0..n) and vals[0..n) in the order
+ * of ops->row_top (value, then lower id; finite values, every logit of the row not listed
+ * no larger than vals[n-1]). Returns the id sampler_sample would on the whole row, with
+ * the same draws from the PRNG, or -1, nothing drawn, when the list cannot say: a logit
+ * bias, a penalty that can raise logits, sampling without top-k, top-k above n, or
+ * penalties that leave the k-th best not above vals[n-1]. Does not accept the token. */
+int32_t sampler_sample_top(struct sampler *s, const int32_t *ids, const float *vals, int n);
+
 /* Uniform double in [0, 1) from the sampler's PRNG. */
 double sampler_uniform(struct sampler *s);
 

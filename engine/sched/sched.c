@@ -436,6 +436,13 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     size_t *row_of = malloc(sizeof(size_t) * (size_t)(NP + SCHED_SCORE_ROWS));
     float *logits =
         has_logits ? model_logits_alloc(m, (size_t)(NP + SCHED_SCORE_ROWS)) : NULL;
+    // The logits stay on the backend: a row whose sampler needs only its best candidates
+    // (greedy, top-k) is sampled from those, the others' whole rows are copied out
+    // (TPI_LOGITS_KEEP=0: every row copied out, as before; for comparisons).
+    const char *keep_env = getenv("TPI_LOGITS_KEEP");
+    const bool keep = !(keep_env && strcmp(keep_env, "0") == 0);
+    int32_t *row_id = malloc(sizeof(int32_t) * (size_t)(NP + SCHED_SCORE_ROWS));
+    int *full_rows = malloc(sizeof(int) * (size_t)(NP + SCHED_SCORE_ROWS));
     int32_t *msg_i = NULL;
     float *msg_f = NULL;
     size_t cap_msg = 0;
@@ -444,8 +451,10 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     for (int i = 0; kvs && i < NP; i++)
         if (!(kvs[i].tok = malloc(sizeof(int32_t) * (size_t)m->n_ctx))) rc = TPI_ERR_NOMEM;
     if (rc || !slots || !kvs || !taken || !b_tok || !b_pos || !b_seq || !b_out || !out_slot ||
-        !out_score || !order_idx || !row_oi || !row_of || (has_logits && !logits))
+        !out_score || !order_idx || !row_oi || !row_of || (has_logits && !logits) || !row_id ||
+        !full_rows)
         rc = tpi_err(err, TPI_ERR_NOMEM, "batch scheduler: out of memory for %d sequences", NP);
+    if (!rc && keep) rc = model_keep_init(m, NP + SCHED_SCORE_ROWS, err);
     if ((rc = model_agree(m, rc, err))) goto done;
 
     uint64_t n_admitted = 0;
@@ -580,7 +589,9 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
 
         // ---- 3. one forward for everyone ----
         const double t_fwd = tpi_time_s();
-        if ((rc = model_forward(m, b_tok, b_pos, b_seq, n, b_out, n_out, logits, err))) goto done;
+        rc = keep ? model_forward_keep(m, b_tok, b_pos, b_seq, n, b_out, n_out, err)
+                  : model_forward(m, b_tok, b_pos, b_seq, n, b_out, n_out, logits, err);
+        if (rc) goto done;
         st->t_forward_s += tpi_time_s() - t_fwd;
         st->n_steps++;
         st->n_decode_steps += n == n_dec;
@@ -606,6 +617,24 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
             else cap_msg = n_msg;
         }
         if ((rc = model_agree(m, rc, err))) goto done;
+        if (is_decider && keep) { // rows the candidates decide; the others' logits copied out
+            const struct model_keep *kp = &m->keep;
+            int n_full = 0;
+            for (int r = 0; r < n_out; r++) {
+                struct slot *s = &slots[out_slot[r]];
+                row_id[r] = -1;
+                if (out_score[r] < 0 && s->K == 0 && !kp->bad[r]) {
+                    sampler_ban(&s->smp, s->ban, s->n_tokens < s->min_tokens ? s->n_ban : 0);
+                    row_id[r] = sampler_sample_top(&s->smp, kp->ids + (size_t)r * kp->k,
+                                                   kp->vals + (size_t)r * kp->k, kp->k);
+                }
+                if (row_id[r] < 0) full_rows[n_full++] = r;
+            }
+            st->n_rows_whole += n_full;
+            if (n_full > 0) rc = model_keep_fetch(m, full_rows, n_full, logits, err);
+        }
+        if (is_decider && !keep) st->n_rows_whole += n_out;
+        if (keep && (rc = model_agree(m, rc, err))) goto done;
         if (is_decider) {
             // Rows are independent (a sequence's sampler, its RNG included, is used by its
             // one sample row; the logprobs are pure), so threads take them in any order
@@ -618,6 +647,11 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                 if (out_score[r] >= 0) { // the prompt token's logprob, then the top K
                     msg_f[of] = sampler_logprobs(row, n_vocab, s->prompt[out_score[r]], s->K,
                                                  msg_i + oi, msg_f + of + 1);
+                    continue;
+                }
+                if (keep && row_id[r] >= 0) { // sampled from the row's candidates (K is 0)
+                    sampler_accept_output(&s->smp, row_id[r]);
+                    msg_i[oi] = row_id[r];
                     continue;
                 }
                 const bool early = s->n_tokens < s->min_tokens;
@@ -743,6 +777,8 @@ done:
     free(row_oi);
     free(row_of);
     model_logits_free(m, logits);
+    free(row_id);
+    free(full_rows);
     free(msg_i);
     free(msg_f);
     free(adm.p);

@@ -91,7 +91,9 @@ struct sched_stats {
     int64_t n_gen_tokens;      /* tokens sampled */
     int64_t n_steps;           /* model_forward calls */
     int64_t n_decode_steps;    /* ... of them with decode rows only (no prompt chunk) */
-    double t_forward_s;        /* time in model_forward (the logits on the host included) */
+    int64_t n_rows_whole;      /* logits rows copied out whole (the decider's; the others were
+                                  sampled from their best candidates on the backend) */
+    double t_forward_s;        /* time in model_forward (each row's candidates included) */
     double t_sample_s;         /* time choosing tokens from the logits (and sending them) */
     int n_active;              /* sequences in flight now (at the end: abandoned by a stop) */
     double t_start_s, t_now_s;

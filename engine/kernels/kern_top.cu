@@ -1,0 +1,193 @@
+/*
+ * kern_top.cu — ops->row_top on CUDA: each row's k best values, so a sampler that needs
+ * only those (greedy, top-k) reads a few hundred bytes of a row instead of the whole
+ * vocabulary's logits.
+ *
+ * Every value becomes a 64-bit key, larger first: the float's bits made monotone (-0 as
+ * +0) in the high word, the column's complement in the low word, so the keys of a row are
+ * distinct and their order is the op's (value, then lower column). Two launches: blocks
+ * of (segment, row) each load TOP_SEG keys into shared memory and select their k best by
+ * an 8-bit radix select (a histogram of the keys that share the prefix chosen so far, the
+ * digit whose count reaches k, until the group at the boundary fits exactly; the warp's
+ * lanes with one digit add to its bin once, by __match_any_sync); then one block a row
+ * selects the k best of its segments' picks, sorts them by rank and writes the ids, the
+ * values read back from the row (their own bits) and the non-finite flag. A selection,
+ * no arithmetic: bitwise the CPU backend's results.
+ */
+#include <math.h>
+
+#include "kern_common.cuh"
+
+#define TOP_THREADS 256
+#define TOP_SEG 4096       /* values a first-launch block selects from */
+#define TOP_MERGE_MAX 8192 /* keys the second launch selects from (64 KB of shared memory) */
+
+__device__ __forceinline__ uint64_t top_key(float v, uint32_t col) {
+    uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((uint64_t)b << 32) | (uint32_t)~col;
+}
+
+/* The k largest of keys[0..n) (distinct, k <= n, in shared memory) to out[0..k) in no
+ * order. Every thread of the block calls it; hist is 256 words of shared memory. */
+__device__ void top_select(const uint64_t *keys, int n, int k, uint64_t *out, unsigned *hist) {
+    __shared__ uint64_t s_prefix, s_mask;
+    __shared__ int s_need, s_done, s_count;
+    const int tid = threadIdx.x, lane = tid & 31;
+    if (tid == 0) {
+        s_prefix = 0;
+        s_mask = 0;
+        s_need = k;
+        s_done = n == k;
+        s_count = 0;
+    }
+    __syncthreads();
+    for (int shift = 56; shift >= 0 && !s_done; shift -= 8) {
+        const uint64_t prefix = s_prefix, mask = s_mask;
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int base = 0; base < n; base += blockDim.x) { // uniform: whole warps match
+            const int i = base + tid;
+            const bool in = i < n && (keys[i] & mask) == prefix;
+            const unsigned d = in ? (unsigned)(keys[i] >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, d);
+            if (in && (__ffs(peers) - 1) == lane) atomicAdd(&hist[d], (unsigned)__popc(peers));
+        }
+        __syncthreads();
+        if (tid < 32) { // lane l holds digits 255 - 8l down to 248 - 8l
+            unsigned sum = 0;
+            for (int j = 0; j < 8; j++) sum += hist[255 - 8 * lane - j];
+            unsigned incl = sum;
+            for (int o = 1; o < 32; o <<= 1) {
+                const unsigned t = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += t;
+            }
+            const unsigned need = (unsigned)s_need;
+            unsigned before = incl - sum;
+            if (before < need && need <= incl) { // exactly one lane
+                for (int j = 0; j < 8; j++) {
+                    const unsigned d = 255u - 8u * (unsigned)lane - (unsigned)j, c = hist[d];
+                    if (need <= before + c) {
+                        s_prefix = prefix | ((uint64_t)d << shift);
+                        s_mask = mask | ((uint64_t)255u << shift);
+                        s_need = (int)(need - before);
+                        s_done = c == need - before;
+                        break;
+                    }
+                    before += c;
+                }
+            }
+        }
+        __syncthreads();
+    }
+    const uint64_t prefix = s_prefix, mask = s_mask;
+    for (int i = tid; i < n; i += blockDim.x)
+        if ((keys[i] & mask) >= prefix) out[atomicAdd(&s_count, 1)] = keys[i];
+    __syncthreads();
+}
+
+/* Launch 1: block (segment, row) -> its k best keys at part[(row * n_seg + seg) * k],
+ * padded with 0 (below every finite value's key) where the segment has fewer than k;
+ * part_bad[row * n_seg + seg] = whether the segment holds a non-finite value. */
+__global__ void __launch_bounds__(TOP_THREADS)
+top_part_kernel(const float *__restrict__ x, int64_t ld, int n_cols, int seg, int k,
+                uint64_t *__restrict__ part, int *__restrict__ part_bad) {
+    extern __shared__ uint64_t keys[];
+    __shared__ unsigned hist[256];
+    const int row = blockIdx.y, n_seg = gridDim.x, c0 = blockIdx.x * seg;
+    const int n = min(seg, n_cols - c0);
+    const float *xr = x + row * ld + c0;
+    int nonfinite = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i];
+        nonfinite |= !isfinite(v);
+        keys[i] = top_key(v, (uint32_t)(c0 + i));
+    }
+    nonfinite = __syncthreads_or(nonfinite);
+    uint64_t *out = part + ((int64_t)row * n_seg + blockIdx.x) * k;
+    if (threadIdx.x == 0) part_bad[row * n_seg + blockIdx.x] = nonfinite;
+    if (n <= k) {
+        for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = i < n ? keys[i] : 0;
+        return;
+    }
+    __shared__ uint64_t best[OPS_TOP_MAX];
+    top_select(keys, n, k, best, hist);
+    for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = best[i];
+}
+
+/* Launch 2: block row -> the k best of the row's n_seg * k picks, sorted, as ids (+ id0),
+ * the row's own values and the row's non-finite flag. */
+__global__ void __launch_bounds__(TOP_THREADS)
+top_merge_kernel(const float *__restrict__ x, int64_t ld, int n_seg, int k, int id0,
+                 const uint64_t *__restrict__ part, const int *__restrict__ part_bad,
+                 int32_t *__restrict__ ids, float *__restrict__ vals, int32_t *__restrict__ bad) {
+    extern __shared__ uint64_t keys[];
+    __shared__ unsigned hist[256];
+    __shared__ uint64_t best[OPS_TOP_MAX];
+    const int row = blockIdx.x, n = n_seg * k;
+    const uint64_t *pr = part + (int64_t)row * n;
+    int nonfinite = 0;
+    for (int i = threadIdx.x; i < n_seg; i += blockDim.x) nonfinite |= part_bad[row * n_seg + i];
+    nonfinite = __syncthreads_or(nonfinite);
+    // Padding keys (0) repeat; they are below the >= k real keys of the row, so the
+    // select never reaches them but they must not tie: give each its own low word.
+    for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = pr[i] ? pr[i] : (uint64_t)i;
+    __syncthreads();
+    top_select(keys, n, k, best, hist);
+    if (threadIdx.x < k) {
+        const uint64_t key = best[threadIdx.x];
+        int rank = 0;
+        for (int j = 0; j < k; j++) rank += best[j] > key;
+        const int col = (int)~(uint32_t)key;
+        ids[(int64_t)row * k + rank] = id0 + col;
+        vals[(int64_t)row * k + rank] = x[row * ld + col];
+    }
+    if (threadIdx.x == 0) bad[row] = nonfinite;
+}
+
+void kern_row_top(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ld, int n_cols, int id0,
+                  int k, int32_t *ids, float *vals, int32_t *bad) {
+    if (k < 1 || k > OPS_TOP_MAX || k > n_cols) {
+        kern_fail(ctx, TPI_ERR_INVALID, "cuda row_top", __FILE__, __LINE__,
+                  "k %d of %d columns (1..%d)", k, n_cols, OPS_TOP_MAX);
+        return;
+    }
+    if (n_rows <= 0) return;
+    int seg = TOP_SEG;
+    int n_seg = (n_cols + seg - 1) / seg;
+    if (n_seg * k > TOP_MERGE_MAX) { // wide rows: fewer, longer segments
+        n_seg = TOP_MERGE_MAX / k;
+        seg = (n_cols + n_seg - 1) / n_seg;
+        n_seg = (n_cols + seg - 1) / seg;
+    }
+    const size_t smem1 = sizeof(uint64_t) * (size_t)seg;
+    const size_t smem2 = sizeof(uint64_t) * (size_t)n_seg * (size_t)k;
+    if (smem1 > 200 * 1024) {
+        kern_fail(ctx, TPI_ERR_INVALID, "cuda row_top", __FILE__, __LINE__,
+                  "rows of %d columns are too wide", n_cols);
+        return;
+    }
+    struct kern_scratch *s = &ctx->top;
+    const size_t part_bytes = sizeof(uint64_t) * (size_t)n_rows * n_seg * k;
+    char *p = (char *)kern_scratch_get(ctx, s, part_bytes + sizeof(int) * (size_t)n_rows * n_seg,
+                                       "cuda row_top");
+    if (!p) return;
+    if (smem1 > 48 * 1024 &&
+        !CUDA_OK(ctx, "cuda row_top",
+                 cudaFuncSetAttribute(top_part_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)smem1)))
+        return;
+    if (smem2 > 48 * 1024 &&
+        !CUDA_OK(ctx, "cuda row_top",
+                 cudaFuncSetAttribute(top_merge_kernel,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2)))
+        return;
+    uint64_t *part = (uint64_t *)p;
+    int *part_bad = (int *)(p + part_bytes);
+    top_part_kernel<<<dim3((unsigned)n_seg, (unsigned)n_rows), TOP_THREADS, smem1, ctx->stream>>>(
+        x, ld, n_cols, seg, k, part, part_bad);
+    if (!LAUNCH_OK(ctx, "cuda row_top")) return;
+    top_merge_kernel<<<(unsigned)n_rows, TOP_THREADS, smem2, ctx->stream>>>(
+        x, ld, n_seg, k, id0, part, part_bad, ids, vals, bad);
+    LAUNCH_OK(ctx, "cuda row_top");
+}
