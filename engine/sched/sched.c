@@ -420,6 +420,14 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
                        "batch scheduler: --parallel %d (model has %d slots), --ubatch %d", NP,
                        m->n_slot, UB);
 
+    // The logits kept on the backend or not (below): world rank 0's setting holds on every
+    // rank, as a step's agreement depends on it.
+    const char *keep_env = getenv("TPI_LOGITS_KEEP");
+    int32_t keep_i = !(keep_env && strcmp(keep_env, "0") == 0);
+    int rc = model_bcast_i32(m, &keep_i, 1, 0, err);
+    if (rc) return rc;
+    const bool keep = keep_i != 0;
+
     const size_t cap = (size_t)NP + (size_t)UB; // decode tokens + a prefill budget
     struct slot *slots = calloc((size_t)NP, sizeof *slots);
     struct slot_kv *kvs = calloc((size_t)NP, sizeof *kvs);
@@ -439,15 +447,12 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
     // The logits stay on the backend: a row whose sampler needs only its best candidates
     // (greedy, top-k) is sampled from those, the others' whole rows are copied out
     // (TPI_LOGITS_KEEP=0: every row copied out, as before; for comparisons).
-    const char *keep_env = getenv("TPI_LOGITS_KEEP");
-    const bool keep = !(keep_env && strcmp(keep_env, "0") == 0);
     int32_t *row_id = malloc(sizeof(int32_t) * (size_t)(NP + SCHED_SCORE_ROWS));
     int *full_rows = malloc(sizeof(int) * (size_t)(NP + SCHED_SCORE_ROWS));
     int32_t *msg_i = NULL;
     float *msg_f = NULL;
     size_t cap_msg = 0;
     struct buf adm = {0};
-    int rc = TPI_OK;
     for (int i = 0; kvs && i < NP; i++)
         if (!(kvs[i].tok = malloc(sizeof(int32_t) * (size_t)m->n_ctx))) rc = TPI_ERR_NOMEM;
     if (rc || !slots || !kvs || !taken || !b_tok || !b_pos || !b_seq || !b_out || !out_slot ||
