@@ -25,7 +25,11 @@
 #     and without, on CUDA); d2h_bench (is this machine's copy slow?); batch-bench at
 #     --parallel 32 alternating TPI_LOGITS_KEEP=0 (every row copied whole: main's) and the
 #     default, greedy, KR rounds (default 2), then once each at TEMP=0.8 (top-k 40's
-#     chain); the trace of the default if time is left. ~6 min.
+#     chain), and row_top's segments path (TPI_ROW_TOP=1) beside its default threshold
+#     path; the three again at --parallel 1 on N_ONE prompts (24); the trace of the
+#     default if time is left. ~7 min.
+#   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
+#     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -102,11 +106,33 @@ K)
     for r in $(seq "${KR:-2}"); do
         bb "round $r every row whole (main's)" TPI_LOGITS_KEEP=0
         bb "round $r kept on the device" TPI_LOGITS_KEEP=1
+        bb "round $r kept, row_top's segments path" TPI_LOGITS_KEEP=1 TPI_ROW_TOP=1
     done
     bb "top-k 40 chain, every row whole" TPI_LOGITS_KEEP=0 TEMP=0.8
     bb "top-k 40 chain, kept" TPI_LOGITS_KEEP=1 TEMP=0.8
+    # one sequence at a time: a row a step, where row_top's latency shows
+    n=${N_ONE:-24}
+    PARALLEL=1 bb "--parallel 1, every row whole" TPI_LOGITS_KEEP=0
+    PARALLEL=1 bb "--parallel 1, kept" TPI_LOGITS_KEEP=1
+    PARALLEL=1 bb "--parallel 1, kept, segments" TPI_LOGITS_KEEP=1 TPI_ROW_TOP=1
+    n=${N_PROMPTS:-256}
     echo "at ${SECONDS}s"
     [ "$SECONDS" -lt 400 ] && trace
+    ;;
+O)
+    # PART=K's pairs in both orders (run 262 found the later run of a round faster)
+    mk || exit 1
+    for r in $(seq "${KR:-2}"); do
+        bb "round $r whole first" TPI_LOGITS_KEEP=0
+        bb "round $r then kept" TPI_LOGITS_KEEP=1
+        bb "round $r kept first" TPI_LOGITS_KEEP=1
+        bb "round $r then whole" TPI_LOGITS_KEEP=0
+    done
+    n=${N_ONE:-24}
+    PARALLEL=1 bb "--parallel 1, kept first" TPI_LOGITS_KEEP=1
+    PARALLEL=1 bb "--parallel 1, then whole" TPI_LOGITS_KEEP=0
+    PARALLEL=1 bb "--parallel 1, whole first" TPI_LOGITS_KEEP=0
+    PARALLEL=1 bb "--parallel 1, then kept" TPI_LOGITS_KEEP=1
     ;;
 H)
     nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"
