@@ -28,6 +28,9 @@
 #     chain), and row_top's segments path (TPI_ROW_TOP=1) beside its default threshold
 #     path; the three again at --parallel 1 on N_ONE prompts (24); the trace of the
 #     default if time is left. ~7 min.
+#   PART=P: `run -p` with its decode steps' logits kept and copied whole, the same text
+#     (tiny models and the 8B; greedy, sampled, penalties, no top-k, logprobs), and
+#     test_model_gpu. ~4 min.
 #   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
@@ -42,6 +45,7 @@ m=${MAX_TOKENS:-64}
 targets=tpinfer
 [ "${PART:-T}" = R ] && targets="tpinfer test_ops_cuda_elem test_ops_fused"
 [ "${PART:-T}" = K ] && targets="tpinfer test_ops_cuda_elem test_model test_batch"
+[ "${PART:-T}" = P ] && targets="tpinfer test_model_gpu"
 # shellcheck disable=SC2086
 cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
     >"$OUT/build.log" 2>&1 && cmake --build build -j 16 --target $targets >>"$OUT/build.log" 2>&1 ||
@@ -133,6 +137,26 @@ O)
     PARALLEL=1 bb "--parallel 1, then whole" TPI_LOGITS_KEEP=0
     PARALLEL=1 bb "--parallel 1, whole first" TPI_LOGITS_KEEP=0
     PARALLEL=1 bb "--parallel 1, then kept" TPI_LOGITS_KEEP=1
+    ;;
+P)
+    # run -p's decode steps kept on the device: the same text as every row whole
+    (cd build && ctest -R "^test_model_gpu$|test_model_gpu_qwen3-tiny-q4_k_m$") >"$OUT/tests.log" 2>&1 &
+    TP=$!
+    mk || exit 1
+    bad=0
+    for mdl in tests/data/qwen3-tiny-q4_k_m.gguf tests/data/qwen2-tiny-q4_0.gguf "/tmp/$t.gguf"; do
+        for opts in "--temp 0" "--temp 0.8 --seed 5" "--temp 0.7 --top-k 20 --repeat-penalty 1.3 --seed 6" \
+            "--temp 1 --top-k 0 --seed 7" "--temp 0 --logprobs 3"; do
+            a=$(build/tpinfer run -m "$mdl" -p "the quick brown fox" -n 48 $opts 2>/dev/null | md5sum)
+            b=$(TPI_LOGITS_KEEP=0 build/tpinfer run -m "$mdl" -p "the quick brown fox" -n 48 $opts \
+                2>/dev/null | md5sum)
+            [ "$a" = "$b" ] && r=same || { r=DIFFERENT; bad=1; }
+            echo "run -p $(basename "$mdl") $opts: kept and whole $r"
+        done
+    done
+    wait $TP
+    grep -E "tests passed|tests failed|\*\*\*Failed|Test +#" "$OUT/tests.log"
+    [ $bad = 0 ] || exit 1
     ;;
 H)
     nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"
