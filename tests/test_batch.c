@@ -1844,6 +1844,30 @@ static void mpi_run(const char *flag) {
     char *r1 = run_records(1, one, path_in("m1.jsonl"), 12);
     char *r2 = run_records(2, two, path_in("m2.jsonl"), 12);
     assert_same(flag, r2, r1);
+    // The logits kept on the decider (with --tp each rank's slice copied there, the
+    // slices' candidates merged; the bias row copied out whole in slices) give the records
+    // every row copied whole gives on the same grid, sampled rows (top-k, penalties) too.
+    size_t nm;
+    char *lines = tu_read_file(path_in("m.jsonl"), &nm);
+    ck_assert_ptr_nonnull(lines);
+    f = fopen(path_in("mk.jsonl"), "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%s{\"id\": \"topk\", \"max_tokens\": 8, \"prompt\": \"the quick brown\", "
+               "\"temperature\": 0.8, \"top_k\": 20, \"repetition_penalty\": 1.2, "
+               "\"seed\": 4}\n",
+            lines);
+    fclose(f);
+    free(lines);
+    const char *kept[] = {"-f", path_in("mk.jsonl"), "-o", path_in("k2.jsonl"), "--temp", "0",
+                          "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
+    const char *whole[] = {"-f", path_in("mk.jsonl"), "-o", path_in("w2.jsonl"), "--temp", "0",
+                           "--parallel", "4", "--ubatch", "8", flag, "2", NULL};
+    char *rk = run_records(2, kept, path_in("k2.jsonl"), 13);
+    setenv("TPI_LOGITS_KEEP", "0", 1);
+    char *rw = run_records(2, whole, path_in("w2.jsonl"), 13);
+    unsetenv("TPI_LOGITS_KEEP");
+    assert_same("logits kept vs copied whole on the grid", rk, rw);
+    free(rk), free(rw);
     // A results file that fails on rank 0 fails the run on every rank: exit 1 (the other
     // ranks once took it for SIGTERM and exited 143).
     const char *full[] = {"-f", path_in("m.jsonl"), "-o", "/dev/full", flag, "2", NULL};
