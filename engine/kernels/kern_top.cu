@@ -3,9 +3,9 @@
  * only those (greedy, top-k) reads a few hundred bytes of a row instead of the whole
  * vocabulary's logits.
  *
- * Every value becomes a 64-bit key, larger first: the float's bits made monotone (-0 as
- * +0) in the high word, the column's complement in the low word, so the keys of a row are
- * distinct and their order is the op's (value, then lower column). The selection is an
+ * Every value becomes a 64-bit key (ops_top_key, the CPU's too), larger first: the float's
+ * bits made monotone (-0 as +0) in the high word, the column's complement in the low word,
+ * so the keys of a row are distinct and their order is the op's (value, then lower column). The selection is an
  * 8-bit radix select in one block (a histogram of the keys that share the prefix chosen
  * so far, the digit whose count reaches k, until the group at the boundary fits exactly;
  * the warp's lanes with one digit add to its bin once, by __match_any_sync), then a sort
@@ -32,12 +32,6 @@
 #define TOP_GROUPS 64      /* the low-latency path: column groups whose maxima bound T */
 #define TOP_CHUNK 4096     /* columns a filter block scans */
 #define TOP_CAND 4096      /* candidates a row keeps (32 KB of shared memory to select) */
-
-__device__ __forceinline__ uint64_t top_key(float v, uint32_t col) {
-    uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
-    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((uint64_t)b << 32) | (uint32_t)~col;
-}
 
 /* The k largest of the keys key(0..n) (distinct, k <= n: an array in shared memory, or
  * computed from a row in global memory) to out[0..k) in no order. Every thread of the
@@ -131,7 +125,7 @@ top_part_kernel(const float *__restrict__ x, int64_t ld, int n_cols, int seg, in
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = xr[i];
         nonfinite |= !isfinite(v);
-        keys[i] = top_key(v, (uint32_t)(c0 + i));
+        keys[i] = ops_top_key(v, (uint32_t)(c0 + i));
     }
     nonfinite = __syncthreads_or(nonfinite);
     uint64_t *out = part + ((int64_t)row * n_seg + blockIdx.x) * k;
@@ -184,7 +178,7 @@ top_gmax_kernel(const float *__restrict__ x, int64_t ld, int n_cols, uint64_t *_
     for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
         const float v = xr[c];
         nonfinite |= !isfinite(v);
-        const uint64_t key = top_key(v, (uint32_t)c);
+        const uint64_t key = ops_top_key(v, (uint32_t)c);
         best = key > best ? key : best;
     }
     for (int o = 16; o > 0; o >>= 1) {
@@ -226,7 +220,7 @@ top_filter_kernel(const float *__restrict__ x, int64_t ld, int n_cols,
     const int c0 = blockIdx.x * TOP_CHUNK, c1 = min(n_cols, c0 + TOP_CHUNK);
     for (int base = c0; base < c1; base += blockDim.x) { // uniform: whole warps vote
         const int c = base + threadIdx.x;
-        const uint64_t key = c < c1 ? top_key(xr[c], (uint32_t)c) : 0;
+        const uint64_t key = c < c1 ? ops_top_key(xr[c], (uint32_t)c) : 0;
         const bool in = c < c1 && key >= t;
         const unsigned vote = __ballot_sync(0xffffffffu, in);
         if (!vote) continue;
@@ -258,7 +252,7 @@ top_final_kernel(const float *__restrict__ x, int64_t ld, int n_cols, int k, int
         __syncthreads();
         top_select([&](int i) { return keys[i]; }, n, k, best, hist);
     } else {
-        top_select([&](int i) { return top_key(xr[i], (uint32_t)i); }, n_cols, k, best, hist);
+        top_select([&](int i) { return ops_top_key(xr[i], (uint32_t)i); }, n_cols, k, best, hist);
     }
     top_write(best, k, xr, id0, ids + (int64_t)row * k, vals + (int64_t)row * k);
     if (threadIdx.x == 0) bad[row] = nonfinite;

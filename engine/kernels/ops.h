@@ -19,6 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../tpi.h"
 
@@ -106,6 +107,22 @@ struct ops_layer_tail {
 };
 
 #define OPS_TOP_MAX 64 /* row_top's largest k */
+
+#ifdef __CUDACC__
+#define OPS_HOST_DEVICE __host__ __device__
+#else
+#define OPS_HOST_DEVICE
+#endif
+
+/* row_top's order as one integer, larger first, for every backend: the value (-0 as +0,
+ * its bits made monotone) in the high word, then the lower column (its complement). */
+static inline OPS_HOST_DEVICE uint64_t ops_top_key(float v, uint32_t col) {
+    if (v == 0.0f) v = 0.0f;
+    uint32_t b;
+    memcpy(&b, &v, sizeof b);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((uint64_t)b << 32) | (uint32_t)~col;
+}
 
 struct ops_ctx; /* backend state: thread count, stream, cuBLAS handle, scratch */
 

@@ -592,16 +592,6 @@ static void cpu_get_rows(struct ops_ctx *ctx, const float *src, const int32_t *i
     }
 }
 
-/* row_top's order as one integer, larger first: the value (-0 as +0, the bits made
- * monotone), then the lower column (its complement in the low word). */
-static inline uint64_t top_key(float v, uint32_t col) {
-    if (v == 0.0f) v = 0.0f;
-    uint32_t b;
-    memcpy(&b, &v, sizeof b);
-    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((uint64_t)b << 32) | (uint32_t)~col;
-}
-
 static int cmp_key_desc(const void *a, const void *b) {
     const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x < y) - (x > y);
@@ -623,7 +613,7 @@ static void cpu_row_top(struct ops_ctx *ctx, const float *x, int n_rows, int64_t
         int32_t nonfinite = 0;
         for (int c = 0; c < n_cols; c++) {
             nonfinite |= !isfinite(row[c]);
-            const uint64_t key = top_key(row[c], (uint32_t)c);
+            const uint64_t key = ops_top_key(row[c], (uint32_t)c);
             int j;
             if (c < k) { // sift up
                 for (j = c; j > 0 && h[(j - 1) / 2] > key; j = (j - 1) / 2) h[j] = h[(j - 1) / 2];

@@ -75,7 +75,7 @@ static int forward_logits(struct model *m, int n_sel, float *logits, int i_out, 
     int rc = comm_allgather(m->tp_comm, s->logits_local, s->logits_gather, n_send, COMM_F32, err);
     if (rc) return rc;
     if (keep) { // each rank's slice of the rows to its block of the kept rows (the decider's)
-        if (m->grid && m->grid->world_rank != model_decider_rank(m)) return TPI_OK;
+        if (!kp->rows) return TPI_OK; // not the decider
         for (int r = 0; r < p->tp; r++) {
             int v0, nv;
             model_vocab_range(n_vocab, p->tp, r, &v0, &nv);
@@ -429,7 +429,7 @@ int model_forward(struct model *m, const int32_t *tokens, const int32_t *pos,
 }
 
 /* The best of row i, merged from the ranks' sorted lists of their vocabulary slices
- * (value first, then the lower id: ops->row_top's order). */
+ * (value first, then the lower id: ops->row_top's order; one rank: its list). */
 static void keep_merge(struct model_keep *kp, int tp, int i, const int32_t *ids_dev,
                        const float *vals_dev) {
     const int *k_r = kp->slice_k;
@@ -465,8 +465,7 @@ int model_forward_keep(struct model *m, const int32_t *tokens, const int32_t *po
     int rc = forward_run(m, tokens, pos, seq, n_tokens, out_idx, n_out, NULL, true, err);
     if (rc) return rc;
     kp->n_rows = p->is_last ? n_out : 0;
-    if (!p->is_last || n_out == 0 || (m->grid && m->grid->world_rank != model_decider_rank(m)))
-        return TPI_OK;
+    if (!kp->rows || n_out == 0) return TPI_OK; // only the decider keeps rows
     // Each rank slice's best k, then the host merges the slices' lists.
     const double t0 = tpi_time_s();
     const struct ops *ops = m->ops;
@@ -493,12 +492,7 @@ int model_forward_keep(struct model *m, const int32_t *tokens, const int32_t *po
         bool bad = false;
         for (int r = 0; r < tp; r++) bad |= bad_h[(size_t)r * kp->cap + i] != 0;
         kp->bad[i] = bad;
-        if (tp == 1) {
-            memcpy(kp->ids + (size_t)i * k, ids_h + (size_t)i * k, sizeof(int32_t) * k);
-            memcpy(kp->vals + (size_t)i * k, vals_h + (size_t)i * k, sizeof(float) * k);
-        } else {
-            keep_merge(kp, tp, i, ids_h, vals_h);
-        }
+        keep_merge(kp, tp, i, ids_h, vals_h);
     }
     m->t_forward_s += tpi_time_s() - t0;
     return TPI_OK;

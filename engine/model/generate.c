@@ -149,8 +149,7 @@ int generate_one(struct model *m, const struct tokenizer *tok, const int32_t *pr
     // Decode steps leave their logits row on the device and the decider reads its best
     // candidates (model_forward_keep), the whole row only when its sampler needs it;
     // with logprobs every row is read whole (TPI_LOGITS_KEEP=0: always, the old path).
-    const char *keep_env = getenv("TPI_LOGITS_KEEP");
-    const bool keep = K == 0 && !(keep_env && strcmp(keep_env, "0") == 0);
+    const bool keep = K == 0 && m->logits_keep;
     if (!rc && keep) rc = model_keep_init(m, 1, err);
     // Local failures so far (OOM) must not leave other ranks inside model_forward.
     if ((rc = model_agree(m, rc, err))) goto done;

@@ -439,6 +439,9 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     if (!rc) rc = check_fits(m, n_ubatch, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
     m->use_graphs = m->ops->graph_begin && !env_on("TPI_NO_GRAPH");
+    // A comparing knob: TPI_LOGITS_KEEP=0 copies every row of logits to the host whole.
+    const char *lk = getenv("TPI_LOGITS_KEEP");
+    m->logits_keep = !(lk && strcmp(lk, "0") == 0);
     // A measuring knob: the step without its all-reduces shows their share of it.
     m->tp_skip_allreduce = tp > 1 && env_on("TPI_TP_SKIP_ALLREDUCE");
     if (m->tp_skip_allreduce && world_rank == 0)

@@ -188,6 +188,7 @@ struct model {
     /* Decode steps as CUDA graphs (forward.c): on when the backend has graphs and
      * TPI_NO_GRAPH is unset or 0; callers may turn it off (or on again) between calls. */
     bool use_graphs;
+    bool logits_keep;       /* callers may keep logits on the backend (TPI_LOGITS_KEEP=0: no) */
     bool tp_skip_allreduce; /* TPI_TP_SKIP_ALLREDUCE=1: timing only, logits wrong */
     bool diag_skip_ffn;     /* TPI_DIAG_SKIP_FFN=1: decode steps without their FFN sub-layers
                              * (timing only, logits wrong) */

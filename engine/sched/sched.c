@@ -422,8 +422,7 @@ int sched_run(struct model *m, const struct tokenizer *tok, const struct sched_p
 
     // The logits kept on the backend or not (below): world rank 0's setting holds on every
     // rank, as a step's agreement depends on it.
-    const char *keep_env = getenv("TPI_LOGITS_KEEP");
-    int32_t keep_i = !(keep_env && strcmp(keep_env, "0") == 0);
+    int32_t keep_i = m->logits_keep;
     int rc = model_bcast_i32(m, &keep_i, 1, 0, err);
     if (rc) return rc;
     const bool keep = keep_i != 0;
