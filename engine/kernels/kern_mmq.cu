@@ -44,9 +44,9 @@
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
 
-#define MMQ_WARPS 4
-#define MMQ_NT 4                           /* n-tiles (8 features) a warp */
-#define MMQ_FEATS (MMQ_WARPS * MMQ_NT * 8) /* 128 features a block */
+#define MMQ_WARPS 4 /* warps a block by default; 8 for the raw paths with TPI_MMQ_WARPS=8 */
+#define MMQ_NT 4    /* n-tiles (8 features) a warp */
+#define MMQ_FEATS(W) ((W) * MMQ_NT * 8) /* features a block of W warps: 128 at 4 */
 #define MMQ_STEPS 16                       /* 16-value steps a staged chunk: 256 values */
 #define MMQ_LD (MMQ_STEPS * 16 + 8)        /* bf16 a staged row: 528 bytes */
 #define MMQ_MAX_SPLIT 16
@@ -178,26 +178,26 @@ __device__ __forceinline__ void mmq_q3x8_unit(const uint8_t *b, int c, int u, fl
 }
 /* One buffer of mmq_kernel<T, MT>'s shared memory: x's chunk, then the block's rows'
  * chunk; the kernel has two (the next chunk is copied while this one is multiplied). */
-template <int T, int MT> __host__ __device__ constexpr size_t mmq_buf() {
-    return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS * mmq_chunk_bytes<T>();
+template <int T, int MT, int W> __host__ __device__ constexpr size_t mmq_buf() {
+    return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS(W) * mmq_chunk_bytes<T>();
 }
 /* The raw paths' scale table, after the two buffers: per warp, its 32 features' (d sc,
  * 128 d sc + dmin m) of two of a chunk's 8 Q4_K sub-blocks at a time, or d sc of four of
  * a Q6_K chunk's 16 runs of 16 values (2 KB: with 8 KB, 32 rows' blocks fit 2 an SM
  * instead of 3, run 119) */
-#define MMQ_RAW_TAB (MMQ_WARPS * 2 * 32 * 8)
-template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem() {
-    return 2 * mmq_buf<T, MT>() + (RAW ? MMQ_RAW_TAB : 0);
+#define MMQ_RAW_TAB(W) ((W) * 2 * 32 * 8)
+template <int T, int MT, bool RAW, int W> __host__ __device__ constexpr size_t mmq_smem() {
+    return 2 * mmq_buf<T, MT, W>() + (RAW ? MMQ_RAW_TAB(W) : 0);
 }
 
-/* Block (x, y): features [MMQ_FEATS (x - bx0[i]), +MMQ_FEATS) of the weight i whose blocks
- * hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >= split[i]). split[i] 1:
+/* Block (x, y) of W warps: features [MMQ_FEATS(W) (x - bx0[i]), +MMQ_FEATS(W)) of the
+ * weight i whose blocks hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >= split[i]). split[i] 1:
  * y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc (mmq_reduce adds).
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
-template <int T, int MT, bool UNR, bool RAW>
-__global__ void __launch_bounds__(MMQ_WARPS * 32)
+template <int T, int MT, bool UNR, bool RAW, int W, int MINB>
+__global__ void __launch_bounds__(W * 32, MINB)
     mmq_kernel(const mmq_ws a, size_t row_bytes, int ne0, const __nv_bfloat16 *__restrict__ x,
                int n_rows, float beta, float *__restrict__ part) {
     using Q = kq<T>;
@@ -214,12 +214,15 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
     if (split == 1) part = nullptr;
     const int n_part_cols = a.cols;
     constexpr int CB = mmq_chunk_bytes<T>();
+    /* the raw paths' outer loop over a chunk's 4 parts: unrolled, except in the kernels
+     * held to 2-3 blocks an SM (TPI_MMQ_WARPS), where unrolled it needs 226-254 registers */
+    constexpr int OUTER = MINB > 1 ? 1 : 4;
     extern __shared__ __align__(16) uint8_t mmq_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3;
     const int n_steps = ne0 / 16;
     const int s0 = blockIdx.y * spb, s1 = min(n_steps, s0 + spb);
-    const int fb = ((int)blockIdx.x - bx0) * MMQ_FEATS, f0 = fb + warp * (MMQ_NT * 8);
+    const int fb = ((int)blockIdx.x - bx0) * MMQ_FEATS(W), f0 = fb + warp * (MMQ_NT * 8);
     const int n_ch = (s1 - s0 + MMQ_STEPS - 1) / MMQ_STEPS; /* this block's chunks */
     float acc[MT][MMQ_NT][4];
 #pragma unroll
@@ -231,10 +234,10 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
                 acc[m][t][e] = 0.0f;
     /* buffer b: x's staged rows (MT * 16 of MMQ_LD bf16), then the weight rows (CB bytes) */
     auto xs_of = [&](int b) {
-        return (__nv_bfloat16(*)[MMQ_LD])(mmq_sm + (size_t)b * mmq_buf<T, MT>());
+        return (__nv_bfloat16(*)[MMQ_LD])(mmq_sm + (size_t)b * mmq_buf<T, MT, W>());
     };
     auto ws_of = [&](int b) {
-        return mmq_sm + (size_t)b * mmq_buf<T, MT>() + (size_t)MT * 16 * MMQ_LD * 2;
+        return mmq_sm + (size_t)b * mmq_buf<T, MT, W>() + (size_t)MT * 16 * MMQ_LD * 2;
     };
     /* chunk k: steps [c0, c0 + ns), the bytes of its rows that exist, its index in a row */
     auto chunk = [&](int k, int &c0, int &ns, int &nbytes, int &ch) {
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
      * aligned bytes): values k, k+1 at slots 2q, 2q+1, k+2, k+3 at slots 2q+8, 2q+9 */
     auto stage_x = [&](int c0, int ns, int b) {
         __nv_bfloat16(*xs)[MMQ_LD] = xs_of(b);
-        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
+        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += W * 32) {
             const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
             const bool ok = r < n_rows && s < ns;
             const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq) : x;
@@ -266,7 +269,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
         chunk(k, c0, ns, nbytes, ch);
         uint8_t *ws = ws_of(b);
         constexpr int PR = CB / 16; /* pieces a row */
-        for (int p = threadIdx.x; p < MMQ_FEATS * PR; p += MMQ_WARPS * 32) {
+        for (int p = threadIdx.x; p < MMQ_FEATS(W) * PR; p += W * 32) {
             const int r = p / PR, o = (p % PR) * 16;
             const bool ok = o < nbytes && fb + r < ne1;
             const uint8_t *src = ok ? w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o) : w;
@@ -278,7 +281,7 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
         int c0, ns, nbytes, ch;
         chunk(k, c0, ns, nbytes, ch);
         uint8_t *ws = ws_of(0);
-        for (int p = threadIdx.x; p < MMQ_FEATS * (CB / 2); p += MMQ_WARPS * 32) {
+        for (int p = threadIdx.x; p < MMQ_FEATS(W) * (CB / 2); p += W * 32) {
             const int r = p / (CB / 2), o = (p % (CB / 2)) * 2;
             uint16_t v = 0;
             if (o < nbytes && fb + r < ne1)
@@ -304,10 +307,10 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
              * (a B fragment of ones): the mma starts from -160 X and one fma a value scales
              * it. Step s = 4 i + gi reads item i's words at byte 4 q of the A, C and H runs
              * (kq_q6x8_item's l = i, j = 4 q) and scale byte s. */
-            float *tab = (float *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 128;
+            float *tab = (float *)(mmq_sm + 2 * mmq_buf<T, MT, W>()) + warp * 128;
             const uint8_t *mine = ws + (warp * (MMQ_NT * 8) + lane) * CB; /* lane's feature */
             const float d = kq_f16(mine + 208 + 2 * (ch & 7));
-#pragma unroll
+#pragma unroll OUTER
             for (int i = 0; i < 4; i++) {
                 __syncwarp(); /* the last table is read */
                 const uint32_t sw = *(const uint32_t *)(mine + 192 + 4 * i);
@@ -357,10 +360,10 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32)
              * the scales are applied to each sub-block's sums: for sub-block j of feature f,
              * sum x w = d sc S - (128 d sc + dmin m) X with S = sum x (128 + q) and X = sum x
              * (a B fragment of ones), both from mma; w is exact, x bf16 as elsewhere */
-            float2 *tab = (float2 *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 64;
+            float2 *tab = (float2 *)(mmq_sm + 2 * mmq_buf<T, MT, W>()) + warp * 64;
             const uint8_t *mine = ws + (warp * (MMQ_NT * 8) + lane) * CB; /* lane's feature */
             const float d = kq_f16(mine), dmin = kq_f16(mine + 2);
-#pragma unroll
+#pragma unroll OUTER
             for (int c = 0; c < 4; c++) {
                 __syncwarp(); /* the last table is read */
 #pragma unroll
@@ -524,7 +527,7 @@ __global__ void mmq_reduce(const mmq_ws a, const float *__restrict__ part, int n
     }
 }
 
-template <int T, int MT>
+template <int T, int MT, int W, int MINB>
 static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
                        const __nv_bfloat16 *x16, float *const *ys, int n_rows, float beta,
                        const char *op) {
@@ -537,7 +540,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         a.w[i] = (const uint8_t *)ws[i]->data;
         a.y[i] = ys[i];
         a.ne1[i] = (int)ws[i]->ne1;
-        a.bx0[i + 1] = a.bx0[i] + (a.ne1[i] + MMQ_FEATS - 1) / MMQ_FEATS;
+        a.bx0[i + 1] = a.bx0[i] + (a.ne1[i] + MMQ_FEATS(W) - 1) / MMQ_FEATS(W);
         a.f0[i + 1] = a.f0[i] + a.ne1[i];
     }
     a.cols = a.f0[n_w];
@@ -547,12 +550,12 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
                             MT <= 2; /* 3-4 m-tiles: 200-255 registers */
     const bool raw =
         RAW_OK && (ctx->mmq_raw & (T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8)) != 0;
-    const size_t smem = raw ? mmq_smem<T, MT, RAW_OK>() : mmq_smem<T, MT, false>();
+    const size_t smem = raw ? mmq_smem<T, MT, RAW_OK, W>() : mmq_smem<T, MT, false, W>();
     static bool smem_set[2] = {false, false}; /* the opt-in, once a kernel (one device a process) */
     /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's
      * registers (Q4_K: 224) leave 2 blocks an SM and the loop is faster (run 115) */
     constexpr bool UNR = MT <= 2;
-    auto kern = raw ? mmq_kernel<T, MT, UNR, RAW_OK> : mmq_kernel<T, MT, UNR, false>;
+    auto kern = raw ? mmq_kernel<T, MT, UNR, RAW_OK, W, MINB> : mmq_kernel<T, MT, UNR, false, W, MINB>;
     if (!smem_set[raw]) {
         if (!CUDA_OK(
                 ctx, op,
@@ -566,7 +569,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         if (!resident[raw]) {
             int nb = 0;
             if (!CUDA_OK(ctx, op,
-                         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, MMQ_WARPS * 32,
+                         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, W * 32,
                                                                        smem)))
                 return;
             resident[raw] = TPI_MAX(1, nb);
@@ -574,11 +577,13 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         bps = resident[raw];
     }
     /* each weight's k split over y blocks until its own blocks alone are about
-     * ctx->mmq_bps (3) a multiprocessor (0: the resident slots once), each >= one chunk */
+     * ctx->mmq_bps (3) blocks of 4 warps a multiprocessor (0: the resident slots once),
+     * each >= one chunk */
+    const int target = ctx->mmq_bps > 0 ? bps * ctx->n_sm * MMQ_WARPS / W : bps * ctx->n_sm;
     int split = 1;
     for (int i = 0; i < n_w; i++) {
         const int bxi = a.bx0[i + 1] - a.bx0[i];
-        int si = (bps * ctx->n_sm + bxi - 1) / bxi;
+        int si = (target + bxi - 1) / bxi;
         si = TPI_MAX(1, TPI_MIN(TPI_MIN(si, n_chunks), MMQ_MAX_SPLIT));
         const int cpb = (n_chunks + si - 1) / si;
         a.split[i] = (n_chunks + cpb - 1) / cpb;
@@ -591,7 +596,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
             ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
         if (!part) return;
     }
-    kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
+    kern<<<dim3((unsigned)bx, (unsigned)split), W * 32, smem, ctx->stream>>>(
         a, ws[0]->row_bytes, ne0, x16, n_rows, beta, part);
     if (!LAUNCH_OK(ctx, op) || split == 1) return;
     const size_t n = (size_t)n_rows * a.f0[n_w];
@@ -623,14 +628,26 @@ bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws
             /* rows of whole blocks (a unit's 4 values are then aligned) */
             if constexpr (mmq_takes<T>()) {
                 if (ws[0]->ne0 % kq<T>::BLK != 0) return;
-                if (nr <= 16)
-                    mmq_launch<T, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                /* the raw paths' types up to 32 rows: 8 warps a block, 2 an SM
+                 * (TPI_MMQ_WARPS=8), or 4 held to 3 an SM (TPI_MMQ_WARPS=3) */
+                constexpr bool K = T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q6_KX8;
+                const int kw = K ? ctx->mmq_warps : 4;
+                if (nr <= 16 && kw == 8)
+                    mmq_launch<T, 1, K ? 8 : 4, K ? 2 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                else if (nr <= 16 && kw == 3)
+                    mmq_launch<T, 1, 4, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                else if (nr <= 16)
+                    mmq_launch<T, 1, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                else if (nr <= 32 && kw == 8)
+                    mmq_launch<T, 2, K ? 8 : 4, K ? 2 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                else if (nr <= 32 && kw == 3)
+                    mmq_launch<T, 2, 4, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else if (nr <= 32)
-                    mmq_launch<T, 2>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 2, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else if (nr <= 48)
-                    mmq_launch<T, 3>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 3, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else
-                    mmq_launch<T, 4>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 4, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 done = true;
             }
         }
