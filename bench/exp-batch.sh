@@ -33,11 +33,12 @@
 #     test_model_gpu. ~4 min.
 #   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
-#   PART=W: change 155, kern_mmq's Q4_K and Q6_K-group blocks at 8 warps (TPI_MMQ_WARPS=8):
-#     test_ops_cuda's matmul_Q4_K and matmul_Q6_K groups and test_ops_fused_cuda with it;
-#     the product bench at 16 and 32 rows at 4 and 8 warps; ncu's warp states of the
-#     32-row Q4_K 4096->12288 kernel at each; batch-bench at --parallel 32 in both orders,
-#     KR rounds (default 2). ~7 min.
+#   PART=W: change 155, kern_mmq's Q4_K and Q6_K-group blocks by their registers
+#     (TPI_MMQ_WARPS: 4 the default, 3 held to 3 blocks an SM, 8 blocks of 8 warps):
+#     test_ops_cuda's matmul_Q4_K and matmul_Q6_K groups and test_ops_fused_cuda at 3 and
+#     8; the product bench at 16 and 32 rows at each; ncu's warp states of the 32-row Q4_K
+#     4096->12288 kernel at each; batch-bench at --parallel 32 in both orders, KR rounds
+#     (default 2). ~8 min.
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -165,19 +166,20 @@ P)
     [ $bad = 0 ] || exit 1
     ;;
 W)
-    (cd build && TPI_MMQ_WARPS=8 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
+    (cd build && TPI_MMQ_WARPS=8 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda" &&
+        TPI_MMQ_WARPS=3 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
         >"$OUT/tests.log" 2>&1 &
     TP=$!
     mk || exit 1
     wait $TP
     grep -E "worst|tests passed|tests failed|\*\*\*Failed|Test +#" "$OUT/tests.log" | sed -E 's/^[0-9]+: //'
-    for w in 4 8; do
+    for w in 4 3 8; do
         echo "== product bench, TPI_MMQ_WARPS=$w"
         TPI_MMQ_WARPS=$w TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
             CK_FORK=no build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul"
     done
     if command -v ncu >/dev/null; then
-        for w in 4 8; do
+        for w in 4 3 8; do
             echo "== ncu Q4_K 4096x12288 32 rows, TPI_MMQ_WARPS=$w"
             TPI_MMQ_WARPS=$w TPI_BENCH_TYPES=Q4_K TPI_BENCH_SHAPES=4096x12288 TPI_BENCH_ROWS=32 \
                 TPI_BENCH_ATTN=none CK_FORK=no timeout 120 ncu --clock-control none \
@@ -190,10 +192,9 @@ W)
         done
     fi
     for r in $(seq "${KR:-2}"); do
-        bb "round $r 4 warps first" TPI_MMQ_WARPS=4
-        bb "round $r then 8" TPI_MMQ_WARPS=8
-        bb "round $r 8 warps first" TPI_MMQ_WARPS=8
-        bb "round $r then 4" TPI_MMQ_WARPS=4
+        for w in 4 3 8 8 3 4; do
+            bb "round $r TPI_MMQ_WARPS=$w" TPI_MMQ_WARPS=$w
+        done
     done
     ;;
 H)
