@@ -52,12 +52,14 @@ struct ops_ctx {
                                    that launch still reads x's form in q8 */
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
     struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
+    struct kern_scratch mmq_xp_buf; /* kern_mmq's x in its staging order (TPI_MMQ_XP) */
     struct kern_scratch top;      /* kern_row_top's picks of each row's segments */
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
     int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
                    * all that are resident at once) */
     int mmq_raw; /* kern_mmq's raw paths (TPI_MMQ_RAW): MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 */
     int mmq_warps; /* kern_mmq's blocks for Q4_K and Q6_K's groups (TPI_MMQ_WARPS: 4, 3, 8) */
+    int mmq_xp;    /* kern_mmq's raw kernels read x permuted into their order (TPI_MMQ_XP) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
     cudaStream_t side[OPS_MAX_FUSED - 1];

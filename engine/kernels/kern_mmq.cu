@@ -196,7 +196,7 @@ template <int T, int MT, bool RAW, int W> __host__ __device__ constexpr size_t m
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
-template <int T, int MT, bool UNR, bool RAW, int W, int MINB>
+template <int T, int MT, bool UNR, bool RAW, int W, int MINB, bool XP>
 __global__ void __launch_bounds__(W * 32, MINB)
     mmq_kernel(const mmq_ws a, size_t row_bytes, int ne0, const __nv_bfloat16 *__restrict__ x,
                int n_rows, float beta, float *__restrict__ part) {
@@ -248,16 +248,26 @@ __global__ void __launch_bounds__(W * 32, MINB)
         ch = c0 / MMQ_STEPS;
     };
     /* x's chunk k into buffer b with 4-byte cp.async (values k..k+3 of a quad lane are 8
-     * aligned bytes): values k, k+1 at slots 2q, 2q+1, k+2, k+3 at slots 2q+8, 2q+9 */
+     * aligned bytes): values k, k+1 at slots 2q, 2q+1, k+2, k+3 at slots 2q+8, 2q+9; or,
+     * XP, from x laid out in that order already (mmq_permute_x): 16-byte pieces */
     auto stage_x = [&](int c0, int ns, int b) {
         __nv_bfloat16(*xs)[MMQ_LD] = xs_of(b);
-        for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += W * 32) {
-            const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
-            const bool ok = r < n_rows && s < ns;
-            const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq) : x;
-            const uint32_t d = mma_smem_u32(&xs[r][16 * s + 2 * iq]);
-            mma_cp4(d, src, ok ? 4 : 0);
-            mma_cp4(d + 16, src + 2, ok ? 4 : 0);
+        if constexpr (XP) {
+            for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 2; it += W * 32) {
+                const int pc = it & (2 * MMQ_STEPS - 1), r = it / (2 * MMQ_STEPS);
+                const bool ok = r < n_rows && pc < 2 * ns;
+                const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + 16 * c0 + 8 * pc : x;
+                mma_cp16(mma_smem_u32(&xs[r][8 * pc]), src, ok ? 16 : 0);
+            }
+        } else {
+            for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += W * 32) {
+                const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
+                const bool ok = r < n_rows && s < ns;
+                const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq) : x;
+                const uint32_t d = mma_smem_u32(&xs[r][16 * s + 2 * iq]);
+                mma_cp4(d, src, ok ? 4 : 0);
+                mma_cp4(d + 16, src + 2, ok ? 4 : 0);
+            }
         }
         mma_commit();
     };
@@ -527,6 +537,23 @@ __global__ void mmq_reduce(const mmq_ws a, const float *__restrict__ part, int n
     }
 }
 
+/* xp = x (n_rows rows of ne0 bf16) with each 16-value step's values in the order
+ * mmq_kernel<T> stages them (stage_x): step S of a row at xp[16 S ..], quad lane q's
+ * values mmq_k<T>(S, q) + 0, 1 at slots 2q, 2q+1 and + 2, 3 at 2q+8, 2q+9. */
+template <int T>
+__global__ void mmq_permute_x(const __nv_bfloat16 *__restrict__ x, __nv_bfloat16 *__restrict__ xp,
+                              int ne0, int n_rows) {
+    const int per_row = ne0 / 4; /* (step, quad lane) items a row */
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_rows * per_row;
+         i += gridDim.x * blockDim.x) {
+        const int r = i / per_row, j = i % per_row, S = j >> 2, q = j & 3;
+        const __nv_bfloat16 *src = x + (size_t)r * ne0 + mmq_k<T>(S, q);
+        __nv_bfloat16 *dst = xp + (size_t)r * ne0 + 16 * S + 2 * q;
+        *(uint32_t *)dst = *(const uint32_t *)src;
+        *(uint32_t *)(dst + 8) = *(const uint32_t *)(src + 2);
+    }
+}
+
 template <int T, int MT, int W, int MINB>
 static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
                        const __nv_bfloat16 *x16, float *const *ys, int n_rows, float beta,
@@ -551,17 +578,22 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     const bool raw =
         RAW_OK && (ctx->mmq_raw & (T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8)) != 0;
     const size_t smem = raw ? mmq_smem<T, MT, RAW_OK, W>() : mmq_smem<T, MT, false, W>();
-    static bool smem_set[2] = {false, false}; /* the opt-in, once a kernel (one device a process) */
+    static bool smem_set[3] = {false, false, false}; /* the opt-in, once a kernel (a device a process) */
     /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's
      * registers (Q4_K: 224) leave 2 blocks an SM and the loop is faster (run 115) */
     constexpr bool UNR = MT <= 2;
-    auto kern = raw ? mmq_kernel<T, MT, UNR, RAW_OK, W, MINB> : mmq_kernel<T, MT, UNR, false, W, MINB>;
-    if (!smem_set[raw]) {
+    /* TPI_MMQ_XP=1: the raw kernels of 4 warps read x permuted by mmq_permute_x first */
+    constexpr bool XP_OK = RAW_OK && W == 4 && MINB == 1;
+    const bool xp = XP_OK && raw && ctx->mmq_xp;
+    auto kern = xp    ? mmq_kernel<T, MT, UNR, RAW_OK, W, MINB, XP_OK>
+                : raw ? mmq_kernel<T, MT, UNR, RAW_OK, W, MINB, false>
+                      : mmq_kernel<T, MT, UNR, false, W, MINB, false>;
+    if (!smem_set[raw + xp]) {
         if (!CUDA_OK(
                 ctx, op,
                 cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return;
-        smem_set[raw] = true;
+        smem_set[raw + xp] = true;
     }
     int bps = ctx->mmq_bps;
     if (bps <= 0) { /* the blocks a multiprocessor holds (queried once a kernel) */
@@ -595,6 +627,16 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         part = (float *)kern_scratch_get(
             ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
         if (!part) return;
+    }
+    if (xp) {
+        __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
+            ctx, &ctx->mmq_xp_buf, (size_t)n_rows * ne0 * sizeof(__nv_bfloat16), op);
+        if (!t) return;
+        const int items = n_rows * ne0 / 4;
+        mmq_permute_x<T><<<(unsigned)TPI_MIN((items + 255) / 256, ctx->n_sm * 8), 256, 0,
+                           ctx->stream>>>(x16, t, ne0, n_rows);
+        if (!LAUNCH_OK(ctx, op)) return;
+        x16 = t;
     }
     kern<<<dim3((unsigned)bx, (unsigned)split), W * 32, smem, ctx->stream>>>(
         a, ws[0]->row_bytes, ne0, x16, n_rows, beta, part);

@@ -101,8 +101,9 @@ static void cuda_free(struct ops_ctx **pctx) {
     struct ops_ctx *ctx = *pctx;
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16,    &ctx->mmq_part, &ctx->attn, &ctx->idx,
-                                   &ctx->q8,  &ctx->q8_out, &ctx->acc,      &ctx->top};
+    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16,    &ctx->mmq_part, &ctx->attn,
+                                   &ctx->idx, &ctx->q8,     &ctx->q8_out,   &ctx->acc,
+                                   &ctx->top, &ctx->mmq_xp_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -288,6 +289,9 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
         const long w = env_count("TPI_MMQ_WARPS", 4, 8);
         ctx->mmq_warps = w == 8 || w == 3 ? (int)w : 4;
     }
+    /* TPI_MMQ_XP=1 (a measuring knob): the raw kernels' x permuted into their staging order
+     * by a launch of its own, then staged in 16-byte pieces instead of 4-byte ones */
+    ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 0, 1);
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
