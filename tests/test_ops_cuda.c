@@ -259,23 +259,19 @@ START_TEST(test_get_rows) {
 }
 END_TEST
 
-/* row_top: the CUDA selection is the CPU's, bitwise (ids, the values' bits, the flags),
- * by both paths (the threshold's, the default: its filtered candidates, and a row of
- * zeros whose ties at the threshold overflow them; TPI_ROW_TOP=1: segments and their
- * merge), on rows of a vocabulary's width, wider ones (fewer, longer segments), a last
- * segment shorter than k, k = n_cols, rows narrower than the threshold's groups, many
- * exact ties, zeros of both signs, the best values spread or in one place, NaN and
- * infinity. */
+/* row_top: the CUDA selection is the CPU's, bitwise (ids, the values' bits, the flags):
+ * its filtered candidates, and a row of zeros whose ties at the threshold overflow them,
+ * on rows of a vocabulary's width, wider ones, a last filter chunk of one column, k =
+ * n_cols, rows narrower than the threshold's groups (empty groups: every column a
+ * candidate), many exact ties, zeros of both signs, the best values spread or in one
+ * place, NaN and infinity. */
 START_TEST(test_row_top) {
     struct tu_rng r;
     tu_rng_seed(&r, 9);
     const int shapes[][3] = {{151936, 64, 37}, {600000, 64, 2}, {4097, 1, 5}, {4096, 64, 5},
                              {70, 40, 5},      {64, 64, 5},     {5000, 20, 5}, {40, 7, 5}};
-    for (size_t si = 0; si < 2 * sizeof shapes / sizeof shapes[0]; si++) {
-        const bool segments = si >= sizeof shapes / sizeof shapes[0];
-        if (segments) setenv("TPI_ROW_TOP", "1", 1);
-        else unsetenv("TPI_ROW_TOP");
-        const int *shape = shapes[segments ? si - sizeof shapes / sizeof shapes[0] : si];
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int *shape = shapes[si];
         const int n_cols = shape[0], k = shape[1], n_rows = shape[2];
         const int64_t ld = n_cols + 5;
         const size_t n = (size_t)n_rows * ld;
@@ -309,9 +305,8 @@ START_TEST(test_row_top) {
             for (int j = 0; j < k; j++) {
                 const size_t o = (size_t)i * k + j;
                 ck_assert_msg(gi[o] == ci[o] && memcmp(&gv[o], &cv[o], 4) == 0,
-                              "row_top (%s) %d cols k %d: row %d place %d: id %d value %g, cpu "
-                              "%d %g",
-                              segments ? "segments" : "threshold", n_cols, k, i, j, gi[o],
+                              "row_top %d cols k %d: row %d place %d: id %d value %g, cpu %d %g",
+                              n_cols, k, i, j, gi[o],
                               (double)gv[o], ci[o], (double)cv[o]);
             }
         }
@@ -319,7 +314,6 @@ START_TEST(test_row_top) {
         G->dealloc(gctx, gvd), G->dealloc(gctx, gbd);
         free(x), free(ci), free(gi), free(cb), free(gb), free(cv), free(gv);
     }
-    unsetenv("TPI_ROW_TOP");
 }
 END_TEST
 

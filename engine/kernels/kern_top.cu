@@ -11,25 +11,20 @@
  * the warp's lanes with one digit add to its bin once, by __match_any_sync), then a sort
  * of the k by rank; the ids and the values read back from the row (their own bits) are
  * written with the row's non-finite flag.
- * The default path bounds the k-th best first (three launches): the largest key of each
- * of 64 column groups, whose smallest T has at least 64 keys at or above it; the keys >= T
- * appended to the row's candidates (typically a few hundred); one block a row selects
- * from those (or, where more than TOP_CAND tie at T, from the whole row). The segments'
- * path (rows narrower than the groups, or TPI_ROW_TOP=1) selects each 4096-value
- * segment's k best, then one block a row from the segments' picks: its radix passes are
- * a block's latency, ~58 us a step whatever the rows on an H100 (bench/NOTES.md 154b).
+ * Three launches bound the k-th best first: the largest key of each of 64 column groups,
+ * whose smallest T has at least 64 keys at or above it; the keys >= T appended to the
+ * row's candidates (typically a few hundred); one block a row selects from those (or,
+ * where more than TOP_CAND tie at T, from the whole row). (An earlier path selected each
+ * 4096-value segment's k best, then over their picks: ~58 us a step whatever the rows on
+ * an H100 against this one's ~36, bench/NOTES.md 154b.)
  * A selection, no arithmetic: bitwise the CPU backend's results.
  */
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kern_common.cuh"
 
 #define TOP_THREADS 256
-#define TOP_SEG 4096       /* values a first-launch block selects from */
-#define TOP_MERGE_MAX 8192 /* keys the second launch selects from (64 KB of shared memory) */
-#define TOP_GROUPS 64      /* the low-latency path: column groups whose maxima bound T */
+#define TOP_GROUPS 64      /* column groups whose maxima bound T */
 #define TOP_CHUNK 4096     /* columns a filter block scans */
 #define TOP_CAND 4096      /* candidates a row keeps (32 KB of shared memory to select) */
 
@@ -110,62 +105,11 @@ __device__ void top_write(const uint64_t *best, int k, const float *xr, int id0,
     }
 }
 
-/* Launch 1: block (segment, row) -> its k best keys at part[(row * n_seg + seg) * k],
- * padded with 0 (below every finite value's key) where the segment has fewer than k;
- * part_bad[row * n_seg + seg] = whether the segment holds a non-finite value. */
-__global__ void __launch_bounds__(TOP_THREADS)
-top_part_kernel(const float *__restrict__ x, int64_t ld, int n_cols, int seg, int k,
-                uint64_t *__restrict__ part, int *__restrict__ part_bad) {
-    extern __shared__ uint64_t keys[];
-    __shared__ unsigned hist[256];
-    const int row = blockIdx.y, n_seg = gridDim.x, c0 = blockIdx.x * seg;
-    const int n = min(seg, n_cols - c0);
-    const float *xr = x + row * ld + c0;
-    int nonfinite = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = xr[i];
-        nonfinite |= !isfinite(v);
-        keys[i] = ops_top_key(v, (uint32_t)(c0 + i));
-    }
-    nonfinite = __syncthreads_or(nonfinite);
-    uint64_t *out = part + ((int64_t)row * n_seg + blockIdx.x) * k;
-    if (threadIdx.x == 0) part_bad[row * n_seg + blockIdx.x] = nonfinite;
-    if (n <= k) {
-        for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = i < n ? keys[i] : 0;
-        return;
-    }
-    __shared__ uint64_t best[OPS_TOP_MAX];
-    top_select([&](int i) { return keys[i]; }, n, k, best, hist);
-    for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = best[i];
-}
-
-/* Launch 2: block row -> the k best of the row's n_seg * k picks, sorted, as ids (+ id0),
- * the row's own values and the row's non-finite flag. */
-__global__ void __launch_bounds__(TOP_THREADS)
-top_merge_kernel(const float *__restrict__ x, int64_t ld, int n_seg, int k, int id0,
-                 const uint64_t *__restrict__ part, const int *__restrict__ part_bad,
-                 int32_t *__restrict__ ids, float *__restrict__ vals, int32_t *__restrict__ bad) {
-    extern __shared__ uint64_t keys[];
-    __shared__ unsigned hist[256];
-    __shared__ uint64_t best[OPS_TOP_MAX];
-    const int row = blockIdx.x, n = n_seg * k;
-    const uint64_t *pr = part + (int64_t)row * n;
-    int nonfinite = 0;
-    for (int i = threadIdx.x; i < n_seg; i += blockDim.x) nonfinite |= part_bad[row * n_seg + i];
-    nonfinite = __syncthreads_or(nonfinite);
-    // Padding keys (0) repeat; they are below the >= k real keys of the row, so the
-    // select never reaches them but they must not tie: give each its own low word.
-    for (int i = threadIdx.x; i < n; i += blockDim.x) keys[i] = pr[i] ? pr[i] : (uint64_t)i;
-    __syncthreads();
-    top_select([&](int i) { return keys[i]; }, n, k, best, hist);
-    top_write(best, k, x + row * ld, id0, ids + (int64_t)row * k, vals + (int64_t)row * k);
-    if (threadIdx.x == 0) bad[row] = nonfinite;
-}
-
-/* The low-latency path (rows of >= TOP_GROUPS columns). Launch A: block (group, row) ->
- * the largest key of group g's columns (TOP_GROUPS equal runs) and whether it holds a
- * non-finite value; the row's count of candidates zeroed. The smallest of the groups'
- * maxima, T, has at least TOP_GROUPS >= k keys at or above it, one a group. */
+/* Launch A: block (group, row) -> the largest key of group g's columns (TOP_GROUPS equal
+ * runs) and whether it holds a non-finite value; the row's count of candidates zeroed.
+ * The smallest of the groups' maxima, T, has at least min(TOP_GROUPS, n_cols) >= k keys
+ * at or above it, one a group; a group past a narrow row's end is empty, its maximum 0
+ * (below every key), so there T is 0 and every column a candidate. */
 __global__ void __launch_bounds__(TOP_THREADS)
 top_gmax_kernel(const float *__restrict__ x, int64_t ld, int n_cols, uint64_t *__restrict__ gmax,
                 int *__restrict__ gbad, int *__restrict__ count) {
@@ -267,64 +211,22 @@ void kern_row_top(struct ops_ctx *ctx, const float *x, int n_rows, int64_t ld, i
     }
     if (n_rows <= 0) return;
     struct kern_scratch *s = &ctx->top;
-    // The threshold path unless the row is narrower than its groups (TPI_ROW_TOP=1: the
-    // segments' path always; for comparisons and the tests).
-    const char *path = getenv("TPI_ROW_TOP");
-    if (n_cols >= TOP_GROUPS && !(path && strcmp(path, "1") == 0)) {
-        const size_t g_bytes = (size_t)n_rows * TOP_GROUPS * (sizeof(uint64_t) + sizeof(int));
-        const size_t c_bytes = (size_t)n_rows * TOP_CAND * sizeof(uint64_t);
-        char *p = (char *)kern_scratch_get(ctx, s, c_bytes + g_bytes + sizeof(int) * n_rows,
-                                           "cuda row_top");
-        if (!p) return;
-        uint64_t *cand = (uint64_t *)p, *gmax = (uint64_t *)(p + c_bytes);
-        int *gbad = (int *)(gmax + (size_t)n_rows * TOP_GROUPS);
-        int *count = gbad + (size_t)n_rows * TOP_GROUPS;
-        top_gmax_kernel<<<dim3(TOP_GROUPS, (unsigned)n_rows), TOP_THREADS, 0, ctx->stream>>>(
-            x, ld, n_cols, gmax, gbad, count);
-        if (!LAUNCH_OK(ctx, "cuda row_top")) return;
-        const unsigned n_chunk = (unsigned)((n_cols + TOP_CHUNK - 1) / TOP_CHUNK);
-        top_filter_kernel<<<dim3(n_chunk, (unsigned)n_rows), TOP_THREADS, 0, ctx->stream>>>(
-            x, ld, n_cols, gmax, cand, count);
-        if (!LAUNCH_OK(ctx, "cuda row_top")) return;
-        top_final_kernel<<<(unsigned)n_rows, TOP_THREADS, 0, ctx->stream>>>(
-            x, ld, n_cols, k, id0, cand, count, gbad, ids, vals, bad);
-        LAUNCH_OK(ctx, "cuda row_top");
-        return;
-    }
-    int seg = TOP_SEG;
-    int n_seg = (n_cols + seg - 1) / seg;
-    if (n_seg * k > TOP_MERGE_MAX) { // wide rows: fewer, longer segments
-        n_seg = TOP_MERGE_MAX / k;
-        seg = (n_cols + n_seg - 1) / n_seg;
-        n_seg = (n_cols + seg - 1) / seg;
-    }
-    const size_t smem1 = sizeof(uint64_t) * (size_t)seg;
-    const size_t smem2 = sizeof(uint64_t) * (size_t)n_seg * (size_t)k;
-    if (smem1 > 200 * 1024) {
-        kern_fail(ctx, TPI_ERR_INVALID, "cuda row_top", __FILE__, __LINE__,
-                  "rows of %d columns are too wide", n_cols);
-        return;
-    }
-    const size_t part_bytes = sizeof(uint64_t) * (size_t)n_rows * n_seg * k;
-    char *p = (char *)kern_scratch_get(ctx, s, part_bytes + sizeof(int) * (size_t)n_rows * n_seg,
+    const size_t g_bytes = (size_t)n_rows * TOP_GROUPS * (sizeof(uint64_t) + sizeof(int));
+    const size_t c_bytes = (size_t)n_rows * TOP_CAND * sizeof(uint64_t);
+    char *p = (char *)kern_scratch_get(ctx, s, c_bytes + g_bytes + sizeof(int) * n_rows,
                                        "cuda row_top");
     if (!p) return;
-    if (smem1 > 48 * 1024 &&
-        !CUDA_OK(ctx, "cuda row_top",
-                 cudaFuncSetAttribute(top_part_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)smem1)))
-        return;
-    if (smem2 > 48 * 1024 &&
-        !CUDA_OK(ctx, "cuda row_top",
-                 cudaFuncSetAttribute(top_merge_kernel,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem2)))
-        return;
-    uint64_t *part = (uint64_t *)p;
-    int *part_bad = (int *)(p + part_bytes);
-    top_part_kernel<<<dim3((unsigned)n_seg, (unsigned)n_rows), TOP_THREADS, smem1, ctx->stream>>>(
-        x, ld, n_cols, seg, k, part, part_bad);
+    uint64_t *cand = (uint64_t *)p, *gmax = (uint64_t *)(p + c_bytes);
+    int *gbad = (int *)(gmax + (size_t)n_rows * TOP_GROUPS);
+    int *count = gbad + (size_t)n_rows * TOP_GROUPS;
+    top_gmax_kernel<<<dim3(TOP_GROUPS, (unsigned)n_rows), TOP_THREADS, 0, ctx->stream>>>(
+        x, ld, n_cols, gmax, gbad, count);
     if (!LAUNCH_OK(ctx, "cuda row_top")) return;
-    top_merge_kernel<<<(unsigned)n_rows, TOP_THREADS, smem2, ctx->stream>>>(
-        x, ld, n_seg, k, id0, part, part_bad, ids, vals, bad);
+    const unsigned n_chunk = (unsigned)((n_cols + TOP_CHUNK - 1) / TOP_CHUNK);
+    top_filter_kernel<<<dim3(n_chunk, (unsigned)n_rows), TOP_THREADS, 0, ctx->stream>>>(
+        x, ld, n_cols, gmax, cand, count);
+    if (!LAUNCH_OK(ctx, "cuda row_top")) return;
+    top_final_kernel<<<(unsigned)n_rows, TOP_THREADS, 0, ctx->stream>>>(
+        x, ld, n_cols, k, id0, cand, count, gbad, ids, vals, bad);
     LAUNCH_OK(ctx, "cuda row_top");
 }
