@@ -6,7 +6,8 @@
 #   env: DRIVER (default build/tpinfer),
 #        TEMP (sampling temperature, default 0: greedy; 0.8 runs the default top-k chain),
 #        EXTRA (more options, e.g. "--backend cuda" or "--tp 2" under LAUNCH),
-#        LAUNCH (e.g. "mpirun -np 2"), PARALLEL (default "1 32")
+#        LAUNCH (e.g. "mpirun -np 2"), PARALLEL (default "1 32"),
+#        KEEP_OUT (a path prefix: each run's records kept as PREFIX-PARALLEL.jsonl)
 # Defaults are CI-sized: the tiny test model, 64 prompts, 16 tokens each. The full
 # form is 256 prompts: bench/batch-bench.sh model.gguf 256 128
 set -euo pipefail
@@ -43,6 +44,7 @@ for p in $parallel; do
   steps=$(sed -E 's/.*, ([0-9]+) steps \(([0-9]+) decode only\).*/\1\/\2/' <<< "$line")
   fwd=$(sed -E 's/.*forward ([0-9.]+) s.*/\1/' <<< "$line")
   smp=$(sed -E 's/.*sampling ([0-9.]+) s.*/\1/' <<< "$line")
+  if [ -n "${KEEP_OUT:-}" ]; then cp "$tmp/out-$p.jsonl" "$KEEP_OUT-$p.jsonl"; fi
   printf '%-10s %10s %12s %12s %10s %14s %10s %10s\n' "$p" "$wall" "$gen" "$tot" \
     "$(wc -l < "$tmp/out-$p.jsonl")" "$steps" "$fwd" "$smp"
 done

@@ -25,20 +25,25 @@
 #     and without, on CUDA); d2h_bench (is this machine's copy slow?); batch-bench at
 #     --parallel 32 alternating TPI_LOGITS_KEEP=0 (every row copied whole: main's) and the
 #     default, greedy, KR rounds (default 2), then once each at TEMP=0.8 (top-k 40's
-#     chain), and row_top's segments path (TPI_ROW_TOP=1) beside its default threshold
-#     path; the three again at --parallel 1 on N_ONE prompts (24); the trace of the
-#     default if time is left. ~7 min.
+#     chain); the two again at --parallel 1 on N_ONE prompts (24); the trace of the
+#     default if time is left. ~6 min. (Runs 261-262 also ran row_top's segments path,
+#     since removed.)
 #   PART=P: `run -p` with its decode steps' logits kept and copied whole, the same text
 #     (tiny models and the 8B; greedy, sampled, penalties, no top-k, logprobs), and
 #     test_model_gpu. ~4 min.
 #   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
-#   PART=W: change 155, kern_mmq's Q4_K and Q6_K-group blocks by their registers
-#     (TPI_MMQ_WARPS: 4 the default, 3 held to 3 blocks an SM, 8 blocks of 8 warps):
-#     test_ops_cuda's matmul_Q4_K and matmul_Q6_K groups and test_ops_fused_cuda at 3 and
-#     8; the product bench at 16 and 32 rows at each; ncu's warp states of the 32-row Q4_K
-#     4096->12288 kernel at each; batch-bench at --parallel 32 in both orders, KR rounds
-#     (default 2). ~8 min.
+#   PART=W: change 155, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
+#     held to 3 blocks an SM and reading x permuted as the launch before rounds it: ctest's
+#     elem group, matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda, test_batch and
+#     test_model_gpu by default, the matmul and fused entries again as main's were before
+#     (TPI_MMQ_HOLD=0 TPI_MMQ_XP=0); the product bench at 16 and 32 rows in five forms
+#     (main's before, hold only, XP only, hold on Q4_K only, both: the default); ncu's warp
+#     states of the 32-row Q4_K 4096->12288 kernel before and now; batch-bench at
+#     --parallel 32 in each form, in both orders, KR rounds (default 1), and each form's
+#     records against the first's. ~8 min. (Run 265 ran the knobs' first forms, of
+#     fd2d7be's and the next commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by a
+#     launch of its own.)
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -117,7 +122,6 @@ K)
     for r in $(seq "${KR:-2}"); do
         bb "round $r every row whole (main's)" TPI_LOGITS_KEEP=0
         bb "round $r kept on the device" TPI_LOGITS_KEEP=1
-        bb "round $r kept, row_top's segments path" TPI_LOGITS_KEEP=1 TPI_ROW_TOP=1
     done
     bb "top-k 40 chain, every row whole" TPI_LOGITS_KEEP=0 TEMP=0.8
     bb "top-k 40 chain, kept" TPI_LOGITS_KEEP=1 TEMP=0.8
@@ -125,7 +129,6 @@ K)
     n=${N_ONE:-24}
     PARALLEL=1 bb "--parallel 1, every row whole" TPI_LOGITS_KEEP=0
     PARALLEL=1 bb "--parallel 1, kept" TPI_LOGITS_KEEP=1
-    PARALLEL=1 bb "--parallel 1, kept, segments" TPI_LOGITS_KEEP=1 TPI_ROW_TOP=1
     n=${N_PROMPTS:-256}
     echo "at ${SECONDS}s"
     [ "$SECONDS" -lt 400 ] && trace
@@ -166,36 +169,53 @@ P)
     [ $bad = 0 ] || exit 1
     ;;
 W)
-    (cd build && TPI_MMQ_WARPS=8 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda" &&
-        TPI_MMQ_WARPS=3 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
+    # each form's variables, comma-separated; the first is main's before change 155
+    V="TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_HOLD=1 TPI_MMQ_XP=1"
+    (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_batch|test_model_gpu" &&
+        TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
         >"$OUT/tests.log" 2>&1 &
     TP=$!
     mk || exit 1
     wait $TP
-    grep -E "worst|tests passed|tests failed|\*\*\*Failed|Test +#" "$OUT/tests.log" | sed -E 's/^[0-9]+: //'
-    for w in 4 3 8; do
-        echo "== product bench, TPI_MMQ_WARPS=$w"
-        TPI_MMQ_WARPS=$w TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
-            CK_FORK=no build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul"
+    grep -E "worst|tests passed|tests failed|\*\*\*Failed" "$OUT/tests.log" | sed -E 's/^[0-9]+: //'
+    for v in $V; do
+        echo "== product bench, $v"
+        # shellcheck disable=SC2046
+        env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
+            TPI_BENCH_SHAPES=4096x4096,4096x1024,4096x12288,12288x4096 CK_FORK=no \
+            build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul" | sed -E 's/ +\(.*//'
     done
     if command -v ncu >/dev/null; then
-        for w in 4 3 8; do
-            echo "== ncu Q4_K 4096x12288 32 rows, TPI_MMQ_WARPS=$w"
-            TPI_MMQ_WARPS=$w TPI_BENCH_TYPES=Q4_K TPI_BENCH_SHAPES=4096x12288 TPI_BENCH_ROWS=32 \
-                TPI_BENCH_ATTN=none CK_FORK=no timeout 120 ncu --clock-control none \
-                -k regex:mmq_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight \
-                --section WarpStateStats --section Occupancy --section SchedulerStats \
-                --section LaunchStats --section MemoryWorkloadAnalysis \
-                build/tests/test_ops_cuda_elem bench >"$OUT/ncu-w$w.log" 2>&1
-            grep -E "Duration|Registers|Theoretical Occ|Achieved Occ|No Eligible|Issued Warp|Warp Cycles Per Issued|Block Limit|DRAM Throughput|L2 Cache Throughput|Compute \(SM\)|Stall|Dynamic Shared" \
-                "$OUT/ncu-w$w.log" | head -30
+        for v in "TPI_MMQ_HOLD=0,TPI_MMQ_XP=0" TPI_MMQ_XP=1; do
+            echo "== ncu Q4_K 4096x12288 32 rows, $v"
+            # shellcheck disable=SC2046
+            env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K TPI_BENCH_SHAPES=4096x12288 \
+                TPI_BENCH_ROWS=32 TPI_BENCH_ATTN=none CK_FORK=no timeout 120 ncu \
+                --clock-control none -k regex:mmq_kernel --launch-skip 3 --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy \
+                --section SchedulerStats --section MemoryWorkloadAnalysis \
+                build/tests/test_ops_cuda_elem bench >"$OUT/ncu.log" 2>&1
+            grep -E "Duration|Registers Per|Achieved Occ|No Eligible|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput" \
+                "$OUT/ncu.log" | head -8
         done
     fi
-    for r in $(seq "${KR:-2}"); do
-        for w in 4 3 8 8 3 4; do
-            bb "round $r TPI_MMQ_WARPS=$w" TPI_MMQ_WARPS=$w
+    for r in $(seq "${KR:-1}"); do
+        # shellcheck disable=SC2046
+        for v in $V $(tr ' ' '\n' <<<"$V" | tac); do
+            # shellcheck disable=SC2046
+            bb "round $r $v" $(tr , ' ' <<<"$v") KEEP_OUT="/tmp/out-$v"
         done
     done
+    # the same records (ids and tokens) in every form
+    python3 - $V <<'PY'
+import json, sys
+def toks(v):
+    with open(f"/tmp/out-{v}-32.jsonl") as f:
+        return sorted((r["id"], tuple(r["tokens"])) for r in map(json.loads, f))
+base = toks(sys.argv[1])
+for v in sys.argv[2:]:
+    print(f"records {v}: {'the same as' if toks(v) == base else 'DIFFERENT from'} {sys.argv[1]}'s")
+PY
     ;;
 H)
     nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"
