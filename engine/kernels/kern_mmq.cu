@@ -31,6 +31,10 @@
  * Q6_K's 8-block groups take it too, a 16-value step at a time (their scales are per 16
  * values): the 6-bit q as bf16 128 + q, each step's sums started from -160 X, so
  * y += d sc (S - 160 X) (bench/NOTES.md change 152).
+ * The raw kernels read x permuted into their staging order by the launch that rounds it
+ * to bf16 (mmq_permute_x: 16-byte copies where the plain x takes 4-byte ones, each
+ * warp's sectors all used) and are held to 3 blocks an SM (168 registers, their outer
+ * loop rolled; unbounded they took 220-254: 2 an SM); bench/NOTES.md change 155.
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, then one launch adds them in a fixed order (results do not depend on
  * timing). One launch may hold up to 4 weights of one type and row length that share x
