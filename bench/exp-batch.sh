@@ -40,8 +40,8 @@
 #     (TPI_MMQ_HOLD=0 TPI_MMQ_XP=0); the product bench at 16 and 32 rows in five forms
 #     (main's before, hold only, XP only, hold on Q4_K only, both: the default); ncu's warp
 #     states of the 32-row Q4_K 4096->12288 kernel before and now; batch-bench at
-#     --parallel 32 in each form, in both orders, KR rounds (default 1), and each form's
-#     records against the first's. ~8 min. (Run 265 ran the knobs' first forms, of
+#     --parallel 32 in each form but hold on Q4_K only, in both orders, KR rounds
+#     (default 1), and each form's records against the first's. ~8 min. (Run 265 ran the knobs' first forms, of
 #     fd2d7be's and the next commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by a
 #     launch of its own.)
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
@@ -201,13 +201,14 @@ W)
     fi
     for r in $(seq "${KR:-1}"); do
         # shellcheck disable=SC2046
-        for v in $V $(tr ' ' '\n' <<<"$V" | tac); do
+        VB="TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1"
+        for v in $VB $(tr ' ' '\n' <<<"$VB" | tac); do
             # shellcheck disable=SC2046
             bb "round $r $v" $(tr , ' ' <<<"$v") KEEP_OUT="/tmp/out-$v"
         done
     done
     # the same records (ids and tokens) in every form
-    python3 - $V <<'PY'
+    python3 - $VB <<'PY'
 import json, sys
 def toks(v):
     with open(f"/tmp/out-{v}-32.jsonl") as f:
