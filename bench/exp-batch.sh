@@ -38,7 +38,8 @@
 #     elem group, matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda, test_batch and
 #     test_model_gpu by default, the matmul and fused entries again as main's were before
 #     (TPI_MMQ_HOLD=0 TPI_MMQ_XP=0); the product bench at 16 and 32 rows in five forms
-#     (main's before, hold only, XP only, hold on Q4_K only, both: the default); ncu's warp
+#     (main's before, hold only, XP only, hold on Q4_K only, both: the default) and the
+#     default at TPI_MMQ_BPS 2 and 4; ncu's warp
 #     states of the 32-row Q4_K 4096->12288 kernel before and now; batch-bench at
 #     --parallel 32 in each form but hold on Q4_K only, in both orders, KR rounds
 #     (default 1), and each form's records against the first's. ~8 min. (Run 265 ran the knobs' first forms, of
@@ -171,6 +172,7 @@ P)
 W)
     # each form's variables, comma-separated; the first is main's before change 155
     V="TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_HOLD=1 TPI_MMQ_XP=1"
+    V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # the product bench only: the k split around the default
     (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_batch|test_model_gpu" &&
         TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
         >"$OUT/tests.log" 2>&1 &
