@@ -35,16 +35,16 @@
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
 #   PART=W: change 155, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
 #     held to 3 blocks an SM and reading x permuted as the launch before rounds it: ctest's
-#     elem group, matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda, test_batch and
-#     test_model_gpu by default, the matmul and fused entries again as main's were before
-#     (TPI_MMQ_HOLD=0 TPI_MMQ_XP=0); the product bench at 16 and 32 rows in five forms
-#     (main's before, hold only, XP only, hold on Q4_K only, both: the default) and the
-#     default at TPI_MMQ_BPS 2 and 4; ncu's warp
-#     states of the 32-row Q4_K 4096->12288 kernel before and now; batch-bench at
-#     --parallel 32 in each form but hold on Q4_K only, in both orders, KR rounds
-#     (default 1), and each form's records against the first's. ~8 min. (Run 265 ran the knobs' first forms, of
-#     fd2d7be's and the next commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by a
-#     launch of its own.)
+#     elem group, matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda and test_model_gpu by
+#     default, the matmul and fused entries again as main's were before (TPI_MMQ_HOLD=0
+#     TPI_MMQ_XP=0); the product bench at 16 and 32 rows in five forms (main's before,
+#     hold only, XP only, hold on Q4_K only, both: the default; BPS_TOO=1: the default at
+#     TPI_MMQ_BPS 2 and 4 too); NCU=1: ncu's warp states of the 32-row Q4_K 4096->12288
+#     kernel before and now; batch-bench at --parallel 32 in each form but hold on Q4_K
+#     only, in both orders, KR rounds (default 1; none begun after STOP_AT s, 420), and
+#     each form's records against the first's. ~6 min. (Run 265 ran the knobs' first
+#     forms, of fd2d7be's and the next commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by
+#     a launch of its own.)
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -172,8 +172,8 @@ P)
 W)
     # each form's variables, comma-separated; the first is main's before change 155
     V="TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_HOLD=1 TPI_MMQ_XP=1"
-    V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # the product bench only: the k split around the default
-    (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_batch|test_model_gpu" &&
+    [ "${BPS_TOO:-0}" = 1 ] && V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # product bench only
+    (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu" &&
         TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
         >"$OUT/tests.log" 2>&1 &
     TP=$!
@@ -187,7 +187,7 @@ W)
             TPI_BENCH_SHAPES=4096x4096,4096x1024,4096x12288,12288x4096 CK_FORK=no \
             build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul" | sed -E 's/ +\(.*//'
     done
-    if command -v ncu >/dev/null; then
+    if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
         for v in "TPI_MMQ_HOLD=0,TPI_MMQ_XP=0" TPI_MMQ_XP=1; do
             echo "== ncu Q4_K 4096x12288 32 rows, $v"
             # shellcheck disable=SC2046
@@ -205,18 +205,20 @@ W)
         # shellcheck disable=SC2046
         VB="TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1"
         for v in $VB $(tr ' ' '\n' <<<"$VB" | tac); do
+            [ "$SECONDS" -lt "${STOP_AT:-420}" ] || break
             # shellcheck disable=SC2046
             bb "round $r $v" $(tr , ' ' <<<"$v") KEEP_OUT="/tmp/out-$v"
         done
     done
     # the same records (ids and tokens) in every form
     python3 - $VB <<'PY'
-import json, sys
+import json, os, sys
 def toks(v):
     with open(f"/tmp/out-{v}-32.jsonl") as f:
         return sorted((r["id"], tuple(r["tokens"])) for r in map(json.loads, f))
 base = toks(sys.argv[1])
 for v in sys.argv[2:]:
+    if not os.path.exists(f"/tmp/out-{v}-32.jsonl"): continue
     print(f"records {v}: {'the same as' if toks(v) == base else 'DIFFERENT from'} {sys.argv[1]}'s")
 PY
     ;;
