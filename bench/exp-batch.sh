@@ -42,7 +42,7 @@
 #     TPI_MMQ_BPS 2 and 4 too); NCU=1: ncu's warp states of the 32-row Q4_K 4096->12288
 #     kernel before and now; batch-bench at --parallel 32 in each form but hold on Q4_K
 #     only, in both orders, KR rounds (default 1; none begun after STOP_AT s, 420), and
-#     each form's records against the first's. ~6 min. (Run 265 ran the knobs' first
+#     each form's records against the first's (FORMS, BFORMS: other lists of forms). ~6 min. (Run 265 ran the knobs' first
 #     forms, of fd2d7be's and the next commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by
 #     a launch of its own.)
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
@@ -58,7 +58,7 @@ targets=tpinfer
 [ "${PART:-T}" = R ] && targets="tpinfer test_ops_cuda_elem test_ops_fused"
 [ "${PART:-T}" = K ] && targets="tpinfer test_ops_cuda_elem test_model test_batch"
 [ "${PART:-T}" = P ] && targets="tpinfer test_model_gpu"
-[ "${PART:-T}" = W ] && targets="tpinfer test_ops_cuda_elem test_ops_fused"
+[ "${PART:-T}" = W ] && targets="tpinfer test_ops_cuda_elem test_ops_fused test_model_gpu"
 # shellcheck disable=SC2086
 cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
     >"$OUT/build.log" 2>&1 && cmake --build build -j 16 --target $targets >>"$OUT/build.log" 2>&1 ||
@@ -171,7 +171,7 @@ P)
     ;;
 W)
     # each form's variables, comma-separated; the first is main's before change 155
-    V="TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_HOLD=1 TPI_MMQ_XP=1"
+    V=${FORMS:-"TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_HOLD=1 TPI_MMQ_XP=1"}
     [ "${BPS_TOO:-0}" = 1 ] && V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # product bench only
     (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu" &&
         TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
@@ -203,7 +203,7 @@ W)
     fi
     for r in $(seq "${KR:-1}"); do
         # shellcheck disable=SC2046
-        VB="TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1"
+        VB=${BFORMS:-"TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1"}
         for v in $VB $(tr ' ' '\n' <<<"$VB" | tac); do
             [ "$SECONDS" -lt "${STOP_AT:-420}" ] || break
             # shellcheck disable=SC2046
@@ -211,7 +211,7 @@ W)
         done
     done
     # the same records (ids and tokens) in every form
-    python3 - $VB <<'PY'
+    python3 - ${BFORMS:-TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1} <<'PY'
 import json, os, sys
 def toks(v):
     with open(f"/tmp/out-{v}-32.jsonl") as f:
