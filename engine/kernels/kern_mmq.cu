@@ -195,8 +195,10 @@ template <int T, int MT, bool RAW, int W> __host__ __device__ constexpr size_t m
 }
 
 /* Block (x, y) of W warps: features [MMQ_FEATS(W) (x - bx0[i]), +MMQ_FEATS(W)) of the
- * weight i whose blocks hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >= split[i]). split[i] 1:
- * y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc (mmq_reduce adds).
+ * weight i whose blocks hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >=
+ * split[i]). split[i] 1: y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc
+ * (mmq_reduce adds). MINB: the blocks an SM its registers are held to; XP: x is in the
+ * staging order already (mmq_permute_x).
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
@@ -582,7 +584,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     const bool raw =
         RAW_OK && (ctx->mmq_raw & (T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8)) != 0;
     const size_t smem = raw ? mmq_smem<T, MT, RAW_OK, W>() : mmq_smem<T, MT, false, W>();
-    static bool smem_set[3] = {false, false, false}; /* the opt-in, once a kernel (a device a process) */
+    static bool smem_set[3] = {false, false, false}; /* the opt-in, once a kernel */
     /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's
      * registers (Q4_K: 224) leave 2 blocks an SM and the loop is faster (run 115) */
     constexpr bool UNR = MT <= 2;
