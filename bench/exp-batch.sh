@@ -35,8 +35,8 @@
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
 #   PART=W: change 155, kern_mmq's Q4_K and Q6_K-group kernels in their forms
 #     (TPI_MMQ_WARPS=4: unbounded registers, main's before; =3: held to 3 blocks an SM,
-#     the default since; =8: blocks of 8 warps; TPI_MMQ_XP=1: x permuted first by a launch
-#     of its own, staged in 16-byte pieces): test_ops_cuda's elem group (row_top's one
+#     the default since; TPI_MMQ_XP=1: x permuted first by a launch of its own, staged in
+#     16-byte pieces; run 265 also ran =8, blocks of 8 warps, since removed): test_ops_cuda's elem group (row_top's one
 #     path), its matmul_Q4_K and matmul_Q6_K groups and test_ops_fused_cuda in each form;
 #     the product bench at 16 and 32 rows in each; ncu's warp states of the 32-row Q4_K
 #     4096->12288 kernel in each; batch-bench at --parallel 32 in each, in both orders, KR
@@ -166,7 +166,7 @@ P)
     [ $bad = 0 ] || exit 1
     ;;
 W)
-    V="TPI_MMQ_WARPS=4 TPI_MMQ_WARPS=3 TPI_MMQ_WARPS=8 TPI_MMQ_XP=1"
+    V="TPI_MMQ_WARPS=4 TPI_MMQ_WARPS=3 TPI_MMQ_XP=1"
     (cd build && ctest -V -R "test_ops_cuda_elem$" &&
         for v in $V; do
             env "$v" ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda" || exit 1

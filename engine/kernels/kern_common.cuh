@@ -58,7 +58,7 @@ struct ops_ctx {
     int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
                    * all that are resident at once) */
     int mmq_raw; /* kern_mmq's raw paths (TPI_MMQ_RAW): MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 */
-    int mmq_warps; /* kern_mmq's blocks for Q4_K and Q6_K's groups (TPI_MMQ_WARPS: 3, 4, 8) */
+    int mmq_warps; /* kern_mmq's blocks for Q4_K and Q6_K's groups (TPI_MMQ_WARPS: 3 held, 4) */
     int mmq_xp;    /* kern_mmq's raw kernels read x permuted into their order (TPI_MMQ_XP) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */

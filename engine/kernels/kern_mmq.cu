@@ -34,7 +34,8 @@
  * Q4_K's and Q6_K's groups' kernels up to 32 rows are held to 3 blocks an SM (168
  * registers, the raw paths' outer loop over a chunk rolled; unbounded they take 220-254:
  * 2 blocks an SM, TPI_MMQ_WARPS=4): the 32-row Q4_K 4096->12288 kernel 45.4 -> 34.2 us
- * on an H100 (bench/NOTES.md change 155).
+ * on an H100 (bench/NOTES.md change 155; blocks of 8 warps measured +1.3 % against its
+ * +4.2 % and were removed).
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, then one launch adds them in a fixed order (results do not depend on
  * timing). One launch may hold up to 4 weights of one type and row length that share x
@@ -48,9 +49,9 @@
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
 
-#define MMQ_WARPS 4 /* warps a block; 8 for the raw paths' types with TPI_MMQ_WARPS=8 */
-#define MMQ_NT 4    /* n-tiles (8 features) a warp */
-#define MMQ_FEATS(W) ((W) * MMQ_NT * 8) /* features a block of W warps: 128 at 4 */
+#define MMQ_WARPS 4
+#define MMQ_NT 4                           /* n-tiles (8 features) a warp */
+#define MMQ_FEATS (MMQ_WARPS * MMQ_NT * 8) /* 128 features a block */
 #define MMQ_STEPS 16                       /* 16-value steps a staged chunk: 256 values */
 #define MMQ_LD (MMQ_STEPS * 16 + 8)        /* bf16 a staged row: 528 bytes */
 #define MMQ_MAX_SPLIT 16
@@ -182,19 +183,19 @@ __device__ __forceinline__ void mmq_q3x8_unit(const uint8_t *b, int c, int u, fl
 }
 /* One buffer of mmq_kernel<T, MT>'s shared memory: x's chunk, then the block's rows'
  * chunk; the kernel has two (the next chunk is copied while this one is multiplied). */
-template <int T, int MT, int W> __host__ __device__ constexpr size_t mmq_buf() {
-    return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS(W) * mmq_chunk_bytes<T>();
+template <int T, int MT> __host__ __device__ constexpr size_t mmq_buf() {
+    return (size_t)MT * 16 * MMQ_LD * 2 + (size_t)MMQ_FEATS * mmq_chunk_bytes<T>();
 }
 /* The raw paths' scale table, after the two buffers: per warp, its 32 features' (d sc,
  * 128 d sc + dmin m) of two of a chunk's 8 Q4_K sub-blocks at a time, or d sc of four of
  * a Q6_K chunk's 16 runs of 16 values (2 KB: with 8 KB, 32 rows' blocks fit 2 an SM
  * instead of 3, run 119) */
-#define MMQ_RAW_TAB(W) ((W) * 2 * 32 * 8)
-template <int T, int MT, bool RAW, int W> __host__ __device__ constexpr size_t mmq_smem() {
-    return 2 * mmq_buf<T, MT, W>() + (RAW ? MMQ_RAW_TAB(W) : 0);
+#define MMQ_RAW_TAB (MMQ_WARPS * 2 * 32 * 8)
+template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem() {
+    return 2 * mmq_buf<T, MT>() + (RAW ? MMQ_RAW_TAB : 0);
 }
 
-/* Block (x, y) of W warps: features [MMQ_FEATS(W) (x - bx0[i]), +MMQ_FEATS(W)) of the
+/* Block (x, y): features [MMQ_FEATS (x - bx0[i]), +MMQ_FEATS) of the
  * weight i whose blocks hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >=
  * split[i]). split[i] 1: y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc
  * (mmq_reduce adds). MINB: the blocks an SM its registers are held to; XP: x is in the
@@ -202,8 +203,8 @@ template <int T, int MT, bool RAW, int W> __host__ __device__ constexpr size_t m
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
-template <int T, int MT, bool UNR, bool RAW, int W, int MINB, bool XP>
-__global__ void __launch_bounds__(W * 32, MINB)
+template <int T, int MT, bool UNR, bool RAW, int MINB, bool XP>
+__global__ void __launch_bounds__(MMQ_WARPS * 32, MINB)
     mmq_kernel(const mmq_ws a, size_t row_bytes, int ne0, const __nv_bfloat16 *__restrict__ x,
                int n_rows, float beta, float *__restrict__ part) {
     using Q = kq<T>;
@@ -221,14 +222,14 @@ __global__ void __launch_bounds__(W * 32, MINB)
     const int n_part_cols = a.cols;
     constexpr int CB = mmq_chunk_bytes<T>();
     /* the raw paths' outer loop over a chunk's 4 parts: unrolled, except in the kernels
-     * held to 2-3 blocks an SM (TPI_MMQ_WARPS), where unrolled it needs 226-254 registers */
+     * held to 3 blocks an SM, where unrolled they would spill (226-254 registers) */
     constexpr int OUTER = MINB > 1 ? 1 : 4;
     extern __shared__ __align__(16) uint8_t mmq_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, q = lane & 3;
     const int n_steps = ne0 / 16;
     const int s0 = blockIdx.y * spb, s1 = min(n_steps, s0 + spb);
-    const int fb = ((int)blockIdx.x - bx0) * MMQ_FEATS(W), f0 = fb + warp * (MMQ_NT * 8);
+    const int fb = ((int)blockIdx.x - bx0) * MMQ_FEATS, f0 = fb + warp * (MMQ_NT * 8);
     const int n_ch = (s1 - s0 + MMQ_STEPS - 1) / MMQ_STEPS; /* this block's chunks */
     float acc[MT][MMQ_NT][4];
 #pragma unroll
@@ -240,10 +241,10 @@ __global__ void __launch_bounds__(W * 32, MINB)
                 acc[m][t][e] = 0.0f;
     /* buffer b: x's staged rows (MT * 16 of MMQ_LD bf16), then the weight rows (CB bytes) */
     auto xs_of = [&](int b) {
-        return (__nv_bfloat16(*)[MMQ_LD])(mmq_sm + (size_t)b * mmq_buf<T, MT, W>());
+        return (__nv_bfloat16(*)[MMQ_LD])(mmq_sm + (size_t)b * mmq_buf<T, MT>());
     };
     auto ws_of = [&](int b) {
-        return mmq_sm + (size_t)b * mmq_buf<T, MT, W>() + (size_t)MT * 16 * MMQ_LD * 2;
+        return mmq_sm + (size_t)b * mmq_buf<T, MT>() + (size_t)MT * 16 * MMQ_LD * 2;
     };
     /* chunk k: steps [c0, c0 + ns), the bytes of its rows that exist, its index in a row */
     auto chunk = [&](int k, int &c0, int &ns, int &nbytes, int &ch) {
@@ -259,14 +260,14 @@ __global__ void __launch_bounds__(W * 32, MINB)
     auto stage_x = [&](int c0, int ns, int b) {
         __nv_bfloat16(*xs)[MMQ_LD] = xs_of(b);
         if constexpr (XP) {
-            for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 2; it += W * 32) {
+            for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 2; it += MMQ_WARPS * 32) {
                 const int pc = it & (2 * MMQ_STEPS - 1), r = it / (2 * MMQ_STEPS);
                 const bool ok = r < n_rows && pc < 2 * ns;
                 const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + 16 * c0 + 8 * pc : x;
                 mma_cp16(mma_smem_u32(&xs[r][8 * pc]), src, ok ? 16 : 0);
             }
         } else {
-            for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += W * 32) {
+            for (int it = threadIdx.x; it < MT * 16 * MMQ_STEPS * 4; it += MMQ_WARPS * 32) {
                 const int iq = it & 3, s = (it >> 2) & (MMQ_STEPS - 1), r = it >> 6;
                 const bool ok = r < n_rows && s < ns;
                 const __nv_bfloat16 *src = ok ? x + (size_t)r * ne0 + mmq_k<T>(c0 + s, iq) : x;
@@ -285,7 +286,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
         chunk(k, c0, ns, nbytes, ch);
         uint8_t *ws = ws_of(b);
         constexpr int PR = CB / 16; /* pieces a row */
-        for (int p = threadIdx.x; p < MMQ_FEATS(W) * PR; p += W * 32) {
+        for (int p = threadIdx.x; p < MMQ_FEATS * PR; p += MMQ_WARPS * 32) {
             const int r = p / PR, o = (p % PR) * 16;
             const bool ok = o < nbytes && fb + r < ne1;
             const uint8_t *src = ok ? w + (size_t)(fb + r) * row_bytes + mmq_src<T>(ch, o) : w;
@@ -297,7 +298,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
         int c0, ns, nbytes, ch;
         chunk(k, c0, ns, nbytes, ch);
         uint8_t *ws = ws_of(0);
-        for (int p = threadIdx.x; p < MMQ_FEATS(W) * (CB / 2); p += W * 32) {
+        for (int p = threadIdx.x; p < MMQ_FEATS * (CB / 2); p += MMQ_WARPS * 32) {
             const int r = p / (CB / 2), o = (p % (CB / 2)) * 2;
             uint16_t v = 0;
             if (o < nbytes && fb + r < ne1)
@@ -323,7 +324,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
              * (a B fragment of ones): the mma starts from -160 X and one fma a value scales
              * it. Step s = 4 i + gi reads item i's words at byte 4 q of the A, C and H runs
              * (kq_q6x8_item's l = i, j = 4 q) and scale byte s. */
-            float *tab = (float *)(mmq_sm + 2 * mmq_buf<T, MT, W>()) + warp * 128;
+            float *tab = (float *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 128;
             const uint8_t *mine = ws + (warp * (MMQ_NT * 8) + lane) * CB; /* lane's feature */
             const float d = kq_f16(mine + 208 + 2 * (ch & 7));
 #pragma unroll OUTER
@@ -376,7 +377,7 @@ __global__ void __launch_bounds__(W * 32, MINB)
              * the scales are applied to each sub-block's sums: for sub-block j of feature f,
              * sum x w = d sc S - (128 d sc + dmin m) X with S = sum x (128 + q) and X = sum x
              * (a B fragment of ones), both from mma; w is exact, x bf16 as elsewhere */
-            float2 *tab = (float2 *)(mmq_sm + 2 * mmq_buf<T, MT, W>()) + warp * 64;
+            float2 *tab = (float2 *)(mmq_sm + 2 * mmq_buf<T, MT>()) + warp * 64;
             const uint8_t *mine = ws + (warp * (MMQ_NT * 8) + lane) * CB; /* lane's feature */
             const float d = kq_f16(mine), dmin = kq_f16(mine + 2);
 #pragma unroll OUTER
@@ -560,7 +561,7 @@ __global__ void mmq_permute_x(const __nv_bfloat16 *__restrict__ x, __nv_bfloat16
     }
 }
 
-template <int T, int MT, int W, int MINB>
+template <int T, int MT, int MINB>
 static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
                        const __nv_bfloat16 *x16, float *const *ys, int n_rows, float beta,
                        const char *op) {
@@ -573,7 +574,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         a.w[i] = (const uint8_t *)ws[i]->data;
         a.y[i] = ys[i];
         a.ne1[i] = (int)ws[i]->ne1;
-        a.bx0[i + 1] = a.bx0[i] + (a.ne1[i] + MMQ_FEATS(W) - 1) / MMQ_FEATS(W);
+        a.bx0[i + 1] = a.bx0[i] + (a.ne1[i] + MMQ_FEATS - 1) / MMQ_FEATS;
         a.f0[i + 1] = a.f0[i] + a.ne1[i];
     }
     a.cols = a.f0[n_w];
@@ -583,17 +584,17 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
                             MT <= 2; /* 3-4 m-tiles: 200-255 registers */
     const bool raw =
         RAW_OK && (ctx->mmq_raw & (T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8)) != 0;
-    const size_t smem = raw ? mmq_smem<T, MT, RAW_OK, W>() : mmq_smem<T, MT, false, W>();
+    const size_t smem = raw ? mmq_smem<T, MT, RAW_OK>() : mmq_smem<T, MT, false>();
     static bool smem_set[3] = {false, false, false}; /* the opt-in, once a kernel */
     /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's
      * registers (Q4_K: 224) leave 2 blocks an SM and the loop is faster (run 115) */
     constexpr bool UNR = MT <= 2;
-    /* TPI_MMQ_XP=1: the raw kernels of 4 warps read x permuted by mmq_permute_x first */
-    constexpr bool XP_OK = RAW_OK && W == 4 && MINB == 1;
+    /* TPI_MMQ_XP=1: the unbounded raw kernels read x permuted by mmq_permute_x first */
+    constexpr bool XP_OK = RAW_OK && MINB == 1;
     const bool xp = XP_OK && raw && ctx->mmq_xp;
-    auto kern = xp    ? mmq_kernel<T, MT, UNR, RAW_OK, W, MINB, XP_OK>
-                : raw ? mmq_kernel<T, MT, UNR, RAW_OK, W, MINB, false>
-                      : mmq_kernel<T, MT, UNR, false, W, MINB, false>;
+    auto kern = xp    ? mmq_kernel<T, MT, UNR, RAW_OK, MINB, XP_OK>
+                : raw ? mmq_kernel<T, MT, UNR, RAW_OK, MINB, false>
+                      : mmq_kernel<T, MT, UNR, false, MINB, false>;
     if (!smem_set[raw + xp]) {
         if (!CUDA_OK(
                 ctx, op,
@@ -607,7 +608,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         if (!resident[raw]) {
             int nb = 0;
             if (!CUDA_OK(ctx, op,
-                         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, W * 32,
+                         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, MMQ_WARPS * 32,
                                                                        smem)))
                 return;
             resident[raw] = TPI_MAX(1, nb);
@@ -615,13 +616,11 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         bps = resident[raw];
     }
     /* each weight's k split over y blocks until its own blocks alone are about
-     * ctx->mmq_bps (3) blocks of 4 warps a multiprocessor (0: the resident slots once),
-     * each >= one chunk */
-    const int target = ctx->mmq_bps > 0 ? bps * ctx->n_sm * MMQ_WARPS / W : bps * ctx->n_sm;
+     * ctx->mmq_bps (3) a multiprocessor (0: the resident slots once), each >= one chunk */
     int split = 1;
     for (int i = 0; i < n_w; i++) {
         const int bxi = a.bx0[i + 1] - a.bx0[i];
-        int si = (target + bxi - 1) / bxi;
+        int si = (bps * ctx->n_sm + bxi - 1) / bxi;
         si = TPI_MAX(1, TPI_MIN(TPI_MIN(si, n_chunks), MMQ_MAX_SPLIT));
         const int cpb = (n_chunks + si - 1) / si;
         a.split[i] = (n_chunks + cpb - 1) / cpb;
@@ -644,7 +643,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         if (!LAUNCH_OK(ctx, op)) return;
         x16 = t;
     }
-    kern<<<dim3((unsigned)bx, (unsigned)split), W * 32, smem, ctx->stream>>>(
+    kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
         a, ws[0]->row_bytes, ne0, x16, n_rows, beta, part);
     if (!LAUNCH_OK(ctx, op) || split == 1) return;
     const size_t n = (size_t)n_rows * a.f0[n_w];
@@ -676,26 +675,22 @@ bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws
             /* rows of whole blocks (a unit's 4 values are then aligned) */
             if constexpr (mmq_takes<T>()) {
                 if (ws[0]->ne0 % kq<T>::BLK != 0) return;
-                /* the raw paths' types up to 32 rows: 4 warps held to 3 an SM (the
-                 * default, TPI_MMQ_WARPS=3), unbounded (4) or 8 warps, 2 an SM (8) */
+                /* the raw paths' types up to 32 rows held to 3 blocks an SM (the
+                 * default; TPI_MMQ_WARPS=4: unbounded, 2 an SM) */
                 constexpr bool K = T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q6_KX8;
-                const int kw = K ? ctx->mmq_warps : 4;
-                if (nr <= 16 && kw == 8)
-                    mmq_launch<T, 1, K ? 8 : 4, K ? 2 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
-                else if (nr <= 16 && kw == 3)
-                    mmq_launch<T, 1, 4, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                const bool hold = K && ctx->mmq_warps == 3;
+                if (nr <= 16 && hold)
+                    mmq_launch<T, 1, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else if (nr <= 16)
-                    mmq_launch<T, 1, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
-                else if (nr <= 32 && kw == 8)
-                    mmq_launch<T, 2, K ? 8 : 4, K ? 2 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
-                else if (nr <= 32 && kw == 3)
-                    mmq_launch<T, 2, 4, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 1, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                else if (nr <= 32 && hold)
+                    mmq_launch<T, 2, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else if (nr <= 32)
-                    mmq_launch<T, 2, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 2, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else if (nr <= 48)
-                    mmq_launch<T, 3, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 3, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 else
-                    mmq_launch<T, 4, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
                 done = true;
             }
         }

@@ -283,16 +283,13 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     /* kern_mmq's blocks for Q4_K and Q6_K's groups up to 32 rows: by default 4 warps held
      * to 3 blocks an SM (168 registers; run 265: the 32-row Q4_K 4096->12288 kernel 45.4
      * -> 34.2 us, batch-bench --parallel 32 +4.2 %, bench/NOTES.md change 155).
-     * TPI_MMQ_WARPS (a measuring knob): 4: 4 warps, registers unbounded (the 32-row raw
-     * kernels take 220-254: 2 blocks an SM; main's before change 155); 8: blocks of 8
-     * warps (256 features: x staged once for twice the weights) held to 128 registers, 2
-     * an SM (they spill: +1.3 %) */
-    {
-        const long w = env_count("TPI_MMQ_WARPS", 3, 8);
-        ctx->mmq_warps = w == 8 || w == 4 ? (int)w : 3;
-    }
-    /* TPI_MMQ_XP=1 (a measuring knob): the raw kernels' x permuted into their staging order
-     * by a launch of its own, then staged in 16-byte pieces instead of 4-byte ones */
+     * TPI_MMQ_WARPS=4 (a measuring knob): registers unbounded (the 32-row raw kernels
+     * take 220-254: 2 blocks an SM; main's before change 155) */
+    ctx->mmq_warps = env_count("TPI_MMQ_WARPS", 3, 4) == 4 ? 4 : 3;
+    /* TPI_MMQ_XP=1 (a measuring knob): the unbounded raw kernels' x (TPI_MMQ_WARPS=4 too)
+     * permuted into their staging order by a launch of its own, then staged in 16-byte
+     * pieces instead of 4-byte ones (run 265: +5.3 %; with the held kernels: branch
+     * mmq-xp-fused) */
     ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 0, 1);
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
