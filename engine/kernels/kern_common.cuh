@@ -53,7 +53,7 @@ struct ops_ctx {
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
     struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
     struct kern_scratch mmq_xp_buf; /* kern_mmq's x in its staging order (TPI_MMQ_XP) */
-    struct kern_scratch top;      /* kern_row_top's picks of each row's segments */
+    struct kern_scratch top;      /* kern_row_top's group maxima and candidates */
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
     int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
                    * all that are resident at once) */
