@@ -33,14 +33,18 @@
 #     test_model_gpu. ~4 min.
 #   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
-#   PART=W: change 155, kern_mmq's Q4_K and Q6_K-group kernels in their forms
-#     (TPI_MMQ_WARPS=4: unbounded registers, main's before; =3: held to 3 blocks an SM,
-#     the default since; TPI_MMQ_XP=1: x permuted first by a launch of its own, staged in
-#     16-byte pieces; run 265 also ran =8, blocks of 8 warps, since removed): test_ops_cuda's elem group (row_top's one
-#     path), its matmul_Q4_K and matmul_Q6_K groups and test_ops_fused_cuda in each form;
-#     the product bench at 16 and 32 rows in each; ncu's warp states of the 32-row Q4_K
-#     4096->12288 kernel in each; batch-bench at --parallel 32 in each, in both orders, KR
-#     rounds (default 1). ~8 min (run 265, with 4 the default then).
+#   PART=W: change 155, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
+#     held to 3 blocks an SM and reading x permuted as the launch before rounds it: ctest's
+#     elem group, matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda and test_model_gpu by
+#     default, the matmul and fused entries again as main's were before (TPI_MMQ_HOLD=0
+#     TPI_MMQ_XP=0); the product bench at 16 and 32 rows in five forms (main's before,
+#     hold only, XP only, hold on Q4_K only, both: the default; BPS_TOO=1: the default at
+#     TPI_MMQ_BPS 2 and 4 too); NCU=1: ncu's warp states of the 32-row Q4_K 4096->12288
+#     kernel before and now; batch-bench at --parallel 32 in each form but hold on Q4_K
+#     only, in both orders, KR rounds (default 1; none begun after STOP_AT s, 420), and
+#     each form's records against the first's (FORMS, BFORMS: other lists of forms). ~6 min. (Run 265 ran the knobs' first
+#     forms, of fd2d7be's and the next commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by
+#     a launch of its own.)
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -54,7 +58,7 @@ targets=tpinfer
 [ "${PART:-T}" = R ] && targets="tpinfer test_ops_cuda_elem test_ops_fused"
 [ "${PART:-T}" = K ] && targets="tpinfer test_ops_cuda_elem test_model test_batch"
 [ "${PART:-T}" = P ] && targets="tpinfer test_model_gpu"
-[ "${PART:-T}" = W ] && targets="tpinfer test_ops_cuda_elem test_ops_fused"
+[ "${PART:-T}" = W ] && targets="tpinfer test_ops_cuda_elem test_ops_fused test_model_gpu"
 # shellcheck disable=SC2086
 cmake -S . -B build -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
     >"$OUT/build.log" 2>&1 && cmake --build build -j 16 --target $targets >>"$OUT/build.log" 2>&1 ||
@@ -166,40 +170,57 @@ P)
     [ $bad = 0 ] || exit 1
     ;;
 W)
-    V="TPI_MMQ_WARPS=4 TPI_MMQ_WARPS=3 TPI_MMQ_XP=1"
-    (cd build && ctest -V -R "test_ops_cuda_elem$" &&
-        for v in $V; do
-            env "$v" ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda" || exit 1
-        done) >"$OUT/tests.log" 2>&1 &
+    # each form's variables, comma-separated; the first is main's before change 155
+    V=${FORMS:-"TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_HOLD=1 TPI_MMQ_XP=1"}
+    [ "${BPS_TOO:-0}" = 1 ] && V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # product bench only
+    (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu" &&
+        TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
+        >"$OUT/tests.log" 2>&1 &
     TP=$!
     mk || exit 1
     wait $TP
-    grep -E "worst|tests passed|tests failed|\*\*\*Failed|Test +#" "$OUT/tests.log" | sed -E 's/^[0-9]+: //'
+    grep -E "worst|tests passed|tests failed|\*\*\*Failed" "$OUT/tests.log" | sed -E 's/^[0-9]+: //'
     for v in $V; do
         echo "== product bench, $v"
-        env "$v" TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
+        # shellcheck disable=SC2046
+        env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
             TPI_BENCH_SHAPES=4096x4096,4096x1024,4096x12288,12288x4096 CK_FORK=no \
-            build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul"
+            build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul" | sed -E 's/ +\(.*//'
     done
-    if command -v ncu >/dev/null; then
-        for v in $V; do
+    if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+        for v in "TPI_MMQ_HOLD=0,TPI_MMQ_XP=0" TPI_MMQ_XP=1; do
             echo "== ncu Q4_K 4096x12288 32 rows, $v"
-            env "$v" TPI_BENCH_TYPES=Q4_K TPI_BENCH_SHAPES=4096x12288 TPI_BENCH_ROWS=32 \
-                TPI_BENCH_ATTN=none CK_FORK=no timeout 120 ncu --clock-control none \
-                -k regex:mmq_kernel --launch-skip 3 --launch-count 1 --section SpeedOfLight \
-                --section WarpStateStats --section Occupancy --section SchedulerStats \
-                --section LaunchStats --section MemoryWorkloadAnalysis \
-                build/tests/test_ops_cuda_elem bench >"$OUT/ncu-$v.log" 2>&1
-            grep -E "Duration|Registers Per|Achieved Occ|No Eligible|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput|Block Limit Reg|Block Limit Shared" \
-                "$OUT/ncu-$v.log" | head -12
+            # shellcheck disable=SC2046
+            env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K TPI_BENCH_SHAPES=4096x12288 \
+                TPI_BENCH_ROWS=32 TPI_BENCH_ATTN=none CK_FORK=no timeout 120 ncu \
+                --clock-control none -k regex:mmq_kernel --launch-skip 3 --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy \
+                --section SchedulerStats --section MemoryWorkloadAnalysis \
+                build/tests/test_ops_cuda_elem bench >"$OUT/ncu.log" 2>&1
+            grep -E "Duration|Registers Per|Achieved Occ|No Eligible|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput" \
+                "$OUT/ncu.log" | head -8
         done
     fi
     for r in $(seq "${KR:-1}"); do
         # shellcheck disable=SC2046
-        for v in $V $(echo "$V" | tr ' ' '\n' | tac); do
-            bb "round $r $v" "$v"
+        VB=${BFORMS:-"TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1"}
+        for v in $VB $(tr ' ' '\n' <<<"$VB" | tac); do
+            [ "$SECONDS" -lt "${STOP_AT:-420}" ] || break
+            # shellcheck disable=SC2046
+            bb "round $r $v" $(tr , ' ' <<<"$v") KEEP_OUT="/tmp/out-$v"
         done
     done
+    # the same records (ids and tokens) in every form
+    python3 - ${BFORMS:-TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1} <<'PY'
+import json, os, sys
+def toks(v):
+    with open(f"/tmp/out-{v}-32.jsonl") as f:
+        return sorted((r["id"], tuple(r["tokens"])) for r in map(json.loads, f))
+base = toks(sys.argv[1])
+for v in sys.argv[2:]:
+    if not os.path.exists(f"/tmp/out-{v}-32.jsonl"): continue
+    print(f"records {v}: {'the same as' if toks(v) == base else 'DIFFERENT from'} {sys.argv[1]}'s")
+PY
     ;;
 H)
     nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"

@@ -58,8 +58,8 @@ struct ops_ctx {
     int mmq_bps;  /* kern_mmq's k split aims at this many blocks a multiprocessor (3; 0:
                    * all that are resident at once) */
     int mmq_raw; /* kern_mmq's raw paths (TPI_MMQ_RAW): MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 */
-    int mmq_warps; /* kern_mmq's blocks for Q4_K and Q6_K's groups (TPI_MMQ_WARPS: 3 held, 4) */
-    int mmq_xp;    /* kern_mmq's raw kernels read x permuted into their order (TPI_MMQ_XP) */
+    int mmq_hold; /* kern_mmq's raw kernels held to 3 blocks an SM (TPI_MMQ_HOLD: MMQ_RAW_* bits) */
+    int mmq_xp;   /* kern_mmq's raw kernels read x permuted into their order (TPI_MMQ_XP) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
     cudaStream_t side[OPS_MAX_FUSED - 1];
@@ -531,17 +531,19 @@ void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int
 #define MMQ_RAW_Q4_K 1   /* ctx->mmq_raw: Q4_K's raw path (TPI_MMQ_RAW=1: this one only) */
 #define MMQ_RAW_Q6_KX8 2 /* Q6_K's groups' (TPI_MMQ_RAW=2: this one only; 0: neither) */
 #define MMQ_MAX_W 4 /* weights one kern_mmq_n launch multiplies by the same x */
-/* y (n_rows, ne1) = x16 (n_rows, ne0, bf16) * W^T, plus beta * y (beta 0 or 1), queued on
+/* y (n_rows, ne1) = bf16(x) (n_rows, ne0) * W^T, plus beta * y (beta 0 or 1), queued on
  * ctx->stream with W decoded in registers (kern_mmq.cu); false (nothing queued) unless W
  * is a block type it takes with rows of whole blocks and 1 <= n_rows <= min(ctx->mmq_rows,
- * MMQ_MAX_ROWS). Launch failures are recorded in ctx. */
-bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
-              int64_t n_rows, float beta);
-/* kern_mmq for n_w (1..4) weights of one type and row length that multiply the same x16,
- * in one launch (ys[i] = beta ys[i] + x16 ws[i]^T); false (nothing queued) where kern_mmq
+ * MMQ_MAX_ROWS). *x16 is x rounded to bf16 (ctx->x16's), or NULL: made there if the
+ * kernel reads it (the raw kernels read their own permuted form). Launch failures are
+ * recorded in ctx. */
+bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
+              const __nv_bfloat16 **x16, float *y, int64_t n_rows, float beta);
+/* kern_mmq for n_w (1..4) weights of one type and row length that multiply the same x,
+ * in one launch (ys[i] = beta ys[i] + x ws[i]^T); false (nothing queued) where kern_mmq
  * would say no for one of them, or when they differ in type or row length. */
-bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
-                const __nv_bfloat16 *x16, float *const *ys, int64_t n_rows, float beta);
+bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
+                const __nv_bfloat16 **x16, float *const *ys, int64_t n_rows, float beta);
 /* Each of n_rows rows of x normalized by its rms (eps added to the mean square), times w,
  * into y (ops.h rmsnorm); up to 8 rows may also leave their int8 form for the next matmul. */
 void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y, int64_t n_rows,

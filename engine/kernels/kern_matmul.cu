@@ -609,6 +609,7 @@ static void gemm_launch_h(struct ops_ctx *ctx, cublasHandle_t h, const struct tp
         return;
     }
     const __nv_bfloat16 *x16 = x16_in;
+    if (h == ctx->cublas && kern_mmq(ctx, w, x, &x16, y, n_rows, beta)) return;
     if (!x16) {
         __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
             ctx, &ctx->x16, (size_t)n_rows * (size_t)w->ne0 * sizeof(__nv_bfloat16), op);
@@ -616,7 +617,6 @@ static void gemm_launch_h(struct ops_ctx *ctx, cublasHandle_t h, const struct tp
         kern_f32_to_bf16(ctx, x, t, n_rows * w->ne0);
         x16 = t;
     }
-    if (h == ctx->cublas && kern_mmq(ctx, w, x16, y, n_rows, beta)) return;
     if (w->type == TPI_TYPE_BF16) {
         CUBLAS_OK(ctx, op,
                   cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, ldc, n, k, &one, w->data,
@@ -889,21 +889,12 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
                 return;
         }
     } else if (n_rows > MATVEC_MAX_ROWS) {
-        /* prefill: x converted to bf16 once for every weight that takes the bf16 GEMM */
-        bool any16 = false;
-        for (int i = 0; i < n_w; i++)
-            any16 = any16 || ws[i]->type != TPI_TYPE_F32;
-        const __nv_bfloat16 *x16 = NULL;
-        if (any16) {
-            __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
-                ctx, &ctx->x16, (size_t)n_rows * (size_t)ws[0]->ne0 * sizeof(__nv_bfloat16), op);
-            if (!t) return;
-            kern_f32_to_bf16(ctx, x, t, n_rows * ws[0]->ne0);
-            x16 = t;
-        }
-        /* block-quantized weights of one type and row length (Q/K/V, gate/up) in one
+        /* prefill: x rounded to bf16 once for every weight that reads it so (kern_mmq makes
+         * it on the first need; its raw kernels read their own permuted form instead).
+         * Block-quantized weights of one type and row length (Q/K/V, gate/up) in one
          * kern_mmq launch when it takes this row count */
-        for (int i = 0; i < n_w && x16; i++) {
+        const __nv_bfloat16 *x16 = NULL;
+        for (int i = 0; i < n_w; i++) {
             if (done[i] || ws[i]->type == TPI_TYPE_F32 || ws[i]->type == TPI_TYPE_BF16) continue;
             const struct tpi_weight *gw[OPS_MAX_FUSED];
             float *gy[OPS_MAX_FUSED];
@@ -912,11 +903,21 @@ void kern_matmul_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const 
                 if (!done[j] && kern_wtype(ws[j]) == kern_wtype(ws[i]) &&
                     ws[j]->row_bytes == ws[i]->row_bytes)
                     gw[n] = ws[j], gy[n] = ys[j], idx[n++] = j;
-            if (n > 1 && kern_mmq_n(ctx, n, gw, x16, gy, n_rows, 0.0f)) {
+            if (kern_mmq_n(ctx, n, gw, x, &x16, gy, n_rows, 0.0f)) {
                 if (!LAUNCH_OK(ctx, op)) return;
                 for (int k = 0; k < n; k++)
                     done[idx[k]] = true;
             }
+        }
+        bool any16 = false;
+        for (int i = 0; i < n_w; i++)
+            any16 = any16 || (!done[i] && ws[i]->type != TPI_TYPE_F32);
+        if (any16 && !x16) {
+            __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
+                ctx, &ctx->x16, (size_t)n_rows * (size_t)ws[0]->ne0 * sizeof(__nv_bfloat16), op);
+            if (!t) return;
+            kern_f32_to_bf16(ctx, x, t, n_rows * ws[0]->ne0);
+            x16 = t;
         }
         /* BF16 weights are used as stored (no shared slab): weights 1.. run on the side
          * streams with their own cuBLAS handles (the small K/V products overlap Q's) */

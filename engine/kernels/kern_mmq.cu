@@ -31,11 +31,10 @@
  * Q6_K's 8-block groups take it too, a 16-value step at a time (their scales are per 16
  * values): the 6-bit q as bf16 128 + q, each step's sums started from -160 X, so
  * y += d sc (S - 160 X) (bench/NOTES.md change 152).
- * Q4_K's and Q6_K's groups' kernels up to 32 rows are held to 3 blocks an SM (168
- * registers, the raw paths' outer loop over a chunk rolled; unbounded they take 220-254:
- * 2 blocks an SM, TPI_MMQ_WARPS=4): the 32-row Q4_K 4096->12288 kernel 45.4 -> 34.2 us
- * on an H100 (bench/NOTES.md change 155; blocks of 8 warps measured +1.3 % against its
- * +4.2 % and were removed).
+ * The raw kernels read x permuted into their staging order by the launch that rounds it
+ * to bf16 (mmq_permute_x: 16-byte copies where the plain x takes 4-byte ones, each
+ * warp's sectors all used) and are held to 3 blocks an SM (168 registers, their outer
+ * loop rolled; unbounded they took 220-254: 2 an SM); bench/NOTES.md change 155.
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, then one launch adds them in a fixed order (results do not depend on
  * timing). One launch may hold up to 4 weights of one type and row length that share x
@@ -195,11 +194,9 @@ template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem
     return 2 * mmq_buf<T, MT>() + (RAW ? MMQ_RAW_TAB : 0);
 }
 
-/* Block (x, y): features [MMQ_FEATS (x - bx0[i]), +MMQ_FEATS) of the
- * weight i whose blocks hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >=
- * split[i]). split[i] 1: y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc
- * (mmq_reduce adds). MINB: the blocks an SM its registers are held to; XP: x is in the
- * staging order already (mmq_permute_x).
+/* Block (x, y): features [MMQ_FEATS (x - bx0[i]), +MMQ_FEATS) of the weight i whose blocks
+ * hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >= split[i]). split[i] 1:
+ * y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc (mmq_reduce adds).
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
@@ -222,7 +219,8 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, MINB)
     const int n_part_cols = a.cols;
     constexpr int CB = mmq_chunk_bytes<T>();
     /* the raw paths' outer loop over a chunk's 4 parts: unrolled, except in the kernels
-     * held to 3 blocks an SM, where unrolled they would spill (226-254 registers) */
+     * held to 3 blocks an SM, where unrolled they spill (and unbounded take 226-254
+     * registers: 2 blocks an SM) */
     constexpr int OUTER = MINB > 1 ? 1 : 4;
     extern __shared__ __align__(16) uint8_t mmq_sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -544,27 +542,33 @@ __global__ void mmq_reduce(const mmq_ws a, const float *__restrict__ part, int n
     }
 }
 
-/* xp = x (n_rows rows of ne0 bf16) with each 16-value step's values in the order
- * mmq_kernel<T> stages them (stage_x): step S of a row at xp[16 S ..], quad lane q's
- * values mmq_k<T>(S, q) + 0, 1 at slots 2q, 2q+1 and + 2, 3 at 2q+8, 2q+9. */
+/* xp = x (n_rows rows of ne0 f32, 16-byte aligned) rounded to bf16 (as kern_f32_to_bf16
+ * rounds) with each 16-value step's values in the order mmq_kernel<T> stages them
+ * (stage_x): step S of a row at xp[16 S ..], quad lane q's values mmq_k<T>(S, q) + 0, 1
+ * at slots 2q, 2q+1 and + 2, 3 at 2q+8, 2q+9. */
 template <int T>
-__global__ void mmq_permute_x(const __nv_bfloat16 *__restrict__ x, __nv_bfloat16 *__restrict__ xp,
+__global__ void mmq_permute_x(const float *__restrict__ x, __nv_bfloat16 *__restrict__ xp,
                               int ne0, int n_rows) {
     const int per_row = ne0 / 4; /* (step, quad lane) items a row */
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n_rows * per_row;
          i += gridDim.x * blockDim.x) {
         const int r = i / per_row, j = i % per_row, S = j >> 2, q = j & 3;
-        const __nv_bfloat16 *src = x + (size_t)r * ne0 + mmq_k<T>(S, q);
+        const float4 v = *(const float4 *)(x + (size_t)r * ne0 + mmq_k<T>(S, q));
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
         __nv_bfloat16 *dst = xp + (size_t)r * ne0 + 16 * S + 2 * q;
-        *(uint32_t *)dst = *(const uint32_t *)src;
-        *(uint32_t *)(dst + 8) = *(const uint32_t *)(src + 2);
+        *(__nv_bfloat162 *)dst = lo;
+        *(__nv_bfloat162 *)(dst + 8) = hi;
     }
 }
 
+/* One launch of mmq_kernel (and mmq_reduce where k is split) for kern_mmq_n's weights:
+ * x read permuted (mmq_permute_x, made here) where the kernel takes that, else as *x16
+ * (made here from x where NULL). MINB: the blocks an SM its registers are held to. */
 template <int T, int MT, int MINB>
 static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
-                       const __nv_bfloat16 *x16, float *const *ys, int n_rows, float beta,
-                       const char *op) {
+                       const float *x, const __nv_bfloat16 **x16, float *const *ys, int n_rows,
+                       float beta, const char *op) {
     const int ne0 = (int)ws[0]->ne0;
     const int n_steps = ne0 / 16, n_chunks = (n_steps + MMQ_STEPS - 1) / MMQ_STEPS;
     mmq_ws a;
@@ -589,10 +593,9 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     /* a chunk's units unrolled up to 32 rows; with 3-4 m-tiles the unrolled kernel's
      * registers (Q4_K: 224) leave 2 blocks an SM and the loop is faster (run 115) */
     constexpr bool UNR = MT <= 2;
-    /* TPI_MMQ_XP=1: the unbounded raw kernels read x permuted by mmq_permute_x first */
-    constexpr bool XP_OK = RAW_OK && MINB == 1;
-    const bool xp = XP_OK && raw && ctx->mmq_xp;
-    auto kern = xp    ? mmq_kernel<T, MT, UNR, RAW_OK, MINB, XP_OK>
+    /* the raw kernels read x permuted (TPI_MMQ_XP, default on) */
+    const bool xp = RAW_OK && raw && ctx->mmq_xp && ((uintptr_t)x & 15) == 0;
+    auto kern = xp    ? mmq_kernel<T, MT, UNR, RAW_OK, MINB, RAW_OK>
                 : raw ? mmq_kernel<T, MT, UNR, RAW_OK, MINB, false>
                       : mmq_kernel<T, MT, UNR, false, MINB, false>;
     if (!smem_set[raw + xp]) {
@@ -604,16 +607,16 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     }
     int bps = ctx->mmq_bps;
     if (bps <= 0) { /* the blocks a multiprocessor holds (queried once a kernel) */
-        static int resident[2] = {0, 0};
-        if (!resident[raw]) {
+        static int resident[3] = {0, 0, 0};
+        if (!resident[raw + xp]) {
             int nb = 0;
             if (!CUDA_OK(ctx, op,
                          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, kern, MMQ_WARPS * 32,
                                                                        smem)))
                 return;
-            resident[raw] = TPI_MAX(1, nb);
+            resident[raw + xp] = TPI_MAX(1, nb);
         }
-        bps = resident[raw];
+        bps = resident[raw + xp];
     }
     /* each weight's k split over y blocks until its own blocks alone are about
      * ctx->mmq_bps (3) a multiprocessor (0: the resident slots once), each >= one chunk */
@@ -633,18 +636,28 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
             ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
         if (!part) return;
     }
-    if (xp) {
+    const __nv_bfloat16 *xk = *x16;
+    if (xp || !xk) {
+        struct kern_scratch *sc = xp ? &ctx->mmq_xp_buf : &ctx->x16;
         __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
-            ctx, &ctx->mmq_xp_buf, (size_t)n_rows * ne0 * sizeof(__nv_bfloat16), op);
+            ctx, sc, (size_t)n_rows * ne0 * sizeof(__nv_bfloat16), op);
         if (!t) return;
-        const int items = n_rows * ne0 / 4;
-        mmq_permute_x<T><<<(unsigned)TPI_MIN((items + 255) / 256, ctx->n_sm * 8), 256, 0,
-                           ctx->stream>>>(x16, t, ne0, n_rows);
-        if (!LAUNCH_OK(ctx, op)) return;
-        x16 = t;
+        if constexpr (RAW_OK) {
+            if (xp) {
+                const int items = n_rows * ne0 / 4;
+                mmq_permute_x<T><<<(unsigned)TPI_MIN((items + 255) / 256, ctx->n_sm * 8), 256,
+                                   0, ctx->stream>>>(x, t, ne0, n_rows);
+                if (!LAUNCH_OK(ctx, op)) return;
+            }
+        }
+        if (!xp) {
+            kern_f32_to_bf16(ctx, x, t, (int64_t)n_rows * ne0);
+            *x16 = t;
+        }
+        xk = t;
     }
     kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
-        a, ws[0]->row_bytes, ne0, x16, n_rows, beta, part);
+        a, ws[0]->row_bytes, ne0, xk, n_rows, beta, part);
     if (!LAUNCH_OK(ctx, op) || split == 1) return;
     const size_t n = (size_t)n_rows * a.f0[n_w];
     const unsigned nb = (unsigned)TPI_MIN((n + 255) / 256, (size_t)ctx->n_sm * 8);
@@ -652,8 +665,8 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     LAUNCH_OK(ctx, op);
 }
 
-bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws,
-                const __nv_bfloat16 *x16, float *const *ys, int64_t n_rows, float beta) {
+bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws, const float *x,
+                const __nv_bfloat16 **x16, float *const *ys, int64_t n_rows, float beta) {
     const char *op = "cuda matmul (mmq)";
     if (n_w < 1 || n_w > MMQ_MAX_W || n_rows < 1 || n_rows > ctx->mmq_rows ||
         n_rows > MMQ_MAX_ROWS || ws[0]->ne0 > INT32_MAX)
@@ -675,22 +688,23 @@ bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws
             /* rows of whole blocks (a unit's 4 values are then aligned) */
             if constexpr (mmq_takes<T>()) {
                 if (ws[0]->ne0 % kq<T>::BLK != 0) return;
-                /* the raw paths' types up to 32 rows held to 3 blocks an SM (the
-                 * default; TPI_MMQ_WARPS=4: unbounded, 2 an SM) */
+                /* the raw paths' types up to 32 rows held to 3 blocks an SM (168
+                 * registers; unbounded, 2 an SM: TPI_MMQ_HOLD's bit clear) */
                 constexpr bool K = T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q6_KX8;
-                const bool hold = K && ctx->mmq_warps == 3;
+                const bool hold =
+                    K && (ctx->mmq_hold & (T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8));
                 if (nr <= 16 && hold)
-                    mmq_launch<T, 1, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 1, K ? 3 : 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
                 else if (nr <= 16)
-                    mmq_launch<T, 1, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 1, 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
                 else if (nr <= 32 && hold)
-                    mmq_launch<T, 2, K ? 3 : 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 2, K ? 3 : 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
                 else if (nr <= 32)
-                    mmq_launch<T, 2, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 2, 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
                 else if (nr <= 48)
-                    mmq_launch<T, 3, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 3, 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
                 else
-                    mmq_launch<T, 4, 1>(ctx, n_w, ws, x16, ys, nr, beta, op);
+                    mmq_launch<T, 4, 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
                 done = true;
             }
         }
@@ -698,7 +712,7 @@ bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws
     return done;
 }
 
-bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const __nv_bfloat16 *x16, float *y,
-              int64_t n_rows, float beta) {
-    return kern_mmq_n(ctx, 1, &w, x16, &y, n_rows, beta);
+bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,
+              const __nv_bfloat16 **x16, float *y, int64_t n_rows, float beta) {
+    return kern_mmq_n(ctx, 1, &w, x, x16, &y, n_rows, beta);
 }

@@ -280,17 +280,14 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
      * sums); 1: Q4_K's raw path only, 2: Q6_K's only; default both */
     ctx->mmq_raw = (int)env_count("TPI_MMQ_RAW", MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8,
                                   MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8);
-    /* kern_mmq's blocks for Q4_K and Q6_K's groups up to 32 rows: by default 4 warps held
-     * to 3 blocks an SM (168 registers; run 265: the 32-row Q4_K 4096->12288 kernel 45.4
-     * -> 34.2 us, batch-bench --parallel 32 +4.2 %, bench/NOTES.md change 155).
-     * TPI_MMQ_WARPS=4 (a measuring knob): registers unbounded (the 32-row raw kernels
-     * take 220-254: 2 blocks an SM; main's before change 155) */
-    ctx->mmq_warps = env_count("TPI_MMQ_WARPS", 3, 4) == 4 ? 4 : 3;
-    /* TPI_MMQ_XP=1 (a measuring knob): the unbounded raw kernels' x (TPI_MMQ_WARPS=4 too)
-     * permuted into their staging order by a launch of its own, then staged in 16-byte
-     * pieces instead of 4-byte ones (run 265: +5.3 %; with the held kernels: branch
-     * mmq-xp-fused) */
-    ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 0, 1);
+    /* kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows) held to 3 blocks an SM
+     * (168 registers; unbounded they take 220-254: 2 an SM) and reading x permuted into
+     * their staging order by the launch that rounds it to bf16 (16-byte pieces staged
+     * instead of 4-byte ones); TPI_MMQ_HOLD (bits as TPI_MMQ_RAW's: 1 Q4_K, 2 Q6_K's
+     * groups, default both) and TPI_MMQ_XP=0 leave them out (bench/NOTES.md change 155) */
+    ctx->mmq_hold = (int)env_count("TPI_MMQ_HOLD", MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8,
+                                   MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8);
+    ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 1, 1);
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
