@@ -33,15 +33,17 @@
 #     test_model_gpu. ~4 min.
 #   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
-#   PART=W: change 155, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
-#     held to 3 blocks an SM and reading x permuted as the launch before rounds it: ctest's
-#     elem group, matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda and test_model_gpu by
-#     default, the matmul and fused entries again as main's were before (TPI_MMQ_HOLD=0
-#     TPI_MMQ_XP=0) and with change 156's 16-row kernels held to 4 blocks (TPI_MMQ_HOLD=7);
-#     the product bench at 16 and 32 rows in five forms (main's before, hold only, XP only,
-#     both: the default, and change 156's; BPS_TOO=1: the default at TPI_MMQ_BPS 2 and 4
-#     too); NCU=1: ncu's warp states of the 32-row Q4_K 4096->12288 kernel before and now;
-#     batch-bench at --parallel 32 in each form but change 156's, in both orders, KR rounds (default 1; none begun after STOP_AT s, 420), and
+#   PART=W: changes 155-157, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32
+#     rows) held to 3 blocks an SM and reading x permuted as the launch before rounds it,
+#     the 16-row ones held to 4 (156, TPI_MMQ_HOLD=7), k's slices added by each column's
+#     last block (157): ctest's elem group, matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda
+#     and test_model_gpu by default, the matmul and fused entries again as main's were
+#     before change 155 (TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 TPI_MMQ_FIXUP=0) and with
+#     TPI_MMQ_HOLD=7; the product bench at 16 and 32 rows in five forms (main's before
+#     change 155, main's now, 155c's, the default, 156's; BPS_TOO=1: the default at
+#     TPI_MMQ_BPS 2 and 4 too); NCU=1: ncu's warp states of the 32-row Q4_K 4096->12288
+#     kernel before and now; batch-bench at --parallel 32 in main's form, 155c's and the
+#     default, in both orders, KR rounds (default 1; none begun after STOP_AT s, 420), and
 #     each form's records against the first's (FORMS, BFORMS: other lists of forms). ~6 min. (Run 265 ran the knobs' first
 #     forms, of fd2d7be's and the next commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by
 #     a launch of its own.)
@@ -171,10 +173,10 @@ P)
     ;;
 W)
     # each form's variables, comma-separated; the first is main's before change 155
-    V=${FORMS:-"TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1 TPI_MMQ_HOLD=7"}
+    V=${FORMS:-"TPI_MMQ_HOLD=0,TPI_MMQ_XP=0,TPI_MMQ_FIXUP=0 TPI_MMQ_XP=0,TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=0 TPI_MMQ_XP=1 TPI_MMQ_HOLD=7"}
     [ "${BPS_TOO:-0}" = 1 ] && V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # product bench only
     (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu" &&
-        TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda" &&
+        TPI_MMQ_HOLD=0 TPI_MMQ_XP=0 TPI_MMQ_FIXUP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda" &&
         TPI_MMQ_HOLD=7 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
         >"$OUT/tests.log" 2>&1 &
     TP=$!
@@ -204,7 +206,7 @@ W)
     fi
     for r in $(seq "${KR:-1}"); do
         # shellcheck disable=SC2046
-        VB=${BFORMS:-"TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1"}
+        VB=${BFORMS:-"TPI_MMQ_XP=0,TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=0 TPI_MMQ_XP=1"}
         for v in $VB $(tr ' ' '\n' <<<"$VB" | tac); do
             [ "$SECONDS" -lt "${STOP_AT:-420}" ] || break
             # shellcheck disable=SC2046
@@ -212,7 +214,7 @@ W)
         done
     done
     # the same records (ids and tokens) in every form
-    python3 - ${BFORMS:-TPI_MMQ_HOLD=0,TPI_MMQ_XP=0 TPI_MMQ_XP=0 TPI_MMQ_HOLD=0 TPI_MMQ_XP=1} <<'PY'
+    python3 - ${BFORMS:-TPI_MMQ_XP=0,TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=0 TPI_MMQ_XP=1} <<'PY'
 import json, os, sys
 def toks(v):
     with open(f"/tmp/out-{v}-32.jsonl") as f:

@@ -52,6 +52,7 @@ struct ops_ctx {
                                    that launch still reads x's form in q8 */
     struct kern_scratch acc;  /* matmul_add's product on the paths that cannot add in place */
     struct kern_scratch mmq_part; /* kern_mmq's partial sums of split rows */
+    struct kern_scratch mmq_cnt;  /* kern_mmq's counters of finished blocks (zero between) */
     struct kern_scratch mmq_xp_buf; /* kern_mmq's x in its staging order (TPI_MMQ_XP) */
     struct kern_scratch top;      /* kern_row_top's group maxima and candidates */
     int mmq_rows; /* block-quantized products of 9..mmq_rows rows in kern_mmq (TPI_MMQ) */
@@ -61,6 +62,7 @@ struct ops_ctx {
     int mmq_hold; /* kern_mmq's raw kernels held to 3 blocks an SM (TPI_MMQ_HOLD: MMQ_RAW_*
                    * bits; MMQ_HOLD_16: those of 16 rows to 4) */
     int mmq_xp;   /* kern_mmq's raw kernels read x permuted into their order (TPI_MMQ_XP) */
+    int mmq_fixup; /* kern_mmq's split k added by each column's last block (TPI_MMQ_FIXUP) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
     cudaStream_t side[OPS_MAX_FUSED - 1];

@@ -66,6 +66,8 @@ struct mmq_ws {
     int bx0[MMQ_MAX_W + 1];
     int f0[MMQ_MAX_W + 1];
     int split[MMQ_MAX_W], spb[MMQ_MAX_W];
+    int *cnt; /* k split: a counter a column of blocks (zero between launches), whose last
+               * block to finish adds the slices; NULL: mmq_reduce adds them */
     int n, cols; /* cols = f0[n] (read with constant indices only: the kernels index no
                   * parameter array at run time, which would copy it to local memory) */
 };
@@ -196,7 +198,9 @@ template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem
 
 /* Block (x, y): features [MMQ_FEATS (x - bx0[i]), +MMQ_FEATS) of the weight i whose blocks
  * hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >= split[i]). split[i] 1:
- * y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc (mmq_reduce adds).
+ * y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc, and the column's last
+ * block to finish (a.cnt) writes y_i = beta y_i + the slices in slice order (or, a.cnt
+ * NULL, mmq_reduce does).
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
@@ -516,6 +520,29 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, MINB)
                     y[at] = beta != 0.0f ? y[at] + acc[m][t][e] : acc[m][t][e];
                 }
             }
+    if (!part || !a.cnt) return;
+    /* the column's last block: every block's slice written (each thread's stores fenced
+     * before the count), the sums in mmq_reduce's order, the counter zeroed for the next
+     * launch */
+    __threadfence();
+    __syncthreads();
+    int done = 0;
+    if (threadIdx.x == 0) {
+        done = atomicAdd(&a.cnt[blockIdx.x], 1) == split - 1;
+        if (done) a.cnt[blockIdx.x] = 0;
+    }
+    if (!__syncthreads_or(done)) return;
+    __threadfence();
+    const int nf = min(MMQ_FEATS, ne1 - fb);
+    for (int i = threadIdx.x; i < n_rows * nf; i += MMQ_WARPS * 32) {
+        const int r = i / nf, f = fb + i % nf;
+        const size_t at = (size_t)r * ne1 + f;
+        const float *pp = part + (size_t)r * n_part_cols + pf0 + f;
+        float s = beta != 0.0f ? y[at] : 0.0f;
+        for (int p = 0; p < split; p++)
+            s += __ldcg(pp + (size_t)p * n_rows * n_part_cols);
+        y[at] = s;
+    }
 }
 
 /* y_i = beta y_i + the sum over the split[i] slices of part (n_rows x cols values each,
@@ -636,6 +663,16 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         part = (float *)kern_scratch_get(
             ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
         if (!part) return;
+        /* the slices added by each column's last block (TPI_MMQ_FIXUP, default on) */
+        if (ctx->mmq_fixup) {
+            struct kern_scratch *c = &ctx->mmq_cnt;
+            const size_t had = c->n_bytes;
+            a.cnt = (int *)kern_scratch_get(ctx, c, (size_t)bx * sizeof(int), op);
+            if (!a.cnt) return;
+            if (c->n_bytes != had && /* a new buffer: its counters zeroed */
+                !CUDA_OK(ctx, op, cudaMemsetAsync(a.cnt, 0, c->n_bytes, ctx->stream)))
+                return;
+        }
     }
     const __nv_bfloat16 *xk = *x16;
     if (xp || !xk) {
@@ -659,7 +696,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
     }
     kern<<<dim3((unsigned)bx, (unsigned)split), MMQ_WARPS * 32, smem, ctx->stream>>>(
         a, ws[0]->row_bytes, ne0, xk, n_rows, beta, part);
-    if (!LAUNCH_OK(ctx, op) || split == 1) return;
+    if (!LAUNCH_OK(ctx, op) || split == 1 || a.cnt) return;
     const size_t n = (size_t)n_rows * a.f0[n_w];
     const unsigned nb = (unsigned)TPI_MIN((n + 255) / 256, (size_t)ctx->n_sm * 8);
     mmq_reduce<<<nb, 256, 0, ctx->stream>>>(a, part, n_rows, beta);

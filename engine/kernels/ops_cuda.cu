@@ -103,7 +103,7 @@ static void cuda_free(struct ops_ctx **pctx) {
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16,    &ctx->mmq_part, &ctx->attn,
                                    &ctx->idx, &ctx->q8,     &ctx->q8_out,   &ctx->acc,
-                                   &ctx->top, &ctx->mmq_xp_buf};
+                                   &ctx->top, &ctx->mmq_xp_buf, &ctx->mmq_cnt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -290,6 +290,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->mmq_hold = (int)env_count("TPI_MMQ_HOLD", MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8,
                                    MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 | MMQ_HOLD_16);
     ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 1, 1);
+    /* kern_mmq's k split: the slices added by each column's last block to finish, in the
+     * order mmq_reduce adds them (the same sums); TPI_MMQ_FIXUP=0: by mmq_reduce, a launch
+     * of its own (bench/NOTES.md change 157) */
+    ctx->mmq_fixup = (int)env_count("TPI_MMQ_FIXUP", 1, 1);
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
