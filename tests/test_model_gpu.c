@@ -9,7 +9,8 @@
  *            to the first step whose CPU margin is not, decode logits compared.
  *   graphs   decode steps replayed as CUDA graphs give the logits of plain steps
  *            (400 steps, so attention crosses into split-K at depth > 256), and the
- *            tokens/s of 128 decode steps with and without graphs.
+ *            tokens/s of 128 decode steps with and without graphs; steps of 12 and 24
+ *            tokens (one a slot, the batch command's) as graphs give the plain logits.
  *   batch    3 sequences at different depths decoded together give the logits of
  *            each decoded alone.
  *   kv copy  a prompt prefix copied to another slot (model_kv_copy) gives the next
@@ -347,6 +348,77 @@ START_TEST(test_graphs) {
 }
 END_TEST
 
+#define N_WIDE_MAX 24  /* the widest step of test_graphs_wide */
+#define N_WIDE_STEPS 40
+
+/* Steps as wide as the batch command's decode steps (one token a slot, 12 and 24 of
+ * them: the decode and the prefill attention shapes, kern_mmq's products) recorded as
+ * graphs (graph_max_tokens 32) give the logits of the same steps run plainly: slots
+ * 0.. run plainly, slots N_WIDE_MAX.. the same tokens at the same positions as graphs.
+ * Below 512 positions both take one attention range (the split count is the only host
+ * choice a graph freezes by depth bucket), so they differ by no more than SAME_TOL. */
+START_TEST(test_graphs_wide) {
+    struct model *mg = load("cuda", 256, 2 * N_WIDE_MAX);
+    if (!mg->use_graphs) {
+        fprintf(stderr, "%s: graphs are off (TPI_NO_GRAPH set?): wide graph test not run\n",
+                g_name);
+        model_free(&mg);
+        return;
+    }
+    const int n_vocab = mg->cfg.n_vocab;
+    int n;
+    int32_t *src = prompt_tokens(0, &n);
+    float *lp = malloc(sizeof(float) * (size_t)N_WIDE_MAX * n_vocab);
+    float *lg = malloc(sizeof(float) * (size_t)N_WIDE_MAX * n_vocab);
+    const int widths[] = {12, N_WIDE_MAX};
+    for (int iw = 0; iw < 2; iw++) {
+        const int w = widths[iw];
+        const int64_t launches0 = mg->n_graph_launches;
+        struct errstat e = {0};
+        int n_bad = 0;
+        for (int j = 0; j < N_WIDE_STEPS; j++) {
+            int32_t tok[N_WIDE_MAX], pos[N_WIDE_MAX], seq[N_WIDE_MAX], rows[N_WIDE_MAX];
+            for (int i = 0; i < w; i++) {
+                tok[i] = src[(i + j) % n];
+                pos[i] = j;
+                seq[i] = i;
+                rows[i] = i;
+            }
+            mg->use_graphs = false;
+            forward_or_die(mg, tok, pos, seq, w, rows, w, lp);
+            for (int i = 0; i < w; i++)
+                seq[i] = N_WIDE_MAX + i;
+            mg->use_graphs = true;
+            mg->graph_max_tokens = MODEL_GRAPH_MAX_TOKENS;
+            forward_or_die(mg, tok, pos, seq, w, rows, w, lg);
+            for (int i = 0; i < w; i++) {
+                struct errstat r = {0};
+                errstat_add(&r, lg + (size_t)i * n_vocab, lp + (size_t)i * n_vocab, n_vocab);
+                errstat_add(&e, lg + (size_t)i * n_vocab, lp + (size_t)i * n_vocab, n_vocab);
+                if (r.max_rel > SAME_TOL && n_bad++ < 8)
+                    fprintf(stderr,
+                            "%s: %d-token step %d, row %d: graph vs plain max abs diff %.4g (/ "
+                            "range %.3g)\n",
+                            g_name, w, j, i, r.max_abs, r.max_rel);
+            }
+        }
+        const int64_t launches = mg->n_graph_launches - launches0;
+        fprintf(stderr,
+                "%s: %d-token steps, %d at positions 0..%d, graph vs plain: max abs diff %.3g, / "
+                "range %.3g; %lld graph launches\n",
+                g_name, w, N_WIDE_STEPS, N_WIDE_STEPS - 1, e.max_abs, e.max_rel,
+                (long long)launches);
+        ck_assert_msg(launches >= N_WIDE_STEPS - 16, "%s: only %lld of %d %d-token steps ran as graphs",
+                      g_name, (long long)launches, N_WIDE_STEPS, w);
+        ck_assert_int_eq(n_bad, 0);
+    }
+    free(src);
+    free(lp);
+    free(lg);
+    model_free(&mg);
+}
+END_TEST
+
 #define N_SEQ 3
 #define N_BATCH_STEPS 16
 
@@ -483,6 +555,7 @@ int main(int argc, char **argv) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_logits_vs_cpu);
     tcase_add_test(tc, test_graphs);
+    tcase_add_test(tc, test_graphs_wide);
     tcase_add_test(tc, test_batch_decode);
     tcase_add_test(tc, test_kv_copy);
     suite_add_tcase(s, tc);

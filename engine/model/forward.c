@@ -13,7 +13,8 @@
  * are grouped (ops.h), so the cut never changes the logits.
  *
  * Decode steps as graphs: a step of a few tokens is dozens of short kernels per
- * layer, whose launch cost dominates on a GPU. When the backend records graphs
+ * layer, whose launch cost dominates on a GPU (steps of up to m->graph_max_tokens: 8,
+ * or TPI_GRAPH_TOKENS up to 32 for the batch command's wider decode steps). When the backend records graphs
  * (ops->graph_*) and the step has no host-side work inside the layer loop (pp 1,
  * no communicator or NCCL's stream-ordered all-reduces; MPI stages through the
  * host and cannot be recorded), the embedding and the layer loop are recorded
@@ -33,7 +34,6 @@
 
 #include "model.h"
 
-#define GRAPH_MAX_TOKENS 8 /* decode steps: at most this many tokens (recorded as graphs) */
 
 /* Logits of the wanted rows of one micro-batch: output norm on those rows only,
  * this rank's vocab slice of lm_head, then an all-gather over the TP group and the
@@ -189,9 +189,9 @@ static int forward_layers(struct model *m, int n, const struct ops_batch *bp,
         if ((rc = row_parallel_add(m, &L->wo, s->att, n, L->ffn_norm, err))) return rc;
 
         // ---- FFN: column-parallel gate/up, row-parallel down ----
-        // (TPI_DIAG_SKIP_FFN, timing only: decode steps leave it out; h keeps the FFN's
-        // input, and its int8 form, as the next layer's)
-        if (m->diag_skip_ffn && n <= GRAPH_MAX_TOKENS) continue;
+        // (TPI_DIAG_SKIP_FFN, timing only: decode steps, up to 8 tokens, leave it out; h
+        // keeps the FFN's input, and its int8 form, as the next layer's)
+        if (m->diag_skip_ffn && n <= 8) continue;
         ops->matmul_silu_mul(octx, &L->w_gate, &L->w_up, s->h, s->g, s->u, n);
         // partial sums over this rank's columns, summed over the TP group
         if ((rc = row_parallel_add(m, &L->w_down, s->g, n, next_norm, err))) return rc;
@@ -230,7 +230,8 @@ void model_graphs_free(struct model *m) {
 
 /* Whether this step may run as a graph: nothing host-synchronous inside the layers. */
 static bool graph_eligible(const struct model *m, int n) {
-    return m->use_graphs && m->ops->graph_begin && n <= GRAPH_MAX_TOKENS && m->plan.pp == 1 &&
+    return m->use_graphs && m->ops->graph_begin && n <= m->graph_max_tokens &&
+           n <= MODEL_GRAPH_MAX_TOKENS && m->plan.pp == 1 &&
            !m->pp_comm && (!m->tp_comm || m->tp_comm->kind == COMM_NCCL);
 }
 

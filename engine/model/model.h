@@ -39,6 +39,9 @@ enum model_rope_scaling { MODEL_ROPE_NONE = 0, MODEL_ROPE_LINEAR = 1, MODEL_ROPE
 /* Largest head size the backends compute (the CPU rope rotates at most 512 pairs). */
 #define MODEL_MAX_HEAD_DIM 1024
 
+/* Widest step forward.c records as a graph (its shape key keeps a bit per token pair). */
+#define MODEL_GRAPH_MAX_TOKENS 32
+
 struct model_config {
     enum model_arch arch;
     char arch_name[16]; /* "qwen2" / "qwen3": the metadata key prefix */
@@ -188,6 +191,9 @@ struct model {
     /* Decode steps as CUDA graphs (forward.c): on when the backend has graphs and
      * TPI_NO_GRAPH is unset or 0; callers may turn it off (or on again) between calls. */
     bool use_graphs;
+    /* the widest step recorded as a graph (TPI_GRAPH_TOKENS, 1..32, default 8); callers
+     * may change it between calls */
+    int graph_max_tokens;
     bool logits_keep;       /* callers may keep logits on the backend (TPI_LOGITS_KEEP=0: no) */
     bool tp_skip_allreduce; /* TPI_TP_SKIP_ALLREDUCE=1: timing only, logits wrong */
     bool diag_skip_ffn;     /* TPI_DIAG_SKIP_FFN=1: decode steps without their FFN sub-layers
