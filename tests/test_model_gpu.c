@@ -408,8 +408,9 @@ START_TEST(test_graphs_wide) {
                 "range %.3g; %lld graph launches\n",
                 g_name, w, N_WIDE_STEPS, N_WIDE_STEPS - 1, e.max_abs, e.max_rel,
                 (long long)launches);
-        ck_assert_msg(launches >= N_WIDE_STEPS - 16, "%s: only %lld of %d %d-token steps ran as graphs",
-                      g_name, (long long)launches, N_WIDE_STEPS, w);
+        ck_assert_msg(launches >= N_WIDE_STEPS - 16,
+                      "%s: only %lld of %d %d-token steps ran as graphs", g_name,
+                      (long long)launches, N_WIDE_STEPS, w);
         ck_assert_int_eq(n_bad, 0);
     }
     free(src);

@@ -37,7 +37,8 @@
  * loop rolled; unbounded they took 220-254: 2 an SM); bench/NOTES.md change 155.
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, which the last block of each column to finish adds in a fixed order
- * (results do not depend on timing; TPI_MMQ_FIXUP=0: a launch of its own, mmq_reduce). One launch may hold up to 4 weights of one type and row length that share x
+ * (results do not depend on timing; TPI_MMQ_FIXUP=0: a launch of its own, mmq_reduce).
+ * One launch may hold up to 4 weights of one type and row length that share x
  * (kern_mmq_n: Q/K/V, gate/up), each split as it would be alone (bitwise the same).
  * H200 (run 120), against the dequantize + cuBLAS path: Q4_K 4096->12288 31 / 43 us at
  * 16 / 32 rows (cuBLAS ~90), Q6_K 55 / 78 (~82); at 64 rows Q6_K lost to cuBLAS (152

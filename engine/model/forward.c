@@ -12,28 +12,27 @@
  * fill-drain for one forward). A row's result does not depend on how rows
  * are grouped (ops.h), so the cut never changes the logits.
  *
- * Decode steps as graphs: a step of a few tokens is dozens of short kernels per
- * layer, whose launch cost dominates on a GPU (steps of up to m->graph_max_tokens: 8,
- * or TPI_GRAPH_TOKENS up to 32 for the batch command's wider decode steps). When the backend records graphs
- * (ops->graph_*) and the step has no host-side work inside the layer loop (pp 1,
- * no communicator or NCCL's stream-ordered all-reduces; MPI stages through the
- * host and cannot be recorded), the embedding and the layer loop are recorded
- * once per step shape and replayed with one launch. Per-step values travel in
- * device buffers written before the launch (token ids, positions, slots); what
- * the ops decide on the host is frozen at recording, so the shape key holds all
- * of it: n_tokens, which neighbouring tokens share a slot (attention groups
- * them), and the power of two below max_pos (attention splits long key ranges;
- * the kernels compute each split's range from the device positions, so any
- * split count is correct and the bucket only keeps it near the best one). A
- * shape is recorded the second time it is seen, after one plain run has grown
- * the scratch buffers it needs; a failed recording falls back to the plain run.
+ * Decode steps as graphs: a step of a few tokens is dozens of short kernels per layer,
+ * whose launch cost dominates on a GPU (steps of up to m->graph_max_tokens: 8, or
+ * TPI_GRAPH_TOKENS up to 32 for the batch command's wider decode steps). When the
+ * backend records graphs (ops->graph_*) and the step has no host-side work inside the
+ * layer loop (pp 1, no communicator or NCCL's stream-ordered all-reduces; MPI stages
+ * through the host and cannot be recorded), the embedding and the layer loop are
+ * recorded once per step shape and replayed with one launch. Per-step values travel in
+ * device buffers written before the launch (token ids, positions, slots); what the ops
+ * decide on the host is frozen at recording, so the shape key holds all of it: n_tokens,
+ * which neighbouring tokens share a slot (attention groups them), and the power of two
+ * below max_pos (attention splits long key ranges; the kernels compute each split's
+ * range from the device positions, so any split count is correct and the bucket only
+ * keeps it near the best one). A shape is recorded the second time it is seen, after one
+ * plain run has grown the scratch buffers it needs; a failed recording falls back to the
+ * plain run.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model.h"
-
 
 /* Logits of the wanted rows of one micro-batch: output norm on those rows only,
  * this rank's vocab slice of lm_head, then an all-gather over the TP group and the
