@@ -62,7 +62,7 @@ struct ops_ctx {
     int mmq_hold; /* kern_mmq's raw kernels held to 3 blocks an SM (TPI_MMQ_HOLD: MMQ_RAW_*
                    * bits; MMQ_HOLD_16: those of 16 rows to 4) */
     int mmq_xp;   /* kern_mmq's raw kernels read x permuted into their order (TPI_MMQ_XP) */
-    int mmq_fixup; /* kern_mmq's split k added by each column's last block (TPI_MMQ_FIXUP) */
+    int mmq_fixup; /* KiB of a column's k slices kern_mmq's last block adds (TPI_MMQ_FIXUP) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
      * side[0] NULL: everything on `stream` */
     cudaStream_t side[OPS_MAX_FUSED - 1];

@@ -534,14 +534,62 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, MINB)
     }
     if (!__syncthreads_or(done)) return;
     __threadfence();
+    /* each thread's two items' slices loaded 4 at a time before any of them is added
+     * (loads in flight together: the sums' latency is this block's tail), added in slice
+     * order */
     const int nf = min(MMQ_FEATS, ne1 - fb);
+    const size_t slice = (size_t)n_rows * n_part_cols;
+    if (((nf | ne1 | n_part_cols | pf0) & 3) == 0 && ((uintptr_t)y & 15) == 0) {
+        const int nv = nf / 4, n_items = n_rows * nv; /* 4 features an item */
+        for (int i0 = threadIdx.x; i0 < n_items; i0 += 2 * MMQ_WARPS * 32) {
+            const int i1 = i0 + MMQ_WARPS * 32, two = i1 < n_items;
+            const float4 *pp[2] = {
+                (const float4 *)(part + (size_t)(i0 / nv) * n_part_cols + pf0 + fb + 4 * (i0 % nv)),
+                (const float4 *)(part + (size_t)(i1 / nv) * n_part_cols + pf0 + fb + 4 * (i1 % nv))};
+            float4 *at[2] = {(float4 *)(y + (size_t)(i0 / nv) * ne1 + fb + 4 * (i0 % nv)),
+                             (float4 *)(y + (size_t)(i1 / nv) * ne1 + fb + 4 * (i1 % nv))};
+            float4 s[2];
+#pragma unroll
+            for (int j = 0; j < 2; j++)
+                s[j] = beta != 0.0f && (j == 0 || two) ? *at[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int p0 = 0; p0 < split; p0 += 4) {
+                float4 v[2][4];
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int p = 0; p < 4; p++)
+                        if (p0 + p < split && (j == 0 || two))
+                            v[j][p] = __ldcg(pp[j] + (p0 + p) * (slice / 4));
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int p = 0; p < 4; p++)
+                        if (p0 + p < split) {
+                            s[j].x += v[j][p].x;
+                            s[j].y += v[j][p].y;
+                            s[j].z += v[j][p].z;
+                            s[j].w += v[j][p].w;
+                        }
+            }
+            *at[0] = s[0];
+            if (two) *at[1] = s[1];
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < n_rows * nf; i += MMQ_WARPS * 32) {
         const int r = i / nf, f = fb + i % nf;
         const size_t at = (size_t)r * ne1 + f;
         const float *pp = part + (size_t)r * n_part_cols + pf0 + f;
         float s = beta != 0.0f ? y[at] : 0.0f;
-        for (int p = 0; p < split; p++)
-            s += __ldcg(pp + (size_t)p * n_rows * n_part_cols);
+        for (int p0 = 0; p0 < split; p0 += 4) {
+            float v[4];
+#pragma unroll
+            for (int p = 0; p < 4; p++)
+                if (p0 + p < split) v[p] = __ldcg(pp + (p0 + p) * slice);
+#pragma unroll
+            for (int p = 0; p < 4; p++)
+                if (p0 + p < split) s += v[p];
+        }
         y[at] = s;
     }
 }
@@ -664,8 +712,9 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         part = (float *)kern_scratch_get(
             ctx, &ctx->mmq_part, (size_t)split * n_rows * a.f0[n_w] * sizeof(float), op);
         if (!part) return;
-        /* the slices added by each column's last block (TPI_MMQ_FIXUP, default on) */
-        if (ctx->mmq_fixup) {
+        /* the slices added by each column's last block where they are few enough that
+         * one block adds them soon (TPI_MMQ_FIXUP KiB a column) */
+        if ((size_t)split * n_rows * MMQ_FEATS * sizeof(float) <= (size_t)ctx->mmq_fixup * 1024) {
             struct kern_scratch *c = &ctx->mmq_cnt;
             const size_t had = c->n_bytes;
             a.cnt = (int *)kern_scratch_get(ctx, c, (size_t)bx * sizeof(int), op);

@@ -291,9 +291,10 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
                                    MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 | MMQ_HOLD_16);
     ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 1, 1);
     /* kern_mmq's k split: the slices added by each column's last block to finish, in the
-     * order mmq_reduce adds them (the same sums); TPI_MMQ_FIXUP=0: by mmq_reduce, a launch
-     * of its own (bench/NOTES.md change 157) */
-    ctx->mmq_fixup = (int)env_count("TPI_MMQ_FIXUP", 1, 1);
+     * order mmq_reduce adds them (the same sums), where a column's slices are at most
+     * TPI_MMQ_FIXUP KiB (default 64: one block's tail; 0: always by mmq_reduce, a launch of
+     * its own; bench/NOTES.md changes 157 and 159) */
+    ctx->mmq_fixup = (int)env_count("TPI_MMQ_FIXUP", 64, 1 << 20);
     const char *hp = getenv("TPI_PINNED_HOST");
     ctx->host_pinned = !(hp && strcmp(hp, "0") == 0);
     const char *ds = getenv("TPI_DIAG_SKIP");
