@@ -29,6 +29,8 @@
  *   against the plain CUDA ops (NMSE < 1e-7: another summation order) and the CPU
  *   reference (NMSE < 1e-3), bitwise equal to itself on relaunch and graph replay, and
  *   declining (false, nothing written) weights it does not cover.
+ *   A graph of a kern_mmq product goes stale once a plain product of more rows regrows
+ *   kern_mmq's scratch, and recorded again gives the plain values bitwise.
  * `test_ops_fused cpu` (label unit) runs the CPU cases; `test_ops_fused cuda` (label
  * gpu) the CUDA ones, and exits 77 without a usable GPU.
  */
@@ -1092,6 +1094,58 @@ START_TEST(test_layer_tail_cuda) {
 }
 END_TEST
 
+/* A graph recorded with a kern_mmq product (9-32 rows: its k's slices and x's permuted
+ * form in scratch) must refuse to replay once a plain product of more rows has regrown
+ * that scratch (every buffer counts: kern_scratch_all), and, recorded again, give the
+ * plain product's values bitwise. Its own context: the shared one's scratch is sized by
+ * the tests before. */
+START_TEST(test_graph_mmq_stale_cuda) {
+    const struct ops *G = ops_cuda_get();
+    struct ops_config cfg = {2, 0};
+    struct tpi_error err;
+    tpi_err_clear(&err);
+    struct ops_ctx *ctx = NULL;
+    ck_assert_msg(G->init(&ctx, &cfg, &err) == TPI_OK, "init: %s", err.msg);
+    const struct be b = {G, ctx};
+    struct tu_rng r;
+    tu_rng_seed(&r, 1700);
+    const int64_t ne0 = 1024, ne1 = 256, small = 12, big = 32;
+    const size_t ny = (size_t)(small * ne1);
+    struct tpi_weight w;
+    make_weight(b, &r, TPI_TYPE_Q4_K, ne0, ne1, &w);
+    float *xh = rand_vec(&r, (size_t)(big * ne0), -2, 2);
+    float *x = bdup(b, xh, (size_t)(big * ne0) * 4);
+    float *y = G->alloc(ctx, (size_t)(big * ne1) * 4), *junk = rand_vec(&r, ny, -2, 2);
+    float *ref = malloc(ny * 4), *got = malloc(ny * 4);
+    G->matmul(ctx, &w, x, y, small); /* plainly first: the scratch sized for 12 rows */
+    bget(b, ref, y, ny * 4);
+    graph_start(b);
+    G->matmul(ctx, &w, x, y, small);
+    void *graph = graph_stop(b);
+    graph_replay(b, graph);
+    G->matmul(ctx, &w, x, y, big); /* more rows: kern_mmq's scratch regrown */
+    bool launched = true;
+    ck_assert_msg(G->graph_launch(ctx, graph, &launched, &err) == TPI_OK, "graph_launch: %s",
+                  err.msg);
+    ck_assert_msg(!launched, "the graph replayed after kern_mmq's scratch was regrown");
+    G->graph_free(ctx, graph);
+    graph_start(b);
+    G->matmul(ctx, &w, x, y, small);
+    graph = graph_stop(b);
+    G->to_dev(ctx, y, junk, ny * 4); /* something else in y first */
+    graph_replay(b, graph);
+    bget(b, got, y, ny * 4);
+    const size_t d = n_diff(got, ref, ny);
+    ck_assert_msg(d == 0, "the graph recorded again: %zu of %zu outputs differ", d, ny);
+    assert_ok(b, "graph after kern_mmq's scratch regrew");
+    G->graph_free(ctx, graph);
+    G->weight_free(ctx, &w);
+    G->dealloc(ctx, x), G->dealloc(ctx, y);
+    free(xh), free(junk), free(ref), free(got);
+    G->free(&ctx);
+}
+END_TEST
+
 static int run_cuda(void) {
     const struct ops *G = ops_cuda_get();
     int n_devices = 0;
@@ -1119,6 +1173,7 @@ static int run_cuda(void) {
     tcase_add_test(tc, test_xq_memo_attn_cuda);
     tcase_add_test(tc, test_silu_mul_cuda);
     tcase_add_test(tc, test_layer_tail_cuda);
+    tcase_add_test(tc, test_graph_mmq_stale_cuda);
     suite_add_tcase(s, tc);
     const int rc = tu_run_suite(s);
     C->free(&cctx_g);

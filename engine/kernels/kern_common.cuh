@@ -162,6 +162,17 @@ bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const
  * the device, so callers size it once early where they can. */
 void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes, const char *op);
 
+#define KERN_N_SCRATCH 11
+/* Every scratch buffer of ctx, in a fixed order: what ops_free frees and what a recorded
+ * graph checks for regrowth (a buffer left out here would be replayed after being freed). */
+static inline void kern_scratch_all(struct ops_ctx *ctx, struct kern_scratch *out[KERN_N_SCRATCH]) {
+    struct kern_scratch *all[KERN_N_SCRATCH] = {
+        &ctx->w16, &ctx->x16, &ctx->attn, &ctx->idx, &ctx->q8, &ctx->q8_out,
+        &ctx->acc, &ctx->mmq_part, &ctx->mmq_cnt, &ctx->mmq_xp_buf, &ctx->top};
+    for (int i = 0; i < KERN_N_SCRATCH; i++)
+        out[i] = all[i];
+}
+
 /* ---- tensor-core fragments (kern_attn_mma.cu, kern_mmq.cu) ---- */
 /* The shared-memory address of p (a pointer into shared memory). */
 __device__ __forceinline__ uint32_t mma_smem_u32(const void *p) {

@@ -8,7 +8,7 @@
  * A recorded graph holds the device pointers its kernels were launched with,
  * among them the context's scratch buffers (split-K attention partials, bf16
  * copies for the GEMM path). Those buffers only grow, and growing frees the old
- * one, so each graph remembers the scratch pointers seen at recording and
+ * one, so each graph remembers every scratch pointer (kern_scratch_all) at recording and
  * refuses to launch (launched = false) once any of them has changed: the caller
  * records again instead of replaying into freed memory.
  */
@@ -17,23 +17,18 @@
 
 #include "kern_common.cuh"
 
-#define GRAPH_N_SCRATCH 7
-
 /* The entries are declared in ops.h (C linkage, CUDA builds only) for ops_cuda.cu's table. */
 
 struct kern_graph {
     cudaGraphExec_t exec;
-    void *scratch[GRAPH_N_SCRATCH]; /* ctx scratch pointers when recorded */
+    void *scratch[KERN_N_SCRATCH]; /* ctx scratch pointers when recorded */
 };
 
-static void scratch_now(const struct ops_ctx *ctx, void **out) {
-    out[0] = ctx->w16.p;
-    out[1] = ctx->x16.p;
-    out[2] = ctx->attn.p;
-    out[3] = ctx->idx.p;
-    out[4] = ctx->q8.p;
-    out[5] = ctx->acc.p;
-    out[6] = ctx->q8_out.p;
+static void scratch_now(struct ops_ctx *ctx, void **out) {
+    struct kern_scratch *all[KERN_N_SCRATCH];
+    kern_scratch_all(ctx, all);
+    for (int i = 0; i < KERN_N_SCRATCH; i++)
+        out[i] = all[i]->p;
 }
 
 int kern_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {
@@ -86,7 +81,7 @@ int kern_graph_launch(struct ops_ctx *ctx, void *graph, bool *launched, struct t
     struct kern_graph *g = (struct kern_graph *)graph;
     *launched = false;
     if (!g) return tpi_err(err, TPI_ERR_INVALID, "%s: no graph", op);
-    void *now[GRAPH_N_SCRATCH];
+    void *now[KERN_N_SCRATCH];
     scratch_now(ctx, now);
     if (memcmp(now, g->scratch, sizeof now) != 0) return TPI_OK; /* stale: record again */
     if (!CUDA_OK(ctx, op, cudaGraphLaunch(g->exec, ctx->stream))) {

@@ -730,8 +730,9 @@ bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *sc, int by, int6
                       int64_t ne0, int8_t **xq, float2 **ds) {
     ctx->xq_memo.valid = false;
     const int64_t n_vals = n_rows * ne0;
-    if (!(ctx->xq_produce & by) || !ctx->xq_quant_seen || ctx->gemv != 3 || n_rows < 1 || ne0 <= 0 || ne0 % 32 != 0 ||
-        n_vals > XQ_MAX_VALS)
+    /* only the matrix-vector path (up to MATVEC_MAX_ROWS rows) reads the int8 form */
+    if (!(ctx->xq_produce & by) || !ctx->xq_quant_seen || ctx->gemv != 3 || n_rows < 1 ||
+        n_rows > MATVEC_MAX_ROWS || ne0 <= 0 || ne0 % 32 != 0 || n_vals > XQ_MAX_VALS)
         return false;
     /* kern_gemv_v3_prepare's layout (kern_xq.cuh), permuted copies included */
     const gv_xlayout lay = gv_xlayout_of((int)n_rows, ne0);

@@ -101,10 +101,9 @@ static void cuda_free(struct ops_ctx **pctx) {
     struct ops_ctx *ctx = *pctx;
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
-    struct kern_scratch *bufs[] = {&ctx->w16, &ctx->x16,    &ctx->mmq_part, &ctx->attn,
-                                   &ctx->idx, &ctx->q8,     &ctx->q8_out,   &ctx->acc,
-                                   &ctx->top, &ctx->mmq_xp_buf, &ctx->mmq_cnt};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    struct kern_scratch *bufs[KERN_N_SCRATCH];
+    kern_scratch_all(ctx, bufs);
+    for (int i = 0; i < KERN_N_SCRATCH; i++)
         if (bufs[i]->p) cudaFree(bufs[i]->p);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
     for (int i = 0; i < 2; i++)

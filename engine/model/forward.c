@@ -13,8 +13,8 @@
  * are grouped (ops.h), so the cut never changes the logits.
  *
  * Decode steps as graphs: a step of a few tokens is dozens of short kernels per layer,
- * whose launch cost dominates on a GPU (steps of up to m->graph_max_tokens: 8, or
- * TPI_GRAPH_TOKENS up to 32 for the batch command's wider decode steps). When the
+ * whose launch cost dominates on a GPU (steps of up to m->graph_max_tokens: 32, the
+ * batch command's decode steps included; TPI_GRAPH_TOKENS narrows it). When the
  * backend records graphs (ops->graph_*) and the step has no host-side work inside the
  * layer loop (pp 1, no communicator or NCCL's stream-ordered all-reduces; MPI stages
  * through the host and cannot be recorded), the embedding and the layer loop are

@@ -439,16 +439,16 @@ int model_load(struct model **out, const struct model_params *p, const struct tp
     if (!rc) rc = check_fits(m, n_ubatch, err);
     if ((rc = model_agree(m, rc, err))) goto fail;
     m->use_graphs = m->ops->graph_begin && !env_on("TPI_NO_GRAPH");
-    // Steps of up to 8 tokens run as graphs; TPI_GRAPH_TOKENS=N (up to 32) takes wider
-    // ones too, the batch command's 9-32-row decode steps (bench/NOTES.md change 158).
+    // Steps of up to 32 tokens run as graphs, the batch command's 9-32-row decode steps
+    // too (bench/NOTES.md changes 158, 160); TPI_GRAPH_TOKENS=N (1..32) narrows that.
     const char *gt = getenv("TPI_GRAPH_TOKENS");
-    m->graph_max_tokens = 8;
+    m->graph_max_tokens = MODEL_GRAPH_MAX_TOKENS;
     if (gt && *gt) {
         char *end = NULL;
         const long v = strtol(gt, &end, 10);
         if (*end || v < 1 || v > MODEL_GRAPH_MAX_TOKENS)
-            TPI_LOGW("TPI_GRAPH_TOKENS=%s is not 1..%d: steps of up to 8 tokens run as graphs",
-                     gt, MODEL_GRAPH_MAX_TOKENS);
+            TPI_LOGW("TPI_GRAPH_TOKENS=%s is not 1..%d: steps of up to %d tokens run as graphs",
+                     gt, MODEL_GRAPH_MAX_TOKENS, MODEL_GRAPH_MAX_TOKENS);
         else
             m->graph_max_tokens = (int)v;
     }

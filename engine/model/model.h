@@ -191,7 +191,7 @@ struct model {
     /* Decode steps as CUDA graphs (forward.c): on when the backend has graphs and
      * TPI_NO_GRAPH is unset or 0; callers may turn it off (or on again) between calls. */
     bool use_graphs;
-    /* the widest step recorded as a graph (TPI_GRAPH_TOKENS, 1..32, default 8); callers
+    /* the widest step recorded as a graph (TPI_GRAPH_TOKENS, 1..32, default 32); callers
      * may change it between calls */
     int graph_max_tokens;
     bool logits_keep;       /* callers may keep logits on the backend (TPI_LOGITS_KEEP=0: no) */
