@@ -33,21 +33,22 @@
 #     test_model_gpu. ~4 min.
 #   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
-#   PART=W: changes 155-159, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
+#   PART=W: changes 155-160, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
 #     held to 3 blocks an SM and reading x permuted as the launch before rounds it, k's
 #     slices added by each column's last block where a column's are at most TPI_MMQ_FIXUP
-#     KiB (157, 159: default 64, 0 never), steps of up to 32 tokens as graphs (158,
-#     TPI_GRAPH_TOKENS=32): ctest's elem group, matmul_Q4_K/Q6_K (and _noraw),
-#     ops_fused_cuda and test_model_gpu (its wide graphs too) by default, the matmul and
-#     fused entries again with TPI_MMQ_FIXUP 0 and 1024 (every split added in the product);
-#     the product bench at 16 and 32 rows in FORMS (TPI_MMQ_FIXUP 0, 64, 1024; BPS_TOO=1:
-#     the default at TPI_MMQ_BPS 2 and 4 too); NCU=1: ncu's warp states of the 32-row Q4_K
-#     4096->12288 kernel before change 155 and now; batch-bench at --parallel 32 in BFORMS
-#     (TPI_MMQ_FIXUP 0, 64, 1024, and 64 with TPI_GRAPH_TOKENS=32), in both orders, KR
+#     KiB (157, 159: default 64, 0 never), steps of up to 32 tokens as graphs (158, 160:
+#     the default; TPI_GRAPH_TOKENS=8 the earlier one): ctest's elem group,
+#     matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda (test_graph_mmq_stale_cuda too) and
+#     test_model_gpu (its wide graphs too) by default, the matmul and fused entries again
+#     with TPI_MMQ_FIXUP=0; the product bench at 16 and 32 rows in FORMS (TPI_MMQ_FIXUP 0
+#     and 64; BPS_TOO=1: the default at TPI_MMQ_BPS 2 and 4 too); NCU=1: ncu's warp states
+#     of the 32-row Q4_K 4096->12288 kernel before change 155 and now; batch-bench at
+#     --parallel 32 in BFORMS (TPI_GRAPH_TOKENS=8, then the default), in both orders, KR
 #     rounds (default 1; none begun after STOP_AT s, 420), and each form's records against
 #     the first's. ~6 min. (Run 265 ran the knobs' first forms, of fd2d7be's and the next
 #     commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by a launch of its own; run 266 the
-#     forms before and after each of changes 155-158, TPI_MMQ_HOLD=7 too.)
+#     forms before and after each of changes 155-158, TPI_MMQ_HOLD=7 too; run 267
+#     TPI_MMQ_FIXUP 0, 64 and 1024.)
 #   env: N_PROMPTS (256), MAX_TOKENS (64), PARALLEL ("32"), TYPE (q4_k_m)
 # Logs (and the trace, xz) under $OUT.
 # shellcheck source=bench/gpu-lib.sh
@@ -174,11 +175,10 @@ P)
     ;;
 W)
     # each form's variables, comma-separated
-    V=${FORMS:-"TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=64 TPI_MMQ_FIXUP=1024"}
+    V=${FORMS:-"TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=64"}
     [ "${BPS_TOO:-0}" = 1 ] && V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # product bench only
     (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu" &&
-        TPI_MMQ_FIXUP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda" &&
-        TPI_MMQ_FIXUP=1024 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
+        TPI_MMQ_FIXUP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
         >"$OUT/tests.log" 2>&1 &
     TP=$!
     mk || exit 1
@@ -207,7 +207,7 @@ W)
     fi
     for r in $(seq "${KR:-1}"); do
         # shellcheck disable=SC2046
-        VB=${BFORMS:-"TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=64 TPI_MMQ_FIXUP=1024 TPI_MMQ_FIXUP=64,TPI_GRAPH_TOKENS=32"}
+        VB=${BFORMS:-"TPI_GRAPH_TOKENS=8 TPI_MMQ_FIXUP=64"}
         for v in $VB $(tr ' ' '\n' <<<"$VB" | tac); do
             [ "$SECONDS" -lt "${STOP_AT:-420}" ] || break
             # shellcheck disable=SC2046
@@ -215,7 +215,7 @@ W)
         done
     done
     # the same records (ids and tokens) in every form
-    python3 - ${BFORMS:-TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=64 TPI_MMQ_FIXUP=1024 TPI_MMQ_FIXUP=64,TPI_GRAPH_TOKENS=32} <<'PY'
+    python3 - ${BFORMS:-TPI_GRAPH_TOKENS=8 TPI_MMQ_FIXUP=64} <<'PY'
 import json, os, sys
 def toks(v):
     with open(f"/tmp/out-{v}-32.jsonl") as f:
