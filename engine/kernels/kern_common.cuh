@@ -60,7 +60,7 @@ struct ops_ctx {
                    * all that are resident at once) */
     int mmq_raw; /* kern_mmq's raw paths (TPI_MMQ_RAW): MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 */
     int mmq_hold; /* kern_mmq's raw kernels held to 3 blocks an SM (TPI_MMQ_HOLD: MMQ_RAW_*
-                   * bits; MMQ_HOLD_16: those of 16 rows to 4) */
+                   * bits) */
     int mmq_xp;   /* kern_mmq's raw kernels read x permuted into their order (TPI_MMQ_XP) */
     int mmq_fixup; /* KiB of a column's k slices kern_mmq's last block adds (TPI_MMQ_FIXUP) */
     /* matmul_n runs its weights 1.. on these (forked from and joined to `stream`);
@@ -544,7 +544,6 @@ void kern_f32_to_bf16(struct ops_ctx *ctx, const float *x, __nv_bfloat16 *y, int
 #define MMQ_DEFAULT_ROWS 32
 #define MMQ_RAW_Q4_K 1   /* ctx->mmq_raw: Q4_K's raw path (TPI_MMQ_RAW=1: this one only) */
 #define MMQ_RAW_Q6_KX8 2 /* Q6_K's groups' (TPI_MMQ_RAW=2: this one only; 0: neither) */
-#define MMQ_HOLD_16 4    /* ctx->mmq_hold: the held 16-row kernels held to 4 blocks an SM */
 #define MMQ_MAX_W 4 /* weights one kern_mmq_n launch multiplies by the same x */
 /* y (n_rows, ne1) = bf16(x) (n_rows, ne0) * W^T, plus beta * y (beta 0 or 1), queued on
  * ctx->stream with W decoded in registers (kern_mmq.cu); false (nothing queued) unless W

@@ -681,8 +681,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
             return;
         smem_set[raw + xp] = true;
     }
-    /* kernels held to 4 blocks (16 rows, 128 registers) split k to fill them */
-    int bps = MINB > 3 && ctx->mmq_bps > 0 ? TPI_MAX(ctx->mmq_bps, MINB) : ctx->mmq_bps;
+    int bps = ctx->mmq_bps;
     if (bps <= 0) { /* the blocks a multiprocessor holds (queried once a kernel) */
         static int resident[3] = {0, 0, 0};
         if (!resident[raw + xp]) {
@@ -777,14 +776,12 @@ bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws
             if constexpr (mmq_takes<T>()) {
                 if (ws[0]->ne0 % kq<T>::BLK != 0) return;
                 /* the raw paths' types up to 32 rows held to 3 blocks an SM (168
-                 * registers; unbounded, 2 an SM: TPI_MMQ_HOLD's bit clear), up to 16
-                 * rows to 4 with MMQ_HOLD_16 (128 registers, no spills) */
+                 * registers; unbounded, 2 an SM: TPI_MMQ_HOLD's bit clear; 16 rows held
+                 * to 4 were slower, bench/NOTES.md change 156) */
                 constexpr bool K = T == TPI_TYPE_Q4_K || T == KERN_TYPE_Q6_KX8;
                 const bool hold =
                     K && (ctx->mmq_hold & (T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8));
-                if (nr <= 16 && hold && (ctx->mmq_hold & MMQ_HOLD_16))
-                    mmq_launch<T, 1, K ? 4 : 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
-                else if (nr <= 16 && hold)
+                if (nr <= 16 && hold)
                     mmq_launch<T, 1, K ? 3 : 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);
                 else if (nr <= 16)
                     mmq_launch<T, 1, 1>(ctx, n_w, ws, x, x16, ys, nr, beta, op);

@@ -283,11 +283,9 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
      * (168 registers; unbounded they take 220-254: 2 an SM) and reading x permuted into
      * their staging order by the launch that rounds it to bf16 (16-byte pieces staged
      * instead of 4-byte ones); TPI_MMQ_HOLD (bits as TPI_MMQ_RAW's: 1 Q4_K, 2 Q6_K's
-     * groups, default both; 4 more: those of up to 16 rows held to 4 blocks, 128
-     * registers, their k split to 4 an SM, change 156) and TPI_MMQ_XP=0 leave them out
-     * (bench/NOTES.md change 155) */
+     * groups, default both) and TPI_MMQ_XP=0 leave them out (bench/NOTES.md change 155) */
     ctx->mmq_hold = (int)env_count("TPI_MMQ_HOLD", MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8,
-                                   MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8 | MMQ_HOLD_16);
+                                   MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8);
     ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 1, 1);
     /* kern_mmq's k split: the slices added by each column's last block to finish, in the
      * order mmq_reduce adds them (the same sums), where a column's slices are at most
