@@ -1097,8 +1097,9 @@ END_TEST
 /* A graph recorded with a kern_mmq product (9-32 rows: its k's slices and x's permuted
  * form in scratch) must refuse to replay once a plain product of more rows has regrown
  * that scratch (every buffer counts: kern_scratch_all), and, recorded again, give the
- * plain product's values bitwise. Its own context: the shared one's scratch is sized by
- * the tests before. */
+ * plain product's values bitwise. Before any plain run, recording the product must fail
+ * (its scratch would be allocated inside the recording) and leave the context working.
+ * Its own context: the shared one's scratch is sized by the tests before. */
 START_TEST(test_graph_mmq_stale_cuda) {
     const struct ops *G = ops_cuda_get();
     struct ops_config cfg = {2, 0};
@@ -1117,7 +1118,14 @@ START_TEST(test_graph_mmq_stale_cuda) {
     float *x = bdup(b, xh, (size_t)(big * ne0) * 4);
     float *y = G->alloc(ctx, (size_t)(big * ne1) * 4), *junk = rand_vec(&r, ny, -2, 2);
     float *ref = malloc(ny * 4), *got = malloc(ny * 4);
-    G->matmul(ctx, &w, x, y, small); /* plainly first: the scratch sized for 12 rows */
+    graph_start(b);
+    G->matmul(ctx, &w, x, y, small);
+    void *none = NULL;
+    ck_assert_msg(G->graph_end(ctx, &none, &err) != TPI_OK && !none &&
+                      strstr(err.msg, "while a graph is recorded"),
+                  "recording a product whose scratch is not there yet: %s", err.msg);
+    tpi_err_clear(&err);
+    G->matmul(ctx, &w, x, y, small); /* plainly: the scratch sized for 12 rows */
     bget(b, ref, y, ny * 4);
     graph_start(b);
     G->matmul(ctx, &w, x, y, small);

@@ -157,9 +157,10 @@ bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const
 #define LAUNCH_OK(ctx, op)                                                                         \
     kern_cuda_ok((ctx), cudaGetLastError(), (op), "launch", __FILE__, __LINE__)
 
-/* A device buffer of at least n_bytes from `s` (grown, never shrunk); NULL on OOM
- * with the failure recorded under `op`. Growing frees the old buffer, which waits for
- * the device, so callers size it once early where they can. */
+/* A device buffer of at least n_bytes from `s` (grown, never shrunk); NULL on OOM, or
+ * when it must grow while a graph is recorded, with the failure recorded under `op`.
+ * Growing frees the old buffer, which waits for the device, so callers size it once
+ * early where they can. */
 void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes, const char *op);
 
 #define KERN_N_SCRATCH 11

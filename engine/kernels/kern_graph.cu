@@ -33,11 +33,12 @@ static void scratch_now(struct ops_ctx *ctx, void **out) {
 
 int kern_graph_begin(struct ops_ctx *ctx, struct tpi_error *err) {
     const char *op = "cuda graph_begin";
-    /* Queued work must be done first: an op that grows a scratch buffer while recording
-     * frees the old one without being able to wait for the stream. */
+    /* Queued work done first: the recording starts from an idle stream, and a failure
+     * of earlier work is not taken for the recording's. */
     if (!CUDA_OK(ctx, op, cudaSetDevice(ctx->device)) ||
         !CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream)) ||
-        /* relaxed: an op may still allocate scratch (cudaMalloc) while recording */
+        /* relaxed: host calls that are not stream work (occupancy queries) stay allowed
+         * while recording; scratch does not grow then (kern_scratch_get fails it) */
         !CUDA_OK(ctx, op, cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed))) {
         const int status = ctx->err.status;
         if (err) *err = ctx->err;

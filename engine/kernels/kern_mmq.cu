@@ -37,7 +37,9 @@
  * loop rolled; unbounded they took 220-254: 2 an SM); bench/NOTES.md change 155.
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, which the last block of each column to finish adds in a fixed order
- * (results do not depend on timing; TPI_MMQ_FIXUP=0: a launch of its own, mmq_reduce).
+ * where a column's slices are few (TPI_MMQ_FIXUP KiB, default 64; changes 157, 159),
+ * else a launch of its own, mmq_reduce, in the same order (results do not depend on
+ * timing).
  * One launch may hold up to 4 weights of one type and row length that share x
  * (kern_mmq_n: Q/K/V, gate/up), each split as it would be alone (bitwise the same).
  * H200 (run 120), against the dequantize + cuBLAS path: Q4_K 4096->12288 31 / 43 us at
@@ -543,9 +545,10 @@ __global__ void __launch_bounds__(MMQ_WARPS * 32, MINB)
         const int nv = nf / 4, n_items = n_rows * nv; /* 4 features an item */
         for (int i0 = threadIdx.x; i0 < n_items; i0 += 2 * MMQ_WARPS * 32) {
             const int i1 = i0 + MMQ_WARPS * 32, two = i1 < n_items;
+            const float *p0f = part + pf0 + fb;
             const float4 *pp[2] = {
-                (const float4 *)(part + (size_t)(i0 / nv) * n_part_cols + pf0 + fb + 4 * (i0 % nv)),
-                (const float4 *)(part + (size_t)(i1 / nv) * n_part_cols + pf0 + fb + 4 * (i1 % nv))};
+                (const float4 *)(p0f + (size_t)(i0 / nv) * n_part_cols + 4 * (i0 % nv)),
+                (const float4 *)(p0f + (size_t)(i1 / nv) * n_part_cols + 4 * (i1 % nv))};
             float4 *at[2] = {(float4 *)(y + (size_t)(i0 / nv) * ne1 + fb + 4 * (i0 % nv)),
                              (float4 *)(y + (size_t)(i1 / nv) * ne1 + fb + 4 * (i1 % nv))};
             float4 s[2];

@@ -55,6 +55,18 @@ bool kern_cublas_ok(struct ops_ctx *ctx, cublasStatus_t s, const char *op, const
 void *kern_scratch_get(struct ops_ctx *ctx, struct kern_scratch *s, size_t n_bytes,
                        const char *op) {
     if (n_bytes <= s->n_bytes) return s->p;
+    /* not while a graph is being recorded: the old buffer cannot be waited for (and the
+     * recording may hold it), and a new one's first contents (kern_mmq zeroes its
+     * counters) would be queued into the recording only. The recording fails, its step
+     * runs plainly, which grows the buffer, and the shape is recorded again later. */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(ctx->stream, &cap) == cudaSuccess &&
+        cap != cudaStreamCaptureStatusNone) {
+        kern_fail(ctx, TPI_ERR_CUDA, op, __FILE__, __LINE__,
+                  "a scratch buffer must grow (to %zu bytes) while a graph is recorded",
+                  n_bytes);
+        return NULL;
+    }
     /* the old buffer may still be in use by queued work: let it finish first */
     if (s->p) {
         CUDA_OK(ctx, op, cudaStreamSynchronize(ctx->stream));
