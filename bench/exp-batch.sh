@@ -40,12 +40,13 @@
 #     the default; TPI_GRAPH_TOKENS=8 the earlier one): ctest's elem group,
 #     matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda (test_graph_mmq_stale_cuda too) and
 #     test_model_gpu (its wide graphs too) by default, the matmul and fused entries again
-#     with TPI_MMQ_FIXUP=0; the product bench at 16 and 32 rows in FORMS (TPI_MMQ_FIXUP 0
-#     and 64; BPS_TOO=1: the default at TPI_MMQ_BPS 2 and 4 too); NCU=1: ncu's warp states
-#     of the 32-row Q4_K 4096->12288 kernel before change 155 and now; batch-bench at
-#     --parallel 32 in BFORMS (TPI_GRAPH_TOKENS=8, then the default), in both orders, KR
-#     rounds (default 1; none begun after STOP_AT s, 420), and each form's records against
-#     the first's. ~6 min. (Run 265 ran the knobs' first forms, of fd2d7be's and the next
+#     with TPI_MMQ_FIXUP=0; batch-bench at --parallel 32 in BFORMS (TPI_GRAPH_TOKENS=8,
+#     then the default), in both orders, KR rounds (default 1; none begun after STOP_AT s,
+#     420), and each form's records against the first's; then, while time is left (none
+#     begun after PROD_STOP_AT s, 500), the product bench at 16 and 32 rows in FORMS
+#     (TPI_MMQ_FIXUP 0 and 64; BPS_TOO=1: the default at TPI_MMQ_BPS 2 and 4 too) and,
+#     NCU=1, ncu's warp states of the 32-row Q4_K 4096->12288 kernel before change 155 and
+#     now. ~6 min. (Run 265 ran the knobs' first forms, of fd2d7be's and the next
 #     commits' tree: TPI_MMQ_WARPS 3 or 8, TPI_MMQ_XP by a launch of its own; run 266 the
 #     forms before and after each of changes 155-158, TPI_MMQ_HOLD=7 too; run 267
 #     TPI_MMQ_FIXUP 0, 64 and 1024.)
@@ -184,27 +185,6 @@ W)
     mk || exit 1
     wait $TP
     grep -E "worst|tests passed|tests failed|\*\*\*Failed" "$OUT/tests.log" | sed -E 's/^[0-9]+: //'
-    for v in $V; do
-        echo "== product bench, $v"
-        # shellcheck disable=SC2046
-        env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
-            TPI_BENCH_SHAPES=4096x4096,4096x1024,4096x12288,12288x4096 CK_FORK=no \
-            build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul" | sed -E 's/ +\(.*//'
-    done
-    if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-        for v in "TPI_MMQ_HOLD=0,TPI_MMQ_XP=0" TPI_MMQ_XP=1; do
-            echo "== ncu Q4_K 4096x12288 32 rows, $v"
-            # shellcheck disable=SC2046
-            env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K TPI_BENCH_SHAPES=4096x12288 \
-                TPI_BENCH_ROWS=32 TPI_BENCH_ATTN=none CK_FORK=no timeout 120 ncu \
-                --clock-control none -k regex:mmq_kernel --launch-skip 3 --launch-count 1 \
-                --section SpeedOfLight --section WarpStateStats --section Occupancy \
-                --section SchedulerStats --section MemoryWorkloadAnalysis \
-                build/tests/test_ops_cuda_elem bench >"$OUT/ncu.log" 2>&1
-            grep -E "Duration|Registers Per|Achieved Occ|No Eligible|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput" \
-                "$OUT/ncu.log" | head -8
-        done
-    fi
     for r in $(seq "${KR:-1}"); do
         # shellcheck disable=SC2046
         VB=${BFORMS:-"TPI_GRAPH_TOKENS=8 TPI_MMQ_FIXUP=64"}
@@ -220,11 +200,37 @@ import json, os, sys
 def toks(v):
     with open(f"/tmp/out-{v}-32.jsonl") as f:
         return sorted((r["id"], tuple(r["tokens"])) for r in map(json.loads, f))
+if not os.path.exists(f"/tmp/out-{sys.argv[1]}-32.jsonl"):
+    print(f"records: no batch-bench run of {sys.argv[1]}")
+    sys.exit(0)
 base = toks(sys.argv[1])
 for v in sys.argv[2:]:
     if not os.path.exists(f"/tmp/out-{v}-32.jsonl"): continue
     print(f"records {v}: {'the same as' if toks(v) == base else 'DIFFERENT from'} {sys.argv[1]}'s")
 PY
+    # then the product bench and ncu while time is left (none begun after PROD_STOP_AT s)
+    for v in $V; do
+        [ "$SECONDS" -lt "${PROD_STOP_AT:-500}" ] || break
+        echo "== product bench, $v"
+        # shellcheck disable=SC2046
+        env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K,Q6_K TPI_BENCH_ROWS=16,32 TPI_BENCH_ATTN=none \
+            TPI_BENCH_SHAPES=4096x4096,4096x1024,4096x12288,12288x4096 CK_FORK=no \
+            build/tests/test_ops_cuda_elem bench 2>&1 | grep "bench matmul" | sed -E 's/ +\(.*//'
+    done
+    if [ "${NCU:-0}" = 1 ] && command -v ncu >/dev/null && [ "$SECONDS" -lt "${PROD_STOP_AT:-500}" ]; then
+        for v in "TPI_MMQ_HOLD=0,TPI_MMQ_XP=0" TPI_MMQ_XP=1; do
+            echo "== ncu Q4_K 4096x12288 32 rows, $v"
+            # shellcheck disable=SC2046
+            env $(tr , ' ' <<<"$v") TPI_BENCH_TYPES=Q4_K TPI_BENCH_SHAPES=4096x12288 \
+                TPI_BENCH_ROWS=32 TPI_BENCH_ATTN=none CK_FORK=no timeout 120 ncu \
+                --clock-control none -k regex:mmq_kernel --launch-skip 3 --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy \
+                --section SchedulerStats --section MemoryWorkloadAnalysis \
+                build/tests/test_ops_cuda_elem bench >"$OUT/ncu.log" 2>&1
+            grep -E "Duration|Registers Per|Achieved Occ|No Eligible|Warp Cycles Per Issued|DRAM Throughput|L2 Cache Throughput" \
+                "$OUT/ncu.log" | head -8
+        done
+    fi
     ;;
 H)
     nvcc -O2 -o /tmp/d2h_bench bench/d2h_bench.cu && /tmp/d2h_bench 32 4 1 | tee "$OUT/d2h.txt"
