@@ -32,8 +32,8 @@ for ((i = 0; i < n; i++)); do
 done > "$tmp/prompts.jsonl"
 
 echo "model $(basename "$model"), $n prompts, -n $max_tokens, --temp $temp ${EXTRA:-}"
-printf '%-10s %10s %12s %12s %10s %14s %10s %10s\n' parallel wall_s gen_tok/s total_tok/s \
-  requests steps/decode forward_s sample_s
+printf '%-10s %10s %12s %12s %10s %14s %10s %10s %14s\n' parallel wall_s gen_tok/s total_tok/s \
+  requests steps/decode forward_s sample_s graphs/recorded
 for p in $parallel; do
   ${LAUNCH:-} "$driver" run -m "$model" -f "$tmp/prompts.jsonl" -o "$tmp/out-$p.jsonl" \
     -n "$max_tokens" --temp "$temp" --parallel "$p" ${EXTRA:-} 2> "$tmp/err-$p.txt"
@@ -44,7 +44,8 @@ for p in $parallel; do
   steps=$(sed -E 's/.*, ([0-9]+) steps \(([0-9]+) decode only\).*/\1\/\2/' <<< "$line")
   fwd=$(sed -E 's/.*forward ([0-9.]+) s.*/\1/' <<< "$line")
   smp=$(sed -E 's/.*sampling ([0-9.]+) s.*/\1/' <<< "$line")
+  gr=$(sed -nE 's/.*, ([0-9]+) steps as graph launches \(([0-9]+) recorded\).*/\1\/\2/p' <<< "$line")
   if [ -n "${KEEP_OUT:-}" ]; then cp "$tmp/out-$p.jsonl" "$KEEP_OUT-$p.jsonl"; fi
-  printf '%-10s %10s %12s %12s %10s %14s %10s %10s\n' "$p" "$wall" "$gen" "$tot" \
-    "$(wc -l < "$tmp/out-$p.jsonl")" "$steps" "$fwd" "$smp"
+  printf '%-10s %10s %12s %12s %10s %14s %10s %10s %14s\n' "$p" "$wall" "$gen" "$tot" \
+    "$(wc -l < "$tmp/out-$p.jsonl")" "$steps" "$fwd" "$smp" "${gr:--}"
 done

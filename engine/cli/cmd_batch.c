@@ -473,17 +473,22 @@ int cmd_run_batch(int argc, char **argv) {
         if (m && model_decider_rank(m) == 0)
             snprintf(whole, sizeof whole, " (%lld logits rows copied whole)",
                      (long long)st.n_rows_whole);
+        // Where steps may run as CUDA graphs: how many did (rank 0's), and the recordings.
+        char graphs[96] = "";
+        if (m && m->use_graphs)
+            snprintf(graphs, sizeof graphs, ", %lld steps as graph launches (%lld recorded)",
+                     (long long)m->n_graph_launches, (long long)m->n_graph_records);
         fprintf(stderr,
                 "batch summary: %d requests (%lld completed now, %d resumed, %d errors), prompt "
                 "tokens %lld (+%lld shared), generated %lld, wall %.2f s, %.1f generated tok/s, "
                 "%.1f total tok/s, %lld steps (%lld decode only), forward %.2f s, sampling %.2f "
-                "s%s\n",
+                "s%s%s\n",
                 ctx.in.n_reqs, (long long)ctx.out.n_results, n_resumed, n_err_lines,
                 (long long)st.n_prompt_tokens, (long long)st.n_prompt_shared,
                 (long long)st.n_gen_tokens, wall,
                 wall > 0 ? st.n_gen_tokens / wall : 0.0,
                 wall > 0 ? n_all / wall : 0.0, (long long)st.n_steps,
-                (long long)st.n_decode_steps, st.t_forward_s, st.t_sample_s, whole);
+                (long long)st.n_decode_steps, st.t_forward_s, st.t_sample_s, whole, graphs);
     }
     if (ctx.rc) goto out; // exit 1: the output failed, said above
     if (rc == TPI_ERR_INTERRUPTED) {
