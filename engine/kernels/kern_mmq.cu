@@ -203,7 +203,8 @@ template <int T, int MT, bool RAW> __host__ __device__ constexpr size_t mmq_smem
  * hold x, steps [y spb[i], (y+1) spb[i]) of the row (none: y >= split[i]). split[i] 1:
  * y_i = acc + beta y_i; else part[y][row][f0[i] + feature] = acc, and the column's last
  * block to finish (a.cnt) writes y_i = beta y_i + the slices in slice order (or, a.cnt
- * NULL, mmq_reduce does).
+ * NULL, mmq_reduce does). MINB: the blocks an SM its registers are held to; XP: x is in
+ * the staging order already (mmq_permute_x).
  * Each chunk: the block's rows' bytes copied into shared memory (the unit decoders'
  * small scattered reads then hit shared memory, not L1) and x's chunk staged, both with
  * cp.async one chunk ahead of the one being decoded and multiplied. */
