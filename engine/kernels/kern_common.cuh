@@ -80,6 +80,17 @@ struct ops_ctx {
         int64_t ne0;      /* the row length xp was laid out for */
         bool valid;
     } xq_memo;
+    /* x rounded to bf16 in the order kern_mmq's Q4_K raw kernels stage it (kern_xq.cuh
+     * kern_xp_q4k), in mmq_xp_buf: written by the op that produced x (rmsnorm, the batch
+     * silu*mul) or by the last Q4_K product's permute; kept and forgotten as xq_memo */
+    struct {
+        const float *x;
+        int64_t n_vals;
+        const void *xp; /* mmq_xp_buf's buffer when it was written */
+        bool valid;
+    } xp_memo;
+    bool xp_produce; /* producers write that form for 9..32-row steps (TPI_XP_MEMO) */
+    bool xp_seen;    /* a Q4_K product has read x so: the form has a reader */
     int xq_produce;    /* XQ_BY_*: producers that write the next matmul's int8 x */
     bool rms_split;    /* decode rows' rmsnorm over n_cols / 128 blocks (TPI_RMS_SPLIT) */
     int gemv_merge;    /* matmul_n: which weights join weight 0's decode launch (TPI_GEMV_MERGE:
@@ -578,6 +589,10 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
                        int head_dim, const struct rope_pairs *rp, float eps);
 /* y[i] = silu(g[i]) * u[i] for i < n; may leave y's int8 form for the next matmul. */
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
+/* kern_silu_mul of n_rows rows (0: not known), which may also leave y's bf16 form for a
+ * 9..32-row Q4_K product (kern_xp_claim). */
+void kern_silu_mul_rows(struct ops_ctx *ctx, const float *g, const float *u, float *y,
+                        int64_t n_rows, int64_t n);
 /* x[i] += y[i] for i < n. */
 void kern_add(struct ops_ctx *ctx, float *x, const float *y, int64_t n);
 /* dst's row r = src's row idx_host[r] (host memory) for r < n_idx, rows of n_cols floats;
@@ -606,6 +621,12 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
 bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
                       int64_t ne0, int8_t **xq, float2 **ds);
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
+/* The bf16 form's memo (xp_memo): mmq_xp_buf claimed for the Q4_K-order bf16 form of an
+ * output of n_vals values (n_rows rows) a producer is about to write, or NULL (that
+ * producer off, no Q4_K product has read the form yet, not a 9..32-row step, n_vals not
+ * whole 256-value blocks, or no memory); then remember that x has its form there. */
+__nv_bfloat16 *kern_xp_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t n_vals);
+void kern_xp_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
 /* y (n_rows, ne1) = x (n_rows, ne0) * W^T, by the decode products up to MATVEC_MAX_ROWS
  * rows and the batch products above (ops.h matmul); failures recorded in ctx. */
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,

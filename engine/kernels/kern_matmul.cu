@@ -717,6 +717,7 @@ static bool is_elem16(int type) {
 
 void kern_xq_forget(struct ops_ctx *ctx) {
     ctx->xq_memo.valid = false;
+    ctx->xp_memo.valid = false;
     ctx->gemv_prefetch = false; /* only the launch right after the attention takes it */
     ctx->after_attn = false;
 }
@@ -753,6 +754,31 @@ void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
     ctx->xq_memo.valid = true;
 }
 
+__nv_bfloat16 *kern_xp_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t n_vals) {
+    ctx->xp_memo.valid = false;
+    /* only kern_mmq's raw Q4_K kernels read it, at 9..32 rows */
+    if (!ctx->xp_produce || !ctx->xp_seen || n_rows <= MATVEC_MAX_ROWS || n_rows > 32 ||
+        n_rows > ctx->mmq_rows || n_vals <= 0 || n_vals % 256 != 0)
+        return NULL;
+    return (__nv_bfloat16 *)kern_scratch_get(ctx, &ctx->mmq_xp_buf,
+                                             (size_t)n_vals * sizeof(__nv_bfloat16),
+                                             "cuda x to bf16 (mmq order)");
+}
+
+void kern_xp_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
+    ctx->xp_memo.x = x;
+    ctx->xp_memo.n_vals = n_vals;
+    ctx->xp_memo.xp = ctx->mmq_xp_buf.p;
+    ctx->xp_memo.valid = true;
+}
+
+/* ops.h (tests): whether the next 9..32-row Q4_K product of x (n_vals values) finds x's
+ * bf16 form in its staging order here. */
+extern "C" bool ops_cuda_xp_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
+    return ctx && ctx->xp_memo.valid && ctx->xp_memo.x == x && ctx->xp_memo.n_vals == n_vals &&
+           ctx->xp_memo.xp == ctx->mmq_xp_buf.p;
+}
+
 /* ops.h (tests): whether the next matmul of x (n_vals values) finds its int8 form here. */
 extern "C" bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
     return ctx && ctx->xq_memo.valid && ctx->xq_memo.x == x && ctx->xq_memo.n_vals == n_vals;
@@ -763,6 +789,9 @@ static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals) {
     const float *mx = ctx->xq_memo.x;
     if (ctx->xq_memo.valid && y < mx + ctx->xq_memo.n_vals && mx < y + n_vals)
         ctx->xq_memo.valid = false;
+    const float *px = ctx->xp_memo.x;
+    if (ctx->xp_memo.valid && y < px + ctx->xp_memo.n_vals && px < y + n_vals)
+        ctx->xp_memo.valid = false;
 }
 
 /* x for the v3 path of these weights: BF16/F16 weights read the f32 x directly; for
@@ -998,5 +1027,5 @@ void kern_matmul_silu_mul(struct ops_ctx *ctx, const struct tpi_weight *wg,
         }
     }
     kern_matmul_n(ctx, 2, ws, x, ys, n_rows);
-    kern_silu_mul(ctx, g, u, g, n_vals);
+    kern_silu_mul_rows(ctx, g, u, g, n_rows, n_vals);
 }

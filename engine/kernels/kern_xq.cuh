@@ -2,7 +2,9 @@
  * kern_xq.cuh — the layout of a decode step's quantized x in the q8 scratch: int8
  * blocks of 32 values, their (d, d * sum) pairs, and kind p's permuted copies
  * (kern_gemv.cu reads them; kern_gemv_v3_prepare, the rmsnorm/silu_mul producers of
- * kern_elem.cu and the decode attention of kern_attn_mma.cu write them). Host and device.
+ * kern_elem.cu and the decode attention of kern_attn_mma.cu write them); and the order
+ * of the bf16 x that kern_mmq's Q4_K raw kernels read at 9-32 rows (kern_xp_q4k). Host
+ * and device.
  */
 #ifndef KERN_XQ_CUH
 #define KERN_XQ_CUH
@@ -62,6 +64,20 @@ __device__ __forceinline__ void gv_perm_store(int q, int64_t i, int64_t ne0, con
                                               int8_t *xq) {
     const int64_t row = i / ne0;
     gv_perm_store_at(q, row, (int)(i - row * ne0), lay, xq);
+}
+
+/* Where value i of x (rows of whole 256-value blocks, so i may run on across rows)
+ * goes in its bf16 form for kern_mmq's Q4_K raw kernels (mmq_permute_x<TPI_TYPE_Q4_K>'s
+ * order): each 256 values stay in place as a block, and within it the 16 steps of 16
+ * values are laid out as the kernel stages them. Value r of a block is unit u = 8 (r /
+ * 64) + (r % 32) / 4's value j = r % 4 of group g = (r / 32) % 2 (kq<Q4_K>::goff);
+ * that unit is quad lane u % 4 of step 2 (u / 4) + g, whose values 0, 1 sit at 2 lane +
+ * 0, 1 and 2, 3 at 2 lane + 8, 9. */
+__host__ __device__ __forceinline__ int64_t kern_xp_q4k(int64_t i) {
+    const int r = (int)(i & 255);
+    const int u = 8 * (r >> 6) + ((r & 31) >> 2), g = (r >> 5) & 1, j = r & 3;
+    const int step = 2 * (u >> 2) + g;
+    return (i & ~(int64_t)255) + 16 * step + 2 * (u & 3) + (j & 1) + 8 * (j >> 1);
 }
 
 #endif /* KERN_XQ_CUH */
