@@ -1164,15 +1164,16 @@ static bool xp_memo_expected(void) {
     return true;
 }
 
-/* The bf16 form's memo (bench/NOTES.md change 161): rmsnorm and the batch silu*mul (the
+/* The bf16 forms' memo (bench/NOTES.md change 161): rmsnorm and the batch silu*mul (the
  * second half of matmul_silu_mul above 8 rows) write their output rounded to bf16 in
- * kern_mmq's Q4_K staging order, which the 9..32-row Q4_K product after them reads
- * instead of rounding x itself. On a fresh context, for 9, 17 and 32 rows: no form is
- * written before a Q4_K product has read one; then each product (after rmsnorm, after
- * rmsnorm in place, after silu*mul, and after rmsnorm with a Q6_K product of another x
- * in between, whose own permute writes over the form's buffer) must equal, bitwise, the
- * same product rounding x itself (the memo broken by an add of zeros), and the memo must
- * hold each producer's output; the norm and its product recorded in a graph and
+ * kern_mmq's staging orders (Q4_K's, Q6_K's 8-block groups'), which the 9..32-row raw
+ * product after them reads instead of rounding x itself. On a fresh context, for 9, 17
+ * and 32 rows: no form is written before a raw product has read one; then each product
+ * (Q4_K and Q6_K after rmsnorm, Q4_K after rmsnorm in place, Q4_K and Q6_K after
+ * silu*mul, and Q4_K after rmsnorm with a Q6_K product of another x in between, whose
+ * own permute writes over the forms' buffer) must equal, bitwise, the same product
+ * rounding x itself (the memo broken by an add of zeros), and the memo must hold both
+ * forms of each producer's output; the norm and its products recorded in a graph and
  * replayed on new x must give the plain values of the new x. */
 START_TEST(test_xp_memo_cuda) {
     const struct ops *G = ops_cuda_get();
@@ -1180,8 +1181,11 @@ START_TEST(test_xp_memo_cuda) {
     struct tpi_error err;
     tpi_err_clear(&err);
     const bool want = xp_memo_expected();
-    const int64_t ne0 = 1024, n_ff = 768, ne1 = 96;
+    const int64_t ne0 = 2048, n_ff = 2048, ne1 = 96; /* Q6_K's groups: rows of 2048 */
     static const int64_t rows[] = {9, 17, 32};
+    enum { N_STEP = 6 };
+    static const char *step[N_STEP] = {"rmsnorm, Q4_K",   "rmsnorm, Q6_K",   "rmsnorm in place",
+                                       "silu*mul, Q4_K", "silu*mul, Q6_K", "Q6_K between"};
     for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
         const int64_t nr = rows[ri];
         struct ops_ctx *ctx = NULL;
@@ -1190,84 +1194,90 @@ START_TEST(test_xp_memo_cuda) {
         struct tu_rng r;
         tu_rng_seed(&r, 1800 + (uint64_t)nr);
         const size_t nx = (size_t)(nr * ne0), nf = (size_t)(nr * n_ff), ny = (size_t)(nr * ne1);
-        struct tpi_weight wq, wg, wu, wd, w6;
+        struct tpi_weight wq, w6, wg, wu, wd, wd6;
         make_weight(b, &r, TPI_TYPE_Q4_K, ne0, ne1, &wq);
+        make_weight(b, &r, TPI_TYPE_Q6_K, ne0, ne1, &w6);
         make_weight(b, &r, TPI_TYPE_Q4_K, ne0, n_ff, &wg);
         make_weight(b, &r, TPI_TYPE_Q4_K, ne0, n_ff, &wu);
         make_weight(b, &r, TPI_TYPE_Q4_K, n_ff, ne1, &wd);
-        make_weight(b, &r, TPI_TYPE_Q6_K, ne0, ne1, &w6);
+        make_weight(b, &r, TPI_TYPE_Q6_K, n_ff, ne1, &wd6);
         float *xh = rand_vec(&r, nx, -2, 2), *x2h = rand_vec(&r, nx, -2, 2);
         float *nw = rand_vec(&r, (size_t)ne0, 0.5f, 1.5f);
         float *x = bdup(b, xh, nx * 4), *px = bdup(b, x2h, nx * 4), *gw = bdup(b, nw, ne0 * 4);
         float *h = G->alloc(ctx, nx * 4), *zero = G->alloc(ctx, TPI_MAX(nx, nf) * 4);
         float *g = G->alloc(ctx, nf * 4), *u = G->alloc(ctx, nf * 4);
         float *y = G->alloc(ctx, ny * 4), *y6 = G->alloc(ctx, ny * 4);
-        float *res[2][4];
+        float *res[2][N_STEP];
         G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
-        ck_assert_msg(!ops_cuda_xp_memo_holds(ctx, h, (int64_t)nx),
-                      "%lld rows: the form written before any product read one", (long long)nr);
-        G->matmul(ctx, &wq, h, y, nr); /* the first Q4_K product: the form has a reader */
-        for (int v = 0; v < 2; v++) { /* v 0: the memo's form; v 1: x rounded by the product */
-            const char *step[4] = {"rmsnorm", "rmsnorm in place", "silu*mul", "Q6_K between"};
-            for (int k = 0; k < 4; k++) {
+        ck_assert_msg(ops_cuda_xp_memo_forms(ctx, h, (int64_t)nx) == 0,
+                      "%lld rows: a form written before any product read one", (long long)nr);
+        G->matmul(ctx, &wq, h, y, nr); /* the first raw products: the forms have readers */
+        G->matmul(ctx, &w6, h, y, nr);
+        for (int v = 0; v < 2; v++) { /* v 0: the memo's forms; v 1: x rounded by the product */
+            for (int k = 0; k < N_STEP; k++) {
                 float *in = h;
                 int64_t n_in = (int64_t)nx;
-                const struct tpi_weight *w = &wq;
+                const struct tpi_weight *w = k == 1 ? &w6 : &wq;
                 float *hx = NULL;
-                if (k == 0 || k == 3) {
-                    G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
-                } else if (k == 1) {
+                if (k == 2) {
                     hx = bdup(b, xh, nx * 4);
                     G->rmsnorm(ctx, hx, gw, hx, nr, ne0, 1e-6f);
                     in = hx;
-                } else {
+                } else if (k == 3 || k == 4) {
                     G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
                     G->matmul_silu_mul(ctx, &wg, &wu, h, g, u, nr);
-                    in = g, n_in = (int64_t)nf, w = &wd;
+                    in = g, n_in = (int64_t)nf, w = k == 3 ? &wd : &wd6;
+                } else {
+                    G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
                 }
                 if (v == 0 && want)
-                    ck_assert_msg(ops_cuda_xp_memo_holds(ctx, in, n_in),
-                                  "%lld rows, %s: the memo does not hold the output",
-                                  (long long)nr, step[k]);
+                    ck_assert_msg(ops_cuda_xp_memo_forms(ctx, in, n_in) == 3,
+                                  "%lld rows, %s: the memo holds forms %d of the output, not 3",
+                                  (long long)nr, step[k], ops_cuda_xp_memo_forms(ctx, in, n_in));
                 if (v) {
                     G->add(ctx, in, zero, n_in);
-                    ck_assert(!ops_cuda_xp_memo_holds(ctx, in, n_in));
+                    ck_assert(ops_cuda_xp_memo_forms(ctx, in, n_in) == 0);
                 }
-                if (k == 3) G->matmul(ctx, &w6, px, y6, nr);
+                if (k == 5) G->matmul(ctx, &w6, px, y6, nr);
                 G->matmul(ctx, w, in, y, nr);
                 res[v][k] = malloc(ny * 4);
                 bget(b, res[v][k], y, ny * 4);
                 if (hx) G->dealloc(ctx, hx);
             }
         }
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < N_STEP; k++) {
             const size_t d = n_diff(res[0][k], res[1][k], ny);
-            ck_assert_msg(d == 0, "%lld rows, step %d: %zu of %zu outputs differ from the "
-                          "product rounding x itself", (long long)nr, k, d, ny);
+            ck_assert_msg(d == 0, "%lld rows, %s: %zu of %zu outputs differ from the product "
+                          "rounding x itself", (long long)nr, step[k], d, ny);
             free(res[0][k]), free(res[1][k]);
         }
-        /* recorded: the norm writes the form inside the graph, the product reads it */
-        float *ref = malloc(ny * 4), *got = malloc(ny * 4);
-        G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
-        G->matmul(ctx, &wq, h, y, nr); /* plainly first: the scratch is there */
-        graph_start(b);
-        G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
-        G->matmul(ctx, &wq, h, y, nr);
+        /* recorded: the norm writes the forms inside the graph, the products read them */
+        float *ref = malloc(2 * ny * 4), *got = malloc(2 * ny * 4);
+        for (int rec = 0; rec < 2; rec++) { /* plainly first: the scratch is there */
+            if (rec) graph_start(b);
+            G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
+            G->matmul(ctx, &wq, h, y, nr);
+            G->matmul(ctx, &w6, h, y6, nr);
+        }
         void *graph = graph_stop(b);
         G->to_dev(ctx, x, x2h, nx * 4); /* new x */
         graph_replay(b, graph);
         bget(b, got, y, ny * 4);
+        bget(b, got + ny, y6, ny * 4);
         G->rmsnorm(ctx, x, gw, h, nr, ne0, 1e-6f);
         G->add(ctx, h, zero, (int64_t)nx);
         G->matmul(ctx, &wq, h, y, nr);
         bget(b, ref, y, ny * 4);
-        const size_t d = n_diff(got, ref, ny);
+        G->add(ctx, h, zero, (int64_t)nx);
+        G->matmul(ctx, &w6, h, y6, nr);
+        bget(b, ref + ny, y6, ny * 4);
+        const size_t d = n_diff(got, ref, 2 * ny);
         ck_assert_msg(d == 0, "%lld rows, replayed on new x: %zu of %zu outputs differ",
-                      (long long)nr, d, ny);
+                      (long long)nr, d, 2 * ny);
         assert_ok(b, "xp memo");
         G->graph_free(ctx, graph);
-        struct tpi_weight *ws[5] = {&wq, &wg, &wu, &wd, &w6};
-        for (int i = 0; i < 5; i++)
+        struct tpi_weight *ws[6] = {&wq, &w6, &wg, &wu, &wd, &wd6};
+        for (int i = 0; i < 6; i++)
             G->weight_free(ctx, ws[i]);
         float *bufs[9] = {x, px, gw, h, zero, g, u, y, y6};
         for (int i = 0; i < 9; i++)

@@ -80,17 +80,17 @@ struct ops_ctx {
         int64_t ne0;      /* the row length xp was laid out for */
         bool valid;
     } xq_memo;
-    /* x rounded to bf16 in the order kern_mmq's Q4_K raw kernels stage it (kern_xq.cuh
-     * kern_xp_q4k), in mmq_xp_buf: written by the op that produced x (rmsnorm, the batch
-     * silu*mul) or by the last Q4_K product's permute; kept and forgotten as xq_memo */
+    /* x rounded to bf16 in the orders kern_mmq's raw kernels stage it (kern_xq.cuh:
+     * Q4_K's at mmq_xp_buf, Q6_K's groups' n_vals values on), written by the op that
+     * produced x (rmsnorm, the batch silu*mul); kept and forgotten as xq_memo is */
     struct {
         const float *x;
         int64_t n_vals;
         const void *xp; /* mmq_xp_buf's buffer when it was written */
-        bool valid;
+        int forms;      /* MMQ_RAW_* bits: the orders written; 0: nothing held */
     } xp_memo;
-    bool xp_produce; /* producers write that form for 9..32-row steps (TPI_XP_MEMO) */
-    bool xp_seen;    /* a Q4_K product has read x so: the form has a reader */
+    int xp_produce; /* MMQ_RAW_* bits: the forms producers write at 9..32 rows (TPI_XP_MEMO) */
+    int xp_seen;    /* MMQ_RAW_* bits: the raw kernels that have read x permuted */
     int xq_produce;    /* XQ_BY_*: producers that write the next matmul's int8 x */
     bool rms_split;    /* decode rows' rmsnorm over n_cols / 128 blocks (TPI_RMS_SPLIT) */
     int gemv_merge;    /* matmul_n: which weights join weight 0's decode launch (TPI_GEMV_MERGE:
@@ -621,12 +621,14 @@ bool kern_xq_claim(struct ops_ctx *ctx, int by, int64_t n_rows, int64_t ne0, int
 bool kern_xq_claim_in(struct ops_ctx *ctx, struct kern_scratch *s, int by, int64_t n_rows,
                       int64_t ne0, int8_t **xq, float2 **ds);
 void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* The bf16 form's memo (xp_memo): mmq_xp_buf claimed for the Q4_K-order bf16 form of an
- * output of n_vals values (n_rows rows) a producer is about to write, or NULL (that
- * producer off, no Q4_K product has read the form yet, not a 9..32-row step, n_vals not
- * whole 256-value blocks, or no memory); then remember that x has its form there. */
-__nv_bfloat16 *kern_xp_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t n_vals);
-void kern_xp_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals);
+/* The bf16 forms' memo (xp_memo): mmq_xp_buf claimed for the forms (*forms, MMQ_RAW_*
+ * bits; kern_xp_store) of an output of n_vals values (n_rows rows) a producer is about to
+ * write, or NULL (producers off, no raw kernel has read x permuted yet, not a 9..32-row
+ * step, n_vals not whole 256-value blocks, or no memory); then remember that x has them
+ * there; and the form of x (n_vals values) in `form`'s order held there, or NULL. */
+__nv_bfloat16 *kern_xp_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t n_vals, int *forms);
+void kern_xp_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals, int forms);
+const __nv_bfloat16 *kern_xp_held(struct ops_ctx *ctx, const float *x, int64_t n_vals, int form);
 /* y (n_rows, ne1) = x (n_rows, ne0) * W^T, by the decode products up to MATVEC_MAX_ROWS
  * rows and the batch products above (ops.h matmul); failures recorded in ctx. */
 void kern_matmul(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x, float *y,

@@ -280,11 +280,11 @@ __global__ void qk_norm_rope_kernel(float *q, float *k, const float *q_norm, con
  * safe.
  * xq non-NULL: also y's int8 blocks (n_cols % 32 == 0, blockDim % 32 == 0: the lanes
  * of a warp hold 32 consecutive values for each j). xp non-NULL: also y rounded to bf16
- * in kern_mmq's Q4_K order (kern_xp_q4k; n_rows * n_cols % 256 == 0). */
+ * in kern_mmq's orders of `forms` (kern_xp_store; n_rows * n_cols % 256 == 0). */
 #define RMS_VPT 8
 __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t n_cols,
                                float eps, int8_t *xq, float2 *ds, gv_xlayout lay,
-                               __nv_bfloat16 *xp) {
+                               __nv_bfloat16 *xp, int forms) {
     kern_dep_wait(); /* launched with PDL on the decode path */
     const float *xr = x + blockIdx.x * n_cols;
     float *yr = y + blockIdx.x * n_cols;
@@ -318,7 +318,7 @@ __global__ void rmsnorm_kernel(const float *x, const float *w, float *y, int64_t
             if (c >= n_cols) continue; /* warp-uniform when xq is given */
             const float o = __fmul_rn(__fmul_rn(v[j], scale), w[c]);
             yr[c] = o;
-            if (xp) xp[kern_xp_q4k(blockIdx.x * n_cols + c)] = __float2bfloat16_rn(o);
+            if (xp) kern_xp_store(xp, forms, gridDim.x * n_cols, blockIdx.x * n_cols + c, o);
             if (xq) {
                 const int64_t i = blockIdx.x * n_cols + c;
                 gv_perm_store_at(kern_q8_block(o, i, xq, ds), blockIdx.x, (int)c, lay, xq);
@@ -371,15 +371,15 @@ __global__ void __launch_bounds__(RMS_SPLIT_T)
 }
 
 /* xq non-NULL: also y's int8 blocks (n % 32 == 0). xp non-NULL: also y rounded to bf16 in
- * kern_mmq's Q4_K order (kern_xp_q4k; n % 256 == 0). */
+ * kern_mmq's orders of `forms` (kern_xp_store; n % 256 == 0). */
 __global__ void silu_mul_kernel(const float *g, const float *u, float *y, int64_t n, int8_t *xq,
-                                float2 *ds, gv_xlayout lay, __nv_bfloat16 *xp) {
+                                float2 *ds, gv_xlayout lay, __nv_bfloat16 *xp, int forms) {
     kern_dep_wait();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float v = kern_silu_mul1(g[i], u[i]);
         y[i] = v;
-        if (xp) xp[kern_xp_q4k(i)] = __float2bfloat16_rn(v);
+        if (xp) kern_xp_store(xp, forms, n, i, v);
         if (xq) gv_perm_store_at(kern_q8_block(v, i, xq, ds), 0, (int)i, lay, xq); /* one row */
     }
 }
@@ -606,7 +606,8 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
     int8_t *xq = NULL;
     float2 *ds = NULL;
     const bool q8 = n_rows <= 8 && kern_xq_claim(ctx, XQ_BY_NORM, n_rows, n_cols, &xq, &ds);
-    __nv_bfloat16 *xp = q8 ? NULL : kern_xp_claim(ctx, n_rows, n_rows * n_cols);
+    int forms = 0;
+    __nv_bfloat16 *xp = q8 ? NULL : kern_xp_claim(ctx, n_rows, n_rows * n_cols, &forms);
     if ((ctx->diag_skip & DIAG_SKIP_NORM) && q8) { /* measuring only: y is not written */
         kern_xq_remember(ctx, y, n_rows * n_cols);
         return;
@@ -619,10 +620,10 @@ void kern_rmsnorm(struct ops_ctx *ctx, const float *x, const float *w, float *y,
                     ctx->stream, x, w, y, (int)n_cols, eps, xq, ds, lay);
     else
         kern_launch(ctx->pdl, rmsnorm_kernel, dim3((unsigned)n_rows), dim3(threads), 0, ctx->stream,
-                    x, w, y, n_cols, eps, xq, ds, lay, xp);
+                    x, w, y, n_cols, eps, xq, ds, lay, xp, forms);
     if (!LAUNCH_OK(ctx, "cuda rmsnorm")) return;
     if (q8) kern_xq_remember(ctx, y, n_rows * n_cols);
-    if (xp) kern_xp_remember(ctx, y, n_rows * n_cols);
+    if (xp) kern_xp_remember(ctx, y, n_rows * n_cols, forms);
 }
 
 void kern_add_bias(struct ops_ctx *ctx, float *y, const float *b, int64_t n_rows, int64_t n_cols) {
@@ -713,13 +714,14 @@ void kern_silu_mul_rows(struct ops_ctx *ctx, const float *g, const float *u, flo
     int8_t *xq = NULL;
     float2 *ds = NULL;
     const bool q8 = kern_xq_claim(ctx, XQ_BY_SILU, 1, n, &xq, &ds);
-    __nv_bfloat16 *xp = q8 ? NULL : kern_xp_claim(ctx, n_rows, n);
+    int forms = 0;
+    __nv_bfloat16 *xp = q8 ? NULL : kern_xp_claim(ctx, n_rows, n, &forms);
     const gv_xlayout lay = gv_xlayout_of(1, n);
     kern_launch(ctx->pdl, silu_mul_kernel, dim3(grid_for(ctx, n, 256)), dim3(256), 0, ctx->stream,
-                g, u, y, n, xq, ds, lay, xp);
+                g, u, y, n, xq, ds, lay, xp, forms);
     if (!LAUNCH_OK(ctx, "cuda silu_mul")) return;
     if (q8) kern_xq_remember(ctx, y, n);
-    if (xp) kern_xp_remember(ctx, y, n);
+    if (xp) kern_xp_remember(ctx, y, n, forms);
 }
 
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n) {

@@ -717,7 +717,7 @@ static bool is_elem16(int type) {
 
 void kern_xq_forget(struct ops_ctx *ctx) {
     ctx->xq_memo.valid = false;
-    ctx->xp_memo.valid = false;
+    ctx->xp_memo.forms = 0;
     ctx->gemv_prefetch = false; /* only the launch right after the attention takes it */
     ctx->after_attn = false;
 }
@@ -754,29 +754,39 @@ void kern_xq_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
     ctx->xq_memo.valid = true;
 }
 
-__nv_bfloat16 *kern_xp_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t n_vals) {
-    ctx->xp_memo.valid = false;
-    /* only kern_mmq's raw Q4_K kernels read it, at 9..32 rows */
-    if (!ctx->xp_produce || !ctx->xp_seen || n_rows <= MATVEC_MAX_ROWS || n_rows > 32 ||
-        n_rows > ctx->mmq_rows || n_vals <= 0 || n_vals % 256 != 0)
+__nv_bfloat16 *kern_xp_claim(struct ops_ctx *ctx, int64_t n_rows, int64_t n_vals, int *forms) {
+    ctx->xp_memo.forms = 0;
+    *forms = ctx->xp_produce & ctx->xp_seen;
+    /* only kern_mmq's raw kernels read them, at 9..32 rows */
+    if (!*forms || n_rows <= MATVEC_MAX_ROWS || n_rows > 32 || n_rows > ctx->mmq_rows ||
+        n_vals <= 0 || n_vals % 256 != 0)
         return NULL;
-    return (__nv_bfloat16 *)kern_scratch_get(ctx, &ctx->mmq_xp_buf,
-                                             (size_t)n_vals * sizeof(__nv_bfloat16),
+    const size_t n = (size_t)n_vals * ((*forms & MMQ_RAW_Q6_KX8) ? 2 : 1);
+    return (__nv_bfloat16 *)kern_scratch_get(ctx, &ctx->mmq_xp_buf, n * sizeof(__nv_bfloat16),
                                              "cuda x to bf16 (mmq order)");
 }
 
-void kern_xp_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
+void kern_xp_remember(struct ops_ctx *ctx, const float *x, int64_t n_vals, int forms) {
     ctx->xp_memo.x = x;
     ctx->xp_memo.n_vals = n_vals;
     ctx->xp_memo.xp = ctx->mmq_xp_buf.p;
-    ctx->xp_memo.valid = true;
+    ctx->xp_memo.forms = forms;
 }
 
-/* ops.h (tests): whether the next 9..32-row Q4_K product of x (n_vals values) finds x's
- * bf16 form in its staging order here. */
-extern "C" bool ops_cuda_xp_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
-    return ctx && ctx->xp_memo.valid && ctx->xp_memo.x == x && ctx->xp_memo.n_vals == n_vals &&
-           ctx->xp_memo.xp == ctx->mmq_xp_buf.p;
+const __nv_bfloat16 *kern_xp_held(struct ops_ctx *ctx, const float *x, int64_t n_vals, int form) {
+    if (!(ctx->xp_memo.forms & form) || ctx->xp_memo.x != x || ctx->xp_memo.n_vals != n_vals ||
+        ctx->xp_memo.xp != ctx->mmq_xp_buf.p)
+        return NULL;
+    const __nv_bfloat16 *p = (const __nv_bfloat16 *)ctx->mmq_xp_buf.p;
+    return form == MMQ_RAW_Q6_KX8 ? p + n_vals : p;
+}
+
+/* ops.h (tests): the forms (MMQ_RAW_* bits) of x (n_vals values) in kern_mmq's staging
+ * orders held for the next 9..32-row raw product of x. */
+extern "C" int ops_cuda_xp_memo_forms(struct ops_ctx *ctx, const float *x, int64_t n_vals) {
+    if (!ctx) return 0;
+    return (kern_xp_held(ctx, x, n_vals, MMQ_RAW_Q4_K) ? MMQ_RAW_Q4_K : 0) |
+           (kern_xp_held(ctx, x, n_vals, MMQ_RAW_Q6_KX8) ? MMQ_RAW_Q6_KX8 : 0);
 }
 
 /* ops.h (tests): whether the next matmul of x (n_vals values) finds its int8 form here. */
@@ -790,8 +800,8 @@ static void xq_written(struct ops_ctx *ctx, const float *y, int64_t n_vals) {
     if (ctx->xq_memo.valid && y < mx + ctx->xq_memo.n_vals && mx < y + n_vals)
         ctx->xq_memo.valid = false;
     const float *px = ctx->xp_memo.x;
-    if (ctx->xp_memo.valid && y < px + ctx->xp_memo.n_vals && px < y + n_vals)
-        ctx->xp_memo.valid = false;
+    if (ctx->xp_memo.forms && y < px + ctx->xp_memo.n_vals && px < y + n_vals)
+        ctx->xp_memo.forms = 0;
 }
 
 /* x for the v3 path of these weights: BF16/F16 weights read the f32 x directly; for

@@ -728,13 +728,16 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         }
     }
     const __nv_bfloat16 *xk = *x16;
-    /* Q4_K's order: the producer of x (rmsnorm, silu*mul) may have written it already
+    /* the producer of x (rmsnorm, silu*mul) may have written it in this order already
      * (kern_xp_claim), which it does once a product here has read it so */
-    constexpr bool Q4K = T == TPI_TYPE_Q4_K;
-    const int64_t n_vals = (int64_t)n_rows * ne0;
-    if (Q4K && xp) ctx->xp_seen = true;
-    if (Q4K && xp && ops_cuda_xp_memo_holds(ctx, x, n_vals)) {
-        xk = (const __nv_bfloat16 *)ctx->mmq_xp_buf.p;
+    const int form = T == TPI_TYPE_Q4_K ? MMQ_RAW_Q4_K : MMQ_RAW_Q6_KX8;
+    const __nv_bfloat16 *held = NULL;
+    if (xp) {
+        ctx->xp_seen |= form;
+        held = kern_xp_held(ctx, x, (int64_t)n_rows * ne0, form);
+    }
+    if (held) {
+        xk = held;
     } else if (xp || !xk) {
         struct kern_scratch *sc = xp ? &ctx->mmq_xp_buf : &ctx->x16;
         __nv_bfloat16 *t = (__nv_bfloat16 *)kern_scratch_get(
@@ -742,7 +745,7 @@ static void mmq_launch(struct ops_ctx *ctx, int n_w, const struct tpi_weight *co
         if (!t) return;
         if constexpr (RAW_OK) {
             if (xp) {
-                ctx->xp_memo.valid = false; /* its buffer is written over */
+                ctx->xp_memo.forms = 0; /* its buffer is written over */
                 const int items = n_rows * ne0 / 4;
                 mmq_permute_x<T><<<(unsigned)TPI_MIN((items + 255) / 256, ctx->n_sm * 8), 256,
                                    0, ctx->stream>>>(x, t, ne0, n_rows);

@@ -3,12 +3,13 @@
  * blocks of 32 values, their (d, d * sum) pairs, and kind p's permuted copies
  * (kern_gemv.cu reads them; kern_gemv_v3_prepare, the rmsnorm/silu_mul producers of
  * kern_elem.cu and the decode attention of kern_attn_mma.cu write them); and the order
- * of the bf16 x that kern_mmq's Q4_K raw kernels read at 9-32 rows (kern_xp_q4k). Host
- * and device.
+ * of the bf16 x that kern_mmq's raw kernels read at 9-32 rows (kern_xp_q4k, kern_xp_q6k).
+ * Host and device.
  */
 #ifndef KERN_XQ_CUH
 #define KERN_XQ_CUH
 
+#include <cuda_bf16.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -78,6 +79,23 @@ __host__ __device__ __forceinline__ int64_t kern_xp_q4k(int64_t i) {
     const int u = 8 * (r >> 6) + ((r & 31) >> 2), g = (r >> 5) & 1, j = r & 3;
     const int step = 2 * (u >> 2) + g;
     return (i & ~(int64_t)255) + 16 * step + 2 * (u & 3) + (j & 1) + 8 * (j >> 1);
+}
+/* The same for Q6_K's 8-block groups (mmq_permute_x<KERN_TYPE_Q6_KX8>'s order): value r
+ * of a block is unit u = 8 (r / 128) + (r % 32) / 4's value j = r % 4 of group g = (r /
+ * 32) % 4 (kq<KERN_TYPE_Q6_KX8>::goff), quad lane u % 4 of step 4 (u / 4) + g. */
+__host__ __device__ __forceinline__ int64_t kern_xp_q6k(int64_t i) {
+    const int r = (int)(i & 255);
+    const int u = 8 * (r >> 7) + ((r & 31) >> 2), g = (r >> 5) & 3, j = r & 3;
+    const int step = 4 * (u >> 2) + g;
+    return (i & ~(int64_t)255) + 16 * step + 2 * (u & 3) + (j & 1) + 8 * (j >> 1);
+}
+/* Value v of x (rounded) into the forms of `forms` (MMQ_RAW_* bits: 1 Q4_K's order at
+ * xp, 2 Q6_K's groups' at xp + n_vals). */
+__device__ __forceinline__ void kern_xp_store(__nv_bfloat16 *xp, int forms, int64_t n_vals,
+                                              int64_t i, float v) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(v);
+    if (forms & 1) xp[kern_xp_q4k(i)] = b;
+    if (forms & 2) xp[n_vals + kern_xp_q6k(i)] = b;
 }
 
 #endif /* KERN_XQ_CUH */

@@ -309,10 +309,11 @@ int ops_cuda_set_glu(struct ops_ctx *ctx, int mode);
 /* CUDA builds only (tests): whether the context's x-quantization memo holds the int8 form
  * of the n_vals f32 values at x, so that the next decode matmul of x skips quantizing it. */
 bool ops_cuda_xq_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);
-/* CUDA builds only (tests): whether x's bf16 form in kern_mmq's Q4_K staging order (written
- * by the op that produced the n_vals values at x) is held, so that the next 9..32-row Q4_K
- * product of x skips rounding it. */
-bool ops_cuda_xp_memo_holds(struct ops_ctx *ctx, const float *x, int64_t n_vals);
+/* CUDA builds only (tests): the forms of x rounded to bf16 in kern_mmq's staging orders
+ * (bit 1: Q4_K's, 2: Q6_K's 8-block groups'), written by the op that produced the n_vals
+ * values at x, that the next 9..32-row product of x of that type reads instead of rounding
+ * x itself; 0: none. */
+int ops_cuda_xp_memo_forms(struct ops_ctx *ctx, const float *x, int64_t n_vals);
 
 #ifdef __CUDACC__
 /* The CUDA backend's graph entries (kern_graph.cu), declared here so ops_cuda.cu's

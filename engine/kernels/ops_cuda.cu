@@ -299,10 +299,12 @@ static int cuda_init(struct ops_ctx **out, const struct ops_config *cfg, struct 
     ctx->mmq_hold = (int)env_count("TPI_MMQ_HOLD", MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8,
                                    MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8);
     ctx->mmq_xp = (int)env_count("TPI_MMQ_XP", 1, 1);
-    /* rmsnorm and the batch silu*mul write their output's bf16 form in that order too, for
-     * the 9..32-row Q4_K products after them (one launch fewer each); TPI_XP_MEMO=0: not
-     * (bench/NOTES.md change 161) */
-    ctx->xp_produce = env_count("TPI_XP_MEMO", 1, 1) != 0;
+    /* rmsnorm and the batch silu*mul write their output's bf16 form in those orders too,
+     * for the 9..32-row raw products after them (one launch fewer each); TPI_XP_MEMO (bits
+     * as TPI_MMQ_RAW's: 1 Q4_K's order, 2 Q6_K's groups', default both; 0: neither;
+     * bench/NOTES.md change 161) */
+    ctx->xp_produce = (int)env_count("TPI_XP_MEMO", MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8,
+                                     MMQ_RAW_Q4_K | MMQ_RAW_Q6_KX8);
     /* kern_mmq's k split: the slices added by each column's last block to finish, in the
      * order mmq_reduce adds them (the same sums), where a column's slices are at most
      * TPI_MMQ_FIXUP KiB (default 64: one block's tail; 0: always by mmq_reduce, a launch of
