@@ -589,8 +589,8 @@ void kern_qk_norm_rope(struct ops_ctx *ctx, float *q, float *k, const float *q_n
                        int head_dim, const struct rope_pairs *rp, float eps);
 /* y[i] = silu(g[i]) * u[i] for i < n; may leave y's int8 form for the next matmul. */
 void kern_silu_mul(struct ops_ctx *ctx, const float *g, const float *u, float *y, int64_t n);
-/* kern_silu_mul of n_rows rows (0: not known), which may also leave y's bf16 form for a
- * 9..32-row Q4_K product (kern_xp_claim). */
+/* kern_silu_mul of n_rows rows (0: not known), which may also leave y's bf16 forms for a
+ * 9..32-row raw kern_mmq product (kern_xp_claim). */
 void kern_silu_mul_rows(struct ops_ctx *ctx, const float *g, const float *u, float *y,
                         int64_t n_rows, int64_t n);
 /* x[i] += y[i] for i < n. */
