@@ -33,15 +33,16 @@
 #     test_model_gpu. ~4 min.
 #   PART=O: PART=K's comparison of the logits kept and copied whole in both orders, KR
 #     rounds (default 2) at --parallel 32 and two at --parallel 1; no tests. ~5 min.
-#   PART=W: changes 155-160, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
-#     held to 3 blocks an SM and reading x permuted as the launch before rounds it, k's
-#     slices added by each column's last block where a column's are at most TPI_MMQ_FIXUP
-#     KiB (157, 159: default 64, 0 never), steps of up to 32 tokens as graphs (158, 160:
-#     the default; TPI_GRAPH_TOKENS=8 the earlier one): ctest's elem group,
-#     matmul_Q4_K/Q6_K (and _noraw), ops_fused_cuda (test_graph_mmq_stale_cuda too) and
+#   PART=W: changes 155-161, kern_mmq's raw kernels (Q4_K and Q6_K's groups up to 32 rows)
+#     held to 3 blocks an SM and reading x permuted as the launch before rounds it (or, 161,
+#     as rmsnorm and silu*mul wrote it: TPI_XP_MEMO), k's slices added by each column's
+#     last block where a column's are at most TPI_MMQ_FIXUP KiB (157, 159: default 64, 0
+#     never), steps of up to 32 tokens as graphs (158, 160: the default;
+#     TPI_GRAPH_TOKENS=8 the earlier one): ctest's elem group, matmul_Q4_K/Q6_K (and
+#     _noraw), ops_fused_cuda (test_graph_mmq_stale_cuda and test_xp_memo_cuda too) and
 #     test_model_gpu (its wide graphs too) by default, the matmul and fused entries again
-#     with TPI_MMQ_FIXUP=0; batch-bench at --parallel 32 in BFORMS (TPI_GRAPH_TOKENS=8,
-#     then the default), in both orders, KR rounds (default 1; none begun after STOP_AT s,
+#     with TPI_MMQ_FIXUP=0 (FIXUP0=0: not); batch-bench at --parallel 32 in BFORMS
+#     (TPI_GRAPH_TOKENS=8, then the default), in both orders, KR rounds (default 1; none begun after STOP_AT s,
 #     420), and each form's records against the first's; then, while time is left (none
 #     begun after PROD_STOP_AT s, 500), the product bench at 16 and 32 rows in FORMS
 #     (TPI_MMQ_FIXUP 0 and 64; BPS_TOO=1: the default at TPI_MMQ_BPS 2 and 4 too) and,
@@ -179,8 +180,9 @@ W)
     V=${FORMS:-"TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=64"}
     [ "${BPS_TOO:-0}" = 1 ] && V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # product bench only
     (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu" &&
-        TPI_MMQ_FIXUP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda") \
-        >"$OUT/tests.log" 2>&1 &
+        if [ "${FIXUP0:-1}" = 1 ]; then
+            TPI_MMQ_FIXUP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda"
+        fi) >"$OUT/tests.log" 2>&1 &
     TP=$!
     mk || exit 1
     wait $TP
