@@ -41,7 +41,7 @@
 #     TPI_GRAPH_TOKENS=8 the earlier one): ctest's elem group, matmul_Q4_K/Q6_K (and
 #     _noraw), ops_fused_cuda (test_graph_mmq_stale_cuda and test_xp_memo_cuda too) and
 #     test_model_gpu (its wide graphs too) by default, the matmul and fused entries again
-#     with TPI_MMQ_FIXUP=0 (FIXUP0=0: not); batch-bench at --parallel 32 in BFORMS
+#     with TPI_MMQ_FIXUP=0 (FIXUP0=0: not; TESTS_RE: another ctest -R for the first pass); batch-bench at --parallel 32 in BFORMS
 #     (TPI_GRAPH_TOKENS=8, then the default), in both orders, KR rounds (default 1; none begun after STOP_AT s,
 #     420), and each form's records against the first's; then, while time is left (none
 #     begun after PROD_STOP_AT s, 500), the product bench at 16 and 32 rows in FORMS
@@ -179,7 +179,7 @@ W)
     # each form's variables, comma-separated
     V=${FORMS:-"TPI_MMQ_FIXUP=0 TPI_MMQ_FIXUP=64"}
     [ "${BPS_TOO:-0}" = 1 ] && V="$V TPI_MMQ_BPS=2 TPI_MMQ_BPS=4" # product bench only
-    (cd build && ctest -V -R "test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu" &&
+    (cd build && ctest -V -R "${TESTS_RE:-test_ops_cuda_elem$|ops_cuda_matmul_Q[46]_K|ops_fused_cuda|test_model_gpu}" &&
         if [ "${FIXUP0:-1}" = 1 ]; then
             TPI_MMQ_FIXUP=0 ctest -V -R "ops_cuda_matmul_Q[46]_K$|ops_fused_cuda"
         fi) >"$OUT/tests.log" 2>&1 &
