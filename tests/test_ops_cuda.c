@@ -592,6 +592,9 @@ int kern_attn_dec_plan(const int *fit, int cmax, int ncl_max, long base, int n_s
 int kern_layer_rows(int n_seg, const int *rows, const long long *seg_bytes, int unit, int b,
                     int G, int *r0, int *r1);
 
+/* kern_mmq.cu (C linkage): the raw kernels' staging order and the producers' stores. */
+long long kern_mmq_order(int form, long long k, int s, int q, int j);
+
 #define ATTN_MAX_SLOTS 8
 
 /* One attention batch: the cache shape, the history already in each slot (positions
@@ -1313,6 +1316,38 @@ START_TEST(test_layer_rows) {
 }
 END_TEST
 
+/* The bf16 forms' layout (bench/NOTES.md change 161), for Q4_K's order (form 1) and Q6_K's
+ * 8-block groups' (form 2), on rows of 2048 values: the place kern_xp_q4k / kern_xp_q6k
+ * give each value (where rmsnorm and silu*mul store it) is a permutation that keeps each
+ * 256-value block and repeats row after row, and it is where the raw kernels read it:
+ * value j of quad lane q's four at step s (mmq_k, the order mmq_permute_x writes) at 16 s
+ * + 2 q + j for j < 2, 16 s + 2 q + 8 + j - 2 after. */
+START_TEST(test_xp_order) {
+    enum { NE0 = 2048, ROWS = 2 };
+    static unsigned char seen[NE0 * ROWS];
+    for (int form = 1; form <= 2; form++) {
+        memset(seen, 0, sizeof seen);
+        for (long long k = 0; k < NE0 * ROWS; k++) {
+            const long long d = kern_mmq_order(form, k, 0, 0, 0);
+            ck_assert_msg(d >= 0 && d < NE0 * ROWS && d / 256 == k / 256 && !seen[d],
+                          "form %d: value %lld stored at %lld", form, k, d);
+            seen[d] = 1;
+        }
+        for (int st = 0; st < NE0 / 16; st++)
+            for (int q = 0; q < 4; q++)
+                for (int j = 0; j < 4; j++) {
+                    const long long k = kern_mmq_order(form, -1, st, q, j);
+                    const long long want = 16 * st + 2 * q + (j & 1) + 8 * (j >> 1);
+                    ck_assert_msg(k >= 0 && k < NE0 && kern_mmq_order(form, k, 0, 0, 0) == want,
+                                  "form %d: step %d lane %d value %d is x[%lld], stored at "
+                                  "%lld, read at %lld", form, st, q, j, k,
+                                  kern_mmq_order(form, k, 0, 0, 0), want);
+                }
+    }
+    ck_assert_int_eq(kern_mmq_order(3, 0, 0, 0, 0), -1);
+}
+END_TEST
+
 /* ---- main: pick the group ---- */
 
 int main(int argc, char **argv) {
@@ -1324,6 +1359,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_attn_blocks);
         tcase_add_test(tc, test_attn_plan);
         tcase_add_test(tc, test_layer_rows);
+        tcase_add_test(tc, test_xp_order);
         suite_add_tcase(s, tc);
         return tu_run_suite(s);
     }

@@ -50,6 +50,7 @@
 
 #include "kern_common.cuh"
 #include "kern_quant.cuh"
+#include "kern_xq.cuh"
 
 #define MMQ_WARPS 4
 #define MMQ_NT 4                           /* n-tiles (8 features) a warp */
@@ -132,8 +133,9 @@ __device__ __forceinline__ uint32_t mmq_pack(float lo, float hi) {
     return u;
 }
 
-/* The row offset of the 4 values quad lane q gives to step s of a row of type T. */
-template <int T> __device__ __forceinline__ int mmq_k(int s, int q) {
+/* The row offset of the 4 values quad lane q gives to step s of a row of type T (on the
+ * host for the types whose kq<T>::goff is, kern_mmq_order). */
+template <int T> __host__ __device__ __forceinline__ int mmq_k(int s, int q) {
     using Q = kq<T>;
     const int unit = 4 * (s / Q::G) + q;
     return unit / Q::UPB * Q::BLK + Q::goff(unit % Q::UPB, s % Q::G);
@@ -813,6 +815,17 @@ bool kern_mmq_n(struct ops_ctx *ctx, int n_w, const struct tpi_weight *const *ws
         }
     });
     return done;
+}
+
+/* Host side, for the tests (C linkage): form 1 (Q4_K) or 2 (Q6_K's groups): with k >= 0,
+ * the place kern_xp_q4k / kern_xp_q6k give value k of x (the producers' stores); with k <
+ * 0, the row offset mmq_k gives quad lane q of step s (the order the raw kernels stage x
+ * in, and mmq_permute_x writes), plus value j (0..3) of the lane's four; -1 for another
+ * form. */
+extern "C" long long kern_mmq_order(int form, long long k, int s, int q, int j) {
+    if (form != MMQ_RAW_Q4_K && form != MMQ_RAW_Q6_KX8) return -1;
+    if (k >= 0) return form == MMQ_RAW_Q4_K ? kern_xp_q4k(k) : kern_xp_q6k(k);
+    return (form == MMQ_RAW_Q4_K ? mmq_k<TPI_TYPE_Q4_K>(s, q) : mmq_k<KERN_TYPE_Q6_KX8>(s, q)) + j;
 }
 
 bool kern_mmq(struct ops_ctx *ctx, const struct tpi_weight *w, const float *x,

@@ -209,8 +209,8 @@ template <> struct kq<KERN_TYPE_Q8_0X8> {
  * (sub-block 2c+1); value = d*sc*q - dmin*m. 144-byte blocks: 16-byte aligned. */
 template <> struct kq<TPI_TYPE_Q4_K> {
     static constexpr int BLK = 256, BYTES = 144, UPB = 32, G = 2;
-    /* offset in the block of group g (0..G-1) of unit u */
-    static __device__ __forceinline__ int goff(int u, int g) {
+    /* offset in the block of group g (0..G-1) of unit u (host too: kern_mmq_order) */
+    static __host__ __device__ __forceinline__ int goff(int u, int g) {
         return 64 * (u >> 3) + 32 * g + (u & 7) * 4;
     }
     /* chunk c's scales and mins: d0, mm0 of sub-block 2c, d1, mm1 of 2c+1 (Q5_K's too) */
@@ -504,8 +504,8 @@ __device__ __forceinline__ void kq_q6x8_item(const uint8_t *A, const uint8_t *C,
  * byte l0 % 16 of the item's A, C and H pieces, its scales word, block c's d. */
 template <> struct kq<KERN_TYPE_Q6_KX8> {
     static constexpr int BLK = 2048, BYTES = KERN_Q6_KX8_BYTES, UPB = 128, G = 4;
-    /* offset in the block of group g (0..G-1) of unit u */
-    static __device__ __forceinline__ int goff(int u, int g) {
+    /* offset in the block of group g (0..G-1) of unit u (host too: kern_mmq_order) */
+    static __host__ __device__ __forceinline__ int goff(int u, int g) {
         return 256 * (u >> 4) + 128 * ((u >> 3) & 1) + (u & 7) * 4 + 32 * g;
     }
     static __device__ __forceinline__ void unit(const uint8_t *b, int u, float (&v)[16],

@@ -31,7 +31,8 @@ if(TARGET tpi_cuda)
   set_tests_properties(test_ops_cuda_embed_held PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600
                        LABELS gpu ENVIRONMENT
                        "CK_FORK=no;CK_DEFAULT_TIMEOUT=600;OMP_WAIT_POLICY=passive;TPI_HOLD=1")
-  # the attention launchers' host-side planning: runs without a GPU (label unit)
+  # the attention launchers' host-side planning, the layer tail's row split and kern_mmq's
+  # staging orders (test_xp_order): runs without a GPU (label unit)
   add_test(NAME test_ops_cuda_host COMMAND test_ops_cuda_elem host)
   set_tests_properties(test_ops_cuda_host PROPERTIES TIMEOUT 120 LABELS unit)
   # the decode attention's split-K merged through global memory (the cluster merge off),
