@@ -33,8 +33,10 @@
  * y += d sc (S - 160 X) (bench/NOTES.md change 152).
  * The raw kernels read x permuted into their staging order by the launch that rounds it
  * to bf16 (mmq_permute_x: 16-byte copies where the plain x takes 4-byte ones, each
- * warp's sectors all used) and are held to 3 blocks an SM (168 registers, their outer
- * loop rolled; unbounded they took 220-254: 2 an SM); bench/NOTES.md change 155.
+ * warp's sectors all used), or as the op that produced x wrote it already in that
+ * order (rmsnorm, the batch silu*mul: kern_xp_claim, change 161), and are held to 3
+ * blocks an SM (168 registers, their outer loop rolled; unbounded they took 220-254: 2
+ * an SM); bench/NOTES.md change 155.
  * Long rows over few features split k over the grid's y blocks: partial sums in a
  * scratch buffer, which the last block of each column to finish adds in a fixed order
  * where a column's slices are few (TPI_MMQ_FIXUP KiB, default 64; changes 157, 159),
