@@ -68,27 +68,21 @@ __device__ __forceinline__ void gv_perm_store(int q, int64_t i, int64_t ne0, con
 }
 
 /* Where value i of x (rows of whole 256-value blocks, so i may run on across rows)
- * goes in its bf16 form for kern_mmq's Q4_K raw kernels (mmq_permute_x<TPI_TYPE_Q4_K>'s
- * order): each 256 values stay in place as a block, and within it the 16 steps of 16
- * values are laid out as the kernel stages them. Value r of a block is unit u = 8 (r /
- * 64) + (r % 32) / 4's value j = r % 4 of group g = (r / 32) % 2 (kq<Q4_K>::goff);
- * that unit is quad lane u % 4 of step 2 (u / 4) + g, whose values 0, 1 sit at 2 lane +
- * 0, 1 and 2, 3 at 2 lane + 8, 9. */
-__host__ __device__ __forceinline__ int64_t kern_xp_q4k(int64_t i) {
+ * goes in its bf16 form for kern_mmq's raw kernels of a type whose kq<T>::goff has G
+ * groups (mmq_permute_x<T>'s order): each 256 values stay in place as a block, and
+ * within it the 16 steps of 16 values are laid out as the kernel stages them. Value r of
+ * a block is unit u = 8 (r / (32 G)) + (r % 32) / 4's value j = r % 4 of group g = (r /
+ * 32) % G (goff); that unit is quad lane u % 4 of step G (u / 4) + g, whose values 0, 1
+ * sit at 2 lane + 0, 1 and 2, 3 at 2 lane + 8, 9. G 2: Q4_K (kern_xp_q4k); G 4: Q6_K's
+ * 8-block groups (kern_xp_q6k). */
+template <int G> __host__ __device__ __forceinline__ int64_t kern_xp_at(int64_t i) {
     const int r = (int)(i & 255);
-    const int u = 8 * (r >> 6) + ((r & 31) >> 2), g = (r >> 5) & 1, j = r & 3;
-    const int step = 2 * (u >> 2) + g;
+    const int u = 8 * (r / (32 * G)) + ((r & 31) >> 2), g = (r >> 5) & (G - 1), j = r & 3;
+    const int step = G * (u >> 2) + g;
     return (i & ~(int64_t)255) + 16 * step + 2 * (u & 3) + (j & 1) + 8 * (j >> 1);
 }
-/* The same for Q6_K's 8-block groups (mmq_permute_x<KERN_TYPE_Q6_KX8>'s order): value r
- * of a block is unit u = 8 (r / 128) + (r % 32) / 4's value j = r % 4 of group g = (r /
- * 32) % 4 (kq<KERN_TYPE_Q6_KX8>::goff), quad lane u % 4 of step 4 (u / 4) + g. */
-__host__ __device__ __forceinline__ int64_t kern_xp_q6k(int64_t i) {
-    const int r = (int)(i & 255);
-    const int u = 8 * (r >> 7) + ((r & 31) >> 2), g = (r >> 5) & 3, j = r & 3;
-    const int step = 4 * (u >> 2) + g;
-    return (i & ~(int64_t)255) + 16 * step + 2 * (u & 3) + (j & 1) + 8 * (j >> 1);
-}
+__host__ __device__ __forceinline__ int64_t kern_xp_q4k(int64_t i) { return kern_xp_at<2>(i); }
+__host__ __device__ __forceinline__ int64_t kern_xp_q6k(int64_t i) { return kern_xp_at<4>(i); }
 /* Value v of x (rounded) into the forms of `forms` (MMQ_RAW_* bits: 1 Q4_K's order at
  * xp, 2 Q6_K's groups' at xp + n_vals). */
 __device__ __forceinline__ void kern_xp_store(__nv_bfloat16 *xp, int forms, int64_t n_vals,
